@@ -1,0 +1,610 @@
+"""One AMQP channel: content assembly, delivery tags, prefetch, confirms, transactions.
+
+A channel turns methods into operations on its virtual host and writes the replies and
+deliveries into its connection's outgoing buffer. It never blocks and never waits: every
+method is handled to completion when it arrives.
+
+Invariants:
+
+* delivery tags run 1, 2, 3 ... per channel; ``_unacked`` holds the unacknowledged ones in
+  tag order, so ``multiple`` acks pop from the front (O(1) each);
+* ``unacked_count`` equals ``len(_unacked)``; each consumer's ``unacked`` counts its share;
+* publisher confirms are sequence numbers 1, 2, 3 ...; acks for a run of accepted publishes
+  are coalesced into one ``basic.ack multiple=true`` per batch of incoming data.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands
+from pamqp.base import Frame
+
+from broker.amqp.codec import (
+    BASIC_CLASS,
+    FLAG_USER_ID,
+    ack_method,
+    content_body_size,
+    content_frames,
+    deliver_method,
+    encode_method,
+    get_ok_method,
+    nack_method,
+    return_method,
+    shortstr,
+)
+from broker.core.message import Message
+from broker.core.queue import Consumer, Entry, WorkQueue
+from broker.errors import AMQPError, ChannelException, ConnectionException, ReplyCode
+
+if TYPE_CHECKING:
+    from broker.amqp.connection import ServerConnection
+
+
+class ChannelState:
+    """The server side of one open channel.
+
+    :param connection: the connection the channel belongs to
+    :param channel_id: its number (1 .. channel_max)
+    """
+
+    def __init__(self, connection: ServerConnection, channel_id: int) -> None:
+        self.connection = connection
+        self.id = channel_id
+        self.vhost = connection.vhost
+        self.closing = False
+        self.flow_active = True
+        #: Whether consumers on this channel may receive deliveries now (read on every dispatch).
+        self.active = connection.writable
+        self.prefetch_consumer = 0
+        self.prefetch_global = 0
+        self.unacked_count = 0
+        self._unacked: OrderedDict[int, Entry] = OrderedDict()
+        self._delivery_tag = 0
+        self.consumers: dict[str, Consumer] = {}
+        self.last_queue: str | None = None
+        # Content being assembled: publish arguments, header payload, expected size, parts.
+        self._publish: tuple[str, str, bool, bool, bytes] | None = None
+        self._header: bytes | None = None
+        self._body_size = 0
+        self._body: list[bytes] = []
+        self._received = 0
+        # Publisher confirms and transactions.
+        self.confirm = False
+        self._publish_seq = 0
+        self.confirm_pending = 0
+        self.transactional = False
+        self._tx_ops: list[Callable[[], None]] = []
+
+    # -- state --------------------------------------------------------------------------------
+
+    def update_active(self) -> None:
+        """Recompute :attr:`active` and, when deliveries may resume, dispatch to the consumers."""
+        was = self.active
+        self.active = self.flow_active and self.connection.writable and not self.closing
+        if self.active and not was:
+            self._kick(consumer.queue for consumer in list(self.consumers.values()))
+
+    @staticmethod
+    def _kick(queues: Iterable[WorkQueue]) -> None:
+        for queue in set(queues):
+            if not queue.deleted:
+                queue.dispatch()
+
+    @property
+    def expecting_content(self) -> bool:
+        """Whether a content header or body frame is due next on this channel."""
+        return self._publish is not None
+
+    def _send(self, method: Frame) -> None:
+        self.connection.out.append(encode_method(self.id, method))
+
+    # -- methods ------------------------------------------------------------------------------
+
+    def handle_method(self, method: Frame) -> None:
+        """Handle one method decoded by pamqp (everything but the hot-path basic methods).
+
+        :raises AMQPError: with RabbitMQ's reply code for anything the method may not do.
+        """
+        handler = _HANDLERS.get(type(method))
+        if handler is None:
+            raise ConnectionException(
+                ReplyCode.COMMAND_INVALID if method.name.startswith("Connection.") else ReplyCode.NOT_IMPLEMENTED,
+                f"method {method.name} is not allowed on a channel",
+            )
+        handler(self, method)
+
+    def _flow(self, method: commands.Channel.Flow) -> None:
+        self.flow_active = bool(method.active)
+        self._send(commands.Channel.FlowOk(active=self.flow_active))
+        self.update_active()
+
+    # exchange class
+
+    def _exchange_declare(self, method: commands.Exchange.Declare) -> None:
+        self.vhost.declare_exchange(
+            method.exchange,
+            method.exchange_type,
+            passive=method.passive,
+            durable=method.durable,
+            auto_delete=method.auto_delete,
+            internal=method.internal,
+            arguments=method.arguments or {},
+        )
+        if not method.nowait:
+            self._send(commands.Exchange.DeclareOk())
+
+    def _exchange_delete(self, method: commands.Exchange.Delete) -> None:
+        self.vhost.delete_exchange(method.exchange, if_unused=method.if_unused)
+        if not method.nowait:
+            self._send(commands.Exchange.DeleteOk())
+
+    def _exchange_bind(self, method: commands.Exchange.Bind) -> None:
+        self.vhost.bind_exchange(method.destination, method.source, method.routing_key, method.arguments or {})
+        if not method.nowait:
+            self._send(commands.Exchange.BindOk())
+
+    def _exchange_unbind(self, method: commands.Exchange.Unbind) -> None:
+        self.vhost.unbind_exchange(method.destination, method.source, method.routing_key, method.arguments or {})
+        if not method.nowait:
+            self._send(commands.Exchange.UnbindOk())
+
+    # queue class
+
+    def _queue_name(self, name: str) -> str:
+        """AMQP's "current queue": an empty name means the last queue declared on this channel."""
+        if name:
+            return name
+        if self.last_queue is None:
+            raise ChannelException(ReplyCode.NOT_FOUND, "no previously declared queue")
+        return self.last_queue
+
+    def _queue_declare(self, method: commands.Queue.Declare) -> None:
+        connection = self.connection
+        name = method.queue
+        if method.passive and not name:
+            name = self._queue_name(name)
+        queue = self.vhost.declare_queue(
+            name,
+            connection,
+            passive=method.passive,
+            durable=method.durable,
+            exclusive=method.exclusive,
+            auto_delete=method.auto_delete,
+            arguments=method.arguments or {},
+        )
+        if queue.owner is connection and queue not in connection.exclusive_queues:
+            connection.exclusive_queues.append(queue)
+        self.last_queue = queue.name
+        if not method.nowait:
+            self._send(commands.Queue.DeclareOk(queue.name, queue.message_count, queue.consumer_count))
+
+    def _queue_bind(self, method: commands.Queue.Bind) -> None:
+        self.vhost.bind_queue(
+            self._queue_name(method.queue), method.exchange, method.routing_key, method.arguments or {}, self.connection
+        )
+        if not method.nowait:
+            self._send(commands.Queue.BindOk())
+
+    def _queue_unbind(self, method: commands.Queue.Unbind) -> None:
+        self.vhost.unbind_queue(
+            self._queue_name(method.queue), method.exchange, method.routing_key, method.arguments or {}, self.connection
+        )
+        self._send(commands.Queue.UnbindOk())
+
+    def _queue_purge(self, method: commands.Queue.Purge) -> None:
+        queue = self.vhost.queue(self._queue_name(method.queue), self.connection)
+        count = queue.purge()
+        if not method.nowait:
+            self._send(commands.Queue.PurgeOk(message_count=count))
+
+    def _queue_delete(self, method: commands.Queue.Delete) -> None:
+        queue, count = self.vhost.delete_queue(
+            self._queue_name(method.queue), self.connection, if_unused=method.if_unused, if_empty=method.if_empty
+        )
+        if queue is not None and queue.owner is not None:
+            owner = queue.owner
+            if queue in owner.exclusive_queues:  # type: ignore[attr-defined]
+                owner.exclusive_queues.remove(queue)  # type: ignore[attr-defined]
+        if not method.nowait:
+            self._send(commands.Queue.DeleteOk(message_count=count))
+
+    # basic class: subscriptions
+
+    def _qos(self, method: commands.Basic.Qos) -> None:
+        if method.prefetch_size:
+            raise ConnectionException(ReplyCode.NOT_IMPLEMENTED, f"prefetch_size!=0 ({method.prefetch_size})")
+        if method.global_:
+            self.prefetch_global = method.prefetch_count
+        else:
+            self.prefetch_consumer = method.prefetch_count
+        self._send(commands.Basic.QosOk())
+        self._kick(consumer.queue for consumer in self.consumers.values())
+
+    def _consume(self, method: commands.Basic.Consume) -> None:
+        queue = self.vhost.queue(self._queue_name(method.queue), self.connection)
+        tag = method.consumer_tag or self.connection.node.random_tag("amq.ctag-")
+        if tag in self.consumers:
+            raise ConnectionException(ReplyCode.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        if queue.has_exclusive_consumer() or (method.exclusive and queue.consumer_count):
+            raise ChannelException(
+                ReplyCode.ACCESS_REFUSED, f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use"
+            )
+        try:
+            tag_bytes = shortstr(tag)
+        except ValueError:
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, "consumer tag longer than 255 bytes") from None
+        consumer = Consumer(
+            self,
+            queue,
+            tag,
+            tag_bytes,
+            no_ack=method.no_ack,
+            exclusive=method.exclusive,
+            prefetch=self.prefetch_consumer,
+            arguments=method.arguments or {},
+        )
+        self.consumers[tag] = consumer
+        if not method.nowait:
+            self._send(commands.Basic.ConsumeOk(consumer_tag=tag))
+        queue.add_consumer(consumer)
+
+    def _cancel(self, method: commands.Basic.Cancel) -> None:
+        consumer = self.consumers.pop(method.consumer_tag, None)
+        if consumer is not None:
+            self._remove_consumer(consumer)
+        if not method.nowait:
+            self._send(commands.Basic.CancelOk(consumer_tag=method.consumer_tag))
+
+    def _remove_consumer(self, consumer: Consumer) -> None:
+        queue = consumer.queue
+        queue.remove_consumer(consumer)
+        if queue.auto_delete and not queue.consumer_count and not queue.deleted:
+            self.vhost.remove_queue(queue)
+
+    def consumer_cancelled(self, consumer: Consumer) -> None:
+        """The broker cancelled ``consumer`` (its queue was deleted): tell the client if it listens."""
+        if self.consumers.pop(consumer.tag, None) is None:
+            return
+        if self.connection.capabilities.get("consumer_cancel_notify"):
+            self._send(commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
+            self.connection.node.mark_dirty(self.connection)
+
+    # basic class: delivery
+
+    def deliver(self, consumer: Consumer, entry: Entry) -> None:
+        """Write a ``basic.deliver`` and the content of ``entry`` for ``consumer``."""
+        self._delivery_tag = tag = self._delivery_tag + 1
+        message = entry.message
+        connection = self.connection
+        out = connection.out
+        out.append(deliver_method(self.id, consumer.tag_bytes, tag, entry.redelivered, message.names))
+        out += content_frames(self.id, message.header, message.body, connection.frame_max)
+        if not consumer.no_ack:
+            entry.consumer = consumer
+            self._unacked[tag] = entry
+            consumer.unacked += 1
+            self.unacked_count += 1
+            entry.queue.unacked_count += 1
+        if not connection.dirty:
+            connection.dirty = True
+            connection.node.mark_dirty(connection)
+
+    def _get(self, method: commands.Basic.Get) -> None:
+        queue = self.vhost.queue(self._queue_name(method.queue), self.connection)
+        entry = queue.get()
+        if entry is None:
+            self._send(commands.Basic.GetEmpty())
+            return
+        self._delivery_tag = tag = self._delivery_tag + 1
+        message = entry.message
+        out = self.connection.out
+        out.append(get_ok_method(self.id, tag, entry.redelivered, message.names, queue.message_count))
+        out += content_frames(self.id, message.header, message.body, self.connection.frame_max)
+        if not method.no_ack:
+            self._unacked[tag] = entry
+            self.unacked_count += 1
+            queue.unacked_count += 1
+
+    # basic class: acknowledgements
+
+    def _take(self, delivery_tag: int, multiple: bool) -> list[Entry]:
+        """Remove and return the unacked entries an ack/nack/reject names.
+
+        :raises ChannelException: 406 PRECONDITION_FAILED for an unknown delivery tag.
+        """
+        unacked = self._unacked
+        if multiple:
+            taken = []
+            if delivery_tag == 0:
+                delivery_tag = self._delivery_tag
+            elif delivery_tag not in unacked:
+                raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
+            while unacked:
+                tag = next(iter(unacked))
+                if tag > delivery_tag:
+                    break
+                taken.append(unacked.popitem(last=False)[1])
+        else:
+            entry = unacked.pop(delivery_tag, None)
+            if entry is None:
+                raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
+            taken = [entry]
+        self.unacked_count -= len(taken)
+        for entry in taken:
+            entry.queue.unacked_count -= 1
+            consumer = entry.consumer
+            if consumer is not None:
+                consumer.unacked -= 1
+        return taken
+
+    def on_ack(self, delivery_tag: int, multiple: bool) -> None:
+        """``basic.ack`` from the client (hot path: called with decoded fields)."""
+        if self.transactional:
+            self._take_checked(delivery_tag, multiple)
+            self._tx_ops.append(lambda: self._acked(self._take(delivery_tag, multiple)))
+            return
+        self._acked(self._take(delivery_tag, multiple))
+
+    def _acked(self, entries: list[Entry]) -> None:
+        if len(entries) == 1:
+            consumer = entries[0].consumer
+            if consumer is not None and not entries[0].queue.deleted:
+                entries[0].queue.dispatch()
+            elif self.prefetch_global:
+                self._kick(c.queue for c in self.consumers.values())
+            return
+        self._kick(entry.queue for entry in entries if entry.consumer is not None)
+        if self.prefetch_global:
+            self._kick(c.queue for c in self.consumers.values())
+
+    def _take_checked(self, delivery_tag: int, multiple: bool) -> None:
+        if (delivery_tag or not multiple) and delivery_tag not in self._unacked:
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
+
+    def on_nack(self, delivery_tag: int, multiple: bool, requeue: bool) -> None:
+        """``basic.nack`` (and ``basic.reject`` with ``multiple=False``) from the client."""
+        if self.transactional:
+            self._take_checked(delivery_tag, multiple)
+            self._tx_ops.append(lambda: self._rejected(self._take(delivery_tag, multiple), requeue))
+            return
+        self._rejected(self._take(delivery_tag, multiple), requeue)
+
+    def _rejected(self, entries: list[Entry], requeue: bool) -> None:
+        if requeue:
+            self._requeue(entries)
+        else:
+            self._acked(entries)
+
+    @staticmethod
+    def _requeue(entries: Iterable[Entry]) -> None:
+        """Return entries to the heads of their queues, oldest first."""
+        by_queue: dict[WorkQueue, list[Entry]] = {}
+        for entry in entries:
+            by_queue.setdefault(entry.queue, []).append(entry)
+        for queue, queued in by_queue.items():
+            if not queue.deleted:
+                queue.requeue(queued)
+
+    def _recover(self, method: commands.Basic.Recover | commands.Basic.RecoverAsync) -> None:
+        if not method.requeue:
+            raise ConnectionException(ReplyCode.NOT_IMPLEMENTED, "requeue=false")
+        self._requeue(self._take(0, True))
+        if isinstance(method, commands.Basic.Recover):
+            self._send(commands.Basic.RecoverOk())
+
+    # basic class: publishing
+
+    def on_publish(self, exchange: str, routing_key: str, mandatory: bool, immediate: bool, names: bytes) -> None:
+        """``basic.publish``: remember the arguments until the content has arrived."""
+        self._publish = (exchange, routing_key, mandatory, immediate, names)
+        self._header = None
+
+    def on_header(self, payload: bytes) -> None:
+        """A content header frame.
+
+        :raises ConnectionException: 505 UNEXPECTED_FRAME when no publish is waiting for one.
+        :raises ChannelException: 406 when the announced body exceeds the message size limit.
+        """
+        if self._publish is None or self._header is not None:
+            raise ConnectionException(
+                ReplyCode.UNEXPECTED_FRAME, f"unexpected content header frame on channel {self.id}"
+            )
+        class_id, body_size = content_body_size(payload)
+        if class_id != BASIC_CLASS:
+            raise ConnectionException(ReplyCode.FRAME_ERROR, f"content header for class {class_id}, expected 60")
+        limit = self.connection.node.limits.max_message_bytes
+        if body_size > limit:
+            self._publish = None
+            raise ChannelException(
+                ReplyCode.PRECONDITION_FAILED,
+                f"message size {body_size} is larger than configured max size {limit}",
+                BASIC_CLASS,
+                40,
+            )
+        self._header = payload
+        self._body_size = body_size
+        if body_size == 0:
+            self._complete(b"")
+        else:
+            self._body = []
+            self._received = 0
+
+    def on_body(self, payload: bytes) -> None:
+        """A content body frame.
+
+        :raises ConnectionException: 505 UNEXPECTED_FRAME without a header, or when the body
+            grows past the size the header announced.
+        """
+        if self._header is None:
+            raise ConnectionException(ReplyCode.UNEXPECTED_FRAME, f"unexpected content body frame on channel {self.id}")
+        received = self._received + len(payload)
+        if received == self._body_size and not self._body:
+            self._complete(payload)
+            return
+        if received > self._body_size:
+            raise ConnectionException(
+                ReplyCode.FRAME_ERROR, f"content body larger than the announced {self._body_size} bytes"
+            )
+        self._body.append(payload)
+        self._received = received
+        if received == self._body_size:
+            body = b"".join(self._body)
+            self._body = []
+            self._complete(body)
+
+    def _complete(self, body: bytes) -> None:
+        publish = self._publish
+        header = self._header
+        assert publish is not None and header is not None
+        self._publish = None
+        self._header = None
+        exchange_name, routing_key, mandatory, immediate, names = publish
+        message = Message(exchange_name, routing_key, names, header, body)
+        if self.confirm:
+            self._publish_seq += 1
+        if immediate:
+            raise ConnectionException(ReplyCode.NOT_IMPLEMENTED, "immediate=true", BASIC_CLASS, 40)
+        if message.flags & FLAG_USER_ID:
+            user_id = message.properties.user_id
+            if user_id != self.connection.user_name:
+                raise ChannelException(
+                    ReplyCode.PRECONDITION_FAILED,
+                    f"user_id property set to '{user_id}' but authenticated user was '{self.connection.user_name}'",
+                    BASIC_CLASS,
+                    40,
+                )
+        if self.transactional:
+            self._check_exchange(exchange_name)
+            self._tx_ops.append(lambda: self._route(message, exchange_name, mandatory))
+            return
+        self._route(message, exchange_name, mandatory)
+
+    def _check_exchange(self, exchange_name: str) -> Any:
+        vhost = self.vhost
+        if exchange_name == "":
+            return None
+        exchange = vhost.exchanges.get(exchange_name)
+        if exchange is None:
+            raise ChannelException(
+                ReplyCode.NOT_FOUND, f"no exchange '{exchange_name}' in vhost '{vhost.name}'", BASIC_CLASS, 40
+            )
+        if exchange.internal:
+            raise ChannelException(
+                ReplyCode.ACCESS_REFUSED,
+                f"cannot publish to internal exchange '{exchange_name}' in vhost '{vhost.name}'",
+                BASIC_CLASS,
+                40,
+            )
+        return exchange
+
+    def _route(self, message: Message, exchange_name: str, mandatory: bool) -> None:
+        exchange = self._check_exchange(exchange_name)
+        if exchange is None:
+            queue = self.vhost.queues.get(message.routing_key)
+            queues = [queue] if queue is not None else []
+        else:
+            queues = self.vhost.route(exchange, message)
+        for queue in queues:
+            queue.enqueue(message)
+        if not queues:
+            if mandatory:
+                self.connection.out.append(return_method(self.id, ReplyCode.NO_ROUTE, "NO_ROUTE", message.names))
+                self.connection.out += content_frames(self.id, message.header, message.body, self.connection.frame_max)
+        if self.confirm:
+            self._confirm_accepted()
+
+    def _confirm_accepted(self) -> None:
+        if not self.confirm_pending:
+            self.connection.confirming.append(self)
+        self.confirm_pending = self._publish_seq
+
+    def flush_confirms(self) -> None:
+        """Write one ``basic.ack multiple=true`` covering every publish accepted so far."""
+        if self.confirm_pending:
+            self.connection.out.append(ack_method(self.id, self.confirm_pending, self.confirm_pending > 1))
+            self.confirm_pending = 0
+
+    def nack_publish(self) -> None:
+        """Refuse the publish just counted (it could not be accepted)."""
+        self.flush_confirms()
+        self.connection.out.append(nack_method(self.id, self._publish_seq, False))
+
+    # confirm and tx classes
+
+    def _confirm_select(self, method: commands.Confirm.Select) -> None:
+        if self.transactional:
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
+        self.confirm = True
+        if not method.nowait:
+            self._send(commands.Confirm.SelectOk())
+
+    def _tx_select(self, method: commands.Tx.Select) -> None:
+        if self.confirm:
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
+        self.transactional = True
+        self._send(commands.Tx.SelectOk())
+
+    def _tx_commit(self, method: commands.Tx.Commit) -> None:
+        if not self.transactional:
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, "channel is not transactional")
+        ops, self._tx_ops = self._tx_ops, []
+        for op in ops:
+            op()
+        self._send(commands.Tx.CommitOk())
+
+    def _tx_rollback(self, method: commands.Tx.Rollback) -> None:
+        if not self.transactional:
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, "channel is not transactional")
+        self._tx_ops = []
+        self._send(commands.Tx.RollbackOk())
+
+    # -- closing ------------------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Let go of everything the channel holds: cancel its consumers, requeue unacked deliveries.
+
+        Called when the channel closes, either side, and when the connection goes away.
+        """
+        self.closing = True
+        self.active = False
+        self._tx_ops = []
+        self._publish = None
+        consumers, self.consumers = list(self.consumers.values()), {}
+        entries = self._take(0, True) if self._unacked else []
+        for consumer in consumers:
+            self._remove_consumer(consumer)
+        self._requeue(entries)
+
+
+def _error_for(method: Frame, error: AMQPError) -> AMQPError:
+    if not error.class_id:
+        error.class_id = method.frame_id and (method.index >> 16)
+        error.method_id = method.index & 0xFFFF
+    return error
+
+
+_HANDLERS: dict[type, Callable[[ChannelState, Any], None]] = {
+    commands.Channel.Flow: ChannelState._flow,
+    commands.Exchange.Declare: ChannelState._exchange_declare,
+    commands.Exchange.Delete: ChannelState._exchange_delete,
+    commands.Exchange.Bind: ChannelState._exchange_bind,
+    commands.Exchange.Unbind: ChannelState._exchange_unbind,
+    commands.Queue.Declare: ChannelState._queue_declare,
+    commands.Queue.Bind: ChannelState._queue_bind,
+    commands.Queue.Unbind: ChannelState._queue_unbind,
+    commands.Queue.Purge: ChannelState._queue_purge,
+    commands.Queue.Delete: ChannelState._queue_delete,
+    commands.Basic.Qos: ChannelState._qos,
+    commands.Basic.Consume: ChannelState._consume,
+    commands.Basic.Cancel: ChannelState._cancel,
+    commands.Basic.Get: ChannelState._get,
+    commands.Basic.Recover: ChannelState._recover,
+    commands.Basic.RecoverAsync: ChannelState._recover,
+    commands.Confirm.Select: ChannelState._confirm_select,
+    commands.Tx.Select: ChannelState._tx_select,
+    commands.Tx.Commit: ChannelState._tx_commit,
+    commands.Tx.Rollback: ChannelState._tx_rollback,
+}

@@ -1,0 +1,560 @@
+"""The server side of one AMQP 0-9-1 connection, without I/O.
+
+:meth:`ServerConnection.receive_data` takes bytes from the peer; :meth:`ServerConnection.data_to_send`
+returns the bytes to write. In between, frames are split, methods decoded and carried out on
+the node's virtual hosts. The shell (``broker.protocol``) moves bytes and runs timers; it
+calls :meth:`ServerConnection.tick` for heartbeats and :meth:`ServerConnection.connection_lost`
+when the socket goes.
+
+Life cycle (AMQP 0-9-1 §2.2.4, RabbitMQ's handshake)::
+
+    header -> start / start-ok -> tune / tune-ok -> open / open-ok -> OPEN -> close / close-ok
+
+Errors: a :class:`ChannelException` with a soft reply code closes its channel
+(``channel.close``, then every frame on that channel is dropped until ``channel.close-ok``);
+any hard reply code closes the connection (``connection.close``, then every frame but
+``connection.close``/``close-ok`` is dropped). Which codes are hard is the spec's choice
+(§1.2, "Constants"), the same as RabbitMQ's.
+"""
+
+from __future__ import annotations
+
+import struct
+from enum import Enum
+from typing import Any
+
+from pamqp import commands
+from pamqp.base import Frame
+
+from broker.amqp.channel import ChannelState
+from broker.amqp.codec import (
+    BASIC_ACK,
+    BASIC_NACK,
+    BASIC_PUBLISH,
+    BASIC_REJECT,
+    FRAME_BODY,
+    FRAME_END,
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    FRAME_MIN_SIZE,
+    FRAME_OVERHEAD,
+    HEARTBEAT_FRAME,
+    PROTOCOL_HEADER,
+    decode_ack,
+    decode_method,
+    decode_publish,
+    decode_table,
+    encode_method,
+)
+from broker.core.node import Node
+from broker.core.queue import WorkQueue
+from broker.core.vhost import VirtualHost
+from broker.errors import AMQPError, ChannelException, ConnectionException, ReplyCode
+
+#: Reply codes that close the connection rather than the channel (AMQP 0-9-1 §1.2).
+HARD_ERRORS = frozenset(
+    {
+        ReplyCode.CONNECTION_FORCED,
+        ReplyCode.INVALID_PATH,
+        ReplyCode.FRAME_ERROR,
+        ReplyCode.SYNTAX_ERROR,
+        ReplyCode.COMMAND_INVALID,
+        ReplyCode.CHANNEL_ERROR,
+        ReplyCode.UNEXPECTED_FRAME,
+        ReplyCode.RESOURCE_ERROR,
+        ReplyCode.NOT_ALLOWED,
+        ReplyCode.NOT_IMPLEMENTED,
+        ReplyCode.INTERNAL_ERROR,
+    }
+)
+
+_frame_head = struct.Struct(">BHI")
+_method_index = struct.Struct(">I")
+
+#: Capabilities announced in connection.start, as RabbitMQ names them.
+CAPABILITIES = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "consumer_priorities": False,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+    "direct_reply_to": False,
+}
+
+
+class State(Enum):
+    """Where a connection is in its life cycle."""
+
+    AWAIT_HEADER = "await header"
+    AWAIT_START_OK = "await start-ok"
+    AWAIT_TUNE_OK = "await tune-ok"
+    AWAIT_OPEN = "await open"
+    OPEN = "open"
+    CLOSING = "closing"  # we sent connection.close and wait for close-ok
+    CLOSED = "closed"
+
+
+class ServerConnection:
+    """One client connection's protocol state.
+
+    :param node: the broker node (virtual hosts, users, limits)
+    :param loopback: whether the peer connects from a loopback address
+    :param peer: a printable peer address, for logs and the management API
+    """
+
+    def __init__(self, node: Node, loopback: bool = True, peer: str = "") -> None:
+        self.node = node
+        self.loopback = loopback
+        self.peer = peer
+        self.state = State.AWAIT_HEADER
+        self.out: list[bytes] = []
+        self.dirty = False
+        self.writable = True
+        self._buffer = bytearray()
+        limits = node.limits
+        self.frame_max = limits.frame_max
+        self.channel_max = limits.channel_max
+        self.heartbeat = 0
+        self.channels: dict[int, ChannelState] = {}
+        self._closing_channels: set[int] = set()
+        self.confirming: list[ChannelState] = []
+        self.exclusive_queues: list[WorkQueue] = []
+        self.capabilities: dict[str, Any] = {}
+        self.client_properties: dict[str, Any] = {}
+        self.user_name = ""
+        self.vhost: VirtualHost = None  # type: ignore[assignment]  # set by connection.open
+        #: Set when the connection is over; the shell closes the socket after writing.
+        self.closed = False
+        #: Why the connection failed, for the shell to log once.
+        self.error: AMQPError | None = None
+        self._received_since_tick = False
+        self._sent_since_tick = False
+        self._silent_ticks = 0
+
+    # -- I/O ----------------------------------------------------------------------------------
+
+    def data_to_send(self) -> bytes:
+        """Everything queued for the peer since the last call (then forgotten)."""
+        for channel in self.confirming:
+            channel.flush_confirms()
+        self.confirming.clear()
+        out = self.out
+        self.dirty = False
+        if not out:
+            return b""
+        self._sent_since_tick = True
+        data = b"".join(out)
+        out.clear()
+        return data
+
+    def receive_data(self, data: bytes) -> None:
+        """Take bytes from the peer and act on every complete frame in them."""
+        if self.closed:
+            return
+        self._received_since_tick = True
+        buffer = self._buffer
+        buffer += data
+        if self.state is State.AWAIT_HEADER:
+            if len(buffer) < 8:
+                if not PROTOCOL_HEADER.startswith(bytes(buffer[:4])[: len(buffer)]):
+                    self._refuse_header()
+                return
+            if bytes(buffer[:8]) != PROTOCOL_HEADER:
+                self._refuse_header()
+                return
+            del buffer[:8]
+            self._start()
+        pos = 0
+        end_of_data = len(buffer)
+        try:
+            while end_of_data - pos >= FRAME_OVERHEAD:
+                frame_type, channel_id, size = _frame_head.unpack_from(buffer, pos)
+                end = pos + 7 + size
+                if size + FRAME_OVERHEAD > self.frame_max:
+                    raise ConnectionException(
+                        ReplyCode.FRAME_ERROR,
+                        f"frame of {size + FRAME_OVERHEAD} bytes exceeds frame_max {self.frame_max}",
+                    )
+                if end >= end_of_data:
+                    break
+                if buffer[end] != FRAME_END:
+                    raise ConnectionException(ReplyCode.FRAME_ERROR, f"frame end octet {buffer[end]:#x} is not 0xce")
+                payload = bytes(buffer[pos + 7 : end])
+                pos = end + 1
+                self._frame(frame_type, channel_id, payload)
+                if self.closed:
+                    break
+        except ConnectionException as error:
+            self._fail(error)
+        del buffer[:pos]
+        if self.state is State.CLOSING or self.closed:
+            buffer.clear()
+
+    def _refuse_header(self) -> None:
+        """A wrong protocol header: answer with ours and close (AMQP 0-9-1 §4.2.2)."""
+        self.out.append(PROTOCOL_HEADER)
+        self.error = ConnectionException(ReplyCode.FRAME_ERROR, "bad protocol header")
+        self.closed = True
+        self.state = State.CLOSED
+
+    def _frame(self, frame_type: int, channel_id: int, payload: bytes) -> None:
+        """Act on one frame.
+
+        :raises ConnectionException: for errors that close the connection.
+        """
+        state = self.state
+        if state is State.CLOSING:
+            if frame_type == FRAME_METHOD and channel_id == 0:
+                method = decode_method(payload)
+                if isinstance(method, commands.Connection.CloseOk):
+                    self._finish()
+                elif isinstance(method, commands.Connection.Close):
+                    self.out.append(encode_method(0, commands.Connection.CloseOk()))
+                    self._finish()
+            return
+        if channel_id:
+            if state is not State.OPEN:
+                raise ConnectionException(ReplyCode.CHANNEL_ERROR, f"frame on channel {channel_id} before connection.open")
+            if channel_id in self._closing_channels:
+                self._closing_channel_frame(frame_type, channel_id, payload)
+                return
+            channel = self.channels.get(channel_id)
+            try:
+                if frame_type == FRAME_METHOD:
+                    index = _method_index.unpack_from(payload)[0] if len(payload) >= 4 else 0
+                    if channel is None:
+                        self._open_channel(channel_id, decode_method(payload))
+                        return
+                    if channel.expecting_content:
+                        raise ConnectionException(
+                            ReplyCode.UNEXPECTED_FRAME,
+                            f"expected content header for class 60, got a method frame on channel {channel_id}",
+                        )
+                    if index == BASIC_PUBLISH:
+                        channel.on_publish(*decode_publish(payload))
+                    elif index == BASIC_ACK:
+                        tag, bits = decode_ack(payload)
+                        channel.on_ack(tag, bool(bits & 1))
+                    elif index == BASIC_NACK:
+                        tag, bits = decode_ack(payload)
+                        channel.on_nack(tag, bool(bits & 1), bool(bits & 2))
+                    elif index == BASIC_REJECT:
+                        tag, bits = decode_ack(payload)
+                        channel.on_nack(tag, False, bool(bits & 1))
+                    else:
+                        self._channel_method(channel, decode_method(payload))
+                elif channel is None:
+                    raise ConnectionException(ReplyCode.CHANNEL_ERROR, f"expected 'channel.open' on channel {channel_id}")
+                elif frame_type == FRAME_HEADER:
+                    channel.on_header(payload)
+                elif frame_type == FRAME_BODY:
+                    channel.on_body(payload)
+                else:
+                    raise ConnectionException(ReplyCode.FRAME_ERROR, f"frame type {frame_type} on channel {channel_id}")
+            except ChannelException as error:
+                if error.reply_code in HARD_ERRORS:
+                    raise ConnectionException(
+                        error.reply_code, error.reply_text, error.class_id, error.method_id
+                    ) from error
+                self._close_channel(channel_id, error)
+            return
+        if frame_type == FRAME_HEARTBEAT:
+            return
+        if frame_type != FRAME_METHOD:
+            raise ConnectionException(ReplyCode.COMMAND_INVALID, f"frame type {frame_type} on channel 0")
+        self._connection_method(decode_method(payload))
+
+    def _channel_method(self, channel: ChannelState, method: Frame) -> None:
+        if isinstance(method, commands.Channel.Close):
+            channel.release()
+            del self.channels[channel.id]
+            self.out.append(encode_method(channel.id, commands.Channel.CloseOk()))
+            return
+        if isinstance(method, commands.Channel.CloseOk):
+            return
+        if isinstance(method, commands.Channel.Open):
+            raise ConnectionException(ReplyCode.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
+        try:
+            channel.handle_method(method)
+        except AMQPError as error:
+            if not error.class_id:
+                error.class_id = method.index >> 16
+                error.method_id = method.index & 0xFFFF
+            raise
+
+    def _open_channel(self, channel_id: int, method: Frame) -> None:
+        if not isinstance(method, commands.Channel.Open):
+            raise ConnectionException(
+                ReplyCode.CHANNEL_ERROR, f"expected 'channel.open' on channel {channel_id}, got {method.name}"
+            )
+        if len(self.channels) + len(self._closing_channels) >= self.channel_max or channel_id > self.channel_max:
+            raise ConnectionException(
+                ReplyCode.NOT_ALLOWED,
+                f"number of channels opened ({len(self.channels)}) has reached the negotiated channel_max "
+                f"({self.channel_max})",
+                20,
+                10,
+            )
+        self.channels[channel_id] = ChannelState(self, channel_id)
+        self.out.append(encode_method(channel_id, commands.Channel.OpenOk()))
+
+    def _close_channel(self, channel_id: int, error: AMQPError) -> None:
+        """Close one channel for ``error``: send channel.close and drop its frames until close-ok."""
+        channel = self.channels.pop(channel_id, None)
+        if channel is not None:
+            channel.release()
+        self._closing_channels.add(channel_id)
+        self.out.append(
+            encode_method(
+                channel_id,
+                commands.Channel.Close(
+                    reply_code=int(error.reply_code),
+                    reply_text=f"{error.reply_code.name} - {error.reply_text}"[:255],
+                    class_id=error.class_id,
+                    method_id=error.method_id,
+                ),
+            )
+        )
+
+    def _closing_channel_frame(self, frame_type: int, channel_id: int, payload: bytes) -> None:
+        if frame_type != FRAME_METHOD:
+            return
+        method = decode_method(payload)
+        if isinstance(method, commands.Channel.CloseOk):
+            self._closing_channels.discard(channel_id)
+        elif isinstance(method, commands.Channel.Close):
+            self.out.append(encode_method(channel_id, commands.Channel.CloseOk()))
+            self._closing_channels.discard(channel_id)
+
+    # -- connection class -----------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self.state = State.AWAIT_START_OK
+        node = self.node
+        self.out.append(
+            encode_method(
+                0,
+                commands.Connection.Start(
+                    version_major=0,
+                    version_minor=9,
+                    server_properties={
+                        "product": node.product,
+                        "version": node.version,
+                        "platform": "Python/Twisted",
+                        "information": "Postroom: an AMQP 0-9-1 routing broker",
+                        "copyright": "Postroom authors",
+                        "cluster_name": "postroom",
+                        "capabilities": dict(CAPABILITIES),
+                    },
+                    mechanisms="PLAIN AMQPLAIN",
+                    locales="en_US",
+                ),
+            )
+        )
+
+    def _connection_method(self, method: Frame) -> None:
+        state = self.state
+        if isinstance(method, commands.Connection.Close):
+            self.out.append(encode_method(0, commands.Connection.CloseOk()))
+            self._finish()
+            return
+        if isinstance(method, commands.Connection.CloseOk):
+            self._finish()
+            return
+        if state is State.AWAIT_START_OK and isinstance(method, commands.Connection.StartOk):
+            self._start_ok(method)
+        elif state is State.AWAIT_TUNE_OK and isinstance(method, commands.Connection.TuneOk):
+            self._tune_ok(method)
+        elif state is State.AWAIT_OPEN and isinstance(method, commands.Connection.Open):
+            self._open(method)
+        elif state is State.OPEN and isinstance(method, commands.Connection.UpdateSecret):
+            self.out.append(encode_method(0, commands.Connection.UpdateSecretOk()))
+        else:
+            raise ConnectionException(
+                ReplyCode.COMMAND_INVALID,
+                f"unexpected {method.name} on channel 0 in state '{state.value}'",
+                method.index >> 16,
+                method.index & 0xFFFF,
+            )
+
+    def _credentials(self, method: commands.Connection.StartOk) -> tuple[str, str]:
+        response = method.response
+        raw = response if isinstance(response, bytes) else response.encode("utf-8", "surrogateescape")
+        if method.mechanism == "PLAIN":
+            parts = raw.split(b"\x00")
+            if len(parts) != 3:
+                raise ConnectionException(ReplyCode.ACCESS_REFUSED, "malformed PLAIN response")
+            return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
+        if method.mechanism == "AMQPLAIN":
+            try:
+                table = decode_table(raw)
+            except (ValueError, struct.error, IndexError) as err:
+                raise ConnectionException(ReplyCode.ACCESS_REFUSED, "malformed AMQPLAIN response") from err
+            login, password = table.get("LOGIN", ""), table.get("PASSWORD", "")
+            if isinstance(login, bytes):
+                login = login.decode("utf-8", "replace")
+            if isinstance(password, bytes):
+                password = password.decode("utf-8", "replace")
+            return str(login), str(password)
+        raise ConnectionException(
+            ReplyCode.COMMAND_INVALID, f"unknown authentication mechanism '{method.mechanism}'", 10, 11
+        )
+
+    def _start_ok(self, method: commands.Connection.StartOk) -> None:
+        self.client_properties = method.client_properties or {}
+        capabilities = self.client_properties.get("capabilities")
+        self.capabilities = capabilities if isinstance(capabilities, dict) else {}
+        username, password = self._credentials(method)
+        user = self.node.authenticate(username, password, self.loopback)
+        if user is None:
+            mechanism = method.mechanism
+            error = ConnectionException(
+                ReplyCode.ACCESS_REFUSED,
+                f"Login was refused using authentication mechanism {mechanism}. "
+                "For details see the broker logfile.",
+                10,
+                11,
+            )
+            if self.capabilities.get("authentication_failure_close"):
+                raise error
+            self.error = error
+            self._finish()
+            return
+        self.user_name = user.name
+        self._user = user
+        self.state = State.AWAIT_TUNE_OK
+        self.out.append(
+            encode_method(
+                0,
+                commands.Connection.Tune(
+                    channel_max=self.channel_max, frame_max=self.frame_max, heartbeat=self.node.limits.heartbeat
+                ),
+            )
+        )
+
+    def _tune_ok(self, method: commands.Connection.TuneOk) -> None:
+        limits = self.node.limits
+        frame_max = method.frame_max or limits.frame_max
+        if frame_max < FRAME_MIN_SIZE:
+            raise ConnectionException(
+                ReplyCode.NOT_ALLOWED, f"frame_max={frame_max} < {FRAME_MIN_SIZE} min size", 10, 31
+            )
+        if frame_max > limits.frame_max:
+            raise ConnectionException(
+                ReplyCode.NOT_ALLOWED, f"frame_max={frame_max} > {limits.frame_max} max size", 10, 31
+            )
+        channel_max = method.channel_max or limits.channel_max
+        if channel_max > limits.channel_max:
+            raise ConnectionException(
+                ReplyCode.NOT_ALLOWED, f"channel_max={channel_max} > {limits.channel_max} max", 10, 31
+            )
+        self.frame_max = frame_max
+        self.channel_max = channel_max
+        self.heartbeat = method.heartbeat
+        self.state = State.AWAIT_OPEN
+
+    def _open(self, method: commands.Connection.Open) -> None:
+        vhost = self.node.vhosts.get(method.virtual_host)
+        if vhost is None:
+            raise ConnectionException(ReplyCode.NOT_ALLOWED, f"vhost {method.virtual_host} not found", 10, 40)
+        allowed = self._user.vhosts
+        if allowed is not None and vhost.name not in allowed:
+            raise ConnectionException(
+                ReplyCode.NOT_ALLOWED,
+                f"access to vhost '{vhost.name}' refused for user '{self.user_name}'",
+                10,
+                40,
+            )
+        self.vhost = vhost
+        self.state = State.OPEN
+        self.node.connections.add(self)
+        self.out.append(encode_method(0, commands.Connection.OpenOk()))
+
+    # -- closing --------------------------------------------------------------------------------
+
+    def _fail(self, error: ConnectionException) -> None:
+        """Close the connection for ``error``: send connection.close and wait for close-ok."""
+        self.error = error
+        if self.state is State.AWAIT_HEADER or self.closed:
+            self._finish()
+            return
+        self.out.append(
+            encode_method(
+                0,
+                commands.Connection.Close(
+                    reply_code=int(error.reply_code),
+                    reply_text=f"{error.reply_code.name} - {error.reply_text}"[:255],
+                    class_id=error.class_id,
+                    method_id=error.method_id,
+                ),
+            )
+        )
+        self._release()
+        self.state = State.CLOSING
+
+    def close(self, reply_code: ReplyCode, reply_text: str) -> None:
+        """Close the connection from the server side (shutdown, management API)."""
+        if self.state in (State.CLOSING, State.CLOSED):
+            return
+        self._fail(ConnectionException(reply_code, reply_text))
+        if not self.dirty:
+            self.dirty = True
+            self.node.mark_dirty(self)
+
+    def _finish(self) -> None:
+        self._release()
+        self.state = State.CLOSED
+        self.closed = True
+
+    def _release(self) -> None:
+        """Release channels and exclusive queues (idempotent)."""
+        channels, self.channels = list(self.channels.values()), {}
+        for channel in channels:
+            channel.release()
+        self.confirming.clear()
+        queues, self.exclusive_queues = self.exclusive_queues, []
+        for queue in queues:
+            if not queue.deleted:
+                self.vhost.remove_queue(queue)
+        self.node.connections.discard(self)
+        self.node.dirty.discard(self)
+
+    def connection_lost(self) -> None:
+        """The socket is gone: release everything and requeue unacked deliveries."""
+        self._release()
+        self.state = State.CLOSED
+        self.closed = True
+
+    def set_writable(self, writable: bool) -> None:
+        """The socket's buffer is full (``False``) or drained (``True``); deliveries pause meanwhile."""
+        self.writable = writable
+        for channel in list(self.channels.values()):
+            channel.update_active()
+
+    # -- timers ---------------------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the handshake has completed and the connection is usable."""
+        return self.state is State.OPEN
+
+    def tick(self) -> bool:
+        """Heartbeat bookkeeping; the shell calls this every ``heartbeat / 2`` seconds.
+
+        Queues a heartbeat frame when nothing was sent since the last tick. Returns ``False``
+        when nothing has been received for four ticks (two heartbeat intervals, as in
+        RabbitMQ): the peer is dead and the shell drops the socket.
+        """
+        if self._received_since_tick:
+            self._silent_ticks = 0
+        else:
+            self._silent_ticks += 1
+        self._received_since_tick = False
+        if not self._sent_since_tick:
+            self.out.append(HEARTBEAT_FRAME)
+        self._sent_since_tick = False
+        return self._silent_ticks < 4

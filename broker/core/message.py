@@ -1,0 +1,91 @@
+"""Messages as the broker holds them: the publisher's bytes, decoded only on demand.
+
+A message keeps the content header payload exactly as the publisher sent it, so a delivery
+writes those bytes again without re-encoding. Properties are decoded at most once, and only
+when something reads them (the headers exchange, priority queues, ``user_id`` checks).
+The property flags word tells which properties are present without decoding any of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pamqp import commands
+
+from broker.amqp.codec import (
+    FLAG_HEADERS,
+    FLAG_PRIORITY,
+    decode_properties,
+    encode_content_header,
+    property_flags,
+    shortstr,
+)
+
+
+class Message:
+    """One published message, shared by every queue it was routed to.
+
+    :param exchange: the exchange it was published to
+    :param routing_key: the routing key it was published with
+    :param names: ``exchange`` and ``routing_key`` as short strings, reused in deliveries
+    :param header: the content header payload (class, weight, body size, property flags, properties)
+    :param body: the whole body
+    """
+
+    __slots__ = ("exchange", "routing_key", "names", "header", "body", "flags", "_properties")
+
+    def __init__(self, exchange: str, routing_key: str, names: bytes, header: bytes, body: bytes) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.names = names
+        self.header = header
+        self.body = body
+        self.flags = property_flags(header)
+        self._properties: commands.Basic.Properties | None = None
+
+    @classmethod
+    def build(
+        cls,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: commands.Basic.Properties | None = None,
+    ) -> Message:
+        """Make a message from decoded parts (tests, tools and the broker's own publishes)."""
+        properties = properties or commands.Basic.Properties()
+        header = encode_content_header(len(body), properties)
+        message = cls(exchange, routing_key, shortstr(exchange) + shortstr(routing_key), header, body)
+        message._properties = properties
+        return message
+
+    @property
+    def properties(self) -> commands.Basic.Properties:
+        """The decoded content properties (decoded on first use).
+
+        :raises ConnectionException: 502 SYNTAX_ERROR when they do not decode.
+        """
+        if self._properties is None:
+            self._properties = decode_properties(self.header)
+        return self._properties
+
+    @property
+    def headers(self) -> dict[str, Any] | None:
+        """The ``headers`` table, or ``None`` when the message has none."""
+        if not self.flags & FLAG_HEADERS:
+            return None
+        return self.properties.headers
+
+    @property
+    def priority(self) -> int:
+        """The ``priority`` property, 0 when absent."""
+        if not self.flags & FLAG_PRIORITY:
+            return 0
+        return self.properties.priority or 0
+
+    @property
+    def body_size(self) -> int:
+        """The body length in bytes."""
+        return len(self.body)
+
+    def __repr__(self) -> str:
+        return f"<Message {self.exchange!r} {self.routing_key!r} {len(self.body)} bytes>"

@@ -1,0 +1,98 @@
+"""The broker node: virtual hosts, users and limits shared by every connection.
+
+The node also keeps the set of connections with bytes waiting to be written. A publish on
+one connection can produce deliveries on many; each delivery marks its connection dirty,
+and the shell writes every dirty connection once after it has handled the incoming data.
+That gives one ``write`` per connection per batch of frames instead of one per frame.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from exchanges.registry import ExchangeTypeRegistry, default_registry
+
+from broker.core.vhost import VirtualHost
+
+#: Server limits a client can push on, each with the reason for its value.
+DEFAULT_FRAME_MAX = 131072  # RabbitMQ's default: large enough for 128 KiB bodies in one frame
+DEFAULT_CHANNEL_MAX = 2047  # RabbitMQ's default; each channel costs a little memory per connection
+DEFAULT_HEARTBEAT = 60  # seconds, RabbitMQ's default: a dead peer is found within 2 minutes
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # the contract's default; a body is held in memory whole
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    """A user who may log in.
+
+    :param loopback_only: the user may connect only from a loopback address (RabbitMQ's rule for guest)
+    :param vhosts: the virtual hosts the user may open; ``None`` for all of them
+    """
+
+    name: str
+    password: str
+    loopback_only: bool = False
+    vhosts: frozenset[str] | None = None
+
+
+@dataclass(slots=True)
+class Limits:
+    """Negotiated and enforced limits (see the module constants for the reasons)."""
+
+    frame_max: int = DEFAULT_FRAME_MAX
+    channel_max: int = DEFAULT_CHANNEL_MAX
+    heartbeat: int = DEFAULT_HEARTBEAT
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+
+
+@dataclass
+class Node:
+    """Everything the connections of one broker share.
+
+    :param users: who may log in
+    :param vhosts: virtual host names to create
+    :param rng: source of generated names (injected so tests are repeatable)
+    """
+
+    users: Iterable[User] = (User("guest", "guest", loopback_only=True),)
+    vhost_names: Iterable[str] = ("/",)
+    limits: Limits = field(default_factory=Limits)
+    registry: ExchangeTypeRegistry = field(default_factory=default_registry)
+    rng: random.Random = field(default_factory=random.Random)
+    product: str = "Postroom"
+    version: str = "0.1.0"
+
+    def __post_init__(self) -> None:
+        self.users_by_name: dict[str, User] = {user.name: user for user in self.users}
+        self.vhosts: dict[str, VirtualHost] = {
+            name: VirtualHost(name, self.registry, self.rng) for name in self.vhost_names
+        }
+        self.connections: set[Any] = set()
+        self.dirty: set[Any] = set()
+        #: Called when the dirty set becomes non-empty outside of the shell's own I/O handling.
+        self.on_dirty: Callable[[], None] | None = None
+
+    def mark_dirty(self, connection: Any) -> None:
+        """Note that ``connection`` has bytes to write."""
+        if not self.dirty and self.on_dirty is not None:
+            self.dirty.add(connection)
+            self.on_dirty()
+        else:
+            self.dirty.add(connection)
+
+    def authenticate(self, username: str, password: str, loopback: bool) -> User | None:
+        """The user for these credentials, or ``None`` when they are refused."""
+        user = self.users_by_name.get(username)
+        if user is None or user.password != password:
+            return None
+        if user.loopback_only and not loopback:
+            return None
+        return user
+
+    def random_tag(self, prefix: str) -> str:
+        """A generated name such as ``amq.ctag-Xy…`` (22 random characters, as in RabbitMQ)."""
+        alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+        return prefix + "".join(self.rng.choice(alphabet) for _ in range(22))

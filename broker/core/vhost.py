@@ -1,0 +1,509 @@
+"""A virtual host: its exchanges, queues and the bindings between them, and routing.
+
+Errors are raised where they are detected, with RabbitMQ's reply code and wording
+(``NOT_FOUND - no queue 'x' in vhost '/'``); the connection turns them into ``channel.close``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+from exchanges.interfaces import BindingInvalid, IRouter
+from exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType, default_registry
+
+from broker.core.message import Message
+from broker.core.queue import MAX_PRIORITY, WorkQueue
+from broker.errors import ChannelException, ReplyCode
+
+#: The exchanges every virtual host has, as in RabbitMQ.
+STANDARD_EXCHANGES = (
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
+
+#: Bound on exchange-to-exchange hops for one publish: a cycle of bindings is legal, so
+#: routing keeps a visited set; this caps the work a deep (acyclic) chain can cause.
+MAX_ROUTING_HOPS = 64
+
+
+class Exchange:
+    """A named exchange and its router."""
+
+    __slots__ = (
+        "name",
+        "type_name",
+        "router",
+        "durable",
+        "auto_delete",
+        "internal",
+        "arguments",
+        "alternate",
+        "sources",
+        "__weakref__",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        type_name: str,
+        router: IRouter,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        arguments: Mapping[str, Any],
+    ) -> None:
+        self.name = name
+        self.type_name = type_name
+        self.router = router
+        self.durable = durable
+        self.auto_delete = auto_delete
+        self.internal = internal
+        self.arguments = dict(arguments)
+        alternate = arguments.get("alternate-exchange")
+        self.alternate = alternate if isinstance(alternate, str) and alternate else None
+        #: Exchanges with a binding to this one (exchange-to-exchange bindings).
+        self.sources: set[Exchange] = set()
+
+    def __repr__(self) -> str:
+        return f"<Exchange {self.name!r} {self.type_name}>"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _non_negative(value: object) -> bool:
+    return _is_int(value) and value >= 0  # type: ignore[operator]
+
+
+def _positive(value: object) -> bool:
+    return _is_int(value) and value > 0  # type: ignore[operator]
+
+
+def _string(value: object) -> bool:
+    return isinstance(value, (str, bytes))
+
+
+#: Queue arguments Postroom understands, each with its check. Unknown ``x-`` arguments are
+#: kept and ignored, as RabbitMQ does. These are also the arguments compared on redeclaration.
+QUEUE_ARGUMENTS: dict[str, Callable[[object], bool]] = {
+    "x-message-ttl": _non_negative,
+    "x-expires": _positive,
+    "x-max-length": _non_negative,
+    "x-max-length-bytes": _non_negative,
+    "x-overflow": lambda v: v in ("drop-head", "reject-publish", "reject-publish-dlx"),
+    "x-dead-letter-exchange": _string,
+    "x-dead-letter-routing-key": _string,
+    "x-max-priority": lambda v: _is_int(v) and 0 <= v <= MAX_PRIORITY,  # type: ignore[operator]
+    "x-queue-type": lambda v: v in ("classic", "quorum"),
+    "x-delivery-limit": _non_negative,
+    "x-visibility-timeout": _positive,
+}
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if not isinstance(value, str) else value
+
+
+class VirtualHost:
+    """Exchanges, queues and bindings of one virtual host.
+
+    :param name: the vhost name, e.g. ``"/"``
+    :param registry: the exchange types that ``exchange.declare`` may name
+    :param rng: source of server-generated queue names (injected so tests are repeatable)
+    """
+
+    def __init__(
+        self,
+        name: str = "/",
+        registry: ExchangeTypeRegistry | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.name = name
+        self.registry = registry or default_registry()
+        self._rng = rng or random.Random()
+        self.exchanges: dict[str, Exchange] = {}
+        self.queues: dict[str, WorkQueue] = {}
+        for exchange_name, type_name in STANDARD_EXCHANGES:
+            self._add_exchange(exchange_name, type_name, True, False, False, {})
+
+    # -- lookups ------------------------------------------------------------------------------
+
+    def _where(self) -> str:
+        return f"in vhost '{self.name}'"
+
+    def exchange(self, name: str) -> Exchange:
+        """The exchange called ``name``.
+
+        :raises ChannelException: 404 NOT_FOUND.
+        """
+        try:
+            return self.exchanges[name]
+        except KeyError:
+            raise ChannelException(ReplyCode.NOT_FOUND, f"no exchange '{name}' {self._where()}") from None
+
+    def queue(self, name: str, connection: object | None = None) -> WorkQueue:
+        """The queue called ``name``, checking exclusive ownership when ``connection`` is given.
+
+        :raises ChannelException: 404 NOT_FOUND, or 405 RESOURCE_LOCKED for another
+            connection's exclusive queue.
+        """
+        try:
+            queue = self.queues[name]
+        except KeyError:
+            raise ChannelException(ReplyCode.NOT_FOUND, f"no queue '{name}' {self._where()}") from None
+        if connection is not None and queue.owner is not None and queue.owner is not connection:
+            raise ChannelException(
+                ReplyCode.RESOURCE_LOCKED,
+                f"cannot obtain exclusive access to locked queue '{name}' {self._where()}. It could be "
+                "originally declared on another connection or the exclusive property value does not "
+                "match that of the original declaration.",
+            )
+        return queue
+
+    # -- exchanges ----------------------------------------------------------------------------
+
+    def _add_exchange(
+        self, name: str, type_name: str, durable: bool, auto_delete: bool, internal: bool, arguments: Mapping[str, Any]
+    ) -> Exchange:
+        exchange_type = self.registry.get(type_name)
+        exchange = Exchange(
+            name, type_name, exchange_type.new_router(arguments), durable, auto_delete, internal, arguments
+        )
+        self.exchanges[name] = exchange
+        return exchange
+
+    def declare_exchange(
+        self,
+        name: str,
+        type_name: str,
+        passive: bool = False,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> Exchange:
+        """``exchange.declare``: create an exchange, or check an existing one is equivalent.
+
+        :raises ChannelException: 404 (passive, missing), 403 (reserved name), 406 (inequivalent
+            redeclaration, unknown type, bad arguments).
+        """
+        arguments = arguments or {}
+        if passive:
+            if name == "":
+                raise ChannelException(ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange")
+            return self.exchange(name)
+        if name == "" or name.startswith("amq."):
+            existing = self.exchanges.get(name)
+            if name and existing is not None and existing.type_name == type_name:
+                return existing
+            raise ChannelException(
+                ReplyCode.ACCESS_REFUSED,
+                f"exchange name '{name}' contains reserved prefix 'amq.*'"
+                if name
+                else "operation not permitted on the default exchange",
+            )
+        existing = self.exchanges.get(name)
+        if existing is not None:
+            for field, current, received in (
+                ("type", existing.type_name, type_name),
+                ("durable", existing.durable, durable),
+                ("auto_delete", existing.auto_delete, auto_delete),
+                ("internal", existing.internal, internal),
+                ("alternate-exchange", existing.arguments.get("alternate-exchange"), arguments.get("alternate-exchange")),
+            ):
+                if current != received:
+                    raise ChannelException(
+                        ReplyCode.PRECONDITION_FAILED,
+                        f"inequivalent arg '{field}' for exchange '{name}' {self._where()}: "
+                        f"received '{_describe(received)}' but current is '{_describe(current)}'",
+                    )
+            return existing
+        try:
+            exchange_type = self.registry.get(type_name)
+        except InvalidExchangeType:
+            raise ChannelException(
+                ReplyCode.PRECONDITION_FAILED, f"invalid exchange type '{type_name}'"
+            ) from None
+        try:
+            exchange_type.validate_arguments(arguments)
+        except BindingInvalid as err:
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"invalid arguments for exchange '{name}': {err}") from err
+        alternate = arguments.get("alternate-exchange")
+        if alternate is not None and not isinstance(alternate, str):
+            raise ChannelException(
+                ReplyCode.PRECONDITION_FAILED, f"invalid arg 'alternate-exchange' for exchange '{name}': not a string"
+            )
+        return self._add_exchange(name, type_name, durable, auto_delete, internal, arguments)
+
+    def delete_exchange(self, name: str, if_unused: bool = False) -> None:
+        """``exchange.delete``: remove an exchange and every binding to or from it.
+
+        Deleting a missing exchange succeeds, as in RabbitMQ 3.x.
+
+        :raises ChannelException: 403 for the default and ``amq.*`` exchanges, 406 when
+            ``if_unused`` and it has bindings.
+        """
+        if name == "" or name.startswith("amq."):
+            raise ChannelException(
+                ReplyCode.ACCESS_REFUSED,
+                f"exchange name '{name}' contains reserved prefix 'amq.*'"
+                if name
+                else "operation not permitted on the default exchange",
+            )
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            return
+        if if_unused and len(exchange.router):
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"exchange '{name}' {self._where()} in use")
+        self._remove_exchange(exchange)
+
+    def _remove_exchange(self, exchange: Exchange) -> None:
+        del self.exchanges[exchange.name]
+        for destination, _key, _arguments in list(exchange.router.bindings()):
+            destination.sources.discard(exchange)  # type: ignore[attr-defined]
+        for source in list(exchange.sources):
+            source.router.unbind_all(exchange)
+            self._maybe_auto_delete(source)
+        exchange.sources.clear()
+
+    def _maybe_auto_delete(self, exchange: Exchange) -> None:
+        if exchange.auto_delete and not len(exchange.router) and exchange.name in self.exchanges:
+            self._remove_exchange(exchange)
+
+    # -- bindings -----------------------------------------------------------------------------
+
+    def _source(self, name: str) -> Exchange:
+        if name == "":
+            raise ChannelException(ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange")
+        return self.exchange(name)
+
+    def _bind(self, source: Exchange, destination: Hashable, routing_key: str, arguments: Mapping[str, Any]) -> None:
+        try:
+            source.router.bind(destination, routing_key, arguments)
+        except BindingInvalid as err:
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, str(err)) from err
+        destination.sources.add(source)  # type: ignore[attr-defined]
+
+    def _unbind(self, source: Exchange, destination: Hashable, routing_key: str, arguments: Mapping[str, Any]) -> None:
+        source.router.unbind(destination, routing_key, arguments)
+        if not any(bound is destination for bound, _k, _a in source.router.bindings()):
+            destination.sources.discard(source)  # type: ignore[attr-defined]
+        self._maybe_auto_delete(source)
+
+    def bind_queue(
+        self, queue_name: str, exchange_name: str, routing_key: str, arguments: Mapping[str, Any], connection: object
+    ) -> None:
+        """``queue.bind``.
+
+        :raises ChannelException: 404 for a missing queue or exchange, 403 for the default
+            exchange, 405 for another connection's exclusive queue, 406 for an invalid binding.
+        """
+        queue = self.queue(queue_name, connection)
+        self._bind(self._source(exchange_name), queue, routing_key, arguments)
+
+    def unbind_queue(
+        self, queue_name: str, exchange_name: str, routing_key: str, arguments: Mapping[str, Any], connection: object
+    ) -> None:
+        """``queue.unbind``; unbinding what is not bound succeeds, as in RabbitMQ."""
+        queue = self.queue(queue_name, connection)
+        self._unbind(self._source(exchange_name), queue, routing_key, arguments)
+
+    def bind_exchange(
+        self, destination_name: str, source_name: str, routing_key: str, arguments: Mapping[str, Any]
+    ) -> None:
+        """``exchange.bind`` (RabbitMQ's exchange-to-exchange bindings)."""
+        destination = self._source(destination_name)
+        self._bind(self._source(source_name), destination, routing_key, arguments)
+
+    def unbind_exchange(
+        self, destination_name: str, source_name: str, routing_key: str, arguments: Mapping[str, Any]
+    ) -> None:
+        """``exchange.unbind``."""
+        destination = self._source(destination_name)
+        self._unbind(self._source(source_name), destination, routing_key, arguments)
+
+    # -- queues -------------------------------------------------------------------------------
+
+    def new_queue_name(self) -> str:
+        """A server-generated queue name in RabbitMQ's form (``amq.gen-`` and 22 characters)."""
+        alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+        while True:
+            name = "amq.gen-" + "".join(self._rng.choice(alphabet) for _ in range(22))
+            if name not in self.queues:
+                return name
+
+    def _check_queue_arguments(self, name: str, arguments: Mapping[str, Any]) -> None:
+        for key, check in QUEUE_ARGUMENTS.items():
+            if key in arguments and not check(arguments[key]):
+                raise ChannelException(
+                    ReplyCode.PRECONDITION_FAILED,
+                    f"invalid arg '{key}' for queue '{name}' {self._where()}: {arguments[key]!r}",
+                )
+        if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
+            raise ChannelException(
+                ReplyCode.PRECONDITION_FAILED,
+                f"invalid arg 'x-dead-letter-routing-key' for queue '{name}' {self._where()}: "
+                "x-dead-letter-exchange is not set",
+            )
+
+    def declare_queue(
+        self,
+        name: str,
+        connection: object,
+        passive: bool = False,
+        durable: bool = False,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> WorkQueue:
+        """``queue.declare``: create a queue, or check an existing one is equivalent.
+
+        :param name: the name; ``""`` asks for a server-generated one
+        :param connection: the declaring connection (owner of an exclusive queue)
+        :raises ChannelException: 404 (passive, missing), 403 (``amq.`` prefix), 405 (another
+            connection's exclusive queue), 406 (inequivalent redeclaration, bad arguments).
+        """
+        arguments = arguments or {}
+        if passive:
+            return self.queue(name, connection)
+        if name.startswith("amq."):
+            raise ChannelException(
+                ReplyCode.ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'"
+            )
+        if name == "":
+            name = self.new_queue_name()
+        existing = self.queues.get(name)
+        if existing is not None:
+            self.queue(name, connection)  # exclusivity check
+            self._check_equivalent(existing, durable, exclusive, auto_delete, arguments)
+            return existing
+        self._check_queue_arguments(name, arguments)
+        max_priority = arguments.get("x-max-priority")
+        queue = WorkQueue(
+            name,
+            self.name,
+            durable=durable,
+            owner=connection if exclusive else None,
+            auto_delete=auto_delete,
+            arguments=arguments,
+            max_priority=max_priority if isinstance(max_priority, int) else None,
+        )
+        self.queues[name] = queue
+        return queue
+
+    def _check_equivalent(
+        self, queue: WorkQueue, durable: bool, exclusive: bool, auto_delete: bool, arguments: Mapping[str, Any]
+    ) -> None:
+        checks: list[tuple[str, object, object]] = [
+            ("durable", queue.durable, durable),
+            ("exclusive", queue.exclusive, exclusive),
+            ("auto_delete", queue.auto_delete, auto_delete),
+        ]
+        checks += [(key, queue.arguments.get(key), arguments.get(key)) for key in QUEUE_ARGUMENTS]
+        for field, current, received in checks:
+            if current != received or type(current) is not type(received):
+                if field == "x-queue-type" and {current, received} <= {None, "classic"}:
+                    continue
+                raise ChannelException(
+                    ReplyCode.PRECONDITION_FAILED,
+                    f"inequivalent arg '{field}' for queue '{queue.name}' {self._where()}: "
+                    f"received '{_describe(received)}' but current is '{_describe(current)}'",
+                )
+
+    def delete_queue(
+        self, name: str, connection: object, if_unused: bool = False, if_empty: bool = False
+    ) -> tuple[WorkQueue | None, int]:
+        """``queue.delete``: remove a queue, its bindings and its consumers.
+
+        Deleting a missing queue succeeds with a count of 0, as in RabbitMQ 3.x.
+
+        :returns: the removed queue (or ``None``) and how many ready messages it held
+        :raises ChannelException: 406 when ``if_unused``/``if_empty`` do not hold, 405 for
+            another connection's exclusive queue.
+        """
+        if name not in self.queues:
+            return None, 0
+        queue = self.queue(name, connection)
+        if if_unused and queue.consumer_count:
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"queue '{name}' {self._where()} in use")
+        if if_empty and queue.message_count:
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"queue '{name}' {self._where()} is not empty")
+        count = queue.message_count
+        self.remove_queue(queue)
+        return queue, count
+
+    def remove_queue(self, queue: WorkQueue) -> None:
+        """Remove ``queue`` with its bindings; its consumers are cancelled by their channels."""
+        if self.queues.get(queue.name) is not queue:
+            return
+        del self.queues[queue.name]
+        queue.deleted = True
+        for source in list(queue.sources):
+            source.router.unbind_all(queue)
+            self._maybe_auto_delete(source)
+        queue.sources.clear()
+        queue.purge()
+        for consumer in list(queue.consumers):
+            queue.remove_consumer(consumer)
+            consumer.channel.consumer_cancelled(consumer)  # type: ignore[attr-defined]
+
+    # -- routing ------------------------------------------------------------------------------
+
+    def route(self, exchange: Exchange, message: Message) -> list[WorkQueue]:
+        """The queues a message published to ``exchange`` goes to, each once.
+
+        Follows exchange-to-exchange bindings (a cycle is visited once) and alternate
+        exchanges (used when an exchange routes the message nowhere).
+        """
+        routing_key = message.routing_key
+        router = exchange.router
+        destinations = router.route(routing_key, message.headers if router.needs_headers else None)
+        queues: list[WorkQueue] = []
+        pending: list[Exchange] = []
+        for destination in destinations:
+            if type(destination) is WorkQueue:
+                queues.append(destination)
+            else:
+                pending.append(destination)  # type: ignore[arg-type]
+        if not pending and exchange.alternate is None:
+            return queues if len(queues) < 2 else list(dict.fromkeys(queues))
+        return self._route_slow(exchange, message, queues, pending)
+
+    def _route_slow(
+        self, exchange: Exchange, message: Message, queues: list[WorkQueue], pending: list[Exchange]
+    ) -> list[WorkQueue]:
+        visited = {exchange.name}
+        if not queues and not pending and exchange.alternate is not None:
+            alternate = self.exchanges.get(exchange.alternate)
+            if alternate is not None:
+                pending.append(alternate)
+        hops = 0
+        while pending and hops < MAX_ROUTING_HOPS:
+            current = pending.pop()
+            if current.name in visited:
+                continue
+            visited.add(current.name)
+            hops += 1
+            router = current.router
+            found = False
+            for destination in router.route(
+                message.routing_key, message.headers if router.needs_headers else None
+            ):
+                found = True
+                if type(destination) is WorkQueue:
+                    queues.append(destination)
+                else:
+                    pending.append(destination)  # type: ignore[arg-type]
+            if not found and current.alternate is not None:
+                alternate = self.exchanges.get(current.alternate)
+                if alternate is not None:
+                    pending.append(alternate)
+        return list(dict.fromkeys(queues))

@@ -1,0 +1,209 @@
+"""The Twisted shell around the sans-IO AMQP core.
+
+:class:`AMQPServerProtocol` moves bytes between a transport and a :class:`ServerConnection`
+and runs the connection's timers (handshake timeout, heartbeats, close timeout) on the
+injected clock. :class:`AMQPServerFactory` owns the :class:`Node` and writes every connection
+with pending output once per batch: after each ``dataReceived``, after each timer, and after a
+connection is lost (its unacked deliveries may go to other consumers).
+
+Flow control: the protocol registers itself as a streaming producer. When a client's socket
+buffer fills, Twisted calls ``pauseProducing`` and deliveries to that connection stop
+(its consumers are skipped) until ``resumeProducing``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from broker.amqp.connection import ServerConnection, State
+from broker.core.node import Node
+from broker.errors import ReplyCode
+
+#: Seconds a client has to finish the handshake (RabbitMQ's handshake_timeout is 10 s).
+HANDSHAKE_TIMEOUT = 10.0
+#: Seconds we wait for connection.close-ok after sending connection.close before dropping the socket.
+CLOSE_TIMEOUT = 3.0
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1, or an IPv4-mapped loopback)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+class AMQPServerProtocol(Protocol):
+    """One client connection: a thin shell over :class:`ServerConnection`."""
+
+    _log = Logger()
+
+    def __init__(self, factory: AMQPServerFactory) -> None:
+        self.factory = factory
+        self.connection: ServerConnection | None = None
+        self._handshake_timer: IDelayedCall | None = None
+        self._heartbeat_timer: IDelayedCall | None = None
+        self._close_timer: IDelayedCall | None = None
+
+    def connectionMade(self) -> None:
+        peer = self.transport.getPeer()
+        host = getattr(peer, "host", "")
+        self.connection = ServerConnection(
+            self.factory.node, loopback=is_loopback(host), peer=f"{host}:{getattr(peer, 'port', '')}"
+        )
+        self.factory.protocols[self.connection] = self
+        self.transport.registerProducer(self, True)
+        self._handshake_timer = self.factory.clock.callLater(HANDSHAKE_TIMEOUT, self._handshake_expired)
+
+    def dataReceived(self, data: bytes) -> None:
+        connection = self.connection
+        assert connection is not None
+        factory = self.factory
+        factory.in_io = True
+        try:
+            connection.receive_data(data)
+        except Exception:
+            self._log.failure("bug while handling frames from {peer}", peer=connection.peer)
+            connection.close(ReplyCode.INTERNAL_ERROR, "internal error")
+        finally:
+            factory.in_io = False
+        if connection.is_open and self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+            if connection.heartbeat:
+                self._schedule_heartbeat()
+        factory.flush()
+        self.flush()
+
+    def flush(self) -> None:
+        """Write what the connection has queued, and close the socket if the connection is over."""
+        connection = self.connection
+        if connection is None:
+            return
+        data = connection.data_to_send()
+        if data:
+            self.transport.write(data)
+        if connection.closed:
+            if connection.error is not None:
+                self._log.info(
+                    "closing connection {peer}: {error}", peer=connection.peer, error=str(connection.error)
+                )
+                connection.error = None
+            self._cancel_timers()
+            self.transport.loseConnection()
+        elif connection.state is State.CLOSING and self._close_timer is None:
+            if connection.error is not None:
+                self._log.info(
+                    "closing connection {peer}: {error}", peer=connection.peer, error=str(connection.error)
+                )
+            self._close_timer = self.factory.clock.callLater(CLOSE_TIMEOUT, self._drop, "no connection.close-ok")
+
+    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+        self._cancel_timers()
+        connection = self.connection
+        if connection is None:
+            return
+        self.factory.protocols.pop(connection, None)
+        connection.connection_lost()
+        self.factory.flush()
+
+    # -- timers ---------------------------------------------------------------------------------
+
+    def _cancel_timers(self) -> None:
+        for name in ("_handshake_timer", "_heartbeat_timer", "_close_timer"):
+            timer = getattr(self, name)
+            if timer is not None and timer.active():
+                timer.cancel()
+            setattr(self, name, None)
+
+    def _handshake_expired(self) -> None:
+        self._handshake_timer = None
+        self._drop(f"handshake not completed within {HANDSHAKE_TIMEOUT:g} s")
+
+    def _schedule_heartbeat(self) -> None:
+        assert self.connection is not None
+        self._heartbeat_timer = self.factory.clock.callLater(self.connection.heartbeat / 2, self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        connection = self.connection
+        assert connection is not None
+        self._heartbeat_timer = None
+        if not connection.tick():
+            self._drop(f"missed heartbeats from client, timeout: {connection.heartbeat}s")
+            return
+        self.flush()
+        self._schedule_heartbeat()
+
+    def _drop(self, why: str) -> None:
+        connection = self.connection
+        self._log.info("dropping connection {peer}: {why}", peer=connection.peer if connection else "?", why=why)
+        self._cancel_timers()
+        self.transport.abortConnection()
+
+    # -- IPushProducer: the transport tells us when its buffer is full ---------------------------
+
+    def pauseProducing(self) -> None:
+        if self.connection is not None:
+            self.connection.set_writable(False)
+
+    def resumeProducing(self) -> None:
+        if self.connection is not None:
+            self.connection.set_writable(True)
+            self.factory.flush()
+
+    def stopProducing(self) -> None:
+        pass
+
+
+class AMQPServerFactory(Factory):
+    """Makes :class:`AMQPServerProtocol` instances over one shared :class:`Node`.
+
+    :param node: the broker node
+    :param clock: the reactor (or a ``Clock`` in tests) for timers
+    """
+
+    protocol = AMQPServerProtocol  # type: ignore[assignment]
+
+    def __init__(self, node: Node, clock: IReactorTime) -> None:
+        self.node = node
+        self.clock = clock
+        self.protocols: dict[ServerConnection, AMQPServerProtocol] = {}
+        self.in_io = False
+        self._flush_call: IDelayedCall | None = None
+        node.on_dirty = self._schedule_flush
+
+    def buildProtocol(self, addr: Any) -> AMQPServerProtocol:
+        return AMQPServerProtocol(self)
+
+    def _schedule_flush(self) -> None:
+        """Output appeared outside ``dataReceived`` (a timer, a lost connection): write it soon."""
+        if not self.in_io and self._flush_call is None:
+            self._flush_call = self.clock.callLater(0, self.flush)
+
+    def flush(self) -> None:
+        """Write every connection that has output waiting."""
+        if self._flush_call is not None:
+            if self._flush_call.active():
+                self._flush_call.cancel()
+            self._flush_call = None
+        dirty = self.node.dirty
+        while dirty:
+            connection = dirty.pop()
+            protocol = self.protocols.get(connection)
+            if protocol is not None:
+                protocol.flush()
+
+    def close_all(self, reply_code: ReplyCode = ReplyCode.CONNECTION_FORCED, reply_text: str = "broker shutdown") -> None:
+        """Close every connection (graceful shutdown)."""
+        for connection in list(self.protocols):
+            connection.close(reply_code, reply_text)
+        self.flush()

@@ -1,0 +1,3 @@
+"""Exchange types: direct, fanout, topic and headers, registered through ``IExchangeType``."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""PySpark jobs over Postroom's dead-letter and write-ahead log segments."""
+
+__all__: list[str] = []
