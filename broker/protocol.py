@@ -61,6 +61,9 @@ class AMQPServerProtocol(Protocol):
             self.factory.node, loopback=is_loopback(host), peer=f"{host}:{getattr(peer, 'port', '')}"
         )
         self.factory.protocols[self.connection] = self
+        if hasattr(self.transport, "setTcpNoDelay"):
+            # Deliveries and confirms are latency-bound small writes: never wait for Nagle.
+            self.transport.setTcpNoDelay(True)
         self.transport.registerProducer(self, True)
         self._handshake_timer = self.factory.clock.callLater(HANDSHAKE_TIMEOUT, self._handshake_expired)
 

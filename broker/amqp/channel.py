@@ -15,6 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
+import struct
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -24,11 +25,18 @@ from pamqp.base import Frame
 
 from broker.amqp.codec import (
     BASIC_CLASS,
+    BASIC_DELIVER,
+    FRAME_BODY,
+    FRAME_END,
+    FRAME_END_BYTE,
+    FRAME_HEADER,
+    FRAME_METHOD,
+    FRAME_OVERHEAD,
     FLAG_USER_ID,
     ack_method,
     content_body_size,
     content_frames,
-    deliver_method,
+    deliver_frames,
     encode_method,
     get_ok_method,
     nack_method,
@@ -41,6 +49,10 @@ from broker.errors import AMQPError, ChannelException, ConnectionException, Repl
 
 if TYPE_CHECKING:
     from broker.amqp.connection import ServerConnection
+
+_deliver_head = struct.Struct(">BHII")  # frame header and method index of basic.deliver
+_tag_redelivered = struct.Struct(">QB")
+_frame_end_then_header = struct.Struct(">BBHI")  # frame-end octet, then the next frame's header
 
 
 class ChannelState:
@@ -77,6 +89,7 @@ class ChannelState:
         self.confirm_pending = 0
         self.transactional = False
         self._tx_ops: list[Callable[[], None]] = []
+        self._max_message_bytes = connection.node.limits.max_message_bytes
 
     # -- state --------------------------------------------------------------------------------
 
@@ -279,9 +292,34 @@ class ChannelState:
         self._delivery_tag = tag = self._delivery_tag + 1
         message = entry.message
         connection = self.connection
-        out = connection.out
-        out.append(deliver_method(self.id, consumer.tag_bytes, tag, entry.redelivered, message.names))
-        out += content_frames(self.id, message.header, message.body, connection.frame_max)
+        body = message.body
+        header = message.header
+        if len(body) <= connection.frame_max - FRAME_OVERHEAD and body:
+            # One body frame: the common case, built inline (see codec.deliver_frames).
+            names = message.names
+            consumer_tag = consumer.tag_bytes
+            connection.out += (
+                _deliver_head.pack(FRAME_METHOD, self.id, 13 + len(consumer_tag) + len(names), BASIC_DELIVER),
+                consumer_tag,
+                _tag_redelivered.pack(tag, entry.redelivered),
+                names,
+                _frame_end_then_header.pack(FRAME_END, FRAME_HEADER, self.id, len(header)),
+                header,
+                _frame_end_then_header.pack(FRAME_END, FRAME_BODY, self.id, len(body)),
+                body,
+                FRAME_END_BYTE,
+            )
+        else:
+            connection.out += deliver_frames(
+                self.id,
+                consumer.tag_bytes,
+                tag,
+                entry.redelivered,
+                message.names,
+                header,
+                body,
+                connection.frame_max,
+            )
         if not consumer.no_ack:
             entry.consumer = consumer
             self._unacked[tag] = entry
@@ -462,11 +500,30 @@ class ChannelState:
         self._publish = None
         self._header = None
         exchange_name, routing_key, mandatory, immediate, names = publish
+        self.publish(exchange_name, routing_key, mandatory | immediate << 1, names, header, body)
+
+    def publish(self, exchange_name: str, routing_key: str, bits: int, names: bytes, header: bytes, body: bytes) -> None:
+        """A complete published message: check it, route it, enqueue it, confirm it.
+
+        :param bits: ``mandatory`` (1) and ``immediate`` (2) from ``basic.publish``
+        :param names: the exchange and routing key short strings as sent
+        :param header: the content header payload, passed on to consumers unchanged
+        :raises ChannelException: 404 for a missing exchange, 403 for an internal one, 406 for a
+            ``user_id`` that is not the login or a body over the size limit.
+        :raises ConnectionException: 540 NOT_IMPLEMENTED for ``immediate``.
+        """
         message = Message(exchange_name, routing_key, names, header, body)
         if self.confirm:
             self._publish_seq += 1
-        if immediate:
+        if bits & 2:
             raise ConnectionException(ReplyCode.NOT_IMPLEMENTED, "immediate=true", BASIC_CLASS, 40)
+        if len(body) > self._max_message_bytes:
+            raise ChannelException(
+                ReplyCode.PRECONDITION_FAILED,
+                f"message size {len(body)} is larger than configured max size {self._max_message_bytes}",
+                BASIC_CLASS,
+                40,
+            )
         if message.flags & FLAG_USER_ID:
             user_id = message.properties.user_id
             if user_id != self.connection.user_name:
@@ -478,9 +535,20 @@ class ChannelState:
                 )
         if self.transactional:
             self._check_exchange(exchange_name)
-            self._tx_ops.append(lambda: self._route(message, exchange_name, mandatory))
+            self._tx_ops.append(lambda: self._route(message, exchange_name, bits & 1))
             return
-        self._route(message, exchange_name, mandatory)
+        if exchange_name == "":
+            queue = self.vhost.queues.get(routing_key)
+            if queue is not None:
+                queue.enqueue(message)
+            elif bits & 1:
+                self._return(message)
+        else:
+            self._route(message, exchange_name, bits & 1)
+        if self.confirm:
+            if not self.confirm_pending:
+                self.connection.confirming.append(self)
+            self.confirm_pending = self._publish_seq
 
     def _check_exchange(self, exchange_name: str) -> Any:
         vhost = self.vhost
@@ -500,7 +568,7 @@ class ChannelState:
             )
         return exchange
 
-    def _route(self, message: Message, exchange_name: str, mandatory: bool) -> None:
+    def _route(self, message: Message, exchange_name: str, mandatory: int) -> None:
         exchange = self._check_exchange(exchange_name)
         if exchange is None:
             queue = self.vhost.queues.get(message.routing_key)
@@ -509,17 +577,14 @@ class ChannelState:
             queues = self.vhost.route(exchange, message)
         for queue in queues:
             queue.enqueue(message)
-        if not queues:
-            if mandatory:
-                self.connection.out.append(return_method(self.id, ReplyCode.NO_ROUTE, "NO_ROUTE", message.names))
-                self.connection.out += content_frames(self.id, message.header, message.body, self.connection.frame_max)
-        if self.confirm:
-            self._confirm_accepted()
+        if not queues and mandatory:
+            self._return(message)
 
-    def _confirm_accepted(self) -> None:
-        if not self.confirm_pending:
-            self.connection.confirming.append(self)
-        self.confirm_pending = self._publish_seq
+    def _return(self, message: Message) -> None:
+        """Send an unroutable mandatory message back with ``basic.return`` 312 NO_ROUTE."""
+        out = self.connection.out
+        out.append(return_method(self.id, ReplyCode.NO_ROUTE, "NO_ROUTE", message.names))
+        out += content_frames(self.id, message.header, message.body, self.connection.frame_max)
 
     def flush_confirms(self) -> None:
         """Write one ``basic.ack multiple=true`` covering every publish accepted so far."""

@@ -17,7 +17,6 @@ from broker.amqp.codec import (
     FLAG_PRIORITY,
     decode_properties,
     encode_content_header,
-    property_flags,
     shortstr,
 )
 
@@ -40,7 +39,8 @@ class Message:
         self.names = names
         self.header = header
         self.body = body
-        self.flags = property_flags(header)
+        #: The first property-flags word: which properties are present (bytes 12-13 of the header).
+        self.flags = header[12] << 8 | header[13]
         self._properties: commands.Basic.Properties | None = None
 
     @classmethod

@@ -195,9 +195,17 @@ class WorkQueue:
 
     def enqueue(self, message: Message) -> None:
         """Add a message at the tail and deliver what can be delivered."""
-        self._ready.append(Entry(message, self))
-        if self._consumers:
-            self.dispatch()
+        entry = Entry(message, self)
+        consumers = self._consumers
+        if consumers and not self._ready:
+            # Nothing waiting: hand the entry straight to the next consumer that can take it.
+            for _ in range(len(consumers)):
+                consumer = consumers[0]
+                consumers.rotate(-1)
+                if consumer.can_accept():
+                    consumer.channel.deliver(consumer, entry)
+                    return
+        self._ready.append(entry)
 
     def requeue(self, entries: Iterable[Entry]) -> None:
         """Put entries back at the head, in the given order, marked redelivered.

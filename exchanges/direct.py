@@ -1,0 +1,115 @@
+"""The ``direct`` exchange type: a message goes to the bindings whose key equals its routing key.
+
+AMQP 0-9-1 §3.1.3.1. Arguments take part in a binding's identity but not in routing, as in
+RabbitMQ's ``rabbit_exchange_type_direct``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Any
+
+from zope.interface import implementer
+
+from exchanges.binding import BindingTable, arguments_key
+from exchanges.interfaces import IExchangeType, IRouter
+
+__all__ = ["DirectExchangeType", "DirectRouter"]
+
+
+@implementer(IRouter)
+class DirectRouter:
+    """Bindings of one direct exchange, indexed by binding key: routing is one dict lookup, O(1)."""
+
+    needs_headers = False
+
+    def __init__(self) -> None:
+        self._table = BindingTable()
+        # routing key -> destination -> number of bindings (with different arguments) behind it.
+        # The inner dict is what route() returns, so each destination appears once.
+        self._routes: dict[str, dict[Hashable, int]] = {}
+
+    def bind(self, destination: Hashable, routing_key: str, arguments: Mapping[str, Any]) -> bool:
+        """Add a binding; return ``True`` if it is new.
+
+        :param destination: the queue or exchange to route to.
+        :param routing_key: the key a message must carry, exactly.
+        :param arguments: part of the binding's identity; ignored for routing.
+        """
+        if not self._table.add(destination, routing_key, arguments_key(arguments), arguments):
+            return False
+        destinations = self._routes.setdefault(routing_key, {})
+        destinations[destination] = destinations.get(destination, 0) + 1
+        return True
+
+    def unbind(self, destination: Hashable, routing_key: str, arguments: Mapping[str, Any]) -> bool:
+        """Remove a binding; return ``True`` if it existed.
+
+        :param destination: the queue or exchange bound.
+        :param routing_key: the binding key.
+        :param arguments: the arguments it was bound with.
+        """
+        if not self._table.remove(destination, routing_key, arguments_key(arguments)):
+            return False
+        self._forget(destination, routing_key)
+        return True
+
+    def unbind_all(self, destination: Hashable) -> int:
+        """Remove every binding to ``destination``; return how many were removed.
+
+        :param destination: the queue or exchange being deleted.
+        """
+        removed = self._table.pop_destination(destination)
+        for routing_key, _key, _arguments in removed:
+            self._forget(destination, routing_key)
+        return len(removed)
+
+    def _forget(self, destination: Hashable, routing_key: str) -> None:
+        """Drop one binding's count from the routing index, and emptied entries with it."""
+        destinations = self._routes[routing_key]
+        remaining = destinations[destination] - 1
+        if remaining:
+            destinations[destination] = remaining
+            return
+        del destinations[destination]
+        if not destinations:
+            del self._routes[routing_key]
+
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None) -> Iterable[Hashable]:
+        """Return the destinations bound with exactly ``routing_key``, each once. O(1).
+
+        The result is an internal collection: valid until the next bind or unbind, not to be
+        modified.
+
+        :param routing_key: the message's routing key.
+        :param headers: ignored.
+        """
+        return self._routes.get(routing_key, ())
+
+    def bindings(self) -> Iterable[tuple[Hashable, str, Mapping[str, Any]]]:
+        """Every binding as ``(destination, routing_key, arguments)``."""
+        return iter(self._table)
+
+    def __len__(self) -> int:
+        """The number of bindings."""
+        return len(self._table)
+
+
+@implementer(IExchangeType)
+class DirectExchangeType:
+    """The ``direct`` exchange type."""
+
+    name = "direct"
+
+    def validate_arguments(self, arguments: Mapping[str, Any]) -> None:
+        """Accept any declare arguments: a direct exchange reads none of them.
+
+        :param arguments: the ``exchange.declare`` arguments.
+        """
+
+    def new_router(self, arguments: Mapping[str, Any]) -> IRouter:
+        """Make an empty :class:`DirectRouter`.
+
+        :param arguments: the ``exchange.declare`` arguments (unused).
+        """
+        return DirectRouter()
