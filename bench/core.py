@@ -53,7 +53,9 @@ def run(messages: int, size: int, profile: bool) -> float:
         + frame.marshal(ContentBody(body), 1)
     )
     batch = one * 100
-    acks = [frame.marshal(commands.Basic.Ack(delivery_tag=tag, multiple=True), 1) for tag in range(100, messages + 1, 100)]
+    acks = [
+        frame.marshal(commands.Basic.Ack(delivery_tag=tag, multiple=True), 1) for tag in range(100, messages + 1, 100)
+    ]
     profiler = cProfile.Profile() if profile else None
     start = time.perf_counter()
     if profiler:

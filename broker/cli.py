@@ -9,7 +9,6 @@ from collections.abc import Sequence
 
 from broker.service import DEFAULT_AMQP_ENDPOINT
 
-
 #: Allocations between young-generation collections. Messages and queue entries are
 #: allocated at 100k+/s and never form cycles; at the default (700) the collector would walk
 #: every queued message many times a second.

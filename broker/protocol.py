@@ -97,17 +97,13 @@ class AMQPServerProtocol(Protocol):
             self.transport.write(data)
         if connection.closed:
             if connection.error is not None:
-                self._log.info(
-                    "closing connection {peer}: {error}", peer=connection.peer, error=str(connection.error)
-                )
+                self._log.info("closing connection {peer}: {error}", peer=connection.peer, error=str(connection.error))
                 connection.error = None
             self._cancel_timers()
             self.transport.loseConnection()
         elif connection.state is State.CLOSING and self._close_timer is None:
             if connection.error is not None:
-                self._log.info(
-                    "closing connection {peer}: {error}", peer=connection.peer, error=str(connection.error)
-                )
+                self._log.info("closing connection {peer}: {error}", peer=connection.peer, error=str(connection.error))
             self._close_timer = self.factory.clock.callLater(CLOSE_TIMEOUT, self._drop, "no connection.close-ok")
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
@@ -205,7 +201,9 @@ class AMQPServerFactory(Factory):
             if protocol is not None:
                 protocol.flush()
 
-    def close_all(self, reply_code: ReplyCode = ReplyCode.CONNECTION_FORCED, reply_text: str = "broker shutdown") -> None:
+    def close_all(
+        self, reply_code: ReplyCode = ReplyCode.CONNECTION_FORCED, reply_text: str = "broker shutdown"
+    ) -> None:
         """Close every connection (graceful shutdown)."""
         for connection in list(self.protocols):
             connection.close(reply_code, reply_text)

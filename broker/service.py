@@ -39,7 +39,9 @@ class BrokerService(MultiService):
         return defer.maybeDeferred(lambda: stopped).addBoth(close_connections)
 
 
-def make_broker_service(reactor: Any, amqp_endpoints: list[str] | None = None, node: Node | None = None) -> BrokerService:
+def make_broker_service(
+    reactor: Any, amqp_endpoints: list[str] | None = None, node: Node | None = None
+) -> BrokerService:
     """Build the broker service.
 
     :param reactor: the reactor (listening and timers)

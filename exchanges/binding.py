@@ -94,9 +94,7 @@ class BindingTable:
         self._by_destination: dict[Hashable, dict[tuple[str, ArgumentsKey], Mapping[str, Any]]] = {}
         self._count = 0
 
-    def add(
-        self, destination: Hashable, routing_key: str, key: ArgumentsKey, arguments: Mapping[str, Any]
-    ) -> bool:
+    def add(self, destination: Hashable, routing_key: str, key: ArgumentsKey, arguments: Mapping[str, Any]) -> bool:
         """Record a binding; return ``True`` if it was not there already. O(1).
 
         :param destination: where the binding leads.

@@ -177,9 +177,7 @@ def _parse_x_match(arguments: Mapping[str, Any]) -> XMatch:
     if value is _MISSING:
         return XMatch.ALL
     if not isinstance(value, str):
-        raise BindingInvalid(
-            f"Invalid x-match field type {type(value).__name__} (value {value!r}); expected longstr"
-        )
+        raise BindingInvalid(f"Invalid x-match field type {type(value).__name__} (value {value!r}); expected longstr")
     try:
         return XMatch(value)
     except ValueError:

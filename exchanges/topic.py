@@ -85,9 +85,7 @@ class TopicRouter:
 
     needs_headers = False
 
-    def __init__(
-        self, max_hash_wildcards: int = MAX_HASH_WILDCARDS, route_cache_size: int = ROUTE_CACHE_SIZE
-    ) -> None:
+    def __init__(self, max_hash_wildcards: int = MAX_HASH_WILDCARDS, route_cache_size: int = ROUTE_CACHE_SIZE) -> None:
         """
         :param max_hash_wildcards: binding keys with more ``#`` words are refused.
         :param route_cache_size: slots in the route cache (see :data:`ROUTE_CACHE_SIZE`);

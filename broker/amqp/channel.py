@@ -26,13 +26,13 @@ from pamqp.base import Frame
 from broker.amqp.codec import (
     BASIC_CLASS,
     BASIC_DELIVER,
+    FLAG_USER_ID,
     FRAME_BODY,
     FRAME_END,
     FRAME_END_BYTE,
     FRAME_HEADER,
     FRAME_METHOD,
     FRAME_OVERHEAD,
-    FLAG_USER_ID,
     ack_method,
     content_body_size,
     content_frames,
@@ -502,7 +502,9 @@ class ChannelState:
         exchange_name, routing_key, mandatory, immediate, names = publish
         self.publish(exchange_name, routing_key, mandatory | immediate << 1, names, header, body)
 
-    def publish(self, exchange_name: str, routing_key: str, bits: int, names: bytes, header: bytes, body: bytes) -> None:
+    def publish(
+        self, exchange_name: str, routing_key: str, bits: int, names: bytes, header: bytes, body: bytes
+    ) -> None:
         """A complete published message: check it, route it, enqueue it, confirm it.
 
         :param bits: ``mandatory`` (1) and ``immediate`` (2) from ``basic.publish``

@@ -143,9 +143,7 @@ def decode_publish(payload: bytes) -> tuple[str, str, bool, bool, bytes]:
         routing_key, end = _shortstr_at(payload, offset)
         bits = payload[end]
     except IndexError as err:
-        raise ConnectionException(
-            ReplyCode.SYNTAX_ERROR, "truncated basic.publish", BASIC_CLASS, 40
-        ) from err
+        raise ConnectionException(ReplyCode.SYNTAX_ERROR, "truncated basic.publish", BASIC_CLASS, 40) from err
     return exchange, routing_key, bool(bits & 1), bool(bits & 2), payload[6:end]
 
 

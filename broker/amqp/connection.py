@@ -304,7 +304,9 @@ class ServerConnection:
             return
         if channel_id:
             if state is not State.OPEN:
-                raise ConnectionException(ReplyCode.CHANNEL_ERROR, f"frame on channel {channel_id} before connection.open")
+                raise ConnectionException(
+                    ReplyCode.CHANNEL_ERROR, f"frame on channel {channel_id} before connection.open"
+                )
             if channel_id in self._closing_channels:
                 self._closing_channel_frame(frame_type, channel_id, payload)
                 return
@@ -334,7 +336,9 @@ class ServerConnection:
                     else:
                         self._channel_method(channel, decode_method(payload))
                 elif channel is None:
-                    raise ConnectionException(ReplyCode.CHANNEL_ERROR, f"expected 'channel.open' on channel {channel_id}")
+                    raise ConnectionException(
+                        ReplyCode.CHANNEL_ERROR, f"expected 'channel.open' on channel {channel_id}"
+                    )
                 elif frame_type == FRAME_HEADER:
                     channel.on_header(payload)
                 elif frame_type == FRAME_BODY:
@@ -502,8 +506,7 @@ class ServerConnection:
             mechanism = method.mechanism
             error = ConnectionException(
                 ReplyCode.ACCESS_REFUSED,
-                f"Login was refused using authentication mechanism {mechanism}. "
-                "For details see the broker logfile.",
+                f"Login was refused using authentication mechanism {mechanism}. For details see the broker logfile.",
                 10,
                 11,
             )

@@ -13,9 +13,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from exchanges.registry import ExchangeTypeRegistry, default_registry
-
 from broker.core.vhost import VirtualHost
+from exchanges.registry import ExchangeTypeRegistry, default_registry
 
 #: Server limits a client can push on, each with the reason for its value.
 DEFAULT_FRAME_MAX = 131072  # RabbitMQ's default: large enough for 128 KiB bodies in one frame

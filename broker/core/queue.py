@@ -157,9 +157,7 @@ class WorkQueue:
         self.auto_delete = auto_delete
         self.arguments = dict(arguments or {})
         self.max_priority = max_priority
-        self._ready: deque[Entry] | _PriorityReady = (
-            deque() if max_priority is None else _PriorityReady(max_priority)
-        )
+        self._ready: deque[Entry] | _PriorityReady = deque() if max_priority is None else _PriorityReady(max_priority)
         self._consumers: deque[Consumer] = deque()
         self.unacked_count = 0
         self.had_consumers = False

@@ -10,12 +10,11 @@ import random
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
-from exchanges.interfaces import BindingInvalid, IRouter
-from exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType, default_registry
-
 from broker.core.message import Message
 from broker.core.queue import MAX_PRIORITY, WorkQueue
 from broker.errors import ChannelException, ReplyCode
+from exchanges.interfaces import BindingInvalid, IRouter
+from exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType, default_registry
 
 #: The exchanges every virtual host has, as in RabbitMQ.
 STANDARD_EXCHANGES = (
@@ -217,7 +216,11 @@ class VirtualHost:
                 ("durable", existing.durable, durable),
                 ("auto_delete", existing.auto_delete, auto_delete),
                 ("internal", existing.internal, internal),
-                ("alternate-exchange", existing.arguments.get("alternate-exchange"), arguments.get("alternate-exchange")),
+                (
+                    "alternate-exchange",
+                    existing.arguments.get("alternate-exchange"),
+                    arguments.get("alternate-exchange"),
+                ),
             ):
                 if current != received:
                     raise ChannelException(
@@ -229,13 +232,13 @@ class VirtualHost:
         try:
             exchange_type = self.registry.get(type_name)
         except InvalidExchangeType:
-            raise ChannelException(
-                ReplyCode.PRECONDITION_FAILED, f"invalid exchange type '{type_name}'"
-            ) from None
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"invalid exchange type '{type_name}'") from None
         try:
             exchange_type.validate_arguments(arguments)
         except BindingInvalid as err:
-            raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"invalid arguments for exchange '{name}': {err}") from err
+            raise ChannelException(
+                ReplyCode.PRECONDITION_FAILED, f"invalid arguments for exchange '{name}': {err}"
+            ) from err
         alternate = arguments.get("alternate-exchange")
         if alternate is not None and not isinstance(alternate, str):
             raise ChannelException(
@@ -375,9 +378,7 @@ class VirtualHost:
         if passive:
             return self.queue(name, connection)
         if name.startswith("amq."):
-            raise ChannelException(
-                ReplyCode.ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'"
-            )
+            raise ChannelException(ReplyCode.ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'")
         if name == "":
             name = self.new_queue_name()
         existing = self.queues.get(name)
@@ -494,9 +495,7 @@ class VirtualHost:
             hops += 1
             router = current.router
             found = False
-            for destination in router.route(
-                message.routing_key, message.headers if router.needs_headers else None
-            ):
+            for destination in router.route(message.routing_key, message.headers if router.needs_headers else None):
                 found = True
                 if type(destination) is WorkQueue:
                     queues.append(destination)

@@ -237,9 +237,7 @@ def erlang_equal(left: Any, right: Any) -> bool:
 
 
 NAMES = st.sampled_from(["a", "b", "c", "x-a", "x-b"])
-VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=0, max_value=2), st.sampled_from([1.0, "a", "b"])
-)
+VALUES = st.one_of(st.none(), st.booleans(), st.integers(min_value=0, max_value=2), st.sampled_from([1.0, "a", "b"]))
 X_MATCH = st.sampled_from([None, "all", "any", "all-with-x", "any-with-x"])
 HEADERS = st.dictionaries(st.one_of(NAMES, st.just("x-match")), VALUES, max_size=5)
 
@@ -255,9 +253,7 @@ def binding_arguments(draw: st.DrawFn) -> dict[str, Any]:
 
 @settings(max_examples=300, deadline=None)
 @given(arguments=binding_arguments(), headers=HEADERS)
-def test_single_binding_routes_as_rabbitmq_merge_algorithm(
-    arguments: dict[str, Any], headers: dict[str, Any]
-) -> None:
+def test_single_binding_routes_as_rabbitmq_merge_algorithm(arguments: dict[str, Any], headers: dict[str, Any]) -> None:
     assert routes(arguments, headers) is reference_headers_match(arguments, headers)
 
 
@@ -288,9 +284,7 @@ def test_binding_sets_route_as_rabbitmq_merge_algorithm(
     assert len(router) == len(model)
     remaining = [(destination, arguments) for (destination, _typed), arguments in model.items()]
     for headers in messages:
-        expected = {
-            destination for destination, arguments in remaining if reference_headers_match(arguments, headers)
-        }
+        expected = {destination for destination, arguments in remaining if reference_headers_match(arguments, headers)}
         routed = list(router.route("", headers))
         assert set(routed) == expected
         assert len(routed) == len(set(routed))

@@ -51,9 +51,7 @@ def reference_route(bindings: set[tuple[str, str]], routing_key: str) -> set[str
     """Destinations of every (destination, binding key) pair whose key matches."""
     words = reference_words(routing_key)
     return {
-        destination
-        for destination, binding_key in bindings
-        if reference_matches(reference_words(binding_key), words)
+        destination for destination, binding_key in bindings if reference_matches(reference_words(binding_key), words)
     }
 
 

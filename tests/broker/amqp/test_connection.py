@@ -1,0 +1,456 @@
+"""The sans-IO connection: handshake, frames, errors and the hot path, byte for byte where it matters."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pamqp import commands, frame
+from pamqp import encode as amqp_encode
+from pamqp.body import ContentBody
+from pamqp.header import ContentHeader
+from pamqp.heartbeat import Heartbeat
+
+from broker.amqp.codec import HEARTBEAT_FRAME, PROTOCOL_HEADER
+from broker.amqp.connection import CAPABILITIES, ServerConnection, State
+from broker.core.node import Node, User
+from broker.errors import ReplyCode
+from broker.testing import Client, described, encode, methods, publish_frames
+
+
+def node() -> Node:
+    return Node(users=[User("guest", "guest", loopback_only=True), User("app", "secret")], rng=random.Random(7))
+
+
+def opened(n: Node | None = None, **handshake: object) -> Client:
+    client = Client(n or node())
+    client.handshake(**handshake)  # type: ignore[arg-type]
+    assert client.connection.is_open
+    client.open_channel(1)
+    return client
+
+
+def close_of(frames: list) -> commands.Connection.Close | commands.Channel.Close:
+    closes = [v for _, v in frames if isinstance(v, (commands.Connection.Close, commands.Channel.Close))]
+    assert len(closes) == 1, frames
+    return closes[0]
+
+
+# -- handshake ---------------------------------------------------------------------------------
+
+
+def test_wrong_protocol_header_gets_ours_back_and_the_connection_closes() -> None:
+    client = Client(node())
+    client.connection.receive_data(b"AMQP\x00\x00\x08\x00")
+    assert client.connection.data_to_send() == PROTOCOL_HEADER
+    assert client.connection.closed
+
+
+def test_http_request_is_refused_after_four_bytes() -> None:
+    client = Client(node())
+    client.connection.receive_data(b"GET ")
+    assert client.connection.data_to_send() == PROTOCOL_HEADER
+    assert client.connection.closed
+
+
+def test_protocol_header_may_arrive_one_byte_at_a_time() -> None:
+    client = Client(node())
+    for byte in PROTOCOL_HEADER:
+        client.connection.receive_data(bytes([byte]))
+    (start,) = methods(client.read())
+    assert isinstance(start, commands.Connection.Start)
+
+
+def test_start_announces_mechanisms_and_rabbitmq_capabilities() -> None:
+    client = Client(node())
+    (start,) = methods(client.send(PROTOCOL_HEADER))
+    assert (start.version_major, start.version_minor) == (0, 9)
+    assert start.mechanisms.split() == ["PLAIN", "AMQPLAIN"]
+    capabilities = start.server_properties["capabilities"]
+    for name in (
+        "publisher_confirms",
+        "exchange_exchange_bindings",
+        "basic.nack",
+        "consumer_cancel_notify",
+        "connection.blocked",
+        "authentication_failure_close",
+        "per_consumer_qos",
+    ):
+        assert capabilities[name] is True
+    assert capabilities == CAPABILITIES
+
+
+def test_handshake_tunes_and_opens() -> None:
+    client = Client(node())
+    frames = methods(client.handshake(heartbeat=30, frame_max=65536))
+    assert [type(f) for f in frames] == [
+        commands.Connection.Start,
+        commands.Connection.Tune,
+        commands.Connection.OpenOk,
+    ]
+    tune = frames[1]
+    assert (tune.channel_max, tune.frame_max, tune.heartbeat) == (2047, 131072, 60)
+    assert (client.connection.frame_max, client.connection.heartbeat) == (65536, 30)
+
+
+def test_amqplain_login_is_accepted() -> None:
+    client = Client(node())
+    client.send(PROTOCOL_HEADER)
+    response = amqp_encode.field_table({"LOGIN": "app", "PASSWORD": "secret"})[4:].decode()
+    (tune,) = methods(client.call(0, commands.Connection.StartOk(mechanism="AMQPLAIN", response=response)))
+    assert isinstance(tune, commands.Connection.Tune)
+
+
+def test_bad_password_is_refused_with_403_when_the_client_asks_for_it() -> None:
+    client = Client(node())
+    frames = client.handshake(password="wrong")
+    close = close_of(frames)
+    assert close.reply_code == ReplyCode.ACCESS_REFUSED
+    assert "Login was refused using authentication mechanism PLAIN" in close.reply_text
+
+
+def test_bad_password_without_the_capability_just_closes() -> None:
+    client = Client(node())
+    frames = client.handshake(password="wrong", capabilities={})
+    assert [type(v) for v in methods(frames)] == [commands.Connection.Start]
+    assert client.connection.closed
+
+
+def test_guest_is_refused_from_a_remote_address() -> None:
+    client = Client(node(), loopback=False)
+    close = close_of(client.handshake())
+    assert close.reply_code == ReplyCode.ACCESS_REFUSED
+
+
+def test_frame_max_below_the_minimum_is_refused_with_530() -> None:
+    client = Client(node())
+    close = close_of(client.handshake(frame_max=1024))
+    assert close.reply_code == ReplyCode.NOT_ALLOWED
+    assert client.connection.state is State.CLOSING
+
+
+def test_unknown_vhost_is_refused_with_530() -> None:
+    client = Client(node())
+    close = close_of(client.handshake(vhost="/nope"))
+    assert (close.reply_code, close.class_id, close.method_id) == (530, 10, 40)
+
+
+def test_client_close_is_answered_with_close_ok_and_ends_the_connection() -> None:
+    client = opened()
+    frames = methods(
+        client.call(0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+    )
+    assert [type(f) for f in frames] == [commands.Connection.CloseOk]
+    assert client.connection.closed
+
+
+def test_server_close_waits_for_close_ok_and_ignores_other_frames() -> None:
+    client = opened()
+    client.send(b"\x01\x00\x01\x00\x00\x00\x04\x00\x14\x00\x28\x00")  # bad frame-end octet
+    assert client.connection.state is State.CLOSING
+    assert methods(client.call(1, commands.Basic.Qos(prefetch_count=1))) == []
+    client.call(0, commands.Connection.CloseOk())
+    assert client.connection.closed
+
+
+# -- frame errors ------------------------------------------------------------------------------
+
+
+def test_bad_frame_end_is_a_frame_error() -> None:
+    client = opened()
+    payload = frame.marshal(commands.Basic.Qos(prefetch_count=1), 1)
+    close = close_of(client.send(payload[:-1] + b"\x00"))
+    assert close.reply_code == ReplyCode.FRAME_ERROR
+
+
+def test_frame_larger_than_frame_max_is_a_frame_error() -> None:
+    client = opened(frame_max=4096)
+    big = ContentBody(b"x" * 5000)
+    close = close_of(client.send(frame.marshal(big, 1)[:100]))
+    assert close.reply_code == ReplyCode.FRAME_ERROR
+
+
+def test_method_on_an_unopened_channel_is_a_channel_error() -> None:
+    client = opened()
+    close = close_of(client.call(5, commands.Basic.Qos(prefetch_count=1)))
+    assert close.reply_code == ReplyCode.CHANNEL_ERROR
+
+
+def test_body_without_header_is_an_unexpected_frame() -> None:
+    client = opened()
+    close = close_of(client.call(1, ContentBody(b"stray")))
+    assert close.reply_code == ReplyCode.UNEXPECTED_FRAME
+
+
+def test_method_where_content_is_due_is_an_unexpected_frame() -> None:
+    client = opened()
+    close = close_of(client.call(1, commands.Basic.Publish(routing_key="q"), commands.Basic.Qos(prefetch_count=1)))
+    assert close.reply_code == ReplyCode.UNEXPECTED_FRAME
+
+
+def test_unknown_method_is_refused() -> None:
+    client = opened()
+    close = close_of(client.send(b"\x01\x00\x01\x00\x00\x00\x04\x00\x3c\x03\xe7\xce"))
+    assert close.reply_code in (ReplyCode.NOT_IMPLEMENTED, ReplyCode.COMMAND_INVALID)
+
+
+def test_second_channel_open_is_a_channel_error() -> None:
+    client = opened()
+    close = close_of(client.call(1, commands.Channel.Open()))
+    assert close.reply_code == ReplyCode.CHANNEL_ERROR
+
+
+@given(garbage=st.binary(max_size=300))
+def test_garbage_after_the_handshake_never_raises(garbage: bytes) -> None:
+    client = opened()
+    client.connection.receive_data(garbage)
+    client.read()
+
+
+# -- the hot path ----------------------------------------------------------------------------------
+
+
+def consumer_on(client: Client, queue: str, prefetch: int = 0, tag: str = "c1") -> None:
+    client.call(1, commands.Queue.Declare(queue=queue))
+    if prefetch:
+        client.call(1, commands.Basic.Qos(prefetch_count=prefetch))
+    client.call(1, commands.Basic.Consume(queue=queue, consumer_tag=tag))
+
+
+def test_delivery_reuses_the_publishers_header_bytes_exactly() -> None:
+    n = node()
+    consumer = opened(n)
+    consumer_on(consumer, "jobs")
+    publisher = opened(n)
+    properties = commands.Basic.Properties(
+        content_type="application/json", headers={"tenant": "acme", "n": 3}, delivery_mode=2, message_id="m-1"
+    )
+    publisher.send(publish_frames(1, "", "jobs", b'{"x": 1}', properties))
+    wire = consumer.connection.data_to_send()
+    expected = (
+        frame.marshal(
+            commands.Basic.Deliver(
+                consumer_tag="c1", delivery_tag=1, redelivered=False, exchange="", routing_key="jobs"
+            ),
+            1,
+        )
+        + frame.marshal(ContentHeader(0, 8, properties), 1)
+        + frame.marshal(ContentBody(b'{"x": 1}'), 1)
+    )
+    assert wire == expected
+
+
+def test_bodies_larger_than_frame_max_are_split_on_delivery() -> None:
+    n = node()
+    consumer = opened(n, frame_max=4096)
+    consumer_on(consumer, "big")
+    publisher = opened(n)
+    body = bytes(range(256)) * 40  # 10240 bytes
+    publisher.send(publish_frames(1, "", "big", body))
+    frames = methods(consumer.read())
+    assert isinstance(frames[0], commands.Basic.Deliver)
+    bodies = [f.value for f in frames[2:]]
+    assert [len(b) for b in bodies] == [4088, 4088, 2064]
+    assert b"".join(bodies) == body
+
+
+@given(chunk=st.integers(min_value=1, max_value=97))
+def test_chunking_is_invisible(chunk: int) -> None:
+    def run(pieces: list[bytes]) -> bytes:
+        n = node()
+        consumer = opened(n)
+        consumer_on(consumer, "q")
+        publisher = opened(n)
+        publisher.call(1, commands.Confirm.Select())
+        for piece in pieces:
+            publisher.connection.receive_data(piece)
+        return publisher.connection.data_to_send() + consumer.connection.data_to_send()
+
+    wire = b"".join(
+        publish_frames(1, "", "q", bytes([i]) * i, commands.Basic.Properties(priority=i % 3)) for i in range(12)
+    )
+    whole = run([wire])
+    assert run([wire[i : i + chunk] for i in range(0, len(wire), chunk)]) == whole
+
+
+def test_confirms_for_a_batch_are_one_multiple_ack() -> None:
+    client = opened()
+    client.call(1, commands.Queue.Declare(queue="q"), commands.Confirm.Select())
+    frames = methods(client.send(b"".join(publish_frames(1, "", "q", b"m") for _ in range(50))))
+    assert described(frames) == [("Basic.Ack", {"delivery_tag": 50, "multiple": True})]
+
+
+def test_mandatory_unroutable_is_returned_before_it_is_confirmed() -> None:
+    client = opened()
+    client.call(1, commands.Confirm.Select())
+    frames = methods(client.send(publish_frames(1, "", "nowhere", b"lost?", mandatory=True)))
+    assert isinstance(frames[0], commands.Basic.Return)
+    assert (frames[0].reply_code, frames[0].reply_text, frames[0].routing_key) == (312, "NO_ROUTE", "nowhere")
+    assert frames[2].value == b"lost?"
+    assert described(frames[-1:]) == [("Basic.Ack", {"delivery_tag": 1, "multiple": False})]
+
+
+def test_publish_to_a_missing_exchange_closes_the_channel_with_404_and_drops_its_frames() -> None:
+    client = opened()
+    frames = client.send(publish_frames(1, "missing", "k", b"x") + encode(1, commands.Basic.Qos(prefetch_count=3)))
+    close = close_of(frames)
+    assert (close.reply_code, close.class_id, close.method_id) == (404, 60, 40)
+    assert "no exchange 'missing' in vhost '/'" in close.reply_text
+    assert methods(client.call(1, commands.Channel.CloseOk())) == []
+    client.open_channel(1)
+
+
+def test_immediate_publish_closes_the_connection_with_540() -> None:
+    client = opened()
+    wire = encode(
+        1,
+        commands.Basic.Publish(routing_key="q", immediate=True),
+        ContentHeader(0, 1, commands.Basic.Properties()),
+        ContentBody(b"x"),
+    )
+    close = close_of(client.send(wire))
+    assert isinstance(close, commands.Connection.Close)
+    assert close.reply_code == ReplyCode.NOT_IMPLEMENTED
+
+
+def test_user_id_must_match_the_login() -> None:
+    client = opened()
+    client.call(1, commands.Queue.Declare(queue="q"))
+    close = close_of(client.send(publish_frames(1, "", "q", b"x", commands.Basic.Properties(user_id="admin"))))
+    assert close.reply_code == ReplyCode.PRECONDITION_FAILED
+    client.call(1, commands.Channel.CloseOk())
+    client.open_channel(1)
+    assert methods(client.send(publish_frames(1, "", "q", b"x", commands.Basic.Properties(user_id="guest")))) == []
+    assert client.connection.vhost.queues["q"].message_count == 1
+
+
+def test_message_over_the_size_limit_is_refused_with_406() -> None:
+    n = node()
+    n.limits.max_message_bytes = 10
+    client = opened(n)
+    client.call(1, commands.Queue.Declare(queue="q"))
+    close = close_of(client.send(publish_frames(1, "", "q", b"x" * 11)))
+    assert close.reply_code == ReplyCode.PRECONDITION_FAILED
+    assert n.vhosts["/"].queues["q"].message_count == 0
+
+
+def test_ack_of_an_unknown_tag_closes_the_channel_with_406() -> None:
+    client = opened()
+    close = close_of(client.call(1, commands.Basic.Ack(delivery_tag=9)))
+    assert (close.reply_code, close.reply_text) == (406, "PRECONDITION_FAILED - unknown delivery tag 9")
+
+
+def test_prefetch_limits_unacked_deliveries_and_an_ack_releases_more() -> None:
+    n = node()
+    consumer = opened(n)
+    consumer_on(consumer, "q", prefetch=3)
+    publisher = opened(n)
+    publisher.send(b"".join(publish_frames(1, "", "q", b"%d" % i) for i in range(10)))
+    delivered = [f for f in methods(consumer.read()) if isinstance(f, commands.Basic.Deliver)]
+    assert [d.delivery_tag for d in delivered] == [1, 2, 3]
+    frames = consumer.call(1, commands.Basic.Ack(delivery_tag=2, multiple=True))
+    delivered = [f for f in methods(frames) if isinstance(f, commands.Basic.Deliver)]
+    assert [d.delivery_tag for d in delivered] == [4, 5]
+    assert n.vhosts["/"].queues["q"].message_count == 5
+
+
+def test_nack_with_requeue_redelivers_to_the_head_in_order() -> None:
+    n = node()
+    consumer = opened(n)
+    consumer_on(consumer, "q", prefetch=2)
+    publisher = opened(n)
+    publisher.send(b"".join(publish_frames(1, "", "q", b"%d" % i) for i in range(4)))
+    consumer.read()
+    frames = methods(consumer.call(1, commands.Basic.Nack(delivery_tag=2, multiple=True, requeue=True)))
+    delivers = [f for f in frames if isinstance(f, commands.Basic.Deliver)]
+    bodies = [f.value for f in frames if isinstance(f, ContentBody)]
+    assert [(d.delivery_tag, d.redelivered) for d in delivers] == [(3, True), (4, True)]
+    assert bodies == [b"0", b"1"]
+
+
+def test_closing_a_channel_requeues_its_unacked_deliveries() -> None:
+    n = node()
+    consumer = opened(n)
+    consumer_on(consumer, "q")
+    publisher = opened(n)
+    publisher.send(b"".join(publish_frames(1, "", "q", b"%d" % i) for i in range(3)))
+    consumer.read()
+    consumer.call(1, commands.Channel.Close(reply_code=200, class_id=0, method_id=0))
+    queue = n.vhosts["/"].queues["q"]
+    assert (queue.message_count, queue.unacked_count) == (3, 0)
+    assert [e.redelivered for e in queue.ready_entries()] == [True, True, True]
+
+
+def test_exclusive_queue_is_removed_with_its_connection() -> None:
+    n = node()
+    client = opened(n)
+    client.call(1, commands.Queue.Declare(queue="mine", exclusive=True))
+    other = opened(n)
+    close = close_of(other.call(1, commands.Queue.Declare(queue="mine", passive=True)))
+    assert close.reply_code == ReplyCode.RESOURCE_LOCKED
+    client.connection.connection_lost()
+    assert "mine" not in n.vhosts["/"].queues
+
+
+def test_server_named_queue_is_generated_and_becomes_the_current_queue() -> None:
+    client = opened()
+    (declare_ok,) = methods(client.call(1, commands.Queue.Declare(queue="", exclusive=True)))
+    assert declare_ok.queue.startswith("amq.gen-") and len(declare_ok.queue) == 30
+    (bind_ok,) = methods(client.call(1, commands.Queue.Bind(queue="", exchange="amq.direct", routing_key="k")))
+    assert isinstance(bind_ok, commands.Queue.BindOk)
+
+
+def test_tx_publishes_only_on_commit() -> None:
+    client = opened()
+    client.call(1, commands.Queue.Declare(queue="q"), commands.Tx.Select())
+    client.send(publish_frames(1, "", "q", b"a"))
+    queue = client.connection.vhost.queues["q"]
+    assert queue.message_count == 0
+    client.call(1, commands.Tx.Rollback())
+    client.send(publish_frames(1, "", "q", b"b"))
+    assert described(methods(client.call(1, commands.Tx.Commit()))) == [("Tx.CommitOk", {})]
+    assert [e.message.body for e in queue.ready_entries()] == [b"b"]
+
+
+def test_queue_delete_notifies_consumers_that_listen() -> None:
+    n = node()
+    consumer = opened(n)
+    consumer_on(consumer, "q")
+    other = opened(n)
+    other.call(1, commands.Queue.Delete(queue="q"))
+    assert described(methods(consumer.read())) == [("Basic.Cancel", {"consumer_tag": "c1", "nowait": True})]
+
+
+def test_recover_requeues_unacked() -> None:
+    n = node()
+    client = opened(n)
+    consumer_on(client, "q")
+    client.send(publish_frames(1, "", "q", b"again"))
+    client.read()
+    frames = methods(client.call(1, commands.Basic.Recover(requeue=True)))
+    assert ("Basic.RecoverOk", {}) in described(frames)
+    redelivery = [f for f in frames if isinstance(f, commands.Basic.Deliver)]
+    assert [(d.delivery_tag, d.redelivered) for d in redelivery] == [(2, True)]
+
+
+# -- heartbeats ------------------------------------------------------------------------------------
+
+
+def test_idle_tick_sends_a_heartbeat_and_four_silent_ticks_mean_a_dead_peer() -> None:
+    client = opened(heartbeat=10)
+    connection: ServerConnection = client.connection
+    client.read()
+    assert connection.tick() is True  # something was sent since the handshake: no heartbeat yet
+    assert connection.data_to_send() == b""
+    assert connection.tick() is True
+    assert connection.data_to_send() == HEARTBEAT_FRAME
+    connection.receive_data(frame.marshal(Heartbeat(), 0))
+    assert connection.tick() is True  # heard from the peer in this interval
+    assert [connection.tick() for _ in range(4)] == [True, True, True, False]
+
+
+def test_heartbeat_on_a_channel_other_than_zero_is_ignored_by_the_frame_parser() -> None:
+    client = opened()
+    assert pytest.approx(0) == len(methods(client.send(frame.marshal(Heartbeat(), 0))))

@@ -1,0 +1,31 @@
+"""The twistd plugin is found and builds a service that listens where it is told."""
+
+from __future__ import annotations
+
+from twisted.application.service import IServiceMaker
+from twisted.internet.testing import MemoryReactorClock
+from twisted.plugin import getPlugins
+
+from broker.service import make_broker_service
+from broker.tap import Options
+
+
+def test_twistd_finds_the_postroom_plugin() -> None:
+    names = [maker.tapname for maker in getPlugins(IServiceMaker)]
+    assert "postroom" in names
+
+
+def test_listen_options_accumulate() -> None:
+    options = Options()
+    options.parseOptions(["--listen", "tcp:5673", "-l", "tcp:5674"])
+    assert options["listen"] == ["tcp:5673", "tcp:5674"]
+
+
+def test_service_listens_on_each_endpoint() -> None:
+    reactor = MemoryReactorClock()
+    service = make_broker_service(reactor, ["tcp:5673:interface=127.0.0.1", "tcp:5674:interface=127.0.0.1"])
+    service.startService()
+    assert [(port, interface) for port, _f, _b, interface in reactor.tcpServers] == [
+        (5673, "127.0.0.1"),
+        (5674, "127.0.0.1"),
+    ]

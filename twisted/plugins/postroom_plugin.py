@@ -1,0 +1,5 @@
+"""twistd plugin: ``twistd -n postroom`` runs the broker (the work is in ``broker.tap``)."""
+
+from twisted.application.service import ServiceMaker
+
+Postroom = ServiceMaker("Postroom AMQP 0-9-1 broker", "broker.tap", "Postroom: an AMQP 0-9-1 routing broker.", "postroom")
