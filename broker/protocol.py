@@ -178,6 +178,7 @@ class AMQPServerFactory(Factory):
         self.protocols: dict[ServerConnection, AMQPServerProtocol] = {}
         self.in_io = False
         self._flush_call: IDelayedCall | None = None
+        self._backlog_call: IDelayedCall | None = None
         node.on_dirty = self._schedule_flush
 
     def buildProtocol(self, addr: Any) -> AMQPServerProtocol:
@@ -200,6 +201,14 @@ class AMQPServerFactory(Factory):
             protocol = self.protocols.get(connection)
             if protocol is not None:
                 protocol.flush()
+        if self.node.backlogged and self._backlog_call is None:
+            # Give the reactor a turn (other sockets, back-pressure) before the next batch.
+            self._backlog_call = self.clock.callLater(0, self._dispatch_backlogged)
+
+    def _dispatch_backlogged(self) -> None:
+        self._backlog_call = None
+        self.node.dispatch_backlogged()
+        self.flush()
 
     def close_all(
         self, reply_code: ReplyCode = ReplyCode.CONNECTION_FORCED, reply_text: str = "broker shutdown"

@@ -287,45 +287,53 @@ class ChannelState:
 
     # basic class: delivery
 
-    def deliver(self, consumer: Consumer, entry: Entry) -> None:
-        """Write a ``basic.deliver`` and the content of ``entry`` for ``consumer``."""
-        self._delivery_tag = tag = self._delivery_tag + 1
-        message = entry.message
+    def deliver_entries(self, consumer: Consumer, entries: Iterable[Entry]) -> None:
+        """Write a ``basic.deliver`` and the content of each entry for ``consumer``.
+
+        The caller has checked the consumer's credit. Frames are built from the stored bytes
+        with four ``struct`` packs per message (see :func:`broker.amqp.codec.deliver_frames`).
+        """
         connection = self.connection
-        body = message.body
-        header = message.header
-        if len(body) <= connection.frame_max - FRAME_OVERHEAD and body:
-            # One body frame: the common case, built inline (see codec.deliver_frames).
-            names = message.names
-            consumer_tag = consumer.tag_bytes
-            connection.out += (
-                _deliver_head.pack(FRAME_METHOD, self.id, 13 + len(consumer_tag) + len(names), BASIC_DELIVER),
-                consumer_tag,
-                _tag_redelivered.pack(tag, entry.redelivered),
-                names,
-                _frame_end_then_header.pack(FRAME_END, FRAME_HEADER, self.id, len(header)),
-                header,
-                _frame_end_then_header.pack(FRAME_END, FRAME_BODY, self.id, len(body)),
-                body,
-                FRAME_END_BYTE,
-            )
-        else:
-            connection.out += deliver_frames(
-                self.id,
-                consumer.tag_bytes,
-                tag,
-                entry.redelivered,
-                message.names,
-                header,
-                body,
-                connection.frame_max,
-            )
-        if not consumer.no_ack:
-            entry.consumer = consumer
-            self._unacked[tag] = entry
-            consumer.unacked += 1
-            self.unacked_count += 1
-            entry.queue.unacked_count += 1
+        out = connection.out
+        channel_id = self.id
+        consumer_tag = consumer.tag_bytes
+        tag_length = 13 + len(consumer_tag)
+        single_frame = connection.frame_max - FRAME_OVERHEAD
+        track = not consumer.no_ack
+        unacked = self._unacked
+        tag = self._delivery_tag
+        count = 0
+        for entry in entries:
+            tag += 1
+            count += 1
+            message = entry.message
+            body = message.body
+            header = message.header
+            if 0 < len(body) <= single_frame:
+                names = message.names
+                out += (
+                    _deliver_head.pack(FRAME_METHOD, channel_id, tag_length + len(names), BASIC_DELIVER),
+                    consumer_tag,
+                    _tag_redelivered.pack(tag, entry.redelivered),
+                    names,
+                    _frame_end_then_header.pack(FRAME_END, FRAME_HEADER, channel_id, len(header)),
+                    header,
+                    _frame_end_then_header.pack(FRAME_END, FRAME_BODY, channel_id, len(body)),
+                    body,
+                    FRAME_END_BYTE,
+                )
+            else:
+                out += deliver_frames(
+                    channel_id, consumer_tag, tag, entry.redelivered, message.names, header, body, connection.frame_max
+                )
+            if track:
+                entry.consumer = consumer
+                unacked[tag] = entry
+        self._delivery_tag = tag
+        if track and count:
+            consumer.unacked += count
+            self.unacked_count += count
+            consumer.queue.unacked_count += count
         if not connection.dirty:
             connection.dirty = True
             connection.node.mark_dirty(connection)

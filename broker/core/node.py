@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker.core.queue import WorkQueue
 from broker.core.vhost import VirtualHost
 from exchanges.registry import ExchangeTypeRegistry, default_registry
 
@@ -69,10 +70,24 @@ class Node:
         self.vhosts: dict[str, VirtualHost] = {
             name: VirtualHost(name, self.registry, self.rng) for name in self.vhost_names
         }
+        for vhost in self.vhosts.values():
+            vhost.on_backlog = self._backlog
         self.connections: set[Any] = set()
         self.dirty: set[Any] = set()
+        #: Queues whose last dispatch stopped at its batch limit; the shell dispatches them again.
+        self.backlogged: set[WorkQueue] = set()
         #: Called when the dirty set becomes non-empty outside of the shell's own I/O handling.
         self.on_dirty: Callable[[], None] | None = None
+
+    def _backlog(self, queue: WorkQueue) -> None:
+        self.backlogged.add(queue)
+
+    def dispatch_backlogged(self) -> None:
+        """Dispatch again every queue that stopped at its batch limit."""
+        queues, self.backlogged = self.backlogged, set()
+        for queue in queues:
+            if not queue.deleted:
+                queue.dispatch()
 
     def mark_dirty(self, connection: Any) -> None:
         """Note that ``connection`` has bytes to write."""

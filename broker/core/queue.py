@@ -13,13 +13,18 @@ round-robin); a consumer that is full is skipped and keeps its place.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.core.message import Message
 
 if TYPE_CHECKING:
     from broker.core.vhost import Exchange
+
+#: Most deliveries one dispatch makes before yielding. A consumer without a prefetch limit
+#: (or with no_ack) on a long queue would otherwise have the whole queue written into its
+#: output buffer at once; in batches, the socket's back-pressure pauses it in between.
+DISPATCH_BATCH = 2000
 
 #: RabbitMQ's largest x-max-priority; each level is one deque, so the cap bounds memory per queue.
 MAX_PRIORITY = 255
@@ -32,8 +37,8 @@ class DeliverySink(Protocol):
     prefetch_global: int
     unacked_count: int
 
-    def deliver(self, consumer: Consumer, entry: Entry) -> None:
-        """Send ``entry`` to ``consumer`` (a ``basic.deliver`` and the content)."""
+    def deliver_entries(self, consumer: Consumer, entries: Iterable[Entry]) -> None:
+        """Send ``entries`` to ``consumer`` (a ``basic.deliver`` and the content for each)."""
 
 
 class Entry:
@@ -78,6 +83,18 @@ class Consumer:
         self.prefetch = prefetch
         self.unacked = 0
         self.arguments = arguments
+
+    def credit(self) -> int:
+        """How many deliveries the consumer can take now (:data:`DISPATCH_BATCH` when unlimited)."""
+        channel = self.channel
+        if not channel.active:
+            return 0
+        if self.no_ack:
+            return DISPATCH_BATCH
+        credit = self.prefetch - self.unacked if self.prefetch else DISPATCH_BATCH
+        if channel.prefetch_global:
+            credit = min(credit, channel.prefetch_global - channel.unacked_count)
+        return credit
 
     def can_accept(self) -> bool:
         """Whether one more delivery fits within the channel's state and both prefetch limits."""
@@ -164,6 +181,8 @@ class WorkQueue:
         self.deleted = False
         #: Exchanges with a binding to this queue, so deleting the queue can remove them.
         self.sources: set[Exchange] = set()
+        #: Called when a dispatch stopped at its batch limit with entries left to deliver.
+        self.on_backlog: Callable[[WorkQueue], None] | None = None
 
     @property
     def exclusive(self) -> bool:
@@ -201,7 +220,7 @@ class WorkQueue:
                 consumer = consumers[0]
                 consumers.rotate(-1)
                 if consumer.can_accept():
-                    consumer.channel.deliver(consumer, entry)
+                    consumer.channel.deliver_entries(consumer, (entry,))
                     return
         self._ready.append(entry)
 
@@ -252,20 +271,37 @@ class WorkQueue:
     def dispatch(self) -> None:
         """Deliver ready entries to consumers that can take them, in round-robin order.
 
-        Each delivery costs O(1) when the next consumer can accept; a full consumer is
-        skipped, so one pass is O(consumers) at worst and it stops when nobody can accept.
+        With one consumer, its whole credit goes out as one batch. With several, each
+        delivery goes to the next consumer in turn that can accept; a full consumer is skipped
+        and keeps its place. At most :data:`DISPATCH_BATCH` deliveries are made per call; when
+        entries remain after that, :attr:`on_backlog` is called so the rest is dispatched later.
         """
         ready = self._ready
         consumers = self._consumers
-        while ready and consumers:
-            for _ in range(len(consumers)):
-                consumer = consumers[0]
-                consumers.rotate(-1)
-                if consumer.can_accept():
-                    break
-            else:
+        if not ready or not consumers:
+            return
+        if len(consumers) == 1:
+            consumer = consumers[0]
+            count = min(consumer.credit(), len(ready))
+            if count <= 0:
                 return
-            consumer.channel.deliver(consumer, ready.popleft())
+            popleft = ready.popleft
+            consumer.channel.deliver_entries(consumer, [popleft() for _ in range(count)])
+            delivered = count
+        else:
+            delivered = 0
+            while ready and delivered < DISPATCH_BATCH:
+                for _ in range(len(consumers)):
+                    consumer = consumers[0]
+                    consumers.rotate(-1)
+                    if consumer.can_accept():
+                        break
+                else:
+                    return
+                consumer.channel.deliver_entries(consumer, (ready.popleft(),))
+                delivered += 1
+        if ready and delivered >= DISPATCH_BATCH and self.on_backlog is not None:
+            self.on_backlog(self)
 
     def __repr__(self) -> str:
         return f"<WorkQueue {self.name!r} ready={len(self._ready)} unacked={self.unacked_count}>"

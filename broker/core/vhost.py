@@ -130,6 +130,8 @@ class VirtualHost:
         self._rng = rng or random.Random()
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, WorkQueue] = {}
+        #: Given to every queue: called when a dispatch left entries for later (see WorkQueue.dispatch).
+        self.on_backlog: Callable[[WorkQueue], None] | None = None
         for exchange_name, type_name in STANDARD_EXCHANGES:
             self._add_exchange(exchange_name, type_name, True, False, False, {})
 
@@ -397,6 +399,7 @@ class VirtualHost:
             arguments=arguments,
             max_priority=max_priority if isinstance(max_priority, int) else None,
         )
+        queue.on_backlog = self.on_backlog
         self.queues[name] = queue
         return queue
 

@@ -2,4 +2,6 @@
 
 from twisted.application.service import ServiceMaker
 
-Postroom = ServiceMaker("Postroom AMQP 0-9-1 broker", "broker.tap", "Postroom: an AMQP 0-9-1 routing broker.", "postroom")
+Postroom = ServiceMaker(
+    "Postroom AMQP 0-9-1 broker", "broker.tap", "Postroom: an AMQP 0-9-1 routing broker.", "postroom"
+)
