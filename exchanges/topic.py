@@ -243,8 +243,23 @@ class TopicRouter:
                 lowest = hash_lowest.get(hash_node, end + 1)
                 if position < lowest:
                     hash_lowest[hash_node] = position
-                    for start in range(position, lowest):
-                        push((hash_node, start))
+                    if hash_node.hash is not None:
+                        # '#.#...': queue every start as a state and let the walk sort it out.
+                        for start in range(position, lowest):
+                            push((hash_node, start))
+                        continue
+                    # Most starts lead nowhere, so they are tried here rather than queued.
+                    children = hash_node.children
+                    star = hash_node.star
+                    for start in range(position, min(lowest, end)):
+                        if children:
+                            child = children.get(words[start])
+                            if child is not None:
+                                push((child, start + 1))
+                        if star is not None:
+                            push((star, start + 1))
+                    if lowest > end and hash_node.destinations:
+                        found.update(hash_node.destinations)
         return found
 
     def _clear_cache(self) -> None:
