@@ -161,13 +161,16 @@ class VirtualHost:
         except KeyError:
             raise ChannelException(ReplyCode.NOT_FOUND, f"no queue '{name}' {self._where()}") from None
         if connection is not None and queue.owner is not None and queue.owner is not connection:
-            raise ChannelException(
-                ReplyCode.RESOURCE_LOCKED,
-                f"cannot obtain exclusive access to locked queue '{name}' {self._where()}. It could be "
-                "originally declared on another connection or the exclusive property value does not "
-                "match that of the original declaration.",
-            )
+            raise self._locked(name)
         return queue
+
+    def _locked(self, name: str) -> ChannelException:
+        return ChannelException(
+            ReplyCode.RESOURCE_LOCKED,
+            f"cannot obtain exclusive access to locked queue '{name}' {self._where()}. It could be "
+            "originally declared on another connection or the exclusive property value does not "
+            "match that of the original declaration.",
+        )
 
     # -- exchanges ----------------------------------------------------------------------------
 
@@ -386,6 +389,8 @@ class VirtualHost:
         existing = self.queues.get(name)
         if existing is not None:
             self.queue(name, connection)  # exclusivity check
+            if exclusive and existing.owner is not connection:
+                raise self._locked(name)
             self._check_equivalent(existing, durable, exclusive, auto_delete, arguments)
             return existing
         self._check_queue_arguments(name, arguments)

@@ -1,0 +1,222 @@
+"""Benchmark Postroom and RabbitMQ back to back with the shared load generator.
+
+Starts Postroom (``python -m broker.cli serve``) and, unless ``--no-rabbitmq``, a private
+RabbitMQ node (the Debian ``rabbitmq-server`` package) on free loopback ports, then runs each
+scenario against one broker and straight after against the other, alternating, so both see
+the same machine noise. Writes the raw JSON lines and prints a markdown table of medians
+with the Postroom/RabbitMQ ratio.
+
+    python bench/run.py                                  # the README table (about 15 minutes)
+    python bench/run.py --scenarios transient --sizes 16 --seconds 5 --runs 1   # a quick look
+    python bench/run.py --no-rabbitmq                    # Postroom alone
+
+The load generator lives in ``../shared/bench`` (``--bench-dir``); it needs pamqp and pika.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RABBITMQ_LAUNCHER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+
+#: (scenario, sizes, extra generator arguments) of the README table.
+MATRIX = [
+    ("transient", "16,1024", []),
+    ("fanout", "16,1024", []),
+    ("topic", "16,1024", []),
+    ("latency", "16", []),
+]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, seconds: float) -> None:
+    """Block until something accepts connections on ``port``.
+
+    :raises TimeoutError: nothing did within ``seconds``.
+    """
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {seconds:g} s")
+
+
+@contextmanager
+def postroom() -> Iterator[tuple[int, int]]:
+    """Run Postroom on a free port; yield ``(port, pid)``."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "broker.cli", "serve", "--listen", f"tcp:{port}:interface=127.0.0.1"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port, 15)
+        yield port, process.pid
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+@contextmanager
+def rabbitmq() -> Iterator[tuple[int, int]]:
+    """Run a private RabbitMQ node on free ports (see ../shared/bench/README.md); yield ``(port, pid)``."""
+    if not RABBITMQ_LAUNCHER.exists():
+        raise SystemExit("rabbitmq-server is not installed: apt-get install -y rabbitmq-server")
+    port, dist_port = free_port(), free_port()
+    home = Path(tempfile.mkdtemp(prefix="postroom-bench-rabbit-"))
+    (home / "enabled_plugins").write_text("[].\n")
+    env = dict(
+        os.environ,
+        HOME=str(home),
+        RABBITMQ_NODENAME=f"bench{port}@localhost",
+        RABBITMQ_NODE_PORT=str(port),
+        RABBITMQ_DIST_PORT=str(dist_port),
+        RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+        RABBITMQ_MNESIA_BASE=str(home / "mnesia"),
+        RABBITMQ_LOG_BASE=str(home / "log"),
+        RABBITMQ_ENABLED_PLUGINS_FILE=str(home / "enabled_plugins"),
+        RABBITMQ_PID_FILE=str(home / "pid"),
+    )
+    process = subprocess.Popen(
+        [str(RABBITMQ_LAUNCHER)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        wait_for_port(port, 60)
+        pid = int((home / "pid").read_text().strip()) if (home / "pid").exists() else process.pid
+        yield port, pid
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+        subprocess.run(["pkill", "-f", f"bench{port}@localhost"], check=False)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def generate(
+    bench_dir: Path, port: int, pid: int, scenario: str, sizes: str, extra: list[str], args: argparse.Namespace
+) -> list[dict]:
+    """Run the load generator once; return its per-run records."""
+    command = [
+        sys.executable,
+        str(bench_dir / "amqp_bench.py"),
+        "--port",
+        str(port),
+        "--broker-pid",
+        str(pid),
+        "--scenario",
+        scenario,
+        "--size",
+        sizes,
+        "--seconds",
+        str(args.seconds),
+        "--runs",
+        "1",
+        *extra,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    records = []
+    for line in result.stdout.splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "summary" not in record:
+            records.append(record)
+    if not records:
+        print(result.stderr[-2000:], file=sys.stderr)
+    return records
+
+
+def figure(record: dict) -> float:
+    """The figure compared: deliveries per second (the publish rate for latency runs)."""
+    return float(record["consumed_msgs_per_s"])
+
+
+def table(records: list[dict]) -> str:
+    """Markdown: median figure per broker, scenario and size, and the ratio."""
+    cells: dict[tuple[str, int], dict[str, list[dict]]] = {}
+    for record in records:
+        cells.setdefault((record["scenario"], record["size"]), {}).setdefault(record["broker"], []).append(record)
+    lines = [
+        "| scenario | size | Postroom deliveries/s | RabbitMQ deliveries/s | ratio "
+        "| Postroom p50 / p99 ms | RabbitMQ p50 / p99 ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (scenario, size), brokers in cells.items():
+        medians = {name: statistics.median(figure(r) for r in runs) for name, runs in brokers.items()}
+        latency = {}
+        for name, runs in brokers.items():
+            p50 = [r["latency_ms"]["p50"] for r in runs if r.get("latency_ms")]
+            p99 = [r["latency_ms"]["p99"] for r in runs if r.get("latency_ms")]
+            latency[name] = f"{statistics.median(p50):.2f} / {statistics.median(p99):.2f}" if p50 else "-"
+        ours, theirs = medians.get("postroom"), medians.get("rabbitmq")
+        ratio = f"{ours / theirs:.2f}" if ours and theirs else "-"
+        lines.append(
+            f"| {scenario} | {size} B | {ours or 0:,.0f} | {theirs or 0:,.0f} | {ratio} | "
+            f"{latency.get('postroom', '-')} | {latency.get('rabbitmq', '-')} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
+    parser.add_argument("--scenarios", help="comma list (default: the README matrix)")
+    parser.add_argument("--sizes", default=None, help="comma list of body sizes for --scenarios")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--no-rabbitmq", action="store_true")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / time.strftime("%Y%m%d-%H%M%S.jsonl"))
+    args = parser.parse_args()
+    matrix = MATRIX
+    if args.scenarios:
+        matrix = [(name, args.sizes or "16", []) for name in args.scenarios.split(",")]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    records: list[dict] = []
+    brokers = [("postroom", postroom)] + ([] if args.no_rabbitmq else [("rabbitmq", rabbitmq)])
+    with open(args.out, "a") as out:
+        for run in range(args.runs):
+            for scenario, sizes, extra in matrix:
+                order = brokers if run % 2 == 0 else list(reversed(brokers))
+                for name, start in order:
+                    with start() as (port, pid):
+                        for record in generate(args.bench_dir, port, pid, scenario, sizes, extra, args):
+                            record["broker"] = name
+                            records.append(record)
+                            out.write(json.dumps(record) + "\n")
+                            out.flush()
+                            print(
+                                f"{name:9} {scenario:10} {record['size']:>6} B  {figure(record):>10,.0f} deliveries/s",
+                                file=sys.stderr,
+                            )
+    print(table(records))
+
+
+if __name__ == "__main__":
+    main()
