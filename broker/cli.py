@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 from collections.abc import Sequence
 
 from broker.service import DEFAULT_AMQP_ENDPOINT
-
-#: Allocations between young-generation collections. Messages and queue entries are
-#: allocated at 100k+/s and never form cycles; at the default (700) the collector would walk
-#: every queued message many times a second.
-GC_THRESHOLD = 100_000
-
-
-def tune_gc() -> None:
-    """Collect cycles less often (see :data:`GC_THRESHOLD`) and keep start-up objects out of it."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_THRESHOLD, 20, 100)
 
 
 def _serve(args: argparse.Namespace) -> int:
     from twisted.internet import reactor
     from twisted.logger import globalLogBeginner, textFileLogObserver
 
-    from broker.service import make_broker_service
+    from broker.service import make_broker_service, tune_gc
 
     globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)])
     tune_gc()

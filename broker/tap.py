@@ -28,6 +28,7 @@ def makeService(options: dict[str, Any]) -> IService:
     """Build the broker service for twistd."""
     from twisted.internet import reactor
 
-    from broker.service import make_broker_service
+    from broker.service import make_broker_service, tune_gc
 
+    tune_gc()
     return make_broker_service(reactor, options["listen"] or [DEFAULT_AMQP_ENDPOINT])
