@@ -68,4 +68,3 @@ def make_broker_service(
     for description in amqp_endpoints or [DEFAULT_AMQP_ENDPOINT]:
         strports.service(description, factory, reactor=reactor).setServiceParent(service)
     return service
-

@@ -89,6 +89,8 @@ class ChannelState:
         self.confirm_pending = 0
         self.transactional = False
         self._tx_ops: list[Callable[[], None]] = []
+        #: Deliveries acked or rejected inside the open transaction (put back on rollback).
+        self._tx_taken: list[Entry] = []
         self._max_message_bytes = connection.node.limits.max_message_bytes
 
     # -- state --------------------------------------------------------------------------------
@@ -328,6 +330,7 @@ class ChannelState:
                 )
             if track:
                 entry.consumer = consumer
+                entry.tag = tag
                 unacked[tag] = entry
         self._delivery_tag = tag
         if track and count:
@@ -350,6 +353,7 @@ class ChannelState:
         out.append(get_ok_method(self.id, tag, entry.redelivered, message.names, queue.message_count))
         out += content_frames(self.id, message.header, message.body, self.connection.frame_max)
         if not method.no_ack:
+            entry.tag = tag
             self._unacked[tag] = entry
             self.unacked_count += 1
             queue.unacked_count += 1
@@ -388,11 +392,12 @@ class ChannelState:
 
     def on_ack(self, delivery_tag: int, multiple: bool) -> None:
         """``basic.ack`` from the client (hot path: called with decoded fields)."""
+        entries = self._take(delivery_tag, multiple)
         if self.transactional:
-            self._take_checked(delivery_tag, multiple)
-            self._tx_ops.append(lambda: self._acked(self._take(delivery_tag, multiple)))
+            self._tx_taken += entries
+            self._tx_ops.append(lambda: self._acked(entries))
             return
-        self._acked(self._take(delivery_tag, multiple))
+        self._acked(entries)
 
     def _acked(self, entries: list[Entry]) -> None:
         if len(entries) == 1:
@@ -406,17 +411,28 @@ class ChannelState:
         if self.prefetch_global:
             self._kick(c.queue for c in self.consumers.values())
 
-    def _take_checked(self, delivery_tag: int, multiple: bool) -> None:
-        if (delivery_tag or not multiple) and delivery_tag not in self._unacked:
-            raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
+    def _untake(self, entries: list[Entry]) -> None:
+        """Put taken deliveries back as unacknowledged (a rolled-back transaction's acks)."""
+        if not entries:
+            return
+        unacked = self._unacked
+        merged = sorted([*unacked.items(), *((entry.tag, entry) for entry in entries)], key=lambda item: item[0])
+        unacked.clear()
+        unacked.update(merged)
+        self.unacked_count += len(entries)
+        for entry in entries:
+            entry.queue.unacked_count += 1
+            if entry.consumer is not None:
+                entry.consumer.unacked += 1
 
     def on_nack(self, delivery_tag: int, multiple: bool, requeue: bool) -> None:
         """``basic.nack`` (and ``basic.reject`` with ``multiple=False``) from the client."""
+        entries = self._take(delivery_tag, multiple)
         if self.transactional:
-            self._take_checked(delivery_tag, multiple)
-            self._tx_ops.append(lambda: self._rejected(self._take(delivery_tag, multiple), requeue))
+            self._tx_taken += entries
+            self._tx_ops.append(lambda: self._rejected(entries, requeue))
             return
-        self._rejected(self._take(delivery_tag, multiple), requeue)
+        self._rejected(entries, requeue)
 
     def _rejected(self, entries: list[Entry], requeue: bool) -> None:
         if requeue:
@@ -626,6 +642,7 @@ class ChannelState:
         if not self.transactional:
             raise ChannelException(ReplyCode.PRECONDITION_FAILED, "channel is not transactional")
         ops, self._tx_ops = self._tx_ops, []
+        self._tx_taken = []
         for op in ops:
             op()
         self._send(commands.Tx.CommitOk())
@@ -634,6 +651,8 @@ class ChannelState:
         if not self.transactional:
             raise ChannelException(ReplyCode.PRECONDITION_FAILED, "channel is not transactional")
         self._tx_ops = []
+        taken, self._tx_taken = self._tx_taken, []
+        self._untake(taken)
         self._send(commands.Tx.RollbackOk())
 
     # -- closing ------------------------------------------------------------------------------
@@ -645,7 +664,12 @@ class ChannelState:
         """
         self.closing = True
         self.active = False
+        self.flush_confirms()
+        if self in self.connection.confirming:
+            self.connection.confirming.remove(self)
         self._tx_ops = []
+        taken, self._tx_taken = self._tx_taken, []
+        self._untake(taken)
         self._publish = None
         consumers, self.consumers = list(self.consumers.values()), {}
         entries = self._take(0, True) if self._unacked else []

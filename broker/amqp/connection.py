@@ -451,8 +451,8 @@ class ServerConnection:
     def _connection_method(self, method: Frame) -> None:
         state = self.state
         if isinstance(method, commands.Connection.Close):
+            self._finish()  # first: releasing channels may still write their last confirms
             self.out.append(encode_method(0, commands.Connection.CloseOk()))
-            self._finish()
             return
         if isinstance(method, commands.Connection.CloseOk):
             self._finish()
@@ -573,6 +573,7 @@ class ServerConnection:
         if self.state is State.AWAIT_HEADER or self.closed:
             self._finish()
             return
+        self._release()  # first: releasing channels may still write their last confirms
         self.out.append(
             encode_method(
                 0,
@@ -584,7 +585,6 @@ class ServerConnection:
                 ),
             )
         )
-        self._release()
         self.state = State.CLOSING
 
     def close(self, reply_code: ReplyCode, reply_text: str) -> None:

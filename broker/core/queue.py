@@ -44,13 +44,16 @@ class DeliverySink(Protocol):
 class Entry:
     """A message in one queue, with that queue's delivery state for it."""
 
-    __slots__ = ("message", "queue", "redelivered", "consumer")
+    __slots__ = ("message", "queue", "redelivered", "consumer", "tag")
 
     def __init__(self, message: Message, queue: WorkQueue, redelivered: bool = False) -> None:
         self.message = message
         self.queue = queue
         self.redelivered = redelivered
+        #: The consumer it was delivered to (``None`` while ready or after basic.get).
         self.consumer: Consumer | None = None
+        #: Its delivery tag on the channel that holds it, while unacknowledged.
+        self.tag = 0
 
 
 class Consumer:

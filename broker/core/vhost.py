@@ -204,17 +204,14 @@ class VirtualHost:
             if name == "":
                 raise ChannelException(ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange")
             return self.exchange(name)
-        if name == "" or name.startswith("amq."):
-            existing = self.exchanges.get(name)
-            if name and existing is not None and existing.type_name == type_name:
-                return existing
+        existing = self.exchanges.get(name)
+        if name == "" or (name.startswith("amq.") and existing is None):
             raise ChannelException(
                 ReplyCode.ACCESS_REFUSED,
                 f"exchange name '{name}' contains reserved prefix 'amq.*'"
                 if name
                 else "operation not permitted on the default exchange",
             )
-        existing = self.exchanges.get(name)
         if existing is not None:
             for field, current, received in (
                 ("type", existing.type_name, type_name),

@@ -454,3 +454,20 @@ def test_idle_tick_sends_a_heartbeat_and_four_silent_ticks_mean_a_dead_peer() ->
 def test_heartbeat_on_a_channel_other_than_zero_is_ignored_by_the_frame_parser() -> None:
     client = opened()
     assert pytest.approx(0) == len(methods(client.send(frame.marshal(Heartbeat(), 0))))
+
+
+_METHOD_INDEXES = sorted(commands.INDEX_MAPPING)
+
+
+@given(index=st.sampled_from(_METHOD_INDEXES), arguments=st.binary(max_size=64), channel=st.sampled_from([0, 1]))
+def test_any_method_with_garbage_arguments_gets_a_reply_code_not_a_crash(
+    index: int, arguments: bytes, channel: int
+) -> None:
+    client = opened()
+    payload = index.to_bytes(4, "big") + arguments
+    client.connection.receive_data(
+        bytes([1]) + channel.to_bytes(2, "big") + len(payload).to_bytes(4, "big") + payload + b"\xce"
+    )
+    for _, value in client.read():
+        if isinstance(value, (commands.Connection.Close, commands.Channel.Close)):
+            assert 300 <= value.reply_code < 600
