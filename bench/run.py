@@ -63,15 +63,21 @@ def wait_for_port(port: int, seconds: float) -> None:
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {seconds:g} s")
 
 
+#: Where the brokers' own output goes (beside the results), so a failure can be looked into.
+LOG = ROOT / "bench" / "results" / "broker.log"
+
+
 @contextmanager
 def postroom() -> Iterator[tuple[int, int]]:
-    """Run Postroom on a free port; yield ``(port, pid)``."""
+    """Run Postroom on a free port; yield ``(port, pid)``. Its log is appended to :data:`LOG`."""
     port = free_port()
+    LOG.parent.mkdir(parents=True, exist_ok=True)
+    log = open(LOG, "ab")
     process = subprocess.Popen(
         [sys.executable, "-m", "broker.cli", "serve", "--listen", f"tcp:{port}:interface=127.0.0.1"],
         cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
     )
     try:
         wait_for_port(port, 15)
@@ -79,6 +85,7 @@ def postroom() -> Iterator[tuple[int, int]]:
     finally:
         process.terminate()
         process.wait(10)
+        log.close()
 
 
 @contextmanager
@@ -154,8 +161,8 @@ def generate(
 
 
 def figure(record: dict) -> float:
-    """The figure compared: deliveries per second (the publish rate for latency runs)."""
-    return float(record["consumed_msgs_per_s"])
+    """The figure compared: deliveries per second (0 for a run that failed)."""
+    return float(record.get("consumed_msgs_per_s") or 0.0)
 
 
 def table(records: list[dict]) -> str:
@@ -212,7 +219,8 @@ def main() -> None:
                             out.write(json.dumps(record) + "\n")
                             out.flush()
                             print(
-                                f"{name:9} {scenario:10} {record['size']:>6} B  {figure(record):>10,.0f} deliveries/s",
+                                f"{name:9} {scenario:10} {record['size']:>6} B  {figure(record):>10,.0f} deliveries/s"
+                                f"  {' '.join(record.get('errors') or [])}",
                                 file=sys.stderr,
                             )
     print(table(records))

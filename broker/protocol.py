@@ -175,6 +175,8 @@ class AMQPServerFactory(Factory):
     def __init__(self, node: Node, clock: IReactorTime) -> None:
         self.node = node
         self.clock = clock
+        if node.clock is None:
+            node.set_clock(clock)
         self.protocols: dict[ServerConnection, AMQPServerProtocol] = {}
         self.in_io = False
         self._flush_call: IDelayedCall | None = None

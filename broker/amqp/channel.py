@@ -26,6 +26,7 @@ from pamqp.base import Frame
 from broker.amqp.codec import (
     BASIC_CLASS,
     BASIC_DELIVER,
+    FLAG_EXPIRATION,
     FLAG_USER_ID,
     FRAME_BODY,
     FRAME_END,
@@ -44,11 +45,17 @@ from broker.amqp.codec import (
     shortstr,
 )
 from broker.core.message import Message
-from broker.core.queue import Consumer, Entry, WorkQueue
-from broker.errors import AMQPError, ChannelException, ConnectionException, ReplyCode
+from broker.core.queue import GONE, UNACKED, Consumer, Entry, WorkQueue
+from broker.core.vhost import EXTEND_EXCHANGE
+from broker.errors import ChannelException, ConnectionException, ReplyCode
 
 if TYPE_CHECKING:
     from broker.amqp.connection import ServerConnection
+
+#: Stale delivery tags remembered per channel. An ack of an older stale tag than this is
+#: answered as an unknown tag (406); a million covers a consumer that fell behind by that many
+#: timed-out deliveries, at about 60 MB.
+MAX_STALE_TAGS = 1_000_000
 
 _deliver_head = struct.Struct(">BHII")  # frame header and method index of basic.deliver
 _tag_redelivered = struct.Struct(">QB")
@@ -89,6 +96,8 @@ class ChannelState:
         self.confirm_pending = 0
         self.transactional = False
         self._tx_ops: list[Callable[[], None]] = []
+        #: Delivery tags taken back by visibility timeouts, oldest first (see MAX_STALE_TAGS).
+        self._stale: dict[int, bool] = {}
         #: Deliveries acked or rejected inside the open transaction (put back on rollback).
         self._tx_taken: list[Entry] = []
         self._max_message_bytes = connection.node.limits.max_message_bytes
@@ -251,6 +260,12 @@ class ChannelState:
             tag_bytes = shortstr(tag)
         except ValueError:
             raise ChannelException(ReplyCode.PRECONDITION_FAILED, "consumer tag longer than 255 bytes") from None
+        arguments = method.arguments or {}
+        timeout = arguments.get("x-visibility-timeout")
+        if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0):
+            raise ChannelException(
+                ReplyCode.PRECONDITION_FAILED, f"invalid consumer arg 'x-visibility-timeout': {timeout!r}"
+            )
         consumer = Consumer(
             self,
             queue,
@@ -259,7 +274,8 @@ class ChannelState:
             no_ack=method.no_ack,
             exclusive=method.exclusive,
             prefetch=self.prefetch_consumer,
-            arguments=method.arguments or {},
+            arguments=arguments,
+            visibility_timeout=timeout / 1000.0 if timeout else None,
         )
         self.consumers[tag] = consumer
         if not method.nowait:
@@ -310,7 +326,7 @@ class ChannelState:
             count += 1
             message = entry.message
             body = message.body
-            header = message.header
+            header = message.header if entry.header is None else entry.header
             if 0 < len(body) <= single_frame:
                 names = message.names
                 out += (
@@ -330,13 +346,23 @@ class ChannelState:
                 )
             if track:
                 entry.consumer = consumer
+                entry.channel = self
                 entry.tag = tag
+                entry.state = UNACKED
                 unacked[tag] = entry
+            else:
+                entry.state = GONE
         self._delivery_tag = tag
         if track and count:
             consumer.unacked += count
             self.unacked_count += count
-            consumer.queue.unacked_count += count
+            queue = consumer.queue
+            queue.unacked_count += count
+            timeout = consumer.visibility_timeout
+            if timeout:
+                deadline = queue.now() + timeout
+                for entry in entries:
+                    queue.track_delivery(entry, deadline, timeout)
         if not connection.dirty:
             connection.dirty = True
             connection.node.mark_dirty(connection)
@@ -350,18 +376,30 @@ class ChannelState:
         self._delivery_tag = tag = self._delivery_tag + 1
         message = entry.message
         out = self.connection.out
+        header = message.header if entry.header is None else entry.header
         out.append(get_ok_method(self.id, tag, entry.redelivered, message.names, queue.message_count))
-        out += content_frames(self.id, message.header, message.body, self.connection.frame_max)
-        if not method.no_ack:
-            entry.tag = tag
-            self._unacked[tag] = entry
-            self.unacked_count += 1
-            queue.unacked_count += 1
+        out += content_frames(self.id, header, message.body, self.connection.frame_max)
+        if method.no_ack:
+            entry.state = GONE
+            return
+        entry.tag = tag
+        entry.channel = self
+        entry.state = UNACKED
+        self._unacked[tag] = entry
+        self.unacked_count += 1
+        queue.unacked_count += 1
+        timeout = queue.settings.visibility_timeout
+        if timeout:
+            queue.track_delivery(entry, queue.now() + timeout, timeout)
 
     # basic class: acknowledgements
 
     def _take(self, delivery_tag: int, multiple: bool) -> list[Entry]:
         """Remove and return the unacked entries an ack/nack/reject names.
+
+        A tag whose delivery was taken back by a visibility timeout is stale: naming it is
+        not an error, it is counted and takes nothing (for ``multiple``, the unacked ones up
+        to it are still taken).
 
         :raises ChannelException: 406 PRECONDITION_FAILED for an unknown delivery tag.
         """
@@ -370,7 +408,7 @@ class ChannelState:
             taken = []
             if delivery_tag == 0:
                 delivery_tag = self._delivery_tag
-            elif delivery_tag not in unacked:
+            elif delivery_tag not in unacked and not self._is_stale(delivery_tag):
                 raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
             while unacked:
                 tag = next(iter(unacked))
@@ -380,6 +418,8 @@ class ChannelState:
         else:
             entry = unacked.pop(delivery_tag, None)
             if entry is None:
+                if self._is_stale(delivery_tag):
+                    return []
                 raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
             taken = [entry]
         self.unacked_count -= len(taken)
@@ -389,6 +429,31 @@ class ChannelState:
             if consumer is not None:
                 consumer.unacked -= 1
         return taken
+
+    def _is_stale(self, delivery_tag: int) -> bool:
+        """Whether ``delivery_tag`` was taken back (counted once as a stale ack)."""
+        if self._stale.pop(delivery_tag, None) is None:
+            return False
+        self.connection.node.counters["stale_acks"] += 1
+        return True
+
+    def take_back(self, entry: Entry) -> bool:
+        """Forget an unacked delivery whose visibility timeout passed; its tag becomes stale.
+
+        :returns: ``False`` when the delivery is not held here any more (acked inside an open
+            transaction), so the queue must not return it.
+        """
+        if self._unacked.pop(entry.tag, None) is None:
+            return False
+        self.unacked_count -= 1
+        entry.queue.unacked_count -= 1
+        if entry.consumer is not None:
+            entry.consumer.unacked -= 1
+        stale = self._stale
+        stale[entry.tag] = True
+        if len(stale) > MAX_STALE_TAGS:
+            del stale[next(iter(stale))]
+        return True
 
     def on_ack(self, delivery_tag: int, multiple: bool) -> None:
         """``basic.ack`` from the client (hot path: called with decoded fields)."""
@@ -400,13 +465,19 @@ class ChannelState:
         self._acked(entries)
 
     def _acked(self, entries: list[Entry]) -> None:
+        if not entries:
+            return
         if len(entries) == 1:
-            consumer = entries[0].consumer
-            if consumer is not None and not entries[0].queue.deleted:
-                entries[0].queue.dispatch()
+            entry = entries[0]
+            queue = entry.queue
+            queue.settle(entries)
+            if entry.consumer is not None and not queue.deleted:
+                queue.dispatch()
             elif self.prefetch_global:
                 self._kick(c.queue for c in self.consumers.values())
             return
+        for queue, group in _by_queue(entries).items():
+            queue.settle(group)
         self._kick(entry.queue for entry in entries if entry.consumer is not None)
         if self.prefetch_global:
             self._kick(c.queue for c in self.consumers.values())
@@ -437,18 +508,16 @@ class ChannelState:
     def _rejected(self, entries: list[Entry], requeue: bool) -> None:
         if requeue:
             self._requeue(entries)
-        else:
-            self._acked(entries)
+            return
+        for queue, group in _by_queue(entries).items():
+            queue.reject(group)
+        self._kick(entry.queue for entry in entries if entry.consumer is not None)
 
     @staticmethod
     def _requeue(entries: Iterable[Entry]) -> None:
-        """Return entries to the heads of their queues, oldest first."""
-        by_queue: dict[WorkQueue, list[Entry]] = {}
-        for entry in entries:
-            by_queue.setdefault(entry.queue, []).append(entry)
-        for queue, queued in by_queue.items():
-            if not queue.deleted:
-                queue.requeue(queued)
+        """Return entries to their queues (each counts as a return), oldest delivery first."""
+        for queue, group in _by_queue(entries).items():
+            queue.return_entries(group)
 
     def _recover(self, method: commands.Basic.Recover | commands.Basic.RecoverAsync) -> None:
         if not method.requeue:
@@ -559,6 +628,8 @@ class ChannelState:
                     BASIC_CLASS,
                     40,
                 )
+        if message.flags & FLAG_EXPIRATION:
+            _check_expiration(message.properties.expiration)
         if self.transactional:
             self._check_exchange(exchange_name)
             self._tx_ops.append(lambda: self._route(message, exchange_name, bits & 1))
@@ -566,15 +637,20 @@ class ChannelState:
         if exchange_name == "":
             queue = self.vhost.queues.get(routing_key)
             if queue is not None:
-                queue.enqueue(message)
-            elif bits & 1:
-                self._return(message)
+                accepted = queue.enqueue(message)
+            else:
+                accepted = True
+                if bits & 1:
+                    self._return(message)
         else:
-            self._route(message, exchange_name, bits & 1)
+            accepted = self._route(message, exchange_name, bits & 1)
         if self.confirm:
-            if not self.confirm_pending:
-                self.connection.confirming.append(self)
-            self.confirm_pending = self._publish_seq
+            if accepted:
+                if not self.confirm_pending:
+                    self.connection.confirming.append(self)
+                self.confirm_pending = self._publish_seq
+            else:
+                self.nack_publish()
 
     def _check_exchange(self, exchange_name: str) -> Any:
         vhost = self.vhost
@@ -594,17 +670,40 @@ class ChannelState:
             )
         return exchange
 
-    def _route(self, message: Message, exchange_name: str, mandatory: int) -> None:
+    def _route(self, message: Message, exchange_name: str, mandatory: int) -> bool:
+        """Route and enqueue; ``False`` when a queue refused the message (or a lease extension failed)."""
         exchange = self._check_exchange(exchange_name)
         if exchange is None:
             queue = self.vhost.queues.get(message.routing_key)
             queues = [queue] if queue is not None else []
+        elif exchange_name == EXTEND_EXCHANGE:
+            return self._extend(message)
         else:
             queues = self.vhost.route(exchange, message)
+        accepted = True
         for queue in queues:
-            queue.enqueue(message)
+            if not queue.enqueue(message):
+                accepted = False
         if not queues and mandatory:
             self._return(message)
+        return accepted
+
+    def _extend(self, message: Message) -> bool:
+        """A publish to ``amq.postroom.extend``: move the visibility deadline of a delivery.
+
+        Headers ``x-delivery-tag`` (a delivery on this channel) and ``x-visibility-timeout``
+        (milliseconds from now). Nothing is routed. A stale or unknown tag is counted and
+        refused (a nack in confirm mode); so are missing or malformed headers.
+        """
+        headers = message.headers or {}
+        tag = headers.get("x-delivery-tag")
+        timeout = headers.get("x-visibility-timeout")
+        entry = self._unacked.get(tag) if isinstance(tag, int) else None
+        if entry is None or not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0:
+            self.connection.node.counters["stale_extends"] += 1
+            return False
+        entry.queue.extend(entry, timeout / 1000.0)
+        return True
 
     def _return(self, message: Message) -> None:
         """Send an unroutable mandatory message back with ``basic.return`` 312 NO_ROUTE."""
@@ -678,11 +777,22 @@ class ChannelState:
         self._requeue(entries)
 
 
-def _error_for(method: Frame, error: AMQPError) -> AMQPError:
-    if not error.class_id:
-        error.class_id = method.frame_id and (method.index >> 16)
-        error.method_id = method.index & 0xFFFF
-    return error
+def _check_expiration(value: object) -> None:
+    """RabbitMQ's rule for the ``expiration`` property: a non-negative integer, as a string.
+
+    :raises ChannelException: 406 PRECONDITION_FAILED otherwise.
+    """
+    text = value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+    if not text.isdigit():
+        raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"invalid expiration '{text}'", BASIC_CLASS, 40)
+
+
+def _by_queue(entries: Iterable[Entry]) -> dict[WorkQueue, list[Entry]]:
+    """Entries grouped by their queue, in their original order."""
+    groups: dict[WorkQueue, list[Entry]] = {}
+    for entry in entries:
+        groups.setdefault(entry.queue, []).append(entry)
+    return groups
 
 
 _HANDLERS: dict[type, Callable[[ChannelState, Any], None]] = {

@@ -9,11 +9,12 @@ That gives one ``write`` per connection per batch of frames instead of one per f
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.core.queue import WorkQueue
+from broker.core.queue import Scheduler, WorkQueue
 from broker.core.vhost import VirtualHost
 from exchanges.registry import ExchangeTypeRegistry, default_registry
 
@@ -62,14 +63,19 @@ class Node:
     limits: Limits = field(default_factory=Limits)
     registry: ExchangeTypeRegistry = field(default_factory=default_registry)
     rng: random.Random = field(default_factory=random.Random)
+    #: Time and timers (the reactor; a ``Clock`` in tests). Queues with TTLs, visibility
+    #: timeouts or ``x-expires`` need it; the shell's factory fills it in when left out.
+    clock: Scheduler | None = None
     product: str = "Postroom"
     version: str = "0.1.0"
 
     def __post_init__(self) -> None:
         self.users_by_name: dict[str, User] = {user.name: user for user in self.users}
         self.vhosts: dict[str, VirtualHost] = {
-            name: VirtualHost(name, self.registry, self.rng) for name in self.vhost_names
+            name: VirtualHost(name, self.registry, self.rng, self.clock) for name in self.vhost_names
         }
+        #: Event counts for metrics: stale_acks, stale_extends.
+        self.counters: Counter[str] = Counter()
         for vhost in self.vhosts.values():
             vhost.on_backlog = self._backlog
         self.connections: set[Any] = set()
@@ -78,6 +84,12 @@ class Node:
         self.backlogged: set[WorkQueue] = set()
         #: Called when the dirty set becomes non-empty outside of the shell's own I/O handling.
         self.on_dirty: Callable[[], None] | None = None
+
+    def set_clock(self, clock: Scheduler) -> None:
+        """Give the node (and its virtual hosts, for queues declared from now on) a clock."""
+        self.clock = clock
+        for vhost in self.vhosts.values():
+            vhost.clock = clock
 
     def _backlog(self, queue: WorkQueue) -> None:
         self.backlogged.add(queue)

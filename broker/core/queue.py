@@ -1,4 +1,4 @@
-"""Work queues: ready messages, competing consumers in round-robin order, prefetch.
+"""Work queues: ready messages, competing consumers, prefetch, and the reliability rules.
 
 A queue holds :class:`Entry` objects (a message plus this queue's delivery state for it: one
 message routed to three queues has three entries). Unacknowledged entries are held by the
@@ -8,14 +8,43 @@ Dispatch is synchronous: enqueueing a message, adding a consumer or giving a con
 (an ack, a prefetch change, a writable socket) calls :meth:`WorkQueue.dispatch`, which hands
 ready entries to the next consumer that can take one. Consumers take turns (RabbitMQ's
 round-robin); a consumer that is full is skipped and keeps its place.
+
+Reliability (``../shared/CONTRACT.md``, Queues):
+
+* **visibility timeout** (SQS's rule): a delivery left unacked longer than its timeout is
+  taken back from its channel (its tag goes stale), counted as a return and put back at the
+  head of the queue;
+* **delivery limit**: every return (nack/reject with requeue, visibility timeout, channel
+  closed with the delivery unacked, ``basic.recover``) adds one to the entry's delivery count;
+  past ``x-delivery-limit`` the entry is dead-lettered with reason ``delivery_limit``;
+* **TTL**: ``x-message-ttl`` and per-message ``expiration``; a ready message that expires is
+  dead-lettered at once (reason ``expired``), wherever it is in the queue;
+* **length limits**: ``x-max-length``/``x-max-length-bytes`` over ready messages, with
+  ``x-overflow`` drop-head (dead-letter the head, reason ``maxlen``), reject-publish or
+  reject-publish-dlx;
+* **x-expires**: a queue unused for that long (no consumers, no ``basic.get``, no
+  redeclaration) is deleted.
+
+Timers: a queue has at most one pending ``callLater``, for its earliest deadline. Deadlines of
+deliveries with the same timeout arrive in order, so they sit in a FIFO per timeout value
+(O(1) per delivery); extended leases and per-message TTLs go to a heap. Records are
+``(deadline, entry)`` snapshots, valid only while the entry is still in the state and at the
+deadline they were made for, so acks and requeues cost nothing here: stale records are
+skipped when they come up, and the FIFOs are compacted when stale records outnumber live ones.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
+from broker.amqp.codec import FLAG_EXPIRATION
+from broker.core.deadletter import DeadLetterReason, with_delivery_count
 from broker.core.message import Message
 
 if TYPE_CHECKING:
@@ -29,6 +58,82 @@ DISPATCH_BATCH = 2000
 #: RabbitMQ's largest x-max-priority; each level is one deque, so the cap bounds memory per queue.
 MAX_PRIORITY = 255
 
+#: After a timer fires, the next one waits at least this long (seconds), so a burst of
+#: deadlines microseconds apart is handled in a few batches rather than one callLater each.
+#: The first deadline of a quiet period is still met exactly.
+TIMER_SLACK = 0.01
+
+#: Stale timer records tolerated before a FIFO is compacted (and only when they also
+#: outnumber the live ones), so compaction is O(1) amortised per record.
+COMPACT_AFTER = 1024
+
+# Entry states.
+READY = 0  # in the ready list (or about to be)
+UNACKED = 1  # delivered, waiting for an ack
+GONE = 2  # acked, dead-lettered, expired or dropped
+
+
+class Scheduler(Protocol):
+    """The part of a reactor the queues use: what time it is, and a call later."""
+
+    def seconds(self) -> float:
+        """The current time in seconds."""
+
+    def callLater(self, delay: float, callable: Callable[..., Any], *args: Any) -> Any:  # noqa: N802
+        """Call ``callable`` after ``delay`` seconds; return something with ``cancel()``."""
+
+
+class Overflow(Enum):
+    """``x-overflow``: what a full queue does with one more message."""
+
+    DROP_HEAD = "drop-head"
+    REJECT_PUBLISH = "reject-publish"
+    REJECT_PUBLISH_DLX = "reject-publish-dlx"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """A queue's reliability settings, from its (already validated) declare arguments.
+
+    Durations are in seconds.
+    """
+
+    message_ttl: float | None = None
+    expires: float | None = None
+    max_length: int | None = None
+    max_length_bytes: int | None = None
+    overflow: Overflow = Overflow.DROP_HEAD
+    dead_letter_exchange: str | None = None
+    dead_letter_routing_key: str | None = None
+    delivery_limit: int | None = None
+    visibility_timeout: float | None = None
+    max_priority: int | None = None
+
+    @classmethod
+    def from_arguments(cls, arguments: Mapping[str, Any]) -> QueueSettings:
+        """Read the ``x-`` arguments RabbitMQ (and Postroom) define for queues."""
+
+        def ms(key: str) -> float | None:
+            value = arguments.get(key)
+            return None if value is None else value / 1000.0
+
+        def text(key: str) -> str | None:
+            value = arguments.get(key)
+            return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
+
+        return cls(
+            message_ttl=ms("x-message-ttl"),
+            expires=ms("x-expires"),
+            max_length=arguments.get("x-max-length"),
+            max_length_bytes=arguments.get("x-max-length-bytes"),
+            overflow=Overflow(arguments.get("x-overflow", "drop-head")),
+            dead_letter_exchange=text("x-dead-letter-exchange"),
+            dead_letter_routing_key=text("x-dead-letter-routing-key"),
+            delivery_limit=arguments.get("x-delivery-limit"),
+            visibility_timeout=ms("x-visibility-timeout"),
+            max_priority=arguments.get("x-max-priority"),
+        )
+
 
 class DeliverySink(Protocol):
     """What a consumer delivers to: the channel that registered it."""
@@ -40,20 +145,49 @@ class DeliverySink(Protocol):
     def deliver_entries(self, consumer: Consumer, entries: Iterable[Entry]) -> None:
         """Send ``entries`` to ``consumer`` (a ``basic.deliver`` and the content for each)."""
 
+    def take_back(self, entry: Entry) -> bool:
+        """Forget an unacked delivery whose visibility timeout passed (its tag becomes stale).
+
+        :returns: ``False`` when the channel no longer holds it (acked in an open transaction).
+        """
+
 
 class Entry:
     """A message in one queue, with that queue's delivery state for it."""
 
-    __slots__ = ("message", "queue", "redelivered", "consumer", "tag")
+    __slots__ = (
+        "message",
+        "queue",
+        "redelivered",
+        "consumer",
+        "tag",
+        "channel",
+        "state",
+        "delivery_count",
+        "deadline",
+        "expires_at",
+        "header",
+    )
 
-    def __init__(self, message: Message, queue: WorkQueue, redelivered: bool = False) -> None:
+    def __init__(self, message: Message, queue: WorkQueue) -> None:
         self.message = message
         self.queue = queue
-        self.redelivered = redelivered
+        self.redelivered = False
         #: The consumer it was delivered to (``None`` while ready or after basic.get).
         self.consumer: Consumer | None = None
         #: Its delivery tag on the channel that holds it, while unacknowledged.
         self.tag = 0
+        #: The channel that holds it while unacknowledged.
+        self.channel: DeliverySink | None = None
+        self.state = READY
+        #: Returns so far (nack/reject with requeue, visibility timeouts, channel closes).
+        self.delivery_count = 0
+        #: When its visibility timeout ends, while unacknowledged (``None``: no timeout).
+        self.deadline: float | None = None
+        #: When it expires while ready (``None``: never).
+        self.expires_at: float | None = None
+        #: Its content header with ``x-delivery-count`` once it has been returned, else ``None``.
+        self.header: bytes | None = None
 
 
 class Consumer:
@@ -62,9 +196,21 @@ class Consumer:
     :param channel: where deliveries go
     :param tag: the consumer tag
     :param prefetch: at most this many unacked deliveries (0: no limit)
+    :param visibility_timeout: overrides the queue's (seconds), from the consumer argument
     """
 
-    __slots__ = ("channel", "queue", "tag", "tag_bytes", "no_ack", "exclusive", "prefetch", "unacked", "arguments")
+    __slots__ = (
+        "channel",
+        "queue",
+        "tag",
+        "tag_bytes",
+        "no_ack",
+        "exclusive",
+        "prefetch",
+        "unacked",
+        "arguments",
+        "visibility_timeout",
+    )
 
     def __init__(
         self,
@@ -76,6 +222,7 @@ class Consumer:
         exclusive: bool,
         prefetch: int,
         arguments: Mapping[str, Any],
+        visibility_timeout: float | None = None,
     ) -> None:
         self.channel = channel
         self.queue = queue
@@ -86,6 +233,7 @@ class Consumer:
         self.prefetch = prefetch
         self.unacked = 0
         self.arguments = arguments
+        self.visibility_timeout = visibility_timeout if visibility_timeout else queue.settings.visibility_timeout
 
     def credit(self) -> int:
         """How many deliveries the consumer can take now (:data:`DISPATCH_BATCH` when unlimited)."""
@@ -153,11 +301,12 @@ class _PriorityReady:
 
 
 class WorkQueue:
-    """A named queue with competing consumers.
+    """A named queue with competing consumers and the reliability rules of its settings.
 
     :param name: the queue name, unique in its virtual host
     :param owner: the connection that owns an exclusive queue, else ``None``
-    :param max_priority: ``x-max-priority``; ``None`` for a plain FIFO queue
+    :param settings: TTLs, limits, dead-lettering, visibility timeout, priorities
+    :param clock: time and timers (needed when any setting has a duration)
     """
 
     def __init__(
@@ -168,7 +317,8 @@ class WorkQueue:
         owner: object | None = None,
         auto_delete: bool = False,
         arguments: Mapping[str, Any] | None = None,
-        max_priority: int | None = None,
+        settings: QueueSettings | None = None,
+        clock: Scheduler | None = None,
     ) -> None:
         self.name = name
         self.vhost_name = vhost_name
@@ -176,8 +326,18 @@ class WorkQueue:
         self.owner = owner
         self.auto_delete = auto_delete
         self.arguments = dict(arguments or {})
-        self.max_priority = max_priority
-        self._ready: deque[Entry] | _PriorityReady = deque() if max_priority is None else _PriorityReady(max_priority)
+        self.settings = settings = settings or QueueSettings.from_arguments(self.arguments)
+        self.clock = clock
+        self.max_priority = settings.max_priority
+        self._ready: deque[Entry] | _PriorityReady = (
+            deque() if settings.max_priority is None else _PriorityReady(settings.max_priority)
+        )
+        #: Entries in ``_ready`` that expired where they stood; skipped when they come up.
+        self._gone_in_ready = 0
+        self._track_bytes = settings.max_length_bytes is not None
+        self.ready_bytes = 0
+        #: Enqueue can take the short path: no TTL, no length limit.
+        self._plain = settings.message_ttl is None and settings.max_length is None and not self._track_bytes
         self._consumers: deque[Consumer] = deque()
         self.unacked_count = 0
         self.had_consumers = False
@@ -186,6 +346,25 @@ class WorkQueue:
         self.sources: set[Exchange] = set()
         #: Called when a dispatch stopped at its batch limit with entries left to deliver.
         self.on_backlog: Callable[[WorkQueue], None] | None = None
+        #: Called with entries to dead-letter (the vhost publishes them to the DLX).
+        self.on_dead_letter: Callable[[WorkQueue, list[Entry], DeadLetterReason], None] | None = None
+        #: Called when ``x-expires`` finds the queue unused (the vhost deletes it).
+        self.on_expired: Callable[[WorkQueue], None] | None = None
+        # Timers.
+        self._inflight: dict[float, deque[tuple[float, Entry]]] = {}
+        self._inflight_stale = 0
+        self._ttl_fifo: deque[tuple[float, Entry]] = deque()
+        self._heap: list[tuple[float, int, int, Entry]] = []  # (deadline, seq, kind, entry)
+        self._sequence = itertools.count()
+        self._timer: Any = None
+        self._timer_at = 0.0
+        self._last_used = clock.seconds() if clock is not None else 0.0
+        # Counters, read by metrics.
+        self.visibility_timeouts = 0
+        self.redelivered = 0
+        self.dead_lettered: dict[DeadLetterReason, int] = {}
+        if settings.expires is not None:
+            self._arm(self._last_used + settings.expires)
 
     @property
     def exclusive(self) -> bool:
@@ -195,7 +374,7 @@ class WorkQueue:
     @property
     def message_count(self) -> int:
         """Ready messages (as ``queue.declare-ok`` reports them: unacked ones are not counted)."""
-        return len(self._ready)
+        return len(self._ready) - self._gone_in_ready
 
     @property
     def consumer_count(self) -> int:
@@ -209,12 +388,22 @@ class WorkQueue:
 
     def ready_entries(self) -> Iterable[Entry]:
         """The ready entries, next to be delivered first."""
-        return self._ready
+        return [entry for entry in self._ready if entry.state == READY]
+
+    def now(self) -> float:
+        """The queue's clock reading (0 without a clock)."""
+        return self.clock.seconds() if self.clock is not None else 0.0
 
     # -- messages -----------------------------------------------------------------------------
 
-    def enqueue(self, message: Message) -> None:
-        """Add a message at the tail and deliver what can be delivered."""
+    def enqueue(self, message: Message) -> bool:
+        """Add a message at the tail and deliver what can be delivered.
+
+        :returns: ``False`` when the queue refused it (full, with ``x-overflow`` reject-publish
+            or reject-publish-dlx), else ``True``
+        """
+        if not self._plain or self._gone_in_ready or message.flags & FLAG_EXPIRATION:
+            return self._enqueue_checked(message)
         entry = Entry(message, self)
         consumers = self._consumers
         if consumers and not self._ready:
@@ -224,32 +413,190 @@ class WorkQueue:
                 consumers.rotate(-1)
                 if consumer.can_accept():
                     consumer.channel.deliver_entries(consumer, (entry,))
-                    return
+                    return True
         self._ready.append(entry)
+        return True
 
-    def requeue(self, entries: Iterable[Entry]) -> None:
-        """Put entries back at the head, in the given order, marked redelivered.
+    def _enqueue_checked(self, message: Message) -> bool:
+        settings = self.settings
+        if settings.overflow is not Overflow.DROP_HEAD and self._full(extra=len(message.body)):
+            if settings.overflow is Overflow.REJECT_PUBLISH_DLX:
+                entry = Entry(message, self)
+                entry.state = GONE
+                self._dead_letter([entry], DeadLetterReason.MAXLEN)
+            return False
+        entry = Entry(message, self)
+        ttl = settings.message_ttl
+        per_message = _expiration(message)
+        if per_message is not None and (ttl is None or per_message < ttl):
+            ttl, fifo = per_message, False
+        else:
+            fifo = True
+        if ttl is not None:
+            now = self.now()
+            entry.expires_at = now + ttl
+            if ttl <= 0 and not self._deliver_now(entry):
+                # TTL 0: delivered straight away or not at all (RabbitMQ's rule).
+                entry.state = GONE
+                self._dead_letter([entry], DeadLetterReason.EXPIRED)
+                return True
+            if entry.state == READY:
+                self._append_ready(entry)
+                if fifo:
+                    self._ttl_fifo.append((entry.expires_at, entry))
+                    self._arm(entry.expires_at)
+                else:
+                    self._push(entry.expires_at, _EXPIRY, entry)
+        elif not self._deliver_now(entry):
+            self._append_ready(entry)
+        if settings.overflow is Overflow.DROP_HEAD and (settings.max_length is not None or self._track_bytes):
+            self._drop_head_while_full()
+        if self._consumers and self._ready:
+            self.dispatch()
+        return True
 
-        :param entries: entries of this queue, oldest first (as their delivery tags run)
-        """
+    def _deliver_now(self, entry: Entry) -> bool:
+        """Deliver ``entry`` at once if nothing is waiting and a consumer can take it."""
+        consumers = self._consumers
+        if consumers and not self.message_count:
+            for _ in range(len(consumers)):
+                consumer = consumers[0]
+                consumers.rotate(-1)
+                if consumer.can_accept():
+                    consumer.channel.deliver_entries(consumer, (entry,))
+                    return True
+        return False
+
+    def _append_ready(self, entry: Entry) -> None:
+        self._ready.append(entry)
+        if self._track_bytes:
+            self.ready_bytes += len(entry.message.body)
+
+    def _full(self, extra: int = 0) -> bool:
+        settings = self.settings
+        if settings.max_length is not None and self.message_count >= settings.max_length:
+            return True
+        return settings.max_length_bytes is not None and self.ready_bytes + extra > settings.max_length_bytes
+
+    def _over(self) -> bool:
+        settings = self.settings
+        if settings.max_length is not None and self.message_count > settings.max_length:
+            return True
+        return settings.max_length_bytes is not None and self.ready_bytes > settings.max_length_bytes
+
+    def _drop_head_while_full(self) -> None:
+        dropped = []
+        while self._over():
+            entry = self._pop_ready()
+            if entry is None:
+                break
+            entry.state = GONE
+            dropped.append(entry)
+        if dropped:
+            self._dead_letter(dropped, DeadLetterReason.MAXLEN)
+
+    def _pop_ready(self) -> Entry | None:
+        """The next live ready entry, skipping expired ones; ``None`` when there is none."""
         ready = self._ready
-        for entry in reversed(list(entries)):
-            entry.redelivered = True
+        while ready:
+            entry = ready.popleft()
+            if entry.state != READY:
+                self._gone_in_ready -= 1
+                continue
+            if self._track_bytes:
+                self.ready_bytes -= len(entry.message.body)
+            return entry
+        return None
+
+    def return_entries(self, entries: Iterable[Entry]) -> None:
+        """Take back entries that were delivered and not acked: each counts as a return.
+
+        Entries past ``x-delivery-limit`` are dead-lettered (reason ``delivery_limit``), or
+        dropped without a dead-letter exchange; expired ones are dead-lettered as ``expired``;
+        the rest go back to the head in the given order, marked redelivered.
+
+        :param entries: entries of this queue, oldest delivery first
+        """
+        if self.deleted:
+            for entry in entries:
+                entry.state = GONE
+            return
+        limit = self.settings.delivery_limit
+        now = self.now() if self.clock is not None else 0.0
+        back: list[Entry] = []
+        over: list[Entry] = []
+        expired: list[Entry] = []
+        for entry in entries:
+            entry.delivery_count += 1
+            if entry.deadline is not None:
+                entry.deadline = None
+                self._inflight_stale += 1
             entry.consumer = None
+            entry.channel = None
+            if limit is not None and entry.delivery_count > limit:
+                entry.state = GONE
+                over.append(entry)
+            elif entry.expires_at is not None and entry.expires_at <= now:
+                entry.state = GONE
+                expired.append(entry)
+            else:
+                entry.state = READY
+                entry.redelivered = True
+                entry.header = with_delivery_count(entry.message, entry.delivery_count)
+                back.append(entry)
+        ready = self._ready
+        for entry in reversed(back):
             ready.appendleft(entry)
+            if self._track_bytes:
+                self.ready_bytes += len(entry.message.body)
+        self.redelivered += len(back)
+        if over:
+            self._dead_letter(over, DeadLetterReason.DELIVERY_LIMIT)
+        if expired:
+            self._dead_letter(expired, DeadLetterReason.EXPIRED)
+        if back and self.settings.overflow is Overflow.DROP_HEAD:
+            self._drop_head_while_full()
         if self._consumers:
             self.dispatch()
 
+    def settle(self, entries: Iterable[Entry]) -> None:
+        """Entries were acked (or delivered without ack): they are gone for good."""
+        for entry in entries:
+            entry.state = GONE
+            if entry.deadline is not None:
+                entry.deadline = None
+                self._inflight_stale += 1
+        if self._inflight_stale > COMPACT_AFTER:
+            self._compact()
+
+    def reject(self, entries: list[Entry]) -> None:
+        """Nack/reject without requeue: dead-letter (reason ``rejected``) or drop."""
+        self.settle(entries)
+        if not self.deleted:
+            self._dead_letter(entries, DeadLetterReason.REJECTED)
+
+    def _dead_letter(self, entries: list[Entry], reason: DeadLetterReason) -> None:
+        self.dead_lettered[reason] = self.dead_lettered.get(reason, 0) + len(entries)
+        if self.on_dead_letter is not None and self.settings.dead_letter_exchange is not None:
+            self.on_dead_letter(self, entries, reason)
+
     def get(self) -> Entry | None:
         """Take the next ready entry for ``basic.get``, or ``None`` if there is none."""
+        self.touch()
+        if self._gone_in_ready or self._track_bytes:
+            return self._pop_ready()
         if not self._ready:
             return None
         return self._ready.popleft()
 
     def purge(self) -> int:
         """Drop every ready message; return how many (unacked ones stay, as in RabbitMQ)."""
-        count = len(self._ready)
+        count = self.message_count
+        for entry in self._ready:
+            entry.state = GONE
         self._ready.clear()
+        self._gone_in_ready = 0
+        self.ready_bytes = 0
         return count
 
     # -- consumers ----------------------------------------------------------------------------
@@ -258,6 +605,7 @@ class WorkQueue:
         """Add a consumer at the end of the round-robin order and deliver to it."""
         self._consumers.append(consumer)
         self.had_consumers = True
+        self.touch()
         self.dispatch()
 
     def remove_consumer(self, consumer: Consumer) -> None:
@@ -265,11 +613,20 @@ class WorkQueue:
         try:
             self._consumers.remove(consumer)
         except ValueError:
-            pass
+            return
+        if not self._consumers:
+            self.touch()
 
     def has_exclusive_consumer(self) -> bool:
         """Whether a consumer holds the queue exclusively."""
         return any(consumer.exclusive for consumer in self._consumers)
+
+    def touch(self) -> None:
+        """The queue was used (consume, get, declare): restart its ``x-expires`` idle time."""
+        expires = self.settings.expires
+        if expires is not None:
+            self._last_used = self.now()
+            self._arm(self._last_used + expires)
 
     def dispatch(self) -> None:
         """Deliver ready entries to consumers that can take them, in round-robin order.
@@ -283,14 +640,26 @@ class WorkQueue:
         consumers = self._consumers
         if not ready or not consumers:
             return
+        slow = self._gone_in_ready or self._track_bytes
         if len(consumers) == 1:
             consumer = consumers[0]
             count = min(consumer.credit(), len(ready))
             if count <= 0:
                 return
-            popleft = ready.popleft
-            consumer.channel.deliver_entries(consumer, [popleft() for _ in range(count)])
-            delivered = count
+            if slow:
+                batch = []
+                while len(batch) < count:
+                    entry = self._pop_ready()
+                    if entry is None:
+                        break
+                    batch.append(entry)
+                if not batch:
+                    return
+            else:
+                popleft = ready.popleft
+                batch = [popleft() for _ in range(count)]
+            consumer.channel.deliver_entries(consumer, batch)
+            delivered = len(batch)
         else:
             delivered = 0
             while ready and delivered < DISPATCH_BATCH:
@@ -301,10 +670,157 @@ class WorkQueue:
                         break
                 else:
                     return
-                consumer.channel.deliver_entries(consumer, (ready.popleft(),))
+                entry = self._pop_ready() if slow else ready.popleft()
+                if entry is None:
+                    return
+                consumer.channel.deliver_entries(consumer, (entry,))
                 delivered += 1
         if ready and delivered >= DISPATCH_BATCH and self.on_backlog is not None:
             self.on_backlog(self)
 
+    # -- timers -------------------------------------------------------------------------------
+
+    def track_delivery(self, entry: Entry, deadline: float, timeout: float) -> None:
+        """Start the visibility timeout of a delivery (the channel calls this as it delivers)."""
+        entry.deadline = deadline
+        fifo = self._inflight.get(timeout)
+        if fifo is None:
+            fifo = self._inflight[timeout] = deque()
+        fifo.append((deadline, entry))
+        if self._timer is None or deadline < self._timer_at:
+            self._arm(deadline)
+
+    def extend(self, entry: Entry, seconds: float) -> None:
+        """Move a delivery's visibility deadline to ``seconds`` from now (``amq.postroom.extend``)."""
+        deadline = self.now() + seconds
+        entry.deadline = deadline
+        self._push(deadline, _TAKEBACK, entry)
+
+    def _push(self, deadline: float, kind: int, entry: Entry) -> None:
+        heapq.heappush(self._heap, (deadline, next(self._sequence), kind, entry))
+        self._arm(deadline)
+
+    def _compact(self) -> None:
+        live = sum(len(fifo) for fifo in self._inflight.values()) - self._inflight_stale
+        if self._inflight_stale < live:
+            return
+        for timeout, fifo in list(self._inflight.items()):
+            kept = deque(record for record in fifo if record[1].state == UNACKED and record[1].deadline == record[0])
+            if kept:
+                self._inflight[timeout] = kept
+            else:
+                del self._inflight[timeout]
+        self._inflight_stale = 0
+
+    def _arm(self, deadline: float) -> None:
+        clock = self.clock
+        if clock is None:
+            return
+        if self._timer is not None:
+            if deadline >= self._timer_at:
+                return
+            self._timer.cancel()
+        self._timer_at = deadline
+        self._timer = clock.callLater(max(0.0, deadline - clock.seconds()), self._fire)
+
+    def _next_deadline(self) -> float | None:
+        candidates = []
+        for fifo in self._inflight.values():
+            while fifo and not (fifo[0][1].state == UNACKED and fifo[0][1].deadline == fifo[0][0]):
+                fifo.popleft()
+                self._inflight_stale = max(0, self._inflight_stale - 1)
+            if fifo:
+                candidates.append(fifo[0][0])
+        ttl = self._ttl_fifo
+        while ttl and not (ttl[0][1].state == READY and ttl[0][1].expires_at == ttl[0][0]):
+            ttl.popleft()
+        if ttl:
+            candidates.append(ttl[0][0])
+        if self._heap:
+            candidates.append(self._heap[0][0])
+        if self.settings.expires is not None and not self._consumers:
+            candidates.append(self._last_used + self.settings.expires)
+        return min(candidates) if candidates else None
+
+    def cancel_timers(self) -> None:
+        """Stop this queue's timer (the queue is being deleted)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _fire(self) -> None:
+        self._timer = None
+        if self.deleted:
+            return
+        now = self.now()
+        taken: list[Entry] = []
+        expired: list[Entry] = []
+        for fifo in list(self._inflight.values()):
+            while fifo and fifo[0][0] <= now:
+                deadline, entry = fifo.popleft()
+                if entry.state == UNACKED and entry.deadline == deadline:
+                    taken.append(entry)
+                else:
+                    self._inflight_stale = max(0, self._inflight_stale - 1)
+        ttl = self._ttl_fifo
+        while ttl and ttl[0][0] <= now:
+            deadline, entry = ttl.popleft()
+            if entry.state == READY and entry.expires_at == deadline:
+                expired.append(entry)
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            deadline, _seq, kind, entry = heapq.heappop(heap)
+            if kind == _TAKEBACK and entry.state == UNACKED and entry.deadline == deadline:
+                taken.append(entry)
+            elif kind == _EXPIRY and entry.state == READY and entry.expires_at == deadline:
+                expired.append(entry)
+        if expired:
+            for entry in expired:
+                entry.state = GONE
+                if self._track_bytes:
+                    self.ready_bytes -= len(entry.message.body)
+            self._gone_in_ready += len(expired)
+            self._dead_letter(expired, DeadLetterReason.EXPIRED)
+            if self._gone_in_ready == len(self._ready):
+                self._ready.clear()
+                self._gone_in_ready = 0
+        if taken:
+            self.visibility_timeouts += len(taken)
+            taken.sort(key=lambda entry: entry.deadline or 0.0)
+            returned = []
+            for entry in taken:
+                channel = entry.channel
+                if channel is None or channel.take_back(entry):
+                    returned.append(entry)
+                else:
+                    # Acked inside an open transaction: look again once it has committed or not.
+                    entry.deadline = now + TIMER_SLACK
+                    self._push(entry.deadline, _TAKEBACK, entry)
+            self.return_entries(returned)
+        expires = self.settings.expires
+        if expires is not None and not self._consumers and now >= self._last_used + expires:
+            if self.on_expired is not None:
+                self.on_expired(self)
+            return
+        deadline = self._next_deadline()
+        if deadline is not None and not self.deleted:
+            self._arm(max(deadline, now + TIMER_SLACK))
+
     def __repr__(self) -> str:
-        return f"<WorkQueue {self.name!r} ready={len(self._ready)} unacked={self.unacked_count}>"
+        return f"<WorkQueue {self.name!r} ready={self.message_count} unacked={self.unacked_count}>"
+
+
+_TAKEBACK = 0
+_EXPIRY = 1
+
+
+def _expiration(message: Message) -> float | None:
+    """The per-message TTL in seconds from the ``expiration`` property, or ``None``."""
+    if not message.flags & FLAG_EXPIRATION:
+        return None
+    value = message.properties.expiration
+    try:
+        milliseconds = int(value)
+    except (TypeError, ValueError):
+        return None
+    return max(milliseconds, 0) / 1000.0

@@ -10,8 +10,9 @@ import random
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
+from broker.core.deadletter import DeadLetterReason, dead_lettered, is_cycle
 from broker.core.message import Message
-from broker.core.queue import MAX_PRIORITY, WorkQueue
+from broker.core.queue import MAX_PRIORITY, Entry, QueueSettings, Scheduler, WorkQueue
 from broker.errors import ChannelException, ReplyCode
 from exchanges.interfaces import BindingInvalid, IRouter
 from exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType, default_registry
@@ -23,7 +24,11 @@ STANDARD_EXCHANGES = (
     ("amq.topic", "topic"),
     ("amq.headers", "headers"),
     ("amq.match", "headers"),
+    ("amq.postroom.extend", "direct"),
 )
+
+#: Publishing here extends a delivery's visibility timeout (``../shared/CONTRACT.md``, Queues).
+EXTEND_EXCHANGE = "amq.postroom.extend"
 
 #: Bound on exchange-to-exchange hops for one publish: a cycle of bindings is legal, so
 #: routing keeps a visited set; this caps the work a deep (acyclic) chain can cause.
@@ -117,6 +122,7 @@ class VirtualHost:
     :param name: the vhost name, e.g. ``"/"``
     :param registry: the exchange types that ``exchange.declare`` may name
     :param rng: source of server-generated queue names (injected so tests are repeatable)
+    :param clock: time and timers for TTLs, visibility timeouts and queue expiry
     """
 
     def __init__(
@@ -124,10 +130,14 @@ class VirtualHost:
         name: str = "/",
         registry: ExchangeTypeRegistry | None = None,
         rng: random.Random | None = None,
+        clock: Scheduler | None = None,
     ) -> None:
         self.name = name
         self.registry = registry or default_registry()
         self._rng = rng or random.Random()
+        self.clock = clock
+        #: Dead-lettered messages dropped: no such dead-letter exchange, or a cycle.
+        self.dead_letters_dropped = 0
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, WorkQueue] = {}
         #: Given to every queue: called when a dispatch left entries for later (see WorkQueue.dispatch).
@@ -389,9 +399,9 @@ class VirtualHost:
             if exclusive and existing.owner is not connection:
                 raise self._locked(name)
             self._check_equivalent(existing, durable, exclusive, auto_delete, arguments)
+            existing.touch()
             return existing
         self._check_queue_arguments(name, arguments)
-        max_priority = arguments.get("x-max-priority")
         queue = WorkQueue(
             name,
             self.name,
@@ -399,9 +409,12 @@ class VirtualHost:
             owner=connection if exclusive else None,
             auto_delete=auto_delete,
             arguments=arguments,
-            max_priority=max_priority if isinstance(max_priority, int) else None,
+            settings=QueueSettings.from_arguments(arguments),
+            clock=self.clock,
         )
         queue.on_backlog = self.on_backlog
+        queue.on_dead_letter = self._dead_letter
+        queue.on_expired = self.remove_queue
         self.queues[name] = queue
         return queue
 
@@ -452,6 +465,7 @@ class VirtualHost:
             return
         del self.queues[queue.name]
         queue.deleted = True
+        queue.cancel_timers()
         for source in list(queue.sources):
             source.router.unbind_all(queue)
             self._maybe_auto_delete(source)
@@ -460,6 +474,35 @@ class VirtualHost:
         for consumer in list(queue.consumers):
             queue.remove_consumer(consumer)
             consumer.channel.consumer_cancelled(consumer)  # type: ignore[attr-defined]
+
+    # -- dead-lettering -----------------------------------------------------------------------
+
+    def _dead_letter(self, queue: WorkQueue, entries: list[Entry], reason: DeadLetterReason) -> None:
+        """Publish dead-lettered entries of ``queue`` to its dead-letter exchange.
+
+        A missing exchange drops them (as RabbitMQ does); so does a cycle with no rejection.
+        """
+        settings = queue.settings
+        exchange = self.exchanges.get(settings.dead_letter_exchange or "")
+        if exchange is None:
+            self.dead_letters_dropped += len(entries)
+            return
+        now = queue.now()
+        for entry in entries:
+            message = dead_lettered(
+                entry.message,
+                queue.name,
+                reason,
+                now,
+                exchange.name,
+                settings.dead_letter_routing_key,
+                entry.delivery_count,
+            )
+            targets = [target for target in self.route(exchange, message) if not is_cycle(message, target.name, reason)]
+            if not targets:
+                self.dead_letters_dropped += 1
+            for target in targets:
+                target.enqueue(message)
 
     # -- routing ------------------------------------------------------------------------------
 
