@@ -476,9 +476,10 @@ class ChannelState:
             elif self.prefetch_global:
                 self._kick(c.queue for c in self.consumers.values())
             return
-        for queue, group in _by_queue(entries).items():
+        groups = _by_queue(entries)
+        for queue, group in groups.items():
             queue.settle(group)
-        self._kick(entry.queue for entry in entries if entry.consumer is not None)
+        self._kick(groups)
         if self.prefetch_global:
             self._kick(c.queue for c in self.consumers.values())
 
