@@ -788,10 +788,16 @@ class WorkQueue:
             self.visibility_timeouts += len(taken)
             taken.sort(key=lambda entry: entry.deadline or 0.0)
             returned = []
+            consumers = self._consumers
             for entry in taken:
                 channel = entry.channel
                 if channel is None or channel.take_back(entry):
                     returned.append(entry)
+                    holder = entry.consumer
+                    if holder is not None and len(consumers) > 1 and holder in consumers:
+                        # The next consumer in turn gets it: the one that timed out goes last.
+                        consumers.remove(holder)
+                        consumers.append(holder)
                 else:
                     # Acked inside an open transaction: look again once it has committed or not.
                     entry.deadline = now + TIMER_SLACK
