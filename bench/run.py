@@ -1,10 +1,10 @@
 """Benchmark Postroom and RabbitMQ back to back with the shared load generator.
 
 Starts Postroom (``python -m broker.cli serve``) and, unless ``--no-rabbitmq``, a private
-RabbitMQ node (the Debian ``rabbitmq-server`` package) on free loopback ports, then runs each
-scenario against one broker and straight after against the other, alternating, so both see
-the same machine noise. Writes the raw JSON lines and prints a markdown table of medians
-with the Postroom/RabbitMQ ratio.
+RabbitMQ node (the Debian ``rabbitmq-server`` package) on free loopback ports, keeps both
+running, then runs each scenario against one broker and straight after against the other,
+alternating which goes first, so both see the same machine noise. Writes the raw JSON
+lines and prints a markdown table of medians with the Postroom/RabbitMQ ratio.
 
     python bench/run.py                                  # the README table (about 15 minutes)
     python bench/run.py --scenarios transient --sizes 16 --seconds 5 --runs 1   # a quick look
@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -206,23 +206,25 @@ def main() -> None:
         matrix = [(name, args.sizes or "16", []) for name in args.scenarios.split(",")]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     records: list[dict] = []
-    brokers = [("postroom", postroom)] + ([] if args.no_rabbitmq else [("rabbitmq", rabbitmq)])
-    with open(args.out, "a") as out:
+    starters = [("postroom", postroom)] + ([] if args.no_rabbitmq else [("rabbitmq", rabbitmq)])
+    with ExitStack() as stack, open(args.out, "a") as out:
+        # Both brokers run for the whole matrix (warm, as in production), and each scenario runs
+        # against one and straight after against the other, alternating which goes first.
+        brokers = [(name, *stack.enter_context(start())) for name, start in starters]
         for run in range(args.runs):
             for scenario, sizes, extra in matrix:
                 order = brokers if run % 2 == 0 else list(reversed(brokers))
-                for name, start in order:
-                    with start() as (port, pid):
-                        for record in generate(args.bench_dir, port, pid, scenario, sizes, extra, args):
-                            record["broker"] = name
-                            records.append(record)
-                            out.write(json.dumps(record) + "\n")
-                            out.flush()
-                            print(
-                                f"{name:9} {scenario:10} {record['size']:>6} B  {figure(record):>10,.0f} deliveries/s"
-                                f"  {' '.join(record.get('errors') or [])}",
-                                file=sys.stderr,
-                            )
+                for name, port, pid in order:
+                    for record in generate(args.bench_dir, port, pid, scenario, sizes, extra, args):
+                        record["broker"] = name
+                        records.append(record)
+                        out.write(json.dumps(record) + "\n")
+                        out.flush()
+                        print(
+                            f"{name:9} {scenario:10} {record['size']:>6} B  {figure(record):>10,.0f} deliveries/s"
+                            f"  {' '.join(record.get('errors') or [])}",
+                            file=sys.stderr,
+                        )
     print(table(records))
 
 

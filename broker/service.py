@@ -10,8 +10,10 @@ from twisted.application.service import MultiService
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from broker.core.definitions import node_from_config
 from broker.core.node import Node
 from broker.protocol import AMQPServerFactory
+from config.schema import BrokerConfig
 
 #: Allocations between young-generation collections. Messages and queue entries are
 #: allocated at 100k+/s and never form cycles; at the default (700) the collector would walk
@@ -24,10 +26,6 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 20, 100)
-
-
-#: The embedded default listener: loopback only, the AMQP port.
-DEFAULT_AMQP_ENDPOINT = "tcp:5672:interface=127.0.0.1"
 
 
 class BrokerService(MultiService):
@@ -54,17 +52,24 @@ class BrokerService(MultiService):
 
 
 def make_broker_service(
-    reactor: Any, amqp_endpoints: list[str] | None = None, node: Node | None = None
+    reactor: Any,
+    config: BrokerConfig | None = None,
+    amqp_endpoints: list[str] | None = None,
+    node: Node | None = None,
 ) -> BrokerService:
     """Build the broker service.
 
     :param reactor: the reactor (listening and timers)
-    :param amqp_endpoints: Twisted endpoint strings for AMQP listeners
-    :param node: the broker node; a default one (guest/guest from loopback, vhost ``/``) if omitted
+    :param config: the configuration; the embedded default when omitted
+    :param amqp_endpoints: AMQP listeners (Twisted endpoint strings) instead of the configuration's
+    :param node: a ready node instead of one built from the configuration
+    :raises ConfigError: the configuration's definitions were refused
     """
-    node = node or Node()
+    config = config or BrokerConfig()
+    node = node or node_from_config(config, reactor)
     factory = AMQPServerFactory(node, reactor)
     service = BrokerService(factory)
-    for description in amqp_endpoints or [DEFAULT_AMQP_ENDPOINT]:
+    endpoints = amqp_endpoints or [config.listen.amqp] + ([config.listen.amqps] if config.listen.amqps else [])
+    for description in endpoints:
         strports.service(description, factory, reactor=reactor).setServiceParent(service)
     return service

@@ -7,28 +7,38 @@ from typing import Any
 from twisted.application.service import IService
 from twisted.python import usage
 
-from broker.service import DEFAULT_AMQP_ENDPOINT
-
 
 class Options(usage.Options):
     """Options of ``twistd postroom``."""
+
+    optParameters = [["config", "c", None, "YAML configuration file (default: the embedded default)."]]  # noqa: RUF012
 
     def __init__(self) -> None:
         super().__init__()
         self["listen"] = []
 
     def opt_listen(self, description: str) -> None:
-        """AMQP listener as a Twisted endpoint string (repeatable; default tcp:5672:interface=127.0.0.1)."""
+        """AMQP listener as a Twisted endpoint string, instead of the configuration's (repeatable)."""
         self["listen"].append(description)
 
     opt_l = opt_listen
 
 
 def makeService(options: dict[str, Any]) -> IService:
-    """Build the broker service for twistd."""
+    """Build the broker service for twistd.
+
+    :raises SystemExit: the configuration is refused (the message names file, key and reason).
+    """
     from twisted.internet import reactor
 
     from broker.service import make_broker_service, tune_gc
+    from config.loader import ConfigError, load
+    from config.schema import BrokerConfig
 
+    try:
+        config = load(options["config"]) if options["config"] else BrokerConfig()
+        service = make_broker_service(reactor, config, amqp_endpoints=options["listen"] or None)
+    except ConfigError as error:
+        raise SystemExit(str(error)) from error
     tune_gc()
-    return make_broker_service(reactor, options["listen"] or [DEFAULT_AMQP_ENDPOINT])
+    return service

@@ -8,6 +8,9 @@ That gives one ``write`` per connection per batch of frames instead of one per f
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -29,14 +32,44 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # the contract's default; a body i
 class User:
     """A user who may log in.
 
+    :param password: the password in clear (as in the embedded default's guest/guest)
+    :param password_hash: ``scrypt$N$r$p$salt$hash`` (salt and hash in base64), see :func:`hash_password`
     :param loopback_only: the user may connect only from a loopback address (RabbitMQ's rule for guest)
     :param vhosts: the virtual hosts the user may open; ``None`` for all of them
     """
 
     name: str
-    password: str
+    password: str | None = None
+    password_hash: str | None = None
     loopback_only: bool = False
     vhosts: frozenset[str] | None = None
+
+    def check_password(self, password: str) -> bool:
+        """Whether ``password`` is this user's (constant time for the comparison)."""
+        if self.password_hash is not None:
+            return _scrypt_matches(self.password_hash, password)
+        return self.password is not None and hmac.compare_digest(self.password.encode(), password.encode())
+
+
+def hash_password(password: str, salt: bytes, n: int = 2**14, r: int = 8, p: int = 1) -> str:
+    """A ``password_hash`` value for the configuration: ``scrypt$N$r$p$salt$hash`` in base64."""
+    digest = hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p, dklen=32)
+    encode = base64.b64encode
+    return f"scrypt${n}${r}${p}${encode(salt).decode()}${encode(digest).decode()}"
+
+
+def _scrypt_matches(stored: str, password: str) -> bool:
+    try:
+        scheme, n, r, p, salt, digest = stored.split("$")
+        if scheme != "scrypt":
+            return False
+        expected = base64.b64decode(digest)
+        actual = hashlib.scrypt(
+            password.encode(), salt=base64.b64decode(salt), n=int(n), r=int(r), p=int(p), dklen=len(expected)
+        )
+    except (ValueError, TypeError):
+        return False
+    return hmac.compare_digest(expected, actual)
 
 
 @dataclass(slots=True)
@@ -58,7 +91,7 @@ class Node:
     :param rng: source of generated names (injected so tests are repeatable)
     """
 
-    users: Iterable[User] = (User("guest", "guest", loopback_only=True),)
+    users: Iterable[User] = (User("guest", password="guest", loopback_only=True),)
     vhost_names: Iterable[str] = ("/",)
     limits: Limits = field(default_factory=Limits)
     registry: ExchangeTypeRegistry = field(default_factory=default_registry)
@@ -77,7 +110,7 @@ class Node:
         #: Event counts for metrics: stale_acks, stale_extends.
         self.counters: Counter[str] = Counter()
         for vhost in self.vhosts.values():
-            vhost.on_backlog = self._backlog
+            vhost.on_backlog = self.note_backlog
         self.connections: set[Any] = set()
         self.dirty: set[Any] = set()
         #: Queues whose last dispatch stopped at its batch limit; the shell dispatches them again.
@@ -91,7 +124,8 @@ class Node:
         for vhost in self.vhosts.values():
             vhost.clock = clock
 
-    def _backlog(self, queue: WorkQueue) -> None:
+    def note_backlog(self, queue: WorkQueue) -> None:
+        """A queue stopped dispatching at its batch limit: dispatch it again soon."""
         self.backlogged.add(queue)
 
     def dispatch_backlogged(self) -> None:
@@ -112,7 +146,7 @@ class Node:
     def authenticate(self, username: str, password: str, loopback: bool) -> User | None:
         """The user for these credentials, or ``None`` when they are refused."""
         user = self.users_by_name.get(username)
-        if user is None or user.password != password:
+        if user is None or not user.check_password(password):
             return None
         if user.loopback_only and not loopback:
             return None

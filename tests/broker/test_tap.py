@@ -23,7 +23,9 @@ def test_listen_options_accumulate() -> None:
 
 def test_service_listens_on_each_endpoint() -> None:
     reactor = MemoryReactorClock()
-    service = make_broker_service(reactor, ["tcp:5673:interface=127.0.0.1", "tcp:5674:interface=127.0.0.1"])
+    service = make_broker_service(
+        reactor, amqp_endpoints=["tcp:5673:interface=127.0.0.1", "tcp:5674:interface=127.0.0.1"]
+    )
     service.startService()
     assert [(port, interface) for port, _f, _b, interface in reactor.tcpServers] == [
         (5673, "127.0.0.1"),

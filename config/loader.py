@@ -1,0 +1,537 @@
+"""The strict YAML loader: one file in, a frozen :class:`BrokerConfig` out, or every problem at once.
+
+Rules (``../shared/CONTRACT.md``, Configuration):
+
+* YAML is read with PyYAML's safe loader; duplicate keys, unknown keys and wrong types are
+  errors, and every error names the file, the line, the key path and the reason;
+* names are strings: ``off`` or ``1`` where a name is expected is refused, not turned into
+  ``False`` or ``1``;
+* durations carry a unit (``500ms``, ``30s``, ``5m``, ``1h``, ``7d``); sizes are bytes or carry
+  a unit (``64KiB``, ``64MiB``, ``1GiB``, ``10MB``);
+* references must resolve: a binding's exchange and queue, a dead-letter exchange, a user's
+  vhost; a name declared twice in one vhost is a conflict.
+
+Nothing is started when any of this fails: :func:`load` raises :class:`ConfigError` with all
+the problems found.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from config.schema import (
+    ArchiveConfig,
+    BindingConfig,
+    BrokerConfig,
+    DeadLetterConfig,
+    ExchangeConfig,
+    LimitsConfig,
+    ListenConfig,
+    Permission,
+    QueueConfig,
+    StorageConfig,
+    UserConfig,
+    VhostConfig,
+)
+
+#: Exchange types Postroom has without plugins; plugin types start with ``x-``.
+BUILTIN_EXCHANGE_TYPES = frozenset({"direct", "fanout", "topic", "headers"})
+#: Exchanges every vhost has (they may be referenced without being declared).
+STANDARD_EXCHANGES = frozenset({"", "amq.direct", "amq.fanout", "amq.topic", "amq.headers", "amq.match"})
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|kB|KB|KiB|MB|MiB|GB|GiB|TB|TiB)?\s*$")
+_SIZE_UNITS = {
+    None: 1,
+    "B": 1,
+    "kB": 1000,
+    "KB": 1000,
+    "KiB": 1024,
+    "MB": 1000**2,
+    "MiB": 1024**2,
+    "GB": 1000**3,
+    "GiB": 1024**3,
+    "TB": 1000**4,
+    "TiB": 1024**4,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a configuration file."""
+
+    line: int | None
+    key: str
+    reason: str
+
+
+class ConfigError(Exception):
+    """The configuration is refused; :attr:`problems` says why, each with its line and key path."""
+
+    def __init__(self, source: str, problems: list[Problem]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        lines = [f"{self.source}: {len(self.problems)} problem(s) in the configuration:"]
+        for problem in self.problems:
+            where = f"{self.source}:{problem.line}" if problem.line else self.source
+            lines.append(f"  {where}: {problem.key or '(top level)'}: {problem.reason}")
+        return "\n".join(lines)
+
+
+def load(path: str | Path) -> BrokerConfig:
+    """Read and validate the YAML file at ``path``.
+
+    :raises ConfigError: the file cannot be read or is not a valid configuration.
+    """
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(source, [Problem(None, "", f"cannot read the file: {err.strerror or err}")]) from err
+    return loads(text, source)
+
+
+def loads(text: str, source: str = "<string>") -> BrokerConfig:
+    """Validate a configuration given as YAML text.
+
+    :raises ConfigError: it is not a valid configuration.
+    """
+    reader = _Reader(source)
+    document = reader.parse(text)
+    config = reader.broker(document)
+    if reader.problems:
+        raise ConfigError(source, reader.problems)
+    assert config is not None
+    return config
+
+
+class _Reader:
+    """Turns composed YAML into plain values, remembering lines, and checks them."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.problems: list[Problem] = []
+        self.lines: dict[str, int] = {}
+
+    # -- YAML -----------------------------------------------------------------------------------
+
+    def parse(self, text: str) -> Any:
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            return {} if node is None else self._plain(node, "", loader)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            line = mark.line + 1 if mark is not None else None
+            self.problems.append(Problem(line, "", f"not valid YAML: {getattr(err, 'problem', None) or err}"))
+            return None
+        finally:
+            loader.dispose()
+
+    def _plain(self, node: yaml.Node, path: str, loader: yaml.SafeLoader) -> Any:
+        self.lines[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            result: dict[Any, Any] = {}
+            for key_node, value_node in node.value:
+                key = loader.construct_object(key_node, deep=True)
+                child = f"{path}.{key}" if path else str(key)
+                if not isinstance(key, str):
+                    self.problems.append(Problem(key_node.start_mark.line + 1, child, "keys must be strings"))
+                    continue
+                if key in result:
+                    self.problems.append(Problem(key_node.start_mark.line + 1, child, "duplicate key"))
+                    continue
+                result[key] = self._plain(value_node, child, loader)
+            return result
+        if isinstance(node, yaml.SequenceNode):
+            return [self._plain(item, f"{path}[{index}]", loader) for index, item in enumerate(node.value)]
+        return loader.construct_object(node, deep=True)
+
+    # -- checks ---------------------------------------------------------------------------------
+
+    def problem(self, path: str, reason: str) -> None:
+        line = self.lines.get(path)
+        probe = path
+        while line is None and probe:
+            probe = probe.rpartition(".")[0] if "." in probe else ""
+            line = self.lines.get(probe)
+        self.problems.append(Problem(line, path, reason))
+
+    def mapping(self, value: Any, path: str, allowed: set[str], required: set[str] = frozenset()) -> dict[str, Any]:
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            self.problem(path, f"must be a mapping, not {_kind(value)}")
+            return {}
+        for key in value:
+            if key not in allowed:
+                self.problem(
+                    f"{path}.{key}" if path else key, f"unknown key (expected one of: {', '.join(sorted(allowed))})"
+                )
+        for key in required - set(value):
+            self.problem(path, f"missing required key '{key}'")
+        return {key: item for key, item in value.items() if key in allowed}
+
+    def typed(self, value: Any, path: str, check: Callable[[Any], bool], expected: str, default: Any) -> Any:
+        if value is None:
+            return default
+        if not check(value):
+            self.problem(path, f"must be {expected}, not {_kind(value)} {value!r}")
+            return default
+        return value
+
+    def string(self, value: Any, path: str, default: Any = None) -> Any:
+        if isinstance(value, (bool, int, float)) and value is not None:
+            self.problem(path, f"must be a string, not {_kind(value)} {value!r} (quote it)")
+            return default
+        return self.typed(value, path, lambda v: isinstance(v, str), "a string", default)
+
+    def name(self, value: Any, path: str) -> str:
+        result = self.string(value, path, None)
+        if result is None:
+            if value is None:
+                self.problem(path, "is required")
+            return ""
+        if len(result.encode("utf-8")) > 255:
+            self.problem(path, "names are at most 255 bytes")
+        return result
+
+    def boolean(self, value: Any, path: str, default: bool) -> bool:
+        return self.typed(value, path, lambda v: isinstance(v, bool), "true or false", default)
+
+    def integer(self, value: Any, path: str, default: Any, minimum: int = 0, maximum: int | None = None) -> Any:
+        result = self.typed(value, path, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer", None)
+        if result is None:
+            return default
+        if result < minimum or (maximum is not None and result > maximum):
+            bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+            self.problem(path, f"must be {bound}, not {result}")
+            return default
+        return result
+
+    def duration(self, value: Any, path: str, default: Any = None) -> Any:
+        if value is None:
+            return default
+        match = _DURATION.match(value) if isinstance(value, str) else None
+        if match is None:
+            self.problem(path, f"must be a duration with a unit (e.g. 500ms, 30s, 5m, 1h, 7d), not {value!r}")
+            return default
+        return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+    def size(self, value: Any, path: str, default: Any = None) -> Any:
+        if value is None:
+            return default
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        match = _SIZE.match(value) if isinstance(value, str) else None
+        if match is None:
+            self.problem(path, f"must be a size in bytes or with a unit (e.g. 64KiB, 64MiB, 1GiB), not {value!r}")
+            return default
+        return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
+
+    def table(self, value: Any, path: str) -> dict[str, Any]:
+        result = self.typed(value, path, lambda v: isinstance(v, dict), "a mapping", {})
+        return dict(result)
+
+    # -- sections -------------------------------------------------------------------------------
+
+    def broker(self, document: Any) -> BrokerConfig | None:
+        if document is None:
+            return None
+        top = self.mapping(document, "", {"listen", "storage", "limits", "users", "plugins", "vhosts"})
+        defaults = BrokerConfig()
+        listen = self.listen(top.get("listen"))
+        storage = self.storage(top.get("storage"))
+        limits = self.limits(top.get("limits"))
+        vhosts = self.vhosts(top.get("vhosts")) if "vhosts" in top else defaults.vhosts
+        users = self.users(top.get("users"), vhosts) if "users" in top else defaults.users
+        plugins = tuple(
+            self.name(item, f"plugins[{index}]")
+            for index, item in enumerate(self.typed(top.get("plugins"), "plugins", _is_list, "a list", []))
+        )
+        return BrokerConfig(listen, storage, limits, users, plugins, vhosts, self.source)
+
+    def listen(self, value: Any) -> ListenConfig:
+        section = self.mapping(value, "listen", {"amqp", "amqps", "metrics", "management"})
+        default = ListenConfig()
+        return ListenConfig(
+            amqp=self.string(section.get("amqp"), "listen.amqp", default.amqp),
+            amqps=self.string(section.get("amqps"), "listen.amqps", default.amqps),
+            metrics=self.string(section.get("metrics"), "listen.metrics", default.metrics),
+            management=self.string(section.get("management"), "listen.management", default.management),
+        )
+
+    def storage(self, value: Any) -> StorageConfig:
+        section = self.mapping(value, "storage", {"dir", "fsync", "fsync_interval_ms", "segment_bytes", "archive"})
+        default = StorageConfig()
+        fsync = self.string(section.get("fsync"), "storage.fsync", default.fsync)
+        if fsync not in ("always", "batch", "never"):
+            self.problem("storage.fsync", f"must be always, batch or never, not {fsync!r}")
+            fsync = default.fsync
+        archive = self.mapping(section.get("archive"), "storage.archive", {"enabled", "retention", "max_bytes"})
+        archive_default = ArchiveConfig()
+        return StorageConfig(
+            dir=self.string(section.get("dir"), "storage.dir", default.dir),
+            fsync=fsync,
+            fsync_interval_ms=self.integer(
+                section.get("fsync_interval_ms"), "storage.fsync_interval_ms", default.fsync_interval_ms, 1, 1000
+            ),
+            segment_bytes=self.size(section.get("segment_bytes"), "storage.segment_bytes", default.segment_bytes),
+            archive=ArchiveConfig(
+                enabled=self.boolean(archive.get("enabled"), "storage.archive.enabled", archive_default.enabled),
+                retention=self.duration(
+                    archive.get("retention"), "storage.archive.retention", archive_default.retention
+                ),
+                max_bytes=self.size(archive.get("max_bytes"), "storage.archive.max_bytes", archive_default.max_bytes),
+            ),
+        )
+
+    def limits(self, value: Any) -> LimitsConfig:
+        keys = {
+            "frame_max",
+            "max_message_bytes",
+            "max_connections",
+            "channel_max",
+            "heartbeat",
+            "memory_high_watermark",
+        }
+        section = self.mapping(value, "limits", keys)
+        default = LimitsConfig()
+        watermark = self.typed(
+            section.get("memory_high_watermark"),
+            "limits.memory_high_watermark",
+            lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1,
+            "a fraction between 0 and 1",
+            default.memory_high_watermark,
+        )
+        return LimitsConfig(
+            frame_max=self.integer(section.get("frame_max"), "limits.frame_max", default.frame_max, 4096, 1 << 24),
+            max_message_bytes=self.size(
+                section.get("max_message_bytes"), "limits.max_message_bytes", default.max_message_bytes
+            ),
+            max_connections=self.integer(
+                section.get("max_connections"), "limits.max_connections", default.max_connections, 1
+            ),
+            channel_max=self.integer(section.get("channel_max"), "limits.channel_max", default.channel_max, 1, 65535),
+            heartbeat=self.integer(section.get("heartbeat"), "limits.heartbeat", default.heartbeat, 0, 3600),
+            memory_high_watermark=float(watermark),
+        )
+
+    def users(self, value: Any, vhosts: Mapping[str, VhostConfig]) -> tuple[UserConfig, ...]:
+        users = []
+        seen: set[str] = set()
+        for index, item in enumerate(self.typed(value, "users", _is_list, "a list", [])):
+            path = f"users[{index}]"
+            entry = self.mapping(item, path, {"name", "password", "password_hash", "loopback_only", "permissions"})
+            name = self.name(entry.get("name"), f"{path}.name")
+            if name in seen:
+                self.problem(f"{path}.name", f"user '{name}' is declared twice")
+            seen.add(name)
+            password = self.string(entry.get("password"), f"{path}.password")
+            password_hash = self.string(entry.get("password_hash"), f"{path}.password_hash")
+            if (password is None) == (password_hash is None):
+                self.problem(path, "give exactly one of password and password_hash")
+            permissions = None
+            if "permissions" in entry:
+                permissions = {}
+                for vhost, perms in self.table(entry["permissions"], f"{path}.permissions").items():
+                    where = f"{path}.permissions.{vhost}"
+                    if vhost not in vhosts:
+                        self.problem(where, f"no vhost '{vhost}' is declared")
+                    section = self.mapping(perms, where, {"configure", "write", "read"})
+                    values = {}
+                    for key in ("configure", "write", "read"):
+                        pattern = self.string(section.get(key), f"{where}.{key}", ".*")
+                        try:
+                            re.compile(pattern)
+                        except re.error as err:
+                            self.problem(f"{where}.{key}", f"not a valid regular expression: {err}")
+                        values[key] = pattern
+                    permissions[vhost] = Permission(**values)
+            users.append(
+                UserConfig(
+                    name,
+                    password,
+                    password_hash,
+                    self.boolean(entry.get("loopback_only"), f"{path}.loopback_only", False),
+                    permissions,
+                )
+            )
+        return tuple(users)
+
+    def vhosts(self, value: Any) -> dict[str, VhostConfig]:
+        result = {}
+        for vhost, definitions in self.table(value, "vhosts").items():
+            result[vhost] = self.vhost(definitions, f"vhosts.{vhost}")
+        return result
+
+    def vhost(self, value: Any, path: str) -> VhostConfig:
+        section = self.mapping(value, path, {"exchanges", "queues", "bindings"})
+        exchanges = [
+            self.exchange(item, f"{path}.exchanges[{index}]")
+            for index, item in enumerate(
+                self.typed(section.get("exchanges"), f"{path}.exchanges", _is_list, "a list", [])
+            )
+        ]
+        queues = [
+            self.queue(item, f"{path}.queues[{index}]")
+            for index, item in enumerate(self.typed(section.get("queues"), f"{path}.queues", _is_list, "a list", []))
+        ]
+        bindings = [
+            self.binding(item, f"{path}.bindings[{index}]")
+            for index, item in enumerate(
+                self.typed(section.get("bindings"), f"{path}.bindings", _is_list, "a list", [])
+            )
+        ]
+        exchange_names = self._unique([e.name for e in exchanges], f"{path}.exchanges", "exchange")
+        queue_names = self._unique([q.name for q in queues], f"{path}.queues", "queue")
+        known_exchanges = exchange_names | STANDARD_EXCHANGES
+        for index, queue in enumerate(queues):
+            if queue.dead_letter is not None and queue.dead_letter.exchange not in known_exchanges:
+                self.problem(
+                    f"{path}.queues[{index}].dead_letter.exchange",
+                    f"no exchange '{queue.dead_letter.exchange}' is declared in this vhost",
+                )
+        for index, binding in enumerate(bindings):
+            where = f"{path}.bindings[{index}]"
+            if binding.exchange not in known_exchanges:
+                self.problem(f"{where}.exchange", f"no exchange '{binding.exchange}' is declared in this vhost")
+            if binding.queue is not None and binding.queue not in queue_names:
+                self.problem(f"{where}.queue", f"no queue '{binding.queue}' is declared in this vhost")
+            if binding.destination_exchange is not None and binding.destination_exchange not in known_exchanges:
+                self.problem(
+                    f"{where}.destination_exchange",
+                    f"no exchange '{binding.destination_exchange}' is declared in this vhost",
+                )
+        return VhostConfig(tuple(exchanges), tuple(queues), tuple(bindings))
+
+    def _unique(self, names: list[str], path: str, kind: str) -> set[str]:
+        seen: set[str] = set()
+        for index, name in enumerate(names):
+            if name in seen:
+                self.problem(f"{path}[{index}].name", f"{kind} '{name}' is declared twice (conflicting redeclaration)")
+            seen.add(name)
+        return seen
+
+    def exchange(self, value: Any, path: str) -> ExchangeConfig:
+        entry = self.mapping(value, path, {"name", "type", "durable", "auto_delete", "internal", "arguments"}, {"name"})
+        name = self.name(entry.get("name"), f"{path}.name")
+        if name.startswith("amq.") or entry.get("name") == "":
+            self.problem(f"{path}.name", "names starting with 'amq.' (and the empty name) are reserved")
+        exchange_type = self.string(entry.get("type"), f"{path}.type", "direct")
+        if exchange_type not in BUILTIN_EXCHANGE_TYPES and not exchange_type.startswith("x-"):
+            self.problem(
+                f"{path}.type",
+                f"unknown exchange type '{exchange_type}' (built in: {', '.join(sorted(BUILTIN_EXCHANGE_TYPES))};"
+                " plugin types start with 'x-')",
+            )
+        return ExchangeConfig(
+            name,
+            exchange_type,
+            self.boolean(entry.get("durable"), f"{path}.durable", True),
+            self.boolean(entry.get("auto_delete"), f"{path}.auto_delete", False),
+            self.boolean(entry.get("internal"), f"{path}.internal", False),
+            self.table(entry.get("arguments"), f"{path}.arguments"),
+        )
+
+    def queue(self, value: Any, path: str) -> QueueConfig:
+        keys = {
+            "name",
+            "durable",
+            "auto_delete",
+            "visibility_timeout",
+            "max_deliveries",
+            "dead_letter",
+            "message_ttl",
+            "max_length",
+            "max_length_bytes",
+            "overflow",
+            "max_priority",
+            "expires",
+            "arguments",
+        }
+        entry = self.mapping(value, path, keys, {"name"})
+        name = self.name(entry.get("name"), f"{path}.name")
+        if name.startswith("amq.") or entry.get("name") == "":
+            self.problem(f"{path}.name", "names starting with 'amq.' (and the empty name) are reserved")
+        dead_letter = None
+        if entry.get("dead_letter") is not None:
+            section = self.mapping(
+                entry["dead_letter"], f"{path}.dead_letter", {"exchange", "routing_key"}, {"exchange"}
+            )
+            dead_letter = DeadLetterConfig(
+                self.name(section.get("exchange"), f"{path}.dead_letter.exchange"),
+                self.string(section.get("routing_key"), f"{path}.dead_letter.routing_key"),
+            )
+        overflow = self.string(entry.get("overflow"), f"{path}.overflow")
+        if overflow is not None and overflow not in ("drop-head", "reject-publish", "reject-publish-dlx"):
+            self.problem(
+                f"{path}.overflow", f"must be drop-head, reject-publish or reject-publish-dlx, not {overflow!r}"
+            )
+            overflow = None
+        visibility = self.duration(entry.get("visibility_timeout"), f"{path}.visibility_timeout")
+        if visibility is not None and visibility < 0.001:
+            self.problem(f"{path}.visibility_timeout", "must be at least 1ms")
+            visibility = None
+        expires = self.duration(entry.get("expires"), f"{path}.expires")
+        if expires is not None and expires < 0.001:
+            self.problem(f"{path}.expires", "must be at least 1ms")
+            expires = None
+        return QueueConfig(
+            name=name,
+            durable=self.boolean(entry.get("durable"), f"{path}.durable", True),
+            auto_delete=self.boolean(entry.get("auto_delete"), f"{path}.auto_delete", False),
+            visibility_timeout=visibility,
+            max_deliveries=self.integer(entry.get("max_deliveries"), f"{path}.max_deliveries", None),
+            dead_letter=dead_letter,
+            message_ttl=self.duration(entry.get("message_ttl"), f"{path}.message_ttl"),
+            max_length=self.integer(entry.get("max_length"), f"{path}.max_length", None),
+            max_length_bytes=self.size(entry.get("max_length_bytes"), f"{path}.max_length_bytes"),
+            overflow=overflow,
+            max_priority=self.integer(entry.get("max_priority"), f"{path}.max_priority", None, 0, 255),
+            expires=expires,
+            arguments=self.table(entry.get("arguments"), f"{path}.arguments"),
+        )
+
+    def binding(self, value: Any, path: str) -> BindingConfig:
+        entry = self.mapping(
+            value, path, {"exchange", "queue", "destination_exchange", "routing_key", "arguments"}, {"exchange"}
+        )
+        queue = entry.get("queue")
+        destination = entry.get("destination_exchange")
+        if (queue is None) == (destination is None):
+            self.problem(path, "give exactly one of queue and destination_exchange")
+        return BindingConfig(
+            exchange=self.name(entry.get("exchange"), f"{path}.exchange"),
+            queue=self.name(queue, f"{path}.queue") if queue is not None else None,
+            destination_exchange=self.name(destination, f"{path}.destination_exchange")
+            if destination is not None
+            else None,
+            routing_key=self.string(entry.get("routing_key"), f"{path}.routing_key", ""),
+            arguments=self.table(entry.get("arguments"), f"{path}.arguments"),
+        )
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, list)
+
+
+def _kind(value: Any) -> str:
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a mapping",
+    }.get(type(value), type(value).__name__)

@@ -1,0 +1,173 @@
+"""The configuration as the broker receives it: frozen dataclasses, already validated.
+
+``config.loader.load`` builds a :class:`BrokerConfig` from YAML; nothing else reads YAML.
+Durations are in seconds, sizes in bytes. The YAML keys are those of ``../shared/CONTRACT.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ListenConfig:
+    """Twisted endpoint strings for each listener (``None``: not listening)."""
+
+    amqp: str = "tcp:5672:interface=127.0.0.1"
+    amqps: str | None = None
+    metrics: str | None = "tcp:15692:interface=127.0.0.1"
+    management: str | None = "tcp:15672:interface=127.0.0.1"
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveConfig:
+    """Where retired log segments go for the Spark job, and for how long."""
+
+    enabled: bool = False
+    retention: float = 7 * 86400.0
+    max_bytes: int = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class StorageConfig:
+    """The write-ahead log."""
+
+    dir: str = "./data"
+    fsync: str = "batch"
+    fsync_interval_ms: int = 5
+    segment_bytes: int = 64 << 20
+    archive: ArchiveConfig = field(default_factory=ArchiveConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    """Limits a peer can push on (see ``broker.core.node`` for the reasons behind the defaults)."""
+
+    frame_max: int = 131072
+    max_message_bytes: int = 16 << 20
+    max_connections: int = 10000
+    channel_max: int = 2047
+    heartbeat: int = 60
+    memory_high_watermark: float = 0.4
+
+
+@dataclass(frozen=True, slots=True)
+class Permission:
+    """RabbitMQ-style permissions of one user on one vhost (regular expressions)."""
+
+    configure: str = ".*"
+    write: str = ".*"
+    read: str = ".*"
+
+
+@dataclass(frozen=True, slots=True)
+class UserConfig:
+    """A user. Exactly one of ``password`` and ``password_hash`` is set."""
+
+    name: str
+    password: str | None = None
+    password_hash: str | None = None
+    loopback_only: bool = False
+    permissions: dict[str, Permission] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeConfig:
+    """An exchange to declare."""
+
+    name: str
+    type: str = "direct"
+    durable: bool = True
+    auto_delete: bool = False
+    internal: bool = False
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterConfig:
+    """Where a queue's dead letters go."""
+
+    exchange: str
+    routing_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """A queue to declare, with the reliability settings spelled as YAML keys."""
+
+    name: str
+    durable: bool = True
+    auto_delete: bool = False
+    visibility_timeout: float | None = None
+    max_deliveries: int | None = None
+    dead_letter: DeadLetterConfig | None = None
+    message_ttl: float | None = None
+    max_length: int | None = None
+    max_length_bytes: int | None = None
+    overflow: str | None = None
+    max_priority: int | None = None
+    expires: float | None = None
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+    def queue_arguments(self) -> dict[str, Any]:
+        """The ``x-`` arguments a client would declare this queue with."""
+        arguments = dict(self.arguments)
+
+        def ms(seconds: float) -> int:
+            return int(round(seconds * 1000))
+
+        if self.visibility_timeout is not None:
+            arguments["x-visibility-timeout"] = ms(self.visibility_timeout)
+        if self.max_deliveries is not None:
+            arguments["x-delivery-limit"] = self.max_deliveries
+        if self.dead_letter is not None:
+            arguments["x-dead-letter-exchange"] = self.dead_letter.exchange
+            if self.dead_letter.routing_key is not None:
+                arguments["x-dead-letter-routing-key"] = self.dead_letter.routing_key
+        if self.message_ttl is not None:
+            arguments["x-message-ttl"] = ms(self.message_ttl)
+        if self.max_length is not None:
+            arguments["x-max-length"] = self.max_length
+        if self.max_length_bytes is not None:
+            arguments["x-max-length-bytes"] = self.max_length_bytes
+        if self.overflow is not None:
+            arguments["x-overflow"] = self.overflow
+        if self.max_priority is not None:
+            arguments["x-max-priority"] = self.max_priority
+        if self.expires is not None:
+            arguments["x-expires"] = ms(self.expires)
+        return arguments
+
+
+@dataclass(frozen=True, slots=True)
+class BindingConfig:
+    """A binding from an exchange to a queue or to another exchange."""
+
+    exchange: str
+    queue: str | None = None
+    destination_exchange: str | None = None
+    routing_key: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class VhostConfig:
+    """The definitions of one virtual host."""
+
+    exchanges: tuple[ExchangeConfig, ...] = ()
+    queues: tuple[QueueConfig, ...] = ()
+    bindings: tuple[BindingConfig, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """Everything the broker is configured with."""
+
+    listen: ListenConfig = field(default_factory=ListenConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    users: tuple[UserConfig, ...] = (UserConfig("guest", password="guest", loopback_only=True),)
+    plugins: tuple[str, ...] = ()
+    vhosts: dict[str, VhostConfig] = field(default_factory=lambda: {"/": VhostConfig()})
+    source: str = "<embedded default>"

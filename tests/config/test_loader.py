@@ -1,0 +1,130 @@
+"""The strict loader: every kind of mistake is reported with file, line, key path and reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import config
+from broker.core.definitions import node_from_config
+from config.loader import ConfigError, load, loads
+
+EXAMPLE = Path(config.__file__).parent / "postroom.yaml"
+
+
+def problems(text: str) -> list[tuple[int | None, str, str]]:
+    with pytest.raises(ConfigError) as excinfo:
+        loads(text, "test.yaml")
+    return [(p.line, p.key, p.reason) for p in excinfo.value.problems]
+
+
+def test_the_example_file_loads_and_its_definitions_apply() -> None:
+    cfg = load(EXAMPLE)
+    node = node_from_config(cfg)
+    vhost = node.vhosts["/"]
+    queue = vhost.queues["orders.created"]
+    assert queue.settings.visibility_timeout == 30.0
+    assert queue.settings.delivery_limit == 5
+    assert queue.settings.dead_letter_exchange == "dlx"
+    assert queue.settings.dead_letter_routing_key == "orders.dead"
+    assert queue.settings.message_ttl == 3600.0
+    assert queue.settings.max_length == 100_000
+    assert cfg.storage.segment_bytes == 64 * 1024 * 1024
+    assert cfg.storage.archive.retention == 7 * 86400
+    assert node.authenticate("app", "secret", loopback=False) is not None
+    assert node.authenticate("app", "wrong", loopback=False) is None
+    assert node.authenticate("guest", "guest", loopback=False) is None
+
+
+def test_an_empty_file_is_the_embedded_default() -> None:
+    cfg = loads("", "empty.yaml")
+    assert cfg.listen.amqp == "tcp:5672:interface=127.0.0.1"
+    assert [u.name for u in cfg.users] == ["guest"]
+
+
+def test_unknown_keys_are_reported_with_their_line_and_path() -> None:
+    text = "listen:\n  amqp: tcp:5672\n  amqpp: tcp:5673\n"
+    ((line, key, reason),) = problems(text)
+    assert (line, key) == (3, "listen.amqpp")
+    assert reason.startswith("unknown key")
+
+
+def test_duplicate_keys_are_refused() -> None:
+    assert problems("limits:\n  frame_max: 8192\n  frame_max: 16384\n") == [(3, "limits.frame_max", "duplicate key")]
+
+
+def test_wrong_types_and_bad_units_are_all_reported_together() -> None:
+    text = """
+limits:
+  frame_max: big
+vhosts:
+  "/":
+    queues:
+      - {name: q, visibility_timeout: 30, max_length_bytes: 5 parsecs, durable: maybe}
+"""
+    found = {key: reason for _line, key, reason in problems(text)}
+    assert set(found) == {
+        "limits.frame_max",
+        "vhosts./.queues[0].visibility_timeout",
+        "vhosts./.queues[0].max_length_bytes",
+        "vhosts./.queues[0].durable",
+    }
+    assert "duration with a unit" in found["vhosts./.queues[0].visibility_timeout"]
+
+
+def test_names_must_be_strings_not_yaml_booleans() -> None:
+    ((line, key, reason),) = problems('vhosts:\n  "/":\n    queues:\n      - {name: off}\n')
+    assert (line, key) == (4, "vhosts./.queues[0].name")
+    assert "quote it" in reason
+
+
+def test_dangling_references_are_refused() -> None:
+    text = """
+vhosts:
+  "/":
+    exchanges: [{name: orders, type: topic}]
+    queues: [{name: q, dead_letter: {exchange: nowhere}}]
+    bindings:
+      - {exchange: orders, queue: missing}
+      - {exchange: audit, queue: q}
+"""
+    found = {key: reason for _line, key, reason in problems(text)}
+    assert found == {
+        "vhosts./.queues[0].dead_letter.exchange": "no exchange 'nowhere' is declared in this vhost",
+        "vhosts./.bindings[0].queue": "no queue 'missing' is declared in this vhost",
+        "vhosts./.bindings[1].exchange": "no exchange 'audit' is declared in this vhost",
+    }
+
+
+def test_conflicting_redeclarations_are_refused() -> None:
+    text = 'vhosts:\n  "/":\n    queues:\n      - {name: q}\n      - {name: q, durable: false}\n'
+    ((line, key, reason),) = problems(text)
+    assert (line, key) == (5, "vhosts./.queues[1].name")
+    assert "declared twice" in reason
+
+
+def test_a_definition_the_broker_refuses_is_reported_by_path() -> None:
+    cfg = loads('vhosts:\n  "/":\n    queues:\n      - {name: q, arguments: {x-max-priority: 1000}}\n', "t.yaml")
+    with pytest.raises(ConfigError) as excinfo:
+        node_from_config(cfg)
+    ((_, key, reason),) = [(p.line, p.key, p.reason) for p in excinfo.value.problems]
+    assert key == "vhosts./.queues[0]"
+    assert "x-max-priority" in reason
+
+
+def test_the_error_message_names_file_line_key_and_reason() -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        loads("storage:\n  fsync: sometimes\n", "broker.yaml")
+    assert "broker.yaml:2: storage.fsync: must be always, batch or never, not 'sometimes'" in str(excinfo.value)
+
+
+def test_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        load(tmp_path / "nope.yaml")
+    assert "cannot read the file" in str(excinfo.value)
+
+
+def test_invalid_yaml_is_a_config_error_with_its_line() -> None:
+    ((line, _key, reason),) = problems("listen:\n  amqp: [unclosed\n")
+    assert line is not None and reason.startswith("not valid YAML")
