@@ -16,7 +16,7 @@ Invariants:
 from __future__ import annotations
 
 import struct
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ from pamqp.base import Frame
 from broker.amqp.codec import (
     BASIC_CLASS,
     BASIC_DELIVER,
+    FLAG_DELIVERY_MODE,
     FLAG_EXPIRATION,
     FLAG_USER_ID,
     FRAME_BODY,
@@ -45,7 +46,7 @@ from broker.amqp.codec import (
     shortstr,
 )
 from broker.core.message import Message
-from broker.core.queue import GONE, UNACKED, Consumer, Entry, WorkQueue
+from broker.core.queue import UNACKED, Consumer, Entry, WorkQueue
 from broker.core.vhost import EXTEND_EXCHANGE
 from broker.errors import ChannelException, ConnectionException, ReplyCode
 
@@ -94,6 +95,8 @@ class ChannelState:
         self.confirm = False
         self._publish_seq = 0
         self.confirm_pending = 0
+        #: Confirms waiting for the log: (publish seq, log position needed, accepted), in order.
+        self._confirm_waits: deque[tuple[int, int, bool]] = deque()
         self.transactional = False
         self._tx_ops: list[Callable[[], None]] = []
         #: Delivery tags taken back by visibility timeouts, oldest first (see MAX_STALE_TAGS).
@@ -350,10 +353,10 @@ class ChannelState:
                 entry.tag = tag
                 entry.state = UNACKED
                 unacked[tag] = entry
-            else:
-                entry.state = GONE
         self._delivery_tag = tag
-        if track and count:
+        if not track:
+            consumer.queue.settle(entries)
+        elif count:
             consumer.unacked += count
             self.unacked_count += count
             queue = consumer.queue
@@ -380,7 +383,7 @@ class ChannelState:
         out.append(get_ok_method(self.id, tag, entry.redelivered, message.names, queue.message_count))
         out += content_frames(self.id, header, message.body, self.connection.frame_max)
         if method.no_ack:
-            entry.state = GONE
+            queue.settle((entry,))
             return
         entry.tag = tag
         entry.channel = self
@@ -638,6 +641,9 @@ class ChannelState:
         if exchange_name == "":
             queue = self.vhost.queues.get(routing_key)
             if queue is not None:
+                journal = queue.journal
+                if journal is not None and message.flags & FLAG_DELIVERY_MODE and message.persistent:
+                    journal.published(message, self.vhost.name, (queue.name,))
                 accepted = queue.enqueue(message)
             else:
                 accepted = True
@@ -646,7 +652,9 @@ class ChannelState:
         else:
             accepted = self._route(message, exchange_name, bits & 1)
         if self.confirm:
-            if accepted:
+            if message.wal_id or self._confirm_waits:
+                self._wait_confirm(self._publish_seq, self.vhost.journal.position if message.wal_id else 0, accepted)
+            elif accepted:
                 if not self.confirm_pending:
                     self.connection.confirming.append(self)
                 self.confirm_pending = self._publish_seq
@@ -681,6 +689,11 @@ class ChannelState:
             return self._extend(message)
         else:
             queues = self.vhost.route(exchange, message)
+        journal = self.vhost.journal
+        if journal is not None and queues and message.flags & FLAG_DELIVERY_MODE and message.persistent:
+            durable = [queue.name for queue in queues if queue.journal is not None]
+            if durable:
+                journal.published(message, self.vhost.name, durable)
         accepted = True
         for queue in queues:
             if not queue.enqueue(message):
@@ -717,6 +730,50 @@ class ChannelState:
         if self.confirm_pending:
             self.connection.out.append(ack_method(self.id, self.confirm_pending, self.confirm_pending > 1))
             self.confirm_pending = 0
+
+    def _wait_confirm(self, seq: int, position: int, accepted: bool) -> None:
+        """Hold the confirm of ``seq`` until the log is durable up to ``position`` (0: no wait of its own).
+
+        Once one confirm waits, later ones queue behind it, so a ``multiple`` ack never covers
+        a publish that is not durable yet.
+        """
+        journal = self.vhost.journal
+        if not self._confirm_waits:
+            self.flush_confirms()
+            journal.waiters.add(self)
+        self._confirm_waits.append((seq, position, accepted))
+        if position <= journal.synced:
+            self.release_confirms(journal.synced)
+
+    def release_confirms(self, position: int) -> None:
+        """Confirm waiting publishes whose records are durable (at or before ``position``)."""
+        self._settle_waits(position, refuse=False)
+
+    def refuse_confirms(self, position: int) -> None:
+        """Nack waiting publishes whose records could not be written (at or before ``position``)."""
+        self._settle_waits(position, refuse=True)
+
+    def _settle_waits(self, position: int, refuse: bool) -> None:
+        waits = self._confirm_waits
+        out = self.connection.out
+        last_ok = 0
+        while waits and waits[0][1] <= position:
+            seq, needed, accepted = waits.popleft()
+            if accepted and not (refuse and needed):
+                last_ok = seq
+                continue
+            if last_ok:
+                out.append(ack_method(self.id, last_ok, True))
+                last_ok = 0
+            out.append(nack_method(self.id, seq, False))
+        if last_ok:
+            out.append(ack_method(self.id, last_ok, True))
+        if not waits:
+            self.vhost.journal.waiters.discard(self)
+        connection = self.connection
+        if not connection.dirty:
+            connection.dirty = True
+            connection.node.mark_dirty(connection)
 
     def nack_publish(self) -> None:
         """Refuse the publish just counted (it could not be accepted)."""
@@ -767,6 +824,9 @@ class ChannelState:
         self.flush_confirms()
         if self in self.connection.confirming:
             self.connection.confirming.remove(self)
+        if self._confirm_waits and self.vhost.journal is not None:
+            self._confirm_waits.clear()
+            self.vhost.journal.waiters.discard(self)
         self._tx_ops = []
         taken, self._tx_taken = self._tx_taken, []
         self._untake(taken)

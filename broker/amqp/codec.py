@@ -176,6 +176,27 @@ def property_flags(header_payload: bytes) -> int:
     return _uint16.unpack_from(header_payload, 12)[0]
 
 
+def delivery_mode(header_payload: bytes) -> int:
+    """The ``delivery-mode`` property (2: persistent) without decoding the others, 0 when absent.
+
+    Skips ``content-type``, ``content-encoding`` and ``headers`` by their lengths: O(1).
+    """
+    flags = (header_payload[12] << 8) | header_payload[13]
+    if not flags & FLAG_DELIVERY_MODE:
+        return 0
+    offset = 14
+    try:
+        if flags & 0x8000:  # content-type
+            offset += 1 + header_payload[offset]
+        if flags & 0x4000:  # content-encoding
+            offset += 1 + header_payload[offset]
+        if flags & FLAG_HEADERS:
+            offset += 4 + int.from_bytes(header_payload[offset : offset + 4], "big")
+        return header_payload[offset]
+    except IndexError:
+        return 0
+
+
 def decode_properties(header_payload: bytes) -> commands.Basic.Properties:
     """Decode every content property of a content header payload with pamqp.
 

@@ -13,9 +13,11 @@ from typing import Any
 from pamqp import commands
 
 from broker.amqp.codec import (
+    FLAG_DELIVERY_MODE,
     FLAG_HEADERS,
     FLAG_PRIORITY,
     decode_properties,
+    delivery_mode,
     encode_content_header,
     shortstr,
 )
@@ -31,7 +33,7 @@ class Message:
     :param body: the whole body
     """
 
-    __slots__ = ("exchange", "routing_key", "names", "header", "body", "flags", "_properties")
+    __slots__ = ("exchange", "routing_key", "names", "header", "body", "flags", "_properties", "wal_id")
 
     def __init__(self, exchange: str, routing_key: str, names: bytes, header: bytes, body: bytes) -> None:
         self.exchange = exchange
@@ -42,6 +44,8 @@ class Message:
         #: The first property-flags word: which properties are present (bytes 12-13 of the header).
         self.flags = header[12] << 8 | header[13]
         self._properties: commands.Basic.Properties | None = None
+        #: Its id in the write-ahead log once recorded there (0: not recorded).
+        self.wal_id = 0
 
     @classmethod
     def build(
@@ -81,6 +85,11 @@ class Message:
         if not self.flags & FLAG_PRIORITY:
             return 0
         return self.properties.priority or 0
+
+    @property
+    def persistent(self) -> bool:
+        """Whether ``delivery_mode`` is 2 (read without decoding the other properties)."""
+        return bool(self.flags & FLAG_DELIVERY_MODE) and delivery_mode(self.header) == 2
 
     @property
     def body_size(self) -> int:

@@ -48,6 +48,7 @@ from broker.core.deadletter import DeadLetterReason, with_delivery_count
 from broker.core.message import Message
 
 if TYPE_CHECKING:
+    from broker.core.journal import Journal
     from broker.core.vhost import Exchange
 
 #: Most deliveries one dispatch makes before yielding. A consumer without a prefetch limit
@@ -350,6 +351,8 @@ class WorkQueue:
         self.on_dead_letter: Callable[[WorkQueue, list[Entry], DeadLetterReason], None] | None = None
         #: Called when ``x-expires`` finds the queue unused (the vhost deletes it).
         self.on_expired: Callable[[WorkQueue], None] | None = None
+        #: The write-ahead log's journal, for a durable queue on a broker with a log; else ``None``.
+        self.journal: Journal | None = None
         # Timers.
         self._inflight: dict[float, deque[tuple[float, Entry]]] = {}
         self._inflight_stale = 0
@@ -420,6 +423,8 @@ class WorkQueue:
     def _enqueue_checked(self, message: Message) -> bool:
         settings = self.settings
         if settings.overflow is not Overflow.DROP_HEAD and self._full(extra=len(message.body)):
+            if self.journal is not None and message.wal_id:
+                self.journal.removed_ids(self.vhost_name, self.name, (message.wal_id,))
             if settings.overflow is Overflow.REJECT_PUBLISH_DLX:
                 entry = Entry(message, self)
                 entry.state = GONE
@@ -437,7 +442,7 @@ class WorkQueue:
             entry.expires_at = now + ttl
             if ttl <= 0 and not self._deliver_now(entry):
                 # TTL 0: delivered straight away or not at all (RabbitMQ's rule).
-                entry.state = GONE
+                self.settle((entry,))
                 self._dead_letter([entry], DeadLetterReason.EXPIRED)
                 return True
             if entry.state == READY:
@@ -490,9 +495,9 @@ class WorkQueue:
             entry = self._pop_ready()
             if entry is None:
                 break
-            entry.state = GONE
             dropped.append(entry)
         if dropped:
+            self.settle(dropped)
             self._dead_letter(dropped, DeadLetterReason.MAXLEN)
 
     def _pop_ready(self) -> Entry | None:
@@ -550,6 +555,12 @@ class WorkQueue:
             if self._track_bytes:
                 self.ready_bytes += len(entry.message.body)
         self.redelivered += len(back)
+        journal = self.journal
+        if journal is not None:
+            for entry in back:
+                journal.delivery_counted(self, entry)
+            if over or expired:
+                journal.removed(self, over + expired)
         if over:
             self._dead_letter(over, DeadLetterReason.DELIVERY_LIMIT)
         if expired:
@@ -560,7 +571,7 @@ class WorkQueue:
             self.dispatch()
 
     def settle(self, entries: Iterable[Entry]) -> None:
-        """Entries were acked (or delivered without ack): they are gone for good."""
+        """Entries were acked (or delivered without ack, or dropped): they are gone for good."""
         for entry in entries:
             entry.state = GONE
             if entry.deadline is not None:
@@ -568,6 +579,8 @@ class WorkQueue:
                 self._inflight_stale += 1
         if self._inflight_stale > COMPACT_AFTER:
             self._compact()
+        if self.journal is not None:
+            self.journal.removed(self, entries)
 
     def reject(self, entries: list[Entry]) -> None:
         """Nack/reject without requeue: dead-letter (reason ``rejected``) or drop."""
@@ -592,8 +605,7 @@ class WorkQueue:
     def purge(self) -> int:
         """Drop every ready message; return how many (unacked ones stay, as in RabbitMQ)."""
         count = self.message_count
-        for entry in self._ready:
-            entry.state = GONE
+        self.settle([entry for entry in self._ready if entry.state == READY])
         self._ready.clear()
         self._gone_in_ready = 0
         self.ready_bytes = 0
@@ -776,9 +788,9 @@ class WorkQueue:
                 expired.append(entry)
         if expired:
             for entry in expired:
-                entry.state = GONE
                 if self._track_bytes:
                     self.ready_bytes -= len(entry.message.body)
+            self.settle(expired)
             self._gone_in_ready += len(expired)
             self._dead_letter(expired, DeadLetterReason.EXPIRED)
             if self._gone_in_ready == len(self._ready):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.core.deadletter import DeadLetterReason, dead_lettered, is_cycle
 from broker.core.message import Message
@@ -16,6 +16,9 @@ from broker.core.queue import MAX_PRIORITY, Entry, QueueSettings, Scheduler, Wor
 from broker.errors import ChannelException, ReplyCode
 from exchanges.interfaces import BindingInvalid, IRouter
 from exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType, default_registry
+
+if TYPE_CHECKING:
+    from broker.core.journal import Journal
 
 #: The exchanges every virtual host has, as in RabbitMQ.
 STANDARD_EXCHANGES = (
@@ -136,6 +139,8 @@ class VirtualHost:
         self.registry = registry or default_registry()
         self._rng = rng or random.Random()
         self.clock = clock
+        #: The write-ahead log's journal (``None``: nothing is persisted).
+        self.journal: Journal | None = None
         #: Dead-lettered messages dropped: no such dead-letter exchange, or a cycle.
         self.dead_letters_dropped = 0
         self.exchanges: dict[str, Exchange] = {}
@@ -256,7 +261,10 @@ class VirtualHost:
             raise ChannelException(
                 ReplyCode.PRECONDITION_FAILED, f"invalid arg 'alternate-exchange' for exchange '{name}': not a string"
             )
-        return self._add_exchange(name, type_name, durable, auto_delete, internal, arguments)
+        exchange = self._add_exchange(name, type_name, durable, auto_delete, internal, arguments)
+        if durable and self.journal is not None:
+            self.journal.exchange_declared(self.name, name, type_name, auto_delete, internal, arguments)
+        return exchange
 
     def delete_exchange(self, name: str, if_unused: bool = False) -> None:
         """``exchange.delete``: remove an exchange and every binding to or from it.
@@ -282,6 +290,8 @@ class VirtualHost:
 
     def _remove_exchange(self, exchange: Exchange) -> None:
         del self.exchanges[exchange.name]
+        if exchange.durable and self.journal is not None:
+            self.journal.exchange_deleted(self.name, exchange.name)
         for destination, _key, _arguments in list(exchange.router.bindings()):
             destination.sources.discard(exchange)  # type: ignore[attr-defined]
         for source in list(exchange.sources):
@@ -302,13 +312,28 @@ class VirtualHost:
 
     def _bind(self, source: Exchange, destination: Hashable, routing_key: str, arguments: Mapping[str, Any]) -> None:
         try:
-            source.router.bind(destination, routing_key, arguments)
+            new = source.router.bind(destination, routing_key, arguments)
         except BindingInvalid as err:
             raise ChannelException(ReplyCode.PRECONDITION_FAILED, str(err)) from err
         destination.sources.add(source)  # type: ignore[attr-defined]
+        if new:
+            self._journal_binding(True, source, destination, routing_key, arguments)
+
+    def _journal_binding(
+        self, bound: bool, source: Exchange, destination: Any, routing_key: str, arguments: Mapping[str, Any]
+    ) -> None:
+        """Record a binding whose ends are both durable (RabbitMQ's rule for durable bindings)."""
+        journal = self.journal
+        to_queue = isinstance(destination, WorkQueue)
+        durable_end = destination.journal is not None if to_queue else destination.durable
+        if journal is None or not source.durable or not durable_end:
+            return
+        record = journal.bound if bound else journal.unbound
+        record(self.name, source.name, destination.name, to_queue, routing_key, arguments)
 
     def _unbind(self, source: Exchange, destination: Hashable, routing_key: str, arguments: Mapping[str, Any]) -> None:
-        source.router.unbind(destination, routing_key, arguments)
+        if source.router.unbind(destination, routing_key, arguments):
+            self._journal_binding(False, source, destination, routing_key, arguments)
         if not any(bound is destination for bound, _k, _a in source.router.bindings()):
             destination.sources.discard(source)  # type: ignore[attr-defined]
         self._maybe_auto_delete(source)
@@ -416,6 +441,9 @@ class VirtualHost:
         queue.on_dead_letter = self._dead_letter
         queue.on_expired = self.remove_queue
         self.queues[name] = queue
+        if durable and not exclusive and self.journal is not None:
+            queue.journal = self.journal
+            self.journal.queue_declared(self.name, name, auto_delete, arguments)
         return queue
 
     def _check_equivalent(
@@ -466,6 +494,8 @@ class VirtualHost:
         del self.queues[queue.name]
         queue.deleted = True
         queue.cancel_timers()
+        if queue.journal is not None:
+            queue.journal.queue_deleted(self.name, queue.name)
         for source in list(queue.sources):
             source.router.unbind_all(queue)
             self._maybe_auto_delete(source)
@@ -501,6 +531,9 @@ class VirtualHost:
             targets = [target for target in self.route(exchange, message) if not is_cycle(message, target.name, reason)]
             if not targets:
                 self.dead_letters_dropped += 1
+            durable = [target.name for target in targets if target.journal is not None]
+            if durable and self.journal is not None and message.persistent:
+                self.journal.published(message, self.name, durable)
             for target in targets:
                 target.enqueue(message)
 
