@@ -6,16 +6,20 @@ No Twisted here: these helpers work on the sans-IO core.
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Iterable
 from typing import Any
 
 from pamqp import commands, frame
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
+from zope.interface import implementer
 
 from broker.amqp.codec import PROTOCOL_HEADER
 from broker.amqp.connection import ServerConnection
 from broker.core.node import Node
+from broker.wal.files import ISegmentStorage
 
 
 class FramePump:
@@ -143,3 +147,176 @@ def described(values: Iterable[Any]) -> list[tuple[str, dict[str, Any]]]:
         else:
             described.append((value.name, dict(value)))
     return described
+
+
+class _MemorySegment:
+    """One segment in memory: what a reader sees (the page cache) and what survives power loss (the disk)."""
+
+    __slots__ = ("cache", "disk", "dirty_from")
+
+    def __init__(self, cache: bytes = b"", disk: bytes = b"") -> None:
+        self.cache = bytearray(cache)
+        self.disk = bytearray(disk)
+        #: cache[dirty_from:] has not been written to disk; dirty_from <= len(cache) always.
+        self.dirty_from = len(cache)
+
+    def flush(self) -> None:
+        """Write the dirty bytes to disk, as fsync does."""
+        if len(self.disk) < self.dirty_from:
+            # Pages dropped by an earlier failed fsync never reached the disk: a hole of zeros.
+            self.disk += bytes(self.dirty_from - len(self.disk))
+        del self.disk[self.dirty_from :]
+        self.disk += self.cache[self.dirty_from :]
+        self.dirty_from = len(self.cache)
+
+
+@implementer(ISegmentStorage)
+class MemorySegmentStorage:
+    """An in-memory :class:`~broker.wal.files.ISegmentStorage` with fault injection and power loss.
+
+    Each segment has a cache (what :meth:`read` returns) and a disk (what :meth:`crash` keeps).
+    Bytes reach the disk on :meth:`sync`, and :meth:`create` and :meth:`truncate` are durable on
+    return, as the interface promises. A failed sync behaves like Linux after a writeback
+    error: the dirty bytes are marked clean without reaching the disk, so a later successful
+    sync does not save them (they come back as zeros if later bytes are synced after them).
+
+    :param archive: keep retired segments in :attr:`archived` instead of deleting them
+    """
+
+    #: Operations :meth:`fail_next` can fail: every method of the interface that does I/O.
+    OPERATIONS = frozenset({"list_segments", "read", "create", "append", "sync", "size", "truncate", "retire"})
+
+    def __init__(self, archive: bool = False) -> None:
+        self.archive = archive
+        #: Retired segments' durable bytes, by number (when ``archive`` is set).
+        self.archived: dict[int, bytes] = {}
+        self._segments: dict[int, _MemorySegment] = {}
+        self._faults: dict[str, list[tuple[OSError, int]]] = {}
+        #: Every call as ``(operation, number)``, for tests that assert on what the log did.
+        self.calls: list[tuple[str, int | None]] = []
+
+    # -- fault injection and inspection -----------------------------------------------------
+
+    def fail_next(self, operation: str, error: OSError, written: int = 0) -> None:
+        """Make the next call of ``operation`` raise ``error`` (calls queue up in order).
+
+        :param operation: a name in :attr:`OPERATIONS`
+        :param written: for ``append``, how many bytes of the data to write before failing (a
+            short write, as at ENOSPC)
+        :raises ValueError: unknown operation
+        """
+        if operation not in self.OPERATIONS:
+            raise ValueError(f"cannot fail {operation!r}; one of {sorted(self.OPERATIONS)}")
+        self._faults.setdefault(operation, []).append((error, written))
+
+    def _call(self, operation: str, number: int | None) -> tuple[OSError, int] | None:
+        self.calls.append((operation, number))
+        faults = self._faults.get(operation)
+        return faults.pop(0) if faults else None
+
+    def _segment(self, number: int) -> _MemorySegment:
+        try:
+            return self._segments[number]
+        except KeyError:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), f"segment {number}") from None
+
+    def synced_size(self, number: int) -> int:
+        """How many bytes of segment ``number`` would survive a power loss now."""
+        return len(self._segment(number).disk)
+
+    def durable(self, number: int) -> bytes:
+        """The bytes of segment ``number`` that would survive a power loss now."""
+        return bytes(self._segment(number).disk)
+
+    def crash(self) -> MemorySegmentStorage:
+        """A new storage holding only what is on disk: the state after a power loss here."""
+        survivor = MemorySegmentStorage(archive=self.archive)
+        survivor.archived = dict(self.archived)
+        for number, segment in self._segments.items():
+            survivor._segments[number] = _MemorySegment(segment.disk, segment.disk)
+        return survivor
+
+    def corrupt(self, number: int, offset: int, data: bytes) -> None:
+        """Overwrite bytes of segment ``number`` at ``offset``, in cache and on disk (bit rot, a bad sector)."""
+        segment = self._segment(number)
+        for view in (segment.cache, segment.disk):
+            if offset < len(view):
+                view[offset : offset + len(data)] = data[: len(view) - offset]
+
+    def put(self, number: int, data: bytes) -> None:
+        """Store segment ``number`` with exactly ``data``, durable (to set up a test)."""
+        self._segments[number] = _MemorySegment(data, data)
+
+    # -- ISegmentStorage ----------------------------------------------------------------------
+
+    def list_segments(self) -> list[int]:
+        """The numbers of the segments, ascending."""
+        fault = self._call("list_segments", None)
+        if fault:
+            raise fault[0]
+        return sorted(self._segments)
+
+    def read(self, number: int) -> bytes:
+        """The whole content of segment ``number`` (as the page cache has it)."""
+        fault = self._call("read", number)
+        segment = self._segment(number)
+        if fault:
+            raise fault[0]
+        return bytes(segment.cache)
+
+    def create(self, number: int, header: bytes) -> None:
+        """Create segment ``number`` holding ``header``, durably."""
+        fault = self._call("create", number)
+        if fault:
+            raise fault[0]
+        if number in self._segments:
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), f"segment {number}")
+        self._segments[number] = _MemorySegment(header, header)
+
+    def append(self, number: int, data: bytes) -> None:
+        """Append ``data``; a fault writes its ``written`` bytes first."""
+        fault = self._call("append", number)
+        segment = self._segment(number)
+        if fault:
+            error, written = fault
+            segment.cache += data[:written]
+            raise error
+        segment.cache += data  # bytes past dirty_from (always <= len(cache)) are dirty
+
+    def sync(self, number: int) -> None:
+        """Write the dirty bytes to disk; a fault drops them instead (marks them clean)."""
+        fault = self._call("sync", number)
+        segment = self._segment(number)
+        if fault:
+            segment.dirty_from = len(segment.cache)
+            raise fault[0]
+        segment.flush()
+
+    def size(self, number: int) -> int:
+        """The size of segment ``number`` in bytes."""
+        fault = self._call("size", number)
+        segment = self._segment(number)
+        if fault:
+            raise fault[0]
+        return len(segment.cache)
+
+    def truncate(self, number: int, size: int) -> None:
+        """Cut segment ``number`` to ``size`` bytes, durably."""
+        fault = self._call("truncate", number)
+        segment = self._segment(number)
+        if fault:
+            raise fault[0]
+        del segment.cache[size:]
+        segment.dirty_from = min(segment.dirty_from, size)
+        segment.flush()
+
+    def retire(self, number: int) -> None:
+        """Move segment ``number`` to :attr:`archived` (durable bytes only) or delete it."""
+        fault = self._call("retire", number)
+        segment = self._segment(number)
+        if fault:
+            raise fault[0]
+        segment.flush()
+        if self.archive:
+            self.archived[number] = bytes(segment.disk)
+        del self._segments[number]

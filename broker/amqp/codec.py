@@ -321,6 +321,14 @@ def decode_table(raw: bytes) -> dict[str, Any]:
     return table
 
 
+def decode_field_table(raw: bytes) -> dict[str, Any]:
+    """Decode an AMQP field table given with its 4-byte length prefix; ``b""`` is the empty table."""
+    if not raw:
+        return {}
+    _, table = decode.field_table(raw)
+    return table
+
+
 def encode_table(table: dict[str, Any]) -> bytes:
     """Encode an AMQP field table with its length prefix."""
     return encode.field_table(table)

@@ -8,15 +8,32 @@ arguments) is reported with its key path, as in the file.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from broker.amqp.codec import decode_field_table, shortstr
+from broker.core.message import Message
 from broker.core.node import Limits, Node, Scheduler, User
 from broker.core.vhost import VirtualHost
 from broker.errors import AMQPError
+from broker.wal.recovery import Snapshot
 from config.loader import ConfigError, Problem
 from config.schema import BrokerConfig, VhostConfig
 
+if TYPE_CHECKING:
+    from broker.core.journal import Journal
 
-def node_from_config(config: BrokerConfig, clock: Scheduler | None = None) -> Node:
-    """A node with the configuration's limits, users and virtual hosts, definitions applied.
+
+def node_from_config(
+    config: BrokerConfig,
+    clock: Scheduler | None = None,
+    journal: Journal | None = None,
+    snapshot: Snapshot | None = None,
+) -> Node:
+    """A node with the configuration's limits, users and virtual hosts.
+
+    With a ``journal``, durable state is recorded from now on; a ``snapshot`` (what the log
+    held at start) is restored first, then the configuration's definitions are applied on
+    top (declaring what already exists changes nothing).
 
     :raises ConfigError: a definition was refused by the broker.
     """
@@ -42,6 +59,10 @@ def node_from_config(config: BrokerConfig, clock: Scheduler | None = None) -> No
         ),
         clock=clock,
     )
+    if journal is not None:
+        node.set_journal(journal)
+    if snapshot is not None:
+        restore_snapshot(node, snapshot)
     apply_definitions(node, config)
     return node
 
@@ -53,11 +74,7 @@ def apply_definitions(node: Node, config: BrokerConfig) -> None:
     """
     problems: list[Problem] = []
     for vhost_name, definitions in config.vhosts.items():
-        vhost = node.vhosts.get(vhost_name)
-        if vhost is None:
-            vhost = node.vhosts[vhost_name] = VirtualHost(vhost_name, node.registry, node.rng, node.clock)
-            vhost.on_backlog = node.note_backlog
-        problems += _apply_vhost(vhost, definitions, f"vhosts.{vhost_name}")
+        problems += _apply_vhost(_vhost(node, vhost_name), definitions, f"vhosts.{vhost_name}")
     if problems:
         raise ConfigError(config.source, problems)
 
@@ -103,3 +120,74 @@ def _apply_vhost(vhost: VirtualHost, definitions: VhostConfig, path: str) -> lis
 
 def _refused(path: str, error: AMQPError) -> Problem:
     return Problem(None, path, f"refused by the broker: {error.reply_text}")
+
+
+def restore_snapshot(node: Node, snapshot: Snapshot) -> int:
+    """Rebuild the durable state a log described: topology first, then each queue's messages.
+
+    Nothing is recorded again while restoring. Recovered messages are marked redelivered
+    (a consumer may have seen them before the restart), keep their delivery counts, and keep
+    their TTL counted from when they were first published.
+
+    :returns: the number of messages restored (one per queue holding it)
+    """
+    journal = node.journal
+    if journal is not None:
+        journal.replaying = True
+    try:
+        for (vhost_name, _name), exchange in snapshot.exchanges.items():
+            _vhost(node, vhost_name).declare_exchange(
+                exchange.name,
+                exchange.type,
+                durable=True,
+                auto_delete=exchange.auto_delete,
+                internal=exchange.internal,
+                arguments=decode_field_table(exchange.arguments),
+            )
+        for (vhost_name, _name), queue in snapshot.queues.items():
+            _vhost(node, vhost_name).declare_queue(
+                queue.name,
+                None,
+                durable=True,
+                auto_delete=queue.auto_delete,
+                arguments=decode_field_table(queue.arguments),
+            )
+        for binding in snapshot.bindings.values():
+            vhost = _vhost(node, binding.vhost)
+            arguments = decode_field_table(binding.arguments)
+            if binding.destination_is_queue:
+                vhost.bind_queue(binding.destination, binding.source, binding.routing_key, arguments, None)
+            else:
+                vhost.bind_exchange(binding.destination, binding.source, binding.routing_key, arguments)
+        messages: dict[int, Message] = {}
+        restored = 0
+        for (vhost_name, queue_name), stored in snapshot.messages.items():
+            queue = _vhost(node, vhost_name).queues.get(queue_name)
+            if queue is None:
+                continue
+            for message_id, item in stored.items():
+                message = messages.get(message_id)
+                if message is None:
+                    record = item.record
+                    message = Message(
+                        record.exchange,
+                        record.routing_key,
+                        shortstr(record.exchange) + shortstr(record.routing_key),
+                        record.header,
+                        record.body,
+                    )
+                    message.wal_id = message_id
+                    messages[message_id] = message
+                queue.restore(message, item.delivery_count, item.record.timestamp)
+                restored += 1
+        return restored
+    finally:
+        if journal is not None:
+            journal.replaying = False
+
+
+def _vhost(node: Node, name: str) -> VirtualHost:
+    vhost = node.vhosts.get(name)
+    if vhost is None:
+        vhost = node.add_vhost(name)
+    return vhost

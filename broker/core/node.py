@@ -15,10 +15,13 @@ import random
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.core.queue import Scheduler, WorkQueue
 from broker.core.vhost import VirtualHost
+
+if TYPE_CHECKING:
+    from broker.core.journal import Journal
 from exchanges.registry import ExchangeTypeRegistry, default_registry
 
 #: Server limits a client can push on, each with the reason for its value.
@@ -104,19 +107,33 @@ class Node:
 
     def __post_init__(self) -> None:
         self.users_by_name: dict[str, User] = {user.name: user for user in self.users}
-        self.vhosts: dict[str, VirtualHost] = {
-            name: VirtualHost(name, self.registry, self.rng, self.clock) for name in self.vhost_names
-        }
+        #: The write-ahead log's journal; ``None`` keeps everything in memory only.
+        self.journal: Journal | None = None
+        self.vhosts: dict[str, VirtualHost] = {}
+        for name in self.vhost_names:
+            self.add_vhost(name)
         #: Event counts for metrics: stale_acks, stale_extends.
         self.counters: Counter[str] = Counter()
-        for vhost in self.vhosts.values():
-            vhost.on_backlog = self.note_backlog
         self.connections: set[Any] = set()
         self.dirty: set[Any] = set()
         #: Queues whose last dispatch stopped at its batch limit; the shell dispatches them again.
         self.backlogged: set[WorkQueue] = set()
         #: Called when the dirty set becomes non-empty outside of the shell's own I/O handling.
         self.on_dirty: Callable[[], None] | None = None
+
+    def add_vhost(self, name: str) -> VirtualHost:
+        """Create a virtual host (with the node's clock and journal) and return it."""
+        vhost = VirtualHost(name, self.registry, self.rng, self.clock)
+        vhost.on_backlog = self.note_backlog
+        vhost.journal = self.journal
+        self.vhosts[name] = vhost
+        return vhost
+
+    def set_journal(self, journal: Journal) -> None:
+        """Persist durable state from now on: every vhost records into ``journal``."""
+        self.journal = journal
+        for vhost in self.vhosts.values():
+            vhost.journal = journal
 
     def set_clock(self, clock: Scheduler) -> None:
         """Give the node (and its virtual hosts, for queues declared from now on) a clock."""

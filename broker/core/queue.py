@@ -460,6 +460,25 @@ class WorkQueue:
             self.dispatch()
         return True
 
+    def restore(self, message: Message, delivery_count: int, published_at: float) -> None:
+        """Put back a message recovered from the log, at the tail, marked redelivered.
+
+        Its TTL still counts from ``published_at``; one already past expires at the next tick.
+        """
+        entry = Entry(message, self)
+        entry.redelivered = True
+        entry.delivery_count = delivery_count
+        if delivery_count:
+            entry.header = with_delivery_count(message, delivery_count)
+        ttl = self.settings.message_ttl
+        per_message = _expiration(message)
+        if per_message is not None and (ttl is None or per_message < ttl):
+            ttl = per_message
+        self._append_ready(entry)
+        if ttl is not None:
+            entry.expires_at = published_at + ttl
+            self._push(entry.expires_at, _EXPIRY, entry)
+
     def _deliver_now(self, entry: Entry) -> bool:
         """Deliver ``entry`` at once if nothing is waiting and a consumer can take it."""
         consumers = self._consumers

@@ -24,7 +24,7 @@ def test_listen_options_accumulate() -> None:
 def test_service_listens_on_each_endpoint() -> None:
     reactor = MemoryReactorClock()
     service = make_broker_service(
-        reactor, amqp_endpoints=["tcp:5673:interface=127.0.0.1", "tcp:5674:interface=127.0.0.1"]
+        reactor, amqp_endpoints=["tcp:5673:interface=127.0.0.1", "tcp:5674:interface=127.0.0.1"], persist=False
     )
     service.startService()
     assert [(port, interface) for port, _f, _b, interface in reactor.tcpServers] == [

@@ -1,0 +1,183 @@
+"""The broker's side of the write-ahead log: what to record, and when confirms may go out.
+
+The model (virtual hosts, queues, channels) tells the :class:`Journal` about durable changes:
+topology of durable exchanges, queues and bindings; persistent messages entering durable
+queues; their removal (ack, reject, expiry, overflow, purge); returns that change a delivery
+count. The journal encodes each as a log record into a pending buffer and moves its
+*position* (bytes encoded so far) forward. The shell hands the pending bytes to a writer
+thread, which appends and fsyncs them (one fsync for everything pending: a group commit),
+then reports the position that is now durable with :meth:`Journal.synced_to`. Channels
+waiting to confirm publishes up to that position are released then, never before.
+
+Messages get ids 1, 2, 3 ... (continuing after recovery); a message routed to several
+durable queues is one ``Published`` record naming them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from broker.amqp.codec import encode_table
+from broker.wal.record import (
+    Bound,
+    DeliveryCounted,
+    ExchangeDeclared,
+    ExchangeDeleted,
+    Published,
+    QueueDeclared,
+    QueueDeleted,
+    Removed,
+    Unbound,
+    encode,
+)
+
+if TYPE_CHECKING:
+    from broker.core.message import Message
+    from broker.core.queue import Entry, WorkQueue
+
+
+class ConfirmWaiter(Protocol):
+    """A channel with publisher confirms waiting for the log."""
+
+    def release_confirms(self, position: int) -> None:
+        """Confirm every publish whose records are at or before ``position``."""
+
+    def refuse_confirms(self, position: int) -> None:
+        """Nack every waiting publish whose records are at or before ``position`` (the write failed)."""
+
+
+def _table(arguments: Mapping[str, Any]) -> bytes:
+    return encode_table(dict(arguments)) if arguments else b""
+
+
+class Journal:
+    """Pending log records, message ids, and the encoded/durable positions.
+
+    :param next_message_id: the first id to hand out (after recovery: the largest seen + 1)
+    """
+
+    def __init__(self, next_message_id: int = 1, clock: Callable[[], float] | None = None) -> None:
+        self._pending: list[bytes] = []
+        self._next_id = next_message_id
+        self._clock = clock or (lambda: 0.0)
+        #: Bytes encoded so far: a publish is durable once :attr:`synced` reaches its position.
+        self.position = 0
+        #: Position the writer has made durable (or written, with ``fsync: never``).
+        self.synced = 0
+        #: Called when records become pending and none were before (the shell schedules a write).
+        self.on_pending: Callable[[], None] | None = None
+        #: Channels with confirms waiting for :attr:`synced` to move.
+        self.waiters: set[ConfirmWaiter] = set()
+        #: While recovering, nothing is recorded (the records are already in the log).
+        self.replaying = False
+
+    # -- recording ------------------------------------------------------------------------------
+
+    def _add(self, data: bytes) -> None:
+        if self.replaying:
+            return
+        first = not self._pending
+        self._pending.append(data)
+        self.position += len(data)
+        if first and self.on_pending is not None:
+            self.on_pending()
+
+    def published(self, message: Message, vhost: str, queues: Iterable[str]) -> int:
+        """Record a persistent message entering durable ``queues``; return its id."""
+        if message.wal_id:
+            message_id = message.wal_id
+        else:
+            message_id = message.wal_id = self._next_id
+            self._next_id += 1
+        self._add(
+            encode(
+                Published(
+                    message_id,
+                    vhost,
+                    tuple(queues),
+                    message.exchange,
+                    message.routing_key,
+                    self._clock(),
+                    message.header,
+                    message.body,
+                )
+            )
+        )
+        return message_id
+
+    def removed(self, queue: WorkQueue, entries: Iterable[Entry]) -> None:
+        """Record that entries of journaled messages left ``queue`` for good."""
+        ids = tuple(entry.message.wal_id for entry in entries if entry.message.wal_id)
+        if ids:
+            self._add(encode(Removed(queue.vhost_name, queue.name, ids)))
+
+    def removed_ids(self, vhost: str, queue: str, ids: tuple[int, ...]) -> None:
+        """Record that messages left ``queue`` by id (a refused publish)."""
+        if ids:
+            self._add(encode(Removed(vhost, queue, ids)))
+
+    def delivery_counted(self, queue: WorkQueue, entry: Entry) -> None:
+        """Record a return that raised an entry's delivery count."""
+        if entry.message.wal_id:
+            self._add(encode(DeliveryCounted(queue.vhost_name, queue.name, entry.message.wal_id, entry.delivery_count)))
+
+    def exchange_declared(
+        self,
+        vhost: str,
+        name: str,
+        type_name: str,
+        auto_delete: bool,
+        internal: bool,
+        arguments: Mapping[str, Any],
+    ) -> None:
+        """Record a new durable exchange."""
+        self._add(encode(ExchangeDeclared(vhost, name, type_name, True, auto_delete, internal, _table(arguments))))
+
+    def exchange_deleted(self, vhost: str, name: str) -> None:
+        """Record the deletion of a durable exchange (its bindings go with it)."""
+        self._add(encode(ExchangeDeleted(vhost, name)))
+
+    def queue_declared(self, vhost: str, name: str, auto_delete: bool, arguments: Mapping[str, Any]) -> None:
+        """Record a new durable queue."""
+        self._add(encode(QueueDeclared(vhost, name, True, auto_delete, _table(arguments))))
+
+    def queue_deleted(self, vhost: str, name: str) -> None:
+        """Record the deletion of a durable queue (its messages and bindings go with it)."""
+        self._add(encode(QueueDeleted(vhost, name)))
+
+    def bound(
+        self, vhost: str, source: str, destination: str, to_queue: bool, routing_key: str, arguments: Mapping[str, Any]
+    ) -> None:
+        """Record a binding between durable ends."""
+        self._add(encode(Bound(vhost, source, destination, to_queue, routing_key, _table(arguments))))
+
+    def unbound(
+        self, vhost: str, source: str, destination: str, to_queue: bool, routing_key: str, arguments: Mapping[str, Any]
+    ) -> None:
+        """Record the removal of a binding between durable ends."""
+        self._add(encode(Unbound(vhost, source, destination, to_queue, routing_key, _table(arguments))))
+
+    # -- the writer's side ----------------------------------------------------------------------
+
+    @property
+    def has_pending(self) -> bool:
+        """Whether records wait to be written."""
+        return bool(self._pending)
+
+    def take(self) -> tuple[bytes, int]:
+        """Everything pending, and the position it reaches once written."""
+        data = b"".join(self._pending)
+        self._pending.clear()
+        return data, self.position
+
+    def synced_to(self, position: int) -> None:
+        """The log is durable up to ``position``: release the confirms waiting for it."""
+        self.synced = max(self.synced, position)
+        for waiter in list(self.waiters):
+            waiter.release_confirms(self.synced)
+
+    def failed(self, position: int) -> None:
+        """Writing up to ``position`` failed: refuse the confirms waiting for it."""
+        for waiter in list(self.waiters):
+            waiter.refuse_confirms(position)

@@ -1,0 +1,222 @@
+"""Segment storage: the one module of Postroom that touches the disk.
+
+:class:`ISegmentStorage` is the seam between the write-ahead log and the file system;
+:class:`DirectoryStorage` implements it over one directory of segment files with ``os.open``,
+``os.write`` and ``os.fsync``, and ``broker.testing.MemorySegmentStorage`` implements it in
+memory, with fault injection and simulated power loss, for the tests.
+
+Errors are plain :exc:`OSError`: the log passes them up and the broker turns ``ENOSPC`` or
+``EIO`` into nacks. Durability follows the usual POSIX rules: data is on disk after ``fsync``
+of the file, and a new or removed name after ``fsync`` of its directory.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+
+from zope.interface import Interface, implementer
+
+__all__ = ["ISegmentStorage", "DirectoryStorage", "segment_name"]
+
+
+class ISegmentStorage(Interface):
+    """Numbered, append-only segment files.
+
+    Every method may raise :exc:`OSError`. A segment that does not exist raises
+    :exc:`FileNotFoundError`.
+    """
+
+    def list_segments() -> list[int]:
+        """The numbers of the existing segments, ascending."""
+
+    def read(number: int) -> bytes:
+        """The whole content of segment ``number``."""
+
+    def create(number: int, header: bytes) -> None:
+        """Create segment ``number`` holding ``header``; durable (file and directory synced) on return.
+
+        Raises :exc:`FileExistsError` if the segment exists.
+        """
+
+    def append(number: int, data: bytes) -> None:
+        """Append all of ``data`` to segment ``number`` (not synced).
+
+        On error some prefix of ``data`` may have been written.
+        """
+
+    def sync(number: int) -> None:
+        """Make everything appended to segment ``number`` durable (``fsync``)."""
+
+    def size(number: int) -> int:
+        """The size of segment ``number`` in bytes."""
+
+    def truncate(number: int, size: int) -> None:
+        """Cut segment ``number`` to ``size`` bytes; durable on return."""
+
+    def retire(number: int) -> None:
+        """Move segment ``number`` to the archive, if there is one, else delete it; durable on return."""
+
+
+#: A segment's file name: its number, zero-padded so names sort like numbers (a u64 has 20 digits).
+_NAME = re.compile(r"^(\d{20})\.wal$")
+
+
+def segment_name(number: int) -> str:
+    """The file name of segment ``number``: ``00000000000000000001.wal``."""
+    return f"{number:020d}.wal"
+
+
+def _sync_directory(path: str) -> None:
+    """``fsync`` a directory, making names created, renamed or removed in it durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until all of ``data`` is written (a write may be short, e.g. near ENOSPC)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+@implementer(ISegmentStorage)
+class DirectoryStorage:
+    """Segment files ``<number:020d>.wal`` in ``path``; retired ones go to ``archive_path``.
+
+    Both directories are created if missing. Open segments keep a file descriptor (opened
+    ``O_APPEND``) until retired or :meth:`close`; the log appends to one segment at a time, so
+    that is one or two descriptors.
+
+    :param path: directory of the live segments
+    :param archive_path: directory for retired segments (read by the Spark job), or None to
+        delete them
+    """
+
+    def __init__(self, path: str | os.PathLike[str], archive_path: str | os.PathLike[str] | None = None) -> None:
+        self.path = os.fspath(path)
+        self.archive_path = None if archive_path is None else os.fspath(archive_path)
+        os.makedirs(self.path, exist_ok=True)
+        if self.archive_path is not None:
+            os.makedirs(self.archive_path, exist_ok=True)
+        self._fds: dict[int, int] = {}
+
+    def _path(self, number: int) -> str:
+        return os.path.join(self.path, segment_name(number))
+
+    def _fd(self, number: int) -> int:
+        fd = self._fds.get(number)
+        if fd is None:
+            fd = self._fds[number] = os.open(self._path(number), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        return fd
+
+    def list_segments(self) -> list[int]:
+        """The numbers of the segment files in the directory, ascending; other files are ignored."""
+        numbers = []
+        for name in os.listdir(self.path):
+            match = _NAME.match(name)
+            if match is not None:
+                numbers.append(int(match.group(1)))
+        return sorted(numbers)
+
+    def read(self, number: int) -> bytes:
+        """The whole content of segment ``number``."""
+        with open(self._path(number), "rb", buffering=0) as file:
+            return file.read()
+
+    def create(self, number: int, header: bytes) -> None:
+        """Create segment ``number`` holding ``header``, then fsync it and the directory.
+
+        If any step fails the file is removed again (best effort), so a retry can create it.
+
+        :raises FileExistsError: the segment exists
+        """
+        path = self._path(number)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            _write_all(fd, header)
+            os.fsync(fd)
+            _sync_directory(self.path)
+        except BaseException:
+            os.close(fd)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass  # the original error is the one to report
+            raise
+        self._fds[number] = fd
+
+    def append(self, number: int, data: bytes) -> None:
+        """Append all of ``data`` to segment ``number``; on error a prefix may be written."""
+        _write_all(self._fd(number), data)
+
+    def sync(self, number: int) -> None:
+        """``fsync`` segment ``number``."""
+        os.fsync(self._fd(number))
+
+    def size(self, number: int) -> int:
+        """The size of segment ``number`` in bytes."""
+        fd = self._fds.get(number)
+        return os.fstat(fd).st_size if fd is not None else os.stat(self._path(number)).st_size
+
+    def truncate(self, number: int, size: int) -> None:
+        """Cut segment ``number`` to ``size`` bytes and fsync it."""
+        fd = self._fd(number)
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+
+    def retire(self, number: int) -> None:
+        """Move segment ``number`` into the archive directory (or delete it), durably.
+
+        The archive copy is durable before the live name goes, so a crash in between leaves
+        the segment in both places (retiring it again replaces the archive copy), never in
+        neither.
+        """
+        path = self._path(number)
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        fd = self._fds.pop(number, None)
+        if fd is not None:
+            os.close(fd)
+        if self.archive_path is None:
+            os.unlink(path)
+        else:
+            target = os.path.join(self.archive_path, segment_name(number))
+            try:
+                os.replace(path, target)
+            except OSError as err:
+                if err.errno != errno.EXDEV:
+                    raise
+                # The archive is on another file system: copy, make the copy durable, then
+                # remove the original.
+                partial = target + ".partial"
+                shutil.copyfile(path, partial)
+                fd = os.open(partial, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(partial, target)
+                _sync_directory(self.archive_path)
+                os.unlink(path)
+            else:
+                _sync_directory(self.archive_path)
+        _sync_directory(self.path)
+
+    def close(self) -> None:
+        """Close the open file descriptors (they reopen on demand)."""
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+    def __enter__(self) -> DirectoryStorage:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,126 @@
+"""Recovery as a pure fold: log records in, the durable state they describe out.
+
+:func:`replay` applies records in log order to a :class:`Snapshot`: durable exchanges,
+queues and bindings, and for each durable queue its persistent messages in publish order
+with their delivery counts. The broker then declares the topology and enqueues the messages
+without logging them again. Nothing here touches a file or a reactor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from broker.wal.record import (
+    Bound,
+    DeliveryCounted,
+    ExchangeDeclared,
+    ExchangeDeleted,
+    Published,
+    QueueDeclared,
+    QueueDeleted,
+    Removed,
+    Unbound,
+)
+
+QueueKey = tuple[str, str]  # (vhost, queue)
+
+
+@dataclass
+class StoredMessage:
+    """A persistent message still in a queue, and how often it was returned there."""
+
+    record: Published
+    delivery_count: int = 0
+
+
+@dataclass
+class Snapshot:
+    """The durable state a log describes."""
+
+    exchanges: dict[tuple[str, str], ExchangeDeclared] = field(default_factory=dict)
+    queues: dict[QueueKey, QueueDeclared] = field(default_factory=dict)
+    bindings: dict[tuple[str, str, str, bool, str, bytes], Bound] = field(default_factory=dict)
+    messages: dict[QueueKey, dict[int, StoredMessage]] = field(default_factory=dict)
+    max_message_id: int = 0
+    #: Records that named something unknown (a removal of a message never published, say):
+    #: expected after segments were retired, counted for the recovery report.
+    orphans: int = 0
+
+    @property
+    def message_count(self) -> int:
+        """Messages across all queues (a message in two queues counts twice)."""
+        return sum(len(stored) for stored in self.messages.values())
+
+
+def _binding_key(record: Bound | Unbound) -> tuple[str, str, str, bool, str, bytes]:
+    return (
+        record.vhost,
+        record.source,
+        record.destination,
+        record.destination_is_queue,
+        record.routing_key,
+        record.arguments,
+    )
+
+
+def replay(records: Iterable[object], snapshot: Snapshot | None = None) -> Snapshot:
+    """Fold ``records`` (in log order) into ``snapshot`` (a new one by default) and return it.
+
+    Cost: O(1) per record, O(ids) for a removal.
+    """
+    state = snapshot or Snapshot()
+    messages = state.messages
+    for record in records:
+        kind = type(record)
+        if kind is Published:
+            assert isinstance(record, Published)
+            state.max_message_id = max(state.max_message_id, record.message_id)
+            for queue in record.queues:
+                key = (record.vhost, queue)
+                if key in state.queues:
+                    messages.setdefault(key, {})[record.message_id] = StoredMessage(record)
+                else:
+                    state.orphans += 1
+        elif kind is Removed:
+            assert isinstance(record, Removed)
+            stored = messages.get((record.vhost, record.queue))
+            for message_id in record.message_ids:
+                if stored is None or stored.pop(message_id, None) is None:
+                    state.orphans += 1
+        elif kind is DeliveryCounted:
+            assert isinstance(record, DeliveryCounted)
+            message = messages.get((record.vhost, record.queue), {}).get(record.message_id)
+            if message is None:
+                state.orphans += 1
+            else:
+                message.delivery_count = record.delivery_count
+        elif kind is QueueDeclared:
+            assert isinstance(record, QueueDeclared)
+            state.queues[(record.vhost, record.name)] = record
+        elif kind is QueueDeleted:
+            assert isinstance(record, QueueDeleted)
+            key = (record.vhost, record.name)
+            state.queues.pop(key, None)
+            messages.pop(key, None)
+            for binding_key in [k for k in state.bindings if k[0] == record.vhost and k[3] and k[2] == record.name]:
+                del state.bindings[binding_key]
+        elif kind is ExchangeDeclared:
+            assert isinstance(record, ExchangeDeclared)
+            state.exchanges[(record.vhost, record.name)] = record
+        elif kind is ExchangeDeleted:
+            assert isinstance(record, ExchangeDeleted)
+            state.exchanges.pop((record.vhost, record.name), None)
+            for binding_key in [
+                k
+                for k in state.bindings
+                if k[0] == record.vhost and (k[1] == record.name or (not k[3] and k[2] == record.name))
+            ]:
+                del state.bindings[binding_key]
+        elif kind is Bound:
+            assert isinstance(record, Bound)
+            state.bindings[_binding_key(record)] = record
+        elif kind is Unbound:
+            assert isinstance(record, Unbound)
+            state.bindings.pop(_binding_key(record), None)
+    return state

@@ -1,0 +1,126 @@
+"""Durable state through the journal: confirms wait for the log, and the log rebuilds the broker."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from pamqp import commands
+from twisted.internet.task import Clock
+
+from broker.core.definitions import node_from_config
+from broker.core.journal import Journal
+from broker.core.node import Node
+from broker.testing import Client, publish_frames
+from broker.wal.record import Published, Removed, iter_records
+from broker.wal.recovery import replay
+from config.schema import BrokerConfig
+
+PERSISTENT = commands.Basic.Properties(delivery_mode=2)
+TRANSIENT = commands.Basic.Properties(delivery_mode=1)
+
+
+def durable_node() -> tuple[Node, Journal, Clock]:
+    clock = Clock()
+    journal = Journal(1, clock.seconds)
+    node = Node(rng=random.Random(5), clock=clock)
+    node.set_journal(journal)
+    return node, journal, clock
+
+
+def client(node: Node) -> Client:
+    c = Client(node)
+    c.handshake()
+    c.open_channel(1)
+    return c
+
+
+def confirms(frames: list) -> list[tuple[str, int, bool]]:
+    return [(v.name, v.delivery_tag, v.multiple) for _, v in frames if v.name in ("Basic.Ack", "Basic.Nack")]
+
+
+def records(journal: Journal) -> list[Any]:
+    data, _ = journal.take()
+    return [record for _offset, _end, record in iter_records(data)]
+
+
+def test_a_persistent_publish_is_confirmed_only_once_the_log_is_synced() -> None:
+    node, journal, _ = durable_node()
+    c = client(node)
+    c.call(1, commands.Queue.Declare(queue="jobs", durable=True), commands.Confirm.Select())
+    assert confirms(c.send(publish_frames(1, "", "jobs", b"keep me", PERSISTENT))) == []
+    data, position = journal.take()
+    journal.synced_to(position)
+    assert confirms(c.read()) == [("Basic.Ack", 1, True)]
+    assert [type(r) for _, _, r in iter_records(data)][-1] is Published
+
+
+def test_a_transient_publish_behind_a_waiting_one_waits_too() -> None:
+    node, journal, _ = durable_node()
+    c = client(node)
+    c.call(1, commands.Queue.Declare(queue="jobs", durable=True), commands.Confirm.Select())
+    wire = publish_frames(1, "", "jobs", b"a", TRANSIENT) + publish_frames(1, "", "jobs", b"b", PERSISTENT)
+    wire += publish_frames(1, "", "jobs", b"c", TRANSIENT)
+    assert confirms(c.send(wire)) == [("Basic.Ack", 1, False)]
+    _, position = journal.take()
+    journal.synced_to(position)
+    assert confirms(c.read()) == [("Basic.Ack", 3, True)]
+
+
+def test_a_failed_write_nacks_the_publishes_it_held() -> None:
+    node, journal, _ = durable_node()
+    c = client(node)
+    c.call(1, commands.Queue.Declare(queue="jobs", durable=True), commands.Confirm.Select())
+    c.send(publish_frames(1, "", "jobs", b"lost?", PERSISTENT) + publish_frames(1, "", "jobs", b"x", TRANSIENT))
+    _, position = journal.take()
+    journal.failed(position)
+    assert confirms(c.read()) == [("Basic.Nack", 1, False), ("Basic.Ack", 2, True)]
+    c.send(publish_frames(1, "", "jobs", b"later", PERSISTENT))
+    _, position = journal.take()
+    journal.synced_to(position)
+    assert confirms(c.read()) == [("Basic.Ack", 3, True)]
+
+
+def test_transient_messages_and_non_durable_queues_are_not_logged() -> None:
+    node, journal, _ = durable_node()
+    c = client(node)
+    c.call(1, commands.Queue.Declare(queue="memory"), commands.Queue.Declare(queue="disk", durable=True))
+    records(journal)
+    c.send(publish_frames(1, "", "memory", b"1", PERSISTENT) + publish_frames(1, "", "disk", b"2", TRANSIENT))
+    assert records(journal) == []
+
+
+def test_acks_returns_and_topology_are_logged_and_replay_rebuilds_the_broker() -> None:
+    node, journal, clock = durable_node()
+    c = client(node)
+    c.call(
+        1,
+        commands.Exchange.Declare(exchange="orders", exchange_type="topic", durable=True),
+        commands.Queue.Declare(queue="created", durable=True, arguments={"x-delivery-limit": 5}),
+        commands.Queue.Bind(queue="created", exchange="orders", routing_key="order.*.created"),
+    )
+    for i in range(4):
+        c.send(publish_frames(1, "orders", "order.eu.created", b"m%d" % i, PERSISTENT))
+    first = [v for _, v in c.call(1, commands.Basic.Get(queue="created")) if v.name == "Basic.GetOk"][0]
+    c.call(1, commands.Basic.Ack(delivery_tag=first.delivery_tag))
+    second = [v for _, v in c.call(1, commands.Basic.Get(queue="created")) if v.name == "Basic.GetOk"][0]
+    c.call(1, commands.Basic.Nack(delivery_tag=second.delivery_tag, requeue=True))
+    data, _ = journal.take()
+    logged = [record for _, _, record in iter_records(data)]
+    assert Removed("/", "created", (1,)) in logged
+    snapshot = replay(logged)
+    assert snapshot.max_message_id == 4
+
+    restored = node_from_config(BrokerConfig(), Clock(), Journal(snapshot.max_message_id + 1), snapshot)
+    queue = restored.vhosts["/"].queues["created"]
+    entries = list(queue.ready_entries())
+    assert [(e.message.body, e.delivery_count, e.redelivered) for e in entries] == [
+        (b"m1", 1, True),
+        (b"m2", 0, True),
+        (b"m3", 0, True),
+    ]
+    assert queue.settings.delivery_limit == 5
+    r = client(restored)
+    r.send(publish_frames(1, "orders", "order.us.created", b"routed", PERSISTENT))
+    assert queue.message_count == 4
+    assert clock.getDelayedCalls() == []
