@@ -154,7 +154,7 @@ class _MemorySegment:
 
     __slots__ = ("cache", "disk", "dirty_from")
 
-    def __init__(self, cache: bytes = b"", disk: bytes = b"") -> None:
+    def __init__(self, cache: bytes | bytearray = b"", disk: bytes | bytearray = b"") -> None:
         self.cache = bytearray(cache)
         self.disk = bytearray(disk)
         #: cache[dirty_from:] has not been written to disk; dirty_from <= len(cache) always.

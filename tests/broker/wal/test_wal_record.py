@@ -1,0 +1,428 @@
+"""The WAL record format: framing, every record type, strict decoding and scanning past damage."""
+
+from __future__ import annotations
+
+import pickle
+import struct
+import zlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.wal import record
+from broker.wal.record import (
+    MAGIC,
+    MAX_RECORD_BYTES,
+    RECORD_CLASSES,
+    RECORD_HEADER_BYTES,
+    SEGMENT_HEADER_BYTES,
+    Bound,
+    DeliveryCounted,
+    ExchangeDeclared,
+    ExchangeDeleted,
+    Published,
+    QueueDeclared,
+    QueueDeleted,
+    RecordType,
+    Removed,
+    Snapshot,
+    Unbound,
+    WALCorruption,
+    decode,
+    encode,
+    iter_records,
+    parse_segment_header,
+    scan,
+    segment_header,
+)
+
+#: One example of each record type, with every bool set differently from its neighbours.
+EXAMPLES = [
+    ExchangeDeclared("/", "orders", "topic", True, False, True, b"\x00\x00\x00\x00"),
+    ExchangeDeleted("/", "orders"),
+    QueueDeclared("prod", "orders.created", True, True, b"\x00\x00\x00\x05table"),
+    QueueDeleted("/", "orders.created"),
+    Bound("/", "orders", "orders.created", True, "order.*.created", b""),
+    Unbound("/", "amq.topic", "orders", False, "#", b"args"),
+    Published(1, "/", ("q",), "", "k", 1700000000.25, b"hdr", b"0123456789abcdef"),
+    Removed("/", "q", (1, 2, 2**64 - 1)),
+    DeliveryCounted("/", "q", 7, 3),
+    Snapshot(True),
+    Snapshot(False),
+]
+
+#: Strings as they reach the broker: any text, or bytes that are not UTF-8 decoded with surrogateescape.
+names = st.one_of(
+    st.text(max_size=12),
+    st.binary(max_size=12).map(lambda data: data.decode("utf-8", "surrogateescape")),
+)
+u64 = st.integers(min_value=0, max_value=2**64 - 1)
+blobs = st.binary(max_size=64)
+timestamps = st.floats(allow_nan=False)
+
+published = st.builds(
+    Published,
+    message_id=u64,
+    vhost=names,
+    queues=st.lists(names, max_size=4).map(tuple),
+    exchange=names,
+    routing_key=names,
+    timestamp=timestamps,
+    header=blobs,
+    body=blobs,
+)
+any_record = st.one_of(
+    st.builds(ExchangeDeclared, names, names, names, st.booleans(), st.booleans(), st.booleans(), blobs),
+    st.builds(ExchangeDeleted, names, names),
+    st.builds(QueueDeclared, names, names, st.booleans(), st.booleans(), blobs),
+    st.builds(QueueDeleted, names, names),
+    st.builds(Bound, names, names, names, st.booleans(), names, blobs),
+    st.builds(Unbound, names, names, names, st.booleans(), names, blobs),
+    published,
+    st.builds(Removed, names, names, st.lists(u64, max_size=8).map(tuple)),
+    st.builds(DeliveryCounted, names, names, u64, u64),
+    st.builds(Snapshot, st.booleans()),
+)
+
+
+def frame(record_type: int, payload: bytes) -> bytes:
+    """A record frame built by hand, independently of encode()."""
+    crc = zlib.crc32(bytes((record_type,)) + payload)
+    return struct.pack(">IIB", len(payload), crc, record_type) + payload
+
+
+def payload_of(value: object) -> bytes:
+    return encode(value)[RECORD_HEADER_BYTES:]  # type: ignore[arg-type]
+
+
+# -- segment header ---------------------------------------------------------------------------
+
+
+def test_segment_header_is_magic_then_big_endian_number() -> None:
+    assert segment_header(3) == b"PRWAL\x00\x00\x01" + b"\x00" * 7 + b"\x03"
+    assert len(segment_header(3)) == SEGMENT_HEADER_BYTES == 16
+    assert MAGIC[-1] == record.FORMAT_VERSION == 1
+
+
+def test_segment_header_round_trips() -> None:
+    assert parse_segment_header(segment_header(2**64 - 1) + b"records") == 2**64 - 1
+
+
+def test_bad_magic_is_corruption() -> None:
+    with pytest.raises(WALCorruption) as excinfo:
+        parse_segment_header(b"NOTAWAL\x01" + bytes(8))
+    assert excinfo.value.offset == 0
+    assert "bad magic" in excinfo.value.reason
+
+
+def test_other_format_version_is_refused() -> None:
+    with pytest.raises(WALCorruption) as excinfo:
+        parse_segment_header(b"PRWAL\x00\x00\x02" + bytes(8))
+    assert excinfo.value.reason == "unsupported format version 2 (this reader knows 1)"
+
+
+def test_short_segment_header_is_corruption() -> None:
+    with pytest.raises(WALCorruption) as excinfo:
+        parse_segment_header(segment_header(1)[:15])
+    assert excinfo.value.reason == "truncated segment header"
+
+
+def test_segment_number_must_fit_u64() -> None:
+    with pytest.raises(ValueError):
+        segment_header(2**64)
+
+
+# -- framing and the encodings ------------------------------------------------------------------
+
+
+def test_record_is_length_crc_type_payload() -> None:
+    # The worked example of docs/wal-format.md.
+    assert encode(QueueDeleted("/", "q")) == bytes.fromhex("00000006 920b1d5e 04 0001 2f 0001 71")
+    assert encode(QueueDeleted("/", "q")) == frame(RecordType.QUEUE_DELETED, b"\x00\x01/\x00\x01q")
+
+
+def test_bools_share_one_flags_octet_where_the_first_bool_is() -> None:
+    # vhost, name, type, flags (durable=bit 0, auto_delete=bit 1, internal=bit 2), arguments
+    payload = payload_of(ExchangeDeclared("/", "x", "direct", True, False, True, b"a"))
+    assert payload == b"\x00\x01/" + b"\x00\x01x" + b"\x00\x06direct" + b"\x05" + b"\x00\x00\x00\x01a"
+
+
+def test_published_payload_layout() -> None:
+    payload = payload_of(Published(2, "/", ("a", "bb"), "ex", "k", 1.5, b"h", b"body"))
+    assert payload == (
+        struct.pack(">Q", 2)
+        + b"\x00\x01/"
+        + b"\x00\x02"
+        + b"\x00\x01a\x00\x02bb"
+        + b"\x00\x02ex"
+        + b"\x00\x01k"
+        + struct.pack(">d", 1.5)
+        + b"\x00\x00\x00\x01h"
+        + b"\x00\x00\x00\x04body"
+    )
+
+
+def test_int_tuples_are_u32_count_then_u64s() -> None:
+    assert payload_of(Removed("", "", (1, 2))) == b"\x00\x00\x00\x00" + struct.pack(">IQQ", 2, 1, 2)
+
+
+def test_crc_covers_the_type_byte() -> None:
+    data = bytearray(encode(ExchangeDeleted("/", "x")))
+    data[8] = RecordType.QUEUE_DELETED  # same payload layout: only the CRC can tell
+    assert scan(bytes(data)).problem == "bad crc"
+
+
+@pytest.mark.parametrize("value", EXAMPLES, ids=lambda value: type(value).__name__)
+def test_every_record_type_round_trips(value: object) -> None:
+    data = encode(value)  # type: ignore[arg-type]
+    assert list(iter_records(data)) == [(0, len(data), value)]
+    assert decode(data[8], data[RECORD_HEADER_BYTES:]) == value
+
+
+def test_every_record_type_has_an_example() -> None:
+    assert {type(value) for value in EXAMPLES} == set(RECORD_CLASSES.values())
+    assert set(RECORD_CLASSES) == set(RecordType)
+
+
+@settings(max_examples=150)
+@given(value=published)
+def test_published_round_trips_any_names_bytes_and_ids(value: Published) -> None:
+    data = encode(value)
+    assert list(iter_records(data)) == [(0, len(data), value)]
+
+
+@settings(max_examples=150)
+@given(values=st.lists(any_record, max_size=6))
+def test_any_sequence_of_records_round_trips(values: list[object]) -> None:
+    data = b"".join(encode(value) for value in values)  # type: ignore[arg-type]
+    assert [value for _, _, value in iter_records(data)] == values
+
+
+@settings(max_examples=100)
+@given(value=published)
+def test_unrolled_published_codec_matches_the_generic_one(value: Published) -> None:
+    spec = record._SPECS[Published]
+    payload = record._encode_published(value)
+    assert payload == record._encode_fields(value, spec)
+    assert record._decode_published(payload) == record._decode_fields(Published, spec, payload) == value
+
+
+def test_names_that_were_not_utf8_round_trip_byte_for_byte() -> None:
+    name = b"caf\xe9".decode("utf-8", "surrogateescape")
+    data = encode(QueueDeleted("/", name))
+    assert b"caf\xe9" in data
+    assert decode(RecordType.QUEUE_DELETED, data[RECORD_HEADER_BYTES:]) == QueueDeleted("/", name)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        QueueDeleted("/", "x" * 65536),  # over a u16 length
+        QueueDeleted("/", "\ud800"),  # a surrogate that surrogateescape did not make
+        DeliveryCounted("/", "q", -1, 0),
+        DeliveryCounted("/", "q", 2**64, 0),
+        Removed("/", "q", (-1,)),
+        Published(1, "/", ("q",) * 65536, "", "", 0.0, b"", b""),
+    ],
+    ids=["long-name", "lone-surrogate", "negative-id", "id-over-u64", "negative-in-tuple", "too-many-queues"],
+)
+def test_values_that_do_not_fit_raise_value_error(value: object) -> None:
+    with pytest.raises(ValueError):
+        encode(value)  # type: ignore[arg-type]
+
+
+def test_payload_over_the_limit_is_refused_by_encode(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(record, "MAX_RECORD_BYTES", 100)
+    encode(Published(1, "/", ("q",), "", "", 0.0, b"", b"x" * 60))
+    with pytest.raises(ValueError) as excinfo:
+        encode(Published(1, "/", ("q",), "", "", 0.0, b"", b"x" * 100))
+    assert "over 100" in str(excinfo.value)
+
+
+def test_encode_refuses_what_is_not_a_record() -> None:
+    with pytest.raises(TypeError):
+        encode(("not", "a", "record"))  # type: ignore[arg-type]
+
+
+def test_max_record_bytes_is_64_mib_body_plus_1_mib() -> None:
+    assert MAX_RECORD_BYTES == 65 * 1024 * 1024
+
+
+# -- strict decoding ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", EXAMPLES, ids=lambda value: type(value).__name__)
+def test_every_shortened_payload_is_malformed(value: object) -> None:
+    payload = payload_of(value)
+    record_type = encode(value)[8]  # type: ignore[arg-type]
+    for size in range(len(payload)):
+        with pytest.raises(WALCorruption):
+            decode(record_type, payload[:size])
+
+
+@pytest.mark.parametrize("value", EXAMPLES, ids=lambda value: type(value).__name__)
+def test_trailing_bytes_are_malformed(value: object) -> None:
+    record_type = encode(value)[8]  # type: ignore[arg-type]
+    with pytest.raises(WALCorruption) as excinfo:
+        decode(record_type, payload_of(value) + b"\x00")
+    assert "1 trailing bytes" in excinfo.value.reason
+
+
+def test_unknown_flag_bits_are_malformed() -> None:
+    with pytest.raises(WALCorruption) as excinfo:
+        decode(RecordType.SNAPSHOT, b"\x03")
+    assert excinfo.value.reason == "Snapshot has unknown flag bits set: 0x03"
+
+
+def test_unknown_record_type_is_malformed() -> None:
+    with pytest.raises(WALCorruption) as excinfo:
+        decode(42, b"")
+    assert excinfo.value.reason == "unknown record type 42"
+
+
+def test_malformed_payload_names_the_field() -> None:
+    payload = payload_of(Published(1, "/", ("q",), "", "", 0.0, b"", b"body"))
+    with pytest.raises(WALCorruption) as excinfo:
+        decode(RecordType.PUBLISHED, payload[:-1])
+    assert excinfo.value.reason == "Published.body runs past the end"
+
+
+def test_huge_tuple_count_is_malformed_without_allocating() -> None:
+    payload = b"\x00\x00\x00\x00" + b"\xff\xff\xff\xff"  # vhost "", queue "", 4 billion ids
+    with pytest.raises(WALCorruption):
+        decode(RecordType.REMOVED, payload)
+
+
+@settings(max_examples=300)
+@given(record_type=st.integers(min_value=0, max_value=255), payload=st.binary(max_size=80))
+def test_garbage_payload_raises_only_wal_corruption(record_type: int, payload: bytes) -> None:
+    try:
+        decode(record_type, payload)
+    except WALCorruption:
+        pass
+
+
+@settings(max_examples=300)
+@given(data=st.binary(max_size=200), start=st.integers(min_value=0, max_value=20))
+def test_scanning_garbage_never_raises(data: bytes, start: int) -> None:
+    result = scan(data, start)
+    assert (result.problem is None) == (result.end >= len(data))
+    assert [entry for entry in iter_records(data, start)] == result.records
+
+
+# -- scanning: where valid data stops and why ------------------------------------------------------
+
+FIRST = encode(QueueDeclared("/", "a", True, False, b""))
+SECOND = encode(QueueDeclared("/", "b", True, False, b""))
+THIRD = encode(QueueDeclared("/", "c", True, False, b""))
+
+
+def test_clean_data_scans_to_its_end() -> None:
+    data = FIRST + SECOND
+    result = scan(data)
+    assert (result.end, result.problem, result.resync) == (len(data), None, None)
+    assert [(start, end) for start, end, _ in result.records] == [(0, len(FIRST)), (len(FIRST), len(data))]
+
+
+def test_scan_starts_at_start() -> None:
+    data = segment_header(1) + FIRST
+    assert scan(data, SEGMENT_HEADER_BYTES).records == [(16, len(data), decode(3, FIRST[9:]))]
+
+
+def test_truncated_header_is_reported() -> None:
+    result = scan(FIRST + SECOND[:8])
+    assert (result.end, result.problem, result.resync) == (len(FIRST), "truncated header", None)
+    assert len(result.records) == 1
+
+
+def test_truncated_payload_is_reported() -> None:
+    result = scan(FIRST + SECOND[:-1])
+    assert (result.end, result.problem, result.resync) == (len(FIRST), "truncated payload", None)
+
+
+def test_checksum_mismatch_is_reported() -> None:
+    damaged = SECOND[:-1] + bytes((SECOND[-1] ^ 1,))
+    result = scan(FIRST + damaged)
+    assert (result.end, result.problem, result.resync) == (len(FIRST), "bad crc", None)
+
+
+def test_length_over_limit_is_reported() -> None:
+    huge = struct.pack(">IIB", MAX_RECORD_BYTES + 1, 0, 1)
+    result = scan(FIRST + huge + bytes(100))
+    assert (result.end, result.problem) == (len(FIRST), "length over limit")
+
+
+def test_well_framed_but_malformed_payload_is_reported() -> None:
+    result = scan(FIRST + frame(RecordType.SNAPSHOT, b"\x01\x00"))
+    assert (result.end, result.problem) == (len(FIRST), "malformed payload: Snapshot has 1 trailing bytes")
+
+
+def test_unknown_type_with_good_crc_is_reported() -> None:
+    result = scan(FIRST + frame(200, b""))
+    assert result.problem == "malformed payload: unknown record type 200"
+
+
+def test_resync_finds_the_next_record_after_a_damaged_payload() -> None:
+    damaged = SECOND[:-1] + bytes((SECOND[-1] ^ 0x80,))
+    result = scan(FIRST + damaged + THIRD)
+    assert (result.end, result.problem, result.resync) == (len(FIRST), "bad crc", len(FIRST) + len(SECOND))
+    assert result.resync is not None
+    after = scan(FIRST + damaged + THIRD, result.resync)
+    assert [value for _, _, value in after.records] == [decode(3, THIRD[9:])]
+
+
+def test_resync_scans_byte_by_byte_when_the_length_is_damaged() -> None:
+    damaged = b"\x00\x00\x01\x00" + SECOND[4:]  # length 256: runs past the data
+    result = scan(FIRST + damaged + THIRD)
+    assert (result.problem, result.resync) == ("truncated payload", len(FIRST) + len(SECOND))
+
+
+def test_resync_skips_garbage_between_records() -> None:
+    garbage = bytes(range(256)) * 3
+    result = scan(FIRST + garbage + THIRD)
+    assert result.resync == len(FIRST) + len(garbage)
+
+
+def test_resync_prefers_where_the_damaged_record_claims_to_end() -> None:
+    # A body that holds a valid record must not be mistaken for the next record when only
+    # another byte of its payload is damaged.
+    inner = encode(Removed("/", "q", (1,)))
+    outer = bytearray(encode(Published(1, "/", ("q",), "", "", 0.0, b"", inner)))
+    outer[20] ^= 0x01
+    result = scan(bytes(outer) + THIRD)
+    assert result.resync == len(outer)
+
+
+def test_zeros_after_the_records_do_not_resync() -> None:
+    result = scan(FIRST + bytes(4096))
+    assert (result.end, result.problem, result.resync) == (len(FIRST), "bad crc", None)
+
+
+def test_iter_records_stops_at_the_first_problem() -> None:
+    damaged = SECOND[:-1] + bytes((SECOND[-1] ^ 1,))
+    assert [start for start, _, _ in iter_records(FIRST + damaged + THIRD)] == [0]
+
+
+def test_iter_records_accepts_bytearray_and_memoryview() -> None:
+    data = FIRST + SECOND
+    assert list(iter_records(bytearray(data))) == list(iter_records(memoryview(data))) == list(iter_records(data))
+
+
+# -- the error ---------------------------------------------------------------------------------
+
+
+def test_corruption_says_where() -> None:
+    assert str(WALCorruption("bad crc", 3, 4096)) == "segment 3 offset 4096: bad crc"
+    assert str(WALCorruption("bad crc", offset=16)) == "offset 16: bad crc"
+    assert str(WALCorruption("bad crc")) == "bad crc"
+
+
+def test_corruption_pickles_for_spark() -> None:
+    error = pickle.loads(pickle.dumps(WALCorruption("bad crc", 3, 4096)))
+    assert (error.reason, error.segment, error.offset, str(error)) == (
+        "bad crc",
+        3,
+        4096,
+        "segment 3 offset 4096: bad crc",
+    )
