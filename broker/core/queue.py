@@ -408,16 +408,8 @@ class WorkQueue:
         if not self._plain or self._gone_in_ready or message.flags & FLAG_EXPIRATION:
             return self._enqueue_checked(message)
         entry = Entry(message, self)
-        consumers = self._consumers
-        if consumers and not self._ready:
-            # Nothing waiting: hand the entry straight to the next consumer that can take it.
-            for _ in range(len(consumers)):
-                consumer = consumers[0]
-                consumers.rotate(-1)
-                if consumer.can_accept():
-                    consumer.channel.deliver_entries(consumer, (entry,))
-                    return True
-        self._ready.append(entry)
+        if not (self._consumers and not self._ready and self._deliver_now(entry)):
+            self._ready.append(entry)
         return True
 
     def _enqueue_checked(self, message: Message) -> bool:
@@ -480,7 +472,7 @@ class WorkQueue:
             self._push(entry.expires_at, _EXPIRY, entry)
 
     def _deliver_now(self, entry: Entry) -> bool:
-        """Deliver ``entry`` at once if nothing is waiting and a consumer can take it."""
+        """Deliver ``entry`` at once, to the next consumer in turn, if nothing is waiting and one can take it."""
         consumers = self._consumers
         if consumers and not self.message_count:
             for _ in range(len(consumers)):
