@@ -22,6 +22,7 @@ from broker.core.node import Node
 from broker.protocol import AMQPServerFactory
 from broker.wal.files import DirectoryStorage
 from broker.wal.log import RecoveryReport, WriteAheadLog
+from broker.wal.record import SEGMENT_HEADER_BYTES
 from broker.wal.recovery import replay
 from config.schema import BrokerConfig
 
@@ -56,9 +57,15 @@ class WALService(Service):
 
     _log = Logger()
 
-    def __init__(self, journal: Journal, log: WriteAheadLog, reactor: Any, fsync: str, interval: float) -> None:
+    def __init__(
+        self, journal: Journal, log: WriteAheadLog, reactor: Any, fsync: str, interval: float, node: Node
+    ) -> None:
         self.journal = journal
         self.wal = log
+        self.node = node
+        #: Bytes in the active segment, as the reactor thread counts them (the log is the worker's).
+        self._filled = log.size
+        self._segment_bytes = log.segment_bytes
         self.reactor = reactor
         self.fsync = fsync
         self.interval = interval if fsync == "batch" else 0.0
@@ -84,14 +91,23 @@ class WALService(Service):
         if self._writing is not None or not self.journal.has_pending:
             return
         data, position = self.journal.take()
-        self._writing = deferToThreadPool(self.reactor, self._pool, self._append, data)
+        first = b""
+        if self._filled + len(data) > self._segment_bytes and self._filled > SEGMENT_HEADER_BYTES:
+            # Rotate: the new segment starts with the topology as it is now (reactor thread).
+            first = self.journal.topology(self.node.vhosts.values())
+            self._filled = SEGMENT_HEADER_BYTES + len(first)
+        self._filled += len(data)
+        self._writing = deferToThreadPool(self.reactor, self._pool, self._append, data, first)
         self._writing.addCallbacks(self._written, self._failed, callbackArgs=(position,), errbackArgs=(position,))
 
-    def _append(self, data: bytes) -> float:
-        """Worker thread: append, rotate when the segment is full, fsync. Returns the seconds taken."""
+    def _append(self, data: bytes, first: bytes) -> float:
+        """Worker thread: rotate first when asked (``first`` opens the new segment), append, fsync.
+
+        Returns the seconds taken.
+        """
         started = time.monotonic()
-        if self.wal.should_rotate(len(data)):
-            self.wal.rotate()
+        if first:
+            self.wal.rotate(first)
         self.wal.append(data)
         if self.fsync != "never":
             self.wal.sync()
@@ -202,7 +218,7 @@ def make_broker_service(
             log.forget()
             journal = Journal(snapshot.max_message_id + 1, reactor.seconds)
             node = node_from_config(config, reactor, journal, snapshot)
-            wal = WALService(journal, log, reactor, config.storage.fsync, config.storage.fsync_interval_ms / 1000)
+            wal = WALService(journal, log, reactor, config.storage.fsync, config.storage.fsync_interval_ms / 1000, node)
             _log.info(
                 "recovered {messages} message(s) in {queues} durable queue(s) from {segments} segment(s)"
                 " ({bytes} bytes, {records} records) in {seconds:.3f} s; torn tail: {truncated} bytes truncated",

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.amqp.codec import encode_table
+from broker.core.queue import WorkQueue
 from broker.wal.record import (
     Bound,
     DeliveryCounted,
@@ -28,13 +29,15 @@ from broker.wal.record import (
     QueueDeclared,
     QueueDeleted,
     Removed,
+    Snapshot,
     Unbound,
     encode,
 )
 
 if TYPE_CHECKING:
     from broker.core.message import Message
-    from broker.core.queue import Entry, WorkQueue
+    from broker.core.queue import Entry
+    from broker.core.vhost import VirtualHost
 
 
 class ConfirmWaiter(Protocol):
@@ -157,6 +160,55 @@ class Journal:
     ) -> None:
         """Record the removal of a binding between durable ends."""
         self._add(encode(Unbound(vhost, source, destination, to_queue, routing_key, _table(arguments))))
+
+    def topology(self, vhosts: Iterable[VirtualHost]) -> bytes:
+        """Every durable exchange, queue and binding as records between ``Snapshot`` markers.
+
+        Written at the head of each new segment, so that older segments never hold the only
+        record of something still declared, and can be retired once their messages are gone.
+        """
+        parts = [encode(Snapshot(True))]
+        for vhost in vhosts:
+            for exchange in vhost.exchanges.values():
+                if exchange.durable and exchange.name and not exchange.name.startswith("amq."):
+                    parts.append(
+                        encode(
+                            ExchangeDeclared(
+                                vhost.name,
+                                exchange.name,
+                                exchange.type_name,
+                                True,
+                                exchange.auto_delete,
+                                exchange.internal,
+                                _table(exchange.arguments),
+                            )
+                        )
+                    )
+            for queue in vhost.queues.values():
+                if queue.journal is not None:
+                    parts.append(
+                        encode(QueueDeclared(vhost.name, queue.name, True, queue.auto_delete, _table(queue.arguments)))
+                    )
+            for exchange in vhost.exchanges.values():
+                if not exchange.durable:
+                    continue
+                for destination, routing_key, arguments in exchange.router.bindings():
+                    to_queue = isinstance(destination, WorkQueue)
+                    if (destination.journal is not None) if to_queue else destination.durable:  # type: ignore[attr-defined]
+                        parts.append(
+                            encode(
+                                Bound(
+                                    vhost.name,
+                                    exchange.name,
+                                    destination.name,  # type: ignore[attr-defined]
+                                    to_queue,
+                                    routing_key,
+                                    _table(arguments),
+                                )
+                            )
+                        )
+        parts.append(encode(Snapshot(False)))
+        return b"".join(parts)
 
     # -- the writer's side ----------------------------------------------------------------------
 

@@ -22,6 +22,8 @@ from pathlib import Path
 import pika
 import pytest
 
+from broker.wal.record import SEGMENT_HEADER_BYTES, Snapshot, iter_records
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,10 +36,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def broker(data: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+def broker(data: Path, segment_bytes: str = "64MiB") -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     port = free_port()
     config = data.parent / f"broker-{port}.yaml"
-    config.write_text(f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1"}}\nstorage: {{dir: "{data}", fsync: batch}}\n')
+    config.write_text(
+        f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1"}}\n'
+        f'storage: {{dir: "{data}", fsync: batch, segment_bytes: {segment_bytes}}}\n'
+    )
     log = open(data.parent / "broker.log", "ab")
     process = subprocess.Popen(
         [sys.executable, "-m", "broker.cli", "serve", "--config", str(config)], cwd=ROOT, stdout=log, stderr=log
@@ -105,3 +110,30 @@ def test_no_confirmed_message_is_lost_across_sigkills(tmp_path: Path) -> None:
     assert missing == set()
     duplicates = len(found) - len(set(found))
     print(f"confirmed {len(confirmed)}, recovered {len(found)}, duplicates {duplicates}")
+
+
+def test_rotated_segments_start_with_the_topology_and_recover_every_message(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with broker(data, segment_bytes="32KiB") as (process, port):
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, socket_timeout=5))
+        channel = connection.channel()
+        channel.exchange_declare("orders", "direct", durable=True)
+        channel.queue_declare("rotated", durable=True)
+        channel.queue_bind("rotated", "orders", "k")
+        channel.confirm_delivery()
+        for number in range(200):
+            channel.basic_publish("orders", "k", b"%04d" % number + b"x" * 1000, pika.BasicProperties(delivery_mode=2))
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+    segments = sorted(data.glob("*.wal"))
+    assert len(segments) >= 5
+    for segment in segments[1:]:
+        first = next(iter_records(segment.read_bytes(), SEGMENT_HEADER_BYTES))[2]
+        assert first == Snapshot(True)
+    with broker(data, segment_bytes="32KiB") as (_process, port):
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, socket_timeout=5))
+        channel = connection.channel()
+        assert channel.queue_declare("rotated", passive=True).method.message_count == 200
+        channel.basic_publish("orders", "k", b"routed after recovery")
+        assert channel.queue_declare("rotated", passive=True).method.message_count == 201
+        connection.close()

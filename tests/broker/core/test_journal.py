@@ -124,3 +124,27 @@ def test_acks_returns_and_topology_are_logged_and_replay_rebuilds_the_broker() -
     r.send(publish_frames(1, "orders", "order.us.created", b"routed", PERSISTENT))
     assert queue.message_count == 4
     assert clock.getDelayedCalls() == []
+
+
+def test_the_topology_snapshot_replays_to_the_same_durable_topology() -> None:
+    node, journal, _ = durable_node()
+    c = client(node)
+    c.call(
+        1,
+        commands.Exchange.Declare(exchange="orders", exchange_type="topic", durable=True),
+        commands.Exchange.Declare(exchange="scratch", exchange_type="fanout"),
+        commands.Queue.Declare(queue="kept", durable=True, arguments={"x-message-ttl": 60_000}),
+        commands.Queue.Declare(queue="memory"),
+        commands.Queue.Bind(queue="kept", exchange="orders", routing_key="a.#"),
+        commands.Queue.Bind(queue="memory", exchange="orders", routing_key="b.#"),
+        commands.Queue.Bind(queue="kept", exchange="scratch"),
+    )
+    from_log = replay(records(journal))
+    from_snapshot = replay(record for _, _, record in iter_records(journal.topology(node.vhosts.values())))
+    assert from_snapshot.exchanges == from_log.exchanges
+    assert from_snapshot.queues == from_log.queues
+    assert from_snapshot.bindings == from_log.bindings
+    assert [key[1] for key in from_snapshot.exchanges] == ["orders"]
+    assert [(b.source, b.destination, b.routing_key) for b in from_snapshot.bindings.values()] == [
+        ("orders", "kept", "a.#")
+    ]
