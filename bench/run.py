@@ -36,6 +36,7 @@ RABBITMQ_LAUNCHER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 #: (scenario, sizes, extra generator arguments) of the README table.
 MATRIX = [
     ("transient", "16,1024", []),
+    ("persistent", "16,1024", []),
     ("fanout", "16,1024", []),
     ("topic", "16,1024", []),
     ("latency", "16", []),
@@ -69,15 +70,20 @@ LOG = ROOT / "bench" / "results" / "broker.log"
 
 @contextmanager
 def postroom() -> Iterator[tuple[int, int]]:
-    """Run Postroom on a free port; yield ``(port, pid)``. Its log is appended to :data:`LOG`."""
+    """Run Postroom on a free port (log in a temporary directory, ``fsync: batch``); yield ``(port, pid)``.
+
+    Its output is appended to :data:`LOG`.
+    """
     port = free_port()
     LOG.parent.mkdir(parents=True, exist_ok=True)
     log = open(LOG, "ab")
+    data = Path(tempfile.mkdtemp(prefix="postroom-bench-"))
+    config = data / "postroom.yaml"
+    config.write_text(
+        f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1"}}\nstorage: {{dir: "{data / "wal"}", fsync: batch}}\n'
+    )
     process = subprocess.Popen(
-        [sys.executable, "-m", "broker.cli", "serve", "--listen", f"tcp:{port}:interface=127.0.0.1"],
-        cwd=ROOT,
-        stdout=log,
-        stderr=log,
+        [sys.executable, "-m", "broker.cli", "serve", "--config", str(config)], cwd=ROOT, stdout=log, stderr=log
     )
     try:
         wait_for_port(port, 15)
@@ -86,6 +92,7 @@ def postroom() -> Iterator[tuple[int, int]]:
         process.terminate()
         process.wait(10)
         log.close()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 @contextmanager
