@@ -23,7 +23,7 @@ from broker.protocol import AMQPServerFactory
 from broker.wal.files import DirectoryStorage
 from broker.wal.log import RecoveryReport, WriteAheadLog
 from broker.wal.record import SEGMENT_HEADER_BYTES
-from broker.wal.recovery import replay
+from broker.wal.recovery import replay_segments
 from config.schema import BrokerConfig
 
 #: Allocations between young-generation collections. Messages and queue entries are
@@ -66,6 +66,11 @@ class WALService(Service):
         #: Bytes in the active segment, as the reactor thread counts them (the log is the worker's).
         self._filled = log.size
         self._segment_bytes = log.segment_bytes
+        #: The segments on disk and the active one, as the reactor thread counts them.
+        self._segments = log.segments()
+        self._active = log.active
+        #: Segments retired so far (deleted, or moved to the archive).
+        self.retired = 0
         self.reactor = reactor
         self.fsync = fsync
         self.interval = interval if fsync == "batch" else 0.0
@@ -90,20 +95,27 @@ class WALService(Service):
         self._call = None
         if self._writing is not None or not self.journal.has_pending:
             return
-        data, position = self.journal.take()
         first = b""
-        if self._filled + len(data) > self._segment_bytes and self._filled > SEGMENT_HEADER_BYTES:
+        if self._filled + self.journal.pending_bytes > self._segment_bytes and self._filled > SEGMENT_HEADER_BYTES:
             # Rotate: the new segment starts with the topology as it is now (reactor thread).
             first = self.journal.topology(self.node.vhosts.values())
             self._filled = SEGMENT_HEADER_BYTES + len(first)
+            self._active += 1
+            self._segments.append(self._active)
+        data, position = self.journal.take(self._active)
         self._filled += len(data)
-        self._writing = deferToThreadPool(self.reactor, self._pool, self._append, data, first)
+        retire = self.journal.retirable(self._segments, self._active)
+        for number in retire:
+            self._segments.remove(number)
+        self.retired += len(retire)
+        self._writing = deferToThreadPool(self.reactor, self._pool, self._append, data, first, retire)
         self._writing.addCallbacks(self._written, self._failed, callbackArgs=(position,), errbackArgs=(position,))
 
-    def _append(self, data: bytes, first: bytes) -> float:
-        """Worker thread: rotate first when asked (``first`` opens the new segment), append, fsync.
+    def _append(self, data: bytes, first: bytes, retire: list[int]) -> float:
+        """Worker thread: rotate first when asked (``first`` opens the new segment), append, fsync,
+        then retire the segments no live message needs (to the archive, when enabled).
 
-        Returns the seconds taken.
+        Returns the seconds the append and fsync took.
         """
         started = time.monotonic()
         if first:
@@ -111,7 +123,10 @@ class WALService(Service):
         self.wal.append(data)
         if self.fsync != "never":
             self.wal.sync()
-        return time.monotonic() - started
+        took = time.monotonic() - started
+        for number in retire:
+            self.wal.retire(number)
+        return took
 
     def _written(self, seconds: float, position: int) -> None:
         self._writing = None
@@ -214,7 +229,7 @@ def make_broker_service(
         if persist:
             started = time.monotonic()
             log, report, _storage = open_log(config)
-            snapshot = replay(record for _segment, record in log.records())
+            snapshot = replay_segments(log.records())
             log.forget()
             journal = Journal(snapshot.max_message_id + 1, reactor.seconds)
             node = node_from_config(config, reactor, journal, snapshot)

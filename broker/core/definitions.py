@@ -179,6 +179,8 @@ def restore_snapshot(node: Node, snapshot: Snapshot) -> int:
                     message.wal_id = message_id
                     messages[message_id] = message
                 queue.restore(message, item.delivery_count, item.record.timestamp)
+                if journal is not None:
+                    journal.restored(message, item.segment)
                 restored += 1
         return restored
     finally:

@@ -15,6 +15,7 @@ durable queues is one ``Published`` record naming them all.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -62,6 +63,12 @@ class Journal:
 
     def __init__(self, next_message_id: int = 1, clock: Callable[[], float] | None = None) -> None:
         self._pending: list[bytes] = []
+        self._pending_messages: list[Message] = []
+        #: Bytes waiting in :meth:`take`.
+        self.pending_bytes = 0
+        #: Live message references per log segment (a message in two queues counts twice).
+        #: A segment whose count is 0, with every older one at 0 too, can be retired.
+        self.live: Counter[int] = Counter()
         self._next_id = next_message_id
         self._clock = clock or (lambda: 0.0)
         #: Bytes encoded so far: a publish is durable once :attr:`synced` reaches its position.
@@ -82,6 +89,7 @@ class Journal:
             return
         first = not self._pending
         self._pending.append(data)
+        self.pending_bytes += len(data)
         self.position += len(data)
         if first and self.on_pending is not None:
             self.on_pending()
@@ -93,6 +101,9 @@ class Journal:
         else:
             message_id = message.wal_id = self._next_id
             self._next_id += 1
+        queues = tuple(queues)
+        message.wal_live += len(queues)
+        self._pending_messages.append(message)
         self._add(
             encode(
                 Published(
@@ -111,14 +122,32 @@ class Journal:
 
     def removed(self, queue: WorkQueue, entries: Iterable[Entry]) -> None:
         """Record that entries of journaled messages left ``queue`` for good."""
-        ids = tuple(entry.message.wal_id for entry in entries if entry.message.wal_id)
+        ids = []
+        for entry in entries:
+            message = entry.message
+            if message.wal_id:
+                ids.append(message.wal_id)
+                self._release(message)
         if ids:
-            self._add(encode(Removed(queue.vhost_name, queue.name, ids)))
+            self._add(encode(Removed(queue.vhost_name, queue.name, tuple(ids))))
 
-    def removed_ids(self, vhost: str, queue: str, ids: tuple[int, ...]) -> None:
-        """Record that messages left ``queue`` by id (a refused publish)."""
-        if ids:
-            self._add(encode(Removed(vhost, queue, ids)))
+    def refused(self, queue: WorkQueue, message: Message) -> None:
+        """Record that ``queue`` refused a message already recorded as entering it (it was full)."""
+        if message.wal_id:
+            self._release(message)
+            self._add(encode(Removed(queue.vhost_name, queue.name, (message.wal_id,))))
+
+    def forget(self, entries: Iterable[Entry]) -> None:
+        """Entries left a deleted queue: no record is needed (``QueueDeleted`` says it), only accounting."""
+        for entry in entries:
+            if entry.message.wal_id:
+                self._release(entry.message)
+
+    def _release(self, message: Message) -> None:
+        message.wal_live -= 1
+        segment = message.wal_segment
+        if segment:
+            self.live[segment] -= 1
 
     def delivery_counted(self, queue: WorkQueue, entry: Entry) -> None:
         """Record a return that raised an entry's delivery count."""
@@ -217,11 +246,38 @@ class Journal:
         """Whether records wait to be written."""
         return bool(self._pending)
 
-    def take(self) -> tuple[bytes, int]:
-        """Everything pending, and the position it reaches once written."""
+    def take(self, segment: int = 0) -> tuple[bytes, int]:
+        """Everything pending, and the position it reaches once written.
+
+        :param segment: the log segment the data will be appended to; messages recorded in it
+            count as live there until every queue holding them has let them go
+        """
         data = b"".join(self._pending)
         self._pending.clear()
+        self.pending_bytes = 0
+        live = self.live
+        for message in self._pending_messages:
+            message.wal_segment = segment
+            if message.wal_live:
+                live[segment] += message.wal_live
+        self._pending_messages.clear()
         return data, self.position
+
+    def restored(self, message: Message, segment: int) -> None:
+        """A message rebuilt from the log at start is live in one more queue."""
+        message.wal_segment = segment
+        message.wal_live += 1
+        self.live[segment] += 1
+
+    def retirable(self, segments: Iterable[int], active: int) -> list[int]:
+        """The oldest segments, before ``active``, that hold no live message (a prefix only:
+        a later segment may record the removal of messages in an earlier one)."""
+        result = []
+        for segment in sorted(segments):
+            if segment >= active or self.live.get(segment, 0) > 0:
+                break
+            result.append(segment)
+        return result
 
     def synced_to(self, position: int) -> None:
         """The log is durable up to ``position``: release the confirms waiting for it."""

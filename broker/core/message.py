@@ -33,7 +33,18 @@ class Message:
     :param body: the whole body
     """
 
-    __slots__ = ("exchange", "routing_key", "names", "header", "body", "flags", "_properties", "wal_id")
+    __slots__ = (
+        "exchange",
+        "routing_key",
+        "names",
+        "header",
+        "body",
+        "flags",
+        "_properties",
+        "wal_id",
+        "wal_segment",
+        "wal_live",
+    )
 
     def __init__(self, exchange: str, routing_key: str, names: bytes, header: bytes, body: bytes) -> None:
         self.exchange = exchange
@@ -46,6 +57,10 @@ class Message:
         self._properties: commands.Basic.Properties | None = None
         #: Its id in the write-ahead log once recorded there (0: not recorded).
         self.wal_id = 0
+        #: The log segment holding its ``Published`` record (0: not written yet).
+        self.wal_segment = 0
+        #: Durable queues still holding it (its record keeps its segment alive while above 0).
+        self.wal_live = 0
 
     @classmethod
     def build(

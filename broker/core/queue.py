@@ -415,8 +415,8 @@ class WorkQueue:
     def _enqueue_checked(self, message: Message) -> bool:
         settings = self.settings
         if settings.overflow is not Overflow.DROP_HEAD and self._full(extra=len(message.body)):
-            if self.journal is not None and message.wal_id:
-                self.journal.removed_ids(self.vhost_name, self.name, (message.wal_id,))
+            if self.journal is not None:
+                self.journal.refused(self, message)
             if settings.overflow is Overflow.REJECT_PUBLISH_DLX:
                 entry = Entry(message, self)
                 entry.state = GONE
@@ -536,6 +536,8 @@ class WorkQueue:
         if self.deleted:
             for entry in entries:
                 entry.state = GONE
+            if self.journal is not None:
+                self.journal.forget(entries)
             return
         limit = self.settings.delivery_limit
         now = self.now() if self.clock is not None else 0.0

@@ -32,6 +32,8 @@ class StoredMessage:
 
     record: Published
     delivery_count: int = 0
+    #: The segment holding its ``Published`` record (0 when replayed without segment numbers).
+    segment: int = 0
 
 
 @dataclass
@@ -69,9 +71,14 @@ def replay(records: Iterable[object], snapshot: Snapshot | None = None) -> Snaps
 
     Cost: O(1) per record, O(ids) for a removal.
     """
+    return replay_segments(((0, record) for record in records), snapshot)
+
+
+def replay_segments(records: Iterable[tuple[int, object]], snapshot: Snapshot | None = None) -> Snapshot:
+    """:func:`replay` over ``(segment, record)`` pairs, remembering each message's segment."""
     state = snapshot or Snapshot()
     messages = state.messages
-    for record in records:
+    for segment, record in records:
         kind = type(record)
         if kind is Published:
             assert isinstance(record, Published)
@@ -79,7 +86,7 @@ def replay(records: Iterable[object], snapshot: Snapshot | None = None) -> Snaps
             for queue in record.queues:
                 key = (record.vhost, queue)
                 if key in state.queues:
-                    messages.setdefault(key, {})[record.message_id] = StoredMessage(record)
+                    messages.setdefault(key, {})[record.message_id] = StoredMessage(record, 0, segment)
                 else:
                     state.orphans += 1
         elif kind is Removed:

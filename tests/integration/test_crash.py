@@ -136,4 +136,12 @@ def test_rotated_segments_start_with_the_topology_and_recover_every_message(tmp_
         assert channel.queue_declare("rotated", passive=True).method.message_count == 200
         channel.basic_publish("orders", "k", b"routed after recovery")
         assert channel.queue_declare("rotated", passive=True).method.message_count == 201
+        channel.confirm_delivery()
+        for _ in range(201):
+            method, _properties, _body = channel.basic_get("rotated")
+            channel.basic_ack(method.delivery_tag)
+        channel.basic_publish("orders", "k", b"last", pika.BasicProperties(delivery_mode=2))
         connection.close()
+    remaining = sorted(data.glob("*.wal"))
+    assert len(remaining) == 1  # every segment before the active one held only consumed messages
+    assert remaining[0] == segments[-1]

@@ -148,3 +148,36 @@ def test_the_topology_snapshot_replays_to_the_same_durable_topology() -> None:
     assert [(b.source, b.destination, b.routing_key) for b in from_snapshot.bindings.values()] == [
         ("orders", "kept", "a.#")
     ]
+
+
+def test_segments_stay_live_while_a_queue_holds_their_messages() -> None:
+    node, journal, _ = durable_node()
+    c = client(node)
+    c.call(1, commands.Queue.Declare(queue="a", durable=True), commands.Queue.Declare(queue="b", durable=True))
+    c.call(1, commands.Exchange.Declare(exchange="both", exchange_type="fanout", durable=True))
+    c.call(1, commands.Queue.Bind(queue="a", exchange="both"), commands.Queue.Bind(queue="b", exchange="both"))
+    c.send(publish_frames(1, "both", "", b"in two queues", PERSISTENT))
+    journal.take(1)
+    c.send(publish_frames(1, "", "a", b"in one", PERSISTENT))
+    journal.take(2)
+    assert (journal.live[1], journal.live[2]) == (2, 1)
+    assert journal.retirable([1, 2, 3], active=3) == []
+    for queue in ("a", "b"):
+        got = [v for _, v in c.call(1, commands.Basic.Get(queue=queue)) if v.name == "Basic.GetOk"][0]
+        c.call(1, commands.Basic.Ack(delivery_tag=got.delivery_tag))
+    assert journal.live[1] == 0
+    assert journal.retirable([1, 2, 3], active=3) == [1]
+    got = [v for _, v in c.call(1, commands.Basic.Get(queue="a")) if v.name == "Basic.GetOk"][0]
+    c.call(1, commands.Basic.Ack(delivery_tag=got.delivery_tag))
+    assert journal.retirable([1, 2, 3], active=3) == [1, 2]
+    assert journal.retirable([1, 2, 3], active=2) == [1]
+
+
+def test_a_message_acked_before_it_is_written_keeps_no_segment_alive() -> None:
+    node, journal, _ = durable_node()
+    c = client(node)
+    c.call(1, commands.Queue.Declare(queue="a", durable=True))
+    c.send(publish_frames(1, "", "a", b"quick", PERSISTENT))
+    c.call(1, commands.Basic.Get(queue="a", no_ack=True))
+    journal.take(1)
+    assert journal.live[1] == 0
