@@ -408,8 +408,17 @@ class WorkQueue:
         if not self._plain or self._gone_in_ready or message.flags & FLAG_EXPIRATION:
             return self._enqueue_checked(message)
         entry = Entry(message, self)
-        if not (self._consumers and not self._ready and self._deliver_now(entry)):
-            self._ready.append(entry)
+        consumers = self._consumers
+        if consumers and not self._ready:
+            # Nothing waiting: hand the entry to the next consumer that can take it. This is
+            # _deliver_now inlined: one call less per message on the hot path.
+            for _ in range(len(consumers)):
+                consumer = consumers[0]
+                consumers.rotate(-1)
+                if consumer.can_accept():
+                    consumer.channel.deliver_entries(consumer, (entry,))
+                    return True
+        self._ready.append(entry)
         return True
 
     def _enqueue_checked(self, message: Message) -> bool:
