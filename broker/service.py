@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from broker.core.definitions import node_from_config
 from broker.core.journal import Journal
 from broker.core.node import Node
 from broker.protocol import AMQPServerFactory
-from broker.wal.files import DirectoryStorage
+from broker.wal.files import DirectoryStorage, prune_archive
 from broker.wal.log import RecoveryReport, WriteAheadLog
 from broker.wal.record import SEGMENT_HEADER_BYTES
 from broker.wal.recovery import replay_segments
@@ -37,6 +38,15 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 20, 100)
+
+
+@dataclass(frozen=True, slots=True)
+class Archive:
+    """Where retired segments go and how long they stay (``storage.archive``)."""
+
+    path: str
+    retention: float
+    max_bytes: int
 
 
 class WALService(Service):
@@ -58,8 +68,16 @@ class WALService(Service):
     _log = Logger()
 
     def __init__(
-        self, journal: Journal, log: WriteAheadLog, reactor: Any, fsync: str, interval: float, node: Node
+        self,
+        journal: Journal,
+        log: WriteAheadLog,
+        reactor: Any,
+        fsync: str,
+        interval: float,
+        node: Node,
+        archive: Archive | None = None,
     ) -> None:
+        self.archive = archive
         self.journal = journal
         self.wal = log
         self.node = node
@@ -126,6 +144,8 @@ class WALService(Service):
         took = time.monotonic() - started
         for number in retire:
             self.wal.retire(number)
+        if retire and self.archive is not None:
+            prune_archive(self.archive.path, self.archive.retention, self.archive.max_bytes, time.time())
         return took
 
     def _written(self, seconds: float, position: int) -> None:
@@ -193,14 +213,22 @@ class BrokerService(MultiService):
             yield self.wal.stopService()
 
 
+def archive_of(config: BrokerConfig) -> Archive | None:
+    """The configuration's segment archive (``<storage.dir>/archive``), or ``None`` when disabled."""
+    archive = config.storage.archive
+    if not archive.enabled:
+        return None
+    return Archive(str(Path(config.storage.dir) / "archive"), archive.retention, archive.max_bytes)
+
+
 def open_log(config: BrokerConfig) -> tuple[WriteAheadLog, RecoveryReport, DirectoryStorage]:
     """Open the configuration's log directory, truncating a torn tail.
 
     :raises WALCorruption: a record in the middle of the log is damaged (see ``postroom wal check``).
     """
     storage = config.storage
-    archive = str(Path(storage.dir) / "archive") if storage.archive.enabled else None
-    segments = DirectoryStorage(storage.dir, archive)
+    archive = archive_of(config)
+    segments = DirectoryStorage(storage.dir, archive.path if archive is not None else None)
     log = WriteAheadLog(segments, storage.segment_bytes)
     report = log.open()
     return log, report, segments

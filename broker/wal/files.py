@@ -220,3 +220,39 @@ class DirectoryStorage:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def prune_archive(path: str | os.PathLike[str], retention: float, max_bytes: int, now: float) -> list[str]:
+    """Delete archived segments older than ``retention`` seconds, then the oldest ones while the
+    archive holds more than ``max_bytes``; return the names deleted.
+
+    Age is the file's modification time (when it was retired). The newest segment is never
+    deleted for size alone, so the archive always has the latest retired data for the Spark job.
+
+    :param now: the current time, seconds since the epoch (a parameter, so tests pick it)
+    """
+    directory = os.fspath(path)
+    entries = []
+    for name in os.listdir(directory):
+        if _NAME.match(name) is None:
+            continue
+        stat = os.stat(os.path.join(directory, name))
+        entries.append((name, stat.st_mtime, stat.st_size))
+    entries.sort()
+    deleted = []
+    kept = []
+    for name, mtime, size in entries:
+        if now - mtime > retention:
+            os.unlink(os.path.join(directory, name))
+            deleted.append(name)
+        else:
+            kept.append((name, size))
+    total = sum(size for _name, size in kept)
+    while total > max_bytes and len(kept) > 1:
+        name, size = kept.pop(0)
+        os.unlink(os.path.join(directory, name))
+        deleted.append(name)
+        total -= size
+    if deleted:
+        _sync_directory(directory)
+    return deleted

@@ -41,7 +41,8 @@ def broker(data: Path, segment_bytes: str = "64MiB") -> Iterator[tuple[subproces
     config = data.parent / f"broker-{port}.yaml"
     config.write_text(
         f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1"}}\n'
-        f'storage: {{dir: "{data}", fsync: batch, segment_bytes: {segment_bytes}}}\n'
+        f'storage: {{dir: "{data}", fsync: batch, segment_bytes: {segment_bytes}, '
+        "archive: {enabled: true, retention: 7d, max_bytes: 1GiB}}\n"
     )
     log = open(data.parent / "broker.log", "ab")
     process = subprocess.Popen(
@@ -145,3 +146,5 @@ def test_rotated_segments_start_with_the_topology_and_recover_every_message(tmp_
     remaining = sorted(data.glob("*.wal"))
     assert len(remaining) == 1  # every segment before the active one held only consumed messages
     assert remaining[0] == segments[-1]
+    archived = sorted(path.name for path in (data / "archive").glob("*.wal"))
+    assert archived == [segment.name for segment in segments[:-1]]  # kept for the Spark job

@@ -10,7 +10,7 @@ import pytest
 from zope.interface.verify import verifyObject
 
 from broker.testing import MemorySegmentStorage
-from broker.wal.files import DirectoryStorage, ISegmentStorage, segment_name
+from broker.wal.files import DirectoryStorage, ISegmentStorage, prune_archive, segment_name
 from broker.wal.log import WriteAheadLog, check
 from broker.wal.record import Published, Snapshot, encode, segment_header
 
@@ -189,3 +189,22 @@ def test_memory_storage_failed_sync_drops_dirty_bytes_like_linux() -> None:
 def test_memory_storage_refuses_unknown_fault() -> None:
     with pytest.raises(ValueError):
         MemorySegmentStorage().fail_next("fsync", OSError())
+
+
+def test_prune_archive_drops_old_segments_then_the_oldest_over_the_size_limit(tmp_path: Path) -> None:
+    now = 1_000_000.0
+    for number, age, size in ((1, 10 * 86400, 100), (2, 3600, 400), (3, 60, 400), (4, 1, 400)):
+        path = tmp_path / segment_name(number)
+        path.write_bytes(b"x" * size)
+        os.utime(path, (now - age, now - age))
+    (tmp_path / "notes.txt").write_text("not a segment")
+    deleted = prune_archive(tmp_path, retention=7 * 86400, max_bytes=900, now=now)
+    assert deleted == [segment_name(1), segment_name(2)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [segment_name(3), segment_name(4), "notes.txt"]
+
+
+def test_prune_archive_keeps_the_newest_segment_even_over_the_size_limit(tmp_path: Path) -> None:
+    path = tmp_path / segment_name(9)
+    path.write_bytes(b"x" * 1000)
+    assert prune_archive(tmp_path, retention=86400, max_bytes=10, now=path.stat().st_mtime) == []
+    assert path.exists()
