@@ -113,6 +113,10 @@ class WALService(Service):
         self._call = None
         if self._writing is not None or not self.journal.has_pending:
             return
+        oldest = self._segments[0]
+        if oldest != self._active and self.journal.sparse(oldest):
+            # Copy its few live messages forward; it is retired once the copies are synced.
+            self.journal.rewrite(oldest)
         first = b""
         if self._filled + self.journal.pending_bytes > self._segment_bytes and self._filled > SEGMENT_HEADER_BYTES:
             # Rotate: the new segment starts with the topology as it is now (reactor thread).

@@ -165,7 +165,7 @@ def restore_snapshot(node: Node, snapshot: Snapshot) -> int:
             queue = _vhost(node, vhost_name).queues.get(queue_name)
             if queue is None:
                 continue
-            for message_id, item in stored.items():
+            for message_id, item in sorted(stored.items()):
                 message = messages.get(message_id)
                 if message is None:
                     record = item.record
@@ -180,7 +180,7 @@ def restore_snapshot(node: Node, snapshot: Snapshot) -> int:
                     messages[message_id] = message
                 queue.restore(message, item.delivery_count, item.record.timestamp)
                 if journal is not None:
-                    journal.restored(message, item.segment)
+                    journal.restored(message, item.segment, vhost_name, queue_name, item.delivery_count)
                 restored += 1
         return restored
     finally:

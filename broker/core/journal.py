@@ -41,6 +41,11 @@ if TYPE_CHECKING:
     from broker.core.vhost import VirtualHost
 
 
+#: A segment is rewritten (its live messages copied forward) once no more than 1/4 of the
+#: message references written to it are still live: at most a third more writing, to free it.
+SPARSE_RATIO = 4
+
+
 class ConfirmWaiter(Protocol):
     """A channel with publisher confirms waiting for the log."""
 
@@ -69,6 +74,11 @@ class Journal:
         #: Live message references per log segment (a message in two queues counts twice).
         #: A segment whose count is 0, with every older one at 0 too, can be retired.
         self.live: Counter[int] = Counter()
+        #: References ever written to each segment (what :meth:`sparse` compares against).
+        self.written: Counter[int] = Counter()
+        self._by_segment: dict[int, set[Message]] = {}
+        #: Messages copied forward out of sparse segments so far.
+        self.rewritten = 0
         self._next_id = next_message_id
         self._clock = clock or (lambda: 0.0)
         #: Bytes encoded so far: a publish is durable once :attr:`synced` reaches its position.
@@ -102,23 +112,25 @@ class Journal:
             message_id = message.wal_id = self._next_id
             self._next_id += 1
         queues = tuple(queues)
-        message.wal_live += len(queues)
+        message.wal_vhost = vhost
+        message.wal_queues += queues
         self._pending_messages.append(message)
-        self._add(
-            encode(
-                Published(
-                    message_id,
-                    vhost,
-                    tuple(queues),
-                    message.exchange,
-                    message.routing_key,
-                    self._clock(),
-                    message.header,
-                    message.body,
-                )
+        self._add(self._published_record(message, queues))
+        return message_id
+
+    def _published_record(self, message: Message, queues: tuple[str, ...]) -> bytes:
+        return encode(
+            Published(
+                message.wal_id,
+                message.wal_vhost,
+                queues,
+                message.exchange,
+                message.routing_key,
+                self._clock(),
+                message.header,
+                message.body,
             )
         )
-        return message_id
 
     def removed(self, queue: WorkQueue, entries: Iterable[Entry]) -> None:
         """Record that entries of journaled messages left ``queue`` for good."""
@@ -127,31 +139,59 @@ class Journal:
             message = entry.message
             if message.wal_id:
                 ids.append(message.wal_id)
-                self._release(message)
+                self._release(message, queue.name)
         if ids:
             self._add(encode(Removed(queue.vhost_name, queue.name, tuple(ids))))
 
     def refused(self, queue: WorkQueue, message: Message) -> None:
         """Record that ``queue`` refused a message already recorded as entering it (it was full)."""
         if message.wal_id:
-            self._release(message)
+            self._release(message, queue.name)
             self._add(encode(Removed(queue.vhost_name, queue.name, (message.wal_id,))))
 
     def forget(self, entries: Iterable[Entry]) -> None:
         """Entries left a deleted queue: no record is needed (``QueueDeleted`` says it), only accounting."""
         for entry in entries:
             if entry.message.wal_id:
-                self._release(entry.message)
+                self._release(entry.message, entry.queue.name)
 
-    def _release(self, message: Message) -> None:
-        message.wal_live -= 1
+    def _release(self, message: Message, queue: str) -> None:
+        try:
+            message.wal_queues.remove(queue)
+        except ValueError:
+            return
         segment = message.wal_segment
         if segment:
             self.live[segment] -= 1
+            if not message.wal_queues:
+                holders = self._by_segment.get(segment)
+                if holders is not None:
+                    holders.discard(message)
+
+    def rewrite(self, segment: int) -> int:
+        """Record again every message still live in ``segment`` (with its delivery counts), so the
+        segment can be retired once the copies are written. Returns how many were copied.
+
+        Recovery keeps each queue's messages in id order, so the copies do not reorder queues.
+        """
+        messages = self._by_segment.pop(segment, set())
+        for message in sorted(messages, key=lambda m: m.wal_id):
+            self.live[segment] -= len(message.wal_queues)
+            message.wal_segment = 0
+            self._pending_messages.append(message)
+            self._add(self._published_record(message, tuple(message.wal_queues)))
+            for queue, count in (message.wal_counts or {}).items():
+                self._add(encode(DeliveryCounted(message.wal_vhost, queue, message.wal_id, count)))
+        self.rewritten += len(messages)
+        return len(messages)
 
     def delivery_counted(self, queue: WorkQueue, entry: Entry) -> None:
         """Record a return that raised an entry's delivery count."""
-        if entry.message.wal_id:
+        message = entry.message
+        if message.wal_id:
+            if message.wal_counts is None:
+                message.wal_counts = {}
+            message.wal_counts[queue.name] = entry.delivery_count
             self._add(encode(DeliveryCounted(queue.vhost_name, queue.name, entry.message.wal_id, entry.delivery_count)))
 
     def exchange_declared(
@@ -255,19 +295,36 @@ class Journal:
         data = b"".join(self._pending)
         self._pending.clear()
         self.pending_bytes = 0
-        live = self.live
         for message in self._pending_messages:
-            message.wal_segment = segment
-            if message.wal_live:
-                live[segment] += message.wal_live
+            self._place(message, segment, len(message.wal_queues))
         self._pending_messages.clear()
         return data, self.position
 
-    def restored(self, message: Message, segment: int) -> None:
-        """A message rebuilt from the log at start is live in one more queue."""
+    def _place(self, message: Message, segment: int, references: int) -> None:
         message.wal_segment = segment
-        message.wal_live += 1
-        self.live[segment] += 1
+        if references:
+            self.live[segment] += references
+            self.written[segment] += references
+            holders = self._by_segment.get(segment)
+            if holders is None:
+                holders = self._by_segment[segment] = set()
+            holders.add(message)
+
+    def restored(self, message: Message, segment: int, vhost: str, queue: str, delivery_count: int) -> None:
+        """A message rebuilt from the log at start is held by one more queue."""
+        message.wal_vhost = vhost
+        message.wal_queues.append(queue)
+        if delivery_count:
+            if message.wal_counts is None:
+                message.wal_counts = {}
+            message.wal_counts[queue] = delivery_count
+        self._place(message, segment, 1)
+
+    def sparse(self, segment: int) -> bool:
+        """Whether ``segment`` still holds messages but at most 1/:data:`SPARSE_RATIO` of those written
+        to it: copying them forward is cheap next to what retiring it frees."""
+        live = self.live.get(segment, 0)
+        return live > 0 and live * SPARSE_RATIO <= self.written.get(segment, 0)
 
     def retirable(self, segments: Iterable[int], active: int) -> list[int]:
         """The oldest segments, before ``active``, that hold no live message (a prefix only:

@@ -43,7 +43,9 @@ class Message:
         "_properties",
         "wal_id",
         "wal_segment",
-        "wal_live",
+        "wal_vhost",
+        "wal_queues",
+        "wal_counts",
     )
 
     def __init__(self, exchange: str, routing_key: str, names: bytes, header: bytes, body: bytes) -> None:
@@ -59,8 +61,12 @@ class Message:
         self.wal_id = 0
         #: The log segment holding its ``Published`` record (0: not written yet).
         self.wal_segment = 0
-        #: Durable queues still holding it (its record keeps its segment alive while above 0).
-        self.wal_live = 0
+        #: Its vhost and the durable queues still holding it, as the log knows them: while any
+        #: does, its record keeps its segment alive.
+        self.wal_vhost = ""
+        self.wal_queues: list[str] = []
+        #: Delivery counts the log holds for it, by queue (``None`` until one is recorded).
+        self.wal_counts: dict[str, int] | None = None
 
     @classmethod
     def build(

@@ -12,7 +12,7 @@ from broker.core.definitions import node_from_config
 from broker.core.journal import Journal
 from broker.core.node import Node
 from broker.testing import Client, publish_frames
-from broker.wal.record import Published, Removed, iter_records
+from broker.wal.record import Published, QueueDeclared, Removed, iter_records
 from broker.wal.recovery import replay
 from config.schema import BrokerConfig
 
@@ -181,3 +181,26 @@ def test_a_message_acked_before_it_is_written_keeps_no_segment_alive() -> None:
     c.call(1, commands.Basic.Get(queue="a", no_ack=True))
     journal.take(1)
     assert journal.live[1] == 0
+
+
+def test_a_sparse_segment_is_copied_forward_with_delivery_counts_and_replays_the_same() -> None:
+    node, journal, _ = durable_node()
+    c = client(node)
+    c.call(1, commands.Queue.Declare(queue="q", durable=True))
+    for i in range(8):
+        c.send(publish_frames(1, "", "q", b"%d" % i, PERSISTENT))
+    journal.take(1)
+    for _ in range(7):
+        got = [v for _, v in c.call(1, commands.Basic.Get(queue="q")) if v.name == "Basic.GetOk"][0]
+        c.call(1, commands.Basic.Ack(delivery_tag=got.delivery_tag))
+    got = [v for _, v in c.call(1, commands.Basic.Get(queue="q")) if v.name == "Basic.GetOk"][0]
+    c.call(1, commands.Basic.Nack(delivery_tag=got.delivery_tag, requeue=True))
+    assert (journal.live[1], journal.written[1], journal.sparse(1)) == (1, 8, True)
+    assert journal.rewrite(1) == 1
+    second_segment, _ = journal.take(2)
+    assert (journal.live[1], journal.live[2]) == (0, 1)
+    assert journal.retirable([1, 2, 3], active=3) == [1]
+    # With segment 1 retired, segment 2 (after its topology snapshot) alone rebuilds the queue.
+    snapshot = replay([QueueDeclared("/", "q", True, False, b"")] + [r for _, _, r in iter_records(second_segment)])
+    ((message_id, stored),) = snapshot.messages[("/", "q")].items()
+    assert (message_id, stored.record.body, stored.delivery_count) == (8, b"7", 1)
