@@ -76,8 +76,13 @@ class WALService(Service):
         interval: float,
         node: Node,
         archive: Archive | None = None,
+        memory_budget: int = 256 << 20,
     ) -> None:
         self.archive = archive
+        #: Bytes of logged message bodies kept in memory; past it, the newest are paged out.
+        self.memory_budget = memory_budget
+        self._paging_logged = False
+        self._read = log.storage.read_at
         self.journal = journal
         self.wal = log
         self.node = node
@@ -124,7 +129,7 @@ class WALService(Service):
             self._filled = SEGMENT_HEADER_BYTES + len(first)
             self._active += 1
             self._segments.append(self._active)
-        data, position = self.journal.take(self._active)
+        data, position = self.journal.take(self._active, self._filled, self._read)
         self._filled += len(data)
         retire = self.journal.retirable(self._segments, self._active)
         for number in retire:
@@ -156,6 +161,12 @@ class WALService(Service):
         self._writing = None
         self.writes += 1
         self.fsync_seconds.append(seconds)
+        if self.journal.page_out(self.memory_budget) and not self._paging_logged:
+            self._paging_logged = True
+            self._log.info(
+                "persistent message bodies over the memory budget ({budget} bytes) are paged out to the log",
+                budget=self.memory_budget,
+            )
         if self.alarm is not None:
             self._log.info("write-ahead log writes succeed again")
             self.alarm = None
@@ -265,7 +276,16 @@ def make_broker_service(
             log.forget()
             journal = Journal(snapshot.max_message_id + 1, reactor.seconds)
             node = node_from_config(config, reactor, journal, snapshot)
-            wal = WALService(journal, log, reactor, config.storage.fsync, config.storage.fsync_interval_ms / 1000, node)
+            wal = WALService(
+                journal,
+                log,
+                reactor,
+                config.storage.fsync,
+                config.storage.fsync_interval_ms / 1000,
+                node,
+                archive_of(config),
+                config.storage.memory_budget,
+            )
             _log.info(
                 "recovered {messages} message(s) in {queues} durable queue(s) from {segments} segment(s)"
                 " ({bytes} bytes, {records} records) in {seconds:.3f} s; torn tail: {truncated} bytes truncated",

@@ -264,6 +264,10 @@ class MemorySegmentStorage:
             raise fault[0]
         return bytes(segment.cache)
 
+    def read_at(self, number: int, offset: int, length: int) -> bytes:
+        """``length`` bytes of segment ``number`` from ``offset`` (as the page cache has it)."""
+        return self.read(number)[offset : offset + length]
+
     def create(self, number: int, header: bytes) -> None:
         """Create segment ``number`` holding ``header``, durably."""
         fault = self._call("create", number)

@@ -272,7 +272,9 @@ class _Reader:
         )
 
     def storage(self, value: Any) -> StorageConfig:
-        section = self.mapping(value, "storage", {"dir", "fsync", "fsync_interval_ms", "segment_bytes", "archive"})
+        section = self.mapping(
+            value, "storage", {"dir", "fsync", "fsync_interval_ms", "segment_bytes", "memory_budget", "archive"}
+        )
         default = StorageConfig()
         fsync = self.string(section.get("fsync"), "storage.fsync", default.fsync)
         if fsync not in ("always", "batch", "never"):
@@ -287,6 +289,7 @@ class _Reader:
                 section.get("fsync_interval_ms"), "storage.fsync_interval_ms", default.fsync_interval_ms, 1, 1000
             ),
             segment_bytes=self.size(section.get("segment_bytes"), "storage.segment_bytes", default.segment_bytes),
+            memory_budget=self.size(section.get("memory_budget"), "storage.memory_budget", default.memory_budget),
             archive=ArchiveConfig(
                 enabled=self.boolean(archive.get("enabled"), "storage.archive.enabled", archive_default.enabled),
                 retention=self.duration(

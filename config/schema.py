@@ -37,6 +37,8 @@ class StorageConfig:
     fsync: str = "batch"
     fsync_interval_ms: int = 5
     segment_bytes: int = 64 << 20
+    #: Bytes of persistent message bodies kept in memory; beyond it they are read back from the log.
+    memory_budget: int = 256 << 20
     archive: ArchiveConfig = field(default_factory=ArchiveConfig)
 
 

@@ -122,4 +122,4 @@ def with_delivery_count(message: Message, delivery_count: int) -> bytes:
     """The message's content header with ``x-delivery-count`` set, for a redelivery."""
     properties: commands.Basic.Properties = copy.copy(message.properties)
     properties.headers = {**(properties.headers or {}), "x-delivery-count": delivery_count}
-    return encode_content_header(len(message.body), properties)
+    return encode_content_header(message.size, properties)

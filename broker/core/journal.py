@@ -15,7 +15,7 @@ durable queues is one ``Published`` record naming them all.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -68,7 +68,8 @@ class Journal:
 
     def __init__(self, next_message_id: int = 1, clock: Callable[[], float] | None = None) -> None:
         self._pending: list[bytes] = []
-        self._pending_messages: list[Message] = []
+        #: Messages recorded in the pending data, with where their record ends in it.
+        self._pending_messages: list[tuple[Message, int]] = []
         #: Bytes waiting in :meth:`take`.
         self.pending_bytes = 0
         #: Live message references per log segment (a message in two queues counts twice).
@@ -79,6 +80,12 @@ class Journal:
         self._by_segment: dict[int, set[Message]] = {}
         #: Messages copied forward out of sparse segments so far.
         self.rewritten = 0
+        #: Logged messages whose bodies are in memory and counted in :attr:`resident_bytes`,
+        #: oldest first (candidates for :meth:`page_out`, newest first).
+        self.resident: deque[Message] = deque()
+        self.resident_bytes = 0
+        #: Bodies paged out so far.
+        self.paged_out = 0
         self._next_id = next_message_id
         self._clock = clock or (lambda: 0.0)
         #: Bytes encoded so far: a publish is durable once :attr:`synced` reaches its position.
@@ -114,8 +121,8 @@ class Journal:
         queues = tuple(queues)
         message.wal_vhost = vhost
         message.wal_queues += queues
-        self._pending_messages.append(message)
         self._add(self._published_record(message, queues))
+        self._pending_messages.append((message, self.pending_bytes))
         return message_id
 
     def _published_record(self, message: Message, queues: tuple[str, ...]) -> bytes:
@@ -160,6 +167,9 @@ class Journal:
             message.wal_queues.remove(queue)
         except ValueError:
             return
+        if not message.wal_queues and message.wal_counted:
+            message.wal_counted = False
+            self.resident_bytes -= message.size
         segment = message.wal_segment
         if segment:
             self.live[segment] -= 1
@@ -178,8 +188,8 @@ class Journal:
         for message in sorted(messages, key=lambda m: m.wal_id):
             self.live[segment] -= len(message.wal_queues)
             message.wal_segment = 0
-            self._pending_messages.append(message)
             self._add(self._published_record(message, tuple(message.wal_queues)))
+            self._pending_messages.append((message, self.pending_bytes))
             for queue, count in (message.wal_counts or {}).items():
                 self._add(encode(DeliveryCounted(message.wal_vhost, queue, message.wal_id, count)))
         self.rewritten += len(messages)
@@ -286,19 +296,54 @@ class Journal:
         """Whether records wait to be written."""
         return bool(self._pending)
 
-    def take(self, segment: int = 0) -> tuple[bytes, int]:
+    def take(
+        self, segment: int = 0, base: int = 0, read: Callable[[int, int, int], bytes] | None = None
+    ) -> tuple[bytes, int]:
         """Everything pending, and the position it reaches once written.
 
         :param segment: the log segment the data will be appended to; messages recorded in it
             count as live there until every queue holding them has let them go
+        :param base: the offset in that segment where the data will start
+        :param read: reads bytes back from a segment; given, the bodies written here may be
+            paged out later (:meth:`page_out`)
         """
         data = b"".join(self._pending)
         self._pending.clear()
         self.pending_bytes = 0
-        for message in self._pending_messages:
+        resident = self.resident
+        for message, end in self._pending_messages:
             self._place(message, segment, len(message.wal_queues))
+            if read is not None and message.wal_queues:
+                # The body is the last field of the Published record that ends at ``end``.
+                message.wal_location = (read, segment, base + end - message.size)
+                if not message.wal_counted and message.resident:
+                    message.wal_counted = True
+                    self.resident_bytes += message.size
+                    resident.append(message)
         self._pending_messages.clear()
+        while resident and not resident[0].wal_queues:
+            gone = resident.popleft()
+            if gone.wal_counted:
+                gone.wal_counted = False
+                self.resident_bytes -= gone.size
         return data, self.position
+
+    def page_out(self, budget: int) -> int:
+        """Drop bodies of logged messages from memory, newest first, until at most ``budget``
+        bytes of them remain; they are read back from the log when delivered. Returns how many."""
+        resident = self.resident
+        paged = 0
+        while self.resident_bytes > budget and resident:
+            message = resident.pop()
+            if not message.wal_counted:
+                continue
+            message.wal_counted = False
+            self.resident_bytes -= message.size
+            if message.wal_queues and message.wal_location is not None:
+                message.page_out()
+                paged += 1
+        self.paged_out += paged
+        return paged
 
     def _place(self, message: Message, segment: int, references: int) -> None:
         message.wal_segment = segment

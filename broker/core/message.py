@@ -8,6 +8,7 @@ The property flags word tells which properties are present without decoding any 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pamqp import commands
@@ -38,7 +39,9 @@ class Message:
         "routing_key",
         "names",
         "header",
-        "body",
+        "_body",
+        "size",
+        "wal_location",
         "flags",
         "_properties",
         "wal_id",
@@ -46,6 +49,7 @@ class Message:
         "wal_vhost",
         "wal_queues",
         "wal_counts",
+        "wal_counted",
     )
 
     def __init__(self, exchange: str, routing_key: str, names: bytes, header: bytes, body: bytes) -> None:
@@ -53,7 +57,11 @@ class Message:
         self.routing_key = routing_key
         self.names = names
         self.header = header
-        self.body = body
+        self._body: bytes | None = body
+        #: The body's length, known even while the body is paged out.
+        self.size = len(body)
+        #: Where its body is in the log: ``(read, segment, offset)``, once written there.
+        self.wal_location: tuple[Callable[[int, int, int], bytes], int, int] | None = None
         #: The first property-flags word: which properties are present (bytes 12-13 of the header).
         self.flags = header[12] << 8 | header[13]
         self._properties: commands.Basic.Properties | None = None
@@ -67,6 +75,8 @@ class Message:
         self.wal_queues: list[str] = []
         #: Delivery counts the log holds for it, by queue (``None`` until one is recorded).
         self.wal_counts: dict[str, int] | None = None
+        #: Whether its body counts against the journal's in-memory budget.
+        self.wal_counted = False
 
     @classmethod
     def build(
@@ -113,9 +123,29 @@ class Message:
         return bool(self.flags & FLAG_DELIVERY_MODE) and delivery_mode(self.header) == 2
 
     @property
+    def body(self) -> bytes:
+        """The body; read back from the log when it was paged out to save memory."""
+        body = self._body
+        if body is None:
+            assert self.wal_location is not None
+            read, segment, offset = self.wal_location
+            body = self._body = read(segment, offset, self.size)
+        return body
+
+    @property
+    def resident(self) -> bool:
+        """Whether the body is in memory."""
+        return self._body is not None
+
+    def page_out(self) -> None:
+        """Drop the body from memory; :attr:`body` reads it back from :attr:`wal_location`."""
+        assert self.wal_location is not None
+        self._body = None
+
+    @property
     def body_size(self) -> int:
         """The body length in bytes."""
-        return len(self.body)
+        return self.size
 
     def __repr__(self) -> str:
-        return f"<Message {self.exchange!r} {self.routing_key!r} {len(self.body)} bytes>"
+        return f"<Message {self.exchange!r} {self.routing_key!r} {self.size} bytes>"

@@ -423,7 +423,7 @@ class WorkQueue:
 
     def _enqueue_checked(self, message: Message) -> bool:
         settings = self.settings
-        if settings.overflow is not Overflow.DROP_HEAD and self._full(extra=len(message.body)):
+        if settings.overflow is not Overflow.DROP_HEAD and self._full(extra=message.size):
             if self.journal is not None:
                 self.journal.refused(self, message)
             if settings.overflow is Overflow.REJECT_PUBLISH_DLX:
@@ -495,7 +495,7 @@ class WorkQueue:
     def _append_ready(self, entry: Entry) -> None:
         self._ready.append(entry)
         if self._track_bytes:
-            self.ready_bytes += len(entry.message.body)
+            self.ready_bytes += entry.message.size
 
     def _full(self, extra: int = 0) -> bool:
         settings = self.settings
@@ -529,7 +529,7 @@ class WorkQueue:
                 self._gone_in_ready -= 1
                 continue
             if self._track_bytes:
-                self.ready_bytes -= len(entry.message.body)
+                self.ready_bytes -= entry.message.size
             return entry
         return None
 
@@ -575,7 +575,7 @@ class WorkQueue:
         for entry in reversed(back):
             ready.appendleft(entry)
             if self._track_bytes:
-                self.ready_bytes += len(entry.message.body)
+                self.ready_bytes += entry.message.size
         self.redelivered += len(back)
         journal = self.journal
         if journal is not None:
@@ -811,7 +811,7 @@ class WorkQueue:
         if expired:
             for entry in expired:
                 if self._track_bytes:
-                    self.ready_bytes -= len(entry.message.body)
+                    self.ready_bytes -= entry.message.size
             self.settle(expired)
             self._gone_in_ready += len(expired)
             self._dead_letter(expired, DeadLetterReason.EXPIRED)

@@ -35,6 +35,12 @@ class ISegmentStorage(Interface):
     def read(number: int) -> bytes:
         """The whole content of segment ``number``."""
 
+    def read_at(number: int, offset: int, length: int) -> bytes:
+        """``length`` bytes of segment ``number`` from ``offset`` (a paged-out message body).
+
+        Safe to call from another thread than the one appending: segments only grow.
+        """
+
     def create(number: int, header: bytes) -> None:
         """Create segment ``number`` holding ``header``; durable (file and directory synced) on return.
 
@@ -106,6 +112,7 @@ class DirectoryStorage:
         if self.archive_path is not None:
             os.makedirs(self.archive_path, exist_ok=True)
         self._fds: dict[int, int] = {}
+        self._read_fds: dict[int, int] = {}
 
     def _path(self, number: int) -> str:
         return os.path.join(self.path, segment_name(number))
@@ -129,6 +136,16 @@ class DirectoryStorage:
         """The whole content of segment ``number``."""
         with open(self._path(number), "rb", buffering=0) as file:
             return file.read()
+
+    def read_at(self, number: int, offset: int, length: int) -> bytes:
+        """``length`` bytes of segment ``number`` from ``offset``, with ``os.pread`` on a read-only descriptor."""
+        fd = self._read_fds.get(number)
+        if fd is None:
+            fd = self._read_fds[number] = os.open(self._path(number), os.O_RDONLY | os.O_CLOEXEC)
+        data = os.pread(fd, length, offset)
+        if len(data) != length:
+            raise OSError(errno.EIO, f"short read of segment {number} at {offset}: {len(data)} of {length} bytes")
+        return data
 
     def create(self, number: int, header: bytes) -> None:
         """Create segment ``number`` holding ``header``, then fsync it and the directory.
@@ -181,9 +198,10 @@ class DirectoryStorage:
         path = self._path(number)
         if not os.path.exists(path):
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-        fd = self._fds.pop(number, None)
-        if fd is not None:
-            os.close(fd)
+        for fds in (self._fds, self._read_fds):
+            fd = fds.pop(number, None)
+            if fd is not None:
+                os.close(fd)
         if self.archive_path is None:
             os.unlink(path)
         else:
@@ -212,7 +230,8 @@ class DirectoryStorage:
     def close(self) -> None:
         """Close the open file descriptors (they reopen on demand)."""
         fds, self._fds = self._fds, {}
-        for fd in fds.values():
+        read_fds, self._read_fds = self._read_fds, {}
+        for fd in [*fds.values(), *read_fds.values()]:
             os.close(fd)
 
     def __enter__(self) -> DirectoryStorage:

@@ -503,6 +503,11 @@ class WriteAheadLog:
             self.append(first)
         return number
 
+    @property
+    def storage(self) -> ISegmentStorage:
+        """The segment storage (its ``read_at`` may be used from another thread)."""
+        return self._storage
+
     def segments(self) -> list[int]:
         """The numbers of the log's segments, ascending; the last is the active one."""
         return list(self._numbers)

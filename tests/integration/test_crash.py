@@ -36,12 +36,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def broker(data: Path, segment_bytes: str = "64MiB") -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+def broker(
+    data: Path, segment_bytes: str = "64MiB", memory_budget: str = "256MiB"
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     port = free_port()
     config = data.parent / f"broker-{port}.yaml"
     config.write_text(
         f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1"}}\n'
-        f'storage: {{dir: "{data}", fsync: batch, segment_bytes: {segment_bytes}, '
+        f'storage: {{dir: "{data}", fsync: batch, segment_bytes: {segment_bytes}, memory_budget: {memory_budget}, '
         "archive: {enabled: true, retention: 7d, max_bytes: 1GiB}}\n"
     )
     log = open(data.parent / "broker.log", "ab")
@@ -176,3 +178,23 @@ def test_a_long_lived_message_does_not_pin_old_segments(tmp_path: Path) -> None:
         assert channel.basic_get("keep", auto_ack=True)[2] == b"long-lived"
         assert channel.queue_declare("churn", passive=True).method.message_count == 3
         connection.close()
+
+
+def test_bodies_beyond_the_memory_budget_come_back_from_the_log(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    bodies = [b"%04d" % number + bytes([number % 256]) * 2000 for number in range(300)]
+    with broker(data, segment_bytes="64KiB", memory_budget="16KiB") as (_process, port):
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, socket_timeout=5))
+        channel = connection.channel()
+        channel.queue_declare("paged", durable=True)
+        channel.confirm_delivery()
+        for body in bodies:
+            channel.basic_publish("", "paged", body, pika.BasicProperties(delivery_mode=2))
+        received = []
+        for _ in bodies:
+            method, _properties, body = channel.basic_get("paged")
+            received.append(body)
+            channel.basic_ack(method.delivery_tag)
+        connection.close()
+    assert received == bodies
+    assert "are paged out to the log" in (tmp_path / "broker.log").read_text()

@@ -11,7 +11,8 @@ from twisted.internet.task import Clock
 from broker.core.definitions import node_from_config
 from broker.core.journal import Journal
 from broker.core.node import Node
-from broker.testing import Client, publish_frames
+from broker.testing import Client, MemorySegmentStorage, publish_frames
+from broker.wal.log import WriteAheadLog
 from broker.wal.record import Published, QueueDeclared, Removed, iter_records
 from broker.wal.recovery import replay
 from config.schema import BrokerConfig
@@ -204,3 +205,27 @@ def test_a_sparse_segment_is_copied_forward_with_delivery_counts_and_replays_the
     snapshot = replay([QueueDeclared("/", "q", True, False, b"")] + [r for _, _, r in iter_records(second_segment)])
     ((message_id, stored),) = snapshot.messages[("/", "q")].items()
     assert (message_id, stored.record.body, stored.delivery_count) == (8, b"7", 1)
+
+
+def test_bodies_beyond_the_memory_budget_are_paged_out_newest_first_and_read_back() -> None:
+    node, journal, _ = durable_node()
+    log = WriteAheadLog(MemorySegmentStorage())
+    log.open()
+    c = client(node)
+    c.call(1, commands.Queue.Declare(queue="big", durable=True))
+    bodies = [bytes([i]) * 1000 for i in range(10)]
+    for body in bodies:
+        c.send(publish_frames(1, "", "big", body, PERSISTENT))
+    data, _ = journal.take(log.active, log.size, log.storage.read_at)
+    log.append(data)
+    assert journal.resident_bytes == 10_000
+    assert journal.page_out(budget=3_000) == 7
+    entries = list(node.vhosts["/"].queues["big"].ready_entries())
+    assert [e.message.resident for e in entries] == [True] * 3 + [False] * 7
+    assert journal.resident_bytes == 3_000
+    got = []
+    for _ in bodies:
+        frames = c.call(1, commands.Basic.Get(queue="big", no_ack=True))
+        got.append(frames[-1][1].value)
+    assert got == bodies
+    assert journal.resident_bytes == 0
