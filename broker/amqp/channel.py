@@ -328,7 +328,9 @@ class ChannelState:
             tag += 1
             count += 1
             message = entry.message
-            body = message.body
+            body = message._body
+            if body is None:  # paged out to the log
+                body = message.body
             header = message.header if entry.header is None else entry.header
             if 0 < len(body) <= single_frame:
                 names = message.names
