@@ -24,7 +24,7 @@ from broker.protocol import AMQPServerFactory
 from broker.wal.files import DirectoryStorage, prune_archive
 from broker.wal.log import RecoveryReport, WriteAheadLog
 from broker.wal.record import SEGMENT_HEADER_BYTES
-from broker.wal.recovery import replay_segments
+from broker.wal.recovery import replay_located
 from config.schema import BrokerConfig
 
 #: Allocations between young-generation collections. Messages and queue entries are
@@ -272,10 +272,11 @@ def make_broker_service(
         if persist:
             started = time.monotonic()
             log, report, _storage = open_log(config)
-            snapshot = replay_segments(log.records())
+            snapshot = replay_located(log.located_records())
             log.forget()
             journal = Journal(snapshot.max_message_id + 1, reactor.seconds)
-            node = node_from_config(config, reactor, journal, snapshot)
+            node = node_from_config(config, reactor, journal, snapshot, log.storage.read_at)
+            paged = journal.page_out(config.storage.memory_budget)
             wal = WALService(
                 journal,
                 log,
@@ -288,7 +289,8 @@ def make_broker_service(
             )
             _log.info(
                 "recovered {messages} message(s) in {queues} durable queue(s) from {segments} segment(s)"
-                " ({bytes} bytes, {records} records) in {seconds:.3f} s; torn tail: {truncated} bytes truncated",
+                " ({bytes} bytes, {records} records) in {seconds:.3f} s; torn tail: {truncated} bytes truncated;"
+                " {paged} bodies left in the log (memory budget)",
                 messages=snapshot.message_count,
                 queues=len(snapshot.queues),
                 segments=report.segments,
@@ -296,6 +298,7 @@ def make_broker_service(
                 records=report.records,
                 seconds=time.monotonic() - started,
                 truncated=report.truncated_bytes,
+                paged=paged,
             )
         else:
             node = node_from_config(config, reactor)

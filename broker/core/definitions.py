@@ -8,6 +8,7 @@ arguments) is reported with its key path, as in the file.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from broker.amqp.codec import decode_field_table, shortstr
@@ -28,6 +29,7 @@ def node_from_config(
     clock: Scheduler | None = None,
     journal: Journal | None = None,
     snapshot: Snapshot | None = None,
+    read: Callable[[int, int, int], bytes] | None = None,
 ) -> Node:
     """A node with the configuration's limits, users and virtual hosts.
 
@@ -62,7 +64,7 @@ def node_from_config(
     if journal is not None:
         node.set_journal(journal)
     if snapshot is not None:
-        restore_snapshot(node, snapshot)
+        restore_snapshot(node, snapshot, read)
     apply_definitions(node, config)
     return node
 
@@ -122,13 +124,14 @@ def _refused(path: str, error: AMQPError) -> Problem:
     return Problem(None, path, f"refused by the broker: {error.reply_text}")
 
 
-def restore_snapshot(node: Node, snapshot: Snapshot) -> int:
+def restore_snapshot(node: Node, snapshot: Snapshot, read: Callable[[int, int, int], bytes] | None = None) -> int:
     """Rebuild the durable state a log described: topology first, then each queue's messages.
 
     Nothing is recorded again while restoring. Recovered messages are marked redelivered
     (a consumer may have seen them before the restart), keep their delivery counts, and keep
     their TTL counted from when they were first published.
 
+    :param read: reads bytes back from a log segment, so recovered bodies can be paged out
     :returns: the number of messages restored (one per queue holding it)
     """
     journal = node.journal
@@ -180,7 +183,14 @@ def restore_snapshot(node: Node, snapshot: Snapshot) -> int:
                     messages[message_id] = message
                 queue.restore(message, item.delivery_count, item.record.timestamp)
                 if journal is not None:
-                    journal.restored(message, item.segment, vhost_name, queue_name, item.delivery_count)
+                    journal.restored(
+                        message,
+                        item.segment,
+                        vhost_name,
+                        queue_name,
+                        item.delivery_count,
+                        (read, item.end) if read is not None else None,
+                    )
                 restored += 1
         return restored
     finally:

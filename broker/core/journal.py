@@ -355,10 +355,27 @@ class Journal:
                 holders = self._by_segment[segment] = set()
             holders.add(message)
 
-    def restored(self, message: Message, segment: int, vhost: str, queue: str, delivery_count: int) -> None:
-        """A message rebuilt from the log at start is held by one more queue."""
+    def restored(
+        self,
+        message: Message,
+        segment: int,
+        vhost: str,
+        queue: str,
+        delivery_count: int,
+        location: tuple[Callable[[int, int, int], bytes], int] | None = None,
+    ) -> None:
+        """A message rebuilt from the log at start is held by one more queue.
+
+        :param location: ``(read, end offset of its record)``, so its body can be paged out again
+        """
         message.wal_vhost = vhost
         message.wal_queues.append(queue)
+        if location is not None and message.wal_location is None and location[1]:
+            read, end = location
+            message.wal_location = (read, segment, end - message.size)
+            message.wal_counted = True
+            self.resident_bytes += message.size
+            self.resident.append(message)
         if delivery_count:
             if message.wal_counts is None:
                 message.wal_counts = {}

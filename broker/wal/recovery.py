@@ -34,6 +34,8 @@ class StoredMessage:
     delivery_count: int = 0
     #: The segment holding its ``Published`` record (0 when replayed without segment numbers).
     segment: int = 0
+    #: Where that record ends in the segment (its body ends there too); 0 when unknown.
+    end: int = 0
 
 
 @dataclass
@@ -76,9 +78,14 @@ def replay(records: Iterable[object], snapshot: Snapshot | None = None) -> Snaps
 
 def replay_segments(records: Iterable[tuple[int, object]], snapshot: Snapshot | None = None) -> Snapshot:
     """:func:`replay` over ``(segment, record)`` pairs, remembering each message's segment."""
+    return replay_located(((segment, 0, record) for segment, record in records), snapshot)
+
+
+def replay_located(records: Iterable[tuple[int, int, object]], snapshot: Snapshot | None = None) -> Snapshot:
+    """:func:`replay` over ``(segment, end offset, record)``, remembering where each message's record is."""
     state = snapshot or Snapshot()
     messages = state.messages
-    for segment, record in records:
+    for segment, end, record in records:
         kind = type(record)
         if kind is Published:
             assert isinstance(record, Published)
@@ -86,7 +93,7 @@ def replay_segments(records: Iterable[tuple[int, object]], snapshot: Snapshot | 
             for queue in record.queues:
                 key = (record.vhost, queue)
                 if key in state.queues:
-                    messages.setdefault(key, {})[record.message_id] = StoredMessage(record, 0, segment)
+                    messages.setdefault(key, {})[record.message_id] = StoredMessage(record, 0, segment, end)
                 else:
                     state.orphans += 1
         elif kind is Removed:

@@ -183,13 +183,18 @@ def test_a_long_lived_message_does_not_pin_old_segments(tmp_path: Path) -> None:
 def test_bodies_beyond_the_memory_budget_come_back_from_the_log(tmp_path: Path) -> None:
     data = tmp_path / "data"
     bodies = [b"%04d" % number + bytes([number % 256]) * 2000 for number in range(300)]
-    with broker(data, segment_bytes="64KiB", memory_budget="16KiB") as (_process, port):
+    with broker(data, segment_bytes="64KiB", memory_budget="16KiB") as (process, port):
         connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, socket_timeout=5))
         channel = connection.channel()
         channel.queue_declare("paged", durable=True)
         channel.confirm_delivery()
         for body in bodies:
             channel.basic_publish("", "paged", body, pika.BasicProperties(delivery_mode=2))
+        connection.close()
+        process.send_signal(signal.SIGKILL)
+    with broker(data, segment_bytes="64KiB", memory_budget="16KiB") as (_process, port):
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, socket_timeout=5))
+        channel = connection.channel()
         received = []
         for _ in bodies:
             method, _properties, body = channel.basic_get("paged")
@@ -197,4 +202,11 @@ def test_bodies_beyond_the_memory_budget_come_back_from_the_log(tmp_path: Path) 
             channel.basic_ack(method.delivery_tag)
         connection.close()
     assert received == bodies
-    assert "are paged out to the log" in (tmp_path / "broker.log").read_text()
+    log = (tmp_path / "broker.log").read_text()
+    assert "are paged out to the log" in log
+    paged = [
+        int(line.split(" bodies left in the log")[0].rsplit(" ", 1)[1])
+        for line in log.splitlines()
+        if "left in the log" in line
+    ]
+    assert paged[-1] > 250  # after the restart, only about 16 KiB of bodies were loaded
