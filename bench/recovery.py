@@ -22,10 +22,11 @@ from pamqp import commands
 from broker.core.definitions import node_from_config
 from broker.core.journal import Journal
 from broker.core.message import Message
+from broker.service import release_memory
 from broker.wal.files import DirectoryStorage
 from broker.wal.log import WriteAheadLog
 from broker.wal.record import QueueDeclared, encode
-from broker.wal.recovery import replay
+from broker.wal.recovery import replay_located
 from config.schema import BrokerConfig
 
 
@@ -34,6 +35,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--memory-budget", type=int, default=256 << 20, help="bytes of bodies kept in memory")
     args = parser.parse_args()
     directory = args.dir or Path(tempfile.mkdtemp(prefix="postroom-recovery-"))
     shutil.rmtree(directory, ignore_errors=True)
@@ -66,17 +68,24 @@ def main() -> None:
     log = WriteAheadLog(DirectoryStorage(str(directory)))
     report = log.open()
     opened = time.perf_counter() - started
-    snapshot = replay(record for _segment, record in log.records())
+    snapshot = replay_located(log.located_records())
     log.forget()
     folded = time.perf_counter() - started
-    node = node_from_config(BrokerConfig(), None, Journal(snapshot.max_message_id + 1), snapshot)
+    journal = Journal(snapshot.max_message_id + 1)
+    node = node_from_config(BrokerConfig(), None, journal, snapshot, log.storage.read_at)
+    paged = journal.page_out(args.memory_budget)
     total = time.perf_counter() - started
+    del snapshot  # as the broker does once started: the records held every body
+    gc.collect()
+    release_memory()
     queue = node.vhosts["/"].queues["work"]
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with open("/proc/self/statm") as statm:
+        now_mib = int(statm.read().split()[1]) * resource.getpagesize() / (1 << 20)
     print(
         f"recovered {queue.message_count:,} messages from {report.segments} segments in {total:.1f} s "
         f"(read and checked {opened:.1f} s, folded {folded - opened:.1f} s, rebuilt {total - folded:.1f} s); "
-        f"peak RSS {rss:.0f} MiB"
+        f"{paged:,} bodies left in the log; RSS after recovery {now_mib:.0f} MiB, peak {rss:.0f} MiB"
     )
     if args.dir is None:
         shutil.rmtree(directory, ignore_errors=True)
