@@ -26,13 +26,13 @@ from broker.wal.record import (
     DeliveryCounted,
     ExchangeDeclared,
     ExchangeDeleted,
-    Published,
     QueueDeclared,
     QueueDeleted,
     Removed,
     Snapshot,
     Unbound,
     encode,
+    encode_published,
 )
 
 if TYPE_CHECKING:
@@ -126,17 +126,15 @@ class Journal:
         return message_id
 
     def _published_record(self, message: Message, queues: tuple[str, ...]) -> bytes:
-        return encode(
-            Published(
-                message.wal_id,
-                message.wal_vhost,
-                queues,
-                message.exchange,
-                message.routing_key,
-                self._clock(),
-                message.header,
-                message.body,
-            )
+        return encode_published(
+            message.wal_id,
+            message.wal_vhost,
+            queues,
+            message.exchange,
+            message.routing_key,
+            self._clock(),
+            message.header,
+            message.body,
         )
 
     def removed(self, queue: WorkQueue, entries: Iterable[Entry]) -> None:

@@ -345,36 +345,80 @@ _F64_U32 = struct.Struct(">dI")  # timestamp, len(header)
 
 
 def _encode_published(record: Published) -> bytes:
-    """:func:`_encode_fields` unrolled for :class:`Published`, written once per persistent publish.
+    """:func:`_encode_fields` unrolled for :class:`Published` (see :func:`published_payload`)."""
+    return published_payload(
+        record.message_id,
+        record.vhost,
+        record.queues,
+        record.exchange,
+        record.routing_key,
+        record.timestamp,
+        record.header,
+        record.body,
+    )
+
+
+def published_payload(
+    message_id: int,
+    vhost: str,
+    queues: tuple[str, ...],
+    exchange: str,
+    routing_key: str,
+    timestamp: float,
+    header: bytes,
+    body: bytes,
+) -> bytes:
+    """The payload of a :class:`Published` record, from its fields.
 
     Same bytes as the generic encoder (a test checks), in about half the time: fixed fields
     are packed together and the common single-queue case takes one pack.
     """
-    vhost = record.vhost.encode(_ENCODING, _ERRORS)
-    exchange = record.exchange.encode(_ENCODING, _ERRORS)
-    routing_key = record.routing_key.encode(_ENCODING, _ERRORS)
-    queues = record.queues
-    header = record.header
-    body = record.body
+    vhost_bytes = vhost.encode(_ENCODING, _ERRORS)
+    exchange_bytes = exchange.encode(_ENCODING, _ERRORS)
+    routing_key_bytes = routing_key.encode(_ENCODING, _ERRORS)
     if len(queues) == 1:
         queue = queues[0].encode(_ENCODING, _ERRORS)
-        parts = [_PUBLISHED_HEAD.pack(record.message_id, len(vhost)), vhost, _U16_U16.pack(1, len(queue)), queue]
+        parts = [_PUBLISHED_HEAD.pack(message_id, len(vhost_bytes)), vhost_bytes, _U16_U16.pack(1, len(queue)), queue]
     else:
-        parts = [_PUBLISHED_HEAD.pack(record.message_id, len(vhost)), vhost, _U16.pack(len(queues))]
+        parts = [_PUBLISHED_HEAD.pack(message_id, len(vhost_bytes)), vhost_bytes, _U16.pack(len(queues))]
         for name in queues:
             queue = name.encode(_ENCODING, _ERRORS)
             parts += (_U16.pack(len(queue)), queue)
     parts += (
-        _U16.pack(len(exchange)),
-        exchange,
-        _U16.pack(len(routing_key)),
-        routing_key,
-        _F64_U32.pack(record.timestamp, len(header)),
+        _U16.pack(len(exchange_bytes)),
+        exchange_bytes,
+        _U16.pack(len(routing_key_bytes)),
+        routing_key_bytes,
+        _F64_U32.pack(timestamp, len(header)),
         header,
         _U32.pack(len(body)),
         body,
     )
     return b"".join(parts)
+
+
+def encode_published(
+    message_id: int,
+    vhost: str,
+    queues: tuple[str, ...],
+    exchange: str,
+    routing_key: str,
+    timestamp: float,
+    header: bytes,
+    body: bytes,
+) -> bytes:
+    """The framed :class:`Published` record, without building the dataclass (the broker's hot path).
+
+    :raises ValueError: as :func:`encode`
+    """
+    try:
+        payload = published_payload(message_id, vhost, queues, exchange, routing_key, timestamp, header, body)
+    except struct.error as err:
+        raise ValueError(f"Published does not fit the WAL format: {err}") from err
+    if len(payload) > MAX_RECORD_BYTES:
+        raise ValueError(f"Published payload of {len(payload)} bytes is over {MAX_RECORD_BYTES}")
+    kind = int(RecordType.PUBLISHED)
+    return _RECORD_HEADER.pack(len(payload), zlib.crc32(payload, _TYPE_CRC[kind]), kind) + payload
 
 
 def _generic(spec: _Spec) -> Callable[[object], bytes]:

@@ -31,6 +31,7 @@ from broker.wal.record import (
     WALCorruption,
     decode,
     encode,
+    encode_published,
     iter_records,
     parse_segment_header,
     scan,
@@ -426,3 +427,13 @@ def test_corruption_pickles_for_spark() -> None:
         4096,
         "segment 3 offset 4096: bad crc",
     )
+
+
+@given(
+    message_id=st.integers(min_value=1, max_value=2**64 - 1),
+    queues=st.lists(st.text(max_size=20), min_size=1, max_size=3).map(tuple),
+    body=st.binary(max_size=64),
+)
+def test_encode_published_matches_encode_of_the_record(message_id: int, queues: tuple[str, ...], body: bytes) -> None:
+    record = Published(message_id, "/", queues, "ex", "rk", 1.5, b"h" * 14, body)
+    assert encode_published(message_id, "/", queues, "ex", "rk", 1.5, b"h" * 14, body) == encode(record)
