@@ -9,11 +9,11 @@ equal exactly when RabbitMQ would consider the two tables the same.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, KeysView, Mapping
+from collections.abc import Hashable, Iterable, Iterator, KeysView, Mapping
 from decimal import Decimal
 from typing import Any
 
-__all__ = ["ArgumentsKey", "BindingTable", "arguments_key"]
+__all__ = ["ArgumentsKey", "BindingTable", "TableRouter", "arguments_key"]
 
 #: The hashable stand-in for an arguments table; only ever compared and hashed.
 ArgumentsKey = Hashable
@@ -154,3 +154,21 @@ class BindingTable:
     def __len__(self) -> int:
         """The number of bindings."""
         return self._count
+
+
+class TableRouter:
+    """What every router shares: its bindings kept in a :class:`BindingTable` (``self._table``).
+
+    Subclasses fill ``_table`` in ``bind``/``unbind`` and keep their own index for ``route``.
+    """
+
+    def __init__(self) -> None:
+        self._table = BindingTable()
+
+    def bindings(self) -> Iterable[tuple[Hashable, str, Mapping[str, Any]]]:
+        """Every binding as ``(destination, routing_key, arguments)``."""
+        return iter(self._table)
+
+    def __len__(self) -> int:
+        """The number of bindings."""
+        return len(self._table)

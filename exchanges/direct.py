@@ -11,20 +11,20 @@ from typing import Any
 
 from zope.interface import implementer
 
-from exchanges.binding import BindingTable, arguments_key
+from exchanges.binding import TableRouter, arguments_key
 from exchanges.interfaces import IExchangeType, IRouter
 
 __all__ = ["DirectExchangeType", "DirectRouter"]
 
 
 @implementer(IRouter)
-class DirectRouter:
+class DirectRouter(TableRouter):
     """Bindings of one direct exchange, indexed by binding key: routing is one dict lookup, O(1)."""
 
     needs_headers = False
 
     def __init__(self) -> None:
-        self._table = BindingTable()
+        super().__init__()
         # routing key -> destination -> number of bindings (with different arguments) behind it.
         # The inner dict is what route() returns, so each destination appears once.
         self._routes: dict[str, dict[Hashable, int]] = {}
@@ -85,14 +85,6 @@ class DirectRouter:
         :param headers: ignored.
         """
         return self._routes.get(routing_key, ())
-
-    def bindings(self) -> Iterable[tuple[Hashable, str, Mapping[str, Any]]]:
-        """Every binding as ``(destination, routing_key, arguments)``."""
-        return iter(self._table)
-
-    def __len__(self) -> int:
-        """The number of bindings."""
-        return len(self._table)
 
 
 @implementer(IExchangeType)

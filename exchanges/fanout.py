@@ -11,20 +11,20 @@ from typing import Any
 
 from zope.interface import implementer
 
-from exchanges.binding import BindingTable, arguments_key
+from exchanges.binding import TableRouter, arguments_key
 from exchanges.interfaces import IExchangeType, IRouter
 
 __all__ = ["FanoutExchangeType", "FanoutRouter"]
 
 
 @implementer(IRouter)
-class FanoutRouter:
+class FanoutRouter(TableRouter):
     """Bindings of one fanout exchange; routing returns a view of the bound destinations, O(1)."""
 
     needs_headers = False
 
     def __init__(self) -> None:
-        self._table = BindingTable()
+        super().__init__()
 
     def bind(self, destination: Hashable, routing_key: str, arguments: Mapping[str, Any]) -> bool:
         """Add a binding; return ``True`` if it is new.
@@ -60,14 +60,6 @@ class FanoutRouter:
         :param headers: ignored.
         """
         return self._table.destinations()
-
-    def bindings(self) -> Iterable[tuple[Hashable, str, Mapping[str, Any]]]:
-        """Every binding as ``(destination, routing_key, arguments)``."""
-        return iter(self._table)
-
-    def __len__(self) -> int:
-        """The number of bindings."""
-        return len(self._table)
 
 
 @implementer(IExchangeType)

@@ -33,7 +33,7 @@ from typing import Any
 
 from zope.interface import implementer
 
-from exchanges.binding import ArgumentsKey, BindingTable, arguments_key
+from exchanges.binding import ArgumentsKey, TableRouter, arguments_key
 from exchanges.interfaces import BindingInvalid, IExchangeType, IRouter
 
 __all__ = ["HeadersExchangeType", "HeadersRouter", "XMatch"]
@@ -203,7 +203,7 @@ def _compile(arguments: Mapping[str, Any]) -> _Pattern:
 
 
 @implementer(IRouter)
-class HeadersRouter:
+class HeadersRouter(TableRouter):
     """Bindings of one headers exchange, grouped by arguments table.
 
     Routing tests each distinct arguments table once, however many destinations share it:
@@ -213,7 +213,7 @@ class HeadersRouter:
     needs_headers = True
 
     def __init__(self) -> None:
-        self._table = BindingTable()
+        super().__init__()
         self._patterns: dict[ArgumentsKey, _Pattern] = {}
 
     def bind(self, destination: Hashable, routing_key: str, arguments: Mapping[str, Any]) -> bool:
@@ -294,14 +294,6 @@ class HeadersRouter:
         if merged is not None:
             return merged
         return first if first is not None else ()
-
-    def bindings(self) -> Iterable[tuple[Hashable, str, Mapping[str, Any]]]:
-        """Every binding as ``(destination, routing_key, arguments)``."""
-        return iter(self._table)
-
-    def __len__(self) -> int:
-        """The number of bindings."""
-        return len(self._table)
 
 
 @implementer(IExchangeType)

@@ -21,7 +21,7 @@ from typing import Any
 
 from zope.interface import implementer
 
-from exchanges.binding import BindingTable, arguments_key
+from exchanges.binding import TableRouter, arguments_key
 from exchanges.interfaces import BindingInvalid, IExchangeType, IRouter
 
 __all__ = [
@@ -80,7 +80,7 @@ class _Node:
 
 
 @implementer(IRouter)
-class TopicRouter:
+class TopicRouter(TableRouter):
     """Bindings of one topic exchange, in a trie of binding-key words, plus a route cache."""
 
     needs_headers = False
@@ -93,7 +93,7 @@ class TopicRouter:
         """
         self._max_hash_wildcards = max_hash_wildcards
         self._route_cache_size = route_cache_size
-        self._table = BindingTable()
+        super().__init__()
         self._root = _Node()
         self._cache: dict[str, tuple[Hashable, ...]] = {}
         self._cache_used = 0
@@ -284,14 +284,6 @@ class TopicRouter:
             if node.hash is not None:
                 stack.append(node.hash)
         return count
-
-    def bindings(self) -> Iterable[tuple[Hashable, str, Mapping[str, Any]]]:
-        """Every binding as ``(destination, routing_key, arguments)``."""
-        return iter(self._table)
-
-    def __len__(self) -> int:
-        """The number of bindings."""
-        return len(self._table)
 
 
 @implementer(IExchangeType)
