@@ -203,7 +203,10 @@ def check(storage: ISegmentStorage) -> RecoveryReport:
     torn tail into ``torn_at`` and ``truncated_bytes``, the bytes ``open()`` would cut.
     """
     recovery = _read_log(storage, strict=False)
-    torn_at, truncated = _torn(recovery)
+    return _report(recovery, *_torn(recovery))
+
+
+def _report(recovery: _Recovery, torn_at: tuple[int, int] | None, truncated: int) -> RecoveryReport:
     return RecoveryReport(
         segments=len(recovery.numbers),
         records=len(recovery.records),
@@ -370,15 +373,7 @@ class WriteAheadLog:
         self._storage.sync(self._active)
         self._synced = self._size
         self._recovered = recovery.records
-        return RecoveryReport(
-            segments=len(recovery.numbers),
-            records=len(recovery.records),
-            bytes=recovery.bytes,
-            truncated_bytes=truncated,
-            torn_at=torn_at,
-            skipped_spans=recovery.skipped,
-            problems=tuple(recovery.problems),
-        )
+        return _report(recovery, torn_at, truncated)
 
     @staticmethod
     def _repair_last(segment: _Segment, storage: ISegmentStorage) -> None:
