@@ -1,0 +1,524 @@
+"""A blocking AMQP 0-9-1 client for applications: publish with confirms, consume with ack/nack.
+
+::
+
+    from broker.client import connect
+
+    with connect("amqp://guest:guest@127.0.0.1:5672/") as conn:
+        conn.publish("orders", "order.eu.created", b"{...}", headers={"tenant": "acme"})
+        for msg in conn.consume("orders.created", prefetch=20):
+            handle(msg.body)
+            msg.ack()
+
+It speaks to Postroom and to RabbitMQ alike, and shares its frame codec with the server
+(``broker.amqp.codec``). Publishes are confirmed by default: :meth:`Connection.publish`
+returns once the broker has confirmed the message, and raises :class:`PublishNacked` or
+:class:`PublishReturned` otherwise. Errors from the broker raise :class:`ChannelClosed` or
+:class:`ConnectionClosed` carrying the reply code and text.
+
+Everything happens in the calling thread: frames are read only while a call waits, which is
+also when heartbeats are answered (as in pika's ``BlockingConnection``).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from pamqp import commands
+from pamqp.base import Frame
+
+from broker.amqp.codec import (
+    BASIC_DELIVER,
+    BASIC_PUBLISH,
+    FRAME_END,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    FRAME_OVERHEAD,
+    HEARTBEAT_FRAME,
+    PROTOCOL_HEADER,
+    content_body_size,
+    content_frames,
+    decode_method,
+    decode_properties,
+    encode_content_header,
+    encode_method,
+    shortstr,
+)
+
+#: The exchange through which a visibility lease is extended (``../shared/CONTRACT.md``).
+EXTEND_EXCHANGE = "amq.postroom.extend"
+
+_frame_head = struct.Struct(">BHI")
+_method_index = struct.Struct(">I")
+_deliver_tail = struct.Struct(">QB")
+_publish_head = struct.Struct(">BHIIH")  # frame header, method index, reserved ticket
+
+
+class ClientError(Exception):
+    """A failure reported by the broker, with its AMQP reply code and text."""
+
+    def __init__(self, reply_code: int, reply_text: str) -> None:
+        super().__init__(f"{reply_code} {reply_text}")
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+
+
+class ChannelClosed(ClientError):
+    """The broker closed the channel (404 no such queue, 406 precondition failed ...)."""
+
+
+class ConnectionClosed(ClientError):
+    """The broker closed the connection, or the socket went away (reply code 320 then)."""
+
+
+class PublishNacked(ClientError):
+    """The broker refused a publish (a full queue with ``x-overflow`` reject-publish, a failed disk)."""
+
+
+class PublishReturned(ClientError):
+    """A mandatory publish could not be routed (312 NO_ROUTE)."""
+
+
+class Timeout(ClientError):
+    """Nothing arrived within the time given."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(0, f"timed out waiting for {what}")
+
+
+class Message:
+    """A delivered message, with its acknowledgement methods."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        delivery_tag: int,
+        redelivered: bool,
+        exchange: str,
+        routing_key: str,
+        properties: commands.Basic.Properties,
+        body: bytes,
+    ) -> None:
+        self._connection = connection
+        self.delivery_tag = delivery_tag
+        self.redelivered = redelivered
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.properties = properties
+        self.body = body
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        """The ``headers`` table (empty when there is none)."""
+        return dict(self.properties.headers or {})
+
+    @property
+    def delivery_count(self) -> int:
+        """Earlier deliveries that were returned (``x-delivery-count``; 0 on a first delivery)."""
+        return int(self.headers.get("x-delivery-count", 0))
+
+    @property
+    def x_death(self) -> list[dict[str, Any]]:
+        """The dead-letter history, most recent first (empty when never dead-lettered)."""
+        deaths = self.headers.get("x-death")
+        return list(deaths) if isinstance(deaths, list) else []
+
+    def ack(self) -> None:
+        """Acknowledge: the broker forgets the message."""
+        self._connection._send(encode_method(1, commands.Basic.Ack(delivery_tag=self.delivery_tag)))
+
+    def nack(self, requeue: bool = True) -> None:
+        """Refuse: back to the queue (``requeue``) or to the dead-letter exchange."""
+        self._connection._send(encode_method(1, commands.Basic.Nack(delivery_tag=self.delivery_tag, requeue=requeue)))
+
+    def reject(self, requeue: bool = False) -> None:
+        """Refuse one message; by default it is dead-lettered (or dropped without a DLX)."""
+        self._connection._send(encode_method(1, commands.Basic.Reject(delivery_tag=self.delivery_tag, requeue=requeue)))
+
+    def extend(self, seconds: float) -> None:
+        """Extend the visibility lease: the broker keeps the message for ``seconds`` from now.
+
+        :raises PublishNacked: the delivery was already taken back (its tag is stale)
+        """
+        self._connection.publish(
+            EXTEND_EXCHANGE,
+            "",
+            b"",
+            headers={"x-delivery-tag": self.delivery_tag, "x-visibility-timeout": int(seconds * 1000)},
+            persistent=False,
+        )
+
+    def __repr__(self) -> str:
+        return f"<Message tag={self.delivery_tag} {self.exchange!r} {self.routing_key!r} {len(self.body)} bytes>"
+
+
+def connect(url: str = "amqp://guest:guest@127.0.0.1:5672/", heartbeat: int = 60, timeout: float = 10.0) -> Connection:
+    """Open a connection (``amqp://user:password@host:port/vhost``; the vhost is URL-quoted, ``/`` by default).
+
+    :raises ConnectionClosed: the broker refused the login or the vhost, or is not there
+    """
+    return Connection(url, heartbeat=heartbeat, timeout=timeout)
+
+
+class Connection:
+    """One connection with one channel in confirm mode.
+
+    :param url: ``amqp://user:password@host:port/vhost``
+    :param heartbeat: seconds proposed to the broker (0: none)
+    :param timeout: seconds to wait for the broker's answers
+    """
+
+    def __init__(self, url: str, heartbeat: int = 60, timeout: float = 10.0) -> None:
+        parsed = urlparse(url)
+        self.host = parsed.hostname or "127.0.0.1"
+        self.port = parsed.port or 5672
+        self.user = unquote(parsed.username or "guest")
+        self.password = unquote(parsed.password or "guest")
+        path = parsed.path[1:] if parsed.path.startswith("/") else parsed.path
+        self.vhost = unquote(path) if path else "/"
+        self.timeout = timeout
+        self._heartbeat = heartbeat
+        self._buffer = b""
+        self._deliveries: deque[Message] = deque()
+        self._publish_seq = 0
+        self._confirmed = 0
+        self._nacked: set[int] = set()
+        self._returned: list[PublishReturned] = []
+        self._consumers: dict[str, str] = {}
+        self._closed: ClientError | None = None
+        self._got: Message | None = None
+        self.heartbeat = 0
+        self.frame_max = 131072
+        self._last_sent = time.monotonic()
+        self._sock = socket.create_connection((self.host, self.port), timeout=timeout)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._handshake()
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _send(self, data: bytes) -> None:
+        if self._closed is not None:
+            raise self._closed
+        self._sock.sendall(data)
+        self._last_sent = time.monotonic()
+
+    def _fill(self, deadline: float) -> None:
+        """Read more bytes, answering heartbeats meanwhile. :raises Timeout: past ``deadline``."""
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                raise Timeout("the broker")
+            if self.heartbeat and now - self._last_sent >= self.heartbeat / 2:
+                self._send(HEARTBEAT_FRAME)
+            wait = deadline - now
+            if self.heartbeat:
+                wait = min(wait, self.heartbeat / 2)
+            self._sock.settimeout(wait)
+            try:
+                data = self._sock.recv(131072)
+            except TimeoutError:
+                continue
+            if not data:
+                self._closed = ConnectionClosed(320, "the broker closed the socket")
+                raise self._closed
+            self._buffer += data
+            return
+
+    def _frame(self, deadline: float) -> tuple[int, int, bytes]:
+        """The next frame ``(type, channel, payload)``."""
+        while True:
+            buffer = self._buffer
+            if len(buffer) >= FRAME_OVERHEAD:
+                frame_type, channel, size = _frame_head.unpack_from(buffer)
+                end = 7 + size
+                if len(buffer) > end:
+                    if buffer[end] != FRAME_END:
+                        self._closed = ConnectionClosed(501, "bad frame end from the broker")
+                        raise self._closed
+                    self._buffer = buffer[end + 1 :]
+                    return frame_type, channel, buffer[7:end]
+            self._fill(deadline)
+
+    def _method(self, deadline: float) -> Frame:
+        """Handle frames until a method other than a delivery/return/confirm arrives; return it."""
+        while True:
+            result = self._next(deadline)
+            if result is not None:
+                return result
+
+    def _next(self, deadline: float) -> Frame | None:
+        """Handle one incoming frame (and its content); return a method the caller waits for."""
+        frame_type, channel, payload = self._frame(deadline)
+        if frame_type == FRAME_HEARTBEAT:
+            return None
+        if frame_type != FRAME_METHOD:
+            self._closed = ConnectionClosed(505, f"unexpected frame type {frame_type}")
+            raise self._closed
+        index = _method_index.unpack_from(payload)[0]
+        if index == BASIC_DELIVER:
+            self._delivery(payload, deadline)
+            return None
+        method = decode_method(payload)
+        if isinstance(method, commands.Basic.Ack):
+            self._confirm(method.delivery_tag, method.multiple)
+        elif isinstance(method, commands.Basic.Nack):
+            first = self._confirmed + 1 if method.multiple else method.delivery_tag
+            self._nacked.update(range(first, method.delivery_tag + 1))
+            self._confirm(method.delivery_tag, method.multiple)
+        elif isinstance(method, commands.Basic.Return):
+            properties, body = self._content(deadline)
+            self._returned.append(PublishReturned(method.reply_code, f"{method.reply_text}: {method.routing_key}"))
+        elif isinstance(method, commands.Basic.GetOk):
+            properties, body = self._content(deadline)
+            self._got = Message(
+                self, method.delivery_tag, method.redelivered, method.exchange, method.routing_key, properties, body
+            )
+            return method
+        elif isinstance(method, commands.Channel.Close):
+            self._sock.sendall(encode_method(channel, commands.Channel.CloseOk()))
+            self._closed = ChannelClosed(method.reply_code, method.reply_text)
+            raise self._closed
+        elif isinstance(method, commands.Connection.Close):
+            self._sock.sendall(encode_method(0, commands.Connection.CloseOk()))
+            self._closed = ConnectionClosed(method.reply_code, method.reply_text)
+            raise self._closed
+        elif isinstance(method, commands.Basic.Cancel):
+            self._consumers.pop(method.consumer_tag, None)
+        else:
+            return method
+        return None
+
+    def _content(self, deadline: float) -> tuple[commands.Basic.Properties, bytes]:
+        _type, _channel, header = self._frame(deadline)
+        _class, size = content_body_size(header)
+        parts = []
+        received = 0
+        while received < size:
+            _type, _channel, piece = self._frame(deadline)
+            parts.append(piece)
+            received += len(piece)
+        return decode_properties(header), b"".join(parts)
+
+    def _delivery(self, payload: bytes, deadline: float) -> None:
+        tag_length = payload[4]
+        offset = 5 + tag_length
+        delivery_tag, redelivered = _deliver_tail.unpack_from(payload, offset)
+        offset += 9
+        exchange_length = payload[offset]
+        exchange = payload[offset + 1 : offset + 1 + exchange_length].decode("utf-8", "surrogateescape")
+        offset += 1 + exchange_length
+        routing_key = payload[offset + 1 : offset + 1 + payload[offset]].decode("utf-8", "surrogateescape")
+        properties, body = self._content(deadline)
+        self._deliveries.append(Message(self, delivery_tag, bool(redelivered), exchange, routing_key, properties, body))
+
+    def _confirm(self, tag: int, multiple: bool) -> None:
+        """Both brokers confirm one channel's publishes in order, so the highest tag is enough."""
+        self._confirmed = max(self._confirmed, tag)
+
+    def _call(self, method: Frame, reply: type, channel: int = 1) -> Frame:
+        """Send a synchronous method and wait for its reply."""
+        self._send(encode_method(channel, method))
+        deadline = time.monotonic() + self.timeout
+        while True:
+            answer = self._method(deadline)
+            if isinstance(answer, reply):
+                return answer
+
+    def _handshake(self) -> None:
+        self._sock.sendall(PROTOCOL_HEADER)
+        deadline = time.monotonic() + self.timeout
+        start = self._method(deadline)
+        if not isinstance(start, commands.Connection.Start):
+            raise ConnectionClosed(505, f"expected connection.start, got {start.name}")
+        self._sock.sendall(
+            encode_method(
+                0,
+                commands.Connection.StartOk(
+                    client_properties={
+                        "product": "Postroom client",
+                        "capabilities": {
+                            "publisher_confirms": True,
+                            "consumer_cancel_notify": True,
+                            "basic.nack": True,
+                            "authentication_failure_close": True,
+                        },
+                    },
+                    mechanism="PLAIN",
+                    response=f"\0{self.user}\0{self.password}",
+                ),
+            )
+        )
+        tune = self._method(deadline)
+        if not isinstance(tune, commands.Connection.Tune):
+            raise ConnectionClosed(505, f"expected connection.tune, got {tune.name}")
+        self.frame_max = tune.frame_max or 131072
+        offered = tune.heartbeat
+        self.heartbeat = min(offered, self._heartbeat) if offered and self._heartbeat else 0
+        self._sock.sendall(
+            encode_method(
+                0, commands.Connection.TuneOk(channel_max=1, frame_max=self.frame_max, heartbeat=self.heartbeat)
+            )
+            + encode_method(0, commands.Connection.Open(virtual_host=self.vhost))
+        )
+        answer = self._method(deadline)
+        if not isinstance(answer, commands.Connection.OpenOk):
+            raise ConnectionClosed(505, f"expected connection.open-ok, got {answer.name}")
+        self._call(commands.Channel.Open(), commands.Channel.OpenOk)
+        self._call(commands.Confirm.Select(), commands.Confirm.SelectOk)
+
+    # -- the API --------------------------------------------------------------------------------
+
+    def declare_queue(self, name: str, durable: bool = True, arguments: Mapping[str, Any] | None = None) -> str:
+        """Declare a queue (``""`` for a server-named one); return its name."""
+        ok = self._call(
+            commands.Queue.Declare(queue=name, durable=durable, arguments=dict(arguments or {})),
+            commands.Queue.DeclareOk,
+        )
+        return str(ok.queue)
+
+    def declare_exchange(self, name: str, exchange_type: str = "direct", durable: bool = True) -> None:
+        """Declare an exchange."""
+        self._call(
+            commands.Exchange.Declare(exchange=name, exchange_type=exchange_type, durable=durable),
+            commands.Exchange.DeclareOk,
+        )
+
+    def bind(
+        self, queue: str, exchange: str, routing_key: str = "", arguments: Mapping[str, Any] | None = None
+    ) -> None:
+        """Bind ``queue`` to ``exchange``."""
+        self._call(
+            commands.Queue.Bind(
+                queue=queue, exchange=exchange, routing_key=routing_key, arguments=dict(arguments or {})
+            ),
+            commands.Queue.BindOk,
+        )
+
+    def publish_nowait(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        headers: Mapping[str, Any] | None = None,
+        persistent: bool = True,
+        mandatory: bool = False,
+        **properties: Any,
+    ) -> int:
+        """Send a publish without waiting; return its confirm sequence number (see :meth:`wait_confirms`)."""
+        names = shortstr(exchange) + shortstr(routing_key)
+        method_size = 4 + 2 + len(names) + 1
+        props = commands.Basic.Properties(
+            headers=dict(headers) if headers else None, delivery_mode=2 if persistent else 1, **properties
+        )
+        parts = [
+            _publish_head.pack(FRAME_METHOD, 1, method_size, BASIC_PUBLISH, 0),
+            names,
+            bytes((1 if mandatory else 0, FRAME_END)),
+        ]
+        parts += content_frames(1, encode_content_header(len(body), props), body, self.frame_max)
+        self._send(b"".join(parts))
+        self._publish_seq += 1
+        return self._publish_seq
+
+    def wait_confirms(self, upto: int | None = None, timeout: float | None = None) -> None:
+        """Wait until every publish up to ``upto`` (default: all) is confirmed.
+
+        :raises PublishNacked: the broker refused one of them
+        :raises PublishReturned: a mandatory one could not be routed
+        """
+        upto = self._publish_seq if upto is None else upto
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while self._confirmed < upto:
+            self._next(deadline)
+        if self._returned:
+            returned = self._returned.pop(0)
+            self._returned.clear()
+            raise returned
+        nacked = sorted(tag for tag in self._nacked if tag <= upto)
+        if nacked:
+            self._nacked.difference_update(nacked)
+            raise PublishNacked(0, f"the broker refused publish(es) {nacked}")
+
+    def publish(self, exchange: str, routing_key: str, body: bytes, **options: Any) -> None:
+        """Publish and wait for the broker's confirm (persistent by default).
+
+        :raises PublishNacked: the broker refused it
+        :raises PublishReturned: ``mandatory=True`` and no queue was bound to receive it
+        """
+        self.wait_confirms(self.publish_nowait(exchange, routing_key, body, **options))
+
+    def publish_batch(self, messages: Iterator[tuple[str, str, bytes]], window: int = 1000, **options: Any) -> int:
+        """Publish ``(exchange, routing_key, body)`` triples with at most ``window`` unconfirmed; return the count.
+
+        :raises PublishNacked: the broker refused one of them (those before it are confirmed)
+        """
+        count = 0
+        for exchange, routing_key, body in messages:
+            seq = self.publish_nowait(exchange, routing_key, body, **options)
+            count += 1
+            if seq - self._confirmed >= window:
+                self.wait_confirms(seq - window // 2)
+        self.wait_confirms()
+        return count
+
+    def get(self, queue: str) -> Message | None:
+        """Take one message from ``queue`` (to be acked), or ``None`` when it is empty."""
+        self._send(encode_method(1, commands.Basic.Get(queue=queue)))
+        deadline = time.monotonic() + self.timeout
+        while True:
+            answer = self._method(deadline)
+            if isinstance(answer, commands.Basic.GetOk):
+                return self._got
+            if isinstance(answer, commands.Basic.GetEmpty):
+                return None
+
+    def consume(self, queue: str, prefetch: int = 100, timeout: float | None = None) -> Iterator[Message]:
+        """Deliveries from ``queue`` as they come; each must be acked, nacked or rejected.
+
+        :param prefetch: at most this many unacknowledged at once
+        :param timeout: stop (end the iteration) after this many seconds without a delivery
+        """
+        self._call(commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
+        ok = self._call(commands.Basic.Consume(queue=queue), commands.Basic.ConsumeOk)
+        tag = str(ok.consumer_tag)
+        self._consumers[tag] = queue
+        try:
+            while tag in self._consumers:
+                if self._deliveries:
+                    yield self._deliveries.popleft()
+                    continue
+                deadline = time.monotonic() + (timeout if timeout is not None else 3600 * 24 * 365)
+                try:
+                    self._next(deadline)
+                except Timeout:
+                    return
+        finally:
+            if self._closed is None and tag in self._consumers:
+                self._consumers.pop(tag, None)
+                self._call(commands.Basic.Cancel(consumer_tag=tag), commands.Basic.CancelOk)
+
+    def close(self) -> None:
+        """Close the connection politely."""
+        if self._closed is None:
+            try:
+                self._call(
+                    commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0),
+                    commands.Connection.CloseOk,
+                    0,
+                )
+            except ClientError:
+                pass
+            self._closed = ConnectionClosed(320, "closed by the client")
+        self._sock.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
