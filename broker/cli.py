@@ -2,7 +2,8 @@
 
 * ``postroom serve [--config PATH] [--listen ENDPOINT]``: run the broker in the foreground;
 * ``postroom config check FILE``: validate a configuration without starting anything;
-* ``postroom wal check [--repair]`` and ``postroom wal dump``: inspect the write-ahead log.
+* ``postroom wal check [--repair]`` and ``postroom wal dump``: inspect the write-ahead log;
+* ``postroom publish``, ``postroom consume`` and ``postroom declare -f FILE``: talk to a running broker.
 """
 
 from __future__ import annotations
@@ -96,6 +97,97 @@ def _wal_dump(args: argparse.Namespace) -> int:
     return 0
 
 
+DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from broker.client import ClientError, connect
+
+    body = args.body.encode() if args.body is not None else sys.stdin.buffer.read()
+    headers = {}
+    for item in args.header or []:
+        key, _, value = item.partition("=")
+        headers[key] = value
+    try:
+        with connect(args.url) as conn:
+            conn.publish(
+                args.exchange,
+                args.routing_key,
+                body,
+                headers=headers or None,
+                persistent=not args.transient,
+                mandatory=args.mandatory,
+            )
+    except ClientError as error:
+        print(f"postroom publish: {error}", file=sys.stderr)
+        return 1
+    print(f"published {len(body)} bytes to exchange {args.exchange!r} with routing key {args.routing_key!r}")
+    return 0
+
+
+def _consume(args: argparse.Namespace) -> int:
+    import base64
+    import json
+
+    from broker.client import ClientError, connect
+
+    try:
+        with connect(args.url) as conn:
+            seen = 0
+            for message in conn.consume(args.queue, prefetch=min(args.count, 1000) or 100, timeout=args.timeout):
+                try:
+                    body: object = message.body.decode("utf-8")
+                    encoding = "utf-8"
+                except UnicodeDecodeError:
+                    body, encoding = base64.b64encode(message.body).decode(), "base64"
+                record = {
+                    "exchange": message.exchange,
+                    "routing_key": message.routing_key,
+                    "redelivered": message.redelivered,
+                    "delivery_count": message.delivery_count,
+                    "headers": message.headers,
+                    "body": body,
+                    "body_encoding": encoding,
+                }
+                print(json.dumps(record, default=str), flush=True)
+                {"ack": message.ack, "nack": message.nack, "reject": message.reject}[args.mode]()
+                seen += 1
+                if args.count and seen >= args.count:
+                    break
+    except ClientError as error:
+        print(f"postroom consume: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _declare(args: argparse.Namespace) -> int:
+    from broker.client import ClientError, connect
+
+    try:
+        config = load(args.file)
+        with connect(args.url) as conn:
+            definitions = config.vhosts.get(conn.vhost)
+            if definitions is None:
+                print(f"{args.file}: nothing is defined for vhost {conn.vhost!r}", file=sys.stderr)
+                return 1
+            for exchange in definitions.exchanges:
+                conn.declare_exchange(exchange.name, exchange.type, durable=exchange.durable)
+            for queue in definitions.queues:
+                conn.declare_queue(queue.name, durable=queue.durable, arguments=queue.queue_arguments())
+            for binding in definitions.bindings:
+                if binding.queue is not None:
+                    conn.bind(binding.queue, binding.exchange, binding.routing_key, binding.arguments)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+    except ClientError as error:
+        print(f"postroom declare: {error}", file=sys.stderr)
+        return 1
+    counts = (len(definitions.exchanges), len(definitions.queues), len(definitions.bindings))
+    print(f"declared {counts[0]} exchange(s), {counts[1]} queue(s), {counts[2]} binding(s) on vhost {conn.vhost!r}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``postroom`` command."""
     parser = argparse.ArgumentParser(prog="postroom", description="Postroom: an AMQP 0-9-1 routing broker.")
@@ -114,6 +206,26 @@ def build_parser() -> argparse.ArgumentParser:
     check = config_commands.add_parser("check", help="validate a configuration file without starting the broker")
     check.add_argument("file")
     check.set_defaults(run=_config_check)
+    publish = commands.add_parser("publish", help="publish one message and wait for its confirm")
+    publish.add_argument("--url", default=DEFAULT_URL)
+    publish.add_argument("--exchange", default="", help="exchange (default: the default exchange)")
+    publish.add_argument("routing_key")
+    publish.add_argument("body", nargs="?", help="the body (default: read from standard input)")
+    publish.add_argument("--header", action="append", metavar="KEY=VALUE", help="a header; repeatable")
+    publish.add_argument("--transient", action="store_true", help="delivery_mode 1 (default: persistent)")
+    publish.add_argument("--mandatory", action="store_true", help="fail when no queue receives it")
+    publish.set_defaults(run=_publish)
+    consume = commands.add_parser("consume", help="print messages as JSON lines, acking (or refusing) each")
+    consume.add_argument("--url", default=DEFAULT_URL)
+    consume.add_argument("queue")
+    consume.add_argument("--count", type=int, default=0, help="stop after this many (default: no limit)")
+    consume.add_argument("--timeout", type=float, default=5.0, help="stop after this many idle seconds")
+    consume.add_argument("--mode", choices=("ack", "nack", "reject"), default="ack")
+    consume.set_defaults(run=_consume)
+    declare = commands.add_parser("declare", help="apply a YAML file's definitions to a running broker")
+    declare.add_argument("--url", default=DEFAULT_URL)
+    declare.add_argument("-f", "--file", required=True)
+    declare.set_defaults(run=_declare)
     wal = commands.add_parser("wal", help="inspect the write-ahead log (run with the broker stopped)")
     wal_commands = wal.add_subparsers(dest="wal_command", required=True)
     for name, run, description in (

@@ -1,0 +1,51 @@
+"""``postroom publish``, ``consume`` and ``declare -f`` against a running broker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import config
+
+pytestmark = pytest.mark.integration
+
+EXAMPLE = Path(config.__file__).parent / "postroom.yaml"
+
+
+def postroom(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "broker.cli", *args], input=stdin, capture_output=True, timeout=60, check=False
+    )
+
+
+def test_declare_publish_and_consume_from_the_command_line(broker: Any) -> None:
+    url = f"amqp://guest:guest@127.0.0.1:{broker.port}/"
+    declared = postroom("declare", "--url", url, "-f", str(EXAMPLE))
+    assert declared.returncode == 0, declared.stderr
+    assert b"declared 3 exchange(s), 3 queue(s), 3 binding(s)" in declared.stdout
+    sent = postroom(
+        "publish", "--url", url, "--exchange", "orders", "--header", "tenant=acme", "order.eu.created", '{"id": 7}'
+    )
+    assert sent.returncode == 0, sent.stderr
+    piped = postroom("publish", "--url", url, "--exchange", "orders", "order.us.created", stdin=b"\xff\x00binary")
+    assert piped.returncode == 0, piped.stderr
+    consumed = postroom("consume", "--url", url, "orders.created", "--count", "2", "--timeout", "2")
+    assert consumed.returncode == 0, consumed.stderr
+    lines = [json.loads(line) for line in consumed.stdout.decode().splitlines()]
+    assert [(m["routing_key"], m["body"], m["body_encoding"]) for m in lines] == [
+        ("order.eu.created", '{"id": 7}', "utf-8"),
+        ("order.us.created", "/wBiaW5hcnk=", "base64"),
+    ]
+    assert lines[0]["headers"] == {"tenant": "acme"}
+
+
+def test_an_unroutable_mandatory_publish_fails_with_the_reply_code(broker: Any) -> None:
+    url = f"amqp://guest:guest@127.0.0.1:{broker.port}/"
+    result = postroom("publish", "--url", url, "--mandatory", "nowhere", "lost")
+    assert result.returncode == 1
+    assert b"312 NO_ROUTE" in result.stderr
