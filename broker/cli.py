@@ -188,6 +188,54 @@ def _declare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dlq_inspect(args: argparse.Namespace) -> int:
+    import json
+
+    from broker.client import ClientError, connect
+    from broker.dlq import inspect, summary
+
+    try:
+        with connect(args.url) as conn:
+            for message in inspect(conn, args.queue, args.limit):
+                print(json.dumps(summary(message), default=str))
+    except ClientError as error:
+        print(f"postroom dlq inspect: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _dlq_redrive(args: argparse.Namespace) -> int:
+    from broker.client import ClientError, connect
+    from broker.dlq import redrive
+
+    filters = {}
+    for item in args.filter or []:
+        key, _, value = item.partition("=")
+        filters[key] = value
+    progress = sys.stderr.isatty()
+
+    def report(moved: int) -> None:
+        if progress:
+            print(f"\rmoved {moved}", end="", file=sys.stderr, flush=True)
+
+    try:
+        with connect(args.url) as conn:
+            moved = redrive(
+                conn, args.queue, to=args.to, filters=filters, limit=args.limit, rate=args.rate, on_move=report
+            )
+    except ClientError as error:
+        print(f"postroom dlq redrive: {error}", file=sys.stderr)
+        return 1
+    if progress:
+        print(file=sys.stderr)
+    by_reason: dict[str, int] = {}
+    for item in moved:
+        by_reason[item.reason] = by_reason.get(item.reason, 0) + 1
+    reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(by_reason.items())) or "none"
+    print(f"moved {len(moved)} message(s) out of {args.queue!r} ({reasons})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``postroom`` command."""
     parser = argparse.ArgumentParser(prog="postroom", description="Postroom: an AMQP 0-9-1 routing broker.")
@@ -226,6 +274,21 @@ def build_parser() -> argparse.ArgumentParser:
     declare.add_argument("--url", default=DEFAULT_URL)
     declare.add_argument("-f", "--file", required=True)
     declare.set_defaults(run=_declare)
+    dlq = commands.add_parser("dlq", help="look into a dead-letter queue, move messages back")
+    dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True)
+    inspect = dlq_commands.add_parser("inspect", help="print messages with their x-death summary; consumes nothing")
+    inspect.add_argument("--url", default=DEFAULT_URL)
+    inspect.add_argument("queue")
+    inspect.add_argument("--limit", type=int, default=100)
+    inspect.set_defaults(run=_dlq_inspect)
+    redrive = dlq_commands.add_parser("redrive", help="move dead letters back to where they died (or --to)")
+    redrive.add_argument("--url", default=DEFAULT_URL)
+    redrive.add_argument("queue")
+    redrive.add_argument("--to", help="EXCHANGE/ROUTING_KEY, or a queue name (default: where each died)")
+    redrive.add_argument("--filter", action="append", metavar="KEY=VALUE", help="e.g. reason=rejected; repeatable")
+    redrive.add_argument("--limit", type=int, default=None)
+    redrive.add_argument("--rate", type=float, default=None, help="at most this many moves per second")
+    redrive.set_defaults(run=_dlq_redrive)
     wal = commands.add_parser("wal", help="inspect the write-ahead log (run with the broker stopped)")
     wal_commands = wal.add_subparsers(dest="wal_command", required=True)
     for name, run, description in (

@@ -408,12 +408,17 @@ class Connection:
         headers: Mapping[str, Any] | None = None,
         persistent: bool = True,
         mandatory: bool = False,
+        basic_properties: commands.Basic.Properties | None = None,
         **properties: Any,
     ) -> int:
-        """Send a publish without waiting; return its confirm sequence number (see :meth:`wait_confirms`)."""
+        """Send a publish without waiting; return its confirm sequence number (see :meth:`wait_confirms`).
+
+        :param basic_properties: send exactly these properties (``headers``, ``persistent`` and
+            the keyword properties are then ignored), e.g. to republish a message as it was
+        """
         names = shortstr(exchange) + shortstr(routing_key)
         method_size = 4 + 2 + len(names) + 1
-        props = commands.Basic.Properties(
+        props = basic_properties or commands.Basic.Properties(
             headers=dict(headers) if headers else None, delivery_mode=2 if persistent else 1, **properties
         )
         parts = [
@@ -502,6 +507,11 @@ class Connection:
             if self._closed is None and tag in self._consumers:
                 self._consumers.pop(tag, None)
                 self._call(commands.Basic.Cancel(consumer_tag=tag), commands.Basic.CancelOk)
+
+    def recover(self) -> None:
+        """Give back every message fetched but not yet acked on this connection (they go back to
+        their queues in order, marked redelivered)."""
+        self._call(commands.Basic.Recover(requeue=True), commands.Basic.RecoverOk)
 
     def close(self) -> None:
         """Close the connection politely."""
