@@ -106,6 +106,9 @@ class Message:
         body: bytes,
     ) -> None:
         self._connection = connection
+        #: The connection's generation when delivered: after a reconnect the broker has given
+        #: the message back already, so acking it is a no-op rather than an error.
+        self._generation = connection._generation
         self.delivery_tag = delivery_tag
         self.redelivered = redelivered
         self.exchange = exchange
@@ -129,17 +132,28 @@ class Message:
         deaths = self.headers.get("x-death")
         return list(deaths) if isinstance(deaths, list) else []
 
+    def _settle(self, method: Frame) -> None:
+        connection = self._connection
+        if self._generation != connection._generation:
+            return  # delivered before a reconnect: the broker already put it back
+        try:
+            connection._send(encode_method(1, method))
+        except (OSError, ConnectionClosed):
+            if not connection.reconnect:
+                raise
+            connection._reconnect()  # the message goes back to its queue, redelivered later
+
     def ack(self) -> None:
         """Acknowledge: the broker forgets the message."""
-        self._connection._send(encode_method(1, commands.Basic.Ack(delivery_tag=self.delivery_tag)))
+        self._settle(commands.Basic.Ack(delivery_tag=self.delivery_tag))
 
     def nack(self, requeue: bool = True) -> None:
         """Refuse: back to the queue (``requeue``) or to the dead-letter exchange."""
-        self._connection._send(encode_method(1, commands.Basic.Nack(delivery_tag=self.delivery_tag, requeue=requeue)))
+        self._settle(commands.Basic.Nack(delivery_tag=self.delivery_tag, requeue=requeue))
 
     def reject(self, requeue: bool = False) -> None:
         """Refuse one message; by default it is dead-lettered (or dropped without a DLX)."""
-        self._connection._send(encode_method(1, commands.Basic.Reject(delivery_tag=self.delivery_tag, requeue=requeue)))
+        self._settle(commands.Basic.Reject(delivery_tag=self.delivery_tag, requeue=requeue))
 
     def extend(self, seconds: float) -> None:
         """Extend the visibility lease: the broker keeps the message for ``seconds`` from now.
@@ -158,12 +172,25 @@ class Message:
         return f"<Message tag={self.delivery_tag} {self.exchange!r} {self.routing_key!r} {len(self.body)} bytes>"
 
 
-def connect(url: str = "amqp://guest:guest@127.0.0.1:5672/", heartbeat: int = 60, timeout: float = 10.0) -> Connection:
+def connect(
+    url: str = "amqp://guest:guest@127.0.0.1:5672/",
+    heartbeat: int = 60,
+    timeout: float = 10.0,
+    reconnect: bool = True,
+    retries: int = 10,
+) -> Connection:
     """Open a connection (``amqp://user:password@host:port/vhost``; the vhost is URL-quoted, ``/`` by default).
 
+    :param reconnect: when the connection drops (broker restart, network), reconnect with
+        backoff, declare again what was declared, and resume consuming
+    :param retries: reconnection attempts before giving up
     :raises ConnectionClosed: the broker refused the login or the vhost, or is not there
     """
-    return Connection(url, heartbeat=heartbeat, timeout=timeout)
+    return Connection(url, heartbeat=heartbeat, timeout=timeout, reconnect=reconnect, retries=retries)
+
+
+#: Backoff between reconnection attempts: 0.1 s doubling up to this many seconds.
+MAX_BACKOFF = 5.0
 
 
 class Connection:
@@ -172,9 +199,12 @@ class Connection:
     :param url: ``amqp://user:password@host:port/vhost``
     :param heartbeat: seconds proposed to the broker (0: none)
     :param timeout: seconds to wait for the broker's answers
+    :param reconnect: reconnect after a dropped connection (see :func:`connect`)
     """
 
-    def __init__(self, url: str, heartbeat: int = 60, timeout: float = 10.0) -> None:
+    def __init__(
+        self, url: str, heartbeat: int = 60, timeout: float = 10.0, reconnect: bool = False, retries: int = 10
+    ) -> None:
         parsed = urlparse(url)
         self.host = parsed.hostname or "127.0.0.1"
         self.port = parsed.port or 5672
@@ -196,9 +226,51 @@ class Connection:
         self.heartbeat = 0
         self.frame_max = 131072
         self._last_sent = time.monotonic()
-        self._sock = socket.create_connection((self.host, self.port), timeout=timeout)
+        self.reconnect = reconnect
+        self.retries = retries
+        #: Bumped on every reconnection; deliveries from an older one cannot be acked.
+        self._generation = 0
+        #: Declarations to repeat after a reconnection, in order.
+        self._declared: list[tuple[Frame, type]] = []
+        self.reconnections = 0
+        self._open()
+
+    def _open(self) -> None:
+        self._buffer = b""
+        self._closed = None
+        self._publish_seq = 0
+        self._confirmed = 0
+        self._nacked.clear()
+        self._returned.clear()
+        self._deliveries.clear()
+        self._sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._handshake()
+
+    def _reconnect(self) -> None:
+        """Open a new connection with backoff, declare again what was declared.
+
+        :raises ConnectionClosed: every attempt failed
+        """
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        delay = 0.1
+        for attempt in range(self.retries):
+            try:
+                self._open()
+                for method, reply in self._declared:
+                    self._call(method, reply, remember=False)
+            except (OSError, ConnectionClosed):
+                if attempt == self.retries - 1:
+                    raise ConnectionClosed(320, f"could not reconnect to {self.host}:{self.port}") from None
+                time.sleep(delay)
+                delay = min(delay * 2, MAX_BACKOFF)
+                continue
+            self._generation += 1
+            self.reconnections += 1
+            return
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -321,8 +393,13 @@ class Connection:
         """Both brokers confirm one channel's publishes in order, so the highest tag is enough."""
         self._confirmed = max(self._confirmed, tag)
 
-    def _call(self, method: Frame, reply: type, channel: int = 1) -> Frame:
-        """Send a synchronous method and wait for its reply."""
+    def _call(self, method: Frame, reply: type, channel: int = 1, remember: bool = False) -> Frame:
+        """Send a synchronous method and wait for its reply.
+
+        :param remember: declare it again after a reconnection
+        """
+        if remember:
+            self._declared.append((method, reply))
         self._send(encode_method(channel, method))
         deadline = time.monotonic() + self.timeout
         while True:
@@ -379,6 +456,7 @@ class Connection:
         ok = self._call(
             commands.Queue.Declare(queue=name, durable=durable, arguments=dict(arguments or {})),
             commands.Queue.DeclareOk,
+            remember=True,
         )
         return str(ok.queue)
 
@@ -387,6 +465,7 @@ class Connection:
         self._call(
             commands.Exchange.Declare(exchange=name, exchange_type=exchange_type, durable=durable),
             commands.Exchange.DeclareOk,
+            remember=True,
         )
 
     def bind(
@@ -398,6 +477,7 @@ class Connection:
                 queue=queue, exchange=exchange, routing_key=routing_key, arguments=dict(arguments or {})
             ),
             commands.Queue.BindOk,
+            remember=True,
         )
 
     def publish_nowait(
@@ -456,7 +536,14 @@ class Connection:
         :raises PublishNacked: the broker refused it
         :raises PublishReturned: ``mandatory=True`` and no queue was bound to receive it
         """
-        self.wait_confirms(self.publish_nowait(exchange, routing_key, body, **options))
+        try:
+            self.wait_confirms(self.publish_nowait(exchange, routing_key, body, **options))
+        except (OSError, ConnectionClosed):
+            if not self.reconnect:
+                raise
+            # Unconfirmed: publish again on a new connection (at least once).
+            self._reconnect()
+            self.wait_confirms(self.publish_nowait(exchange, routing_key, body, **options))
 
     def publish_batch(self, messages: Iterator[tuple[str, str, bytes]], window: int = 1000, **options: Any) -> int:
         """Publish ``(exchange, routing_key, body)`` triples with at most ``window`` unconfirmed; return the count.
@@ -489,10 +576,7 @@ class Connection:
         :param prefetch: at most this many unacknowledged at once
         :param timeout: stop (end the iteration) after this many seconds without a delivery
         """
-        self._call(commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
-        ok = self._call(commands.Basic.Consume(queue=queue), commands.Basic.ConsumeOk)
-        tag = str(ok.consumer_tag)
-        self._consumers[tag] = queue
+        tag = self._subscribe(queue, prefetch)
         try:
             while tag in self._consumers:
                 if self._deliveries:
@@ -503,10 +587,23 @@ class Connection:
                     self._next(deadline)
                 except Timeout:
                     return
+                except (OSError, ConnectionClosed):
+                    if not self.reconnect:
+                        raise
+                    self._reconnect()
+                    self._consumers.pop(tag, None)
+                    tag = self._subscribe(queue, prefetch)
         finally:
             if self._closed is None and tag in self._consumers:
                 self._consumers.pop(tag, None)
                 self._call(commands.Basic.Cancel(consumer_tag=tag), commands.Basic.CancelOk)
+
+    def _subscribe(self, queue: str, prefetch: int) -> str:
+        self._call(commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
+        ok = self._call(commands.Basic.Consume(queue=queue), commands.Basic.ConsumeOk)
+        tag = str(ok.consumer_tag)
+        self._consumers[tag] = queue
+        return tag
 
     def recover(self) -> None:
         """Give back every message fetched but not yet acked on this connection (they go back to

@@ -99,3 +99,42 @@ def test_broker_errors_carry_reply_codes(url: str, make_broker: Callable[..., An
     with pytest.raises(ConnectionClosed) as refused:
         connect(url.replace("guest:guest", "guest:wrong"))
     assert refused.value.reply_code == 403
+
+
+def test_consuming_survives_a_broker_restart_with_nothing_lost(make_broker: Callable[..., Any]) -> None:
+    from twisted.internet import threads
+
+    from broker.core.node import Node
+    from broker.protocol import AMQPServerFactory
+
+    node = Node()
+    broker = make_broker(node)
+    url = f"amqp://guest:guest@127.0.0.1:{broker.port}/"
+
+    def restart() -> None:
+        broker.stop()  # every connection is closed with 320; unacked messages go back to the queue
+
+        def listen() -> Any:
+            factory = AMQPServerFactory(node, broker.reactor)
+            broker.factory = factory
+            broker.listening = broker.reactor.listenTCP(broker.port, factory, interface="127.0.0.1")
+
+        threads.blockingCallFromThread(broker.reactor, listen)
+
+    with connect(url, reconnect=True) as conn:
+        conn.declare_queue("jobs", durable=False)
+        for i in range(20):
+            conn.publish("", "jobs", b"%02d" % i)
+        seen: dict[bytes, list[bool]] = {}
+        for message in conn.consume("jobs", prefetch=5, timeout=5):
+            seen.setdefault(message.body, []).append(message.redelivered)
+            message.ack()
+            if len(seen) == 5 and conn.reconnections == 0 and len(seen[message.body]) == 1:
+                restart()
+            if len(seen) == 20:
+                break
+        assert sorted(seen) == [b"%02d" % i for i in range(20)]
+        assert conn.reconnections == 1
+        again = [body for body, flags in seen.items() if len(flags) > 1]
+        assert all(seen[body][1:] == [True] * (len(seen[body]) - 1) for body in again)
+        assert conn.declare_queue("jobs", durable=False) == "jobs"  # declared again after the restart
