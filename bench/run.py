@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,7 +28,10 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RABBITMQ_LAUNCHER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+sys.path.insert(0, str(ROOT))
+
+from broker.testing import free_port, wait_for_port  # noqa: E402
+from broker.testing import rabbitmq_node as rabbitmq  # noqa: E402
 
 #: (scenario, sizes, extra generator arguments) of the README table.
 MATRIX = [
@@ -41,27 +41,6 @@ MATRIX = [
     ("topic", "16,1024", []),
     ("latency", "16", []),
 ]
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for_port(port: int, seconds: float) -> None:
-    """Block until something accepts connections on ``port``.
-
-    :raises TimeoutError: nothing did within ``seconds``.
-    """
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {seconds:g} s")
 
 
 #: Where the brokers' own output goes (beside the results), so a failure can be looked into.
@@ -93,43 +72,6 @@ def postroom() -> Iterator[tuple[int, int]]:
         process.wait(10)
         log.close()
         shutil.rmtree(data, ignore_errors=True)
-
-
-@contextmanager
-def rabbitmq() -> Iterator[tuple[int, int]]:
-    """Run a private RabbitMQ node on free ports (see ../shared/bench/README.md); yield ``(port, pid)``."""
-    if not RABBITMQ_LAUNCHER.exists():
-        raise SystemExit("rabbitmq-server is not installed: apt-get install -y rabbitmq-server")
-    port, dist_port = free_port(), free_port()
-    home = Path(tempfile.mkdtemp(prefix="postroom-bench-rabbit-"))
-    (home / "enabled_plugins").write_text("[].\n")
-    env = dict(
-        os.environ,
-        HOME=str(home),
-        RABBITMQ_NODENAME=f"bench{port}@localhost",
-        RABBITMQ_NODE_PORT=str(port),
-        RABBITMQ_DIST_PORT=str(dist_port),
-        RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
-        RABBITMQ_MNESIA_BASE=str(home / "mnesia"),
-        RABBITMQ_LOG_BASE=str(home / "log"),
-        RABBITMQ_ENABLED_PLUGINS_FILE=str(home / "enabled_plugins"),
-        RABBITMQ_PID_FILE=str(home / "pid"),
-    )
-    process = subprocess.Popen(
-        [str(RABBITMQ_LAUNCHER)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    try:
-        wait_for_port(port, 60)
-        pid = int((home / "pid").read_text().strip()) if (home / "pid").exists() else process.pid
-        yield port, pid
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-        subprocess.run(["pkill", "-f", f"bench{port}@localhost"], check=False)
-        shutil.rmtree(home, ignore_errors=True)
 
 
 def generate(

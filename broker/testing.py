@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterable
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from pamqp import commands, frame
@@ -324,3 +332,76 @@ class MemorySegmentStorage:
         if self.archive:
             self.archived[number] = bytes(segment.disk)
         del self._segments[number]
+
+
+# -- real brokers on loopback, for tests and benchmarks ---------------------------------------
+
+RABBITMQ_LAUNCHER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+
+
+class RabbitMQMissing(RuntimeError):
+    """The Debian ``rabbitmq-server`` package is not installed."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, seconds: float) -> None:
+    """Block until something accepts connections on ``port``.
+
+    :raises TimeoutError: nothing did within ``seconds``.
+    """
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {seconds:g} s")
+
+
+@contextmanager
+def rabbitmq_node() -> Iterator[tuple[int, int]]:
+    """Run a private RabbitMQ node on free loopback ports, for comparisons; yield ``(port, pid)``.
+
+    Uses the Debian package's launcher directly, as the current user, with every directory
+    in a temporary home (see ``../shared/bench/README.md``).
+
+    :raises RabbitMQMissing: ``rabbitmq-server`` is not installed
+    """
+    if not RABBITMQ_LAUNCHER.exists():
+        raise RabbitMQMissing("rabbitmq-server is not installed: apt-get install -y rabbitmq-server")
+    port, dist_port = free_port(), free_port()
+    home = Path(tempfile.mkdtemp(prefix="postroom-rabbitmq-"))
+    (home / "enabled_plugins").write_text("[].\n")
+    env = dict(
+        os.environ,
+        HOME=str(home),
+        RABBITMQ_NODENAME=f"postroom{port}@localhost",
+        RABBITMQ_NODE_PORT=str(port),
+        RABBITMQ_DIST_PORT=str(dist_port),
+        RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+        RABBITMQ_MNESIA_BASE=str(home / "mnesia"),
+        RABBITMQ_LOG_BASE=str(home / "log"),
+        RABBITMQ_ENABLED_PLUGINS_FILE=str(home / "enabled_plugins"),
+        RABBITMQ_PID_FILE=str(home / "pid"),
+    )
+    process = subprocess.Popen(
+        [str(RABBITMQ_LAUNCHER)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        wait_for_port(port, 60)
+        pid = int((home / "pid").read_text().strip()) if (home / "pid").exists() else process.pid
+        yield port, pid
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+        subprocess.run(["pkill", "-f", f"postroom{port}@localhost"], check=False)
+        shutil.rmtree(home, ignore_errors=True)
