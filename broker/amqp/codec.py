@@ -34,8 +34,6 @@ FRAME_BODY = 3
 FRAME_HEARTBEAT = 8
 FRAME_END = 0xCE
 FRAME_END_BYTE = b"\xce"
-#: type, channel, payload size; the frame-end octet follows the payload.
-FRAME_HEADER_SIZE = 7
 #: Bytes a frame adds around its payload (header and frame-end).
 FRAME_OVERHEAD = 8
 #: AMQP 0-9-1 §4.2.1: no peer may refuse frames of this size, so frame_max may not go below it.
@@ -169,11 +167,6 @@ def content_body_size(header_payload: bytes) -> tuple[int, int]:
         raise ConnectionException(ReplyCode.SYNTAX_ERROR, "truncated content header")
     class_id, _weight, body_size, _flags = _content_header_head.unpack_from(header_payload)
     return class_id, body_size
-
-
-def property_flags(header_payload: bytes) -> int:
-    """The first property-flags word of a content header (which properties are present)."""
-    return _uint16.unpack_from(header_payload, 12)[0]
 
 
 def delivery_mode(header_payload: bytes) -> int:

@@ -341,7 +341,6 @@ class WorkQueue:
         self._plain = settings.message_ttl is None and settings.max_length is None and not self._track_bytes
         self._consumers: deque[Consumer] = deque()
         self.unacked_count = 0
-        self.had_consumers = False
         self.deleted = False
         #: Exchanges with a binding to this queue, so deleting the queue can remove them.
         self.sources: set[Exchange] = set()
@@ -638,7 +637,6 @@ class WorkQueue:
     def add_consumer(self, consumer: Consumer) -> None:
         """Add a consumer at the end of the round-robin order and deliver to it."""
         self._consumers.append(consumer)
-        self.had_consumers = True
         self.touch()
         self.dispatch()
 
