@@ -6,6 +6,7 @@ are skipped, saying so.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -64,7 +65,10 @@ def test_rejections_dead_letter_with_rabbitmq(rabbitmq_url: str, name: str) -> N
         message = conn.get(name)
         assert message is not None
         message.reject()
-        dead = conn.get(f"{name}.dlq")
+        dead = None
+        deadline = time.monotonic() + 5
+        while dead is None and time.monotonic() < deadline:  # RabbitMQ dead-letters asynchronously
+            dead = conn.get(f"{name}.dlq")
         assert dead is not None and [d["reason"] for d in dead.x_death] == ["rejected"]
         dead.ack()
 
