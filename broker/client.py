@@ -60,6 +60,50 @@ _deliver_tail = struct.Struct(">QB")
 _publish_head = struct.Struct(">BHIIH")  # frame header, method index, reserved ticket
 
 
+def parse_deliver(payload: bytes) -> tuple[str, int, bool, str, str]:
+    """``basic.deliver`` (method payload with its ids): consumer tag, delivery tag, redelivered,
+    exchange, routing key. Hand-decoded: it arrives once per message."""
+    tag_length = payload[4]
+    consumer_tag = payload[5 : 5 + tag_length].decode("utf-8", "surrogateescape")
+    offset = 5 + tag_length
+    delivery_tag, redelivered = _deliver_tail.unpack_from(payload, offset)
+    offset += 9
+    exchange_length = payload[offset]
+    exchange = payload[offset + 1 : offset + 1 + exchange_length].decode("utf-8", "surrogateescape")
+    offset += 1 + exchange_length
+    routing_key = payload[offset + 1 : offset + 1 + payload[offset]].decode("utf-8", "surrogateescape")
+    return consumer_tag, delivery_tag, bool(redelivered), exchange, routing_key
+
+
+def publish_frames(
+    exchange: str,
+    routing_key: str,
+    body: bytes,
+    frame_max: int,
+    headers: Mapping[str, Any] | None = None,
+    persistent: bool = True,
+    mandatory: bool = False,
+    basic_properties: commands.Basic.Properties | None = None,
+    **properties: Any,
+) -> bytes:
+    """The frames of one ``basic.publish`` on channel 1, the method frame built by hand.
+
+    :param basic_properties: send exactly these properties (``headers``, ``persistent`` and
+        the keyword properties are then ignored), e.g. to republish a message as it was
+    """
+    names = shortstr(exchange) + shortstr(routing_key)
+    props = basic_properties or commands.Basic.Properties(
+        headers=dict(headers) if headers else None, delivery_mode=2 if persistent else 1, **properties
+    )
+    parts = [
+        _publish_head.pack(FRAME_METHOD, 1, 4 + 2 + len(names) + 1, BASIC_PUBLISH, 0),
+        names,
+        bytes((1 if mandatory else 0, FRAME_END)),
+    ]
+    parts += content_frames(1, encode_content_header(len(body), props), body, frame_max)
+    return b"".join(parts)
+
+
 class ClientError(Exception):
     """A failure reported by the broker, with its AMQP reply code and text."""
 
@@ -155,12 +199,13 @@ class Message:
         """Refuse one message; by default it is dead-lettered (or dropped without a DLX)."""
         self._settle(commands.Basic.Reject(delivery_tag=self.delivery_tag, requeue=requeue))
 
-    def extend(self, seconds: float) -> None:
+    def extend(self, seconds: float) -> Any:
         """Extend the visibility lease: the broker keeps the message for ``seconds`` from now.
 
-        :raises PublishNacked: the delivery was already taken back (its tag is stale)
+        :raises PublishNacked: the delivery was already taken back (its tag is stale); with the
+            Twisted client, the returned Deferred fails with it instead
         """
-        self._connection.publish(
+        return self._connection.publish(
             EXTEND_EXCHANGE,
             "",
             b"",
@@ -378,16 +423,9 @@ class Connection:
         return decode_properties(header), b"".join(parts)
 
     def _delivery(self, payload: bytes, deadline: float) -> None:
-        tag_length = payload[4]
-        offset = 5 + tag_length
-        delivery_tag, redelivered = _deliver_tail.unpack_from(payload, offset)
-        offset += 9
-        exchange_length = payload[offset]
-        exchange = payload[offset + 1 : offset + 1 + exchange_length].decode("utf-8", "surrogateescape")
-        offset += 1 + exchange_length
-        routing_key = payload[offset + 1 : offset + 1 + payload[offset]].decode("utf-8", "surrogateescape")
+        _consumer_tag, delivery_tag, redelivered, exchange, routing_key = parse_deliver(payload)
         properties, body = self._content(deadline)
-        self._deliveries.append(Message(self, delivery_tag, bool(redelivered), exchange, routing_key, properties, body))
+        self._deliveries.append(Message(self, delivery_tag, redelivered, exchange, routing_key, properties, body))
 
     def _confirm(self, tag: int, multiple: bool) -> None:
         """Both brokers confirm one channel's publishes in order, so the highest tag is enough."""
@@ -480,34 +518,13 @@ class Connection:
             remember=True,
         )
 
-    def publish_nowait(
-        self,
-        exchange: str,
-        routing_key: str,
-        body: bytes,
-        headers: Mapping[str, Any] | None = None,
-        persistent: bool = True,
-        mandatory: bool = False,
-        basic_properties: commands.Basic.Properties | None = None,
-        **properties: Any,
-    ) -> int:
+    def publish_nowait(self, exchange: str, routing_key: str, body: bytes, **options: Any) -> int:
         """Send a publish without waiting; return its confirm sequence number (see :meth:`wait_confirms`).
 
-        :param basic_properties: send exactly these properties (``headers``, ``persistent`` and
-            the keyword properties are then ignored), e.g. to republish a message as it was
+        Options are those of :func:`publish_frames`: ``headers``, ``persistent`` (default true),
+        ``mandatory``, ``basic_properties`` and any ``Basic.Properties`` field.
         """
-        names = shortstr(exchange) + shortstr(routing_key)
-        method_size = 4 + 2 + len(names) + 1
-        props = basic_properties or commands.Basic.Properties(
-            headers=dict(headers) if headers else None, delivery_mode=2 if persistent else 1, **properties
-        )
-        parts = [
-            _publish_head.pack(FRAME_METHOD, 1, method_size, BASIC_PUBLISH, 0),
-            names,
-            bytes((1 if mandatory else 0, FRAME_END)),
-        ]
-        parts += content_frames(1, encode_content_header(len(body), props), body, self.frame_max)
-        self._send(b"".join(parts))
+        self._send(publish_frames(exchange, routing_key, body, self.frame_max, **options))
         self._publish_seq += 1
         return self._publish_seq
 
