@@ -383,11 +383,11 @@ class Connection:
             return None
         method = decode_method(payload)
         if isinstance(method, commands.Basic.Ack):
-            self._confirm(method.delivery_tag, method.multiple)
+            self._confirm(method.delivery_tag)
         elif isinstance(method, commands.Basic.Nack):
             first = self._confirmed + 1 if method.multiple else method.delivery_tag
             self._nacked.update(range(first, method.delivery_tag + 1))
-            self._confirm(method.delivery_tag, method.multiple)
+            self._confirm(method.delivery_tag)
         elif isinstance(method, commands.Basic.Return):
             properties, body = self._content(deadline)
             self._returned.append(PublishReturned(method.reply_code, f"{method.reply_text}: {method.routing_key}"))
@@ -427,7 +427,7 @@ class Connection:
         properties, body = self._content(deadline)
         self._deliveries.append(Message(self, delivery_tag, redelivered, exchange, routing_key, properties, body))
 
-    def _confirm(self, tag: int, multiple: bool) -> None:
+    def _confirm(self, tag: int) -> None:
         """Both brokers confirm one channel's publishes in order, so the highest tag is enough."""
         self._confirmed = max(self._confirmed, tag)
 

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("package", ["broker", "exchanges", "plugins", "config", "spark"])
 def test_top_level_package_resolves_inside_this_project(package: str) -> None:
     module = __import__(package)
-    assert Path(module.__file__).resolve().is_relative_to(ROOT) or "site-packages" in module.__file__
+    assert Path(module.__file__).resolve().is_relative_to(ROOT)
     assert Path(module.__file__).resolve().parent.name == package
 
 

@@ -260,7 +260,7 @@ def deliver_frames(
         return head + (FRAME_END_BYTE,)
     if body_size <= frame_max - FRAME_OVERHEAD:
         return head + (_frame_end_then_header.pack(FRAME_END, FRAME_BODY, channel, body_size), body, FRAME_END_BYTE)
-    return head + (FRAME_END_BYTE,) + tuple(content_frames(channel, b"", body, frame_max)[3:])
+    return head + (FRAME_END_BYTE, *body_frames(channel, body, frame_max))
 
 
 def get_ok_method(channel: int, delivery_tag: int, redelivered: bool, names: bytes, message_count: int) -> bytes:
@@ -292,20 +292,28 @@ def nack_method(channel: int, delivery_tag: int, multiple: bool) -> bytes:
     return frame(FRAME_METHOD, channel, _method_ids.pack(BASIC_NACK) + _ack.pack(delivery_tag, multiple))
 
 
+def body_frames(channel: int, body: bytes, frame_max: int) -> list[bytes]:
+    """The body frames of one message, split at ``frame_max`` (none for an empty body)."""
+    size = len(body)
+    chunk = frame_max - FRAME_OVERHEAD
+    if size <= chunk:
+        return [_frame_header.pack(FRAME_BODY, channel, size), body, FRAME_END_BYTE] if size else []
+    parts: list[bytes] = []
+    view = memoryview(body)
+    for start in range(0, size, chunk):
+        piece = view[start : start + chunk]
+        parts += (_frame_header.pack(FRAME_BODY, channel, len(piece)), bytes(piece), FRAME_END_BYTE)
+    return parts
+
+
 def content_frames(channel: int, header_payload: bytes, body: bytes, frame_max: int) -> list[bytes]:
     """The content header frame and the body frames of one message, split at ``frame_max``."""
-    parts = [_frame_header.pack(FRAME_HEADER, channel, len(header_payload)), header_payload, FRAME_END_BYTE]
-    size = len(body)
-    if size:
-        chunk = frame_max - FRAME_OVERHEAD
-        if size <= chunk:
-            parts += (_frame_header.pack(FRAME_BODY, channel, size), body, FRAME_END_BYTE)
-        else:
-            view = memoryview(body)
-            for start in range(0, size, chunk):
-                piece = view[start : start + chunk]
-                parts += (_frame_header.pack(FRAME_BODY, channel, len(piece)), bytes(piece), FRAME_END_BYTE)
-    return parts
+    return [
+        _frame_header.pack(FRAME_HEADER, channel, len(header_payload)),
+        header_payload,
+        FRAME_END_BYTE,
+        *body_frames(channel, body, frame_max),
+    ]
 
 
 def decode_table(raw: bytes) -> dict[str, Any]:

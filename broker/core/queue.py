@@ -249,15 +249,8 @@ class Consumer:
         return credit
 
     def can_accept(self) -> bool:
-        """Whether one more delivery fits within the channel's state and both prefetch limits."""
-        channel = self.channel
-        if not channel.active:
-            return False
-        if self.no_ack:
-            return True
-        if self.prefetch and self.unacked >= self.prefetch:
-            return False
-        return not (channel.prefetch_global and channel.unacked_count >= channel.prefetch_global)
+        """Whether one more delivery fits (see :meth:`credit`)."""
+        return self.credit() > 0
 
 
 class _PriorityReady:
@@ -601,7 +594,10 @@ class WorkQueue:
         if self._inflight_stale > COMPACT_AFTER:
             self._compact()
         if self.journal is not None:
-            self.journal.removed(self, entries)
+            if self.deleted:  # QueueDeleted already says it: no record, only accounting
+                self.journal.forget(entries)
+            else:
+                self.journal.removed(self, entries)
 
     def reject(self, entries: list[Entry]) -> None:
         """Nack/reject without requeue: dead-letter (reason ``rejected``) or drop."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pamqp import commands, frame
@@ -451,9 +450,16 @@ def test_idle_tick_sends_a_heartbeat_and_four_silent_ticks_mean_a_dead_peer() ->
     assert [connection.tick() for _ in range(4)] == [True, True, True, False]
 
 
-def test_heartbeat_on_a_channel_other_than_zero_is_ignored_by_the_frame_parser() -> None:
+def test_a_heartbeat_on_channel_zero_is_taken_silently() -> None:
     client = opened()
-    assert pytest.approx(0) == len(methods(client.send(frame.marshal(Heartbeat(), 0))))
+    assert client.send(frame.marshal(Heartbeat(), 0)) == []
+    assert client.connection.is_open
+
+
+def test_a_heartbeat_on_another_channel_is_a_frame_error() -> None:
+    client = opened()
+    close = close_of(client.send(b"\x08\x00\x01\x00\x00\x00\x00\xce"))
+    assert close.reply_code == ReplyCode.FRAME_ERROR
 
 
 _METHOD_INDEXES = sorted(commands.INDEX_MAPPING)

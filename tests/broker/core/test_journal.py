@@ -229,3 +229,17 @@ def test_bodies_beyond_the_memory_budget_are_paged_out_newest_first_and_read_bac
         got.append(frames[-1][1].value)
     assert got == bodies
     assert journal.resident_bytes == 0
+
+
+def test_deleting_a_durable_queue_records_only_its_deletion_and_frees_its_segment() -> None:
+    node, journal, _ = durable_node()
+    c = client(node)
+    c.call(1, commands.Queue.Declare(queue="gone", durable=True))
+    for i in range(3):
+        c.send(publish_frames(1, "", "gone", b"%d" % i, PERSISTENT))
+    journal.take(1)
+    held = [v for _, v in c.call(1, commands.Basic.Get(queue="gone")) if v.name == "Basic.GetOk"][0]
+    c.call(1, commands.Queue.Delete(queue="gone"))
+    c.call(1, commands.Basic.Ack(delivery_tag=held.delivery_tag))
+    assert [type(r).__name__ for r in records(journal)] == ["QueueDeleted"]
+    assert journal.live[1] == 0
