@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import gc
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,11 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
 from broker.core.definitions import node_from_config
+from broker.core.histogram import Histogram
 from broker.core.journal import Journal
 from broker.core.node import Node
+from broker.management import RateSampler, management_site
+from broker.metrics import BrokerCollector, make_registry, metrics_site
 from broker.protocol import AMQPServerFactory
 from broker.wal.files import DirectoryStorage, prune_archive
 from broker.wal.log import RecoveryReport, WriteAheadLog
@@ -105,6 +107,8 @@ class WALService(Service):
         #: The segments on disk and the active one, as the reactor thread counts them.
         self._segments = log.segments()
         self._active = log.active
+        #: Sizes of the sealed segments (the active one's is ``_filled``), for metrics.
+        self._sealed_bytes = {number: log.storage.size(number) for number in self._segments if number != self._active}
         #: Segments retired so far (deleted, or moved to the archive).
         self.retired = 0
         self.reactor = reactor
@@ -112,8 +116,8 @@ class WALService(Service):
         self.interval = interval if fsync == "batch" else 0.0
         self.alarm: str | None = None
         self.writes = 0
-        #: Seconds each append+fsync took, for metrics (bounded: the last 1024).
-        self.fsync_seconds: deque[float] = deque(maxlen=1024)
+        #: Seconds each append+fsync took, for metrics.
+        self.fsync_seconds = Histogram()
         self._call: Any = None
         self._writing: defer.Deferred[Any] | None = None
         self._pool = ThreadPool(1, 1, name="postroom-wal")
@@ -139,6 +143,7 @@ class WALService(Service):
         if self._filled + self.journal.pending_bytes > self._segment_bytes and self._filled > SEGMENT_HEADER_BYTES:
             # Rotate: the new segment starts with the topology as it is now (reactor thread).
             first = self.journal.topology(self.node.vhosts.values())
+            self._sealed_bytes[self._active] = self._filled
             self._filled = SEGMENT_HEADER_BYTES + len(first)
             self._active += 1
             self._segments.append(self._active)
@@ -147,6 +152,7 @@ class WALService(Service):
         retire = self.journal.retirable(self._segments, self._active)
         for number in retire:
             self._segments.remove(number)
+            self._sealed_bytes.pop(number, None)
         self.retired += len(retire)
         self._writing = deferToThreadPool(self.reactor, self._pool, self._append, data, first, retire)
         self._writing.addCallbacks(self._written, self._failed, callbackArgs=(position,), errbackArgs=(position,))
@@ -173,7 +179,7 @@ class WALService(Service):
     def _written(self, seconds: float, position: int) -> None:
         self._writing = None
         self.writes += 1
-        self.fsync_seconds.append(seconds)
+        self.fsync_seconds.observe(seconds)
         if self.journal.page_out(self.memory_budget) and not self._paging_logged:
             self._paging_logged = True
             self._log.info(
@@ -186,6 +192,16 @@ class WALService(Service):
         self.journal.synced_to(position)
         if self.journal.has_pending:
             self._call = self.reactor.callLater(0, self._write)
+
+    @property
+    def segments(self) -> int:
+        """Segment files in the log directory, the active one included."""
+        return len(self._segments)
+
+    @property
+    def size(self) -> int:
+        """Bytes in the log's segment files (archived ones not included)."""
+        return sum(self._sealed_bytes.values()) + self._filled
 
     def _failed(self, failure: Failure, position: int) -> None:
         self._writing = None
@@ -214,7 +230,7 @@ class WALService(Service):
 
 
 class BrokerService(MultiService):
-    """The broker: its listeners as children, and the log writer.
+    """The broker: its listeners (AMQP, metrics, management) as children, and the log writer.
 
     Stopping is sequential on purpose (``MultiService`` would stop every child at once):
     listeners stop accepting, connections are closed with 320 CONNECTION_FORCED (their unacked
@@ -223,22 +239,33 @@ class BrokerService(MultiService):
 
     _log = Logger()
 
-    def __init__(self, factory: AMQPServerFactory, wal: WALService | None = None) -> None:
+    def __init__(
+        self, factory: AMQPServerFactory, wal: WALService | None = None, sampler: RateSampler | None = None
+    ) -> None:
         super().__init__()
         self.factory = factory
         self.wal = wal
+        self.sampler = sampler
 
     def startService(self) -> None:
         if self.wal is not None:
             self.wal.startService()
+        if self.sampler is not None:
+            self.sampler.start()
         super().startService()
 
     @defer.inlineCallbacks
     def stopService(self) -> Any:
+        self._log.info(
+            "shutting down: no new connections; closing {count} connection(s)", count=len(self.factory.protocols)
+        )
         yield super().stopService()
+        if self.sampler is not None:
+            self.sampler.stop()
         self.factory.close_all()
         if self.wal is not None:
             yield self.wal.stopService()
+            self._log.info("write-ahead log flushed and synced")
 
 
 def archive_of(config: BrokerConfig) -> Archive | None:
@@ -319,10 +346,18 @@ def make_broker_service(
         else:
             node = node_from_config(config, reactor)
     factory = AMQPServerFactory(node, reactor)
-    service = BrokerService(factory, wal)
+    sampler = RateSampler(node, reactor) if config.listen.management else None
+    service = BrokerService(factory, wal, sampler)
     endpoints = amqp_endpoints or [config.listen.amqp] + ([config.listen.amqps] if config.listen.amqps else [])
     for description in endpoints:
         strports.service(description, factory, reactor=reactor).setServiceParent(service)
+    if config.listen.metrics:
+        collector = BrokerCollector(node, wal, config.metrics.rabbitmq_compatible)
+        site = metrics_site(make_registry(collector))
+        strports.service(config.listen.metrics, site, reactor=reactor).setServiceParent(service)
+    if sampler is not None and config.listen.management:
+        site = management_site(node, sampler)
+        strports.service(config.listen.management, site, reactor=reactor).setServiceParent(service)
     return service
 
 

@@ -33,6 +33,7 @@ from config.schema import (
     ExchangeConfig,
     LimitsConfig,
     ListenConfig,
+    MetricsConfig,
     Permission,
     QueueConfig,
     StorageConfig,
@@ -196,6 +197,12 @@ class _Reader:
             return default
         return self.typed(value, path, lambda v: isinstance(v, str), "a string", default)
 
+    def optional_listener(self, value: Any, path: str, default: str | None) -> str | None:
+        """An endpoint string, or ``false`` for no listener at all."""
+        if value is False:
+            return None
+        return self.string(value, path, default)
+
     def name(self, value: Any, path: str) -> str:
         result = self.string(value, path, None)
         if result is None:
@@ -248,7 +255,7 @@ class _Reader:
     def broker(self, document: Any) -> BrokerConfig | None:
         if document is None:
             return None
-        top = self.mapping(document, "", {"listen", "storage", "limits", "users", "plugins", "vhosts"})
+        top = self.mapping(document, "", {"listen", "storage", "limits", "users", "plugins", "vhosts", "metrics"})
         defaults = BrokerConfig()
         listen = self.listen(top.get("listen"))
         storage = self.storage(top.get("storage"))
@@ -259,7 +266,13 @@ class _Reader:
             self.name(item, f"plugins[{index}]")
             for index, item in enumerate(self.typed(top.get("plugins"), "plugins", _is_list, "a list", []))
         )
-        return BrokerConfig(listen, storage, limits, users, plugins, vhosts, self.source)
+        metrics_section = self.mapping(top.get("metrics"), "metrics", {"rabbitmq_compatible"})
+        metrics = MetricsConfig(
+            rabbitmq_compatible=self.boolean(
+                metrics_section.get("rabbitmq_compatible"), "metrics.rabbitmq_compatible", False
+            )
+        )
+        return BrokerConfig(listen, storage, limits, users, plugins, vhosts, self.source, metrics)
 
     def listen(self, value: Any) -> ListenConfig:
         section = self.mapping(value, "listen", {"amqp", "amqps", "metrics", "management"})
@@ -267,8 +280,8 @@ class _Reader:
         return ListenConfig(
             amqp=self.string(section.get("amqp"), "listen.amqp", default.amqp),
             amqps=self.string(section.get("amqps"), "listen.amqps", default.amqps),
-            metrics=self.string(section.get("metrics"), "listen.metrics", default.metrics),
-            management=self.string(section.get("management"), "listen.management", default.management),
+            metrics=self.optional_listener(section.get("metrics"), "listen.metrics", default.metrics),
+            management=self.optional_listener(section.get("management"), "listen.management", default.management),
         )
 
     def storage(self, value: Any) -> StorageConfig:

@@ -12,7 +12,7 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class ListenConfig:
-    """Twisted endpoint strings for each listener (``None``: not listening)."""
+    """Twisted endpoint strings for each listener (``None``: not listening; ``false`` in YAML)."""
 
     amqp: str = "tcp:5672:interface=127.0.0.1"
     amqps: str | None = None
@@ -163,6 +163,14 @@ class VhostConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    """What ``/metrics`` exports besides Postroom's own series."""
+
+    #: Also export the ``rabbitmq_*`` series RabbitMQ's Grafana dashboards read.
+    rabbitmq_compatible: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     """Everything the broker is configured with."""
 
@@ -173,3 +181,4 @@ class BrokerConfig:
     plugins: tuple[str, ...] = ()
     vhosts: dict[str, VhostConfig] = field(default_factory=lambda: {"/": VhostConfig()})
     source: str = "<embedded default>"
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)

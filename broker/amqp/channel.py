@@ -324,9 +324,13 @@ class ChannelState:
         unacked = self._unacked
         tag = self._delivery_tag
         count = 0
+        queue = consumer.queue
+        sampled = queue.latency_samples
         for entry in entries:
             tag += 1
             count += 1
+            if sampled and entry in sampled:
+                queue.observe_latency(entry)
             message = entry.message
             body = message._body
             if body is None:  # paged out to the log
@@ -356,12 +360,12 @@ class ChannelState:
                 entry.state = UNACKED
                 unacked[tag] = entry
         self._delivery_tag = tag
+        queue.delivered += count
         if not track:
-            consumer.queue.settle(entries)
+            queue.settle(entries)
         elif count:
             consumer.unacked += count
             self.unacked_count += count
-            queue = consumer.queue
             queue.unacked_count += count
             timeout = consumer.visibility_timeout
             if timeout:
@@ -379,6 +383,9 @@ class ChannelState:
             self._send(commands.Basic.GetEmpty())
             return
         self._delivery_tag = tag = self._delivery_tag + 1
+        queue.delivered += 1
+        if queue.latency_samples:
+            queue.observe_latency(entry)
         message = entry.message
         out = self.connection.out
         header = message.header if entry.header is None else entry.header
@@ -475,6 +482,7 @@ class ChannelState:
         if len(entries) == 1:
             entry = entries[0]
             queue = entry.queue
+            queue.acked += 1
             queue.settle(entries)
             if entry.consumer is not None and not queue.deleted:
                 queue.dispatch()
@@ -483,6 +491,7 @@ class ChannelState:
             return
         groups = _by_queue(entries)
         for queue, group in groups.items():
+            queue.acked += len(group)
             queue.settle(group)
         self._kick(groups)
         if self.prefetch_global:
@@ -636,6 +645,7 @@ class ChannelState:
                 )
         if message.flags & FLAG_EXPIRATION:
             _check_expiration(message.properties.expiration)
+        self.vhost.published += 1
         if self.transactional:
             self._check_exchange(exchange_name)
             self._tx_ops.append(lambda: self._route(message, exchange_name, bits & 1))
@@ -649,6 +659,7 @@ class ChannelState:
                 accepted = queue.enqueue(message)
             else:
                 accepted = True
+                self.vhost.unroutable += 1
                 if bits & 1:
                     self._return(message)
         else:
@@ -700,8 +711,10 @@ class ChannelState:
         for queue in queues:
             if not queue.enqueue(message):
                 accepted = False
-        if not queues and mandatory:
-            self._return(message)
+        if not queues:
+            self.vhost.unroutable += 1
+            if mandatory:
+                self._return(message)
         return accepted
 
     def _extend(self, message: Message) -> bool:

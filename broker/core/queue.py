@@ -68,6 +68,13 @@ TIMER_SLACK = 0.01
 #: outnumber the live ones), so compaction is O(1) amortised per record.
 COMPACT_AFTER = 1024
 
+#: One message in this many per queue has its publish-to-deliver latency measured: a
+#: histogram of samples shows the shape without a clock reading for every message.
+LATENCY_SAMPLE_EVERY = 1024
+
+#: Sampled entries waiting for their delivery, per queue, before the table is cleared.
+MAX_LATENCY_SAMPLES = 64
+
 # Entry states.
 READY = 0  # in the ready list (or about to be)
 UNACKED = 1  # delivered, waiting for an ack
@@ -354,9 +361,18 @@ class WorkQueue:
         self._timer: Any = None
         self._timer_at = 0.0
         self._last_used = clock.seconds() if clock is not None else 0.0
-        # Counters, read by metrics.
+        # Counters, read by metrics at scrape time (one integer add per message, no callbacks).
+        self.published = 0
+        self.delivered = 0
+        self.acked = 0
         self.visibility_timeouts = 0
         self.redelivered = 0
+        #: Publish-to-deliver latency is sampled: one message in :data:`LATENCY_SAMPLE_EVERY`
+        #: is stamped when it arrives (entry -> clock reading) and observed when delivered.
+        self.latency_samples: dict[Entry, float] = {}
+        self._until_sample = LATENCY_SAMPLE_EVERY
+        #: Called with seconds from arrival to delivery for each sampled message (metrics).
+        self.on_latency: Callable[[float], None] | None = None
         self.dead_lettered: dict[DeadLetterReason, int] = {}
         if settings.expires is not None:
             self._arm(self._last_used + settings.expires)
@@ -385,6 +401,10 @@ class WorkQueue:
         """The ready entries, next to be delivered first."""
         return [entry for entry in self._ready if entry.state == READY]
 
+    def peek(self, count: int) -> list[Entry]:
+        """The first ``count`` ready entries, without taking them (the rest are not visited)."""
+        return list(itertools.islice((entry for entry in self._ready if entry.state == READY), count))
+
     def now(self) -> float:
         """The queue's clock reading (0 without a clock)."""
         return self.clock.seconds() if self.clock is not None else 0.0
@@ -397,6 +417,11 @@ class WorkQueue:
         :returns: ``False`` when the queue refused it (full, with ``x-overflow`` reject-publish
             or reject-publish-dlx), else ``True``
         """
+        self.published += 1
+        self._until_sample -= 1
+        if not self._until_sample:
+            self._until_sample = LATENCY_SAMPLE_EVERY
+            return self._enqueue_sampled(message)
         if not self._plain or self._gone_in_ready or message.flags & FLAG_EXPIRATION:
             return self._enqueue_checked(message)
         entry = Entry(message, self)
@@ -413,7 +438,21 @@ class WorkQueue:
         self._ready.append(entry)
         return True
 
-    def _enqueue_checked(self, message: Message) -> bool:
+    def _enqueue_sampled(self, message: Message) -> bool:
+        """Enqueue a message whose publish-to-deliver latency is measured (see :meth:`observe_latency`)."""
+        if len(self.latency_samples) >= MAX_LATENCY_SAMPLES:
+            # Sampled entries that left without a delivery (expired, purged, dropped) are never
+            # observed; forget them rather than let the table grow.
+            self.latency_samples.clear()
+        return self._enqueue_checked(message, stamp=True)
+
+    def observe_latency(self, entry: Entry) -> None:
+        """A sampled entry is being delivered: report the seconds since it arrived."""
+        stamped = self.latency_samples.pop(entry, None)
+        if stamped is not None and self.on_latency is not None:
+            self.on_latency(self.now() - stamped)
+
+    def _enqueue_checked(self, message: Message, stamp: bool = False) -> bool:
         settings = self.settings
         if settings.overflow is not Overflow.DROP_HEAD and self._full(extra=message.size):
             if self.journal is not None:
@@ -424,6 +463,8 @@ class WorkQueue:
                 self._dead_letter([entry], DeadLetterReason.MAXLEN)
             return False
         entry = Entry(message, self)
+        if stamp:
+            self.latency_samples[entry] = self.now()
         ttl = settings.message_ttl
         per_message = _expiration(message)
         if per_message is not None and (ttl is None or per_message < ttl):

@@ -11,6 +11,7 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from broker.core.deadletter import DeadLetterReason, dead_lettered, is_cycle
+from broker.core.histogram import Histogram
 from broker.core.message import Message
 from broker.core.queue import MAX_PRIORITY, Entry, QueueSettings, Scheduler, WorkQueue
 from broker.errors import ChannelException, ReplyCode
@@ -143,6 +144,11 @@ class VirtualHost:
         self.journal: Journal | None = None
         #: Dead-lettered messages dropped: no such dead-letter exchange, or a cycle.
         self.dead_letters_dropped = 0
+        #: Messages published by clients into this vhost, and those no queue took (for metrics).
+        self.published = 0
+        self.unroutable = 0
+        #: Publish-to-deliver seconds of sampled messages, for every queue of this vhost.
+        self.latency = Histogram()
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, WorkQueue] = {}
         #: Given to every queue: called when a dispatch left entries for later (see WorkQueue.dispatch).
@@ -440,6 +446,7 @@ class VirtualHost:
         queue.on_backlog = self.on_backlog
         queue.on_dead_letter = self._dead_letter
         queue.on_expired = self.remove_queue
+        queue.on_latency = self.latency.observe
         self.queues[name] = queue
         if durable and not exclusive and self.journal is not None:
             queue.journal = self.journal

@@ -8,6 +8,7 @@ from twisted.plugin import getPlugins
 
 from broker.service import make_broker_service
 from broker.tap import Options
+from config.schema import BrokerConfig, ListenConfig
 
 
 def test_twistd_finds_the_postroom_plugin() -> None:
@@ -30,4 +31,13 @@ def test_service_listens_on_each_endpoint() -> None:
     assert [(port, interface) for port, _f, _b, interface in reactor.tcpServers] == [
         (5673, "127.0.0.1"),
         (5674, "127.0.0.1"),
+        (15692, "127.0.0.1"),  # metrics, the embedded default
+        (15672, "127.0.0.1"),  # management API
     ]
+
+
+def test_metrics_and_management_listeners_can_be_turned_off() -> None:
+    reactor = MemoryReactorClock()
+    config = BrokerConfig(listen=ListenConfig(amqp="tcp:5673:interface=127.0.0.1", metrics=None, management=None))
+    make_broker_service(reactor, config, persist=False).startService()
+    assert [port for port, *_ in reactor.tcpServers] == [5673]

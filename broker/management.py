@@ -1,0 +1,426 @@
+"""The management API: JSON over HTTP, in the shape of RabbitMQ's management plugin.
+
+Read: ``/api/overview``, ``/api/vhosts``, ``/api/queues[/{vhost}[/{name}]]``,
+``/api/exchanges[/{vhost}[/{name}]]``, ``/api/bindings[/{vhost}]``, ``/api/connections``,
+``/api/channels``. Act: ``DELETE /api/queues/{vhost}/{name}/contents`` (purge),
+``POST /api/queues/{vhost}/{name}/get`` (peek at ready messages: nothing is consumed or
+marked redelivered), ``DELETE /api/connections/{name}`` (close with 320 CONNECTION_FORCED).
+
+Requests authenticate with HTTP Basic and the AMQP users (a ``loopback_only`` user only from
+loopback); a user limited to some vhosts sees only those. Everything runs on the reactor
+thread, reading the broker's state directly. Rates come from :class:`RateSampler`, which
+reads the counters every few seconds; nothing here runs per message.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.web.resource import Resource
+from twisted.web.server import Request, Site
+
+from broker.core.deadletter import DeadLetterReason
+from broker.core.queue import WorkQueue
+from broker.errors import ReplyCode
+from broker.protocol import is_loopback
+
+if TYPE_CHECKING:
+    from broker.core.node import Node, User
+    from broker.core.vhost import Exchange, VirtualHost
+
+#: Seconds between rate samples: RabbitMQ's management plugin samples every 5 s too.
+RATE_INTERVAL = 5.0
+
+#: At most this many messages per peek: each is rendered into the JSON reply whole.
+MAX_PEEK = 1000
+
+#: Counters that get a ``*_details.rate`` in ``message_stats`` (RabbitMQ's names -> ours).
+_QUEUE_STATS = {"publish": "published", "deliver_get": "delivered", "ack": "acked", "redeliver": "redelivered"}
+_VHOST_STATS = {"publish": "published", "return_unroutable": "unroutable"}
+
+
+class RateSampler:
+    """Per-second rates of the queue and vhost counters, from samples ``interval`` seconds apart.
+
+    :param node: the broker node
+    :param clock: the reactor (``Clock`` in tests)
+    """
+
+    def __init__(self, node: Node, clock: Any, interval: float = RATE_INTERVAL) -> None:
+        self.node = node
+        self.clock = clock
+        self.interval = interval
+        self._last: dict[tuple[str, str, str], int] = {}
+        self._last_at: float | None = None
+        self.rates: dict[tuple[str, str, str], float] = {}
+        self._loop = LoopingCall(self.sample)
+        self._loop.clock = clock
+
+    def start(self) -> None:
+        """Sample now and every ``interval`` seconds."""
+        self._loop.start(self.interval, now=True)
+
+    def stop(self) -> None:
+        """Stop sampling."""
+        if self._loop.running:
+            self._loop.stop()
+
+    def _counts(self) -> dict[tuple[str, str, str], int]:
+        counts = {}
+        for vhost in self.node.vhosts.values():
+            for stat, attribute in _VHOST_STATS.items():
+                counts[(vhost.name, "", stat)] = getattr(vhost, attribute)
+            for queue in vhost.queues.values():
+                for stat, attribute in _QUEUE_STATS.items():
+                    counts[(vhost.name, queue.name, stat)] = getattr(queue, attribute)
+        return counts
+
+    def sample(self) -> None:
+        """Read the counters and update the rates (a counter that went down, a recreated queue, reads 0)."""
+        now = self.clock.seconds()
+        counts = self._counts()
+        if self._last_at is not None and now > self._last_at:
+            elapsed = now - self._last_at
+            self.rates = {key: max(0, count - self._last.get(key, count)) / elapsed for key, count in counts.items()}
+        self._last, self._last_at = counts, now
+
+    def rate(self, vhost: str, queue: str, stat: str) -> float:
+        """Messages per second of ``stat`` over the last interval (``queue`` ``""`` for the vhost's)."""
+        return self.rates.get((vhost, queue, stat), 0.0)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+class _Problem(Exception):
+    def __init__(self, status: int, error: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.error, self.reason = status, error, reason
+
+
+class ManagementAPI(Resource):
+    """The ``/api`` tree (a leaf resource: it routes the path itself).
+
+    :param node: the broker node
+    :param sampler: rates for ``message_stats``
+    """
+
+    isLeaf = True
+    _log = Logger()
+
+    def __init__(self, node: Node, sampler: RateSampler) -> None:
+        super().__init__()
+        self.node = node
+        self.sampler = sampler
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def render(self, request: Request) -> bytes:
+        request.setHeader(b"Content-Type", b"application/json")
+        try:
+            user = self._authenticate(request)
+            segments = [unquote(part.decode()) for part in request.postpath if part]
+            status, body = self._dispatch(request.method.decode(), segments, request, user)
+        except _Problem as problem:
+            if problem.status == 401:
+                request.setHeader(b"WWW-Authenticate", b'Basic realm="Postroom Management"')
+            status, body = problem.status, {"error": problem.error, "reason": problem.reason}
+        except Exception:
+            self._log.failure("management API request {path} failed", path=request.path)
+            status, body = 500, {"error": "internal_error", "reason": "internal error (see the broker log)"}
+        request.setResponseCode(status)
+        if status == 204:
+            return b""
+        return json.dumps(body, default=_json_default).encode()
+
+    def _authenticate(self, request: Request) -> User:
+        header = request.getHeader(b"authorization") or ""
+        scheme, _, encoded = header.partition(" ")
+        try:
+            username, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            username = password = ""
+        address = request.getClientAddress()
+        user = None
+        if scheme.lower() == "basic" and username:
+            user = self.node.authenticate(username, password, is_loopback(getattr(address, "host", "")))
+        if user is None:
+            raise _Problem(401, "not_authorised", "Login failed")
+        return user
+
+    def _vhosts(self, user: User, name: str | None = None) -> list[VirtualHost]:
+        allowed = [v for v in self.node.vhosts.values() if user.vhosts is None or v.name in user.vhosts]
+        if name is None:
+            return allowed
+        found = [vhost for vhost in allowed if vhost.name == name]
+        if not found:
+            raise _Problem(404, "not_found", f"no vhost '{name}'")
+        return found
+
+    def _queue(self, user: User, vhost_name: str, name: str) -> WorkQueue:
+        queue = self._vhosts(user, vhost_name)[0].queues.get(name)
+        if queue is None:
+            raise _Problem(404, "not_found", f"no queue '{name}' in vhost '{vhost_name}'")
+        return queue
+
+    def _dispatch(self, method: str, path: list[str], request: Request, user: User) -> tuple[int, Any]:
+        if not path:
+            raise _Problem(404, "not_found", "Object Not Found")
+        kind, rest = path[0], path[1:]
+        if method == "GET":
+            views: dict[str, Callable[[User, list[str]], Any]] = {
+                "overview": self._overview,
+                "vhosts": self._vhost_list,
+                "queues": self._queues,
+                "exchanges": self._exchanges,
+                "bindings": self._bindings,
+                "connections": self._connections,
+                "channels": self._channels,
+            }
+            view = views.get(kind)
+            if view is not None:
+                return 200, view(user, rest)
+        elif method == "DELETE" and kind == "queues" and len(rest) == 3 and rest[2] == "contents":
+            self._queue(user, rest[0], rest[1]).purge()
+            return 204, None
+        elif method == "POST" and kind == "queues" and len(rest) == 3 and rest[2] == "get":
+            return 200, self._peek(self._queue(user, rest[0], rest[1]), request)
+        elif method == "DELETE" and kind == "connections" and len(rest) == 1:
+            return self._close_connection(user, rest[0])
+        else:
+            raise _Problem(405, "method_not_allowed", f"{method} is not allowed here")
+        raise _Problem(404, "not_found", "Object Not Found")
+
+    # -- views ----------------------------------------------------------------------------------
+
+    def _overview(self, user: User, rest: list[str]) -> dict[str, Any]:
+        vhosts = self._vhosts(user)
+        queues = [self._queue_view(vhost, queue) for vhost in vhosts for queue in vhost.queues.values()]
+        connections = self._visible_connections(user)
+        stats: dict[str, Any] = {}
+        for stat in ("publish", "return_unroutable"):
+            attribute = _VHOST_STATS[stat]
+            stats[stat] = sum(getattr(vhost, attribute) for vhost in vhosts)
+            stats[f"{stat}_details"] = {"rate": sum(self.sampler.rate(v.name, "", stat) for v in vhosts)}
+        for stat in ("deliver_get", "ack", "redeliver"):
+            stats[stat] = sum(queue["message_stats"][stat] for queue in queues)
+            stats[f"{stat}_details"] = {
+                "rate": sum(queue["message_stats"][f"{stat}_details"]["rate"] for queue in queues)
+            }
+        return {
+            "product_name": self.node.product,
+            "product_version": self.node.version,
+            "management_version": self.node.version,
+            "node": "postroom@localhost",
+            "object_totals": {
+                "connections": len(connections),
+                "channels": sum(len(connection.channels) for connection in connections),
+                "exchanges": sum(len(vhost.exchanges) for vhost in vhosts),
+                "queues": len(queues),
+                "consumers": sum(queue["consumers"] for queue in queues),
+            },
+            "queue_totals": {
+                "messages": sum(queue["messages"] for queue in queues),
+                "messages_ready": sum(queue["messages_ready"] for queue in queues),
+                "messages_unacknowledged": sum(queue["messages_unacknowledged"] for queue in queues),
+            },
+            "message_stats": stats,
+        }
+
+    def _vhost_list(self, user: User, rest: list[str]) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": vhost.name,
+                "messages": sum(q.message_count + q.unacked_count for q in vhost.queues.values()),
+                "messages_ready": sum(q.message_count for q in vhost.queues.values()),
+                "messages_unacknowledged": sum(q.unacked_count for q in vhost.queues.values()),
+            }
+            for vhost in self._vhosts(user, rest[0] if rest else None)
+        ]
+
+    def _queue_view(self, vhost: VirtualHost, queue: WorkQueue) -> dict[str, Any]:
+        rate = self.sampler.rate
+        stats: dict[str, Any] = {}
+        for stat, attribute in _QUEUE_STATS.items():
+            stats[stat] = getattr(queue, attribute)
+            stats[f"{stat}_details"] = {"rate": rate(vhost.name, queue.name, stat)}
+        return {
+            "name": queue.name,
+            "vhost": vhost.name,
+            "durable": queue.durable,
+            "auto_delete": queue.auto_delete,
+            "exclusive": queue.exclusive,
+            "arguments": queue.arguments,
+            "messages": queue.message_count + queue.unacked_count,
+            "messages_ready": queue.message_count,
+            "messages_unacknowledged": queue.unacked_count,
+            "consumers": queue.consumer_count,
+            "message_stats": stats,
+            "dead_lettered": {reason.value: queue.dead_lettered.get(reason, 0) for reason in DeadLetterReason},
+            "visibility_timeouts": queue.visibility_timeouts,
+        }
+
+    def _queues(self, user: User, rest: list[str]) -> Any:
+        if len(rest) >= 2:
+            vhost = self._vhosts(user, rest[0])[0]
+            return self._queue_view(vhost, self._queue(user, rest[0], rest[1]))
+        return [
+            self._queue_view(vhost, queue)
+            for vhost in self._vhosts(user, rest[0] if rest else None)
+            for queue in sorted(vhost.queues.values(), key=lambda q: q.name)
+        ]
+
+    @staticmethod
+    def _exchange_view(vhost: VirtualHost, exchange: Exchange) -> dict[str, Any]:
+        return {
+            "name": exchange.name,
+            "vhost": vhost.name,
+            "type": exchange.type_name,
+            "durable": exchange.durable,
+            "auto_delete": exchange.auto_delete,
+            "internal": exchange.internal,
+            "arguments": exchange.arguments,
+        }
+
+    def _exchanges(self, user: User, rest: list[str]) -> Any:
+        if len(rest) >= 2:
+            vhost = self._vhosts(user, rest[0])[0]
+            exchange = vhost.exchanges.get(rest[1])
+            if exchange is None:
+                raise _Problem(404, "not_found", f"no exchange '{rest[1]}' in vhost '{rest[0]}'")
+            return self._exchange_view(vhost, exchange)
+        return [
+            self._exchange_view(vhost, exchange)
+            for vhost in self._vhosts(user, rest[0] if rest else None)
+            for exchange in vhost.exchanges.values()
+        ]
+
+    def _bindings(self, user: User, rest: list[str]) -> list[dict[str, Any]]:
+        result = []
+        for vhost in self._vhosts(user, rest[0] if rest else None):
+            for exchange in vhost.exchanges.values():
+                if exchange.name == "":
+                    continue  # the default exchange's implicit bindings are not listed
+                for destination, routing_key, arguments in exchange.router.bindings():
+                    is_queue = isinstance(destination, WorkQueue)
+                    result.append(
+                        {
+                            "source": exchange.name,
+                            "vhost": vhost.name,
+                            "destination": destination.name,  # type: ignore[attr-defined]
+                            "destination_type": "queue" if is_queue else "exchange",
+                            "routing_key": routing_key,
+                            "arguments": dict(arguments),
+                        }
+                    )
+        return result
+
+    def _visible_connections(self, user: User) -> list[Any]:
+        return [
+            connection
+            for connection in self.node.connections
+            if user.vhosts is None or connection.vhost is None or connection.vhost.name in user.vhosts
+        ]
+
+    def _connections(self, user: User, rest: list[str]) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": connection.peer,
+                "user": connection.user_name,
+                "vhost": connection.vhost.name if connection.vhost is not None else None,
+                "channels": len(connection.channels),
+                "frame_max": connection.frame_max,
+                "channel_max": connection.channel_max,
+                "timeout": connection.heartbeat,
+                "client_properties": connection.client_properties,
+                "state": "running",
+            }
+            for connection in sorted(self._visible_connections(user), key=lambda c: c.peer)
+        ]
+
+    def _channels(self, user: User, rest: list[str]) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": f"{connection.peer} ({number})",
+                "number": number,
+                "connection_details": {"name": connection.peer},
+                "user": connection.user_name,
+                "vhost": connection.vhost.name if connection.vhost is not None else None,
+                "consumer_count": len(channel.consumers),
+                "messages_unacknowledged": channel.unacked_count,
+                "prefetch_count": channel.prefetch_consumer,
+                "global_prefetch_count": channel.prefetch_global,
+                "confirm": bool(channel.confirm),
+                "transactional": bool(channel.transactional),
+            }
+            for connection in sorted(self._visible_connections(user), key=lambda c: c.peer)
+            for number, channel in sorted(connection.channels.items())
+        ]
+
+    # -- actions --------------------------------------------------------------------------------
+
+    def _peek(self, queue: WorkQueue, request: Request) -> list[dict[str, Any]]:
+        try:
+            options = json.loads(request.content.read() or b"{}")
+        except ValueError as error:
+            raise _Problem(400, "bad_request", f"the body is not JSON: {error}") from error
+        count = options.get("count", 1) if isinstance(options, dict) else None
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_PEEK:
+            raise _Problem(400, "bad_request", f"count must be an integer from 1 to {MAX_PEEK}")
+        entries = queue.peek(count)
+        remaining = queue.message_count
+        result = []
+        for entry in entries:
+            message = entry.message
+            body = message.body
+            properties = message.properties
+            try:
+                payload, encoding = body.decode("utf-8"), "string"
+            except UnicodeDecodeError:
+                payload, encoding = base64.b64encode(body).decode(), "base64"
+            remaining -= 1
+            result.append(
+                {
+                    "payload": payload,
+                    "payload_bytes": len(body),
+                    "payload_encoding": encoding,
+                    "redelivered": entry.redelivered,
+                    "exchange": message.exchange,
+                    "routing_key": message.routing_key,
+                    "message_count": remaining,
+                    "delivery_count": entry.delivery_count,
+                    "properties": {
+                        name: getattr(properties, name)
+                        for name in properties.__slots__
+                        if getattr(properties, name) is not None
+                    },
+                }
+            )
+        return result
+
+    def _close_connection(self, user: User, name: str) -> tuple[int, None]:
+        for connection in self._visible_connections(user):
+            if connection.peer == name:
+                connection.close(ReplyCode.CONNECTION_FORCED, "CONNECTION_FORCED - Closed via management API")
+                self._log.info(
+                    "connection {peer} closed through the management API by {user}", peer=name, user=user.name
+                )
+                return 204, None
+        raise _Problem(404, "not_found", f"no connection '{name}'")
+
+
+def management_site(node: Node, sampler: RateSampler) -> Site:
+    """A twisted.web ``Site`` serving the API under ``/api``."""
+    root = Resource()
+    root.putChild(b"api", ManagementAPI(node, sampler))
+    return Site(root)
