@@ -26,7 +26,7 @@ import socket
 import struct
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -630,19 +630,46 @@ class Connection:
             self._reconnect()
             self.wait_confirms(self.publish_nowait(exchange, routing_key, body, **options))
 
-    def publish_batch(self, messages: Iterator[tuple[str, str, bytes]], window: int = 1000, **options: Any) -> int:
+    def publish_batch(self, messages: Iterable[tuple[str, str, bytes]], window: int = 1000, **options: Any) -> int:
         """Publish ``(exchange, routing_key, body)`` triples with at most ``window`` unconfirmed; return the count.
 
+        Sending pauses when ``window`` publishes are unconfirmed and goes on once half of them
+        are. When the connection drops (and ``reconnect`` is on), the unconfirmed ones are
+        published again on the new connection, as :meth:`publish` does (at least once).
+
         :raises PublishNacked: the broker refused one of them (those before it are confirmed)
+        :raises PublishReturned: a mandatory one could not be routed
         """
+        source = iter(messages)
+        window = max(window, 1)
+        pending: deque[tuple[int, tuple[str, str, bytes]]] = deque()  # sent, unconfirmed, in order
+        backlog: deque[tuple[str, str, bytes]] = deque()  # to send (again) before anything new
         count = 0
-        for exchange, routing_key, body in messages:
-            seq = self.publish_nowait(exchange, routing_key, body, **options)
-            count += 1
-            if seq - self._confirmed >= window:
-                self.wait_confirms(seq - window // 2)
-        self.wait_confirms()
-        return count
+        exhausted = False
+        while True:
+            try:
+                while pending and pending[0][0] <= self._confirmed:
+                    pending.popleft()
+                while backlog:
+                    pending.append((self.publish_nowait(*backlog[0], **options), backlog[0]))
+                    backlog.popleft()
+                if len(pending) >= window or (exhausted and pending):
+                    self.wait_confirms(pending[-1][0] if exhausted else pending[len(pending) - window // 2 - 1][0])
+                    continue
+                if exhausted:
+                    return count
+                triple = next(source, None)
+                if triple is None:
+                    exhausted = True
+                    continue
+                count += 1
+                backlog.append(triple)
+            except (OSError, ConnectionClosed):
+                if not self.reconnect:
+                    raise
+                self._reconnect()
+                backlog = deque([triple for _seq, triple in pending] + list(backlog))
+                pending.clear()
 
     def get(self, queue: str) -> Message | None:
         """Take one message from ``queue`` (to be acked), or ``None`` when it is empty."""
