@@ -115,6 +115,9 @@ class TwistedConnection(Protocol):
     :param reconnect: reconnect after an open connection drops (see the module's docstring)
     :param retries: connection attempts after a drop before giving up
     :param address: ``host:port``, for error messages
+    :param heartbeat: seconds proposed to the broker (0: none; heartbeats need a ``clock``).
+        Every half interval the client sends one if it sent nothing else, and a broker silent
+        for two intervals is taken as gone: the connection is dropped (and reconnected).
     """
 
     _log = Logger()
@@ -129,6 +132,7 @@ class TwistedConnection(Protocol):
         reconnect: bool = False,
         retries: int = 10,
         address: str = "the broker",
+        heartbeat: int = 60,
     ) -> None:
         self.user = user
         self.password = password
@@ -136,6 +140,12 @@ class TwistedConnection(Protocol):
         #: Fires with the connection once it is open the first time, or fails why not.
         self.ready: defer.Deferred[TwistedConnection] = defer.Deferred()
         self.frame_max = 131072
+        #: The heartbeat interval agreed with the broker (0: none).
+        self.heartbeat = 0
+        self._heartbeat = heartbeat if clock is not None else 0
+        self._heartbeat_call: IDelayedCall | None = None
+        self._last_sent = 0.0
+        self._last_received = 0.0
         self.reconnect = reconnect and endpoint is not None and clock is not None
         self.retries = retries
         #: Successful reconnections so far.
@@ -184,14 +194,33 @@ class TwistedConnection(Protocol):
         self._publish_seq = 0
         self._returned = None
         self._close_reason = None
-        self.transport.write(PROTOCOL_HEADER)
+        self._write(PROTOCOL_HEADER)
 
     def _send(self, data: bytes) -> None:
         if self._closed is not None:
             raise self._closed
+        self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        if self._heartbeat:
+            self._last_sent = self._clock.seconds()
         self.transport.write(data)
 
+    def _beat(self) -> None:
+        """Every half heartbeat interval: send one when idle, give up on a silent broker."""
+        now = self._clock.seconds()
+        if now - self._last_received >= 2 * self.heartbeat:
+            self._heartbeat_call = None
+            self._close_reason = ConnectionClosed(320, f"no heartbeat from the broker in {2 * self.heartbeat} s")
+            self.transport.abortConnection()  # a dead peer never completes a polite close
+            return
+        if now - self._last_sent >= self.heartbeat / 2:
+            self._write(HEARTBEAT_FRAME)
+        self._heartbeat_call = self._clock.callLater(self.heartbeat / 2, self._beat)
+
     def dataReceived(self, data: bytes) -> None:
+        if self.heartbeat:
+            self._last_received = self._clock.seconds()
         self._buffer += data
         buffer = self._buffer
         position = 0
@@ -220,6 +249,10 @@ class TwistedConnection(Protocol):
         self._confirms = {}
         calls, self._calls = list(self._calls), deque()
         self._connected = False
+        if self._heartbeat_call is not None and self._heartbeat_call.active():
+            self._heartbeat_call.cancel()
+        self._heartbeat_call = None
+        self.heartbeat = 0
         if self._state in (_State.OPEN, _State.RECOVERING) and self.reconnect and not self._closing:
             # The broker puts this connection's unacked deliveries back: acks of them are no-ops now.
             self._generation += 1
@@ -316,8 +349,7 @@ class TwistedConnection(Protocol):
 
     def _frame(self, frame_type: int, payload: bytes) -> None:
         if frame_type == FRAME_HEARTBEAT:
-            self.transport.write(HEARTBEAT_FRAME)
-            return
+            return  # it counted as data received; our own heartbeats go out on their own timer
         if self._content is not None and frame_type != FRAME_METHOD:
             self._content_frame(payload)
             return
@@ -337,10 +369,18 @@ class TwistedConnection(Protocol):
             self._send(encode_method(0, start_ok(self.user, self.password, "Postroom Twisted client")))
         elif isinstance(method, commands.Connection.Tune):
             self.frame_max = method.frame_max or self.frame_max
+            # As RabbitMQ clients do: the smaller of the two proposals, 0 only if both want none.
+            offered, wanted = method.heartbeat, self._heartbeat
+            self.heartbeat = min(offered, wanted) if offered and wanted else 0
             self._send(
-                encode_method(0, commands.Connection.TuneOk(channel_max=1, frame_max=self.frame_max, heartbeat=0))
+                encode_method(
+                    0, commands.Connection.TuneOk(channel_max=1, frame_max=self.frame_max, heartbeat=self.heartbeat)
+                )
                 + encode_method(0, commands.Connection.Open(virtual_host=self.vhost))
             )
+            if self.heartbeat:
+                self._last_received = self._clock.seconds()
+                self._heartbeat_call = self._clock.callLater(self.heartbeat / 2, self._beat)
         elif isinstance(method, commands.Connection.OpenOk):
             self._handshake_channel()
         elif isinstance(method, commands.Channel.Close):
@@ -442,7 +482,7 @@ class TwistedConnection(Protocol):
     def _send_publish(self, publish: _Publish) -> None:
         self._publish_seq += 1
         self._confirms[self._publish_seq] = publish
-        self.transport.write(
+        self._write(
             publish_frames(publish.exchange, publish.routing_key, publish.body, self.frame_max, **publish.options)
         )
 
@@ -632,7 +672,11 @@ class _Batch:
 
 
 def connect_twisted(
-    reactor: Any, url: str = "amqp://guest:guest@127.0.0.1:5672/", reconnect: bool = True, retries: int = 10
+    reactor: Any,
+    url: str = "amqp://guest:guest@127.0.0.1:5672/",
+    reconnect: bool = True,
+    retries: int = 10,
+    heartbeat: int = 60,
 ) -> defer.Deferred[TwistedConnection]:
     """Connect and open a confirming channel; fires with the :class:`TwistedConnection`.
 
@@ -640,6 +684,7 @@ def connect_twisted(
     :param reconnect: when the connection drops later, reconnect with backoff, declare again,
         resume consuming and publish again what was unconfirmed (see the module's docstring)
     :param retries: connection attempts after a drop before giving up
+    :param heartbeat: seconds proposed to the broker (0: none)
     :raises ConnectionClosed: (through the Deferred) the broker refused the login or the vhost
     """
     host, port, user, password, vhost = parse_url(url)
@@ -653,5 +698,6 @@ def connect_twisted(
         reconnect=reconnect,
         retries=retries,
         address=f"{host}:{port}",
+        heartbeat=heartbeat,
     )
     return connectProtocol(endpoint, protocol).addCallback(lambda _: protocol.ready)

@@ -13,6 +13,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.testing import MemoryReactorClock
 from twisted.test.iosim import ConnectionCompleter, IOPump
 
+from broker.amqp.codec import HEARTBEAT_FRAME
 from broker.client import ConnectionClosed, Message, PublishNacked, PublishReturned, backoff
 from broker.core.node import Node, User
 from broker.protocol import AMQPServerFactory
@@ -298,3 +299,25 @@ def test_reconnection_after_refused_attempts_declares_again_and_sends_what_waite
     assert waiting.called and waiting.result is None  # confirmed on the new connection
     assert conn.reconnections == 1
     assert restarted.node.vhosts["/"].queues["jobs"].message_count == 1
+
+
+def test_an_idle_client_sends_heartbeats_and_leaves_a_silent_broker() -> None:
+    reactor, factory, completer = memory_broker()
+    conn, pump = opened(reactor, completer)
+    assert conn.heartbeat == 60  # the broker's proposal and ours
+    pump.clientIO.getOutBuffer()
+    reactor.advance(30)  # idle for half an interval
+    assert pump.clientIO.getOutBuffer() == HEARTBEAT_FRAME
+    pump.flush()  # the broker hears it, and its own heartbeat arrives: both sides stay
+    reactor.advance(60)
+    pump.flush()
+    assert not pump.clientIO.disconnecting
+    for _ in range(3):  # then the broker goes silent (nothing is pumped) ...
+        reactor.advance(30)  # (in steps: a Clock runs a timer once per advance)
+    reactor.advance(29.9)
+    assert not pump.clientIO.disconnecting
+    reactor.advance(0.2)  # ... for two intervals: the client drops the connection itself
+    assert pump.clientIO.disconnecting
+    pump.flush()
+    reactor.advance(0)
+    assert len(reactor.tcpClients) == 1  # and tries to reconnect
