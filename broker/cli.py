@@ -41,7 +41,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return 3
     for note in config.notes:
-        print(f"not applied: {note}", file=sys.stderr)
+        print(note, file=sys.stderr)
     globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)])
     tune_gc()
     service.startService()
@@ -206,14 +206,14 @@ def _declare(args: argparse.Namespace) -> int:
     for vhost in config.vhosts:
         if vhost != conn.vhost:
             print(f"{args.file}: vhost {vhost!r} not applied: run again with it in --url", file=sys.stderr)
-    if config.source.lower().endswith(".json") and config.users:
+    if config.users != BrokerConfig().users:
         print(
             f"{args.file}: users and permissions are applied when the broker starts with this file"
             " (postroom serve --config), not over AMQP",
             file=sys.stderr,
         )
     for note in config.notes:
-        print(f"not applied: {note}", file=sys.stderr)
+        print(note, file=sys.stderr)
     return 0
 
 
