@@ -18,7 +18,8 @@ consumer tags, and publishes again whatever was not confirmed (at least once). D
 before the drop come again flagged redelivered; acking one of the old ones is a no-op. Calls
 made meanwhile wait for the new connection. When every attempt fails, everything waiting fails
 with ``ConnectionClosed``. A channel error from the broker (404, 406 ...) ends the connection
-for good, as with the blocking client.
+for good, as with the blocking client. Heartbeats run on the reactor's clock: a broker silent
+for two intervals counts as a drop, so a dead peer is noticed without waiting for TCP.
 """
 
 from __future__ import annotations
