@@ -33,7 +33,7 @@ import json
 import re
 from typing import Any
 
-from config.loader import BUILTIN_EXCHANGE_TYPES, ConfigError, Problem, _is_list, _Reader
+from config.loader import BUILTIN_EXCHANGE_TYPES, STANDARD_EXCHANGES, ConfigError, Problem, _is_list, _Reader
 from config.schema import (
     BindingConfig,
     BrokerConfig,
@@ -354,6 +354,17 @@ class _Definitions:
             if (needed_kind, vhost, needed) in self.skipped:
                 self.note(
                     path, f"binding from '{source}' to {kind} '{destination}' skipped with {needed_kind} '{needed}'"
+                )
+                return
+            declared = {item.name for item in lists[f"{needed_kind}s"]}
+            if needed_kind == "exchange":
+                declared |= STANDARD_EXCHANGES
+            if needed not in declared:
+                # An export is whole; declaring this would fail and stop the rest (a 404).
+                self.note(
+                    path,
+                    f"binding from '{source}' to {kind} '{destination}' skipped: "
+                    f"no {needed_kind} '{needed}' in vhost '{vhost}' in this file",
                 )
                 return
         lists["bindings"].append(

@@ -173,3 +173,26 @@ def test_config_check_refuses_malformed_json_naming_the_file(tmp_path: Path) -> 
     result = postroom("config", "check", str(broken))
     assert result.returncode == 1
     assert f"{broken}:1: (top level): not valid JSON" in result.stderr
+
+
+def test_a_binding_to_something_the_file_does_not_declare_is_reported_and_skipped(tmp_path: Path) -> None:
+    export = tmp_path / "definitions.json"
+    export.write_text(
+        '{"queues": [{"name": "q", "vhost": "/", "durable": true, "auto_delete": false, "arguments": {}}],'
+        ' "bindings": ['
+        '{"source": "amq.topic", "vhost": "/", "destination": "q", "destination_type": "queue",'
+        ' "routing_key": "a.#", "arguments": {}},'
+        '{"source": "gone", "vhost": "/", "destination": "q", "destination_type": "queue",'
+        ' "routing_key": "", "arguments": {}},'
+        '{"source": "amq.direct", "vhost": "/", "destination": "missing", "destination_type": "queue",'
+        ' "routing_key": "", "arguments": {}}]}'
+    )
+    cfg = load(export)
+    assert cfg.vhosts["/"].bindings == (BindingConfig("amq.topic", "q", routing_key="a.#"),)
+    assert cfg.notes == (
+        f"{export}: bindings[1]: binding from 'gone' to queue 'q' skipped:"
+        " no exchange 'gone' in vhost '/' in this file",
+        f"{export}: bindings[2]: binding from 'amq.direct' to queue 'missing' skipped:"
+        " no queue 'missing' in vhost '/' in this file",
+    )
+    node_from_config(cfg)  # the rest applies
