@@ -19,7 +19,8 @@ What has no equivalent is not dropped silently: every such item becomes a note,
 ``FILE: key.path: reason``, in :attr:`BrokerConfig.notes`, and the rest is applied. Quorum and
 stream queues are declared as classic queues; policies, runtime and global parameters
 (shovels, federation), topic permissions, user tags and limits are not applied; an exchange
-of an unknown type is skipped with the bindings that need it. Malformed JSON or values of the
+of an unknown type is skipped with the bindings that need it, and so is a binding to an
+exchange or queue the file does not declare. Malformed JSON or values of the
 wrong type raise :class:`ConfigError` naming the file, the key path and the reason.
 
 Items without a ``vhost`` key (an export of one vhost) belong to ``/``.
