@@ -40,6 +40,8 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 3
+    for note in config.notes:
+        print(note, file=sys.stderr)
     globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)])
     tune_gc()
     service.startService()
@@ -60,6 +62,10 @@ def _config_check(args: argparse.Namespace) -> int:
     queues = sum(len(vhost.queues) for vhost in config.vhosts.values())
     exchanges = sum(len(vhost.exchanges) for vhost in config.vhosts.values())
     print(f"{args.file}: ok ({len(config.vhosts)} vhost(s), {exchanges} exchange(s), {queues} queue(s))")
+    if config.notes:
+        print(f"{len(config.notes)} item(s) not applied, with the reason:")
+        for note in config.notes:
+            print(f"  {note}")
     return 0
 
 
@@ -171,12 +177,24 @@ def _declare(args: argparse.Namespace) -> int:
                 print(f"{args.file}: nothing is defined for vhost {conn.vhost!r}", file=sys.stderr)
                 return 1
             for exchange in definitions.exchanges:
-                conn.declare_exchange(exchange.name, exchange.type, durable=exchange.durable)
+                conn.declare_exchange(
+                    exchange.name,
+                    exchange.type,
+                    durable=exchange.durable,
+                    auto_delete=exchange.auto_delete,
+                    internal=exchange.internal,
+                    arguments=exchange.arguments,
+                )
             for queue in definitions.queues:
                 conn.declare_queue(queue.name, durable=queue.durable, arguments=queue.queue_arguments())
             for binding in definitions.bindings:
                 if binding.queue is not None:
                     conn.bind(binding.queue, binding.exchange, binding.routing_key, binding.arguments)
+                else:
+                    assert binding.destination_exchange is not None
+                    conn.bind_exchange(
+                        binding.destination_exchange, binding.exchange, binding.routing_key, binding.arguments
+                    )
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
@@ -185,6 +203,17 @@ def _declare(args: argparse.Namespace) -> int:
         return 1
     counts = (len(definitions.exchanges), len(definitions.queues), len(definitions.bindings))
     print(f"declared {counts[0]} exchange(s), {counts[1]} queue(s), {counts[2]} binding(s) on vhost {conn.vhost!r}")
+    for vhost in config.vhosts:
+        if vhost != conn.vhost:
+            print(f"{args.file}: vhost {vhost!r} not applied: run again with it in --url", file=sys.stderr)
+    if config.users != BrokerConfig().users:
+        print(
+            f"{args.file}: users and permissions are applied when the broker starts with this file"
+            " (postroom serve --config), not over AMQP",
+            file=sys.stderr,
+        )
+    for note in config.notes:
+        print(note, file=sys.stderr)
     return 0
 
 
@@ -270,7 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--timeout", type=float, default=5.0, help="stop after this many idle seconds")
     consume.add_argument("--mode", choices=("ack", "nack", "reject"), default="ack")
     consume.set_defaults(run=_consume)
-    declare = commands.add_parser("declare", help="apply a YAML file's definitions to a running broker")
+    declare = commands.add_parser(
+        "declare", help="apply a YAML file's definitions, or a RabbitMQ definitions.json, to a running broker"
+    )
     declare.add_argument("--url", default=DEFAULT_URL)
     declare.add_argument("-f", "--file", required=True)
     declare.set_defaults(run=_declare)

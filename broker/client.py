@@ -26,7 +26,7 @@ import socket
 import struct
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -104,6 +104,77 @@ def publish_frames(
     return b"".join(parts)
 
 
+def parse_url(url: str) -> tuple[str, int, str, str, str]:
+    """``amqp://user:password@host:port/vhost`` as ``(host, port, user, password, vhost)``.
+
+    Missing parts take RabbitMQ's defaults: 127.0.0.1, 5672, guest, guest and vhost ``/``; the
+    vhost is URL-quoted (``%2F`` is ``/``).
+    """
+    parsed = urlparse(url)
+    path = parsed.path[1:] if parsed.path.startswith("/") else parsed.path
+    return (
+        parsed.hostname or "127.0.0.1",
+        parsed.port or 5672,
+        unquote(parsed.username or "guest"),
+        unquote(parsed.password or "guest"),
+        unquote(path) if path else "/",
+    )
+
+
+def start_ok(user: str, password: str, product: str) -> commands.Connection.StartOk:
+    """The ``connection.start-ok`` both clients answer with: PLAIN login, and the capabilities
+    they handle (confirms with nacks, consumer cancel notifications, a close on a refused login)."""
+    return commands.Connection.StartOk(
+        client_properties={
+            "product": product,
+            "capabilities": {
+                "publisher_confirms": True,
+                "consumer_cancel_notify": True,
+                "basic.nack": True,
+                "authentication_failure_close": True,
+            },
+        },
+        mechanism="PLAIN",
+        response=f"\0{user}\0{password}",
+    )
+
+
+#: The first pause between reconnection attempts, in seconds; it doubles up to :data:`MAX_BACKOFF`.
+FIRST_BACKOFF = 0.1
+#: The longest pause between reconnection attempts, in seconds.
+MAX_BACKOFF = 5.0
+
+
+def backoff(retries: int) -> list[float]:
+    """The pauses between ``retries`` reconnection attempts: the first attempt is at once, then
+    0.1 s, 0.2 s, 0.4 s ... up to :data:`MAX_BACKOFF` (``retries - 1`` pauses)."""
+    delays = []
+    delay = FIRST_BACKOFF
+    for _ in range(max(retries - 1, 0)):
+        delays.append(delay)
+        delay = min(delay * 2, MAX_BACKOFF)
+    return delays
+
+
+def exchange_declare(
+    name: str,
+    exchange_type: str = "direct",
+    durable: bool = True,
+    auto_delete: bool = False,
+    internal: bool = False,
+    arguments: Mapping[str, Any] | None = None,
+) -> commands.Exchange.Declare:
+    """The ``exchange.declare`` both clients send."""
+    return commands.Exchange.Declare(
+        exchange=name,
+        exchange_type=exchange_type,
+        durable=durable,
+        auto_delete=auto_delete,
+        internal=internal,
+        arguments=dict(arguments or {}),
+    )
+
+
 class ClientError(Exception):
     """A failure reported by the broker, with its AMQP reply code and text."""
 
@@ -149,7 +220,7 @@ class Message:
         properties: commands.Basic.Properties,
         body: bytes,
     ) -> None:
-        self._connection = connection
+        self._connection: Any = connection  # a Connection or a broker.txclient.TwistedConnection
         #: The connection's generation when delivered: after a reconnect the broker has given
         #: the message back already, so acking it is a no-op rather than an error.
         self._generation = connection._generation
@@ -177,15 +248,7 @@ class Message:
         return list(deaths) if isinstance(deaths, list) else []
 
     def _settle(self, method: Frame) -> None:
-        connection = self._connection
-        if self._generation != connection._generation:
-            return  # delivered before a reconnect: the broker already put it back
-        try:
-            connection._send(encode_method(1, method))
-        except (OSError, ConnectionClosed):
-            if not connection.reconnect:
-                raise
-            connection._reconnect()  # the message goes back to its queue, redelivered later
+        self._connection._settle(self._generation, method)
 
     def ack(self) -> None:
         """Acknowledge: the broker forgets the message."""
@@ -234,10 +297,6 @@ def connect(
     return Connection(url, heartbeat=heartbeat, timeout=timeout, reconnect=reconnect, retries=retries)
 
 
-#: Backoff between reconnection attempts: 0.1 s doubling up to this many seconds.
-MAX_BACKOFF = 5.0
-
-
 class Connection:
     """One connection with one channel in confirm mode.
 
@@ -250,13 +309,7 @@ class Connection:
     def __init__(
         self, url: str, heartbeat: int = 60, timeout: float = 10.0, reconnect: bool = False, retries: int = 10
     ) -> None:
-        parsed = urlparse(url)
-        self.host = parsed.hostname or "127.0.0.1"
-        self.port = parsed.port or 5672
-        self.user = unquote(parsed.username or "guest")
-        self.password = unquote(parsed.password or "guest")
-        path = parsed.path[1:] if parsed.path.startswith("/") else parsed.path
-        self.vhost = unquote(path) if path else "/"
+        self.host, self.port, self.user, self.password, self.vhost = parse_url(url)
         self.timeout = timeout
         self._heartbeat = heartbeat
         self._buffer = b""
@@ -301,7 +354,7 @@ class Connection:
             self._sock.close()
         except OSError:
             pass
-        delay = 0.1
+        pauses = backoff(self.retries)
         for attempt in range(self.retries):
             try:
                 self._open()
@@ -310,8 +363,7 @@ class Connection:
             except (OSError, ConnectionClosed):
                 if attempt == self.retries - 1:
                     raise ConnectionClosed(320, f"could not reconnect to {self.host}:{self.port}") from None
-                time.sleep(delay)
-                delay = min(delay * 2, MAX_BACKOFF)
+                time.sleep(pauses[attempt])
                 continue
             self._generation += 1
             self.reconnections += 1
@@ -427,6 +479,17 @@ class Connection:
         properties, body = self._content(deadline)
         self._deliveries.append(Message(self, delivery_tag, redelivered, exchange, routing_key, properties, body))
 
+    def _settle(self, generation: int, method: Frame) -> None:
+        """Send an ack, nack or reject of a delivery made in connection ``generation``."""
+        if generation != self._generation:
+            return  # delivered before a reconnect: the broker already put it back
+        try:
+            self._send(encode_method(1, method))
+        except (OSError, ConnectionClosed):
+            if not self.reconnect:
+                raise
+            self._reconnect()  # the message goes back to its queue, redelivered later
+
     def _confirm(self, tag: int) -> None:
         """Both brokers confirm one channel's publishes in order, so the highest tag is enough."""
         self._confirmed = max(self._confirmed, tag)
@@ -452,22 +515,7 @@ class Connection:
         if not isinstance(start, commands.Connection.Start):
             raise ConnectionClosed(505, f"expected connection.start, got {start.name}")
         self._sock.sendall(
-            encode_method(
-                0,
-                commands.Connection.StartOk(
-                    client_properties={
-                        "product": "Postroom client",
-                        "capabilities": {
-                            "publisher_confirms": True,
-                            "consumer_cancel_notify": True,
-                            "basic.nack": True,
-                            "authentication_failure_close": True,
-                        },
-                    },
-                    mechanism="PLAIN",
-                    response=f"\0{self.user}\0{self.password}",
-                ),
-            )
+            encode_method(0, start_ok(self.user, self.password, "Postroom client"))
         )
         tune = self._method(deadline)
         if not isinstance(tune, commands.Connection.Tune):
@@ -498,10 +546,18 @@ class Connection:
         )
         return str(ok.queue)
 
-    def declare_exchange(self, name: str, exchange_type: str = "direct", durable: bool = True) -> None:
+    def declare_exchange(
+        self,
+        name: str,
+        exchange_type: str = "direct",
+        durable: bool = True,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> None:
         """Declare an exchange."""
         self._call(
-            commands.Exchange.Declare(exchange=name, exchange_type=exchange_type, durable=durable),
+            exchange_declare(name, exchange_type, durable, auto_delete, internal, arguments),
             commands.Exchange.DeclareOk,
             remember=True,
         )
@@ -515,6 +571,18 @@ class Connection:
                 queue=queue, exchange=exchange, routing_key=routing_key, arguments=dict(arguments or {})
             ),
             commands.Queue.BindOk,
+            remember=True,
+        )
+
+    def bind_exchange(
+        self, destination: str, source: str, routing_key: str = "", arguments: Mapping[str, Any] | None = None
+    ) -> None:
+        """Bind exchange ``destination`` to exchange ``source`` (``exchange.bind``, RabbitMQ's extension)."""
+        self._call(
+            commands.Exchange.Bind(
+                destination=destination, source=source, routing_key=routing_key, arguments=dict(arguments or {})
+            ),
+            commands.Exchange.BindOk,
             remember=True,
         )
 
@@ -562,19 +630,46 @@ class Connection:
             self._reconnect()
             self.wait_confirms(self.publish_nowait(exchange, routing_key, body, **options))
 
-    def publish_batch(self, messages: Iterator[tuple[str, str, bytes]], window: int = 1000, **options: Any) -> int:
+    def publish_batch(self, messages: Iterable[tuple[str, str, bytes]], window: int = 1000, **options: Any) -> int:
         """Publish ``(exchange, routing_key, body)`` triples with at most ``window`` unconfirmed; return the count.
 
+        Sending pauses when ``window`` publishes are unconfirmed and goes on once half of them
+        are. When the connection drops (and ``reconnect`` is on), the unconfirmed ones are
+        published again on the new connection, as :meth:`publish` does (at least once).
+
         :raises PublishNacked: the broker refused one of them (those before it are confirmed)
+        :raises PublishReturned: a mandatory one could not be routed
         """
+        source = iter(messages)
+        window = max(window, 1)
+        pending: deque[tuple[int, tuple[str, str, bytes]]] = deque()  # sent, unconfirmed, in order
+        backlog: deque[tuple[str, str, bytes]] = deque()  # to send (again) before anything new
         count = 0
-        for exchange, routing_key, body in messages:
-            seq = self.publish_nowait(exchange, routing_key, body, **options)
-            count += 1
-            if seq - self._confirmed >= window:
-                self.wait_confirms(seq - window // 2)
-        self.wait_confirms()
-        return count
+        exhausted = False
+        while True:
+            try:
+                while pending and pending[0][0] <= self._confirmed:
+                    pending.popleft()
+                while backlog:
+                    pending.append((self.publish_nowait(*backlog[0], **options), backlog[0]))
+                    backlog.popleft()
+                if len(pending) >= window or (exhausted and pending):
+                    self.wait_confirms(pending[-1][0] if exhausted else pending[len(pending) - window // 2 - 1][0])
+                    continue
+                if exhausted:
+                    return count
+                triple = next(source, None)
+                if triple is None:
+                    exhausted = True
+                    continue
+                count += 1
+                backlog.append(triple)
+            except (OSError, ConnectionClosed):
+                if not self.reconnect:
+                    raise
+                self._reconnect()
+                backlog = deque([triple for _seq, triple in pending] + list(backlog))
+                pending.clear()
 
     def get(self, queue: str) -> Message | None:
         """Take one message from ``queue`` (to be acked), or ``None`` when it is empty."""

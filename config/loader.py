@@ -92,13 +92,21 @@ class ConfigError(Exception):
 def load(path: str | Path) -> BrokerConfig:
     """Read and validate the YAML file at ``path``.
 
+    A RabbitMQ definitions export (JSON, told by its ``.json`` name or its first character) is
+    read by :func:`config.rabbitmq.loads_definitions` instead.
+
     :raises ConfigError: the file cannot be read or is not a valid configuration.
     """
+
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(source, [Problem(None, "", f"cannot read the file: {err.strerror or err}")]) from err
+    from config.rabbitmq import is_definitions_json, loads_definitions  # it builds on this module
+
+    if is_definitions_json(source, text):
+        return loads_definitions(text, source)
     return loads(text, source)
 
 

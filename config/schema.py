@@ -65,7 +65,11 @@ class Permission:
 
 @dataclass(frozen=True, slots=True)
 class UserConfig:
-    """A user. Exactly one of ``password`` and ``password_hash`` is set."""
+    """A user. Exactly one of ``password`` and ``password_hash`` is set.
+
+    ``password_hash`` is ``scrypt$N$r$p$salt$hash`` (``broker.core.node.hash_password``) or a
+    RabbitMQ hash as exported, prefixed: ``rabbitmq-sha256$...`` (also ``-sha512``, ``-md5``).
+    """
 
     name: str
     password: str | None = None
@@ -182,3 +186,6 @@ class BrokerConfig:
     vhosts: dict[str, VhostConfig] = field(default_factory=lambda: {"/": VhostConfig()})
     source: str = "<embedded default>"
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    #: What the source holds that Postroom does not apply, one ``FILE: key.path: reason`` line
+    #: each (a RabbitMQ definitions export's policies, quorum queues ...; see ``config.rabbitmq``).
+    notes: tuple[str, ...] = ()

@@ -36,7 +36,9 @@ class User:
     """A user who may log in.
 
     :param password: the password in clear (as in the embedded default's guest/guest)
-    :param password_hash: ``scrypt$N$r$p$salt$hash`` (salt and hash in base64), see :func:`hash_password`
+    :param password_hash: ``scrypt$N$r$p$salt$hash`` (salt and hash in base64), see :func:`hash_password`;
+        or a hash from a RabbitMQ definitions export: ``rabbitmq-sha256$<base64>`` (also ``-sha512``,
+        ``-md5``), as RabbitMQ computes it: ``base64(salt + sha256(salt + password))``, 4-byte salt
     :param loopback_only: the user may connect only from a loopback address (RabbitMQ's rule for guest)
     :param vhosts: the virtual hosts the user may open; ``None`` for all of them
     """
@@ -50,6 +52,8 @@ class User:
     def check_password(self, password: str) -> bool:
         """Whether ``password`` is this user's (constant time for the comparison)."""
         if self.password_hash is not None:
+            if self.password_hash.startswith("rabbitmq-"):
+                return _rabbitmq_matches(self.password_hash, password)
             return _scrypt_matches(self.password_hash, password)
         return self.password is not None and hmac.compare_digest(self.password.encode(), password.encode())
 
@@ -73,6 +77,23 @@ def _scrypt_matches(stored: str, password: str) -> bool:
     except (ValueError, TypeError):
         return False
     return hmac.compare_digest(expected, actual)
+
+
+#: The digests of RabbitMQ's password hashing modules (``rabbit_password_hashing_sha256`` ...).
+_RABBITMQ_DIGESTS = {"rabbitmq-sha256": "sha256", "rabbitmq-sha512": "sha512", "rabbitmq-md5": "md5"}
+
+
+def _rabbitmq_matches(stored: str, password: str) -> bool:
+    scheme, _, encoded = stored.partition("$")
+    digest = _RABBITMQ_DIGESTS.get(scheme)
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except ValueError:
+        return False
+    if digest is None or len(raw) <= 4:
+        return False
+    salt, expected = raw[:4], raw[4:]
+    return hmac.compare_digest(expected, hashlib.new(digest, salt + password.encode("utf-8")).digest())
 
 
 @dataclass(slots=True)

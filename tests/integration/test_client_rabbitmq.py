@@ -11,9 +11,12 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+import pytest_twisted
+from twisted.internet import defer
 
-from broker.client import ChannelClosed, PublishNacked, PublishReturned, connect
+from broker.client import ChannelClosed, Message, PublishNacked, PublishReturned, connect
 from broker.testing import RabbitMQMissing, rabbitmq_node
+from broker.txclient import connect_twisted
 
 pytestmark = [pytest.mark.integration, pytest.mark.interop]
 
@@ -92,3 +95,37 @@ def test_batch_publish_with_rabbitmq(rabbitmq_url: str, name: str) -> None:
         conn.declare_queue(name, durable=False)
         assert conn.publish_batch((("", name, b"%d" % i) for i in range(1000)), window=200) == 1000
         assert conn.declare_queue(name, durable=False) == name
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_twisted_client_with_rabbitmq(rabbitmq_url: str, name: str) -> None:
+    from twisted.internet import reactor
+
+    conn = await connect_twisted(reactor, rabbitmq_url)
+    try:
+        await conn.declare_queue(name, durable=False)
+        assert await conn.publish_batch((("", name, b"%d" % i) for i in range(500)), window=100) == 500
+        bodies: list[bytes] = []
+        all_received: defer.Deferred[None] = defer.Deferred()
+
+        def on_message(message: Message) -> None:
+            bodies.append(message.body)
+            message.ack()
+            if len(bodies) == 500:
+                all_received.callback(None)
+
+        tag = await conn.consume(name, on_message, prefetch=50)
+        await all_received
+        await conn.cancel(tag)
+        assert bodies == [b"%d" % i for i in range(500)]
+        with pytest.raises(PublishReturned) as returned:
+            await conn.publish("", f"{name}.nowhere", b"lost", mandatory=True)
+        assert returned.value.reply_code == 312
+        await conn.declare_queue(
+            f"{name}.full", durable=False, arguments={"x-max-length": 1, "x-overflow": "reject-publish"}
+        )
+        await conn.publish("", f"{name}.full", b"fits")
+        with pytest.raises(PublishNacked):
+            await conn.publish("", f"{name}.full", b"does not")
+    finally:
+        await conn.close()

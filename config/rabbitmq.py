@@ -1,0 +1,404 @@
+"""Reading a RabbitMQ definitions export (``rabbitmqctl export_definitions``, ``GET /api/definitions``).
+
+The export becomes the same :class:`BrokerConfig` a YAML file gives, so ``postroom serve
+--config``, ``postroom config check`` and ``postroom declare -f`` apply it the way they apply
+YAML definitions. Mapped:
+
+* ``vhosts``; ``users`` with RabbitMQ's salted password hashes (``rabbit_password_hashing_sha256``,
+  ``_sha512`` and ``_md5``: ``base64(salt + hash(salt + password))`` with a 4-byte salt), kept
+  as ``rabbitmq-sha256$<base64>`` (``broker.core.node.User`` checks them); ``guest`` is
+  loopback-only, as in RabbitMQ's default ``loopback_users``;
+* ``permissions`` (configure/write/read regular expressions): a user with none has no vhost,
+  as in RabbitMQ;
+* ``exchanges`` (type, durable, auto_delete, internal, arguments); ``queues`` with their
+  arguments (``x-message-ttl``, ``x-expires``, ``x-dead-letter-*``, ``x-max-length``,
+  ``x-max-length-bytes``, ``x-overflow``, ``x-delivery-limit``, ``x-max-priority``);
+  ``bindings`` to queues and to exchanges.
+
+What has no equivalent is not dropped silently: every such item becomes a note,
+``FILE: key.path: reason``, in :attr:`BrokerConfig.notes`, and the rest is applied. Quorum and
+stream queues are declared as classic queues; policies, runtime and global parameters
+(shovels, federation), topic permissions, user tags and limits are not applied; an exchange
+of an unknown type is skipped with the bindings that need it, and so is a binding to an
+exchange or queue the file does not declare. Malformed JSON or values of the
+wrong type raise :class:`ConfigError` naming the file, the key path and the reason.
+
+Items without a ``vhost`` key (an export of one vhost) belong to ``/``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from typing import Any
+
+from config.loader import BUILTIN_EXCHANGE_TYPES, STANDARD_EXCHANGES, ConfigError, Problem, _is_list, _Reader
+from config.schema import (
+    BindingConfig,
+    BrokerConfig,
+    DeadLetterConfig,
+    ExchangeConfig,
+    Permission,
+    QueueConfig,
+    UserConfig,
+    VhostConfig,
+)
+
+#: RabbitMQ's ``hashing_algorithm`` values and the ``password_hash`` prefix each becomes, with
+#: the digest size: the hash is ``base64(salt[4] + digest(salt + utf8 password))``.
+HASHING_ALGORITHMS = {
+    "rabbit_password_hashing_sha256": ("rabbitmq-sha256", 32),
+    "rabbit_password_hashing_sha512": ("rabbitmq-sha512", 64),
+    "rabbit_password_hashing_md5": ("rabbitmq-md5", 16),
+}
+#: Exchange types of Postroom's bundled plugins (the broker needs the plugin enabled).
+PLUGIN_EXCHANGE_TYPES = frozenset({"x-delayed-message", "x-consistent-hash"})
+#: Top-level keys of an export that say which broker wrote it and mean nothing to apply.
+_INFORMATIVE = frozenset({"rabbit_version", "rabbitmq_version", "product_name", "product_version"})
+#: Queue arguments with no equivalent, and why (anything else unknown gets a generic reason).
+_UNSUPPORTED_ARGUMENTS = {
+    "x-queue-mode": "lazy mode is what Postroom does anyway beyond storage.memory_budget",
+    "x-queue-version": "Postroom has one storage format",
+    "x-queue-master-locator": "Postroom runs on one node",
+    "x-queue-leader-locator": "Postroom runs on one node",
+    "x-quorum-initial-group-size": "Postroom runs on one node",
+    "x-quorum-target-group-size": "Postroom runs on one node",
+    "x-initial-cluster-size": "Postroom runs on one node",
+    "x-ha-policy": "Postroom runs on one node",
+    "x-single-active-consumer": "consumers share the queue round-robin",
+    "x-dead-letter-strategy": "dead-lettering is at most once, as in classic queues",
+    "x-max-in-memory-length": "bodies beyond storage.memory_budget stay on disk instead",
+    "x-max-in-memory-bytes": "bodies beyond storage.memory_budget stay on disk instead",
+    "x-max-age": "streams are not supported",
+    "x-stream-max-segment-size-bytes": "streams are not supported",
+    "x-stream-filter-size-bytes": "streams are not supported",
+}
+
+
+def is_definitions_json(path: str, text: str) -> bool:
+    """Whether a configuration file is a JSON definitions export (by extension or content)."""
+    return path.lower().endswith(".json") or text.lstrip().startswith("{")
+
+
+def loads_definitions(text: str, source: str = "<string>") -> BrokerConfig:
+    """Read a RabbitMQ definitions export given as JSON text.
+
+    :raises ConfigError: the text is not JSON, not an object, or holds values of the wrong type.
+    """
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(source, [Problem(err.lineno, "", f"not valid JSON: {err.msg} (column {err.colno})")]) from err
+    if not isinstance(document, dict):
+        raise ConfigError(source, [Problem(None, "", "must be a JSON object (a RabbitMQ definitions export)")])
+    definitions = _Definitions(source)
+    config = definitions.build(document)
+    if definitions.reader.problems:
+        raise ConfigError(source, definitions.reader.problems)
+    return config
+
+
+class _Definitions:
+    """Turns an export's lists into the schema's per-vhost definitions, noting what cannot apply."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.reader = _Reader(source)
+        self.notes: list[str] = []
+        self.vhosts: dict[str, dict[str, list[Any]]] = {}
+        self.skipped: set[tuple[str, str, str]] = set()  # (kind, vhost, name)
+
+    def note(self, path: str, reason: str) -> None:
+        self.notes.append(f"{self.source}: {path}: {reason}")
+
+    def items(self, document: dict[str, Any], key: str) -> list[tuple[str, dict[str, Any]]]:
+        """``(path, item)`` for each object of the list at ``key``; other entries are problems."""
+        result = []
+        for index, item in enumerate(self.reader.typed(document.get(key), key, _is_list, "a list", [])):
+            path = f"{key}[{index}]"
+            if isinstance(item, dict):
+                result.append((path, item))
+            else:
+                self.reader.problem(path, f"must be an object, not {type(item).__name__}")
+        return result
+
+    def vhost(self, item: dict[str, Any], path: str) -> dict[str, list[Any]]:
+        name = self.reader.name(item.get("vhost", "/"), f"{path}.vhost")
+        return self.vhosts.setdefault(name, {"exchanges": [], "queues": [], "bindings": []})
+
+    def build(self, document: dict[str, Any]) -> BrokerConfig:
+        handled = {"vhosts", "users", "permissions", "topic_permissions", "policies", "parameters"}
+        handled |= {"global_parameters", "exchanges", "queues", "bindings"}
+        for key in document:
+            if key not in handled | _INFORMATIVE:
+                self.note(key, "unknown key: ignored")
+        for path, item in self.items(document, "vhosts"):
+            self.vhost_entry(item, path)
+        for path, item in self.items(document, "exchanges"):
+            self.exchange(item, path)
+        for path, item in self.items(document, "queues"):
+            self.queue(item, path)
+        for path, item in self.items(document, "bindings"):
+            self.binding(item, path)
+        users = self.users(document) if "users" in document else BrokerConfig().users
+        self.unsupported(document)
+        vhosts = {
+            name: VhostConfig(tuple(lists["exchanges"]), tuple(lists["queues"]), tuple(lists["bindings"]))
+            for name, lists in self.vhosts.items()
+        } or {"/": VhostConfig()}
+        return BrokerConfig(users=users, vhosts=vhosts, source=self.source, notes=tuple(self.notes))
+
+    def vhost_entry(self, item: dict[str, Any], path: str) -> None:
+        name = self.reader.name(item.get("name"), f"{path}.name")
+        self.vhosts.setdefault(name, {"exchanges": [], "queues": [], "bindings": []})
+        if item.get("limits"):
+            self.note(
+                f"{path}.limits", f"vhost limits ({', '.join(sorted(item['limits']))}) have no equivalent: ignored"
+            )
+        metadata = item.get("metadata")
+        queue_type = metadata.get("default_queue_type") if isinstance(metadata, dict) else None
+        if queue_type not in (None, "classic", "undefined"):
+            self.note(
+                f"{path}.metadata.default_queue_type", f"{queue_type} queues have no equivalent: queues are classic"
+            )
+
+    # -- users ----------------------------------------------------------------------------------
+
+    def users(self, document: dict[str, Any]) -> tuple[UserConfig, ...]:
+        read = self.reader
+        entries: dict[str, dict[str, Any]] = {}
+        refused: set[str] = set()
+        for path, item in self.items(document, "users"):
+            name = read.name(item.get("name"), f"{path}.name")
+            tags = item.get("tags") or []
+            tags = [tag for tag in tags.split(",") if tag] if isinstance(tags, str) else tags
+            if tags:
+                self.note(f"{path}.tags", f"user tags ({', '.join(map(str, tags))}) have no equivalent: ignored")
+            if item.get("limits"):
+                self.note(f"{path}.limits", "user limits have no equivalent: ignored")
+            entry = self.credentials(item, path, name)
+            if entry is None:
+                refused.add(name)
+                continue
+            entries[name] = entry
+        for path, item in self.items(document, "permissions"):
+            user = read.name(item.get("user"), f"{path}.user")
+            vhost = read.name(item.get("vhost"), f"{path}.vhost")
+            if user not in entries:
+                reason = "was not created (see above)" if user in refused else "is not in this file"
+                self.note(path, f"user '{user}' {reason}: permissions ignored")
+                continue
+            if vhost not in self.vhosts:
+                read.problem(f"{path}.vhost", f"no vhost '{vhost}' is in this file")
+                continue
+            patterns = {}
+            for key in ("configure", "write", "read"):
+                pattern = read.string(item.get(key), f"{path}.{key}", "")
+                try:
+                    re.compile(pattern)
+                except re.error as err:
+                    read.problem(f"{path}.{key}", f"not a regular expression Postroom can use: {err}")
+                patterns[key] = pattern
+            entries[user]["permissions"][vhost] = Permission(**patterns)
+        return tuple(UserConfig(**entry) for entry in entries.values())
+
+    def credentials(self, item: dict[str, Any], path: str, name: str) -> dict[str, Any] | None:
+        """The user's fields for :class:`UserConfig`, or ``None`` (noted) when it cannot log in here."""
+        entry: dict[str, Any] = {"name": name, "loopback_only": name == "guest", "permissions": {}}
+        if item.get("password") is not None:  # hand-written definitions may give it in clear
+            entry["password"] = self.reader.string(item["password"], f"{path}.password", "")
+            return entry
+        stored = self.reader.string(item.get("password_hash"), f"{path}.password_hash", "")
+        if not stored:
+            self.note(
+                f"{path}.password_hash",
+                f"user '{name}' has no password (RabbitMQ lets it log in only by other means): "
+                "not created; give it a password",
+            )
+            return None
+        # Exports before RabbitMQ 3.6 carry no algorithm: their hashes are MD5.
+        algorithm = self.reader.string(item.get("hashing_algorithm"), f"{path}.hashing_algorithm", "")
+        algorithm = algorithm or "rabbit_password_hashing_md5"
+        if algorithm not in HASHING_ALGORITHMS:
+            self.note(
+                f"{path}.hashing_algorithm",
+                f"'{algorithm}' hashes cannot be checked: user '{name}' not created; give it a password",
+            )
+            return None
+        prefix, digest_size = HASHING_ALGORITHMS[algorithm]
+        try:
+            raw = base64.b64decode(stored, validate=True)
+        except (binascii.Error, ValueError):
+            raw = b""
+        if len(raw) != 4 + digest_size:
+            self.note(
+                f"{path}.password_hash",
+                f"not a {algorithm} hash (base64 of a 4-byte salt and the digest): "
+                f"user '{name}' not created; give it a password",
+            )
+            return None
+        entry["password_hash"] = f"{prefix}${stored}"
+        return entry
+
+    # -- topology -------------------------------------------------------------------------------
+
+    def exchange(self, item: dict[str, Any], path: str) -> None:
+        read = self.reader
+        lists = self.vhost(item, path)
+        vhost = read.name(item.get("vhost", "/"), f"{path}.vhost")
+        name = read.name(item.get("name"), f"{path}.name")
+        exchange_type = read.string(item.get("type"), f"{path}.type", "direct")
+        if name == "" or name.startswith("amq."):
+            self.note(f"{path}.name", f"exchange '{name}' is built in: skipped")
+            return
+        if exchange_type not in BUILTIN_EXCHANGE_TYPES | PLUGIN_EXCHANGE_TYPES:
+            self.note(
+                f"{path}.type",
+                f"unknown exchange type '{exchange_type}': exchange '{name}' and the bindings that need it are skipped",
+            )
+            self.skipped.add(("exchange", vhost, name))
+            return
+        lists["exchanges"].append(
+            ExchangeConfig(
+                name,
+                exchange_type,
+                durable=read.boolean(item.get("durable"), f"{path}.durable", True),
+                auto_delete=read.boolean(item.get("auto_delete"), f"{path}.auto_delete", False),
+                internal=read.boolean(item.get("internal"), f"{path}.internal", False),
+                arguments=read.table(item.get("arguments"), f"{path}.arguments"),
+            )
+        )
+
+    def queue(self, item: dict[str, Any], path: str) -> None:
+        read = self.reader
+        lists = self.vhost(item, path)
+        name = read.name(item.get("name"), f"{path}.name")
+        if name.startswith("amq."):
+            self.note(f"{path}.name", f"queue '{name}' has a server-generated name: skipped")
+            self.skipped.add(("queue", read.name(item.get("vhost", "/"), f"{path}.vhost"), name))
+            return
+        arguments = read.table(item.get("arguments"), f"{path}.arguments")
+        where = f"{path}.arguments"
+        queue_type = arguments.pop("x-queue-type", None)
+        type_path = f"{where}.x-queue-type"
+        if queue_type is None and "type" in item:  # RabbitMQ 3.13+ also exports it beside the arguments
+            queue_type, type_path = item["type"], f"{path}.type"
+        if queue_type not in (None, "classic"):
+            self.note(type_path, f"{queue_type} queues have no equivalent: '{name}' is declared as a classic queue")
+
+        def milliseconds(key: str, minimum: int) -> float | None:
+            value = read.integer(arguments.pop(key, None), f"{where}.{key}", None, minimum)
+            return value / 1000 if value is not None else None
+
+        message_ttl = milliseconds("x-message-ttl", 0)
+        expires = milliseconds("x-expires", 1)
+        visibility = milliseconds("x-visibility-timeout", 1)
+        dead_letter = None
+        exchange = arguments.pop("x-dead-letter-exchange", None)
+        routing_key = arguments.pop("x-dead-letter-routing-key", None)
+        if exchange is not None:
+            dead_letter = DeadLetterConfig(
+                read.string(exchange, f"{where}.x-dead-letter-exchange", ""),
+                read.string(routing_key, f"{where}.x-dead-letter-routing-key"),
+            )
+        elif routing_key is not None:
+            self.note(f"{where}.x-dead-letter-routing-key", "ignored without x-dead-letter-exchange, as in RabbitMQ")
+        overflow = read.string(arguments.pop("x-overflow", None), f"{where}.x-overflow")
+        if overflow is not None and overflow not in ("drop-head", "reject-publish", "reject-publish-dlx"):
+            read.problem(
+                f"{where}.x-overflow", f"must be drop-head, reject-publish or reject-publish-dlx, not {overflow!r}"
+            )
+            overflow = None
+        settings = {
+            "max_length": read.integer(arguments.pop("x-max-length", None), f"{where}.x-max-length", None),
+            "max_length_bytes": read.integer(
+                arguments.pop("x-max-length-bytes", None), f"{where}.x-max-length-bytes", None
+            ),
+            "max_deliveries": read.integer(arguments.pop("x-delivery-limit", None), f"{where}.x-delivery-limit", None),
+            "max_priority": read.integer(
+                arguments.pop("x-max-priority", None), f"{where}.x-max-priority", None, 0, 255
+            ),
+        }
+        for key in sorted(arguments):
+            reason = _UNSUPPORTED_ARGUMENTS.get(key, "not an argument Postroom knows")
+            self.note(f"{where}.{key}", f"no equivalent ({reason}): not applied")
+        lists["queues"].append(
+            QueueConfig(
+                name,
+                durable=read.boolean(item.get("durable"), f"{path}.durable", True),
+                auto_delete=read.boolean(item.get("auto_delete"), f"{path}.auto_delete", False),
+                visibility_timeout=visibility,
+                dead_letter=dead_letter,
+                message_ttl=message_ttl,
+                overflow=overflow,
+                expires=expires,
+                **settings,
+            )
+        )
+
+    def binding(self, item: dict[str, Any], path: str) -> None:
+        read = self.reader
+        lists = self.vhost(item, path)
+        vhost = read.name(item.get("vhost", "/"), f"{path}.vhost")
+        source = read.name(item.get("source"), f"{path}.source")
+        destination = read.name(item.get("destination"), f"{path}.destination")
+        kind = read.string(item.get("destination_type"), f"{path}.destination_type", "queue")
+        if kind not in ("queue", "exchange"):
+            read.problem(f"{path}.destination_type", f"must be queue or exchange, not {kind!r}")
+            return
+        if source == "":
+            self.note(path, f"bindings from the default exchange are implicit: '{destination}' skipped")
+            return
+        for needed_kind, needed in (("exchange", source), (kind, destination)):
+            if (needed_kind, vhost, needed) in self.skipped:
+                self.note(
+                    path, f"binding from '{source}' to {kind} '{destination}' skipped with {needed_kind} '{needed}'"
+                )
+                return
+            declared = {item.name for item in lists[f"{needed_kind}s"]}
+            if needed_kind == "exchange":
+                declared |= STANDARD_EXCHANGES
+            if needed not in declared:
+                # An export is whole; declaring this would fail and stop the rest (a 404).
+                self.note(
+                    path,
+                    f"binding from '{source}' to {kind} '{destination}' skipped: "
+                    f"no {needed_kind} '{needed}' in vhost '{vhost}' in this file",
+                )
+                return
+        lists["bindings"].append(
+            BindingConfig(
+                exchange=source,
+                queue=destination if kind == "queue" else None,
+                destination_exchange=destination if kind == "exchange" else None,
+                routing_key=read.string(item.get("routing_key"), f"{path}.routing_key", ""),
+                arguments=read.table(item.get("arguments"), f"{path}.arguments"),
+            )
+        )
+
+    # -- what has no equivalent -----------------------------------------------------------------
+
+    def unsupported(self, document: dict[str, Any]) -> None:
+        for path, item in self.items(document, "topic_permissions"):
+            self.note(
+                path,
+                f"topic permissions (user '{item.get('user')}', exchange '{item.get('exchange')}') "
+                "have no equivalent: not applied",
+            )
+        for path, item in self.items(document, "policies"):
+            keys = ", ".join(sorted(item.get("definition") or {}))
+            self.note(
+                path,
+                f"policy '{item.get('name')}' (pattern '{item.get('pattern')}': {keys}) has no equivalent: "
+                "not applied; give the queues those settings as arguments",
+            )
+        for path, item in self.items(document, "parameters"):
+            self.note(
+                path,
+                f"{item.get('component')} parameter '{item.get('name')}' has no equivalent "
+                "(no shovels or federation): not applied",
+            )
+        for path, item in self.items(document, "global_parameters"):
+            self.note(path, f"global parameter '{item.get('name')}' has no equivalent: ignored")
