@@ -104,6 +104,8 @@ class ChannelState:
         #: Deliveries acked or rejected inside the open transaction (put back on rollback).
         self._tx_taken: list[Entry] = []
         self._max_message_bytes = connection.node.limits.max_message_bytes
+        #: Plugins' message hooks; ``None`` (the usual case) costs the hot path one test.
+        self._hooks = connection.node.hooks
 
     # -- state --------------------------------------------------------------------------------
 
@@ -368,6 +370,8 @@ class ChannelState:
                 deadline = queue.now() + timeout
                 for entry in entries:
                     queue.track_delivery(entry, deadline, timeout)
+        if self._hooks is not None:
+            self._hooks.delivered(consumer.queue, entries)
         if not connection.dirty:
             connection.dirty = True
             connection.node.mark_dirty(connection)
@@ -384,6 +388,8 @@ class ChannelState:
         header = message.header if entry.header is None else entry.header
         out.append(get_ok_method(self.id, tag, entry.redelivered, message.names, queue.message_count))
         out += content_frames(self.id, header, message.body, self.connection.frame_max)
+        if self._hooks is not None:
+            self._hooks.delivered(queue, (entry,))
         if method.no_ack:
             queue.settle((entry,))
             return
@@ -472,6 +478,8 @@ class ChannelState:
     def _acked(self, entries: list[Entry]) -> None:
         if not entries:
             return
+        if self._hooks is not None:
+            self._hooks.acked(entries)
         if len(entries) == 1:
             entry = entries[0]
             queue = entry.queue
@@ -636,6 +644,8 @@ class ChannelState:
                 )
         if message.flags & FLAG_EXPIRATION:
             _check_expiration(message.properties.expiration)
+        if self._hooks is not None:
+            self._hooks.published(self.vhost, exchange_name, message)
         if self.transactional:
             self._check_exchange(exchange_name)
             self._tx_ops.append(lambda: self._route(message, exchange_name, bits & 1))
@@ -651,6 +661,8 @@ class ChannelState:
                 accepted = True
                 if bits & 1:
                     self._return(message)
+            if self._hooks is not None:
+                self._hooks.routed(self.vhost, "", message, [queue] if queue is not None else [])
         else:
             accepted = self._route(message, exchange_name, bits & 1)
         if self.confirm:
@@ -691,6 +703,8 @@ class ChannelState:
             return self._extend(message)
         else:
             queues = self.vhost.route(exchange, message)
+        if self._hooks is not None:
+            self._hooks.routed(self.vhost, exchange_name, message, queues)
         journal = self.vhost.journal
         if journal is not None and queues and message.flags & FLAG_DELIVERY_MODE and message.persistent:
             durable = [queue.name for queue in queues if queue.journal is not None]
