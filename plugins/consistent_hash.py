@@ -36,6 +36,7 @@ from twisted.plugin import IPlugin
 from zope.interface import implementer
 
 from broker.interfaces import IBrokerPlugin, IPluginContext, PluginSettingsInvalid
+from exchanges.binding import arguments_key
 from exchanges.interfaces import BindingInvalid, IExchangeType, IInterceptingRouter, IRouter
 
 #: The exchange type name clients declare.
@@ -102,8 +103,8 @@ class ConsistentHashRouter:
         self._header = header
         self._property = prop
         self.needs_headers = header is not None
-        #: Bindings in order: (destination, routing_key, arguments as a sorted tuple) -> weight.
-        self._bindings: dict[tuple[Hashable, str, tuple[tuple[str, Any], ...]], int] = {}
+        #: Bindings in order: (destination, routing_key, arguments_key) -> (weight, arguments as bound).
+        self._bindings: dict[tuple[Hashable, str, Hashable], tuple[int, dict[str, Any]]] = {}
         #: Bucket number -> destination.
         self._buckets: list[Hashable] = []
         #: The property value of the message being routed (see :meth:`intercept`).
@@ -111,7 +112,7 @@ class ConsistentHashRouter:
 
     @staticmethod
     def _key(destination: Hashable, routing_key: str, arguments: Mapping[str, Any]) -> Any:
-        return destination, routing_key, tuple(sorted((str(k), repr(v)) for k, v in arguments.items()))
+        return destination, routing_key, arguments_key(arguments)
 
     def bind(self, destination: Hashable, routing_key: str, arguments: Mapping[str, Any]) -> bool:
         """Add ``weight`` buckets for ``destination`` at the end.
@@ -122,7 +123,7 @@ class ConsistentHashRouter:
         key = self._key(destination, routing_key, arguments)
         if key in self._bindings:
             return False
-        self._bindings[key] = weight
+        self._bindings[key] = (weight, dict(arguments))
         self._buckets.extend([destination] * weight)
         return True
 
@@ -143,7 +144,7 @@ class ConsistentHashRouter:
     def _remove(self, keys: set[Any]) -> None:
         for key in keys:
             del self._bindings[key]
-        self._buckets = [key[0] for key, weight in self._bindings.items() for _ in range(weight)]
+        self._buckets = [key[0] for key, (weight, _arguments) in self._bindings.items() for _ in range(weight)]
 
     def intercept(self, vhost: Any, exchange: Any, message: Any) -> bool:
         """Note the ``hash-property`` value of the message about to be routed; never takes it.
@@ -169,7 +170,10 @@ class ConsistentHashRouter:
 
     def bindings(self) -> Iterable[tuple[Hashable, str, Mapping[str, Any]]]:
         """Every binding, in binding order."""
-        return [(destination, routing_key, dict(arguments)) for destination, routing_key, arguments in self._bindings]
+        return [
+            (destination, routing_key, dict(arguments))
+            for (destination, routing_key, _compared), (_weight, arguments) in self._bindings.items()
+        ]
 
     def __len__(self) -> int:
         return len(self._bindings)
