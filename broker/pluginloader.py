@@ -19,6 +19,7 @@ the broker does not start.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import types
@@ -213,9 +214,12 @@ class LoadedPlugins:
         """Built-in exchange types and the plugins'."""
         return self.context.registry
 
-    @property
+    @functools.cached_property
     def hooks(self) -> HookChain | None:
-        """The plugins' message hooks, or ``None`` when there are none (so the hot path skips them)."""
+        """The plugins' message hooks, or ``None`` when there are none (so the hot path skips them).
+
+        Read once all plugins are installed: hooks added later are not in it.
+        """
         if not self.context.hooks:
             return None
         chain = HookChain(self.context.hooks)

@@ -76,9 +76,30 @@ def node_from_config(
     if journal is not None:
         node.set_journal(journal)
     if snapshot is not None:
+        _check_exchange_types(node, snapshot, config.source)
         restore_snapshot(node, snapshot, read)
     apply_definitions(node, config)
     return node
+
+
+def _check_exchange_types(node: Node, snapshot: Snapshot, source: str) -> None:
+    """Refuse to start when the log holds exchanges of a type no enabled plugin provides.
+
+    :raises ConfigError: naming each such exchange and its type.
+    """
+    known = set(node.registry.names())
+    problems = [
+        Problem(
+            None,
+            "plugins",
+            f"the write-ahead log holds durable exchange '{exchange.name}' in vhost '{exchange.vhost}' of type "
+            f"'{exchange.type}', which no enabled plugin provides; enable the plugin that does",
+        )
+        for exchange in snapshot.exchanges.values()
+        if exchange.type not in known
+    ]
+    if problems:
+        raise ConfigError(source, problems)
 
 
 def apply_definitions(node: Node, config: BrokerConfig) -> None:

@@ -17,6 +17,7 @@ from broker.errors import ChannelException, ReplyCode
 from broker.testing import Client, methods, publish_frames
 from broker.wal.record import iter_records
 from broker.wal.recovery import replay
+from config.loader import ConfigError
 from config.schema import BrokerConfig, PluginConfig
 from exchanges.interfaces import IExchangeType, IInterceptingRouter, IRouter
 from exchanges.registry import default_registry
@@ -311,3 +312,16 @@ def test_a_store_whose_exchange_is_gone_is_deleted_at_start() -> None:
     assert STORE_PREFIX + "later" in restored.vhosts["/"].queues
     loaded.node_ready(restored, snapshot)
     assert STORE_PREFIX + "later" not in restored.vhosts["/"].queues
+
+
+def test_a_log_with_delayed_exchanges_needs_the_plugin_enabled() -> None:
+    clock = Clock()
+    journal = Journal(1, clock.seconds)
+    declare_delayed(client(durable_plugin_node(clock, journal)), durable=True)
+    snapshot = replay([record for _, _, record in iter_records(journal.take()[0])])
+    with pytest.raises(ConfigError) as excinfo:
+        node_from_config(BrokerConfig(source="broker.yaml"), Clock(), Journal(), snapshot)
+    assert str(excinfo.value).splitlines()[1] == (
+        "  broker.yaml: plugins: the write-ahead log holds durable exchange 'later' in vhost '/' of type "
+        "'x-delayed-message', which no enabled plugin provides; enable the plugin that does"
+    )

@@ -270,3 +270,45 @@ def test_config_check_loads_the_plugins_and_their_exchange_types(tmp_path: Path)
     result = postroom("config", "check", str(path))
     assert result.returncode == 1
     assert "vhosts./.exchanges[0]: refused by the broker: invalid arguments for exchange 'later'" in result.stderr
+
+
+SERVICE = """
+from twisted.application.service import Service
+from twisted.plugin import IPlugin
+from zope.interface import implementer
+from broker.interfaces import IBrokerPlugin
+
+@implementer(IPlugin, IBrokerPlugin)
+class Plugin:
+    name = "with_service"
+    description = "runs a service"
+    requires = ()
+
+    def check_settings(self, settings):
+        return settings
+
+    def install(self, context, settings):
+        self.service = Service()
+        self.service.setName("tally-flusher")
+        self.nodes = []
+        context.add_service(self.service)
+        context.when_ready(lambda node, snapshot: self.nodes.append((node, snapshot)))
+
+plugin = Plugin()
+"""
+
+
+def test_plugin_services_start_before_the_listeners_and_stop_with_the_broker(modules: Path) -> None:
+    write(modules, "pr_test_service", SERVICE)
+    config = loads("plugins: [pr_test_service]\n", "broker.yaml")
+    reactor = MemoryReactorClock()
+    service = make_broker_service(reactor, config, amqp_endpoints=["tcp:5673:interface=127.0.0.1"], persist=False)
+    plugin = sys.modules["pr_test_service"].plugin
+    assert plugin.nodes == [(service.factory.node, None)]
+    children = list(service)
+    assert children[0] is plugin.service and len(children) == 2
+    service.startService()
+    assert plugin.service.running
+    assert [port for port, *_ in reactor.tcpServers] == [5673]
+    service.stopService()
+    assert not plugin.service.running
