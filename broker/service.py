@@ -123,6 +123,10 @@ class WALService(Service):
         super().startService()
         self._pool.start()
         self.journal.on_pending = self._pending
+        if self.journal.has_pending:
+            # Recorded while the broker was being built (configured definitions, plugins'
+            # recovery): without a write now, later records would never trigger one.
+            self._pending()
 
     def _pending(self) -> None:
         if self._call is None and self._writing is None:
