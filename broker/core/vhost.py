@@ -591,6 +591,8 @@ class VirtualHost:
                 continue
             visited.add(current.name)
             hops += 1
+            if current.intercept is not None and current.intercept(self, current, message):
+                continue  # taken aside (a delayed exchange reached through a binding)
             router = current.router
             found = False
             for destination in router.route(message.routing_key, message.headers if router.needs_headers else None):

@@ -220,3 +220,29 @@ def test_the_plugin_takes_no_settings() -> None:
     with pytest.raises(PluginSettingsInvalid) as excinfo:
         ConsistentHashPlugin().check_settings({"hash": "md5"})
     assert "takes no settings, got hash" in str(excinfo.value)
+
+
+def test_hash_property_also_applies_when_reached_through_an_exchange_binding(clocked: Any) -> None:
+    node, _ = clocked("consistent_hash")
+    c = client(node)
+    c.call(
+        1,
+        commands.Exchange.Declare(
+            exchange="spread", exchange_type="x-consistent-hash", arguments={"hash-property": "message_id"}
+        ),
+        commands.Exchange.Declare(exchange="front", exchange_type="fanout"),
+        commands.Exchange.Bind(destination="spread", source="front"),
+    )
+    for queue in ("q1", "q2", "q3", "q4"):
+        c.call(
+            1, commands.Queue.Declare(queue=queue), commands.Queue.Bind(queue=queue, exchange="spread", routing_key="1")
+        )
+    for i in range(200):
+        c.send(publish_frames(1, "front", f"rk-{i}", b"x", commands.Basic.Properties(message_id=f"id-{i % 8}")))
+    vhost = node.vhosts["/"]
+    holders = [
+        {entry.message.properties.message_id for entry in vhost.queues[queue].ready_entries()}
+        for queue in ("q1", "q2", "q3", "q4")
+    ]
+    assert sorted(message_id for held in holders for message_id in held) == [f"id-{i}" for i in range(8)]
+    assert sum(1 for held in holders if held) > 1

@@ -325,3 +325,19 @@ def test_a_log_with_delayed_exchanges_needs_the_plugin_enabled() -> None:
         "  broker.yaml: plugins: the write-ahead log holds durable exchange 'later' in vhost '/' of type "
         "'x-delayed-message', which no enabled plugin provides; enable the plugin that does"
     )
+
+
+def test_a_delayed_exchange_reached_through_an_exchange_binding_delays_too(clocked: Any) -> None:
+    node, clock = clocked("delayed_message")
+    c = client(node)
+    declare_delayed(c)
+    c.call(
+        1,
+        commands.Exchange.Declare(exchange="front", exchange_type="fanout"),
+        commands.Exchange.Bind(destination="later", source="front"),
+    )
+    c.send(publish_frames(1, "front", "job", b"via front", props(1000)))
+    jobs = node.vhosts["/"].queues["jobs"]
+    assert jobs.message_count == 0
+    clock.advance(1)
+    assert [e.message.body for e in jobs.ready_entries()] == [b"via front"]
