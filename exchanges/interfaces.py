@@ -78,9 +78,9 @@ class IExchangeType(Interface):
 class IInterceptingRouter(IRouter):
     """A router that may take a message instead of routing it now (delayed messages).
 
-    The virtual host asks :meth:`intercept` before routing each message published to (or
-    dead-lettered into) an exchange with such a router; other routers cost the hot path one
-    attribute test.
+    The virtual host asks :meth:`intercept` before routing each message that reaches an
+    exchange with such a router (published or dead-lettered to it, or through an
+    exchange-to-exchange binding); other routers cost the hot path one attribute test.
     """
 
     def intercept(vhost: Any, exchange: Any, message: Any) -> bool:
