@@ -13,7 +13,14 @@ header ``x-delay`` (milliseconds). Behaviour, as in ``rabbitmq-delayed-message-e
 * a delayed message is not routed at publish time, so a ``mandatory`` publish comes back
   with 312 NO_ROUTE straight away (RabbitMQ: "the mandatory flag is not supported"), while
   the message is still delivered when its delay ends;
-* a missing or unknown ``x-delayed-type`` refuses the declare with 406 PRECONDITION_FAILED.
+* a missing or unknown ``x-delayed-type`` refuses the declare with 406 PRECONDITION_FAILED;
+* a delayed exchange reached through an exchange-to-exchange binding delays as well.
+
+Where Postroom differs: RabbitMQ hands a delayed message to the exchange's
+``alternate-exchange`` at publish time (its router returned no queues); Postroom does not,
+and applies the alternate exchange when the delay ends and the message finds no queue.
+RabbitMQ keeps every delayed message on disk; Postroom logs persistent ones sent to durable
+exchanges (what its other queues keep, too) and holds the rest in memory.
 
 Durability: persistent messages (``delivery_mode`` 2) published to a *durable* delayed
 exchange are written to the write-ahead log before they are confirmed, in a store queue

@@ -341,3 +341,24 @@ def test_a_delayed_exchange_reached_through_an_exchange_binding_delays_too(clock
     assert jobs.message_count == 0
     clock.advance(1)
     assert [e.message.body for e in jobs.ready_entries()] == [b"via front"]
+
+
+def test_the_alternate_exchange_is_used_when_the_delay_ends_not_at_publish(clocked: Any) -> None:
+    node, clock = clocked("delayed_message")
+    c = client(node)
+    c.call(
+        1,
+        commands.Exchange.Declare(exchange="ae", exchange_type="fanout"),
+        commands.Queue.Declare(queue="unrouted"),
+        commands.Queue.Bind(queue="unrouted", exchange="ae"),
+        commands.Exchange.Declare(
+            exchange="later",
+            exchange_type="x-delayed-message",
+            arguments={"x-delayed-type": "direct", "alternate-exchange": "ae"},
+        ),
+    )
+    c.send(publish_frames(1, "later", "nobody", b"x", props(1000)))
+    unrouted = node.vhosts["/"].queues["unrouted"]
+    assert unrouted.message_count == 0
+    clock.advance(1)
+    assert unrouted.message_count == 1
