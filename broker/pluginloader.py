@@ -45,6 +45,7 @@ __all__ = [
     "PluginContext",
     "PluginError",
     "available_plugins",
+    "describe",
     "find_plugin",
     "load_plugins",
 ]
