@@ -53,7 +53,7 @@ __all__ = [
 #: The entry point group installed packages declare their plugins in.
 ENTRY_POINT_GROUP = "postroom.plugins"
 
-_log = Logger(namespace="postroom.plugins")
+_log = Logger()
 
 
 class PluginError(ConfigError):
