@@ -2,6 +2,7 @@
 
 * ``postroom serve [--config PATH] [--listen ENDPOINT]``: run the broker in the foreground;
 * ``postroom config check FILE``: validate a configuration without starting anything;
+* ``postroom plugins [--config PATH]``: the plugins available, and those the configuration enables;
 * ``postroom wal check [--repair]`` and ``postroom wal dump``: inspect the write-ahead log;
 * ``postroom publish``, ``postroom consume`` and ``postroom declare -f FILE``: talk to a running broker.
 """
@@ -50,12 +51,37 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plugins(args: argparse.Namespace) -> int:
+    from broker.pluginloader import available_plugins, describe, load_plugins
+
+    print("available:")
+    for plugin in available_plugins():
+        print(f"  {plugin.name:<20} {plugin.description} [{plugin.origin}]")
+    try:
+        config = _config(args.config)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 1
+    print(f"enabled by {config.source}:" if config.plugins else f"enabled by {config.source}: none")
+    try:
+        loaded = load_plugins(config.plugins, source=config.source)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 1
+    for line in describe(loaded.plugins):
+        print(f"  {line}")
+    return 0
+
+
 def _config_check(args: argparse.Namespace) -> int:
     from broker.core.definitions import node_from_config
+    from broker.pluginloader import load_plugins
 
     try:
         config = load(args.file)
-        node_from_config(config)
+        # The plugins are loaded too: their settings are checked, and their exchange types
+        # may appear in the definitions.
+        node_from_config(config, registry=load_plugins(config.plugins, source=config.source).registry)
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 1
@@ -283,6 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
     check = config_commands.add_parser("check", help="validate a configuration file without starting the broker")
     check.add_argument("file")
     check.set_defaults(run=_config_check)
+    plugins = commands.add_parser("plugins", help="list the plugins available and those a configuration enables")
+    plugins.add_argument("--config", metavar="PATH", help="YAML configuration (default: the embedded default)")
+    plugins.set_defaults(run=_plugins)
     publish = commands.add_parser("publish", help="publish one message and wait for its confirm")
     publish.add_argument("--url", default=DEFAULT_URL)
     publish.add_argument("--exchange", default="", help="exchange (default: the default exchange)")

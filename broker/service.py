@@ -23,6 +23,7 @@ from broker.core.journal import Journal
 from broker.core.node import Node
 from broker.management import RateSampler, management_site
 from broker.metrics import BrokerCollector, make_registry, metrics_site
+from broker.pluginloader import LoadedPlugins, load_plugins
 from broker.protocol import AMQPServerFactory
 from broker.wal.files import DirectoryStorage, prune_archive
 from broker.wal.log import RecoveryReport, WriteAheadLog
@@ -126,6 +127,10 @@ class WALService(Service):
         super().startService()
         self._pool.start()
         self.journal.on_pending = self._pending
+        if self.journal.has_pending:
+            # Recorded while the broker was being built (configured definitions, plugins'
+            # recovery): without a write now, later records would never trigger one.
+            self._pending()
 
     def _pending(self) -> None:
         if self._call is None and self._writing is None:
@@ -295,19 +300,31 @@ def make_broker_service(
     amqp_endpoints: list[str] | None = None,
     node: Node | None = None,
     persist: bool = True,
+    plugins: LoadedPlugins | None = None,
 ) -> BrokerService:
-    """Build the broker service: recover from the log, apply definitions, listen.
+    """Build the broker service: load the plugins, recover from the log, apply definitions, listen.
 
     :param reactor: the reactor (listening, timers, the log's worker thread)
     :param config: the configuration; the embedded default when omitted
     :param amqp_endpoints: AMQP listeners (Twisted endpoint strings) instead of the configuration's
     :param node: a ready node instead of one built from the configuration (nothing is persisted)
     :param persist: keep durable state in the configuration's log directory
-    :raises ConfigError: the configuration's definitions were refused
+    :param plugins: plugins already loaded (default: load the configuration's ``plugins:``)
+    :raises ConfigError: the configuration's definitions were refused, or a plugin failed to
+        load (``PluginError``, naming the plugin and the reason)
     :raises WALCorruption: the log is damaged in the middle
     """
     config = config or BrokerConfig()
     wal = None
+    if node is None and plugins is None:
+        plugins = load_plugins(config.plugins, reactor, source=config.source)
+    extensions: dict[str, Any] = {}
+    if plugins is not None:
+        extensions = {
+            "registry": plugins.registry,
+            "hooks": plugins.hooks,
+            "authenticators": plugins.authenticators,
+        }
     if node is None:
         if persist:
             started = time.monotonic()
@@ -315,7 +332,9 @@ def make_broker_service(
             snapshot = replay_located(log.located_records())
             log.forget()
             journal = Journal(snapshot.max_message_id + 1, reactor.seconds)
-            node = node_from_config(config, reactor, journal, snapshot, log.storage.read_at)
+            node = node_from_config(config, reactor, journal, snapshot, log.storage.read_at, **extensions)
+            if plugins is not None:
+                plugins.node_ready(node, snapshot)
             paged = journal.page_out(config.storage.memory_budget)
             recovered, durable_queues = snapshot.message_count, len(snapshot.queues)
             del snapshot  # it held every record read from the log
@@ -344,10 +363,17 @@ def make_broker_service(
                 paged=paged,
             )
         else:
-            node = node_from_config(config, reactor)
+            node = node_from_config(config, reactor, **extensions)
+            if plugins is not None:
+                plugins.node_ready(node)
+    elif plugins is not None:
+        plugins.node_ready(node)
     factory = AMQPServerFactory(node, reactor)
     sampler = RateSampler(node, reactor) if config.listen.management else None
     service = BrokerService(factory, wal, sampler)
+    for plugin_service in plugins.services if plugins is not None else ():
+        # Children start in order: plugin services before the listeners, stopped with them.
+        plugin_service.setServiceParent(service)
     endpoints = amqp_endpoints or [config.listen.amqp] + ([config.listen.amqps] if config.listen.amqps else [])
     for description in endpoints:
         strports.service(description, factory, reactor=reactor).setServiceParent(service)

@@ -35,6 +35,7 @@ from config.schema import (
     ListenConfig,
     MetricsConfig,
     Permission,
+    PluginConfig,
     QueueConfig,
     StorageConfig,
     UserConfig,
@@ -270,10 +271,7 @@ class _Reader:
         limits = self.limits(top.get("limits"))
         vhosts = self.vhosts(top.get("vhosts")) if "vhosts" in top else defaults.vhosts
         users = self.users(top.get("users"), vhosts) if "users" in top else defaults.users
-        plugins = tuple(
-            self.name(item, f"plugins[{index}]")
-            for index, item in enumerate(self.typed(top.get("plugins"), "plugins", _is_list, "a list", []))
-        )
+        plugins = self.plugins(top.get("plugins"))
         metrics_section = self.mapping(top.get("metrics"), "metrics", {"rabbitmq_compatible"})
         metrics = MetricsConfig(
             rabbitmq_compatible=self.boolean(
@@ -281,6 +279,35 @@ class _Reader:
             )
         )
         return BrokerConfig(listen, storage, limits, users, plugins, vhosts, self.source, metrics)
+
+    def plugins(self, value: Any) -> tuple[PluginConfig, ...]:
+        """``plugins:``: names, or ``{name, settings}`` mappings; a plugin listed twice is refused.
+
+        Whether a name resolves, and whether its settings are right, is for the plugin loader
+        (``broker.pluginloader``) to say: this module does not import plugins.
+        """
+        result = []
+        seen: set[str] = set()
+        for index, item in enumerate(self.typed(value, "plugins", _is_list, "a list", [])):
+            path = f"plugins[{index}]"
+            if isinstance(item, dict):
+                entry = self.mapping(item, path, {"name", "settings"}, {"name"})
+                name = self.name(entry.get("name"), f"{path}.name")
+                settings = self.table(entry.get("settings"), f"{path}.settings")
+            else:
+                name = self.name(item, path)
+                settings = {}
+            if not name:
+                continue
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", name):
+                self.problem(path, f"'{name}' is not a plugin name or a dotted module path")
+                continue
+            if name in seen:
+                self.problem(path, f"plugin '{name}' is listed twice")
+                continue
+            seen.add(name)
+            result.append(PluginConfig(name, settings, self.lines.get(path)))
+        return tuple(result)
 
     def listen(self, value: Any) -> ListenConfig:
         section = self.mapping(value, "listen", {"amqp", "amqps", "metrics", "management"})

@@ -175,6 +175,21 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class PluginConfig:
+    """A plugin to enable: a bundled short name, a dotted module path or an installed
+    package's entry point name (group ``postroom.plugins``), with its settings.
+
+    ``plugins: [delayed_message]`` and ``plugins: [{name: delayed_message, settings: {...}}]``
+    both give one of these; the plugin itself checks ``settings`` when it is loaded.
+    """
+
+    name: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    #: The line of the entry in the configuration file (for error messages), when known.
+    line: int | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     """Everything the broker is configured with."""
 
@@ -182,7 +197,7 @@ class BrokerConfig:
     storage: StorageConfig = field(default_factory=StorageConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     users: tuple[UserConfig, ...] = (UserConfig("guest", password="guest", loopback_only=True),)
-    plugins: tuple[str, ...] = ()
+    plugins: tuple[PluginConfig, ...] = ()
     vhosts: dict[str, VhostConfig] = field(default_factory=lambda: {"/": VhostConfig()})
     source: str = "<embedded default>"
     metrics: MetricsConfig = field(default_factory=MetricsConfig)

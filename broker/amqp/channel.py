@@ -104,6 +104,8 @@ class ChannelState:
         #: Deliveries acked or rejected inside the open transaction (put back on rollback).
         self._tx_taken: list[Entry] = []
         self._max_message_bytes = connection.node.limits.max_message_bytes
+        #: Plugins' message hooks; ``None`` (the usual case) costs the hot path one test.
+        self._hooks = connection.node.hooks
 
     # -- state --------------------------------------------------------------------------------
 
@@ -372,6 +374,8 @@ class ChannelState:
                 deadline = queue.now() + timeout
                 for entry in entries:
                     queue.track_delivery(entry, deadline, timeout)
+        if self._hooks is not None:
+            self._hooks.delivered(consumer.queue, entries)
         if not connection.dirty:
             connection.dirty = True
             connection.node.mark_dirty(connection)
@@ -391,6 +395,8 @@ class ChannelState:
         header = message.header if entry.header is None else entry.header
         out.append(get_ok_method(self.id, tag, entry.redelivered, message.names, queue.message_count))
         out += content_frames(self.id, header, message.body, self.connection.frame_max)
+        if self._hooks is not None:
+            self._hooks.delivered(queue, (entry,))
         if method.no_ack:
             queue.settle((entry,))
             return
@@ -479,6 +485,8 @@ class ChannelState:
     def _acked(self, entries: list[Entry]) -> None:
         if not entries:
             return
+        if self._hooks is not None:
+            self._hooks.acked(entries)
         if len(entries) == 1:
             entry = entries[0]
             queue = entry.queue
@@ -646,6 +654,8 @@ class ChannelState:
         if message.flags & FLAG_EXPIRATION:
             _check_expiration(message.properties.expiration)
         self.vhost.published += 1
+        if self._hooks is not None:
+            self._hooks.published(self.vhost, exchange_name, message)
         if self.transactional:
             self._check_exchange(exchange_name)
             self._tx_ops.append(lambda: self._route(message, exchange_name, bits & 1))
@@ -662,6 +672,8 @@ class ChannelState:
                 self.vhost.unroutable += 1
                 if bits & 1:
                     self._return(message)
+            if self._hooks is not None:
+                self._hooks.routed(self.vhost, "", message, [queue] if queue is not None else [])
         else:
             accepted = self._route(message, exchange_name, bits & 1)
         if self.confirm:
@@ -702,6 +714,8 @@ class ChannelState:
             return self._extend(message)
         else:
             queues = self.vhost.route(exchange, message)
+        if self._hooks is not None:
+            self._hooks.routed(self.vhost, exchange_name, message, queues)
         journal = self.vhost.journal
         if journal is not None and queues and message.flags & FLAG_DELIVERY_MODE and message.persistent:
             durable = [queue.name for queue in queues if queue.journal is not None]

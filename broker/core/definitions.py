@@ -8,8 +8,8 @@ arguments) is reported with its key path, as in the file.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from broker.amqp.codec import decode_field_table, shortstr
 from broker.core.message import Message
@@ -19,8 +19,10 @@ from broker.errors import AMQPError
 from broker.wal.recovery import Snapshot
 from config.loader import ConfigError, Problem
 from config.schema import BrokerConfig, VhostConfig
+from exchanges.registry import ExchangeTypeRegistry, default_registry
 
 if TYPE_CHECKING:
+    from broker.core.hooks import HookChain
     from broker.core.journal import Journal
 
 
@@ -30,12 +32,19 @@ def node_from_config(
     journal: Journal | None = None,
     snapshot: Snapshot | None = None,
     read: Callable[[int, int, int], bytes] | None = None,
+    registry: ExchangeTypeRegistry | None = None,
+    hooks: HookChain | None = None,
+    authenticators: Sequence[Any] = (),
 ) -> Node:
     """A node with the configuration's limits, users and virtual hosts.
 
     With a ``journal``, durable state is recorded from now on; a ``snapshot`` (what the log
     held at start) is restored first, then the configuration's definitions are applied on
     top (declaring what already exists changes nothing).
+
+    :param registry: the exchange types, with those of the enabled plugins (built-ins only by default)
+    :param hooks: the plugins' message hooks (``None``: none)
+    :param authenticators: the plugins' authentication backends
 
     :raises ConfigError: a definition was refused by the broker.
     """
@@ -60,13 +69,37 @@ def node_from_config(
             max_message_bytes=limits.max_message_bytes,
         ),
         clock=clock,
+        registry=registry or default_registry(),
+        hooks=hooks,
+        authenticators=tuple(authenticators),
     )
     if journal is not None:
         node.set_journal(journal)
     if snapshot is not None:
+        _check_exchange_types(node, snapshot, config.source)
         restore_snapshot(node, snapshot, read)
     apply_definitions(node, config)
     return node
+
+
+def _check_exchange_types(node: Node, snapshot: Snapshot, source: str) -> None:
+    """Refuse to start when the log holds exchanges of a type no enabled plugin provides.
+
+    :raises ConfigError: naming each such exchange and its type.
+    """
+    known = set(node.registry.names())
+    problems = [
+        Problem(
+            None,
+            "plugins",
+            f"the write-ahead log holds durable exchange '{exchange.name}' in vhost '{exchange.vhost}' of type "
+            f"'{exchange.type}', which no enabled plugin provides; enable the plugin that does",
+        )
+        for exchange in snapshot.exchanges.values()
+        if exchange.type not in known
+    ]
+    if problems:
+        raise ConfigError(source, problems)
 
 
 def apply_definitions(node: Node, config: BrokerConfig) -> None:

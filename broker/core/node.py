@@ -21,6 +21,7 @@ from broker.core.queue import Scheduler, WorkQueue
 from broker.core.vhost import VirtualHost
 
 if TYPE_CHECKING:
+    from broker.core.hooks import HookChain
     from broker.core.journal import Journal
 from exchanges.registry import ExchangeTypeRegistry, default_registry
 
@@ -125,6 +126,10 @@ class Node:
     clock: Scheduler | None = None
     product: str = "Postroom"
     version: str = "0.1.0"
+    #: Message hooks added by plugins; ``None`` when there are none (the hot path checks only that).
+    hooks: HookChain | None = None
+    #: Authentication backends added by plugins (``IAuthenticator``), asked after the configured users.
+    authenticators: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         self.users_by_name: dict[str, User] = {user.name: user for user in self.users}
@@ -147,6 +152,7 @@ class Node:
         vhost = VirtualHost(name, self.registry, self.rng, self.clock)
         vhost.on_backlog = self.note_backlog
         vhost.journal = self.journal
+        vhost.hooks = self.hooks
         self.vhosts[name] = vhost
         return vhost
 
@@ -182,13 +188,19 @@ class Node:
             self.dirty.add(connection)
 
     def authenticate(self, username: str, password: str, loopback: bool) -> User | None:
-        """The user for these credentials, or ``None`` when they are refused."""
+        """The user for these credentials, or ``None`` when they are refused.
+
+        The configured users are asked first, then each plugin backend in load order (as
+        RabbitMQ's ``auth_backends``): the first to return a user lets the client in.
+        """
         user = self.users_by_name.get(username)
-        if user is None or not user.check_password(password):
-            return None
-        if user.loopback_only and not loopback:
-            return None
-        return user
+        if user is not None and user.check_password(password) and (loopback or not user.loopback_only):
+            return user
+        for authenticator in self.authenticators:
+            user = authenticator.authenticate(username, password, loopback)
+            if user is not None:
+                return user
+        return None
 
     def random_tag(self, prefix: str) -> str:
         """A generated name such as ``amq.ctag-Xy…`` (22 random characters, as in RabbitMQ)."""

@@ -15,10 +15,11 @@ from broker.core.histogram import Histogram
 from broker.core.message import Message
 from broker.core.queue import MAX_PRIORITY, Entry, QueueSettings, Scheduler, WorkQueue
 from broker.errors import ChannelException, ReplyCode
-from exchanges.interfaces import BindingInvalid, IRouter
+from exchanges.interfaces import BindingInvalid, IInterceptingRouter, IRouter
 from exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType, default_registry
 
 if TYPE_CHECKING:
+    from broker.core.hooks import HookChain
     from broker.core.journal import Journal
 
 #: The exchanges every virtual host has, as in RabbitMQ.
@@ -52,6 +53,7 @@ class Exchange:
         "arguments",
         "alternate",
         "sources",
+        "intercept",
         "__weakref__",
     )
 
@@ -76,6 +78,11 @@ class Exchange:
         self.alternate = alternate if isinstance(alternate, str) and alternate else None
         #: Exchanges with a binding to this one (exchange-to-exchange bindings).
         self.sources: set[Exchange] = set()
+        #: The router's ``intercept`` when it may take messages instead of routing them now
+        #: (``IInterceptingRouter``, e.g. delayed messages); ``None`` for every other router.
+        self.intercept: Callable[[VirtualHost, Exchange, Message], bool] | None = (
+            router.intercept if IInterceptingRouter.providedBy(router) else None
+        )
 
     def __repr__(self) -> str:
         return f"<Exchange {self.name!r} {self.type_name}>"
@@ -149,6 +156,8 @@ class VirtualHost:
         self.unroutable = 0
         #: Publish-to-deliver seconds of sampled messages, for every queue of this vhost.
         self.latency = Histogram()
+        #: The node's message hooks (``None``: no plugin added any).
+        self.hooks: HookChain | None = None
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, WorkQueue] = {}
         #: Given to every queue: called when a dispatch left entries for later (see WorkQueue.dispatch).
@@ -420,7 +429,9 @@ class VirtualHost:
         arguments = arguments or {}
         if passive:
             return self.queue(name, connection)
-        if name.startswith("amq."):
+        if name.startswith("amq.") and connection is not None:
+            # Only clients are kept out of 'amq.': the broker itself (connection None: recovery,
+            # plugins) may hold queues there, e.g. a delayed-message exchange's store.
             raise ChannelException(ReplyCode.ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'")
         if name == "":
             name = self.new_queue_name()
@@ -535,6 +546,8 @@ class VirtualHost:
                 settings.dead_letter_routing_key,
                 entry.delivery_count,
             )
+            if self.hooks is not None:
+                self.hooks.dead_lettered(queue, message, reason.value)
             targets = [target for target in self.route(exchange, message) if not is_cycle(message, target.name, reason)]
             if not targets:
                 self.dead_letters_dropped += 1
@@ -550,8 +563,12 @@ class VirtualHost:
         """The queues a message published to ``exchange`` goes to, each once.
 
         Follows exchange-to-exchange bindings (a cycle is visited once) and alternate
-        exchanges (used when an exchange routes the message nowhere).
+        exchanges (used when an exchange routes the message nowhere). An exchange whose
+        router intercepts messages (delayed messages) may take it: then it goes nowhere now.
         """
+        intercept = exchange.intercept
+        if intercept is not None and intercept(self, exchange, message):
+            return []
         routing_key = message.routing_key
         router = exchange.router
         destinations = router.route(routing_key, message.headers if router.needs_headers else None)
@@ -581,6 +598,8 @@ class VirtualHost:
                 continue
             visited.add(current.name)
             hops += 1
+            if current.intercept is not None and current.intercept(self, current, message):
+                continue  # taken aside (a delayed exchange reached through a binding)
             router = current.router
             found = False
             for destination in router.route(message.routing_key, message.headers if router.needs_headers else None):

@@ -93,3 +93,30 @@ def _reopen(storage: MemorySegmentStorage) -> list:
     log = WriteAheadLog(storage)
     log.open()
     return list(log.records())
+
+
+@pytest_twisted.ensureDeferred
+async def test_records_made_before_the_service_starts_are_written_and_later_publishes_confirmed() -> None:
+    # Start-up declares configured queues (and plugins recover their state) before the
+    # service starts: those records must not keep later confirms waiting.
+    from twisted.internet import reactor
+
+    storage = MemorySegmentStorage()
+    log = WriteAheadLog(storage)
+    log.open()
+    journal = Journal(1, reactor.seconds)
+    node = Node(clock=reactor)
+    node.set_journal(journal)
+    node.vhosts["/"].declare_queue("configured", None, durable=True)
+    service = WALService(journal, log, reactor, "batch", 0.001, node)
+    service.startService()
+    client = Client(node)
+    client.handshake()
+    client.open_channel(1)
+    client.call(1, commands.Confirm.Select())
+    client.send(publish_frames(1, "", "configured", b"kept", PERSISTENT))
+    seen: list = []
+    try:
+        await wait_until(lambda: confirms(client, seen) == [("Basic.Ack", 1)])
+    finally:
+        await service.stopService()
