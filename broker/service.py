@@ -21,6 +21,7 @@ from twisted.python.threadpool import ThreadPool
 from broker.core.definitions import node_from_config
 from broker.core.journal import Journal
 from broker.core.node import Node
+from broker.deadletters import open_dead_letters
 from broker.protocol import AMQPServerFactory
 from broker.wal.files import DirectoryStorage, prune_archive
 from broker.wal.log import RecoveryReport, WriteAheadLog
@@ -223,14 +224,20 @@ class BrokerService(MultiService):
 
     _log = Logger()
 
-    def __init__(self, factory: AMQPServerFactory, wal: WALService | None = None) -> None:
+    def __init__(
+        self, factory: AMQPServerFactory, wal: WALService | None = None, dead_letters: Service | None = None
+    ) -> None:
         super().__init__()
         self.factory = factory
         self.wal = wal
+        #: Writes the dead-letter event stream (``broker.deadletters``), with a log directory.
+        self.dead_letters = dead_letters
 
     def startService(self) -> None:
         if self.wal is not None:
             self.wal.startService()
+        if self.dead_letters is not None:
+            self.dead_letters.startService()
         super().startService()
 
     @defer.inlineCallbacks
@@ -239,6 +246,9 @@ class BrokerService(MultiService):
         self.factory.close_all()
         if self.wal is not None:
             yield self.wal.stopService()
+        # After the connections closed: their unacked dead letters went back to their queues.
+        if self.dead_letters is not None:
+            yield self.dead_letters.stopService()
 
 
 def archive_of(config: BrokerConfig) -> Archive | None:
@@ -281,6 +291,7 @@ def make_broker_service(
     """
     config = config or BrokerConfig()
     wal = None
+    dead_letters = None
     if node is None:
         if persist:
             started = time.monotonic()
@@ -293,6 +304,7 @@ def make_broker_service(
             recovered, durable_queues = snapshot.message_count, len(snapshot.queues)
             del snapshot  # it held every record read from the log
             release_memory()
+            dead_letters = open_dead_letters(config.storage.dir, node, reactor, config.storage.fsync)
             wal = WALService(
                 journal,
                 log,
@@ -319,7 +331,7 @@ def make_broker_service(
         else:
             node = node_from_config(config, reactor)
     factory = AMQPServerFactory(node, reactor)
-    service = BrokerService(factory, wal)
+    service = BrokerService(factory, wal, dead_letters)
     endpoints = amqp_endpoints or [config.listen.amqp] + ([config.listen.amqps] if config.listen.amqps else [])
     for description in endpoints:
         strports.service(description, factory, reactor=reactor).setServiceParent(service)

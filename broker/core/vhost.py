@@ -18,6 +18,7 @@ from exchanges.interfaces import BindingInvalid, IRouter
 from exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType, default_registry
 
 if TYPE_CHECKING:
+    from broker.core.deadlog import DeadLetterLog
     from broker.core.journal import Journal
 
 #: The exchanges every virtual host has, as in RabbitMQ.
@@ -141,6 +142,8 @@ class VirtualHost:
         self.clock = clock
         #: The write-ahead log's journal (``None``: nothing is persisted).
         self.journal: Journal | None = None
+        #: The dead-letter event log (``None``: dead letters are not recorded for analysis).
+        self.dead_letters: DeadLetterLog | None = None
         #: Dead-lettered messages dropped: no such dead-letter exchange, or a cycle.
         self.dead_letters_dropped = 0
         self.exchanges: dict[str, Exchange] = {}
@@ -518,7 +521,9 @@ class VirtualHost:
             self.dead_letters_dropped += len(entries)
             return
         now = queue.now()
+        events = self.dead_letters
         for entry in entries:
+            dead_letter_id = events.next_id() if events is not None else 0
             message = dead_lettered(
                 entry.message,
                 queue.name,
@@ -527,10 +532,15 @@ class VirtualHost:
                 exchange.name,
                 settings.dead_letter_routing_key,
                 entry.delivery_count,
+                dead_letter_id,
             )
             targets = [target for target in self.route(exchange, message) if not is_cycle(message, target.name, reason)]
             if not targets:
                 self.dead_letters_dropped += 1
+            elif events is not None:
+                events.dead_lettered(
+                    dead_letter_id, self.name, queue.name, reason, entry.delivery_count, message, targets
+                )
             durable = [target.name for target in targets if target.journal is not None]
             if durable and self.journal is not None and message.persistent:
                 self.journal.published(message, self.name, durable)

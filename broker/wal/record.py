@@ -44,6 +44,9 @@ __all__ = [
     "Removed",
     "DeliveryCounted",
     "Snapshot",
+    "DeadLettered",
+    "DeadLetterSettled",
+    "DEAD_LETTER_RECORDS",
     "Record",
     "RECORD_CLASSES",
     "ScanResult",
@@ -119,6 +122,8 @@ class RecordType(IntEnum):
     REMOVED = 8
     DELIVERY_COUNTED = 9
     SNAPSHOT = 10
+    DEAD_LETTERED = 11
+    DEAD_LETTER_SETTLED = 12
 
 
 # Field order in each class below is the order on disk: do not reorder. ``arguments``,
@@ -234,6 +239,66 @@ class Snapshot:
     begin: bool
 
 
+@dataclass(frozen=True, slots=True)
+class DeadLettered:
+    """A message was dead-lettered: it died in ``queue`` and reached ``dead_letter_queues``.
+
+    Written to the dead-letter event stream (``<storage.dir>/deadletters``), never to the
+    write-ahead log. Everything the Spark job needs is a plain field here, so a reader needs this
+    module only (no AMQP codec): ``header_names``/``header_values`` are the message's headers
+    other than ``x-death`` as text (each value at most :data:`DEAD_LETTER_HEADER_VALUE_BYTES`),
+    and the ``death_*`` tuples are its ``x-death`` history, most recent first, one item per
+    entry. ``time`` is seconds since the epoch; ``death_times`` are whole seconds, as
+    ``x-death`` holds them. ``body_preview`` is the first :data:`DEAD_LETTER_PREVIEW_BYTES`
+    bytes of a body of ``body_size`` bytes. ``dead_letter_id`` is unique within the stream and
+    travels with the dead-lettered copy as its ``x-postroom-dead-letter-id`` header.
+    """
+
+    dead_letter_id: int
+    vhost: str
+    queue: str
+    reason: str
+    delivery_count: int
+    time: float
+    exchange: str
+    routing_keys: tuple[str, ...]
+    dead_letter_exchange: str
+    dead_letter_queues: tuple[str, ...]
+    message_id: str
+    header_names: tuple[str, ...]
+    header_values: tuple[str, ...]
+    death_queues: tuple[str, ...]
+    death_reasons: tuple[str, ...]
+    death_exchanges: tuple[str, ...]
+    death_counts: tuple[int, ...]
+    death_times: tuple[int, ...]
+    body_size: int
+    body_preview: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterSettled:
+    """The copy of dead letter ``dead_letter_id`` in dead-letter queue ``queue`` left it for good.
+
+    Acked by a consumer, or rejected, expired, dropped or purged there; until this record, the
+    dead letter is pending in that queue. Written to the dead-letter event stream only.
+    """
+
+    dead_letter_id: int
+    vhost: str
+    queue: str
+    time: float
+
+
+#: The first bytes of a dead letter's body kept in its :class:`DeadLettered` record: enough to
+#: recognise a payload (a JSON object's first keys, a protobuf's first fields) without copying
+#: whole bodies (up to 64 MiB) into the event stream.
+DEAD_LETTER_PREVIEW_BYTES = 1024
+
+#: The longest header value (as text, in UTF-8 bytes) kept in a :class:`DeadLettered` record;
+#: the analysis counts the most common values, and long ones are payloads, not labels.
+DEAD_LETTER_HEADER_VALUE_BYTES = 256
+
 #: Any record.
 Record = Union[
     ExchangeDeclared,
@@ -246,6 +311,8 @@ Record = Union[
     Removed,
     DeliveryCounted,
     Snapshot,
+    DeadLettered,
+    DeadLetterSettled,
 ]
 
 _CLASSES: dict[RecordType, type] = {
@@ -259,7 +326,12 @@ _CLASSES: dict[RecordType, type] = {
     RecordType.REMOVED: Removed,
     RecordType.DELIVERY_COUNTED: DeliveryCounted,
     RecordType.SNAPSHOT: Snapshot,
+    RecordType.DEAD_LETTERED: DeadLettered,
+    RecordType.DEAD_LETTER_SETTLED: DeadLetterSettled,
 }
+
+#: The record types of the dead-letter event stream (the write-ahead log holds none of them).
+DEAD_LETTER_RECORDS = frozenset({RecordType.DEAD_LETTERED, RecordType.DEAD_LETTER_SETTLED})
 
 #: The class of each record type.
 RECORD_CLASSES: Mapping[RecordType, type] = MappingProxyType(_CLASSES)

@@ -18,6 +18,8 @@ from broker.wal.record import (
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
     Bound,
+    DeadLettered,
+    DeadLetterSettled,
     DeliveryCounted,
     ExchangeDeclared,
     ExchangeDeleted,
@@ -51,6 +53,13 @@ EXAMPLES = [
     DeliveryCounted("/", "q", 7, 3),
     Snapshot(True),
     Snapshot(False),
+    DeadLettered(
+        (3 << 40) + 1, "/", "orders", "rejected", 2, 1700000000.5, "orders", ("order.eu", "cc"), "dlx",
+        ("dlq", "audit"),
+        "m-1", ("tenant", "x-first-death-reason"), ("acme", "rejected"), ("orders",), ("rejected",), ("orders",),
+        (1,), (1700000000,), 4096, b"{\"id\": 1",
+    ),
+    DeadLetterSettled((3 << 40) + 1, "/", "dlq", 1700000001.25),
 ]
 
 #: Strings as they reach the broker: any text, or bytes that are not UTF-8 decoded with surrogateescape.
