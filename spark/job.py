@@ -59,6 +59,7 @@ def build_session(master: str | None, app: str = "postroom-dlq-analysis") -> Any
         # Workers run this interpreter (with pyarrow) and import this project; nothing listens
         # beyond loopback.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         path = os.environ.get("PYTHONPATH", "")
         if ROOT not in path.split(os.pathsep):
             os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, path) if p)
