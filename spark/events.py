@@ -2,9 +2,9 @@
 
 Shared by ``postroom dlq export`` (pyarrow, no JVM), the Python Data Source of the Spark job
 and the benchmark's single-process baseline, so all three read segments the same way:
-:func:`segment_events` walks a segment with :func:`broker.wal.record.scan`, reads past damage
+:func:`segment_records` walks a segment with :func:`broker.wal.record.scan`, reads past damage
 (resynchronising as ``docs/wal-format.md`` describes) and turns each damaged span, torn tail or
-bad header into one ``corrupt`` event instead of raising. Records of other types (a write-ahead
+bad header into one ``corrupt`` row instead of raising. Records of other types (a write-ahead
 log segment given by mistake) are counted as ``corrupt`` too, with the reason.
 """
 
@@ -14,7 +14,6 @@ import os
 import re
 from collections.abc import Iterator
 from datetime import datetime, timezone
-from typing import Any
 
 import pyarrow as pa
 
@@ -28,7 +27,7 @@ from broker.wal.record import (
 )
 from spark.schema import ARROW_SCHEMA
 
-__all__ = ["BATCH_ROWS", "SEGMENT_NAME", "list_segments", "segment_batches", "segment_events", "segment_number"]
+__all__ = ["BATCH_ROWS", "SEGMENT_NAME", "list_segments", "segment_batches", "segment_number", "segment_records"]
 
 #: Rows per Arrow batch: big enough that per-batch overhead vanishes, small enough that a
 #: batch of 1 KiB previews stays around 4 MiB on an executor.
@@ -37,13 +36,8 @@ BATCH_ROWS = 4096
 #: A segment's file name, as the broker writes them (``broker/wal/files.py``).
 SEGMENT_NAME = re.compile(r"^(\d{20})\.wal$")
 
-_COLUMNS = [field.name for field in ARROW_SCHEMA]
 _UTC = timezone.utc
 _EPOCH_DAY_CACHE: dict[int, str] = {}
-
-
-def _micros(seconds: float) -> int:
-    return int(round(seconds * 1_000_000))
 
 
 def _date(seconds: float) -> str:
@@ -70,126 +64,223 @@ def list_segments(directory: str) -> list[tuple[int, str]]:
     return sorted((number, path) for number, path in found if number is not None)
 
 
-def _corrupt(segment: int, offset: int, problem: str) -> dict[str, Any]:
-    return {"kind": "corrupt", "segment": segment, "offset": offset, "problem": problem}
+def segment_records(data: bytes, segment: int) -> Iterator[tuple[int, DeadLettered | DeadLetterSettled | str]]:
+    """``(offset, record)`` for each event of a dead-letter segment file, ``(offset, problem)``
+    for each damaged span.
 
-
-def segment_events(data: bytes, segment: int) -> Iterator[dict[str, Any]]:
-    """One event dict per record (and per damaged span) of a dead-letter segment file.
-
-    Never raises for bad data: a bad header gives one ``corrupt`` event and nothing else; a
-    damaged span one ``corrupt`` event, then reading resumes at the next valid record; a torn
-    tail (no valid record after the damage) one ``corrupt`` event. Keys are column names of
-    :data:`spark.schema.ARROW_SCHEMA` except ``date``; times are epoch microseconds.
+    Never raises for bad data: a bad header gives one problem and nothing else; a damaged span
+    one problem, then reading resumes at the next valid record; a torn tail (no valid record
+    after the damage) one problem.
 
     :param data: the whole segment file
-    :param segment: its number (from its name), for the ``segment`` column
+    :param segment: its number (from its name)
     """
     try:
         found = parse_segment_header(data)
     except WALCorruption as err:
-        yield _corrupt(segment, 0, f"bad segment header: {err.reason}")
+        yield 0, f"bad segment header: {err.reason}"
         return
     if found != segment:
-        yield _corrupt(segment, 0, f"bad segment header: it says segment {found}")
+        yield 0, f"bad segment header: it says segment {found}"
         return
     pos = SEGMENT_HEADER_BYTES
     while pos < len(data):
         result = scan(data, pos)
         for offset, _end, record in result.records:
-            if type(record) is DeadLettered:
-                yield {
-                    "kind": "dead_lettered",
-                    "dead_letter_id": record.dead_letter_id,
-                    "vhost": record.vhost,
-                    "queue": record.queue,
-                    "time": record.time,
-                    "reason": record.reason,
-                    "delivery_count": record.delivery_count,
-                    "exchange": record.exchange,
-                    "routing_keys": record.routing_keys,
-                    "dead_letter_exchange": record.dead_letter_exchange,
-                    "dead_letter_queues": record.dead_letter_queues,
-                    "message_id": record.message_id or None,
-                    # The writer keeps these tuples the same length; a record that does not is
-                    # read as far as they pair up rather than dropped.
-                    "headers": list(zip(record.header_names, record.header_values, strict=False)),
-                    "deaths": [
-                        {"queue": q, "reason": r, "exchange": e, "count": c, "time": t * 1_000_000}
-                        for q, r, e, c, t in zip(
-                            record.death_queues,
-                            record.death_reasons,
-                            record.death_exchanges,
-                            record.death_counts,
-                            record.death_times,
-                            strict=False,
-                        )
-                    ],
-                    "body_size": record.body_size,
-                    "body_preview": record.body_preview,
-                    "segment": segment,
-                    "offset": offset,
-                }
-            elif type(record) is DeadLetterSettled:
-                yield {
-                    "kind": "settled",
-                    "dead_letter_id": record.dead_letter_id,
-                    "vhost": record.vhost,
-                    "queue": record.queue,
-                    "time": record.time,
-                    "segment": segment,
-                    "offset": offset,
-                }
+            if type(record) is DeadLettered or type(record) is DeadLetterSettled:
+                yield offset, record
             else:
-                yield _corrupt(segment, offset, f"not a dead-letter event: {type(record).__name__}")
+                yield offset, f"not a dead-letter event: {type(record).__name__}"
         if result.problem is None:
             return
         if result.resync is None:
-            yield _corrupt(segment, result.end, f"{result.problem}; no valid record follows (torn tail)")
+            yield result.end, f"{result.problem}; no valid record follows (torn tail)"
             return
-        yield _corrupt(segment, result.end, f"{result.problem}; skipped {result.resync - result.end} bytes")
+        yield result.end, f"{result.problem}; skipped {result.resync - result.end} bytes"
         pos = result.resync
 
 
-def _signed(value: int | None) -> int | None:
+def _signed(value: int) -> int:
     # Ids and counts are u64 on disk and BIGINT in Spark; only garbage is >= 2**63.
-    if value is None or value < 1 << 63:
-        return value
-    return value - (1 << 64)
+    return value if value < 1 << 63 else value - (1 << 64)
 
 
-def _batch(rows: list[dict[str, Any]], default_date: str) -> pa.RecordBatch:
-    columns: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
-    for row in rows:
-        seconds = row.get("time")
-        for name in _COLUMNS:
-            columns[name].append(row.get(name))
-        if seconds is not None:
-            columns["time"][-1] = _micros(seconds)
-            columns["date"][-1] = _date(seconds)
+class _Columns:
+    """Column lists of one batch, filled record by record (no per-row dicts: this is the
+    per-event cost of the export and of the Data Source)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.kind: list[str] = []
+        self.dead_letter_id: list[int | None] = []
+        self.vhost: list[str | None] = []
+        self.queue: list[str | None] = []
+        self.time: list[int | None] = []
+        self.reason: list[str | None] = []
+        self.delivery_count: list[int | None] = []
+        self.exchange: list[str | None] = []
+        self.routing_keys: list[tuple[str, ...] | None] = []
+        self.dead_letter_exchange: list[str | None] = []
+        self.dead_letter_queues: list[tuple[str, ...] | None] = []
+        self.message_id: list[str | None] = []
+        self.body_size: list[int | None] = []
+        self.body_preview: list[bytes | None] = []
+        self.offset: list[int] = []
+        self.problem: list[str | None] = []
+        self.date: list[str] = []
+        # headers (map) and deaths (list of structs) as flat children and offsets
+        self.header_offsets = [0]
+        self.header_valid: list[bool] = []
+        self.header_keys: list[str] = []
+        self.header_values: list[str] = []
+        self.death_offsets = [0]
+        self.death_valid: list[bool] = []
+        self.death_queue: list[str] = []
+        self.death_reason: list[str] = []
+        self.death_exchange: list[str] = []
+        self.death_count: list[int] = []
+        self.death_time: list[int] = []
+
+    def add(self, offset: int, record: DeadLettered | DeadLetterSettled | str) -> None:
+        self.rows += 1
+        self.offset.append(offset)
+        if type(record) is DeadLettered:
+            self.kind.append("dead_lettered")
+            self.dead_letter_id.append(_signed(record.dead_letter_id))
+            self.vhost.append(record.vhost)
+            self.queue.append(record.queue)
+            self.time.append(int(record.time * 1_000_000))
+            self.reason.append(record.reason)
+            self.delivery_count.append(_signed(record.delivery_count))
+            self.exchange.append(record.exchange)
+            self.routing_keys.append(record.routing_keys)
+            self.dead_letter_exchange.append(record.dead_letter_exchange)
+            self.dead_letter_queues.append(record.dead_letter_queues)
+            self.message_id.append(record.message_id or None)
+            self.body_size.append(_signed(record.body_size))
+            self.body_preview.append(record.body_preview)
+            self.problem.append(None)
+            self.date.append(_date(record.time))
+            # The writer keeps the paired tuples the same length; a record that does not is
+            # read as far as they pair up rather than dropped.
+            pairs = min(len(record.header_names), len(record.header_values))
+            self.header_keys += record.header_names[:pairs]
+            self.header_values += record.header_values[:pairs]
+            self.header_offsets.append(len(self.header_keys))
+            self.header_valid.append(True)
+            deaths = min(
+                len(record.death_queues),
+                len(record.death_reasons),
+                len(record.death_exchanges),
+                len(record.death_counts),
+                len(record.death_times),
+            )
+            self.death_queue += record.death_queues[:deaths]
+            self.death_reason += record.death_reasons[:deaths]
+            self.death_exchange += record.death_exchanges[:deaths]
+            self.death_count += [_signed(c) for c in record.death_counts[:deaths]]
+            self.death_time += [t * 1_000_000 for t in record.death_times[:deaths]]
+            self.death_offsets.append(len(self.death_queue))
+            self.death_valid.append(True)
+            return
+        if type(record) is DeadLetterSettled:
+            self.kind.append("settled")
+            self.dead_letter_id.append(_signed(record.dead_letter_id))
+            self.vhost.append(record.vhost)
+            self.queue.append(record.queue)
+            self.time.append(int(record.time * 1_000_000))
+            self.problem.append(None)
+            self.date.append(_date(record.time))
         else:
-            columns["date"][-1] = default_date
-    columns["dead_letter_id"] = [_signed(v) for v in columns["dead_letter_id"]]
-    columns["delivery_count"] = [_signed(v) for v in columns["delivery_count"]]
-    columns["body_size"] = [_signed(v) for v in columns["body_size"]]
-    arrays = [pa.array(columns[field.name], type=field.type) for field in ARROW_SCHEMA]
-    return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+            self.kind.append("corrupt")
+            self.dead_letter_id.append(None)
+            self.vhost.append(None)
+            self.queue.append(None)
+            self.time.append(None)
+            self.problem.append(record)
+            self.date.append("")  # filled in by batch(): the segment's date
+        for column in (
+            self.reason,
+            self.delivery_count,
+            self.exchange,
+            self.routing_keys,
+            self.dead_letter_exchange,
+            self.dead_letter_queues,
+            self.message_id,
+            self.body_size,
+            self.body_preview,
+        ):
+            column.append(None)
+        self.header_offsets.append(len(self.header_keys))
+        self.header_valid.append(False)
+        self.death_offsets.append(len(self.death_queue))
+        self.death_valid.append(False)
+
+    def batch(self, segment: int, default_date: str) -> pa.RecordBatch:
+        dates = [date or default_date for date in self.date]
+        headers = pa.MapArray.from_arrays(
+            pa.array(self.header_offsets, pa.int32()),
+            pa.array(self.header_keys, pa.string()),
+            pa.array(self.header_values, pa.string()),
+            mask=pa.array([not valid for valid in self.header_valid]),
+        )
+        death = ARROW_SCHEMA.field("deaths").type.value_type
+        deaths = pa.ListArray.from_arrays(
+            pa.array(self.death_offsets, pa.int32()),
+            pa.StructArray.from_arrays(
+                [
+                    pa.array(self.death_queue, pa.string()),
+                    pa.array(self.death_reason, pa.string()),
+                    pa.array(self.death_exchange, pa.string()),
+                    pa.array(self.death_count, pa.int64()),
+                    pa.array(self.death_time, death.field("time").type),
+                ],
+                fields=list(death),
+            ),
+            mask=pa.array([not valid for valid in self.death_valid]),
+        )
+        columns = {
+            "kind": self.kind,
+            "dead_letter_id": self.dead_letter_id,
+            "vhost": self.vhost,
+            "queue": self.queue,
+            "time": self.time,
+            "reason": self.reason,
+            "delivery_count": self.delivery_count,
+            "exchange": self.exchange,
+            "routing_keys": self.routing_keys,
+            "dead_letter_exchange": self.dead_letter_exchange,
+            "dead_letter_queues": self.dead_letter_queues,
+            "message_id": self.message_id,
+            "body_size": self.body_size,
+            "body_preview": self.body_preview,
+            "segment": [segment] * self.rows,
+            "offset": self.offset,
+            "problem": self.problem,
+            "date": dates,
+        }
+        arrays = [
+            headers if f.name == "headers" else deaths if f.name == "deaths" else pa.array(columns[f.name], f.type)
+            for f in ARROW_SCHEMA
+        ]
+        return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
 
 
 def segment_batches(data: bytes, segment: int, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
-    """The events of a segment file as Arrow record batches of :data:`ARROW_SCHEMA`.
+    """The events of a segment file (:func:`segment_records`) as Arrow record batches of
+    :data:`~spark.schema.ARROW_SCHEMA`, ``batch_rows`` rows at most each.
 
-    ``corrupt`` events have no time; their ``date`` is that of the segment's first event, or
-    ``unknown`` for a segment with none.
+    A damaged span is one ``corrupt`` row with its ``problem``; it has no time, and its
+    ``date`` is that of the segment's first event (``unknown`` for a segment with none).
     """
-    rows: list[dict[str, Any]] = []
+    columns = _Columns()
     default_date = "unknown"
-    for event in segment_events(data, segment):
-        if default_date == "unknown" and event.get("time") is not None:
-            default_date = _date(event["time"])
-        rows.append(event)
-        if len(rows) >= batch_rows:
-            yield _batch(rows, default_date)
-            rows = []
-    if rows:
-        yield _batch(rows, default_date)
+    for offset, record in segment_records(data, segment):
+        if default_date == "unknown" and type(record) is not str:
+            default_date = _date(record.time)  # type: ignore[union-attr]
+        columns.add(offset, record)
+        if columns.rows >= batch_rows:
+            yield columns.batch(segment, default_date)
+            columns = _Columns()
+    if columns.rows:
+        yield columns.batch(segment, default_date)

@@ -47,6 +47,8 @@ __all__ = [
     "DeadLettered",
     "DeadLetterSettled",
     "DEAD_LETTER_RECORDS",
+    "DEAD_LETTER_PREVIEW_BYTES",
+    "DEAD_LETTER_HEADER_VALUE_BYTES",
     "Record",
     "RECORD_CLASSES",
     "ScanResult",
@@ -658,8 +660,102 @@ def _decode_published(data: bytes) -> Published:
     return Published(message_id, vhost, tuple(queues), exchange, routing_key, timestamp, header, data[start:pos])
 
 
+def _decode_strs(data: bytes, pos: int, size: int) -> tuple[tuple[str, ...], int]:
+    """A ``tuple[str, ...]`` at ``pos``, and the position after it."""
+    (count,) = _U16.unpack_from(data, pos)
+    pos += 2
+    items = []
+    for _ in range(count):
+        (length,) = _U16.unpack_from(data, pos)
+        start = pos + 2
+        pos = start + length
+        if pos > size:
+            raise _Malformed
+        items.append(data[start:pos].decode(_ENCODING, _ERRORS))
+    return tuple(items), pos
+
+
+def _decode_str(data: bytes, pos: int, size: int) -> tuple[str, int]:
+    (length,) = _U16.unpack_from(data, pos)
+    start = pos + 2
+    pos = start + length
+    if pos > size:
+        raise _Malformed
+    return data[start:pos].decode(_ENCODING, _ERRORS), pos
+
+
+def _decode_ints(data: bytes, pos: int, size: int) -> tuple[tuple[int, ...], int]:
+    (count,) = _U32.unpack_from(data, pos)
+    pos += 4
+    end = pos + 8 * count
+    if end > size:
+        raise _Malformed
+    return struct.unpack_from(f">{count}Q", data, pos), end
+
+
+_U64_F64 = struct.Struct(">Qd")  # delivery_count, time
+
+
+def _decode_dead_lettered(data: bytes) -> DeadLettered:
+    """:func:`_decode_fields` unrolled for :class:`DeadLettered`, the bulk of the dead-letter
+    stream (about 3x faster: the Spark job and the export decode millions of them).
+
+    Raises :exc:`struct.error` or :exc:`_Malformed` on a bad payload, as :func:`_decode_published`.
+    """
+    size = len(data)
+    (dead_letter_id,) = _U64.unpack_from(data, 0)
+    vhost, pos = _decode_str(data, 8, size)
+    queue, pos = _decode_str(data, pos, size)
+    reason, pos = _decode_str(data, pos, size)
+    delivery_count, time = _U64_F64.unpack_from(data, pos)
+    exchange, pos = _decode_str(data, pos + 16, size)
+    routing_keys, pos = _decode_strs(data, pos, size)
+    dead_letter_exchange, pos = _decode_str(data, pos, size)
+    dead_letter_queues, pos = _decode_strs(data, pos, size)
+    message_id, pos = _decode_str(data, pos, size)
+    header_names, pos = _decode_strs(data, pos, size)
+    header_values, pos = _decode_strs(data, pos, size)
+    death_queues, pos = _decode_strs(data, pos, size)
+    death_reasons, pos = _decode_strs(data, pos, size)
+    death_exchanges, pos = _decode_strs(data, pos, size)
+    death_counts, pos = _decode_ints(data, pos, size)
+    death_times, pos = _decode_ints(data, pos, size)
+    (body_size,) = _U64.unpack_from(data, pos)
+    (length,) = _U32.unpack_from(data, pos + 8)
+    start = pos + 12
+    if start + length != size:
+        raise _Malformed
+    return DeadLettered(
+        dead_letter_id,
+        vhost,
+        queue,
+        reason,
+        delivery_count,
+        time,
+        exchange,
+        routing_keys,
+        dead_letter_exchange,
+        dead_letter_queues,
+        message_id,
+        header_names,
+        header_values,
+        death_queues,
+        death_reasons,
+        death_exchanges,
+        death_counts,
+        death_times,
+        body_size,
+        data[start:],
+    )
+
+
+_FAST_DECODERS: dict[type, Callable[[bytes], Record]] = {
+    Published: _decode_published,
+    DeadLettered: _decode_dead_lettered,
+}
+
 _DECODERS: dict[int, tuple[type, _Spec, Callable[[bytes], Record] | None]] = {
-    int(t): (cls, _SPECS[cls], _decode_published if cls is Published else None) for t, cls in _CLASSES.items()
+    int(t): (cls, _SPECS[cls], _FAST_DECODERS.get(cls)) for t, cls in _CLASSES.items()
 }
 
 

@@ -218,6 +218,28 @@ def test_unrolled_published_codec_matches_the_generic_one(value: Published) -> N
     assert record._decode_published(payload) == record._decode_fields(Published, spec, payload) == value
 
 
+u64 = st.integers(min_value=0, max_value=2**64 - 1)
+dead_letters = st.builds(
+    DeadLettered,
+    u64, names, names, names, u64, st.floats(allow_nan=False), names, st.tuples(names), names,
+    st.lists(names, max_size=3).map(tuple), names, st.lists(names, max_size=3).map(tuple),
+    st.lists(names, max_size=3).map(tuple), st.tuples(names), st.tuples(names), st.tuples(names),
+    st.tuples(u64), st.tuples(u64), u64, st.binary(max_size=64),
+)
+
+
+@settings(max_examples=100)
+@given(value=dead_letters, cut=st.integers(min_value=1, max_value=40))
+def test_unrolled_dead_lettered_decoder_matches_the_generic_one(value: DeadLettered, cut: int) -> None:
+    spec = record._SPECS[DeadLettered]
+    payload = record._encode_fields(value, spec)
+    assert record._decode_dead_lettered(payload) == record._decode_fields(DeadLettered, spec, payload) == value
+    with pytest.raises(WALCorruption):
+        decode(RecordType.DEAD_LETTERED, payload[:-cut] if cut < len(payload) else b"")
+    with pytest.raises(WALCorruption):
+        decode(RecordType.DEAD_LETTERED, payload + b"\x00")
+
+
 def test_names_that_were_not_utf8_round_trip_byte_for_byte() -> None:
     name = b"caf\xe9".decode("utf-8", "surrogateescape")
     data = encode(QueueDeleted("/", name))
