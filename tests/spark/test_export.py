@@ -78,3 +78,14 @@ def test_corrupt_records_are_exported_and_counted(tmp_path: Path) -> None:
 def test_a_missing_stream_directory_exports_nothing(tmp_path: Path) -> None:
     report = export(str(tmp_path / "missing"), str(tmp_path / "parquet"))
     assert (report.exported, report.rows) == ((), 0)
+
+
+def test_the_command_exports_the_data_directory_stream(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from broker.cli import main
+
+    data = tmp_path / "data"
+    write_segment(data / "deadletters", 1, segment(1, [dead_lettered(1), settled(1)]))
+    write_segment(data / "deadletters", 2, segment(2, [dead_lettered(2)]))
+    assert main(["dlq", "export", "--data-dir", str(data)]) == 0
+    assert "exported 1 segment(s) (2 event(s), 0 corrupt, 1 file(s)); 0 already exported" in capsys.readouterr().out
+    assert exported_segments(str(data / "deadletters-parquet")) == {1}
