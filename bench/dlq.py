@@ -144,12 +144,18 @@ def main() -> None:
                 master=args.master,
                 redrive_where=None,
                 redrive_all=False,
+                summary_only=options.get("summary_only", False),
             )
             summary = run(spark, namespace, say=lambda _message: None)
             assert summary["total"] == args.records, summary["total"]
 
         if "parquet" in stages:
             timed(f"job over Parquet ({args.master})", args.records, lambda: job(input=[str(parquet)]))
+            timed(
+                f"job over Parquet, --summary-only ({args.master})",
+                args.records,
+                lambda: job(input=[str(parquet)], summary_only=True),
+            )
         if "raw" in stages:
             timed(f"job over raw segments ({args.master})", args.records, lambda: job(segments=str(segments)))
         spark.stop()

@@ -298,6 +298,8 @@ def _dlq_analyze(args: argparse.Namespace) -> int:
         argv += ["--redrive-where", args.redrive_where]
     if args.redrive_all:
         argv.append("--redrive-all")
+    if args.summary_only:
+        argv.append("--summary-only")
     return job(argv)
 
 
@@ -376,6 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument("--master", default="local[*]", help="Spark master (default: local[*])")
             command.add_argument("--redrive-where", metavar="EXPR", help="write OUT/redrive.txt: pending ones matching")
             command.add_argument("--redrive-all", action="store_true", help="write OUT/redrive.txt: every pending one")
+            command.add_argument(
+                "--summary-only", action="store_true", help="skip the per-dead-letter Parquet (OUT/dead_letters)"
+            )
         command.set_defaults(run=run)
     wal = commands.add_parser("wal", help="inspect the write-ahead log (run with the broker stopped)")
     wal_commands = wal.add_subparsers(dest="wal_command", required=True)

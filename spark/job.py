@@ -8,7 +8,8 @@
    executors can read) through the Python Data Source (``spark/source.py``), first staged to
    Parquet under ``OUT/_staged`` in one parallel pass (one task per segment), so the passes
    after it read Parquet too;
-3. :func:`spark.transforms.dead_letters` written to ``OUT/dead_letters`` (Parquet, zstd);
+3. :func:`spark.transforms.dead_letters` written to ``OUT/dead_letters`` (Parquet, zstd;
+   skipped with ``--summary-only``, which summarises the events directly);
 4. :func:`spark.transforms.summarise` of those rows to ``OUT/summary.json``, the plots and
    ``OUT/report.html``;
 5. with ``--redrive-where EXPR`` (or ``--redrive-all``), ``OUT/redrive.txt``: the ids of the
@@ -40,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     parser.add_argument("--redrive-where", metavar="EXPR", help="SQL filter of pending dead letters to list")
     parser.add_argument("--redrive-all", action="store_true", help="list every pending dead letter")
+    parser.add_argument(
+        "--summary-only",
+        action="store_true",
+        help="skip writing OUT/dead_letters (the rows): only the summary, report and redrive list",
+    )
     return parser
 
 
@@ -97,8 +103,9 @@ def read_events(
     present = [path for path in inputs if _exists(spark, path)]
     if present:
         parquet = spark.read.schema(schema).parquet(*present)
-        exported = {int(row[0]) for row in parquet.select("segment").distinct().collect() if row[0] is not None}
-        say(f"{len(exported)} exported segment(s) in {', '.join(present)}")
+        if segments:  # which segments not to read raw (one pruned column: cheap)
+            exported = {int(row[0]) for row in parquet.select("segment").distinct().collect() if row[0] is not None}
+            say(f"{len(exported)} exported segment(s) in {', '.join(present)}")
         frames.append(parquet)
     if segments:
         register(spark)
@@ -129,10 +136,14 @@ def run(spark: Any, args: argparse.Namespace, say: Callable[[str], None] = _say)
 
     out = args.out
     events = read_events(spark, args.input, args.segments, os.path.join(out, "_staged"), say)
-    rows_path = os.path.join(out, "dead_letters")
-    say("writing one row per dead letter")
-    dead_letters(events).write.mode("overwrite").parquet(rows_path)
-    rows = spark.read.parquet(rows_path)
+    rows = dead_letters(events)
+    if not getattr(args, "summary_only", False):
+        rows_path = os.path.join(out, "dead_letters")
+        say("writing one row per dead letter")
+        # Dictionary encoding does not pay for these columns (ids, times and previews are
+        # mostly unique) and costs a third of the write time.
+        rows.write.mode("overwrite").option("parquet.enable.dictionary", "false").parquet(rows_path)
+        rows = spark.read.parquet(rows_path)
     say("summarising")
     summary = summarise(rows, corrupt_records(events))
     local = not out.startswith(("hdfs:", "s3a:", "s3:", "gs:", "abfs:"))

@@ -75,7 +75,10 @@ def dead_letters(events: DataFrame) -> DataFrame:
         .groupBy("dead_letter_id", "vhost", F.col("queue").alias("dead_letter_queue"))
         .agg(F.min("time").alias("settled_time"))
     )
-    rows = died.join(settled, ["dead_letter_id", "vhost", "dead_letter_queue"], "left")
+    # Broadcast the settled side: it is narrow (an id, two names and a time per dead letter:
+    # tens of MB for a million), while shuffling the wide side would move every body preview
+    # across the cluster once more.
+    rows = died.join(F.broadcast(settled), ["dead_letter_id", "vhost", "dead_letter_queue"], "left")
     return rows.withColumn("pending", F.col("settled_time").isNull()).select(*ROW_COLUMNS)
 
 
