@@ -44,7 +44,7 @@ def render_plots(summary: Summary) -> dict[str, bytes]:
                 heights[index[minute]] = n
         axes.bar(range(len(minutes)), heights, bottom=bottom, label=reason)
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
-    step = max(1, len(minutes) // 10)
+    step = max(1, -(-len(minutes) // 8))  # at most 8 labels: they must not overlap
     axes.set_xticks(range(0, len(minutes), step), [minutes[i][11:] for i in range(0, len(minutes), step)])
     axes.set_title("Dead letters per minute (UTC), by reason")
     if reasons:
