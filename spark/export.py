@@ -55,7 +55,9 @@ def exported_segments(out: str) -> set[int]:
 
 
 def _write_atomically(path: str, write: Callable[[str], None]) -> None:
-    partial = path + ".partial"
+    # Spark and pyarrow skip files whose names start with "_" or ".": a partial file left by
+    # a crash is never read as data (and the next run replaces it).
+    partial = os.path.join(os.path.dirname(path), f"_{os.path.basename(path)}.partial")
     write(partial)
     with open(partial, "rb") as file:
         os.fsync(file.fileno())

@@ -89,3 +89,21 @@ def test_the_command_exports_the_data_directory_stream(tmp_path: Path, capsys: p
     assert main(["dlq", "export", "--data-dir", str(data)]) == 0
     assert "exported 1 segment(s) (2 event(s), 0 corrupt, 1 file(s)); 0 already exported" in capsys.readouterr().out
     assert exported_segments(str(data / "deadletters-parquet")) == {1}
+
+
+def test_a_file_left_half_written_is_hidden_from_readers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    source, out = tmp_path / "deadletters", tmp_path / "parquet"
+    write_segment(source, 1, segment(1, [dead_lettered(1)]))
+
+    def crash(_source: str, _target: str) -> None:
+        raise OSError("power cut")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        export(str(source), str(out), include_last=True)
+    monkeypatch.undo()
+    (partial,) = out.rglob("*.partial")
+    assert partial.name.startswith("_")
+    assert export(str(source), str(out), include_last=True).exported == (1,)
