@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from broker.client import Connection, Message
+from broker.core.deadletter import DEAD_LETTER_ID_HEADER
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +61,6 @@ def matches(message: Message, filters: dict[str, str]) -> bool:
     """Whether the latest death matches every ``key=value`` filter (``reason``, ``queue``, ``exchange``)."""
     latest = message.x_death[0] if message.x_death else {}
     return all(str(latest.get(key)) == value for key, value in filters.items())
-
-
-#: The header in which the broker names a dead-lettered copy (``broker/core/deadlog.py``).
-DEAD_LETTER_ID_HEADER = "x-postroom-dead-letter-id"
 
 
 def read_ids(path: str) -> set[int]:

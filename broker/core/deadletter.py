@@ -28,6 +28,10 @@ from pamqp import commands
 from broker.amqp.codec import encode_content_header, shortstr
 from broker.core.message import Message
 
+#: The header in which a dead-lettered copy carries its id in the dead-letter event stream
+#: (``broker/core/deadlog.py``); ``postroom dlq redrive --ids`` selects messages by it.
+DEAD_LETTER_ID_HEADER = "x-postroom-dead-letter-id"
+
 
 class DeadLetterReason(Enum):
     """Why a message was dead-lettered (the ``reason`` field of ``x-death``)."""
@@ -114,9 +118,9 @@ def dead_lettered(
         headers.pop("CC", None)
     headers.pop("BCC", None)
     if dead_letter_id:
-        headers["x-postroom-dead-letter-id"] = dead_letter_id
+        headers[DEAD_LETTER_ID_HEADER] = dead_letter_id
     else:
-        headers.pop("x-postroom-dead-letter-id", None)  # an earlier death's id names another copy
+        headers.pop(DEAD_LETTER_ID_HEADER, None)  # an earlier death's id names another copy
     properties.headers = headers
     key = message.routing_key if routing_key is None else routing_key
     header = encode_content_header(len(message.body), properties)

@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from broker.amqp.codec import FLAG_HEADERS
+from broker.core.deadletter import DEAD_LETTER_ID_HEADER
 from broker.wal.record import (
     DEAD_LETTER_HEADER_VALUE_BYTES,
     DEAD_LETTER_PREVIEW_BYTES,
@@ -42,9 +43,6 @@ if TYPE_CHECKING:
     from broker.core.queue import Entry, WorkQueue
 
 __all__ = ["DEAD_LETTER_ID_HEADER", "RUN_ID_BITS", "DeadLetterLog"]
-
-#: The header that carries a dead-lettered copy's id (a long).
-DEAD_LETTER_ID_HEADER = "x-postroom-dead-letter-id"
 
 #: Dead-letter ids are ``run << RUN_ID_BITS | n``: ``run`` is the stream segment the broker
 #: opened at start (larger than every earlier one), ``n`` counts from 1. Ids are then unique
