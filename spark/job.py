@@ -49,6 +49,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: What executors import: this package and the record decoder (``broker.wal.record`` is pure,
+#: standard library only), shipped with every session so no node needs Postroom installed.
+SHIPPED = ("spark/*.py", "broker/__init__.py", "broker/wal/__init__.py", "broker/wal/record.py")
+
+_shipped: dict[int, str] = {}
+
+
+def ship_code(spark: Any) -> str:
+    """Add a zip of :data:`SHIPPED` to ``spark``'s Python path on every executor (once per
+    context); returns its path. Workers of a ``spark-submit`` run started before this process
+    could change their environment, so this, not ``PYTHONPATH``, is what makes them find us.
+    """
+    import atexit
+    import shutil
+    import tempfile
+    import zipfile
+
+    context = spark.sparkContext
+    key = id(context)
+    if key not in _shipped:
+        directory = tempfile.mkdtemp(prefix="postroom-spark-")
+        atexit.register(shutil.rmtree, directory, True)
+        path = os.path.join(directory, "postroom_dlq.zip")
+        with zipfile.ZipFile(path, "w") as archive:
+            for pattern in SHIPPED:
+                for source in sorted(Path(ROOT).glob(pattern)):
+                    archive.write(source, source.relative_to(ROOT).as_posix())
+        context.addPyFile(path)
+        _shipped[key] = path
+    return _shipped[key]
+
+
 def build_session(master: str | None, app: str = "postroom-dlq-analysis") -> Any:
     """A SparkSession; a local master is bound to loopback and runs workers on this Python.
 
@@ -76,7 +108,9 @@ def build_session(master: str | None, app: str = "postroom-dlq-analysis") -> Any
         )
         if master is None:
             builder = builder.master("local[*]")
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    ship_code(spark)
+    return spark
 
 
 def _say(message: str) -> None:
