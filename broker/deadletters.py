@@ -120,7 +120,9 @@ class DeadLetterService(Service):
             if self._writing is not None:
                 yield self._writing
         self._pool.stop()
-        self.stream.storage.close()  # type: ignore[attr-defined]
+        close = getattr(self.stream.storage, "close", None)  # DirectoryStorage's descriptors
+        if close is not None:
+            close()
 
 
 def open_dead_letters(data_dir: str, node: Node, reactor: Any, fsync: str) -> DeadLetterService:
