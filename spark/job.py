@@ -135,6 +135,9 @@ def read_events(
     frames = []
     exported: set[int] = set()
     present = [path for path in inputs if _exists(spark, path)]
+    for path in inputs:
+        if path not in present:
+            say(f"no exported Parquet at {path} (nothing exported yet?): skipped")
     if present:
         parquet = spark.read.schema(schema).parquet(*present)
         if segments:  # which segments not to read raw (one pruned column: cheap)
