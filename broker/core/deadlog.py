@@ -14,7 +14,7 @@ the shell writes to their own segment stream (``<storage.dir>/deadletters``) bes
 The dead-lettered copy carries its id in the ``x-postroom-dead-letter-id`` header, so the
 redrive list the analysis writes names messages that ``postroom dlq redrive --ids`` finds,
 and a copy recovered from the write-ahead log after a restart is still recognised when it
-is consumed.
+is consumed (its header is read once, at start: :func:`watch_dead_letter_queues`).
 
 Nothing here runs on the publish/deliver/ack hot path: recording happens when a message is
 dead-lettered, and the settle hook is attached only to queues that dead letters reach (see
@@ -187,11 +187,35 @@ class DeadLetterLog:
             if target.on_settled is None:
                 self.watch(target)
 
+    def recovered(self, queue: WorkQueue) -> int:
+        """Hook ``queue`` and note the dead letters of earlier runs in it (recovered from the log,
+        known by their ``x-postroom-dead-letter-id`` header); returns how many.
+
+        Headers are decoded here, once, at start, so that :meth:`settled` never decodes any:
+        a queue that is both a work queue and a dead-letter target (a retry loop) settles
+        messages at full rate.
+        """
+        self.watch(queue)
+        found = 0
+        for entry in queue.ready_entries():
+            message = entry.message
+            if not message.flags & FLAG_HEADERS:
+                continue
+            value = (message.properties.headers or {}).get(DEAD_LETTER_ID_HEADER)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                continue
+            known = self._held.get(message)
+            if known is None:
+                self._held[message] = (value, {queue.name})
+            else:
+                known[1].add(queue.name)
+            found += 1
+        return found
+
     def settled(self, queue: WorkQueue, entries: Iterable[Entry]) -> None:
         """Entries left ``queue`` for good: record it for those that are dead letters.
 
-        A dead letter of this run is known by its message; one recovered from the log by its
-        ``x-postroom-dead-letter-id`` header (decoded only for messages that have headers).
+        A dead letter is known by its message (a dict lookup per entry: nothing is decoded).
         """
         name = queue.name
         held = self._held
@@ -199,20 +223,14 @@ class DeadLetterLog:
         for entry in entries:
             message = entry.message
             known = held.get(message)
-            if known is not None:
-                dead_letter_id, queues = known
-                if name not in queues:
-                    continue
-                queues.discard(name)
-                if not queues:
-                    del held[message]
-            else:
-                if not message.flags & FLAG_HEADERS:
-                    continue
-                value = (message.properties.headers or {}).get(DEAD_LETTER_ID_HEADER)
-                if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                    continue
-                dead_letter_id = value
+            if known is None:
+                continue
+            dead_letter_id, queues = known
+            if name not in queues:
+                continue
+            queues.discard(name)
+            if not queues:
+                del held[message]
             if now is None:
                 now = self._clock()
             self._add(encode(DeadLetterSettled(dead_letter_id, queue.vhost_name, name, now)))
@@ -251,6 +269,6 @@ def watch_dead_letter_queues(log: DeadLetterLog, vhosts: Iterable[Any]) -> int:
                 continue
             for destination, _key, _arguments in exchange.router.bindings():
                 if getattr(destination, "on_settled", False) is None:  # a queue not hooked yet
-                    log.watch(destination)
+                    log.recovered(destination)
                     watched += 1
     return watched
