@@ -4,7 +4,10 @@
 * ``postroom config check FILE``: validate a configuration without starting anything;
 * ``postroom plugins [--config PATH]``: the plugins available, and those the configuration enables;
 * ``postroom wal check [--repair]`` and ``postroom wal dump``: inspect the write-ahead log;
-* ``postroom publish``, ``postroom consume`` and ``postroom declare -f FILE``: talk to a running broker.
+* ``postroom publish``, ``postroom consume`` and ``postroom declare -f FILE``: talk to a running broker;
+* ``postroom dlq inspect|redrive``: look into a dead-letter queue, move messages back;
+* ``postroom dlq export`` and ``postroom dlq analyze``: the dead-letter analysis (needs the
+  ``spark`` extra: ``pip install postroom[spark]``).
 """
 
 from __future__ import annotations
@@ -261,12 +264,19 @@ def _dlq_inspect(args: argparse.Namespace) -> int:
 
 def _dlq_redrive(args: argparse.Namespace) -> int:
     from broker.client import ClientError, connect
-    from broker.dlq import redrive
+    from broker.dlq import read_ids, redrive
 
     filters = {}
     for item in args.filter or []:
         key, _, value = item.partition("=")
         filters[key] = value
+    ids = None
+    if args.ids:
+        try:
+            ids = read_ids(args.ids)
+        except (OSError, ValueError) as error:
+            print(f"postroom dlq redrive: {error}", file=sys.stderr)
+            return 2
     progress = sys.stderr.isatty()
 
     def report(moved: int) -> None:
@@ -276,7 +286,7 @@ def _dlq_redrive(args: argparse.Namespace) -> int:
     try:
         with connect(args.url) as conn:
             moved = redrive(
-                conn, args.queue, to=args.to, filters=filters, limit=args.limit, rate=args.rate, on_move=report
+                conn, args.queue, to=args.to, filters=filters, limit=args.limit, rate=args.rate, on_move=report, ids=ids
             )
     except ClientError as error:
         print(f"postroom dlq redrive: {error}", file=sys.stderr)
@@ -289,6 +299,63 @@ def _dlq_redrive(args: argparse.Namespace) -> int:
     reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(by_reason.items())) or "none"
     print(f"moved {len(moved)} message(s) out of {args.queue!r} ({reasons})")
     return 0
+
+
+def _dead_letter_dir(args: argparse.Namespace) -> str:
+    import os
+
+    from broker.deadletters import DEAD_LETTER_DIR
+
+    return os.path.join(_wal_dir(args), DEAD_LETTER_DIR)
+
+
+def _parquet_dir(args: argparse.Namespace) -> str:
+    import os
+
+    return str(args.parquet) if args.parquet else os.path.join(_wal_dir(args), "deadletters-parquet")
+
+
+def _dlq_export(args: argparse.Namespace) -> int:
+    try:
+        from spark.export import export
+    except ImportError as error:
+        print(f"postroom dlq export needs the spark extra (pip install postroom[spark]): {error}", file=sys.stderr)
+        return 2
+
+    def progress(segment: int, rows: int) -> None:
+        print(f"segment {segment}: {rows} event(s)", file=sys.stderr, flush=True)
+
+    try:
+        report = export(_dead_letter_dir(args), _parquet_dir(args), include_last=args.include_last, on_segment=progress)
+    except OSError as error:
+        print(f"postroom dlq export: {error}", file=sys.stderr)
+        return 1
+    print(
+        f"exported {len(report.exported)} segment(s) ({report.rows} event(s), {report.corrupt_records} corrupt, "
+        f"{report.files} file(s)); {len(report.skipped)} already exported"
+    )
+    return 0
+
+
+def _dlq_analyze(args: argparse.Namespace) -> int:
+    import os
+
+    try:
+        from spark.job import main as job
+    except ImportError as error:
+        print(f"postroom dlq analyze needs the spark extra (pip install postroom[spark]): {error}", file=sys.stderr)
+        return 2
+    argv = ["--out", args.out, "--segments", _dead_letter_dir(args), "--master", args.master]
+    parquet = _parquet_dir(args)
+    if os.path.isdir(parquet) or args.parquet:
+        argv += ["--input", parquet]
+    if args.redrive_where:
+        argv += ["--redrive-where", args.redrive_where]
+    if args.redrive_all:
+        argv.append("--redrive-all")
+    if args.summary_only:
+        argv.append("--summary-only")
+    return job(argv)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -348,7 +415,33 @@ def build_parser() -> argparse.ArgumentParser:
     redrive.add_argument("--filter", action="append", metavar="KEY=VALUE", help="e.g. reason=rejected; repeatable")
     redrive.add_argument("--limit", type=int, default=None)
     redrive.add_argument("--rate", type=float, default=None, help="at most this many moves per second")
+    redrive.add_argument(
+        "--ids", metavar="FILE", help="move only these dead letters (ids one per line, as `dlq analyze` lists them)"
+    )
     redrive.set_defaults(run=_dlq_redrive)
+    for name, run, description in (
+        ("export", _dlq_export, "turn sealed dead-letter segments into Parquet (idempotent; for cron)"),
+        ("analyze", _dlq_analyze, "run the Spark dead-letter analysis (local[*] by default)"),
+    ):
+        command = dlq_commands.add_parser(name, help=description)
+        command.add_argument("--config", metavar="PATH", help="take storage.dir from this configuration")
+        command.add_argument("--data-dir", metavar="DIR", help="the broker's data directory (default: storage.dir)")
+        command.add_argument(
+            "--parquet", metavar="DIR", help="the exported Parquet (default: DATA_DIR/deadletters-parquet)"
+        )
+        if name == "export":
+            command.add_argument(
+                "--include-last", action="store_true", help="export the last segment too (the broker is stopped)"
+            )
+        else:
+            command.add_argument("--out", required=True, metavar="DIR", help="where the results go")
+            command.add_argument("--master", default="local[*]", help="Spark master (default: local[*])")
+            command.add_argument("--redrive-where", metavar="EXPR", help="write OUT/redrive.txt: pending ones matching")
+            command.add_argument("--redrive-all", action="store_true", help="write OUT/redrive.txt: every pending one")
+            command.add_argument(
+                "--summary-only", action="store_true", help="skip the per-dead-letter Parquet (OUT/dead_letters)"
+            )
+        command.set_defaults(run=run)
     wal = commands.add_parser("wal", help="inspect the write-ahead log (run with the broker stopped)")
     wal_commands = wal.add_subparsers(dest="wal_command", required=True)
     for name, run, description in (

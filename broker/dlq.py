@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from broker.client import Connection, Message
+from broker.core.deadletter import DEAD_LETTER_ID_HEADER
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,25 @@ def matches(message: Message, filters: dict[str, str]) -> bool:
     return all(str(latest.get(key)) == value for key, value in filters.items())
 
 
+def read_ids(path: str) -> set[int]:
+    """The dead-letter ids in a redrive list: one per line; blank lines and ``#`` comments skipped.
+
+    :raises OSError: the file cannot be read
+    :raises ValueError: a line is not an id (names the line)
+    """
+    ids = set()
+    with open(path) as file:
+        for number, line in enumerate(file, 1):
+            text = line.split("#", 1)[0].strip()
+            if not text:
+                continue
+            try:
+                ids.add(int(text))
+            except ValueError:
+                raise ValueError(f"{path}:{number}: not a dead-letter id: {text!r}") from None
+    return ids
+
+
 def redrive(
     conn: Connection,
     queue: str,
@@ -71,6 +91,7 @@ def redrive(
     rate: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
     on_move: Callable[[int], None] | None = None,
+    ids: set[int] | None = None,
 ) -> list[Redriven]:
     """Move dead letters of ``queue`` back; return what was moved.
 
@@ -80,8 +101,11 @@ def redrive(
     :param limit: move at most this many
     :param rate: at most this many moves per second
     :param on_move: called with the count after each move (progress on a terminal)
+    :param ids: move only messages whose ``x-postroom-dead-letter-id`` is one of these (the
+        redrive list of ``postroom dlq analyze``); stops once all were moved
     """
     moved: list[Redriven] = []
+    remaining = set(ids) if ids is not None else None
     try:
         while limit is None or len(moved) < limit:
             message = conn.get(queue)
@@ -89,10 +113,14 @@ def redrive(
                 break
             if filters and not matches(message, filters):
                 continue  # held unacked: given back, in order, when we are done
+            if remaining is not None and message.headers.get(DEAD_LETTER_ID_HEADER) not in remaining:
+                continue
             exchange, routing_key = _destination(message, to)
             properties = copy.copy(message.properties)
             headers = dict(properties.headers or {})
             headers.pop("x-delivery-count", None)
+            # The copy is a new message: if it dies again it gets an id of its own.
+            dead_letter_id = headers.pop(DEAD_LETTER_ID_HEADER, None)
             properties.headers = headers
             conn.publish(exchange, routing_key, message.body, basic_properties=properties, mandatory=True)
             message.ack()
@@ -100,6 +128,10 @@ def redrive(
             moved.append(Redriven(exchange, routing_key, str(latest.get("reason"))))
             if on_move is not None:
                 on_move(len(moved))
+            if remaining is not None:
+                remaining.discard(dead_letter_id)
+                if not remaining:
+                    break
             if rate:
                 sleep(1.0 / rate)
     finally:

@@ -24,6 +24,7 @@ from broker.core.node import Node
 from broker.management import RateSampler, management_site
 from broker.metrics import BrokerCollector, make_registry, metrics_site
 from broker.pluginloader import LoadedPlugins, load_plugins
+from broker.deadletters import open_dead_letters
 from broker.protocol import AMQPServerFactory
 from broker.wal.files import DirectoryStorage, prune_archive
 from broker.wal.log import RecoveryReport, WriteAheadLog
@@ -245,16 +246,24 @@ class BrokerService(MultiService):
     _log = Logger()
 
     def __init__(
-        self, factory: AMQPServerFactory, wal: WALService | None = None, sampler: RateSampler | None = None
+        self,
+        factory: AMQPServerFactory,
+        wal: WALService | None = None,
+        sampler: RateSampler | None = None,
+        dead_letters: Service | None = None,
     ) -> None:
         super().__init__()
         self.factory = factory
         self.wal = wal
         self.sampler = sampler
+        #: Writes the dead-letter event stream (``broker.deadletters``), with a log directory.
+        self.dead_letters = dead_letters
 
     def startService(self) -> None:
         if self.wal is not None:
             self.wal.startService()
+        if self.dead_letters is not None:
+            self.dead_letters.startService()
         if self.sampler is not None:
             self.sampler.start()
         super().startService()
@@ -271,6 +280,9 @@ class BrokerService(MultiService):
         if self.wal is not None:
             yield self.wal.stopService()
             self._log.info("write-ahead log flushed and synced")
+        # After the connections closed: their unacked dead letters went back to their queues.
+        if self.dead_letters is not None:
+            yield self.dead_letters.stopService()
 
 
 def archive_of(config: BrokerConfig) -> Archive | None:
@@ -325,6 +337,7 @@ def make_broker_service(
             "hooks": plugins.hooks,
             "authenticators": plugins.authenticators,
         }
+    dead_letters = None
     if node is None:
         if persist:
             started = time.monotonic()
@@ -339,6 +352,7 @@ def make_broker_service(
             recovered, durable_queues = snapshot.message_count, len(snapshot.queues)
             del snapshot  # it held every record read from the log
             release_memory()
+            dead_letters = open_dead_letters(config.storage.dir, node, reactor, config.storage.fsync)
             wal = WALService(
                 journal,
                 log,
@@ -370,7 +384,7 @@ def make_broker_service(
         plugins.node_ready(node)
     factory = AMQPServerFactory(node, reactor)
     sampler = RateSampler(node, reactor) if config.listen.management else None
-    service = BrokerService(factory, wal, sampler)
+    service = BrokerService(factory, wal, sampler, dead_letters)
     for plugin_service in plugins.services if plugins is not None else ():
         # Children start in order: plugin services before the listeners, stopped with them.
         plugin_service.setServiceParent(service)

@@ -28,6 +28,10 @@ from pamqp import commands
 from broker.amqp.codec import encode_content_header, shortstr
 from broker.core.message import Message
 
+#: The header in which a dead-lettered copy carries its id in the dead-letter event stream
+#: (``broker/core/deadlog.py``); ``postroom dlq redrive --ids`` selects messages by it.
+DEAD_LETTER_ID_HEADER = "x-postroom-dead-letter-id"
+
 
 class DeadLetterReason(Enum):
     """Why a message was dead-lettered (the ``reason`` field of ``x-death``)."""
@@ -69,6 +73,7 @@ def dead_lettered(
     exchange: str,
     routing_key: str | None,
     delivery_count: int,
+    dead_letter_id: int = 0,
 ) -> Message:
     """The message to publish to the dead-letter exchange.
 
@@ -78,6 +83,8 @@ def dead_lettered(
     :param exchange: the dead-letter exchange it is published to
     :param routing_key: ``x-dead-letter-routing-key``, or ``None`` to keep the original key
     :param delivery_count: returns counted in that queue before it died
+    :param dead_letter_id: the dead-letter event log's id for this copy, set as header
+        ``x-postroom-dead-letter-id`` (0: no event log, no header)
     """
     properties = copy.copy(message.properties)
     headers = dict(properties.headers or {})
@@ -110,6 +117,10 @@ def dead_lettered(
     if routing_key is not None:
         headers.pop("CC", None)
     headers.pop("BCC", None)
+    if dead_letter_id:
+        headers[DEAD_LETTER_ID_HEADER] = dead_letter_id
+    else:
+        headers.pop(DEAD_LETTER_ID_HEADER, None)  # an earlier death's id names another copy
     properties.headers = headers
     key = message.routing_key if routing_key is None else routing_key
     header = encode_content_header(len(message.body), properties)

@@ -352,6 +352,9 @@ class WorkQueue:
         self.on_expired: Callable[[WorkQueue], None] | None = None
         #: The write-ahead log's journal, for a durable queue on a broker with a log; else ``None``.
         self.journal: Journal | None = None
+        #: Called with entries that left for good, on queues that hold dead letters (the
+        #: dead-letter event log records them); ``None`` elsewhere, so other queues pay nothing.
+        self.on_settled: Callable[[WorkQueue, Iterable[Entry]], None] | None = None
         # Timers.
         self._inflight: dict[float, deque[tuple[float, Entry]]] = {}
         self._inflight_stale = 0
@@ -634,6 +637,8 @@ class WorkQueue:
                 self._inflight_stale += 1
         if self._inflight_stale > COMPACT_AFTER:
             self._compact()
+        if self.on_settled is not None:
+            self.on_settled(self, entries)
         if self.journal is not None:
             if self.deleted:  # QueueDeleted already says it: no record, only accounting
                 self.journal.forget(entries)

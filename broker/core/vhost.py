@@ -20,6 +20,7 @@ from exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType, defaul
 
 if TYPE_CHECKING:
     from broker.core.hooks import HookChain
+    from broker.core.deadlog import DeadLetterLog
     from broker.core.journal import Journal
 
 #: The exchanges every virtual host has, as in RabbitMQ.
@@ -149,6 +150,8 @@ class VirtualHost:
         self.clock = clock
         #: The write-ahead log's journal (``None``: nothing is persisted).
         self.journal: Journal | None = None
+        #: The dead-letter event log (``None``: dead letters are not recorded for analysis).
+        self.dead_letters: DeadLetterLog | None = None
         #: Dead-lettered messages dropped: no such dead-letter exchange, or a cycle.
         self.dead_letters_dropped = 0
         #: Messages published by clients into this vhost, and those no queue took (for metrics).
@@ -536,7 +539,9 @@ class VirtualHost:
             self.dead_letters_dropped += len(entries)
             return
         now = queue.now()
+        events = self.dead_letters
         for entry in entries:
+            dead_letter_id = events.next_id() if events is not None else 0
             message = dead_lettered(
                 entry.message,
                 queue.name,
@@ -545,12 +550,17 @@ class VirtualHost:
                 exchange.name,
                 settings.dead_letter_routing_key,
                 entry.delivery_count,
+                dead_letter_id,
             )
             if self.hooks is not None:
                 self.hooks.dead_lettered(queue, message, reason.value)
             targets = [target for target in self.route(exchange, message) if not is_cycle(message, target.name, reason)]
             if not targets:
                 self.dead_letters_dropped += 1
+            elif events is not None:
+                events.dead_lettered(
+                    dead_letter_id, self.name, queue.name, reason, entry.delivery_count, message, targets
+                )
             durable = [target.name for target in targets if target.journal is not None]
             if durable and self.journal is not None and message.persistent:
                 self.journal.published(message, self.name, durable)

@@ -44,6 +44,11 @@ __all__ = [
     "Removed",
     "DeliveryCounted",
     "Snapshot",
+    "DeadLettered",
+    "DeadLetterSettled",
+    "DEAD_LETTER_RECORDS",
+    "DEAD_LETTER_PREVIEW_BYTES",
+    "DEAD_LETTER_HEADER_VALUE_BYTES",
     "Record",
     "RECORD_CLASSES",
     "ScanResult",
@@ -119,6 +124,8 @@ class RecordType(IntEnum):
     REMOVED = 8
     DELIVERY_COUNTED = 9
     SNAPSHOT = 10
+    DEAD_LETTERED = 11
+    DEAD_LETTER_SETTLED = 12
 
 
 # Field order in each class below is the order on disk: do not reorder. ``arguments``,
@@ -234,6 +241,66 @@ class Snapshot:
     begin: bool
 
 
+@dataclass(frozen=True, slots=True)
+class DeadLettered:
+    """A message was dead-lettered: it died in ``queue`` and reached ``dead_letter_queues``.
+
+    Written to the dead-letter event stream (``<storage.dir>/deadletters``), never to the
+    write-ahead log. Everything the Spark job needs is a plain field here, so a reader needs this
+    module only (no AMQP codec): ``header_names``/``header_values`` are the message's headers
+    other than ``x-death`` as text (each value at most :data:`DEAD_LETTER_HEADER_VALUE_BYTES`),
+    and the ``death_*`` tuples are its ``x-death`` history, most recent first, one item per
+    entry. ``time`` is seconds since the epoch; ``death_times`` are whole seconds, as
+    ``x-death`` holds them. ``body_preview`` is the first :data:`DEAD_LETTER_PREVIEW_BYTES`
+    bytes of a body of ``body_size`` bytes. ``dead_letter_id`` is unique within the stream and
+    travels with the dead-lettered copy as its ``x-postroom-dead-letter-id`` header.
+    """
+
+    dead_letter_id: int
+    vhost: str
+    queue: str
+    reason: str
+    delivery_count: int
+    time: float
+    exchange: str
+    routing_keys: tuple[str, ...]
+    dead_letter_exchange: str
+    dead_letter_queues: tuple[str, ...]
+    message_id: str
+    header_names: tuple[str, ...]
+    header_values: tuple[str, ...]
+    death_queues: tuple[str, ...]
+    death_reasons: tuple[str, ...]
+    death_exchanges: tuple[str, ...]
+    death_counts: tuple[int, ...]
+    death_times: tuple[int, ...]
+    body_size: int
+    body_preview: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterSettled:
+    """The copy of dead letter ``dead_letter_id`` in dead-letter queue ``queue`` left it for good.
+
+    Acked by a consumer, or rejected, expired, dropped or purged there; until this record, the
+    dead letter is pending in that queue. Written to the dead-letter event stream only.
+    """
+
+    dead_letter_id: int
+    vhost: str
+    queue: str
+    time: float
+
+
+#: The first bytes of a dead letter's body kept in its :class:`DeadLettered` record: enough to
+#: recognise a payload (a JSON object's first keys, a protobuf's first fields) without copying
+#: whole bodies (up to 64 MiB) into the event stream.
+DEAD_LETTER_PREVIEW_BYTES = 1024
+
+#: The longest header value (as text, in UTF-8 bytes) kept in a :class:`DeadLettered` record;
+#: the analysis counts the most common values, and long ones are payloads, not labels.
+DEAD_LETTER_HEADER_VALUE_BYTES = 256
+
 #: Any record.
 Record = Union[
     ExchangeDeclared,
@@ -246,6 +313,8 @@ Record = Union[
     Removed,
     DeliveryCounted,
     Snapshot,
+    DeadLettered,
+    DeadLetterSettled,
 ]
 
 _CLASSES: dict[RecordType, type] = {
@@ -259,7 +328,12 @@ _CLASSES: dict[RecordType, type] = {
     RecordType.REMOVED: Removed,
     RecordType.DELIVERY_COUNTED: DeliveryCounted,
     RecordType.SNAPSHOT: Snapshot,
+    RecordType.DEAD_LETTERED: DeadLettered,
+    RecordType.DEAD_LETTER_SETTLED: DeadLetterSettled,
 }
+
+#: The record types of the dead-letter event stream (the write-ahead log holds none of them).
+DEAD_LETTER_RECORDS = frozenset({RecordType.DEAD_LETTERED, RecordType.DEAD_LETTER_SETTLED})
 
 #: The class of each record type.
 RECORD_CLASSES: Mapping[RecordType, type] = MappingProxyType(_CLASSES)
@@ -586,8 +660,102 @@ def _decode_published(data: bytes) -> Published:
     return Published(message_id, vhost, tuple(queues), exchange, routing_key, timestamp, header, data[start:pos])
 
 
+def _decode_strs(data: bytes, pos: int, size: int) -> tuple[tuple[str, ...], int]:
+    """A ``tuple[str, ...]`` at ``pos``, and the position after it."""
+    (count,) = _U16.unpack_from(data, pos)
+    pos += 2
+    items = []
+    for _ in range(count):
+        (length,) = _U16.unpack_from(data, pos)
+        start = pos + 2
+        pos = start + length
+        if pos > size:
+            raise _Malformed
+        items.append(data[start:pos].decode(_ENCODING, _ERRORS))
+    return tuple(items), pos
+
+
+def _decode_str(data: bytes, pos: int, size: int) -> tuple[str, int]:
+    (length,) = _U16.unpack_from(data, pos)
+    start = pos + 2
+    pos = start + length
+    if pos > size:
+        raise _Malformed
+    return data[start:pos].decode(_ENCODING, _ERRORS), pos
+
+
+def _decode_ints(data: bytes, pos: int, size: int) -> tuple[tuple[int, ...], int]:
+    (count,) = _U32.unpack_from(data, pos)
+    pos += 4
+    end = pos + 8 * count
+    if end > size:
+        raise _Malformed
+    return struct.unpack_from(f">{count}Q", data, pos), end
+
+
+_U64_F64 = struct.Struct(">Qd")  # delivery_count, time
+
+
+def _decode_dead_lettered(data: bytes) -> DeadLettered:
+    """:func:`_decode_fields` unrolled for :class:`DeadLettered`, the bulk of the dead-letter
+    stream (about 3x faster: the Spark job and the export decode millions of them).
+
+    Raises :exc:`struct.error` or :exc:`_Malformed` on a bad payload, as :func:`_decode_published`.
+    """
+    size = len(data)
+    (dead_letter_id,) = _U64.unpack_from(data, 0)
+    vhost, pos = _decode_str(data, 8, size)
+    queue, pos = _decode_str(data, pos, size)
+    reason, pos = _decode_str(data, pos, size)
+    delivery_count, time = _U64_F64.unpack_from(data, pos)
+    exchange, pos = _decode_str(data, pos + 16, size)
+    routing_keys, pos = _decode_strs(data, pos, size)
+    dead_letter_exchange, pos = _decode_str(data, pos, size)
+    dead_letter_queues, pos = _decode_strs(data, pos, size)
+    message_id, pos = _decode_str(data, pos, size)
+    header_names, pos = _decode_strs(data, pos, size)
+    header_values, pos = _decode_strs(data, pos, size)
+    death_queues, pos = _decode_strs(data, pos, size)
+    death_reasons, pos = _decode_strs(data, pos, size)
+    death_exchanges, pos = _decode_strs(data, pos, size)
+    death_counts, pos = _decode_ints(data, pos, size)
+    death_times, pos = _decode_ints(data, pos, size)
+    (body_size,) = _U64.unpack_from(data, pos)
+    (length,) = _U32.unpack_from(data, pos + 8)
+    start = pos + 12
+    if start + length != size:
+        raise _Malformed
+    return DeadLettered(
+        dead_letter_id,
+        vhost,
+        queue,
+        reason,
+        delivery_count,
+        time,
+        exchange,
+        routing_keys,
+        dead_letter_exchange,
+        dead_letter_queues,
+        message_id,
+        header_names,
+        header_values,
+        death_queues,
+        death_reasons,
+        death_exchanges,
+        death_counts,
+        death_times,
+        body_size,
+        data[start:],
+    )
+
+
+_FAST_DECODERS: dict[type, Callable[[bytes], Record]] = {
+    Published: _decode_published,
+    DeadLettered: _decode_dead_lettered,
+}
+
 _DECODERS: dict[int, tuple[type, _Spec, Callable[[bytes], Record] | None]] = {
-    int(t): (cls, _SPECS[cls], _decode_published if cls is Published else None) for t, cls in _CLASSES.items()
+    int(t): (cls, _SPECS[cls], _FAST_DECODERS.get(cls)) for t, cls in _CLASSES.items()
 }
 
 

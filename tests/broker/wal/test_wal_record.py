@@ -18,6 +18,8 @@ from broker.wal.record import (
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
     Bound,
+    DeadLettered,
+    DeadLetterSettled,
     DeliveryCounted,
     ExchangeDeclared,
     ExchangeDeleted,
@@ -51,6 +53,13 @@ EXAMPLES = [
     DeliveryCounted("/", "q", 7, 3),
     Snapshot(True),
     Snapshot(False),
+    DeadLettered(
+        (3 << 40) + 1, "/", "orders", "rejected", 2, 1700000000.5, "orders", ("order.eu", "cc"), "dlx",
+        ("dlq", "audit"),
+        "m-1", ("tenant", "x-first-death-reason"), ("acme", "rejected"), ("orders",), ("rejected",), ("orders",),
+        (1,), (1700000000,), 4096, b"{\"id\": 1",
+    ),
+    DeadLetterSettled((3 << 40) + 1, "/", "dlq", 1700000001.25),
 ]
 
 #: Strings as they reach the broker: any text, or bytes that are not UTF-8 decoded with surrogateescape.
@@ -207,6 +216,28 @@ def test_unrolled_published_codec_matches_the_generic_one(value: Published) -> N
     payload = record._encode_published(value)
     assert payload == record._encode_fields(value, spec)
     assert record._decode_published(payload) == record._decode_fields(Published, spec, payload) == value
+
+
+u64 = st.integers(min_value=0, max_value=2**64 - 1)
+dead_letters = st.builds(
+    DeadLettered,
+    u64, names, names, names, u64, st.floats(allow_nan=False), names, st.tuples(names), names,
+    st.lists(names, max_size=3).map(tuple), names, st.lists(names, max_size=3).map(tuple),
+    st.lists(names, max_size=3).map(tuple), st.tuples(names), st.tuples(names), st.tuples(names),
+    st.tuples(u64), st.tuples(u64), u64, st.binary(max_size=64),
+)
+
+
+@settings(max_examples=100)
+@given(value=dead_letters, cut=st.integers(min_value=1, max_value=40))
+def test_unrolled_dead_lettered_decoder_matches_the_generic_one(value: DeadLettered, cut: int) -> None:
+    spec = record._SPECS[DeadLettered]
+    payload = record._encode_fields(value, spec)
+    assert record._decode_dead_lettered(payload) == record._decode_fields(DeadLettered, spec, payload) == value
+    with pytest.raises(WALCorruption):
+        decode(RecordType.DEAD_LETTERED, payload[:-cut] if cut < len(payload) else b"")
+    with pytest.raises(WALCorruption):
+        decode(RecordType.DEAD_LETTERED, payload + b"\x00")
 
 
 def test_names_that_were_not_utf8_round_trip_byte_for_byte() -> None:

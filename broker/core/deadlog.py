@@ -1,0 +1,274 @@
+"""The dead-letter event log: what the broker records for the dead-letter analysis.
+
+Two kinds of event, encoded in the write-ahead log's record format into a pending buffer that
+the shell writes to their own segment stream (``<storage.dir>/deadletters``) beside the log:
+
+* :class:`~broker.wal.record.DeadLettered` when a message is dead-lettered and reaches at
+  least one queue (its dead-letter queues), with everything the analysis reads as plain
+  fields: where and why it died, its delivery count, headers, ``x-death`` history, body size
+  and a bounded preview;
+* :class:`~broker.wal.record.DeadLetterSettled` when a copy leaves a dead-letter queue for
+  good (acked, rejected, expired, dropped or purged there). A copy with no such event is
+  still pending.
+
+The dead-lettered copy carries its id in the ``x-postroom-dead-letter-id`` header, so the
+redrive list the analysis writes names messages that ``postroom dlq redrive --ids`` finds,
+and a copy recovered from the write-ahead log after a restart is still recognised when it
+is consumed (its header is read once, at start: :func:`watch_dead_letter_queues`).
+
+Nothing here runs on the publish/deliver/ack hot path: recording happens when a message is
+dead-lettered, and the settle hook is attached only to queues that dead letters reach (see
+:meth:`DeadLetterLog.watch`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from broker.amqp.codec import FLAG_HEADERS
+from broker.core.deadletter import DEAD_LETTER_ID_HEADER
+from broker.wal.record import (
+    DEAD_LETTER_HEADER_VALUE_BYTES,
+    DEAD_LETTER_PREVIEW_BYTES,
+    DeadLettered,
+    DeadLetterSettled,
+    encode,
+)
+
+if TYPE_CHECKING:
+    from broker.core.deadletter import DeadLetterReason
+    from broker.core.message import Message
+    from broker.core.queue import Entry, WorkQueue
+
+__all__ = ["DEAD_LETTER_ID_HEADER", "RUN_ID_BITS", "DeadLetterLog"]
+
+#: Dead-letter ids are ``run << RUN_ID_BITS | n``: ``run`` is the stream segment the broker
+#: opened at start (larger than every earlier one), ``n`` counts from 1. Ids are then unique
+#: across restarts without reading old segments at start; 2**40 (a trillion) dead letters per
+#: run, and runs up to 2**23, keep ids within a signed 64-bit long (Spark's and Parquet's).
+RUN_ID_BITS = 40
+
+#: Header values kept per dead letter: the analysis counts values of labels (tenant, type,
+#: error); a message with thousands of headers must not make one event huge.
+MAX_HEADERS = 64
+
+#: ``x-death`` entries kept per dead letter (most recent first); the history of a message
+#: bouncing between queues for days is summarised by its counts anyway.
+MAX_DEATHS = 64
+
+
+def _text(value: Any) -> str:
+    """A header value as bounded text: bytes decoded leniently, tables and lists as ``repr``."""
+    if isinstance(value, bytes):
+        text = value.decode("utf-8", "replace")
+    elif isinstance(value, datetime):
+        text = value.isoformat()
+    else:
+        text = str(value)
+    data = text.encode("utf-8", "surrogateescape")
+    if len(data) > DEAD_LETTER_HEADER_VALUE_BYTES:
+        text = data[:DEAD_LETTER_HEADER_VALUE_BYTES].decode("utf-8", "ignore")
+    return text
+
+
+def _seconds(value: Any) -> int:
+    if isinstance(value, datetime):
+        return int(value.timestamp())
+    try:
+        return max(int(value), 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _count(value: Any) -> int:
+    try:
+        return max(int(value), 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+class DeadLetterLog:
+    """Dead-letter events waiting to be written, and the dead letters still in their queues.
+
+    :param run: this run's number (the stream segment opened at start); ids start at
+        ``run << RUN_ID_BITS | 1``
+    :param clock: seconds since the epoch (the reactor's ``seconds``)
+    """
+
+    def __init__(self, run: int, clock: Callable[[], float]) -> None:
+        self._next_id = (run << RUN_ID_BITS) + 1
+        self._clock = clock
+        self._pending: list[bytes] = []
+        #: Bytes waiting in :meth:`take`.
+        self.pending_bytes = 0
+        #: Called when events become pending and none were before (the shell schedules a write).
+        self.on_pending: Callable[[], None] | None = None
+        #: Dead-lettered copies of this run still in a dead-letter queue: id, and the queues.
+        self._held: dict[Message, tuple[int, set[str]]] = {}
+        #: Events recorded so far, by kind (for logs and tests).
+        self.dead_lettered_count = 0
+        self.settled_count = 0
+
+    def next_id(self) -> int:
+        """A new dead-letter id, for the copy about to be published to the dead-letter exchange."""
+        dead_letter_id = self._next_id
+        self._next_id += 1
+        return dead_letter_id
+
+    def _add(self, data: bytes) -> None:
+        first = not self._pending
+        self._pending.append(data)
+        self.pending_bytes += len(data)
+        if first and self.on_pending is not None:
+            self.on_pending()
+
+    def watch(self, queue: WorkQueue) -> None:
+        """Record when dead letters leave ``queue`` (a dead-letter queue): hook its settling."""
+        queue.on_settled = self.settled
+
+    def dead_lettered(
+        self,
+        dead_letter_id: int,
+        vhost: str,
+        queue: str,
+        reason: DeadLetterReason,
+        delivery_count: int,
+        copy: Message,
+        targets: Sequence[WorkQueue],
+    ) -> None:
+        """Record that a message died in ``queue`` and its ``copy`` reached ``targets``.
+
+        :param copy: the dead-lettered message (its ``x-death`` already updated)
+        :param targets: the dead-letter queues it was routed to (at least one)
+        """
+        properties = copy.properties
+        headers = properties.headers or {}
+        deaths = headers.get("x-death")
+        deaths = [d for d in deaths if isinstance(d, dict)][:MAX_DEATHS] if isinstance(deaths, list) else []
+        latest = deaths[0] if deaths else {}
+        names: list[str] = []
+        values: list[str] = []
+        for key, value in headers.items():
+            if key == "x-death" or key == DEAD_LETTER_ID_HEADER or len(names) >= MAX_HEADERS:
+                continue
+            names.append(key)
+            values.append(_text(value))
+        routing_keys = latest.get("routing-keys")
+        queues = tuple(target.name for target in targets)
+        body = copy.body
+        record = DeadLettered(
+            dead_letter_id,
+            vhost,
+            queue,
+            reason.value,
+            delivery_count,
+            self._clock(),
+            str(latest.get("exchange", "")),
+            tuple(str(key) for key in routing_keys) if isinstance(routing_keys, list) else (),
+            copy.exchange,
+            queues,
+            _text(properties.message_id) if properties.message_id else "",
+            tuple(names),
+            tuple(values),
+            tuple(str(d.get("queue", "")) for d in deaths),
+            tuple(str(d.get("reason", "")) for d in deaths),
+            tuple(str(d.get("exchange", "")) for d in deaths),
+            tuple(_count(d.get("count")) for d in deaths),
+            tuple(_seconds(d.get("time")) for d in deaths),
+            len(body),
+            body[:DEAD_LETTER_PREVIEW_BYTES],
+        )
+        self._add(encode(record))
+        self.dead_lettered_count += 1
+        self._held[copy] = (dead_letter_id, set(queues))
+        for target in targets:
+            if target.on_settled is None:
+                self.watch(target)
+
+    def recovered(self, queue: WorkQueue) -> int:
+        """Hook ``queue`` and note the dead letters of earlier runs in it (recovered from the log,
+        known by their ``x-postroom-dead-letter-id`` header); returns how many.
+
+        Headers are decoded here, once, at start, so that :meth:`settled` never decodes any:
+        a queue that is both a work queue and a dead-letter target (a retry loop) settles
+        messages at full rate.
+        """
+        self.watch(queue)
+        found = 0
+        for entry in queue.ready_entries():
+            message = entry.message
+            if not message.flags & FLAG_HEADERS:
+                continue
+            value = (message.properties.headers or {}).get(DEAD_LETTER_ID_HEADER)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                continue
+            known = self._held.get(message)
+            if known is None:
+                self._held[message] = (value, {queue.name})
+            else:
+                known[1].add(queue.name)
+            found += 1
+        return found
+
+    def settled(self, queue: WorkQueue, entries: Iterable[Entry]) -> None:
+        """Entries left ``queue`` for good: record it for those that are dead letters.
+
+        A dead letter is known by its message (a dict lookup per entry: nothing is decoded).
+        """
+        name = queue.name
+        held = self._held
+        now = None
+        for entry in entries:
+            message = entry.message
+            known = held.get(message)
+            if known is None:
+                continue
+            dead_letter_id, queues = known
+            if name not in queues:
+                continue
+            queues.discard(name)
+            if not queues:
+                del held[message]
+            if now is None:
+                now = self._clock()
+            self._add(encode(DeadLetterSettled(dead_letter_id, queue.vhost_name, name, now)))
+            self.settled_count += 1
+
+    @property
+    def has_pending(self) -> bool:
+        """Whether events wait to be written."""
+        return bool(self._pending)
+
+    def take(self) -> bytes:
+        """Everything pending, encoded, in order; the buffer is empty afterwards."""
+        data = b"".join(self._pending)
+        self._pending.clear()
+        self.pending_bytes = 0
+        return data
+
+    def held(self) -> int:
+        """Dead-lettered copies of this run still in a dead-letter queue."""
+        return sum(len(queues) for _id, queues in self._held.values())
+
+
+def watch_dead_letter_queues(log: DeadLetterLog, vhosts: Iterable[Any]) -> int:
+    """Hook every queue a dead-letter exchange routes to, so that dead letters recovered from
+    the write-ahead log are recorded when they leave; returns how many queues.
+
+    A queue is a dead-letter queue here when it is bound to an exchange that some queue names
+    in ``x-dead-letter-exchange``; queues that dead letters reach later are hooked then.
+    """
+    watched = 0
+    for vhost in vhosts:
+        exchanges = {queue.settings.dead_letter_exchange for queue in vhost.queues.values()}
+        for name in exchanges:
+            exchange = vhost.exchanges.get(name or "")
+            if exchange is None:
+                continue
+            for destination, _key, _arguments in exchange.router.bindings():
+                if getattr(destination, "on_settled", False) is None:  # a queue not hooked yet
+                    log.recovered(destination)
+                    watched += 1
+    return watched

@@ -1,0 +1,141 @@
+"""Writing the dead-letter event stream: a Twisted service over :class:`DeadLetterLog`.
+
+The core records dead-letter events into a pending buffer (``broker/core/deadlog.py``); this
+service appends what is pending to ``<storage.dir>/deadletters`` on a worker thread of its
+own, batched: the first event after a quiet spell schedules one write ``interval`` seconds
+later, and everything recorded by then goes out in one append (and one fsync, unless
+``fsync: never``). Nothing waits for these writes (no confirm depends on them), so the
+reactor thread only joins byte strings. A failed write is logged once and the events of
+that batch are lost: the analysis loses them, the broker's messages are untouched.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet import defer
+from twisted.internet.threads import deferToThreadPool
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.python.threadpool import ThreadPool
+
+from broker.core.deadlog import DeadLetterLog, watch_dead_letter_queues
+from broker.core.node import Node
+from broker.wal.files import DirectoryStorage
+from broker.wal.stream import SegmentStream
+
+__all__ = ["DEAD_LETTER_DIR", "WRITE_INTERVAL", "DeadLetterService", "open_dead_letters"]
+
+#: The stream's directory under ``storage.dir``.
+DEAD_LETTER_DIR = "deadletters"
+
+#: Seconds between writes of the event stream: dead letters come in bursts (a poison message
+#: type, a consumer outage); one write per burst-window keeps the worker's cost per event low,
+#: and nothing is waiting on them.
+WRITE_INTERVAL = 0.2
+
+#: Segments of the stream are smaller than the log's: a segment is the unit of export (one
+#: Parquet file) and of parallelism in the Spark job.
+DEAD_LETTER_SEGMENT_BYTES = 32 * 1024 * 1024
+
+
+class DeadLetterService(Service):
+    """Appends the dead-letter log's events to their segment stream on a worker thread.
+
+    :param events: the core's dead-letter log
+    :param stream: the opened segment stream (touched only from the worker thread from now on)
+    :param reactor: timers and the worker thread's results
+    :param fsync: ``always``/``batch`` sync every write; ``never`` leaves it to the OS
+    """
+
+    _log = Logger()
+
+    def __init__(self, events: DeadLetterLog, stream: SegmentStream, reactor: Any, fsync: str = "batch") -> None:
+        self.events = events
+        self.stream = stream
+        self.reactor = reactor
+        self.fsync = fsync
+        self.interval = WRITE_INTERVAL
+        #: The last write error, or ``None`` once writes succeed.
+        self.alarm: str | None = None
+        self.writes = 0
+        self._call: Any = None
+        self._writing: defer.Deferred[Any] | None = None
+        self._pool = ThreadPool(1, 1, name="postroom-deadletters")
+
+    def startService(self) -> None:
+        super().startService()
+        self._pool.start()
+        self.events.on_pending = self._pending
+
+    def _pending(self) -> None:
+        if self._call is None and self._writing is None:
+            self._call = self.reactor.callLater(self.interval, self._write)
+
+    def _write(self) -> None:
+        self._call = None
+        if self._writing is not None or not self.events.has_pending:
+            return
+        data = self.events.take()
+        self._writing = deferToThreadPool(self.reactor, self._pool, self._append, data)
+        self._writing.addCallbacks(self._written, self._failed)
+
+    def _append(self, data: bytes) -> None:
+        self.stream.append(data)
+        if self.fsync != "never":
+            self.stream.sync()
+
+    def _written(self, _result: None) -> None:
+        self._writing = None
+        self.writes += 1
+        if self.alarm is not None:
+            self._log.info("dead-letter event writes succeed again")
+            self.alarm = None
+        if self.events.has_pending:
+            self._call = self.reactor.callLater(self.interval, self._write)
+
+    def _failed(self, failure: Failure) -> None:
+        self._writing = None
+        if self.alarm is None:
+            self._log.error(
+                "writing dead-letter events failed: {error}; the analysis will miss them", error=str(failure.value)
+            )
+        self.alarm = str(failure.value)
+        if self.events.has_pending:
+            self._call = self.reactor.callLater(self.interval, self._write)
+
+    @defer.inlineCallbacks
+    def stopService(self) -> Any:
+        """Write and sync what is pending, then stop the worker thread."""
+        super().stopService()
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        self._call = None
+        while self._writing is not None:
+            yield self._writing
+        if self.events.has_pending:
+            self._write()
+            if self._writing is not None:
+                yield self._writing
+        self._pool.stop()
+        close = getattr(self.stream.storage, "close", None)  # DirectoryStorage's descriptors
+        if close is not None:
+            close()
+
+
+def open_dead_letters(data_dir: str, node: Node, reactor: Any, fsync: str) -> DeadLetterService:
+    """Open the event stream under ``data_dir`` (a new segment), attach its log to every vhost of
+    ``node`` and hook the dead-letter queues already declared (their recovered dead letters).
+
+    :raises OSError: the directory or the new segment could not be created
+    """
+    storage = DirectoryStorage(os.path.join(data_dir, DEAD_LETTER_DIR))
+    stream = SegmentStream(storage, DEAD_LETTER_SEGMENT_BYTES, reactor.seconds)
+    run = stream.open()
+    events = DeadLetterLog(run, reactor.seconds)
+    for vhost in node.vhosts.values():
+        vhost.dead_letters = events
+    watch_dead_letter_queues(events, node.vhosts.values())
+    return DeadLetterService(events, stream, reactor, fsync)

@@ -1,0 +1,242 @@
+"""The dead-letter analysis job: events in, Parquet rows, ``summary.json``, an HTML report out.
+
+``main(argv)`` is what ``spark-submit spark/dlq_job.py`` and ``postroom dlq analyze`` run:
+
+1. events from the exported Parquet (``--input``, any Hadoop-compatible path: a local
+   directory, ``hdfs://``, ``s3a://``), read natively by Spark;
+2. plus events of the segments that are not exported yet (``--segments``, a directory the
+   executors can read) through the Python Data Source (``spark/source.py``), first staged to
+   Parquet under ``OUT/_staged`` in one parallel pass (one task per segment), so the passes
+   after it read Parquet too;
+3. :func:`spark.transforms.dead_letters` written to ``OUT/dead_letters`` (Parquet, zstd;
+   skipped with ``--summary-only``, which summarises the events directly);
+4. :func:`spark.transforms.summarise` of those rows to ``OUT/summary.json``, the plots and
+   ``OUT/report.html``;
+5. with ``--redrive-where EXPR`` (or ``--redrive-all``), ``OUT/redrive.txt``: the ids of the
+   pending dead letters chosen, one per line, for ``postroom dlq redrive QUEUE --ids FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["build_parser", "build_session", "main", "run"]
+
+#: The project root: Python workers started by a local Spark need it on their path.
+ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The job's arguments (shared by ``spark-submit spark/dlq_job.py`` and ``postroom dlq analyze``)."""
+    parser = argparse.ArgumentParser(prog="dlq_job", description="Postroom dead-letter analysis on Spark.")
+    parser.add_argument("--input", action="append", default=[], metavar="PATH", help="exported Parquet; repeatable")
+    parser.add_argument("--segments", metavar="DIR", help="dead-letter segments not exported yet (read raw)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="where the results go")
+    parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
+    parser.add_argument("--redrive-where", metavar="EXPR", help="SQL filter of pending dead letters to list")
+    parser.add_argument("--redrive-all", action="store_true", help="list every pending dead letter")
+    parser.add_argument(
+        "--summary-only",
+        action="store_true",
+        help="skip writing OUT/dead_letters (the rows): only the summary, report and redrive list",
+    )
+    return parser
+
+
+#: What executors import: this package and the record decoder (``broker.wal.record`` is pure,
+#: standard library only), shipped with every session so no node needs Postroom installed.
+SHIPPED = ("spark/*.py", "broker/__init__.py", "broker/wal/__init__.py", "broker/wal/record.py")
+
+_shipped: dict[int, str] = {}
+
+
+def ship_code(spark: Any) -> str:
+    """Add a zip of :data:`SHIPPED` to ``spark``'s Python path on every executor (once per
+    context); returns its path. Workers of a ``spark-submit`` run started before this process
+    could change their environment, so this, not ``PYTHONPATH``, is what makes them find us.
+    """
+    import atexit
+    import shutil
+    import tempfile
+    import zipfile
+
+    context = spark.sparkContext
+    key = id(context)
+    if key not in _shipped:
+        directory = tempfile.mkdtemp(prefix="postroom-spark-")
+        atexit.register(shutil.rmtree, directory, True)
+        path = os.path.join(directory, "postroom_dlq.zip")
+        with zipfile.ZipFile(path, "w") as archive:
+            for pattern in SHIPPED:
+                for source in sorted(Path(ROOT).glob(pattern)):
+                    archive.write(source, source.relative_to(ROOT).as_posix())
+        context.addPyFile(path)
+        _shipped[key] = path
+    return _shipped[key]
+
+
+def build_session(master: str | None, app: str = "postroom-dlq-analysis") -> Any:
+    """A SparkSession; a local master is bound to loopback and runs workers on this Python.
+
+    Timestamps are UTC throughout (``spark.sql.session.timeZone``), so minutes and dates in
+    the report do not depend on the host's zone.
+    """
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app).config("spark.sql.session.timeZone", "UTC")
+    builder = builder.config("spark.sql.parquet.compression.codec", "zstd")
+    if master is not None:
+        builder = builder.master(master)
+    if master is None or master.startswith("local"):
+        # Workers run this interpreter (with pyarrow) and import this project; nothing listens
+        # beyond loopback.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        path = os.environ.get("PYTHONPATH", "")
+        if ROOT not in path.split(os.pathsep):
+            os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, path) if p)
+        builder = (
+            builder.config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.ui.enabled", "false")
+        )
+        if master is None:
+            builder = builder.master("local[*]")
+    spark = builder.getOrCreate()
+    ship_code(spark)
+    return spark
+
+
+def _say(message: str) -> None:
+    print(f"dlq analyze: {message}", file=sys.stderr, flush=True)
+
+
+def _exists(spark: Any, path: str) -> bool:
+    """Whether a Hadoop-compatible path exists (local, hdfs://, s3a://)."""
+    jvm = spark.sparkContext._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    return bool(hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(hadoop_path))
+
+
+def read_events(
+    spark: Any, inputs: Sequence[str], segments: str | None, staging: str, say: Callable[[str], None]
+) -> Any:
+    """The event DataFrame: exported Parquet plus the segments not exported yet (staged)."""
+    from spark.schema import spark_schema
+    from spark.source import FORMAT, register
+
+    schema = spark_schema()
+    frames = []
+    exported: set[int] = set()
+    present = [path for path in inputs if _exists(spark, path)]
+    for path in inputs:
+        if path not in present:
+            say(f"no exported Parquet at {path} (nothing exported yet?): skipped")
+    if present:
+        parquet = spark.read.schema(schema).parquet(*present)
+        if segments:  # which segments not to read raw (one pruned column: cheap)
+            exported = {int(row[0]) for row in parquet.select("segment").distinct().collect() if row[0] is not None}
+            say(f"{len(exported)} exported segment(s) in {', '.join(present)}")
+        frames.append(parquet)
+    if segments:
+        register(spark)
+        raw = (
+            spark.read.format(FORMAT)
+            .option("path", segments)
+            .option("exclude", ",".join(str(n) for n in sorted(exported)))
+            .load()
+        )
+        say(f"decoding the segments of {segments} not exported yet")
+        raw.write.mode("overwrite").parquet(staging)
+        frames.append(spark.read.schema(schema).parquet(staging))
+    if not frames:
+        return spark.createDataFrame([], schema)
+    events = frames[0]
+    for frame in frames[1:]:
+        events = events.unionByName(frame)
+    return events
+
+
+def run(spark: Any, args: argparse.Namespace, say: Callable[[str], None] = _say) -> dict[str, Any]:
+    """The analysis in ``spark``; returns the summary written to ``OUT/summary.json``.
+
+    :raises pyspark.errors.AnalysisException: ``--redrive-where`` is not a valid condition
+    """
+    from spark.report import render_html, render_plots
+    from spark.transforms import corrupt_records, dead_letters, redrive_list, summarise
+
+    out = args.out
+    events = read_events(spark, args.input, args.segments, os.path.join(out, "_staged"), say)
+    rows = dead_letters(events)
+    if not getattr(args, "summary_only", False):
+        rows_path = os.path.join(out, "dead_letters")
+        say("writing one row per dead letter")
+        # Dictionary encoding does not pay for these columns (ids, times and previews are
+        # mostly unique) and costs a third of the write time.
+        rows.write.mode("overwrite").option("parquet.enable.dictionary", "false").parquet(rows_path)
+        rows = spark.read.parquet(rows_path)
+    say("summarising")
+    summary = summarise(rows, corrupt_records(events))
+    local = not out.startswith(("hdfs:", "s3a:", "s3:", "gs:", "abfs:"))
+    if local:
+        os.makedirs(out, exist_ok=True)
+    plots = render_plots(summary)
+    documents = {
+        "summary.json": json.dumps(summary.as_json(), indent=2).encode(),
+        "report.html": render_html(summary, plots).encode(),
+        **plots,
+    }
+    if args.redrive_where or args.redrive_all:
+        chosen = redrive_list(rows, args.redrive_where)
+        lines = [f"# pending dead letters where {args.redrive_where or 'true'}"]
+        ids = chosen.select("dead_letter_id").distinct().orderBy("dead_letter_id")
+        lines += [str(row["dead_letter_id"]) for row in ids.toLocalIterator()]
+        documents["redrive.txt"] = ("\n".join(lines) + "\n").encode()
+        say(f"redrive list: {len(lines) - 1} id(s)")
+    for name, data in documents.items():
+        _write(spark, os.path.join(out, name), data, local)
+    say(f"{summary.total} dead letter(s), {summary.pending} pending, {summary.corrupt_records} corrupt record(s)")
+    return summary.as_json()
+
+
+def _write(spark: Any, path: str, data: bytes, local: bool) -> None:
+    if local:
+        partial = path + ".partial"
+        with open(partial, "wb") as file:
+            file.write(data)
+        os.replace(partial, path)
+        return
+    jvm = spark.sparkContext._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    stream = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).create(hadoop_path, True)
+    try:
+        stream.write(bytearray(data))
+    finally:
+        stream.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the job from the command line; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    if not args.input and not args.segments:
+        print("dlq_job: give --input (exported Parquet) and/or --segments (raw segments)", file=sys.stderr)
+        return 2
+    spark = build_session(args.master)
+    try:
+        run(spark, args)
+    except Exception as error:
+        from pyspark.errors import AnalysisException, ParseException
+
+        if isinstance(error, (AnalysisException, ParseException)):
+            print(f"dlq_job: {error}", file=sys.stderr)
+            return 2
+        raise
+    finally:
+        spark.stop()
+    return 0

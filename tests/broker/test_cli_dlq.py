@@ -1,0 +1,56 @@
+"""``postroom dlq analyze`` hands the Spark job the data directory's stream and export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.cli import main
+
+
+def test_analyze_reads_the_stream_and_the_export_of_the_data_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import spark.job
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(spark.job, "main", lambda argv: seen.append(list(argv)) or 0)
+    (tmp_path / "deadletters-parquet").mkdir()
+    status = main(
+        ["dlq", "analyze", "--data-dir", str(tmp_path), "--out", "report", "--redrive-where", "reason = 'expired'"]
+    )
+    assert status == 0
+    assert seen == [
+        [
+            "--out",
+            "report",
+            "--segments",
+            str(tmp_path / "deadletters"),
+            "--master",
+            "local[*]",
+            "--input",
+            str(tmp_path / "deadletters-parquet"),
+            "--redrive-where",
+            "reason = 'expired'",
+        ]
+    ]
+
+
+def test_analyze_without_an_export_reads_the_segments_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import spark.job
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(spark.job, "main", lambda argv: seen.append(list(argv)) or 0)
+    assert main(["dlq", "analyze", "--data-dir", str(tmp_path), "--out", "r", "--master", "local[1]"]) == 0
+    assert "--input" not in seen[0]
+    assert seen[0][seen[0].index("--master") + 1] == "local[1]"
+
+
+def test_a_redrive_list_with_a_bad_line_is_refused_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ids = tmp_path / "redrive.txt"
+    ids.write_text("# pending\n12\nnot-an-id\n")
+    assert main(["dlq", "redrive", "dlq", "--ids", str(ids), "--url", "amqp://guest:guest@127.0.0.1:1/"]) == 2
+    assert f"{ids}:3: not a dead-letter id: 'not-an-id'" in capsys.readouterr().err

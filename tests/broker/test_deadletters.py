@@ -1,0 +1,83 @@
+"""The dead-letter event writer: batched off the reactor, flushed at stop, a failed write loses
+only its events and the broker carries on."""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+
+import pytest_twisted
+from pamqp import commands
+from twisted.internet.task import deferLater
+
+from broker.core.deadlog import DeadLetterLog
+from broker.core.node import Node
+from broker.deadletters import DeadLetterService
+from broker.testing import Client, MemorySegmentStorage, publish_frames
+from broker.wal.record import SEGMENT_HEADER_BYTES, DeadLettered, iter_records
+from broker.wal.stream import SegmentStream
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    from twisted.internet import reactor
+
+    waited = 0.0
+    while not condition():
+        assert waited < timeout, "condition not met in time"
+        await deferLater(reactor, 0.01, lambda: None)
+        waited += 0.01
+
+
+def start(storage: MemorySegmentStorage) -> tuple[Client, DeadLetterService, Node]:
+    from twisted.internet import reactor
+
+    stream = SegmentStream(storage, 1 << 20, reactor.seconds)
+    node = Node(clock=reactor)
+    events = DeadLetterLog(stream.open(), reactor.seconds)
+    node.vhosts["/"].dead_letters = events
+    service = DeadLetterService(events, stream, reactor)
+    service.interval = 0.01
+    service.startService()
+    client = Client(node)
+    client.handshake()
+    client.open_channel(1)
+    client.call(1, commands.Exchange.Declare(exchange="dlx", exchange_type="fanout"))
+    client.call(1, commands.Queue.Declare(queue="dlq"))
+    client.call(1, commands.Queue.Bind(queue="dlq", exchange="dlx"))
+    client.call(1, commands.Queue.Declare(queue="work", arguments={"x-dead-letter-exchange": "dlx", "x-max-length": 1}))
+    return client, service, node
+
+
+def written(storage: MemorySegmentStorage) -> list[str]:
+    data = storage.read(storage.list_segments()[-1])
+    records = [record for _start, _end, record in iter_records(data, SEGMENT_HEADER_BYTES)]
+    return [record.reason for record in records if type(record) is DeadLettered]
+
+
+@pytest_twisted.ensureDeferred
+async def test_events_are_written_after_the_interval_and_flushed_at_stop() -> None:
+    storage = MemorySegmentStorage()
+    client, service, _node = start(storage)
+    for body in (b"a", b"b"):  # the second pushes the first out: maxlen
+        client.send(publish_frames(1, "", "work", body, commands.Basic.Properties()))
+    await wait_until(lambda: written(storage) == ["maxlen"])
+    assert service.writes == 1
+    client.send(publish_frames(1, "", "work", b"c", commands.Basic.Properties()))
+    await service.stopService()
+    assert written(storage) == ["maxlen", "maxlen"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_failed_write_raises_the_alarm_and_later_events_are_written() -> None:
+    storage = MemorySegmentStorage()
+    client, service, node = start(storage)
+    storage.fail_next("append", OSError(errno.ENOSPC, "No space left on device"))
+    for body in (b"a", b"b"):
+        client.send(publish_frames(1, "", "work", body, commands.Basic.Properties()))
+    await wait_until(lambda: service.alarm is not None)
+    assert "No space left" in str(service.alarm)
+    client.send(publish_frames(1, "", "work", b"c", commands.Basic.Properties()))
+    await wait_until(lambda: service.alarm is None)
+    await service.stopService()
+    assert written(storage) == ["maxlen"]  # the first batch is lost, the broker was not disturbed
+    assert node.vhosts["/"].queues["dlq"].message_count == 2

@@ -1,0 +1,109 @@
+"""``postroom dlq export``: sealed segments to Parquet, one file per segment and date, idempotent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyarrow")
+import pyarrow.parquet as pq  # noqa: E402
+
+from spark.export import MANIFEST_DIR, export, exported_segments  # noqa: E402
+from tests.spark.records import dead_lettered, segment, settled, write_segment  # noqa: E402
+
+DAY = 86400.0
+MIDNIGHT = 1_795_046_400.0  # 2026-11-19T00:00:00Z
+
+
+def files(out: Path) -> list[str]:
+    return sorted(str(path.relative_to(out)) for path in out.rglob("*.parquet"))
+
+
+def test_sealed_segments_become_one_zstd_file_per_date(tmp_path: Path) -> None:
+    source, out = tmp_path / "deadletters", tmp_path / "parquet"
+    write_segment(
+        source, 1, segment(1, [dead_lettered(1, time=MIDNIGHT - 1), dead_lettered(2, time=MIDNIGHT + 1), settled(1)])
+    )
+    write_segment(source, 2, segment(2, [dead_lettered(3, time=MIDNIGHT + DAY)]))
+    write_segment(source, 3, segment(3, [dead_lettered(4)]))  # the last one: maybe still active
+    report = export(str(source), str(out))
+    assert report.exported == (1, 2)
+    assert report.rows == 4
+    assert files(out) == [
+        "date=2026-11-18/segment-00000000000000000001.parquet",
+        "date=2026-11-19/segment-00000000000000000001.parquet",
+        "date=2026-11-20/segment-00000000000000000002.parquet",
+    ]
+    metadata = pq.ParquetFile(out / files(out)[0]).metadata
+    assert metadata.row_group(0).column(0).compression == "ZSTD"
+    assert "date" not in pq.read_schema(out / files(out)[0]).names  # it is the partition directory
+    manifest = json.loads((out / MANIFEST_DIR / "00000000000000000001.json").read_text())
+    assert manifest["rows"] == 3
+
+
+def test_running_it_again_exports_nothing_new(tmp_path: Path) -> None:
+    source, out = tmp_path / "deadletters", tmp_path / "parquet"
+    for number in (1, 2):
+        write_segment(source, number, segment(number, [dead_lettered(number)]))
+    export(str(source), str(out))
+    before = {path: path.stat().st_mtime_ns for path in out.rglob("*")}
+    again = export(str(source), str(out))
+    assert (again.exported, again.skipped) == ((), (1,))
+    assert {path: path.stat().st_mtime_ns for path in out.rglob("*")} == before
+    assert export(str(source), str(out), include_last=True).exported == (2,)
+    assert exported_segments(str(out)) == {1, 2}
+
+
+def test_a_run_cut_short_before_the_manifest_is_redone(tmp_path: Path) -> None:
+    source, out = tmp_path / "deadletters", tmp_path / "parquet"
+    write_segment(source, 1, segment(1, [dead_lettered(1)]))
+    export(str(source), str(out), include_last=True)
+    (out / MANIFEST_DIR / "00000000000000000001.json").unlink()
+    (out / files(out)[0]).write_bytes(b"half a file")
+    assert export(str(source), str(out), include_last=True).exported == (1,)
+    assert pq.read_table(out / files(out)[0]).num_rows == 1
+
+
+def test_corrupt_records_are_exported_and_counted(tmp_path: Path) -> None:
+    source, out = tmp_path / "deadletters", tmp_path / "parquet"
+    write_segment(source, 1, segment(1, [dead_lettered(1), dead_lettered(2)])[:-4])
+    write_segment(source, 2, b"")
+    report = export(str(source), str(out), include_last=True)
+    assert (report.rows, report.corrupt_records) == (3, 2)
+    assert "date=unknown/segment-00000000000000000002.parquet" in files(out)
+
+
+def test_a_missing_stream_directory_exports_nothing(tmp_path: Path) -> None:
+    report = export(str(tmp_path / "missing"), str(tmp_path / "parquet"))
+    assert (report.exported, report.rows) == ((), 0)
+
+
+def test_the_command_exports_the_data_directory_stream(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from broker.cli import main
+
+    data = tmp_path / "data"
+    write_segment(data / "deadletters", 1, segment(1, [dead_lettered(1), settled(1)]))
+    write_segment(data / "deadletters", 2, segment(2, [dead_lettered(2)]))
+    assert main(["dlq", "export", "--data-dir", str(data)]) == 0
+    assert "exported 1 segment(s) (2 event(s), 0 corrupt, 1 file(s)); 0 already exported" in capsys.readouterr().out
+    assert exported_segments(str(data / "deadletters-parquet")) == {1}
+
+
+def test_a_file_left_half_written_is_hidden_from_readers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    source, out = tmp_path / "deadletters", tmp_path / "parquet"
+    write_segment(source, 1, segment(1, [dead_lettered(1)]))
+
+    def crash(_source: str, _target: str) -> None:
+        raise OSError("power cut")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        export(str(source), str(out), include_last=True)
+    monkeypatch.undo()
+    (partial,) = out.rglob("*.partial")
+    assert partial.name.startswith("_")
+    assert export(str(source), str(out), include_last=True).exported == (1,)
