@@ -135,6 +135,77 @@ def _wal_dump(args: argparse.Namespace) -> int:
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
 
+#: The management API of a broker on its embedded default.
+DEFAULT_MANAGEMENT_URL = "http://guest:guest@127.0.0.1:15672/"
+
+
+def management_get(url: str, path: str, timeout: float = 10.0) -> object:
+    """GET ``path`` (e.g. ``/api/queues``) from the management API at ``url`` (credentials in the URL).
+
+    :raises OSError: the broker cannot be reached, or answered with an error status
+    """
+    import base64
+    import json
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    base = f"{parts.scheme or 'http'}://{host}:{parts.port or 15672}"
+    credentials = f"{urllib.parse.unquote(parts.username or 'guest')}:{urllib.parse.unquote(parts.password or 'guest')}"
+    request = urllib.request.Request(
+        base + path, headers={"Authorization": "Basic " + base64.b64encode(credentials.encode()).decode()}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        reason = error.read().decode("utf-8", "replace")
+        raise OSError(f"{base + path}: HTTP {error.code} {reason}") from error
+
+
+def _queues(args: argparse.Namespace) -> int:
+    import json
+    import urllib.parse
+
+    path = "/api/queues" + (f"/{urllib.parse.quote(args.vhost, safe='')}" if args.vhost else "")
+    try:
+        queues = management_get(args.url, path)
+    except OSError as error:
+        print(f"postroom queues: {error}", file=sys.stderr)
+        return 1
+    assert isinstance(queues, list)
+    if args.json:
+        for queue in queues:
+            print(json.dumps(queue, default=str))
+        return 0
+    columns = ("vhost", "name", "ready", "unacked", "consumers", "publish/s", "deliver/s", "dead-lettered")
+    rows = [columns]
+    for queue in queues:
+        stats = queue["message_stats"]
+        rows.append(
+            (
+                queue["vhost"],
+                queue["name"],
+                str(queue["messages_ready"]),
+                str(queue["messages_unacknowledged"]),
+                str(queue["consumers"]),
+                f"{stats['publish_details']['rate']:.1f}",
+                f"{stats['deliver_get_details']['rate']:.1f}",
+                str(sum(queue["dead_lettered"].values())),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+    for row in rows:
+        cells = [
+            cell.ljust(width) if i < 2 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        print("  ".join(cells).rstrip())
+    return 0
+
+
 def _publish(args: argparse.Namespace) -> int:
     from broker.client import ClientError, connect
 
@@ -401,6 +472,11 @@ def build_parser() -> argparse.ArgumentParser:
     declare.add_argument("--url", default=DEFAULT_URL)
     declare.add_argument("-f", "--file", required=True)
     declare.set_defaults(run=_declare)
+    queues = commands.add_parser("queues", help="a table of queues: ready, unacked, consumers, rates")
+    queues.add_argument("--url", default=DEFAULT_MANAGEMENT_URL, help="management API (default: %(default)s)")
+    queues.add_argument("--vhost", help="only this vhost")
+    queues.add_argument("--json", action="store_true", help="one JSON object per queue instead of a table")
+    queues.set_defaults(run=_queues)
     dlq = commands.add_parser("dlq", help="look into a dead-letter queue, move messages back")
     dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True)
     inspect = dlq_commands.add_parser("inspect", help="print messages with their x-death summary; consumes nothing")

@@ -83,12 +83,12 @@ class RateSampler:
         return counts
 
     def sample(self) -> None:
-        """Read the counters and update the rates (a counter that went down, a recreated queue, reads 0)."""
+        """Read the counters and update the rates (a queue created since counts from 0; a counter that went down reads 0)."""
         now = self.clock.seconds()
         counts = self._counts()
         if self._last_at is not None and now > self._last_at:
             elapsed = now - self._last_at
-            self.rates = {key: max(0, count - self._last.get(key, count)) / elapsed for key, count in counts.items()}
+            self.rates = {key: max(0, count - self._last.get(key, 0)) / elapsed for key, count in counts.items()}
         self._last, self._last_at = counts, now
 
     def rate(self, vhost: str, queue: str, stat: str) -> float:
@@ -144,7 +144,7 @@ class ManagementAPI(Resource):
         return json.dumps(body, default=_json_default).encode()
 
     def _authenticate(self, request: Request) -> User:
-        header = request.getHeader(b"authorization") or ""
+        header = (request.getHeader(b"authorization") or b"").decode("latin-1")
         scheme, _, encoded = header.partition(" ")
         try:
             username, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")

@@ -21,10 +21,10 @@ from broker.core.definitions import node_from_config
 from broker.core.histogram import Histogram
 from broker.core.journal import Journal
 from broker.core.node import Node
+from broker.deadletters import open_dead_letters
 from broker.management import RateSampler, management_site
 from broker.metrics import BrokerCollector, make_registry, metrics_site
 from broker.pluginloader import LoadedPlugins, load_plugins
-from broker.deadletters import open_dead_letters
 from broker.protocol import AMQPServerFactory
 from broker.wal.files import DirectoryStorage, prune_archive
 from broker.wal.log import RecoveryReport, WriteAheadLog

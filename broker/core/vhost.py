@@ -19,8 +19,8 @@ from exchanges.interfaces import BindingInvalid, IInterceptingRouter, IRouter
 from exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType, default_registry
 
 if TYPE_CHECKING:
-    from broker.core.hooks import HookChain
     from broker.core.deadlog import DeadLetterLog
+    from broker.core.hooks import HookChain
     from broker.core.journal import Journal
 
 #: The exchanges every virtual host has, as in RabbitMQ.

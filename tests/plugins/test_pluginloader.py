@@ -300,7 +300,7 @@ plugin = Plugin()
 
 def test_plugin_services_start_before_the_listeners_and_stop_with_the_broker(modules: Path) -> None:
     write(modules, "pr_test_service", SERVICE)
-    config = loads("plugins: [pr_test_service]\n", "broker.yaml")
+    config = loads("plugins: [pr_test_service]\nlisten: {metrics: false, management: false}\n", "broker.yaml")
     reactor = MemoryReactorClock()
     service = make_broker_service(reactor, config, amqp_endpoints=["tcp:5673:interface=127.0.0.1"], persist=False)
     plugin = sys.modules["pr_test_service"].plugin
