@@ -514,9 +514,7 @@ class Connection:
         start = self._method(deadline)
         if not isinstance(start, commands.Connection.Start):
             raise ConnectionClosed(505, f"expected connection.start, got {start.name}")
-        self._sock.sendall(
-            encode_method(0, start_ok(self.user, self.password, "Postroom client"))
-        )
+        self._sock.sendall(encode_method(0, start_ok(self.user, self.password, "Postroom client")))
         tune = self._method(deadline)
         if not isinstance(tune, commands.Connection.Tune):
             raise ConnectionClosed(505, f"expected connection.tune, got {tune.name}")

@@ -83,7 +83,10 @@ class RateSampler:
         return counts
 
     def sample(self) -> None:
-        """Read the counters and update the rates (a queue created since counts from 0; a counter that went down reads 0)."""
+        """Read the counters and update the rates.
+
+        A queue created since the last sample counts from 0; a counter that went down reads 0.
+        """
         now = self.clock.seconds()
         counts = self._counts()
         if self._last_at is not None and now > self._last_at:

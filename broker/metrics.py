@@ -180,10 +180,12 @@ class BrokerCollector:
 
 
 class RabbitMQNames:
-    """The ``rabbitmq_*`` series of RabbitMQ's Prometheus plugin that its Overview dashboard reads.
+    """The ``rabbitmq_*`` series that RabbitMQ's Overview dashboard (Grafana ID 10991) reads.
 
-    Values come from Postroom's counters; RabbitMQ's per-node aggregates are sums over queues.
-    Series whose meaning has no equivalent here (Erlang VM internals) are not invented.
+    Every one of the dashboard's 35 names is exported, from Postroom's own counters: RabbitMQ's
+    per-node aggregates are sums over queues and virtual hosts. ``rabbitmq_identity_info``
+    carries ``rabbitmq_node`` and ``rabbitmq_cluster`` (the dashboard joins on ``instance``,
+    which Prometheus adds). Process figures come from ``/proc`` where it exists.
     """
 
     def __init__(self, collector: BrokerCollector) -> None:
@@ -191,63 +193,113 @@ class RabbitMQNames:
 
     def collect(self) -> Iterator[Metric]:
         node = self.collector.node
-        queues = [queue for vhost in node.vhosts.values() for queue in vhost.queues.values()]
+        vhosts = list(node.vhosts.values())
+        queues = [queue for vhost in vhosts for queue in vhost.queues.values()]
         connections = node.connections
+        channels = [channel for connection in connections for channel in connection.channels.values()]
+        counters = node.counters
+        name = self.collector.node_name
         identity = GaugeMetricFamily(
-            "rabbitmq_identity_info",
-            "RabbitMQ node and cluster identity (Postroom: one node, its own cluster).",
-            labels=["rabbitmq_node", "rabbitmq_cluster"],
+            "rabbitmq_identity_info", "Node and cluster identity.", labels=["rabbitmq_node", "rabbitmq_cluster"]
         )
-        identity.add_metric([self.collector.node_name, self.collector.node_name], 1)
+        identity.add_metric([name, name], 1)
         yield identity
         build = GaugeMetricFamily(
-            "rabbitmq_build_info", "Build information.", labels=["rabbitmq_version", "prometheus_plugin_version"]
+            "rabbitmq_build_info",
+            "Build information (Postroom's version; no Erlang).",
+            labels=["rabbitmq_version", "prometheus_plugin_version", "prometheus_client_version", "erlang_version"],
         )
-        build.add_metric([node.version, node.version], 1)
+        build.add_metric([node.version, node.version, node.version, "none"], 1)
         yield build
 
-        def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, documentation, value=value)
+        def total(items: list[Any], attribute: str) -> int:
+            return sum(getattr(item, attribute) for item in items)
 
-        def counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
-            return CounterMetricFamily(name, documentation, value=value)
+        ready, unacked = total(queues, "message_count"), total(queues, "unacked_count")
+        unconfirmed = sum(c._publish_seq - c.confirmed_upto for c in channels if c.confirm)
+        rss, limit = _memory()
+        disk = _disk_free(self.collector.wal)
+        open_fds, max_fds = _fds()
+        sockets = len(connections)
+        gauges = {
+            "rabbitmq_queue_messages_ready": ("Messages ready to be delivered.", ready),
+            "rabbitmq_queue_messages_unacked": ("Messages delivered and not acknowledged.", unacked),
+            "rabbitmq_queue_messages": ("Messages ready and unacknowledged.", ready + unacked),
+            "rabbitmq_queues": ("Queues.", len(queues)),
+            "rabbitmq_consumers": ("Consumers.", total(queues, "consumer_count")),
+            "rabbitmq_channel_consumers": ("Consumers on channels.", sum(len(c.consumers) for c in channels)),
+            "rabbitmq_connections": ("Open connections.", len(connections)),
+            "rabbitmq_channels": ("Open channels.", len(channels)),
+            "rabbitmq_channel_messages_unconfirmed": ("Publishes not confirmed yet.", unconfirmed),
+            "rabbitmq_process_resident_memory_bytes": ("Resident memory.", rss),
+            "rabbitmq_resident_memory_limit_bytes": ("Memory limit (physical memory).", limit),
+            "rabbitmq_disk_space_available_bytes": ("Free disk space where the log is.", disk),
+            "rabbitmq_process_open_fds": ("Open file descriptors.", open_fds),
+            "rabbitmq_process_max_fds": ("File descriptor limit.", max_fds),
+            "rabbitmq_process_open_tcp_sockets": ("Open AMQP sockets.", sockets),
+            "rabbitmq_process_max_tcp_sockets": ("Socket limit (the file descriptor limit).", max_fds),
+        }
+        for metric, (documentation, value) in gauges.items():
+            yield GaugeMetricFamily(metric, documentation, value=value)
+        published, unroutable = total(vhosts, "published"), total(vhosts, "unroutable")
+        returned, delivered = total(vhosts, "returned"), total(queues, "delivered")
+        gets = total(vhosts, "gets")
+        counts = {
+            "rabbitmq_channel_messages_published_total": ("Messages published.", published),
+            "rabbitmq_channel_messages_confirmed_total": ("Publishes confirmed.", total(vhosts, "confirmed")),
+            "rabbitmq_queue_messages_published_total": ("Messages routed into queues.", total(queues, "published")),
+            "rabbitmq_channel_messages_unroutable_dropped_total": ("Unroutable, dropped.", unroutable - returned),
+            "rabbitmq_channel_messages_unroutable_returned_total": ("Unroutable, returned.", returned),
+            # Postroom counts consume and get deliveries together; the dashboard adds these up.
+            "rabbitmq_channel_messages_delivered_total": ("Deliveries without ack.", 0),
+            "rabbitmq_channel_messages_delivered_ack_total": ("Deliveries (consume and get).", delivered - gets),
+            "rabbitmq_channel_get_total": ("basic.get without ack.", 0),
+            "rabbitmq_channel_get_ack_total": ("basic.get answered with a message.", gets),
+            "rabbitmq_channel_get_empty_total": ("basic.get answered empty.", total(vhosts, "gets_empty")),
+            "rabbitmq_channel_messages_redelivered_total": ("Redeliveries.", total(queues, "redelivered")),
+            "rabbitmq_channel_messages_acked_total": ("Acknowledgements.", total(queues, "acked")),
+            "rabbitmq_queues_declared_total": ("Queues created.", total(vhosts, "queues_created")),
+            "rabbitmq_queues_created_total": ("Queues created.", total(vhosts, "queues_created")),
+            "rabbitmq_queues_deleted_total": ("Queues deleted.", total(vhosts, "queues_deleted")),
+            "rabbitmq_channels_opened_total": ("Channels opened.", counters["channels_opened"]),
+            "rabbitmq_channels_closed_total": ("Channels closed.", counters["channels_closed"]),
+            "rabbitmq_connections_opened_total": ("Connections opened.", counters["connections_opened"]),
+            "rabbitmq_connections_closed_total": ("Connections closed.", counters["connections_closed"]),
+        }
+        for metric, (documentation, value) in counts.items():
+            yield CounterMetricFamily(metric, documentation, value=max(0, value))
 
-        ready = sum(queue.message_count for queue in queues)
-        unacked = sum(queue.unacked_count for queue in queues)
-        yield gauge("rabbitmq_queue_messages_ready", "Messages ready to be delivered.", ready)
-        yield gauge("rabbitmq_queue_messages_unacked", "Messages delivered and not acknowledged.", unacked)
-        yield gauge("rabbitmq_queue_messages", "Messages ready and unacknowledged.", ready + unacked)
-        yield gauge("rabbitmq_queues", "Queues available.", len(queues))
-        yield gauge("rabbitmq_consumers", "Consumers.", sum(queue.consumer_count for queue in queues))
-        yield gauge("rabbitmq_connections", "Connections currently open.", len(connections))
-        yield gauge("rabbitmq_channels", "Channels currently open.", sum(len(c.channels) for c in connections))
-        published = sum(vhost.published for vhost in node.vhosts.values())
-        unroutable = sum(vhost.unroutable for vhost in node.vhosts.values())
-        delivered = sum(queue.delivered for queue in queues)
-        acked = sum(queue.acked for queue in queues)
-        redelivered = sum(queue.redelivered for queue in queues)
-        yield counter("rabbitmq_channel_messages_published_total", "Messages published.", published)
-        yield counter("rabbitmq_global_messages_received_total", "Messages received from publishers.", published)
-        yield counter("rabbitmq_global_messages_routed_total", "Messages routed to queues.", published - unroutable)
-        yield counter("rabbitmq_channel_messages_unroutable_dropped_total", "Unroutable messages dropped.", unroutable)
-        yield counter("rabbitmq_global_messages_unroutable_dropped_total", "Unroutable messages dropped.", unroutable)
-        yield counter("rabbitmq_channel_messages_delivered_total", "Messages delivered.", delivered)
-        yield counter(
-            "rabbitmq_channel_messages_delivered_ack_total", "Messages delivered in manual ack mode.", delivered
-        )
-        yield counter("rabbitmq_global_messages_delivered_total", "Messages delivered.", delivered)
-        yield counter("rabbitmq_channel_messages_acked_total", "Messages acknowledged.", acked)
-        yield counter("rabbitmq_global_messages_acknowledged_total", "Messages acknowledged.", acked)
-        yield counter("rabbitmq_channel_messages_redelivered_total", "Messages redelivered.", redelivered)
-        yield counter("rabbitmq_global_messages_redelivered_total", "Messages redelivered.", redelivered)
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        yield gauge("rabbitmq_process_resident_memory_bytes", "Resident memory (peak).", usage.ru_maxrss * 1024)
-        try:
-            open_fds = len(os.listdir("/proc/self/fd"))
-        except OSError:
-            open_fds = 0
-        yield gauge("rabbitmq_process_open_fds", "Open file descriptors.", open_fds)
-        yield gauge("rabbitmq_process_max_fds", "File descriptor limit.", resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+def _memory() -> tuple[int, int]:
+    """Resident and physical memory in bytes (0 where ``/proc`` or ``sysconf`` cannot tell)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    try:
+        with open("/proc/self/statm") as statm:
+            rss = int(statm.read().split()[1]) * page
+    except (OSError, ValueError, IndexError):
+        rss = 0
+    try:
+        physical = os.sysconf("SC_PHYS_PAGES") * page
+    except (OSError, ValueError):
+        physical = 0
+    return rss, physical
+
+
+def _disk_free(wal: WALService | None) -> int:
+    path = getattr(getattr(wal, "wal", None), "storage", None)
+    try:
+        stat = os.statvfs(getattr(path, "path", "."))
+    except OSError:
+        return 0
+    return stat.f_bavail * stat.f_frsize
+
+
+def _fds() -> tuple[int, int]:
+    try:
+        open_fds = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        open_fds = 0
+    return open_fds, resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def make_registry(collector: BrokerCollector) -> CollectorRegistry:

@@ -95,6 +95,8 @@ class ChannelState:
         self.confirm = False
         self._publish_seq = 0
         self.confirm_pending = 0
+        #: The highest publish sequence number answered (acked or nacked), for metrics.
+        self.confirmed_upto = 0
         #: Confirms waiting for the log: (publish seq, log position needed, accepted), in order.
         self._confirm_waits: deque[tuple[int, int, bool]] = deque()
         self.transactional = False
@@ -384,8 +386,10 @@ class ChannelState:
         queue = self.vhost.queue(self._queue_name(method.queue), self.connection)
         entry = queue.get()
         if entry is None:
+            self.vhost.gets_empty += 1
             self._send(commands.Basic.GetEmpty())
             return
+        self.vhost.gets += 1
         self._delivery_tag = tag = self._delivery_tag + 1
         queue.delivered += 1
         if queue.latency_samples:
@@ -750,6 +754,7 @@ class ChannelState:
 
     def _return(self, message: Message) -> None:
         """Send an unroutable mandatory message back with ``basic.return`` 312 NO_ROUTE."""
+        self.vhost.returned += 1
         out = self.connection.out
         out.append(return_method(self.id, ReplyCode.NO_ROUTE, "NO_ROUTE", message.names))
         out += content_frames(self.id, message.header, message.body, self.connection.frame_max)
@@ -758,6 +763,8 @@ class ChannelState:
         """Write one ``basic.ack multiple=true`` covering every publish accepted so far."""
         if self.confirm_pending:
             self.connection.out.append(ack_method(self.id, self.confirm_pending, self.confirm_pending > 1))
+            self.vhost.confirmed += self.confirm_pending - self.confirmed_upto
+            self.confirmed_upto = self.confirm_pending
             self.confirm_pending = 0
 
     def _wait_confirm(self, seq: int, position: int, accepted: bool) -> None:
@@ -788,8 +795,10 @@ class ChannelState:
         last_ok = 0
         while waits and waits[0][1] <= position:
             seq, needed, accepted = waits.popleft()
+            self.confirmed_upto = seq
             if accepted and not (refuse and needed):
                 last_ok = seq
+                self.vhost.confirmed += 1
                 continue
             if last_ok:
                 out.append(ack_method(self.id, last_ok, True))
@@ -807,6 +816,7 @@ class ChannelState:
     def nack_publish(self) -> None:
         """Refuse the publish just counted (it could not be accepted)."""
         self.flush_confirms()
+        self.confirmed_upto = self._publish_seq
         self.connection.out.append(nack_method(self.id, self._publish_seq, False))
 
     # confirm and tx classes

@@ -364,6 +364,7 @@ class ServerConnection:
         if isinstance(method, commands.Channel.Close):
             channel.release()
             del self.channels[channel.id]
+            self.node.counters["channels_closed"] += 1
             self.out.append(encode_method(channel.id, commands.Channel.CloseOk()))
             return
         if isinstance(method, commands.Channel.CloseOk):
@@ -392,6 +393,7 @@ class ServerConnection:
                 10,
             )
         self.channels[channel_id] = ChannelState(self, channel_id)
+        self.node.counters["channels_opened"] += 1
         self.out.append(encode_method(channel_id, commands.Channel.OpenOk()))
 
     def _close_channel(self, channel_id: int, error: AMQPError) -> None:
@@ -399,6 +401,7 @@ class ServerConnection:
         channel = self.channels.pop(channel_id, None)
         if channel is not None:
             channel.release()
+            self.node.counters["channels_closed"] += 1
         self._closing_channels.add(channel_id)
         self.out.append(
             encode_method(
@@ -563,6 +566,7 @@ class ServerConnection:
         self.vhost = vhost
         self.state = State.OPEN
         self.node.connections.add(self)
+        self.node.counters["connections_opened"] += 1
         self.out.append(encode_method(0, commands.Connection.OpenOk()))
 
     # -- closing --------------------------------------------------------------------------------
@@ -611,7 +615,10 @@ class ServerConnection:
         for queue in queues:
             if not queue.deleted:
                 self.vhost.remove_queue(queue)
-        self.node.connections.discard(self)
+        if self in self.node.connections:
+            self.node.connections.discard(self)
+            self.node.counters["connections_closed"] += 1
+            self.node.counters["channels_closed"] += len(self.channels)
         self.node.dirty.discard(self)
 
     def connection_lost(self) -> None:

@@ -157,6 +157,15 @@ class VirtualHost:
         #: Messages published by clients into this vhost, and those no queue took (for metrics).
         self.published = 0
         self.unroutable = 0
+        #: Unroutable mandatory messages returned; basic.get answered with a message, without one.
+        self.returned = 0
+        #: Publishes confirmed (basic.ack) to publishers in confirm mode.
+        self.confirmed = 0
+        self.gets = 0
+        self.gets_empty = 0
+        #: Queues created and deleted (by clients, definitions, auto-delete or expiry).
+        self.queues_created = 0
+        self.queues_deleted = 0
         #: Publish-to-deliver seconds of sampled messages, for every queue of this vhost.
         self.latency = Histogram()
         #: The node's message hooks (``None``: no plugin added any).
@@ -461,6 +470,7 @@ class VirtualHost:
         queue.on_dead_letter = self._dead_letter
         queue.on_expired = self.remove_queue
         queue.on_latency = self.latency.observe
+        self.queues_created += 1
         self.queues[name] = queue
         if durable and not exclusive and self.journal is not None:
             queue.journal = self.journal
@@ -513,6 +523,7 @@ class VirtualHost:
         if self.queues.get(queue.name) is not queue:
             return
         del self.queues[queue.name]
+        self.queues_deleted += 1
         queue.deleted = True
         queue.cancel_timers()
         if queue.journal is not None:

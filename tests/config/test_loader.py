@@ -128,3 +128,10 @@ def test_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
 def test_invalid_yaml_is_a_config_error_with_its_line() -> None:
     ((line, _key, reason),) = problems("listen:\n  amqp: [unclosed\n")
     assert line is not None and reason.startswith("not valid YAML")
+
+
+def test_metrics_settings_are_checked() -> None:
+    assert sorted(problems("metrics: {rabbitmq_compatible: yes please}\nlisten: {metrics: 5}\n")) == [
+        (1, "metrics.rabbitmq_compatible", "must be true or false, not a string 'yes please'"),
+        (2, "listen.metrics", "must be a string, not an integer 5 (quote it)"),
+    ]

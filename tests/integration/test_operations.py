@@ -142,6 +142,47 @@ def test_every_metric_the_dashboard_uses_is_exported(operated: Operated, pika_co
     assert wal_series <= used
 
 
+#: Every metric name RabbitMQ's Overview dashboard (Grafana ID 10991) reads.
+RABBITMQ_OVERVIEW_METRICS = """
+rabbitmq_identity_info rabbitmq_build_info rabbitmq_queue_messages_ready rabbitmq_queue_messages_unacked
+rabbitmq_channels rabbitmq_channel_consumers rabbitmq_connections rabbitmq_queues
+rabbitmq_resident_memory_limit_bytes rabbitmq_process_resident_memory_bytes rabbitmq_disk_space_available_bytes
+rabbitmq_process_max_fds rabbitmq_process_open_fds rabbitmq_process_max_tcp_sockets rabbitmq_process_open_tcp_sockets
+rabbitmq_channel_messages_unconfirmed rabbitmq_channel_messages_published_total
+rabbitmq_channel_messages_confirmed_total
+rabbitmq_queue_messages_published_total rabbitmq_channel_messages_unroutable_dropped_total
+rabbitmq_channel_messages_unroutable_returned_total rabbitmq_channel_messages_delivered_total
+rabbitmq_channel_messages_delivered_ack_total rabbitmq_channel_messages_redelivered_total
+rabbitmq_channel_messages_acked_total rabbitmq_channel_get_total rabbitmq_channel_get_ack_total
+rabbitmq_channel_get_empty_total rabbitmq_queues_declared_total rabbitmq_queues_created_total
+rabbitmq_queues_deleted_total rabbitmq_channels_opened_total rabbitmq_channels_closed_total
+rabbitmq_connections_opened_total rabbitmq_connections_closed_total
+""".split()
+
+
+def test_rabbitmq_compatible_names_cover_the_rabbitmq_dashboard(
+    operated: Operated, pika_connect: Callable[..., Any]
+) -> None:
+    from prometheus_client.exposition import generate_latest
+
+    traffic(operated, pika_connect)
+    node = operated.broker.node
+    plain = operated.broker.call(lambda: generate_latest(make_registry(BrokerCollector(node))).decode())
+    assert "rabbitmq_" not in plain
+    registry = make_registry(BrokerCollector(node, rabbitmq_compatible=True))
+    text = operated.broker.call(lambda: generate_latest(registry).decode())
+    assert len(RABBITMQ_OVERVIEW_METRICS) == 35
+    assert {name for name in RABBITMQ_OVERVIEW_METRICS if f"\n{name}" not in text} == set()
+    assert sample(text, "rabbitmq_queue_messages_ready") == 4
+    assert sample(text, "rabbitmq_channel_messages_published_total") == 6
+    assert sample(text, "rabbitmq_channel_messages_confirmed_total") == 6
+    assert sample(text, "rabbitmq_channel_messages_unroutable_dropped_total") == 1
+    assert sample(text, "rabbitmq_channel_get_ack_total") == 2
+    assert sample(text, "rabbitmq_connections_opened_total") == 1
+    assert sample(text, "rabbitmq_channels_opened_total") == 1
+    assert sample(text, "rabbitmq_identity_info", rabbitmq_node="postroom@localhost") == 1
+
+
 def test_management_api_lists_queues_with_counts(operated: Operated, pika_connect: Callable[..., Any]) -> None:
     traffic(operated, pika_connect)
     status, queues = operated.api("/api/queues")
