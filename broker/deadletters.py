@@ -14,17 +14,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.python.threadpool import ThreadPool
 
 from broker.core.deadlog import DeadLetterLog, watch_dead_letter_queues
 from broker.core.node import Node
 from broker.wal.files import DirectoryStorage
 from broker.wal.stream import SegmentStream
+from broker.writer import WorkerWriter
 
 __all__ = ["DEAD_LETTER_DIR", "WRITE_INTERVAL", "DeadLetterService", "open_dead_letters"]
 
@@ -41,7 +40,7 @@ WRITE_INTERVAL = 0.2
 DEAD_LETTER_SEGMENT_BYTES = 32 * 1024 * 1024
 
 
-class DeadLetterService(Service):
+class DeadLetterService(WorkerWriter):
     """Appends the dead-letter log's events to their segment stream on a worker thread.
 
     :param events: the core's dead-letter log
@@ -53,6 +52,7 @@ class DeadLetterService(Service):
     _log = Logger()
 
     def __init__(self, events: DeadLetterLog, stream: SegmentStream, reactor: Any, fsync: str = "batch") -> None:
+        super().__init__("postroom-deadletters")
         self.events = events
         self.stream = stream
         self.reactor = reactor
@@ -61,13 +61,13 @@ class DeadLetterService(Service):
         #: The last write error, or ``None`` once writes succeed.
         self.alarm: str | None = None
         self.writes = 0
-        self._call: Any = None
-        self._writing: defer.Deferred[Any] | None = None
-        self._pool = ThreadPool(1, 1, name="postroom-deadletters")
+
+    @property
+    def has_pending(self) -> bool:
+        return self.events.has_pending
 
     def startService(self) -> None:
         super().startService()
-        self._pool.start()
         self.events.on_pending = self._pending
 
     def _pending(self) -> None:
@@ -108,18 +108,8 @@ class DeadLetterService(Service):
 
     @defer.inlineCallbacks
     def stopService(self) -> Any:
-        """Write and sync what is pending, then stop the worker thread."""
-        super().stopService()
-        if self._call is not None and self._call.active():
-            self._call.cancel()
-        self._call = None
-        while self._writing is not None:
-            yield self._writing
-        if self.events.has_pending:
-            self._write()
-            if self._writing is not None:
-                yield self._writing
-        self._pool.stop()
+        """Write and sync what is pending, stop the worker thread, close the stream's files."""
+        yield super().stopService()
         close = getattr(self.stream.storage, "close", None)  # DirectoryStorage's descriptors
         if close is not None:
             close()

@@ -15,7 +15,6 @@ from twisted.internet import defer
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.python.threadpool import ThreadPool
 
 from broker.core.definitions import node_from_config
 from broker.core.histogram import Histogram
@@ -30,6 +29,7 @@ from broker.wal.files import DirectoryStorage, prune_archive
 from broker.wal.log import RecoveryReport, WriteAheadLog
 from broker.wal.record import SEGMENT_HEADER_BYTES
 from broker.wal.recovery import replay_located
+from broker.writer import WorkerWriter
 from config.schema import BrokerConfig
 
 #: Allocations between young-generation collections. Messages and queue entries are
@@ -66,7 +66,7 @@ class Archive:
     max_bytes: int
 
 
-class WALService(Service):
+class WALService(WorkerWriter):
     """Writes the journal's records to the log on one worker thread, and releases confirms.
 
     Group commit: the first record after a quiet spell schedules a write ``interval`` seconds
@@ -95,6 +95,7 @@ class WALService(Service):
         archive: Archive | None = None,
         memory_budget: int = 256 << 20,
     ) -> None:
+        super().__init__("postroom-wal")
         self.archive = archive
         #: Bytes of logged message bodies kept in memory; past it, the newest are paged out.
         self.memory_budget = memory_budget
@@ -120,13 +121,13 @@ class WALService(Service):
         self.writes = 0
         #: Seconds each append+fsync took, for metrics.
         self.fsync_seconds = Histogram()
-        self._call: Any = None
-        self._writing: defer.Deferred[Any] | None = None
-        self._pool = ThreadPool(1, 1, name="postroom-wal")
+
+    @property
+    def has_pending(self) -> bool:
+        return self.journal.has_pending
 
     def startService(self) -> None:
         super().startService()
-        self._pool.start()
         self.journal.on_pending = self._pending
         if self.journal.has_pending:
             # Recorded while the broker was being built (configured definitions, plugins'
@@ -218,21 +219,6 @@ class WALService(Service):
         self.journal.failed(position)
         if self.journal.has_pending:
             self._call = self.reactor.callLater(max(self.interval, 0.1), self._write)
-
-    @defer.inlineCallbacks
-    def stopService(self) -> Any:
-        """Write and sync what is pending, then stop the worker thread."""
-        super().stopService()
-        if self._call is not None and self._call.active():
-            self._call.cancel()
-        self._call = None
-        while self._writing is not None:
-            yield self._writing
-        if self.journal.has_pending:
-            self._write()
-            if self._writing is not None:
-                yield self._writing
-        self._pool.stop()
 
 
 class BrokerService(MultiService):
