@@ -22,17 +22,12 @@ from pathlib import Path
 import pika
 import pytest
 
+from broker.testing import free_port
 from broker.wal.record import SEGMENT_HEADER_BYTES, Snapshot, iter_records
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
@@ -42,7 +37,7 @@ def broker(
     port = free_port()
     config = data.parent / f"broker-{port}.yaml"
     config.write_text(
-        f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1"}}\n'
+        f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1", metrics: false, management: false}}\n'
         f'storage: {{dir: "{data}", fsync: batch, segment_bytes: {segment_bytes}, memory_budget: {memory_budget}, '
         "archive: {enabled: true, retention: 7d, max_bytes: 1GiB}}\n"
     )

@@ -10,7 +10,6 @@ import base64
 import json
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from twisted.internet import threads
 from broker.core.node import Node, User
 from broker.management import RateSampler, management_site
 from broker.metrics import BrokerCollector, make_registry, metrics_site
+from broker.testing import free_port
 from tests.conftest import Broker
 
 pytestmark = pytest.mark.integration
@@ -285,12 +285,6 @@ def test_postroom_queues_prints_a_table(operated: Operated, pika_connect: Callab
     assert refused.returncode == 1 and "401" in refused.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_prometheus_scrapes_the_queue_depth(
     operated: Operated, pika_connect: Callable[..., Any], tmp_path: Path
 ) -> None:
@@ -298,7 +292,7 @@ def test_prometheus_scrapes_the_queue_depth(
     if prometheus is None:
         pytest.skip("no prometheus binary (the test command installs Debian's prometheus where it can)")
     traffic(operated, pika_connect)
-    port = _free_port()
+    port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s}\n"

@@ -16,15 +16,11 @@ from pathlib import Path
 import pika
 import pytest
 
+from broker.testing import free_port
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path) -> None:

@@ -29,6 +29,7 @@ pytest.importorskip("pyspark")
 pika = pytest.importorskip("pika")
 
 from broker.core.deadlog import DEAD_LETTER_ID_HEADER  # noqa: E402
+from broker.testing import free_port  # noqa: E402
 from spark.export import export  # noqa: E402
 from spark.job import run  # noqa: E402
 
@@ -40,18 +41,15 @@ ROOT = Path(__file__).resolve().parents[2]
 WAIT = 15.0
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def serve(data: Path) -> Iterator[int]:
     """``postroom serve`` over ``data`` on a free loopback port; stopped gracefully (SIGTERM)."""
     port = free_port()
     config = data.parent / "broker.yaml"
-    config.write_text(f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1"}}\nstorage: {{dir: "{data}"}}\n')
+    config.write_text(
+        f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1", metrics: false, management: false}}\n'
+        f'storage: {{dir: "{data}"}}\n'
+    )
     log = open(data.parent / "broker.log", "ab")
     process = subprocess.Popen(
         [sys.executable, "-m", "broker.cli", "serve", "--config", str(config)], cwd=ROOT, stdout=log, stderr=log
