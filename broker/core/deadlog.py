@@ -42,7 +42,11 @@ if TYPE_CHECKING:
     from broker.core.message import Message
     from broker.core.queue import Entry, WorkQueue
 
-__all__ = ["DEAD_LETTER_ID_HEADER", "RUN_ID_BITS", "DeadLetterLog"]
+__all__ = ["DEAD_LETTER_ID_HEADER", "RUN_ID_BITS", "DeadLetterLog", "watch_dead_letter_queues"]
+
+#: The header's name as a field table encodes it (a short string): a message whose raw
+#: content header lacks these bytes carries no dead-letter id, and is not decoded at start.
+_ID_HEADER_NAME = bytes([len(DEAD_LETTER_ID_HEADER)]) + DEAD_LETTER_ID_HEADER.encode()
 
 #: Dead-letter ids are ``run << RUN_ID_BITS | n``: ``run`` is the stream segment the broker
 #: opened at start (larger than every earlier one), ``n`` counts from 1. Ids are then unique
@@ -188,18 +192,19 @@ class DeadLetterLog:
                 self.watch(target)
 
     def recovered(self, queue: WorkQueue) -> int:
-        """Hook ``queue`` and note the dead letters of earlier runs in it (recovered from the log,
-        known by their ``x-postroom-dead-letter-id`` header); returns how many.
+        """Note the dead letters of earlier runs in ``queue`` (recovered from the log, known by
+        their ``x-postroom-dead-letter-id`` header) and hook the queue if it holds any; returns
+        how many.
 
-        Headers are decoded here, once, at start, so that :meth:`settled` never decodes any:
-        a queue that is both a work queue and a dead-letter target (a retry loop) settles
-        messages at full rate.
+        Headers are decoded here, once, at start, and only of messages whose raw content
+        header holds the header's name, so that :meth:`settled` never decodes any: a queue
+        that is both a work queue and a dead-letter target (a retry loop) settles messages at
+        full rate.
         """
-        self.watch(queue)
         found = 0
         for entry in queue.ready_entries():
             message = entry.message
-            if not message.flags & FLAG_HEADERS:
+            if not message.flags & FLAG_HEADERS or _ID_HEADER_NAME not in message.header:
                 continue
             value = (message.properties.headers or {}).get(DEAD_LETTER_ID_HEADER)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -210,6 +215,8 @@ class DeadLetterLog:
             else:
                 known[1].add(queue.name)
             found += 1
+        if found and queue.on_settled is None:
+            self.watch(queue)
         return found
 
     def settled(self, queue: WorkQueue, entries: Iterable[Entry]) -> None:
@@ -254,21 +261,16 @@ class DeadLetterLog:
 
 
 def watch_dead_letter_queues(log: DeadLetterLog, vhosts: Iterable[Any]) -> int:
-    """Hook every queue a dead-letter exchange routes to, so that dead letters recovered from
-    the write-ahead log are recorded when they leave; returns how many queues.
+    """Hook every queue that holds dead letters recovered from the write-ahead log, so that
+    they are recorded when they leave; returns how many queues.
 
-    A queue is a dead-letter queue here when it is bound to an exchange that some queue names
-    in ``x-dead-letter-exchange``; queues that dead letters reach later are hooked then.
+    Every queue is looked at, not only those a dead-letter exchange routes to now: the
+    queue that dead-lettered into one may have been deleted since, or reach it through an
+    exchange-to-exchange binding. Queues that dead letters reach later are hooked then.
     """
     watched = 0
     for vhost in vhosts:
-        exchanges = {queue.settings.dead_letter_exchange for queue in vhost.queues.values()}
-        for name in exchanges:
-            exchange = vhost.exchanges.get(name or "")
-            if exchange is None:
-                continue
-            for destination, _key, _arguments in exchange.router.bindings():
-                if getattr(destination, "on_settled", False) is None:  # a queue not hooked yet
-                    log.recovered(destination)
-                    watched += 1
+        for queue in list(vhost.queues.values()):
+            if queue.on_settled is None and log.recovered(queue):
+                watched += 1
     return watched

@@ -117,6 +117,40 @@ def test_a_recovered_dead_letter_is_known_by_its_header() -> None:
     assert [(e.dead_letter_id, e.queue) for e in events(log)] == [(77, "dlq")]
 
 
+def test_dead_letters_unacked_when_their_queue_is_deleted_settle_when_their_channel_closes() -> None:
+    node, _clock = setup()
+    log = attach(node)
+    c = client(node)
+    dead_letter_setup(c, "work")
+    publish(c, "work", b"a")
+    (get, _h, _b), = deliveries(c.call(1, commands.Basic.Get(queue="work")))
+    c.call(1, commands.Basic.Reject(delivery_tag=get.delivery_tag, requeue=False))
+    (died,) = events(log)
+    c.open_channel(2)
+    c.call(2, commands.Basic.Get(queue="dlq"))  # held unacked on channel 2
+    c.call(1, commands.Queue.Delete(queue="dlq"))
+    assert events(log) == []  # still held by channel 2
+    c.call(2, commands.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+    assert [(e.dead_letter_id, e.queue) for e in events(log)] == [(died.dead_letter_id, "dlq")]
+    assert log.held() == 0
+
+
+def test_recovered_dead_letters_are_known_in_queues_no_dead_letter_exchange_routes_to() -> None:
+    node, _clock = setup()
+    c = client(node)
+    declare(c, "orphaned.dlq")  # the queue that dead-lettered into it was deleted before the restart
+    declare(c, "plain")
+    vhost = node.vhosts["/"]
+    copy = Message.build("dlx", "work", b"old", commands.Basic.Properties(headers={DEAD_LETTER_ID_HEADER: 91}))
+    vhost.queues["orphaned.dlq"].enqueue(copy)
+    publish(c, "plain", b"p", headers={"tenant": "acme"})
+    log = attach(node)
+    assert watch_dead_letter_queues(log, node.vhosts.values()) == 1
+    assert vhost.queues["plain"].on_settled is None  # holds no dead letter: not hooked
+    drain(c, "orphaned.dlq")
+    assert [(e.dead_letter_id, e.queue) for e in events(log)] == [(91, "orphaned.dlq")]
+
+
 def test_nothing_is_recorded_without_a_dead_letter_log_and_no_header_is_added() -> None:
     node, _clock = setup()
     c = client(node)
