@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -373,22 +374,21 @@ def _dlq_redrive(args: argparse.Namespace) -> int:
 
 
 def _dead_letter_dir(args: argparse.Namespace) -> str:
-    import os
-
     from broker.deadletters import DEAD_LETTER_DIR
 
     return os.path.join(_wal_dir(args), DEAD_LETTER_DIR)
 
 
 def _parquet_dir(args: argparse.Namespace) -> str:
-    import os
-
     return str(args.parquet) if args.parquet else os.path.join(_wal_dir(args), "deadletters-parquet")
 
 
 def _dlq_export(args: argparse.Namespace) -> int:
+    import time
+    from datetime import datetime, timezone
+
     try:
-        from spark.export import export
+        from spark.export import expire, export
     except ImportError as error:
         print(f"postroom dlq export needs the spark extra (pip install postroom[spark]): {error}", file=sys.stderr)
         return 2
@@ -396,8 +396,16 @@ def _dlq_export(args: argparse.Namespace) -> int:
     def progress(segment: int, rows: int) -> None:
         print(f"segment {segment}: {rows} event(s)", file=sys.stderr, flush=True)
 
+    segments, parquet = _dead_letter_dir(args), _parquet_dir(args)
     try:
-        report = export(_dead_letter_dir(args), _parquet_dir(args), include_last=args.include_last, on_segment=progress)
+        report = export(
+            segments,
+            parquet,
+            include_last=args.include_last,
+            on_segment=progress,
+            jobs=args.jobs,
+            delete_exported=args.delete_exported,
+        )
     except OSError as error:
         print(f"postroom dlq export: {error}", file=sys.stderr)
         return 1
@@ -405,12 +413,45 @@ def _dlq_export(args: argparse.Namespace) -> int:
         f"exported {len(report.exported)} segment(s) ({report.rows} event(s), {report.corrupt_records} corrupt, "
         f"{report.files} file(s)); {len(report.skipped)} already exported"
     )
+    if args.retention is not None:
+        cutoff = datetime.fromtimestamp(time.time() - args.retention, timezone.utc).strftime("%Y-%m-%d")
+        try:
+            expired = expire(segments, parquet, cutoff)
+        except OSError as error:
+            print(f"postroom dlq export: --retention: {error}", file=sys.stderr)
+            return 1
+        print(
+            f"expired {len(expired.dates)} day(s) before {cutoff} and {len(expired.segments)} segment(s) "
+            "exported in them"
+        )
     return 0
 
 
-def _dlq_analyze(args: argparse.Namespace) -> int:
-    import os
+#: ``dlq export`` worker processes by default: half the cores, so that an export from cron
+#: beside a running broker leaves it the rest.
+EXPORT_JOBS = max(1, (os.cpu_count() or 2) // 2)
 
+
+def _duration(text: str) -> float:
+    from config.loader import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
+    return value
+
+
+def _dlq_analyze(args: argparse.Namespace) -> int:
     try:
         from spark.job import main as job
     except ImportError as error:
@@ -424,8 +465,8 @@ def _dlq_analyze(args: argparse.Namespace) -> int:
         argv += ["--redrive-where", args.redrive_where]
     if args.redrive_all:
         argv.append("--redrive-all")
-    if args.summary_only:
-        argv.append("--summary-only")
+    if args.rows:
+        argv.append("--rows")
     return job(argv)
 
 
@@ -509,13 +550,31 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument(
                 "--include-last", action="store_true", help="export the last segment too (the broker is stopped)"
             )
+            command.add_argument(
+                "--jobs",
+                type=_positive,
+                default=EXPORT_JOBS,
+                metavar="N",
+                help=f"segments exported at once, one process each (default: {EXPORT_JOBS}, half the cores)",
+            )
+            command.add_argument(
+                "--delete-exported",
+                action="store_true",
+                help="then delete the sealed segment files that are exported (never the newest one)",
+            )
+            command.add_argument(
+                "--retention",
+                type=_duration,
+                metavar="DURATION",
+                help="then delete exported days older than this (e.g. 90d), and their segment files",
+            )
         else:
             command.add_argument("--out", required=True, metavar="DIR", help="where the results go")
             command.add_argument("--master", default="local[*]", help="Spark master (default: local[*])")
             command.add_argument("--redrive-where", metavar="EXPR", help="write OUT/redrive.txt: pending ones matching")
             command.add_argument("--redrive-all", action="store_true", help="write OUT/redrive.txt: every pending one")
             command.add_argument(
-                "--summary-only", action="store_true", help="skip the per-dead-letter Parquet (OUT/dead_letters)"
+                "--rows", action="store_true", help="also write OUT/dead_letters: one row per dead letter (Parquet)"
             )
         command.set_defaults(run=run)
     wal = commands.add_parser("wal", help="inspect the write-ahead log (run with the broker stopped)")

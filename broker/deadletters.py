@@ -7,11 +7,17 @@ later, and everything recorded by then goes out in one append (and one fsync, un
 ``fsync: never``). Nothing waits for these writes (no confirm depends on them), so the
 reactor thread only joins byte strings. A failed write is logged once and the events of
 that batch are lost: the analysis loses them, the broker's messages are untouched.
+
+Sealed segments are kept for ``storage.deadletters.retention`` and within
+``storage.deadletters.max_bytes`` (oldest deleted first; never the active one), checked at
+start and whenever a segment is sealed, so the stream cannot fill the disk when nobody
+exports it. ``postroom dlq export`` should run well within that time.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from twisted.internet import defer
@@ -21,7 +27,7 @@ from twisted.python.failure import Failure
 
 from broker.core.deadlog import DeadLetterLog, watch_dead_letter_queues
 from broker.core.node import Node
-from broker.wal.files import DirectoryStorage
+from broker.wal.files import DirectoryStorage, prune_archive
 from broker.wal.stream import SegmentStream
 from broker.writer import WorkerWriter
 
@@ -47,16 +53,30 @@ class DeadLetterService(WorkerWriter):
     :param stream: the opened segment stream (touched only from the worker thread from now on)
     :param reactor: timers and the worker thread's results
     :param fsync: ``always``/``batch`` sync every write; ``never`` leaves it to the OS
+    :param retention: seconds a sealed segment is kept (by its last write)
+    :param max_bytes: the most the stream's segments may hold; the oldest sealed ones go first
     """
 
     _log = Logger()
 
-    def __init__(self, events: DeadLetterLog, stream: SegmentStream, reactor: Any, fsync: str = "batch") -> None:
+    def __init__(
+        self,
+        events: DeadLetterLog,
+        stream: SegmentStream,
+        reactor: Any,
+        fsync: str = "batch",
+        retention: float = float("inf"),
+        max_bytes: int = 1 << 62,
+    ) -> None:
         super().__init__("postroom-deadletters")
         self.events = events
         self.stream = stream
         self.reactor = reactor
         self.fsync = fsync
+        self.retention = retention
+        self.max_bytes = max_bytes
+        #: Segments deleted by the retention so far.
+        self.pruned = 0
         self.interval = WRITE_INTERVAL
         #: The last write error, or ``None`` once writes succeed.
         self.alarm: str | None = None
@@ -69,6 +89,28 @@ class DeadLetterService(WorkerWriter):
     def startService(self) -> None:
         super().startService()
         self.events.on_pending = self._pending
+        self._pruned(self.prune())
+
+    def prune(self) -> list[str] | OSError:
+        """Apply the retention to the sealed segments (any thread: the active one is never
+        touched); returns the file names deleted, or the error that stopped it (which is not
+        a failed write: the events are written)."""
+        directory = getattr(self.stream.storage, "path", None)
+        if directory is None:  # storage without files (tests)
+            return []
+        try:
+            return prune_archive(directory, self.retention, self.max_bytes, time.time(), keep_newest=True)
+        except OSError as error:
+            return error
+
+    def _pruned(self, result: list[str] | OSError) -> None:
+        if isinstance(result, OSError):
+            self._log.error("deleting dead-letter segments past the retention failed: {error}", error=str(result))
+        elif result:
+            self.pruned += len(result)
+            self._log.info(
+                "dead-letter segments past the retention deleted: {names}", names=", ".join(sorted(result))
+            )
 
     def _pending(self) -> None:
         if self._call is None and self._writing is None:
@@ -82,14 +124,17 @@ class DeadLetterService(WorkerWriter):
         self._writing = deferToThreadPool(self.reactor, self._pool, self._append, data)
         self._writing.addCallbacks(self._written, self._failed)
 
-    def _append(self, data: bytes) -> None:
+    def _append(self, data: bytes) -> list[str] | OSError:
+        before = self.stream.active
         self.stream.append(data)
         if self.fsync != "never":
             self.stream.sync()
+        return self.prune() if self.stream.active != before else []
 
-    def _written(self, _result: None) -> None:
+    def _written(self, pruned: list[str] | OSError) -> None:
         self._writing = None
         self.writes += 1
+        self._pruned(pruned)
         if self.alarm is not None:
             self._log.info("dead-letter event writes succeed again")
             self.alarm = None
@@ -115,7 +160,14 @@ class DeadLetterService(WorkerWriter):
             close()
 
 
-def open_dead_letters(data_dir: str, node: Node, reactor: Any, fsync: str) -> DeadLetterService:
+def open_dead_letters(
+    data_dir: str,
+    node: Node,
+    reactor: Any,
+    fsync: str,
+    retention: float = float("inf"),
+    max_bytes: int = 1 << 62,
+) -> DeadLetterService:
     """Open the event stream under ``data_dir`` (a new segment), attach its log to every vhost of
     ``node`` and hook the dead-letter queues already declared (their recovered dead letters).
 
@@ -128,4 +180,4 @@ def open_dead_letters(data_dir: str, node: Node, reactor: Any, fsync: str) -> De
     for vhost in node.vhosts.values():
         vhost.dead_letters = events
     watch_dead_letter_queues(events, node.vhosts.values())
-    return DeadLetterService(events, stream, reactor, fsync)
+    return DeadLetterService(events, stream, reactor, fsync, retention, max_bytes)

@@ -338,7 +338,10 @@ def make_broker_service(
             recovered, durable_queues = snapshot.message_count, len(snapshot.queues)
             del snapshot  # it held every record read from the log
             release_memory()
-            dead_letters = open_dead_letters(config.storage.dir, node, reactor, config.storage.fsync)
+            stream = config.storage.deadletters
+            dead_letters = open_dead_letters(
+                config.storage.dir, node, reactor, config.storage.fsync, stream.retention, stream.max_bytes
+            )
             wal = WALService(
                 journal,
                 log,

@@ -30,6 +30,7 @@ from config.schema import (
     BindingConfig,
     BrokerConfig,
     DeadLetterConfig,
+    DeadLetterStreamConfig,
     ExchangeConfig,
     LimitsConfig,
     ListenConfig,
@@ -88,6 +89,17 @@ class ConfigError(Exception):
             where = f"{self.source}:{problem.line}" if problem.line else self.source
             lines.append(f"  {where}: {problem.key or '(top level)'}: {problem.reason}")
         return "\n".join(lines)
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds in a duration with a unit (``500ms``, ``30s``, ``5m``, ``1h``, ``7d``).
+
+    :raises ValueError: it is not one, saying what is expected
+    """
+    match = _DURATION.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(f"must be a duration with a unit (e.g. 500ms, 30s, 5m, 1h, 7d), not {value!r}")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
 
 
 def load(path: str | Path) -> BrokerConfig:
@@ -238,11 +250,11 @@ class _Reader:
     def duration(self, value: Any, path: str, default: Any = None) -> Any:
         if value is None:
             return default
-        match = _DURATION.match(value) if isinstance(value, str) else None
-        if match is None:
-            self.problem(path, f"must be a duration with a unit (e.g. 500ms, 30s, 5m, 1h, 7d), not {value!r}")
+        try:
+            return parse_duration(value)
+        except ValueError as error:
+            self.problem(path, str(error))
             return default
-        return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
 
     def size(self, value: Any, path: str, default: Any = None) -> Any:
         if value is None:
@@ -321,7 +333,9 @@ class _Reader:
 
     def storage(self, value: Any) -> StorageConfig:
         section = self.mapping(
-            value, "storage", {"dir", "fsync", "fsync_interval_ms", "segment_bytes", "memory_budget", "archive"}
+            value,
+            "storage",
+            {"dir", "fsync", "fsync_interval_ms", "segment_bytes", "memory_budget", "archive", "deadletters"},
         )
         default = StorageConfig()
         fsync = self.string(section.get("fsync"), "storage.fsync", default.fsync)
@@ -330,6 +344,8 @@ class _Reader:
             fsync = default.fsync
         archive = self.mapping(section.get("archive"), "storage.archive", {"enabled", "retention", "max_bytes"})
         archive_default = ArchiveConfig()
+        stream = self.mapping(section.get("deadletters"), "storage.deadletters", {"retention", "max_bytes"})
+        stream_default = DeadLetterStreamConfig()
         return StorageConfig(
             dir=self.string(section.get("dir"), "storage.dir", default.dir),
             fsync=fsync,
@@ -344,6 +360,14 @@ class _Reader:
                     archive.get("retention"), "storage.archive.retention", archive_default.retention
                 ),
                 max_bytes=self.size(archive.get("max_bytes"), "storage.archive.max_bytes", archive_default.max_bytes),
+            ),
+            deadletters=DeadLetterStreamConfig(
+                retention=self.duration(
+                    stream.get("retention"), "storage.deadletters.retention", stream_default.retention
+                ),
+                max_bytes=self.size(
+                    stream.get("max_bytes"), "storage.deadletters.max_bytes", stream_default.max_bytes
+                ),
             ),
         )
 

@@ -30,6 +30,15 @@ class ArchiveConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DeadLetterStreamConfig:
+    """How long the broker keeps the dead-letter event stream's sealed segments
+    (``<storage.dir>/deadletters``), whether or not ``postroom dlq export`` has read them."""
+
+    retention: float = 30 * 86400.0
+    max_bytes: int = 4 << 30
+
+
+@dataclass(frozen=True, slots=True)
 class StorageConfig:
     """The write-ahead log."""
 
@@ -40,6 +49,7 @@ class StorageConfig:
     #: Bytes of persistent message bodies kept in memory; beyond it they are read back from the log.
     memory_budget: int = 256 << 20
     archive: ArchiveConfig = field(default_factory=ArchiveConfig)
+    deadletters: DeadLetterStreamConfig = field(default_factory=DeadLetterStreamConfig)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,14 +8,21 @@ fall on, then a manifest ``OUT/_segments/<number:020d>.json`` written last. A se
 manifest is skipped, so running it again does nothing; a crash before the manifest leaves
 files that the next run overwrites (each is written to a temporary name and renamed).
 
+Segments are independent, so ``jobs`` worker processes export several at once (the decoder
+is pure Python: one core each). :func:`expire` is the retention: it deletes the date
+partitions older than a cutoff, then the exported segment files all of whose Parquet is gone,
+so that nothing expired comes back through the raw path.
+
 The Spark job reads the Parquet natively and the segments without a manifest raw.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -25,7 +32,7 @@ import pyarrow.parquet as pq
 from spark.events import list_segments, segment_batches
 from spark.schema import ARROW_SCHEMA
 
-__all__ = ["MANIFEST_DIR", "ExportReport", "export", "exported_segments"]
+__all__ = ["MANIFEST_DIR", "ExportReport", "ExpireReport", "expire", "export", "exported_segments"]
 
 #: Where the per-segment manifests live under the output directory.
 MANIFEST_DIR = "_segments"
@@ -64,11 +71,42 @@ def _write_atomically(path: str, write: Callable[[str], None]) -> None:
     os.replace(partial, path)
 
 
+def _export_segment(number: int, path: str, out: str) -> tuple[int, int, int, int]:
+    """Export one segment (in a worker process, or inline); returns ``(segment, rows, corrupt,
+    files)``. Its manifest is written last."""
+    with open(path, "rb") as file:
+        data = file.read()
+    table = pa.Table.from_batches(list(segment_batches(data, number)), schema=ARROW_SCHEMA)
+    del data
+    written = []
+    dates = pc.unique(table.column("date")).to_pylist() if table.num_rows else []
+    for date in sorted(dates):
+        part = table if len(dates) == 1 else table.filter(pc.equal(table.column("date"), date))
+        part = part.drop_columns(["date"])
+        directory = os.path.join(out, f"date={date}")
+        os.makedirs(directory, exist_ok=True)
+        name = os.path.join(directory, f"segment-{number:020d}.parquet")
+        _write_atomically(name, lambda target, part=part: pq.write_table(part, target, compression=COMPRESSION))
+        written.append({"file": os.path.relpath(name, out), "rows": part.num_rows})
+    count = table.num_rows
+    bad = int(pc.sum(pc.equal(table.column("kind"), "corrupt")).as_py() or 0) if count else 0
+    record = {"segment": number, "rows": count, "corrupt_records": bad, "files": written}
+
+    def write_manifest(target: str) -> None:
+        with open(target, "w") as file:
+            json.dump(record, file)
+
+    _write_atomically(os.path.join(out, MANIFEST_DIR, f"{number:020d}.json"), write_manifest)
+    return number, count, bad, len(written)
+
+
 def export(
     segments_dir: str,
     out: str,
     include_last: bool = False,
     on_segment: Callable[[int, int], None] | None = None,
+    jobs: int = 1,
+    delete_exported: bool = False,
 ) -> ExportReport:
     """Export every sealed segment of ``segments_dir`` that ``out`` does not have yet.
 
@@ -76,45 +114,108 @@ def export(
     :param out: the Parquet dataset directory
     :param include_last: export the last segment too (only when the broker is stopped: a
         running broker is still appending to it)
-    :param on_segment: called with ``(segment, rows)`` after each segment (progress)
-    :raises OSError: reading a segment or writing the output failed
+    :param on_segment: called with ``(segment, rows)`` after each segment (progress), in the
+        order they finish
+    :param jobs: worker processes (1: this process exports them one after another)
+    :param delete_exported: then delete the sealed segment files that have a manifest (their
+        events are all in ``out``)
+    :raises OSError: reading a segment or writing the output failed (the segments exported
+        before that keep their manifests)
     """
     segments = list_segments(segments_dir)
     sealed = segments if include_last else segments[:-1]
     done = exported_segments(out)
     os.makedirs(os.path.join(out, MANIFEST_DIR), exist_ok=True)
-    exported, skipped = [], []
-    rows = corrupt = files = 0
-    for number, path in sealed:
-        if number in done:
-            skipped.append(number)
-            continue
-        with open(path, "rb") as file:
-            data = file.read()
-        table = pa.Table.from_batches(list(segment_batches(data, number)), schema=ARROW_SCHEMA)
-        written = []
-        dates = sorted(set(table.column("date").to_pylist())) if table.num_rows else []
-        for date in dates:
-            part = table.filter(pc.equal(table.column("date"), date)).drop_columns(["date"])
-            directory = os.path.join(out, f"date={date}")
-            os.makedirs(directory, exist_ok=True)
-            name = os.path.join(directory, f"segment-{number:020d}.parquet")
-            _write_atomically(name, lambda target, part=part: pq.write_table(part, target, compression=COMPRESSION))
-            written.append({"file": os.path.relpath(name, out), "rows": part.num_rows})
-        count = table.num_rows
-        bad = int(pc.sum(pc.equal(table.column("kind"), "corrupt")).as_py() or 0) if count else 0
-        manifest = os.path.join(out, MANIFEST_DIR, f"{number:020d}.json")
-        record = {"segment": number, "rows": count, "corrupt_records": bad, "files": written}
+    todo = [(number, path) for number, path in sealed if number not in done]
+    skipped = tuple(number for number, _path in sealed if number in done)
+    results = []
 
-        def write_manifest(target: str, record: dict[str, object] = record) -> None:
-            with open(target, "w") as file:
-                json.dump(record, file)
-
-        _write_atomically(manifest, write_manifest)
-        exported.append(number)
-        rows += count
-        corrupt += bad
-        files += len(written)
+    def finished(result: tuple[int, int, int, int]) -> None:
+        results.append(result)
         if on_segment is not None:
-            on_segment(number, count)
-    return ExportReport(tuple(exported), tuple(skipped), rows, corrupt, files)
+            on_segment(result[0], result[1])
+
+    if jobs > 1 and len(todo) > 1:
+        # spawn: the caller may have threads (a reactor's pool), which fork would copy mid-flight.
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=context) as pool:
+            futures = [pool.submit(_export_segment, number, path, out) for number, path in todo]
+            for future in as_completed(futures):
+                finished(future.result())
+    else:
+        for number, path in todo:
+            finished(_export_segment(number, path, out))
+    if delete_exported:
+        have = exported_segments(out)
+        for number, path in sealed[: len(segments) - 1]:  # the newest stays, as in expire()
+            if number in have:
+                _unlink(path)
+    results.sort()
+    return ExportReport(
+        tuple(number for number, *_ in results),
+        skipped,
+        sum(rows for _n, rows, _bad, _files in results),
+        sum(bad for _n, _rows, bad, _files in results),
+        sum(files for _n, _rows, _bad, files in results),
+    )
+
+
+def _unlink(path: str) -> bool:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class ExpireReport:
+    """What one :func:`expire` run deleted."""
+
+    dates: tuple[str, ...]
+    segments: tuple[int, ...]
+
+
+def expire(segments_dir: str, out: str, before: str) -> ExpireReport:
+    """Delete the exported events of days before ``before`` (``YYYY-MM-DD``, UTC).
+
+    Removes each ``date=...`` partition older than that; then, for every manifest none of
+    whose files remain, the segment file (if the broker has not pruned it already) and the
+    manifest, in that order, so that an expired segment is never exported or read raw again.
+    A segment partly in kept days keeps its segment file and manifest.
+
+    :raises OSError: a deletion failed
+    """
+    import shutil
+
+    dates = []
+    try:
+        names = sorted(os.listdir(out))
+    except FileNotFoundError:
+        return ExpireReport((), ())
+    for name in names:
+        if name.startswith("date=") and name[5:] < before and os.path.isdir(os.path.join(out, name)):
+            shutil.rmtree(os.path.join(out, name))
+            dates.append(name[5:])
+    gone = []
+    found = list_segments(segments_dir)
+    # The newest segment file is never deleted: the broker numbers its next segment (and its
+    # dead-letter ids) after the last one it finds.
+    paths = dict(found[:-1])
+    newest = found[-1][0] if found else None
+    for number in sorted(exported_segments(out)):
+        manifest = os.path.join(out, MANIFEST_DIR, f"{number:020d}.json")
+        try:
+            with open(manifest) as file:
+                files = [entry["file"] for entry in json.load(file)["files"]]
+        except (ValueError, KeyError, TypeError):  # not a manifest of ours: leave it and its segment
+            continue
+        if any(os.path.exists(os.path.join(out, name)) for name in files):
+            continue
+        if number == newest:
+            continue
+        if number in paths:
+            _unlink(paths[number])
+        os.unlink(manifest)
+        gone.append(number)
+    return ExpireReport(tuple(dates), tuple(gone))

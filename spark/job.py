@@ -8,12 +8,14 @@
    executors can read) through the Python Data Source (``spark/source.py``), first staged to
    Parquet under ``OUT/_staged`` in one parallel pass (one task per segment), so the passes
    after it read Parquet too;
-3. :func:`spark.transforms.dead_letters` written to ``OUT/dead_letters`` (Parquet, zstd;
-   skipped with ``--summary-only``, which summarises the events directly);
-4. :func:`spark.transforms.summarise` of those rows to ``OUT/summary.json``, the plots and
-   ``OUT/report.html``;
-5. with ``--redrive-where EXPR`` (or ``--redrive-all``), ``OUT/redrive.txt``: the ids of the
-   pending dead letters chosen, one per line, for ``postroom dlq redrive QUEUE --ids FILE``.
+3. :func:`spark.transforms.summarise` of :func:`spark.transforms.dead_letters` to
+   ``OUT/summary.json``, the plots and ``OUT/report.html``: two passes, each reading only the
+   columns it needs;
+4. with ``--redrive-where EXPR`` (or ``--redrive-all``), ``OUT/redrive.txt``: the ids of the
+   pending dead letters chosen, one per line, for ``postroom dlq redrive QUEUE --ids FILE``;
+5. with ``--rows``, those rows to ``OUT/dead_letters`` (Parquet, zstd): every column of every
+   dead letter, previews and headers included, copied once more; the export already holds
+   all of it but the pending flag, so the analysis does not pay for this unless asked.
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--redrive-where", metavar="EXPR", help="SQL filter of pending dead letters to list")
     parser.add_argument("--redrive-all", action="store_true", help="list every pending dead letter")
     parser.add_argument(
-        "--summary-only",
+        "--rows",
         action="store_true",
-        help="skip writing OUT/dead_letters (the rows): only the summary, report and redrive list",
+        help="also write OUT/dead_letters: one row per dead letter and dead-letter queue (Parquet)",
     )
     return parser
 
@@ -174,13 +176,6 @@ def run(spark: Any, args: argparse.Namespace, say: Callable[[str], None] = _say)
     out = args.out
     events = read_events(spark, args.input, args.segments, os.path.join(out, "_staged"), say)
     rows = dead_letters(events)
-    if not getattr(args, "summary_only", False):
-        rows_path = os.path.join(out, "dead_letters")
-        say("writing one row per dead letter")
-        # Dictionary encoding does not pay for these columns (ids, times and previews are
-        # mostly unique) and costs a third of the write time.
-        rows.write.mode("overwrite").option("parquet.enable.dictionary", "false").parquet(rows_path)
-        rows = spark.read.parquet(rows_path)
     say("summarising")
     summary = summarise(rows, corrupt_records(events))
     local = not out.startswith(("hdfs:", "s3a:", "s3:", "gs:", "abfs:"))
@@ -201,6 +196,12 @@ def run(spark: Any, args: argparse.Namespace, say: Callable[[str], None] = _say)
         say(f"redrive list: {len(lines) - 1} id(s)")
     for name, data in documents.items():
         _write(spark, os.path.join(out, name), data, local)
+    if getattr(args, "rows", False):
+        say("writing one row per dead letter to dead_letters/")
+        # Dictionary encoding does not pay for these columns (ids, times and previews are
+        # mostly unique) and costs a third of the write time.
+        writer = rows.write.mode("overwrite").option("parquet.enable.dictionary", "false")
+        writer.parquet(os.path.join(out, "dead_letters"))
     say(f"{summary.total} dead letter(s), {summary.pending} pending, {summary.corrupt_records} corrupt record(s)")
     return summary.as_json()
 

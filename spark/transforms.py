@@ -129,22 +129,59 @@ class Summary:
 def summarise(rows: DataFrame, corrupt: int = 0) -> Summary:
     """Count ``rows`` (of :func:`dead_letters`) every way the report shows.
 
-    Each figure is one small aggregation (a few hundred groups at most) collected to the
-    driver; over Parquet, each reads only the columns it needs.
+    Two passes over the input, each reading only the columns it needs: one aggregation over
+    three grouping sets (queue and reason and pending; minute and reason; delivery count), a
+    few thousand groups at most, and the header values. Both are collected to the driver.
     """
-    groups = (
-        rows.groupBy("reason", "source_queue", "dead_letter_queue", "pending")
-        .agg(F.count(F.lit(1)).alias("n"), F.min("first_death_time").alias("a"), F.max("last_death_time").alias("b"))
+    grouped = (
+        rows.select(
+            "reason",
+            "source_queue",
+            "dead_letter_queue",
+            "pending",
+            "delivery_count",
+            F.date_trunc("minute", "last_death_time").alias("minute"),
+            "first_death_time",
+            "last_death_time",
+        )
+        .groupingSets(
+            [["reason", "source_queue", "dead_letter_queue", "pending"], ["minute", "reason"], ["delivery_count"]],
+            "reason",
+            "source_queue",
+            "dead_letter_queue",
+            "pending",
+            "minute",
+            "delivery_count",
+        )
+        .agg(
+            F.grouping_id().alias("set"),
+            F.count(F.lit(1)).alias("n"),
+            F.min("first_death_time").alias("a"),
+            F.max("last_death_time").alias("b"),
+        )
         .collect()
     )
+    # grouping_id() has a bit set for each column a set leaves out, first column highest:
+    # (reason, source_queue, dead_letter_queue, pending, minute, delivery_count).
+    by_queue_set, per_minute_set, delivery_set = 0b000011, 0b011101, 0b111110
     by_reason: dict[str, int] = {}
     by_queue: dict[str, int] = {}
     by_dlq: dict[str, int] = {}
     queue_reason: dict[tuple[str, str], int] = {}
+    per_minute: list[tuple[str, str, int]] = []
+    delivery_counts: list[tuple[int, int]] = []
     total = pending = 0
     first = last = None
-    for row in groups:
+    for row in grouped:
         n = int(row["n"])
+        if row["set"] == per_minute_set:
+            if row["minute"] is not None:
+                per_minute.append((row["minute"].strftime("%Y-%m-%dT%H:%M"), row["reason"], n))
+            continue
+        if row["set"] == delivery_set:
+            delivery_counts.append((int(row["delivery_count"]), n))
+            continue
+        assert row["set"] == by_queue_set, row["set"]
         total += n
         pending += n if row["pending"] else 0
         by_reason[row["reason"]] = by_reason.get(row["reason"], 0) + n
@@ -156,18 +193,6 @@ def summarise(rows: DataFrame, corrupt: int = 0) -> Summary:
             first = row["a"]
         if row["b"] is not None and (last is None or row["b"] > last):
             last = row["b"]
-    per_minute = [
-        (row["minute"].strftime("%Y-%m-%dT%H:%M"), row["reason"], int(row["n"]))
-        for row in rows.groupBy(F.date_trunc("minute", "last_death_time").alias("minute"), "reason")
-        .agg(F.count(F.lit(1)).alias("n"))
-        .orderBy("minute", "reason")
-        .collect()
-        if row["minute"] is not None
-    ]
-    delivery_counts = [
-        (int(row["delivery_count"]), int(row["n"]))
-        for row in rows.groupBy("delivery_count").agg(F.count(F.lit(1)).alias("n")).orderBy("delivery_count").collect()
-    ]
     top_headers = [
         (row["key"], row["value"], int(row["n"]))
         for row in rows.select(F.explode("headers"))
@@ -187,8 +212,8 @@ def summarise(rows: DataFrame, corrupt: int = 0) -> Summary:
         corrupt_records=corrupt,
         first_death=first.isoformat() if first is not None else None,
         last_death=last.isoformat() if last is not None else None,
-        per_minute=per_minute,
-        delivery_counts=delivery_counts,
+        per_minute=sorted(per_minute),
+        delivery_counts=sorted(delivery_counts),
         top_headers=top_headers,
         by_queue_reason=sorted(((q, r, n) for (q, r), n in queue_reason.items()), key=lambda t: (-t[2], t[0], t[1])),
     )

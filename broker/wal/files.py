@@ -241,12 +241,23 @@ class DirectoryStorage:
         self.close()
 
 
-def prune_archive(path: str | os.PathLike[str], retention: float, max_bytes: int, now: float) -> list[str]:
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def prune_archive(
+    path: str | os.PathLike[str], retention: float, max_bytes: int, now: float, keep_newest: bool = False
+) -> list[str]:
     """Delete archived segments older than ``retention`` seconds, then the oldest ones while the
     archive holds more than ``max_bytes``; return the names deleted.
 
-    Age is the file's modification time (when it was retired). The newest segment is never
-    deleted for size alone, so the archive always has the latest retired data for the Spark job.
+    Age is the file's modification time (when it was retired, or last written). The newest
+    segment is never deleted for size alone, so the archive always has the latest retired data
+    for the Spark job; with ``keep_newest`` it is never deleted at all (a stream's active
+    segment, which a writer still appends to).
 
     :param now: the current time, seconds since the epoch (a parameter, so tests pick it)
     """
@@ -255,21 +266,27 @@ def prune_archive(path: str | os.PathLike[str], retention: float, max_bytes: int
     for name in os.listdir(directory):
         if _NAME.match(name) is None:
             continue
-        stat = os.stat(os.path.join(directory, name))
+        try:
+            stat = os.stat(os.path.join(directory, name))
+        except FileNotFoundError:  # deleted meanwhile (postroom dlq export --delete-exported)
+            continue
         entries.append((name, stat.st_mtime, stat.st_size))
     entries.sort()
+    newest = entries.pop() if keep_newest and entries else None
     deleted = []
     kept = []
     for name, mtime, size in entries:
         if now - mtime > retention:
-            os.unlink(os.path.join(directory, name))
+            _remove(os.path.join(directory, name))
             deleted.append(name)
         else:
             kept.append((name, size))
+    if newest is not None:
+        kept.append((newest[0], newest[2]))
     total = sum(size for _name, size in kept)
     while total > max_bytes and len(kept) > 1:
         name, size = kept.pop(0)
-        os.unlink(os.path.join(directory, name))
+        _remove(os.path.join(directory, name))
         deleted.append(name)
         total -= size
     if deleted:

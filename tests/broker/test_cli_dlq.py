@@ -43,8 +43,10 @@ def test_analyze_without_an_export_reads_the_segments_only(tmp_path: Path, monke
     seen: list[list[str]] = []
     monkeypatch.setattr(spark.job, "main", lambda argv: seen.append(list(argv)) or 0)
     assert main(["dlq", "analyze", "--data-dir", str(tmp_path), "--out", "r", "--master", "local[1]"]) == 0
-    assert "--input" not in seen[0]
+    assert "--input" not in seen[0] and "--rows" not in seen[0]
     assert seen[0][seen[0].index("--master") + 1] == "local[1]"
+    assert main(["dlq", "analyze", "--data-dir", str(tmp_path), "--out", "r", "--rows"]) == 0
+    assert seen[1][-1] == "--rows"
 
 
 def test_a_redrive_list_with_a_bad_line_is_refused_naming_it(
@@ -54,3 +56,16 @@ def test_a_redrive_list_with_a_bad_line_is_refused_naming_it(
     ids.write_text("# pending\n12\nnot-an-id\n")
     assert main(["dlq", "redrive", "dlq", "--ids", str(ids), "--url", "amqp://guest:guest@127.0.0.1:1/"]) == 2
     assert f"{ids}:3: not a dead-letter id: 'not-an-id'" in capsys.readouterr().err
+
+
+def test_the_export_timer_s_command_line_is_one_the_command_accepts() -> None:
+    import shlex
+
+    from broker.cli import build_parser
+
+    unit = (Path(__file__).resolve().parents[2] / "config" / "postroom-dlq-export.service").read_text()
+    (line,) = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    program, *argv = shlex.split(line.removeprefix("ExecStart="))
+    assert program.endswith("/postroom")
+    args = build_parser().parse_args(argv)
+    assert (args.dlq_command, args.jobs, args.delete_exported, args.retention) == ("export", 1, True, 90 * 86400)

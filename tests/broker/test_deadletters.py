@@ -4,7 +4,10 @@ only its events and the broker carries on."""
 from __future__ import annotations
 
 import errno
+import os
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest_twisted
 from pamqp import commands
@@ -14,7 +17,8 @@ from broker.core.deadlog import DeadLetterLog
 from broker.core.node import Node
 from broker.deadletters import DeadLetterService
 from broker.testing import Client, MemorySegmentStorage, publish_frames
-from broker.wal.record import SEGMENT_HEADER_BYTES, DeadLettered, iter_records
+from broker.wal.files import DirectoryStorage, segment_name
+from broker.wal.record import SEGMENT_HEADER_BYTES, DeadLettered, iter_records, segment_header
 from broker.wal.stream import SegmentStream
 
 
@@ -38,6 +42,12 @@ def start(storage: MemorySegmentStorage) -> tuple[Client, DeadLetterService, Nod
     service = DeadLetterService(events, stream, reactor)
     service.interval = 0.01
     service.startService()
+    return connect(node), service, node
+
+
+def connect(node: Node) -> Client:
+    """A client of ``node`` that has declared ``work`` (one message at most), dead-lettering
+    through the fanout ``dlx`` to ``dlq``."""
     client = Client(node)
     client.handshake()
     client.open_channel(1)
@@ -45,7 +55,7 @@ def start(storage: MemorySegmentStorage) -> tuple[Client, DeadLetterService, Nod
     client.call(1, commands.Queue.Declare(queue="dlq"))
     client.call(1, commands.Queue.Bind(queue="dlq", exchange="dlx"))
     client.call(1, commands.Queue.Declare(queue="work", arguments={"x-dead-letter-exchange": "dlx", "x-max-length": 1}))
-    return client, service, node
+    return client
 
 
 def written(storage: MemorySegmentStorage) -> list[str]:
@@ -81,3 +91,36 @@ async def test_a_failed_write_raises_the_alarm_and_later_events_are_written() ->
     await service.stopService()
     assert written(storage) == ["maxlen"]  # the first batch is lost, the broker was not disturbed
     assert node.vhosts["/"].queues["dlq"].message_count == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_sealed_segments_past_the_retention_or_the_size_cap_are_deleted_never_the_active_one(
+    tmp_path: Path,
+) -> None:
+    from twisted.internet import reactor
+
+    directory = tmp_path / "deadletters"
+    storage = DirectoryStorage(directory)
+    for number in (1, 2):
+        storage.create(number, segment_header(number))
+    month_ago = time.time() - 31 * 86400
+    os.utime(directory / segment_name(1), (month_ago, month_ago))
+    stream = SegmentStream(storage, SEGMENT_HEADER_BYTES + 64, reactor.seconds)
+    node = Node(clock=reactor)
+    events = DeadLetterLog(stream.open(), reactor.seconds)
+    node.vhosts["/"].dead_letters = events
+    service = DeadLetterService(events, stream, reactor, retention=30 * 86400, max_bytes=1 << 20)
+    service.interval = 0.01
+    service.startService()
+    assert storage.list_segments() == [2, 3] and service.pruned == 1  # segment 1 was a month old
+    service.max_bytes = 1  # now every sealed segment is over the cap
+    client = connect(node)
+    for body in (b"a", b"b"):
+        client.send(publish_frames(1, "", "work", body, commands.Basic.Properties()))
+    await wait_until(lambda: service.writes == 1)
+    client.send(publish_frames(1, "", "work", b"c", commands.Basic.Properties()))
+    await wait_until(lambda: service.writes == 2)  # this append seals segment 3 first
+    await service.stopService()
+    assert storage.list_segments() == [4] and service.pruned == 3
+    data = (directory / segment_name(4)).read_bytes()
+    assert [type(r) for _s, _e, r in iter_records(data, SEGMENT_HEADER_BYTES)] == [DeadLettered]

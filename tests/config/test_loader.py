@@ -50,6 +50,16 @@ def test_unknown_keys_are_reported_with_their_line_and_path() -> None:
     assert reason.startswith("unknown key")
 
 
+def test_the_dead_letter_stream_retention_is_read_and_checked() -> None:
+    assert loads("", "empty.yaml").storage.deadletters.retention == 30 * 86400
+    cfg = loads("storage:\n  deadletters: {retention: 14d, max_bytes: 2GiB}\n", "t.yaml")
+    assert (cfg.storage.deadletters.retention, cfg.storage.deadletters.max_bytes) == (14 * 86400, 2 << 30)
+    assert problems("storage:\n  deadletters: {retention: 14, keep: 3}\n") == [
+        (2, "storage.deadletters.keep", "unknown key (expected one of: max_bytes, retention)"),
+        (2, "storage.deadletters.retention", "must be a duration with a unit (e.g. 500ms, 30s, 5m, 1h, 7d), not 14"),
+    ]
+
+
 def test_duplicate_keys_are_refused() -> None:
     assert problems("limits:\n  frame_max: 8192\n  frame_max: 16384\n") == [(3, "limits.frame_max", "duplicate key")]
 

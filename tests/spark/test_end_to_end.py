@@ -145,6 +145,7 @@ def job(spark: Any, out: Path, **options: Any) -> dict[str, Any]:
         master=None,
         redrive_where=options.get("redrive_where"),
         redrive_all=False,
+        rows=options.get("rows", False),
     )
     return run(spark, args, say=lambda _message: None)
 
@@ -156,7 +157,7 @@ def test_the_job_reports_exactly_what_the_broker_dead_lettered(spark: Any, tmp_p
     segments = data / "deadletters"
 
     raw = tmp_path / "raw"
-    summary = job(spark, raw, segments=str(segments), redrive_where="reason = 'rejected'")
+    summary = job(spark, raw, segments=str(segments), redrive_where="reason = 'rejected'", rows=True)
     expected = {
         "total": 8,
         "pending": 5,
@@ -185,6 +186,7 @@ def test_the_job_reports_exactly_what_the_broker_dead_lettered(spark: Any, tmp_p
     assert export(str(segments), str(parquet), include_last=True).rows > 0
     exported = job(spark, tmp_path / "exported", input=[str(parquet)], segments=str(segments))
     assert {key: exported[key] for key in expected} == expected
+    assert not (tmp_path / "exported" / "dead_letters").exists()  # the rows only with --rows
 
     # The redrive list moves exactly that dead letter back to work.a, after a restart.
     with serve(data) as port:

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("pyarrow")
 import pyarrow.parquet as pq  # noqa: E402
 
-from spark.export import MANIFEST_DIR, export, exported_segments  # noqa: E402
+from spark.export import MANIFEST_DIR, ExpireReport, expire, export, exported_segments  # noqa: E402
 from tests.spark.records import dead_lettered, segment, settled, write_segment  # noqa: E402
 
 DAY = 86400.0
@@ -107,3 +107,71 @@ def test_a_file_left_half_written_is_hidden_from_readers(tmp_path: Path, monkeyp
     (partial,) = out.rglob("*.partial")
     assert partial.name.startswith("_")
     assert export(str(source), str(out), include_last=True).exported == (1,)
+
+
+def test_worker_processes_export_the_same_files_as_one_process(tmp_path: Path) -> None:
+    source = tmp_path / "deadletters"
+    for number in range(1, 6):
+        records = [dead_lettered(number * 10 + n, time=MIDNIGHT + number * DAY / 2) for n in range(3)]
+        write_segment(source, number, segment(number, records))
+    one, two = tmp_path / "one", tmp_path / "two"
+    seen: list[int] = []
+    serial = export(str(source), str(one), include_last=True)
+    parallel = export(str(source), str(two), include_last=True, jobs=2, on_segment=lambda n, _rows: seen.append(n))
+    assert parallel == serial and parallel.exported == (1, 2, 3, 4, 5) and sorted(seen) == [1, 2, 3, 4, 5]
+    assert files(two) == files(one)
+    for name in files(one):
+        assert pq.read_table(two / name).equals(pq.read_table(one / name))
+
+
+def test_exported_segment_files_are_deleted_when_asked_but_never_the_newest(tmp_path: Path) -> None:
+    source, out = tmp_path / "deadletters", tmp_path / "parquet"
+    for number in (1, 2, 3):
+        write_segment(source, number, segment(number, [dead_lettered(number)]))
+    export(str(source), str(out), delete_exported=True)
+    assert sorted(p.name for p in source.iterdir()) == ["00000000000000000003.wal"]  # not exported yet
+    report = export(str(source), str(out), include_last=True, delete_exported=True)
+    assert report.exported == (3,)
+    assert sorted(p.name for p in source.iterdir()) == ["00000000000000000003.wal"]  # the broker numbers after it
+    assert exported_segments(str(out)) == {1, 2, 3}
+
+
+def test_expiry_deletes_old_days_then_segments_with_nothing_left(tmp_path: Path) -> None:
+    source, out = tmp_path / "deadletters", tmp_path / "parquet"
+    write_segment(source, 1, segment(1, [dead_lettered(1, time=MIDNIGHT - DAY)]))  # 2026-11-18 only
+    write_segment(source, 2, segment(2, [dead_lettered(2, time=MIDNIGHT - 1), dead_lettered(3, time=MIDNIGHT)]))
+    write_segment(source, 3, segment(3, [dead_lettered(4, time=MIDNIGHT - DAY)]))  # old too, but the newest
+    export(str(source), str(out), include_last=True)
+    report = expire(str(source), str(out), "2026-11-19")
+    assert report.dates == ("2026-11-18",) and report.segments == (1,)
+    assert files(out) == ["date=2026-11-19/segment-00000000000000000002.parquet"]
+    assert sorted(p.name for p in source.iterdir()) == ["00000000000000000002.wal", "00000000000000000003.wal"]
+    assert exported_segments(str(out)) == {2, 3}  # 2 keeps a day; 3 stays exported, so never read raw
+    assert export(str(source), str(out), include_last=True).exported == ()
+    assert expire(str(source), str(out), "2026-11-19") == ExpireReport((), ())
+    (out / MANIFEST_DIR / "00000000000000000007.json").write_text("{not json")
+    assert expire(str(source), str(out), "2026-11-20").segments == (2,)  # the stray file is left alone
+    assert (out / MANIFEST_DIR / "00000000000000000007.json").exists()
+
+
+def test_the_command_takes_jobs_deletion_and_retention(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    from broker.cli import main
+
+    data, now = tmp_path / "data", time.time()  # --retention counts back from now
+    write_segment(data / "deadletters", 1, segment(1, [dead_lettered(1, time=now - 400 * DAY)]))
+    write_segment(data / "deadletters", 2, segment(2, [dead_lettered(2, time=now)]))
+    write_segment(data / "deadletters", 3, segment(3, [dead_lettered(3, time=now)]))
+    argv = ["dlq", "export", "--data-dir", str(data), "--jobs", "2", "--delete-exported", "--retention", "365d"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "exported 2 segment(s)" in out and "expired 1 day(s) before" in out
+    assert sorted(p.name for p in (data / "deadletters").iterdir()) == ["00000000000000000003.wal"]
+    assert exported_segments(str(data / "deadletters-parquet")) == {2}
+    with pytest.raises(SystemExit):
+        main(["dlq", "export", "--data-dir", str(data), "--retention", "365"])
+    assert "--retention: must be a duration with a unit" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["dlq", "export", "--data-dir", str(data), "--jobs", "0"])
+    assert "--jobs: must be a whole number of at least 1, not '0'" in capsys.readouterr().err

@@ -208,3 +208,14 @@ def test_prune_archive_keeps_the_newest_segment_even_over_the_size_limit(tmp_pat
     path.write_bytes(b"x" * 1000)
     assert prune_archive(tmp_path, retention=86400, max_bytes=10, now=path.stat().st_mtime) == []
     assert path.exists()
+
+
+def test_prune_archive_with_keep_newest_never_deletes_a_stream_s_active_segment(tmp_path: Path) -> None:
+    now = 1_000_000.0
+    for number in (1, 2):
+        path = tmp_path / segment_name(number)
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (now - 30 * 86400, now - 30 * 86400))  # idle for a month, both
+    assert prune_archive(tmp_path, retention=86400, max_bytes=10, now=now, keep_newest=True) == [segment_name(1)]
+    assert [p.name for p in tmp_path.iterdir()] == [segment_name(2)]
+    assert prune_archive(tmp_path, retention=86400, max_bytes=10, now=now) == [segment_name(2)]
