@@ -11,6 +11,7 @@ Nothing here reads or writes files; the job (``spark/job.py``) does, so tests fe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -126,6 +127,18 @@ class Summary:
         }
 
 
+_EPOCH = datetime(1970, 1, 1)
+
+
+def _utc(micros: int) -> str:
+    """Microseconds since the epoch as ISO 8601 in UTC, without the zone (as in the report).
+
+    Times leave Spark as integers: PySpark would make a timestamp a datetime in the host's
+    local zone, whatever the session's.
+    """
+    return (_EPOCH + timedelta(microseconds=micros)).isoformat()
+
+
 def summarise(rows: DataFrame, corrupt: int = 0) -> Summary:
     """Count ``rows`` (of :func:`dead_letters`) every way the report shows.
 
@@ -140,7 +153,7 @@ def summarise(rows: DataFrame, corrupt: int = 0) -> Summary:
             "dead_letter_queue",
             "pending",
             "delivery_count",
-            F.date_trunc("minute", "last_death_time").alias("minute"),
+            F.unix_micros(F.date_trunc("minute", "last_death_time")).alias("minute"),
             "first_death_time",
             "last_death_time",
         )
@@ -156,8 +169,8 @@ def summarise(rows: DataFrame, corrupt: int = 0) -> Summary:
         .agg(
             F.grouping_id().alias("set"),
             F.count(F.lit(1)).alias("n"),
-            F.min("first_death_time").alias("a"),
-            F.max("last_death_time").alias("b"),
+            F.unix_micros(F.min("first_death_time")).alias("a"),
+            F.unix_micros(F.max("last_death_time")).alias("b"),
         )
         .collect()
     )
@@ -176,7 +189,7 @@ def summarise(rows: DataFrame, corrupt: int = 0) -> Summary:
         n = int(row["n"])
         if row["set"] == per_minute_set:
             if row["minute"] is not None:
-                per_minute.append((row["minute"].strftime("%Y-%m-%dT%H:%M"), row["reason"], n))
+                per_minute.append((_utc(row["minute"])[:16], row["reason"], n))
             continue
         if row["set"] == delivery_set:
             delivery_counts.append((int(row["delivery_count"]), n))
@@ -210,8 +223,8 @@ def summarise(rows: DataFrame, corrupt: int = 0) -> Summary:
         by_queue=dict(sorted(by_queue.items())),
         by_dlq=dict(sorted(by_dlq.items())),
         corrupt_records=corrupt,
-        first_death=first.isoformat() if first is not None else None,
-        last_death=last.isoformat() if last is not None else None,
+        first_death=_utc(first) if first is not None else None,
+        last_death=_utc(last) if last is not None else None,
         per_minute=sorted(per_minute),
         delivery_counts=sorted(delivery_counts),
         top_headers=top_headers,

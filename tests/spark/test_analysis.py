@@ -58,7 +58,7 @@ def test_summary_counts_by_reason_queue_and_dead_letter_queue(frame: Any) -> Non
             1,
             [
                 dead_lettered(1, queue="a", reason="rejected", headers={"tenant": "acme"}),
-                dead_lettered(2, queue="a", reason="expired", headers={"tenant": "acme"}),
+                dead_lettered(2, queue="a", reason="expired", headers={"tenant": "acme"}, time=1_795_000_120.0),
                 dead_lettered(3, queue="b", reason="delivery_limit", dlqs=("dlq.b",), delivery_count=5),
                 settled(1),
             ],
@@ -78,7 +78,13 @@ def test_summary_counts_by_reason_queue_and_dead_letter_queue(frame: Any) -> Non
     }
     assert summary.delivery_counts == [(0, 2), (5, 1)]
     assert summary.top_headers[0] == ("tenant", "acme", 2)
-    assert sum(n for _minute, _reason, n in summary.per_minute) == 3
+    assert summary.per_minute == [  # 1_795_000_000 is 2026-11-18T11:06:40Z
+        ("2026-11-18T11:06", "delivery_limit", 1),
+        ("2026-11-18T11:06", "rejected", 1),
+        ("2026-11-18T11:08", "expired", 1),
+    ]
+    assert (summary.first_death, summary.last_death) == ("2026-11-18T11:06:40", "2026-11-18T11:08:40")
+    assert summary.by_queue_reason == [("a", "expired", 1), ("a", "rejected", 1), ("b", "delivery_limit", 1)]
 
 
 def test_an_empty_input_gives_zeros(frame: Any) -> None:
@@ -150,3 +156,18 @@ def test_the_data_source_counts_damage_and_agrees_with_the_plain_decoder(
 
 def test_an_empty_directory_reads_no_events(spark: Any, tmp_path: Path) -> None:
     assert read_raw(spark, tmp_path).count() == 0
+
+
+def test_times_in_the_summary_are_utc_whatever_the_host_s_zone(frame: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    events = frame(segment(1, [dead_lettered(1, time=1_795_000_000.5)]))
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        summary = analyze(events)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert (summary.first_death, summary.last_death) == ("2026-11-18T11:06:40", "2026-11-18T11:06:40.500000")
+    assert [minute for minute, _reason, _n in summary.per_minute] == ["2026-11-18T11:06"]
