@@ -158,7 +158,7 @@ def main() -> None:
 
         if "parquet" in stages:
             # The first job of a session also pays the JVM's warm-up (class loading, JIT, code
-            # generation: about 10 s here); spark-submit and dlq analyze pay it once per run.
+            # generation: 10-13 s here); spark-submit and dlq analyze pay it once per run.
             for label in ("job over Parquet, first in session", "job over Parquet"):
                 timed(f"{label} ({args.master})", args.records, lambda: job(input=[str(parquet)]))
             timed(

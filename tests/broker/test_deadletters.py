@@ -9,9 +9,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import pytest_twisted
 from pamqp import commands
 from twisted.internet.task import deferLater
+from twisted.logger import Logger, formatEvent
 
 from broker.core.deadlog import DeadLetterLog
 from broker.core.node import Node
@@ -124,3 +126,34 @@ async def test_sealed_segments_past_the_retention_or_the_size_cap_are_deleted_ne
     assert storage.list_segments() == [4] and service.pruned == 3
     data = (directory / segment_name(4)).read_bytes()
     assert [type(r) for _s, _e, r in iter_records(data, SEGMENT_HEADER_BYTES)] == [DeadLettered]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_failed_deletion_is_logged_and_the_events_still_count_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from twisted.internet import reactor
+
+    import broker.deadletters
+
+    def refuse(*_args: object, **_kwargs: object) -> list[str]:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(broker.deadletters, "prune_archive", refuse)
+    storage = DirectoryStorage(tmp_path / "deadletters")
+    stream = SegmentStream(storage, SEGMENT_HEADER_BYTES + 64, reactor.seconds)
+    node = Node(clock=reactor)
+    events = DeadLetterLog(stream.open(), reactor.seconds)
+    node.vhosts["/"].dead_letters = events
+    service = DeadLetterService(events, stream, reactor, retention=0, max_bytes=1)
+    service.interval = 0.01
+    logged: list[str] = []
+    service._log = Logger(observer=lambda event: logged.append(formatEvent(event)))
+    service.startService()
+    client = connect(node)
+    for body in (b"a", b"b", b"c"):
+        client.send(publish_frames(1, "", "work", body, commands.Basic.Properties()))
+        await wait_until(lambda: not events.has_pending and service._writing is None)
+    await service.stopService()
+    assert service.alarm is None and service.writes == 2 and service.pruned == 0
+    assert sum("deleting dead-letter segments past the retention failed: [Errno 13]" in line for line in logged) == 2
