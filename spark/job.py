@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -131,10 +132,30 @@ def _exists(spark: Any, path: str) -> bool:
     return bool(hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(hadoop_path))
 
 
+#: How ``postroom dlq export`` names its files (``spark/export.py``).
+_EXPORTED_FILE = re.compile(r"segment-(\d{20})\.parquet$")
+
+
+def _exported_segments(parquet: Any) -> set[int]:
+    """The segments an exported dataset holds: from its file names when the export named them
+    all (a listing, no job), else from its ``segment`` column (one pruned column: one scan)."""
+    from pyspark.sql import functions as F
+
+    numbers = set()
+    for name in parquet.inputFiles():
+        match = _EXPORTED_FILE.search(name)
+        if match is None:
+            rows = parquet.select("segment").where(F.col("segment").isNotNull()).distinct().collect()
+            return {int(row[0]) for row in rows}
+        numbers.add(int(match.group(1)))
+    return numbers
+
+
 def read_events(
     spark: Any, inputs: Sequence[str], segments: str | None, staging: str, say: Callable[[str], None]
 ) -> Any:
     """The event DataFrame: exported Parquet plus the segments not exported yet (staged)."""
+    from spark.events import list_segments
     from spark.schema import spark_schema
     from spark.source import FORMAT, register
 
@@ -147,11 +168,13 @@ def read_events(
             say(f"no exported Parquet at {path} (nothing exported yet?): skipped")
     if present:
         parquet = spark.read.schema(schema).parquet(*present)
-        if segments:  # which segments not to read raw (one pruned column: cheap)
-            exported = {int(row[0]) for row in parquet.select("segment").distinct().collect() if row[0] is not None}
+        if segments:  # which segments not to read raw
+            exported = _exported_segments(parquet)
             say(f"{len(exported)} exported segment(s) in {', '.join(present)}")
         frames.append(parquet)
-    if segments:
+    if segments and os.path.isdir(segments) and all(n in exported for n, _path in list_segments(segments)):
+        say(f"no segment of {segments} left to decode: all exported")
+    elif segments:  # (a directory only the executors see is listed by them)
         register(spark)
         raw = (
             spark.read.format(FORMAT)

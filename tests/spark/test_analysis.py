@@ -171,3 +171,18 @@ def test_times_in_the_summary_are_utc_whatever_the_host_s_zone(frame: Any, monke
         time.tzset()
     assert (summary.first_death, summary.last_death) == ("2026-11-18T11:06:40", "2026-11-18T11:06:40.500000")
     assert [minute for minute, _reason, _n in summary.per_minute] == ["2026-11-18T11:06"]
+
+
+def test_exported_segments_are_known_by_file_name_else_by_column(spark: Any, frame: Any, tmp_path: Path) -> None:
+    from spark.export import export
+    from spark.job import _exported_segments
+    from spark.schema import spark_schema
+
+    source, out = tmp_path / "deadletters", tmp_path / "parquet"
+    for number in (4, 9):
+        write_segment(source, number, segment(number, [dead_lettered(number)]))
+    export(str(source), str(out), include_last=True)
+    exported = spark.read.schema(spark_schema()).parquet(str(out))
+    assert _exported_segments(exported) == {4, 9}
+    other = frame(segment(1, [dead_lettered(6)]), segment(2, [dead_lettered(7)]))  # files not named by the export
+    assert _exported_segments(other) == {1, 2}
