@@ -173,7 +173,7 @@ def read_events(
             say(f"{len(exported)} exported segment(s) in {', '.join(present)}")
         frames.append(parquet)
     if segments and os.path.isdir(segments) and all(n in exported for n, _path in list_segments(segments)):
-        say(f"no segment of {segments} left to decode: all exported")
+        say(f"no segment of {segments} left to decode (none, or all exported)")
     elif segments:  # (a directory only the executors see is listed by them)
         register(spark)
         raw = (
