@@ -24,6 +24,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -168,6 +169,11 @@ def _unlink(path: str) -> bool:
     return True
 
 
+def _written_on(path: str) -> str:
+    """The UTC day (``YYYY-MM-DD``) a file was last written."""
+    return datetime.fromtimestamp(os.stat(path).st_mtime, timezone.utc).strftime("%Y-%m-%d")
+
+
 @dataclass(frozen=True, slots=True)
 class ExpireReport:
     """What one :func:`expire` run deleted."""
@@ -179,7 +185,8 @@ class ExpireReport:
 def expire(segments_dir: str, out: str, before: str) -> ExpireReport:
     """Delete the exported events of days before ``before`` (``YYYY-MM-DD``, UTC).
 
-    Removes each ``date=...`` partition older than that; then, for every manifest none of
+    Removes each ``date=...`` partition older than that (and, in ``date=unknown``, the files
+    of damaged segments written before that day); then, for every manifest none of
     whose files remain, the segment file (if the broker has not pruned it already) and the
     manifest, in that order, so that an expired segment is never exported or read raw again.
     A segment partly in kept days keeps its segment file and manifest.
@@ -197,6 +204,13 @@ def expire(segments_dir: str, out: str, before: str) -> ExpireReport:
         if name.startswith("date=") and name[5:] < before and os.path.isdir(os.path.join(out, name)):
             shutil.rmtree(os.path.join(out, name))
             dates.append(name[5:])
+    # Segments with no readable event (only damage) have no date: their files go by the day
+    # they were written.
+    unknown = os.path.join(out, "date=unknown")
+    for name in sorted(os.listdir(unknown)) if os.path.isdir(unknown) else []:
+        path = os.path.join(unknown, name)
+        if _written_on(path) < before:
+            os.unlink(path)
     gone = []
     found = list_segments(segments_dir)
     # The newest segment file is never deleted: the broker numbers its next segment (and its

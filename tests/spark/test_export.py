@@ -175,3 +175,20 @@ def test_the_command_takes_jobs_deletion_and_retention(tmp_path: Path, capsys: p
     with pytest.raises(SystemExit):
         main(["dlq", "export", "--data-dir", str(data), "--jobs", "0"])
     assert "--jobs: must be a whole number of at least 1, not '0'" in capsys.readouterr().err
+
+
+def test_expiry_takes_the_files_of_undated_damaged_segments_by_the_day_they_were_written(tmp_path: Path) -> None:
+    import os
+
+    source, out = tmp_path / "deadletters", tmp_path / "parquet"
+    write_segment(source, 1, b"")  # no event at all: one corrupt row, date unknown
+    write_segment(source, 2, b"")
+    write_segment(source, 3, segment(3, [dead_lettered(3)]))
+    export(str(source), str(out), include_last=True)
+    old = out / "date=unknown" / "segment-00000000000000000001.parquet"
+    os.utime(old, (MIDNIGHT - DAY, MIDNIGHT - DAY))  # written 2026-11-18
+    report = expire(str(source), str(out), "2026-11-18")
+    assert report.segments == () and old.exists()
+    report = expire(str(source), str(out), "2026-11-19")
+    assert report.segments == (1,) and not old.exists()
+    assert (out / "date=unknown" / "segment-00000000000000000002.parquet").exists()  # written today
