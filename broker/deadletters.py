@@ -161,12 +161,7 @@ class DeadLetterService(WorkerWriter):
 
 
 def open_dead_letters(
-    data_dir: str,
-    node: Node,
-    reactor: Any,
-    fsync: str,
-    retention: float = float("inf"),
-    max_bytes: int = 1 << 62,
+    data_dir: str, node: Node, reactor: Any, fsync: str, retention: float, max_bytes: int
 ) -> DeadLetterService:
     """Open the event stream under ``data_dir`` (a new segment), attach its log to every vhost of
     ``node`` and hook the dead-letter queues already declared (their recovered dead letters).

@@ -18,9 +18,11 @@ The Spark job reads the Parquet natively and the segments without a manifest raw
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
+import re
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -33,10 +35,23 @@ import pyarrow.parquet as pq
 from spark.events import list_segments, segment_batches
 from spark.schema import ARROW_SCHEMA
 
-__all__ = ["MANIFEST_DIR", "ExportReport", "ExpireReport", "expire", "export", "exported_segments"]
+__all__ = [
+    "FILE_NAME",
+    "FILE_PATTERN",
+    "MANIFEST_DIR",
+    "ExportReport",
+    "ExpireReport",
+    "expire",
+    "export",
+    "exported_segments",
+]
 
 #: Where the per-segment manifests live under the output directory.
 MANIFEST_DIR = "_segments"
+
+#: The name of an exported file (one per segment in each ``date=`` directory), and its pattern.
+FILE_NAME = "segment-{:020d}.parquet"
+FILE_PATTERN = re.compile(r"segment-(\d{20})\.parquet$")
 
 #: zstd level 3 (Parquet's default for zstd): about gzip's ratio at several times its speed.
 COMPRESSION = "zstd"
@@ -86,7 +101,7 @@ def _export_segment(number: int, path: str, out: str) -> tuple[int, int, int, in
         part = part.drop_columns(["date"])
         directory = os.path.join(out, f"date={date}")
         os.makedirs(directory, exist_ok=True)
-        name = os.path.join(directory, f"segment-{number:020d}.parquet")
+        name = os.path.join(directory, FILE_NAME.format(number))
         _write_atomically(name, lambda target, part=part: pq.write_table(part, target, compression=COMPRESSION))
         written.append({"file": os.path.relpath(name, out), "rows": part.num_rows})
     count = table.num_rows
@@ -148,9 +163,10 @@ def export(
             finished(_export_segment(number, path, out))
     if delete_exported:
         have = exported_segments(out)
-        for number, path in sealed[: len(segments) - 1]:  # the newest stays, as in expire()
+        for number, path in segments[:-1]:  # the newest stays, as in expire()
             if number in have:
-                _unlink(path)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
     results.sort()
     return ExportReport(
         tuple(number for number, *_ in results),
@@ -159,14 +175,6 @@ def export(
         sum(bad for _n, _rows, bad, _files in results),
         sum(files for _n, _rows, _bad, files in results),
     )
-
-
-def _unlink(path: str) -> bool:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def _written_on(path: str) -> str:
@@ -215,7 +223,7 @@ def expire(segments_dir: str, out: str, before: str) -> ExpireReport:
     found = list_segments(segments_dir)
     # The newest segment file is never deleted: the broker numbers its next segment (and its
     # dead-letter ids) after the last one it finds.
-    paths = dict(found[:-1])
+    paths = dict(found)
     newest = found[-1][0] if found else None
     for number in sorted(exported_segments(out)):
         manifest = os.path.join(out, MANIFEST_DIR, f"{number:020d}.json")
@@ -224,12 +232,11 @@ def expire(segments_dir: str, out: str, before: str) -> ExpireReport:
                 files = [entry["file"] for entry in json.load(file)["files"]]
         except (ValueError, KeyError, TypeError):  # not a manifest of ours: leave it and its segment
             continue
-        if any(os.path.exists(os.path.join(out, name)) for name in files):
-            continue
-        if number == newest:
+        if number == newest or any(os.path.exists(os.path.join(out, name)) for name in files):
             continue
         if number in paths:
-            _unlink(paths[number])
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(paths[number])
         os.unlink(manifest)
         gone.append(number)
     return ExpireReport(tuple(dates), tuple(gone))

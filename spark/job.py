@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -132,18 +131,16 @@ def _exists(spark: Any, path: str) -> bool:
     return bool(hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(hadoop_path))
 
 
-#: How ``postroom dlq export`` names its files (``spark/export.py``).
-_EXPORTED_FILE = re.compile(r"segment-(\d{20})\.parquet$")
-
-
 def _exported_segments(parquet: Any) -> set[int]:
     """The segments an exported dataset holds: from its file names when the export named them
     all (a listing, no job), else from its ``segment`` column (one pruned column: one scan)."""
     from pyspark.sql import functions as F
 
+    from spark.export import FILE_PATTERN
+
     numbers = set()
     for name in parquet.inputFiles():
-        match = _EXPORTED_FILE.search(name)
+        match = FILE_PATTERN.search(name)
         if match is None:
             rows = parquet.select("segment").where(F.col("segment").isNotNull()).distinct().collect()
             return {int(row[0]) for row in rows}

@@ -271,6 +271,6 @@ def watch_dead_letter_queues(log: DeadLetterLog, vhosts: Iterable[Any]) -> int:
     watched = 0
     for vhost in vhosts:
         for queue in list(vhost.queues.values()):
-            if queue.on_settled is None and log.recovered(queue):
+            if log.recovered(queue):
                 watched += 1
     return watched

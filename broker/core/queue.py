@@ -579,13 +579,7 @@ class WorkQueue:
         :param entries: entries of this queue, oldest delivery first
         """
         if self.deleted:  # nowhere to go back to: they are gone for good
-            entries = list(entries)
-            for entry in entries:
-                entry.state = GONE
-            if self.on_settled is not None:
-                self.on_settled(self, entries)
-            if self.journal is not None:
-                self.journal.forget(entries)
+            self.settle(list(entries))
             return
         limit = self.settings.delivery_limit
         now = self.now() if self.clock is not None else 0.0

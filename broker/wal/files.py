@@ -12,6 +12,7 @@ of the file, and a new or removed name after ``fsync`` of its directory.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -241,13 +242,6 @@ class DirectoryStorage:
         self.close()
 
 
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
 def prune_archive(
     path: str | os.PathLike[str], retention: float, max_bytes: int, now: float, keep_newest: bool = False
 ) -> list[str]:
@@ -272,21 +266,20 @@ def prune_archive(
             continue
         entries.append((name, stat.st_mtime, stat.st_size))
     entries.sort()
-    newest = entries.pop() if keep_newest and entries else None
     deleted = []
     kept = []
-    for name, mtime, size in entries:
-        if now - mtime > retention:
-            _remove(os.path.join(directory, name))
+    for index, (name, mtime, size) in enumerate(entries):
+        if now - mtime > retention and not (keep_newest and index == len(entries) - 1):
+            with contextlib.suppress(FileNotFoundError):  # deleted meanwhile, as above
+                os.unlink(os.path.join(directory, name))
             deleted.append(name)
         else:
             kept.append((name, size))
-    if newest is not None:
-        kept.append((newest[0], newest[2]))
     total = sum(size for _name, size in kept)
     while total > max_bytes and len(kept) > 1:
         name, size = kept.pop(0)
-        _remove(os.path.join(directory, name))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, name))
         deleted.append(name)
         total -= size
     if deleted:

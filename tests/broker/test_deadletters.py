@@ -8,18 +8,20 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_twisted
 from pamqp import commands
-from twisted.internet.task import deferLater
+from twisted.internet.task import Clock, deferLater
 from twisted.logger import Logger, formatEvent
+from twisted.python.failure import Failure
 
 from broker.core.deadlog import DeadLetterLog
 from broker.core.node import Node
 from broker.deadletters import DeadLetterService
 from broker.testing import Client, MemorySegmentStorage, publish_frames
-from broker.wal.files import DirectoryStorage, segment_name
+from broker.wal.files import DirectoryStorage, ISegmentStorage, segment_name
 from broker.wal.record import SEGMENT_HEADER_BYTES, DeadLettered, iter_records, segment_header
 from broker.wal.stream import SegmentStream
 
@@ -34,14 +36,49 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> Non
         waited += 0.01
 
 
-def start(storage: MemorySegmentStorage) -> tuple[Client, DeadLetterService, Node]:
+class ClockReactor(Clock):
+    """A Clock that also takes calls from the worker thread (run at once)."""
+
+    def callFromThread(self, f: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        f(*args, **kwargs)
+
+
+class SyncPool:
+    """A ThreadPool's interface without the thread: the write runs when it is handed over, so a
+    service on a :class:`ClockReactor` writes exactly when the clock says."""
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def callInThreadWithCallback(
+        self, on_result: Callable[[bool, Any], None], f: Callable[..., Any], *args: Any
+    ) -> None:
+        try:
+            result = f(*args)
+        except Exception:
+            on_result(False, Failure())
+        else:
+            on_result(True, result)
+
+
+def start(
+    storage: ISegmentStorage, clock: ClockReactor | None = None, segment_bytes: int = 1 << 20, **options: Any
+) -> tuple[Client, DeadLetterService, Node]:
+    """The service over ``storage`` and a client of its node; on ``clock`` with no worker
+    thread when given one, else on the running reactor."""
     from twisted.internet import reactor
 
-    stream = SegmentStream(storage, 1 << 20, reactor.seconds)
-    node = Node(clock=reactor)
-    events = DeadLetterLog(stream.open(), reactor.seconds)
+    timer = clock or reactor
+    stream = SegmentStream(storage, segment_bytes, timer.seconds)
+    node = Node(clock=timer)
+    events = DeadLetterLog(stream.open(), timer.seconds)
     node.vhosts["/"].dead_letters = events
-    service = DeadLetterService(events, stream, reactor)
+    service = DeadLetterService(events, stream, timer, **options)
+    if clock is not None:
+        service._pool = SyncPool()  # type: ignore[assignment]
     service.interval = 0.01
     service.startService()
     return connect(node), service, node
@@ -95,65 +132,58 @@ async def test_a_failed_write_raises_the_alarm_and_later_events_are_written() ->
     assert node.vhosts["/"].queues["dlq"].message_count == 2
 
 
-@pytest_twisted.ensureDeferred
-async def test_sealed_segments_past_the_retention_or_the_size_cap_are_deleted_never_the_active_one(
+def dead_letter(client: Client, clock: ClockReactor, service: DeadLetterService) -> None:
+    """Publish into the full ``work`` queue (one message dies: maxlen) and let the write happen."""
+    writes = service.writes
+    client.send(publish_frames(1, "", "work", b"x", commands.Basic.Properties()))
+    clock.advance(service.interval)
+    assert service.writes == writes + 1
+
+
+def test_sealed_segments_past_the_retention_or_the_size_cap_are_deleted_never_the_active_one(
     tmp_path: Path,
 ) -> None:
-    from twisted.internet import reactor
-
     directory = tmp_path / "deadletters"
     storage = DirectoryStorage(directory)
     for number in (1, 2):
         storage.create(number, segment_header(number))
     month_ago = time.time() - 31 * 86400
     os.utime(directory / segment_name(1), (month_ago, month_ago))
-    stream = SegmentStream(storage, SEGMENT_HEADER_BYTES + 64, reactor.seconds)
-    node = Node(clock=reactor)
-    events = DeadLetterLog(stream.open(), reactor.seconds)
-    node.vhosts["/"].dead_letters = events
-    service = DeadLetterService(events, stream, reactor, retention=30 * 86400, max_bytes=1 << 20)
-    service.interval = 0.01
-    service.startService()
+    clock = ClockReactor()
+    client, service, _node = start(
+        storage, clock, SEGMENT_HEADER_BYTES + 64, retention=30 * 86400, max_bytes=1 << 20
+    )
     assert storage.list_segments() == [2, 3] and service.pruned == 1  # segment 1 was a month old
-    service.max_bytes = 1  # now every sealed segment is over the cap
-    client = connect(node)
-    for body in (b"a", b"b"):
-        client.send(publish_frames(1, "", "work", body, commands.Basic.Properties()))
-    await wait_until(lambda: service.writes == 1)
-    client.send(publish_frames(1, "", "work", b"c", commands.Basic.Properties()))
-    await wait_until(lambda: service.writes == 2)  # this append seals segment 3 first
-    await service.stopService()
+    service.max_bytes = 1  # now every sealed segment is over the cap,
+    service.retention = -1.0  # and every segment, the active one too, past the retention
+    client.send(publish_frames(1, "", "work", b"a", commands.Basic.Properties()))  # fills work
+    dead_letter(client, clock, service)
+    assert storage.list_segments() == [2, 3]  # segment 3 held only its header: not sealed
+    dead_letter(client, clock, service)  # this append seals segment 3 first
+    assert service.stopService().called  # flushed and closed, no thread to wait for
     assert storage.list_segments() == [4] and service.pruned == 3
     data = (directory / segment_name(4)).read_bytes()
     assert [type(r) for _s, _e, r in iter_records(data, SEGMENT_HEADER_BYTES)] == [DeadLettered]
 
 
-@pytest_twisted.ensureDeferred
-async def test_a_failed_deletion_is_logged_and_the_events_still_count_as_written(
+def test_a_failed_deletion_is_logged_and_the_events_still_count_as_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from twisted.internet import reactor
-
     import broker.deadletters
 
     def refuse(*_args: object, **_kwargs: object) -> list[str]:
         raise PermissionError(errno.EACCES, "Permission denied")
 
     monkeypatch.setattr(broker.deadletters, "prune_archive", refuse)
-    storage = DirectoryStorage(tmp_path / "deadletters")
-    stream = SegmentStream(storage, SEGMENT_HEADER_BYTES + 64, reactor.seconds)
-    node = Node(clock=reactor)
-    events = DeadLetterLog(stream.open(), reactor.seconds)
-    node.vhosts["/"].dead_letters = events
-    service = DeadLetterService(events, stream, reactor, retention=0, max_bytes=1)
-    service.interval = 0.01
     logged: list[str] = []
-    service._log = Logger(observer=lambda event: logged.append(formatEvent(event)))
-    service.startService()
-    client = connect(node)
-    for body in (b"a", b"b", b"c"):
-        client.send(publish_frames(1, "", "work", body, commands.Basic.Properties()))
-        await wait_until(lambda: not events.has_pending and service._writing is None)
-    await service.stopService()
+    monkeypatch.setattr(DeadLetterService, "_log", Logger(observer=lambda event: logged.append(formatEvent(event))))
+    clock = ClockReactor()
+    storage = DirectoryStorage(tmp_path / "deadletters")
+    client, service, _node = start(storage, clock, SEGMENT_HEADER_BYTES + 64, retention=0, max_bytes=1)
+    client.send(publish_frames(1, "", "work", b"a", commands.Basic.Properties()))
+    dead_letter(client, clock, service)
+    dead_letter(client, clock, service)  # seals a segment: the retention runs, and fails
+    assert service.stopService().called  # flushed and closed, no thread to wait for
     assert service.alarm is None and service.writes == 2 and service.pruned == 0
+    assert storage.list_segments() == [1, 2]
     assert sum("deleting dead-letter segments past the retention failed: [Errno 13]" in line for line in logged) == 2

@@ -109,7 +109,17 @@ def test_a_file_left_half_written_is_hidden_from_readers(tmp_path: Path, monkeyp
     assert export(str(source), str(out), include_last=True).exported == (1,)
 
 
-def test_worker_processes_export_the_same_files_as_one_process(tmp_path: Path) -> None:
+def test_worker_processes_export_the_same_files_as_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import spark.export
+
+    pools: list[int] = []
+
+    class Recorded(spark.export.ProcessPoolExecutor):  # type: ignore[misc]
+        def __init__(self, max_workers: int, **options: object) -> None:
+            pools.append(max_workers)
+            super().__init__(max_workers, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(spark.export, "ProcessPoolExecutor", Recorded)
     source = tmp_path / "deadletters"
     for number in range(1, 6):
         records = [dead_lettered(number * 10 + n, time=MIDNIGHT + number * DAY / 2) for n in range(3)]
@@ -119,6 +129,7 @@ def test_worker_processes_export_the_same_files_as_one_process(tmp_path: Path) -
     serial = export(str(source), str(one), include_last=True)
     parallel = export(str(source), str(two), include_last=True, jobs=2, on_segment=lambda n, _rows: seen.append(n))
     assert parallel == serial and parallel.exported == (1, 2, 3, 4, 5) and sorted(seen) == [1, 2, 3, 4, 5]
+    assert pools == [2]  # the serial run started no pool
     assert files(two) == files(one)
     for name in files(one):
         assert pq.read_table(two / name).equals(pq.read_table(one / name))
