@@ -25,7 +25,7 @@ def _handshake(connection: ServerConnection) -> None:
     connection.receive_data(b"AMQP\x00\x00\x09\x01")
     for method in (
         commands.Connection.StartOk(mechanism="PLAIN", response="\x00guest\x00guest"),
-        commands.Connection.TuneOk(channel_max=0, frame_max=131072, heartbeat=0),
+        commands.Connection.TuneOk(channel_max=2047, frame_max=131072, heartbeat=0),
         commands.Connection.Open(virtual_host="/"),
     ):
         connection.receive_data(frame.marshal(method, 0))

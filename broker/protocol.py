@@ -9,6 +9,12 @@ connection is lost (its unacked deliveries may go to other consumers).
 Flow control: the protocol registers itself as a streaming producer. When a client's socket
 buffer fills, Twisted calls ``pauseProducing`` and deliveries to that connection stop
 (its consumers are skipped) until ``resumeProducing``.
+
+Closing: the producer is unregistered before the socket is closed (Twisted's
+``loseConnection`` otherwise waits for a paused producer forever, and the socket stays in
+CLOSE-WAIT), and every wait has a timer: for ``close-ok`` after our ``connection.close``, for
+the output to drain after we close, and for the client to hang up after our ``close-ok``
+(RabbitMQ keeps reading until then, and so do we).
 """
 
 from __future__ import annotations
@@ -27,8 +33,12 @@ from broker.errors import ReplyCode
 
 #: Seconds a client has to finish the handshake (RabbitMQ's handshake_timeout is 10 s).
 HANDSHAKE_TIMEOUT = 10.0
-#: Seconds we wait for connection.close-ok after sending connection.close before dropping the socket.
+#: Seconds we wait for connection.close-ok after sending connection.close before dropping the socket,
+#: and for queued output to drain once we close the socket ourselves.
 CLOSE_TIMEOUT = 3.0
+#: At most this many seconds after our connection.close-ok the socket stays open for the client to
+#: hang up (RabbitMQ's ?CLOSING_TIMEOUT; less when the heartbeat interval is shorter).
+LINGER_TIMEOUT = 30.0
 
 
 def is_loopback(host: str) -> bool:
@@ -53,6 +63,7 @@ class AMQPServerProtocol(Protocol):
         self._handshake_timer: IDelayedCall | None = None
         self._heartbeat_timer: IDelayedCall | None = None
         self._close_timer: IDelayedCall | None = None
+        self._closing_socket = False
 
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()
@@ -76,7 +87,11 @@ class AMQPServerProtocol(Protocol):
             connection.receive_data(data)
         except Exception:
             self._log.failure("bug while handling frames from {peer}", peer=connection.peer)
-            connection.close(ReplyCode.INTERNAL_ERROR, "internal error")
+            try:
+                connection.close(ReplyCode.INTERNAL_ERROR, "internal error")
+            except Exception:
+                self._log.failure("bug while closing connection {peer}", peer=connection.peer)
+                connection.closed = True
         finally:
             factory.in_io = False
         if connection.is_open and self._handshake_timer is not None:
@@ -92,6 +107,7 @@ class AMQPServerProtocol(Protocol):
         connection = self.connection
         if connection is None:
             return
+        self._log_teardown_errors()
         data = connection.data_to_send()
         if data:
             self.transport.write(data)
@@ -99,12 +115,43 @@ class AMQPServerProtocol(Protocol):
             if connection.error is not None:
                 self._log.info("closing connection {peer}: {error}", peer=connection.peer, error=str(connection.error))
                 connection.error = None
-            self._cancel_timers()
-            self.transport.loseConnection()
+            if connection.state is State.LINGERING:
+                if self._close_timer is None:
+                    self._cancel_timers()
+                    heartbeat = connection.heartbeat
+                    linger = min(heartbeat, LINGER_TIMEOUT) if heartbeat else LINGER_TIMEOUT
+                    self._close_timer = self.factory.clock.callLater(linger, self._close_socket)
+            elif connection.silent_close_delay:
+                delay, connection.silent_close_delay = connection.silent_close_delay, 0.0
+                self._cancel_timers()
+                self.transport.stopReading()  # type: ignore[attr-defined]
+                self._close_timer = self.factory.clock.callLater(delay, self._close_socket)
+            elif not self._closing_socket:
+                self._close_socket()
         elif connection.state is State.CLOSING and self._close_timer is None:
             if connection.error is not None:
                 self._log.info("closing connection {peer}: {error}", peer=connection.peer, error=str(connection.error))
             self._close_timer = self.factory.clock.callLater(CLOSE_TIMEOUT, self._drop, "no connection.close-ok")
+
+    def _close_socket(self) -> None:
+        """Close the socket once the output is written; drop it if that takes too long."""
+        self._cancel_timers()
+        self._closing_socket = True
+        self.transport.unregisterProducer()
+        self.transport.loseConnection()
+        self._close_timer = self.factory.clock.callLater(CLOSE_TIMEOUT, self._drop, "output not drained")
+
+    def _log_teardown_errors(self) -> None:
+        connection = self.connection
+        if connection is None or not connection.teardown_errors:
+            return
+        errors, connection.teardown_errors = connection.teardown_errors, []
+        for error in errors:
+            self._log.failure(
+                "bug while releasing connection {peer}",
+                Failure(error, type(error), error.__traceback__),
+                peer=connection.peer,
+            )
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
         self._cancel_timers()
@@ -112,7 +159,11 @@ class AMQPServerProtocol(Protocol):
         if connection is None:
             return
         self.factory.protocols.pop(connection, None)
-        connection.connection_lost()
+        try:
+            connection.connection_lost()
+        except Exception:
+            self._log.failure("bug while releasing connection {peer}", peer=connection.peer)
+        self._log_teardown_errors()
         self.factory.flush()
 
     # -- timers ---------------------------------------------------------------------------------
@@ -146,6 +197,7 @@ class AMQPServerProtocol(Protocol):
         connection = self.connection
         self._log.info("dropping connection {peer}: {why}", peer=connection.peer if connection else "?", why=why)
         self._cancel_timers()
+        self.transport.unregisterProducer()
         self.transport.abortConnection()
 
     # -- IPushProducer: the transport tells us when its buffer is full ---------------------------

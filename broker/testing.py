@@ -128,7 +128,7 @@ class Client:
             return frames
         frames += self.call(
             0,
-            commands.Connection.TuneOk(channel_max=0, frame_max=frame_max, heartbeat=heartbeat),
+            commands.Connection.TuneOk(channel_max=2047, frame_max=frame_max, heartbeat=heartbeat),
             commands.Connection.Open(virtual_host=vhost),
         )
         return frames

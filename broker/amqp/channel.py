@@ -75,7 +75,6 @@ class ChannelState:
         self.id = channel_id
         self.vhost = connection.vhost
         self.closing = False
-        self.flow_active = True
         #: Whether consumers on this channel may receive deliveries now (read on every dispatch).
         self.active = connection.writable
         self.prefetch_consumer = 0
@@ -114,7 +113,7 @@ class ChannelState:
     def update_active(self) -> None:
         """Recompute :attr:`active` and, when deliveries may resume, dispatch to the consumers."""
         was = self.active
-        self.active = self.flow_active and self.connection.writable and not self.closing
+        self.active = self.connection.writable and not self.closing
         if self.active and not was:
             self._kick(consumer.queue for consumer in list(self.consumers.values()))
 
@@ -128,6 +127,11 @@ class ChannelState:
     def expecting_content(self) -> bool:
         """Whether a content header or body frame is due next on this channel."""
         return self._publish is not None
+
+    @property
+    def expecting_body(self) -> bool:
+        """Whether a content body frame is due next on this channel (the header has come)."""
+        return self._header is not None
 
     def _send(self, method: Frame) -> None:
         self.connection.out.append(encode_method(self.id, method))
@@ -148,9 +152,14 @@ class ChannelState:
         handler(self, method)
 
     def _flow(self, method: commands.Channel.Flow) -> None:
-        self.flow_active = bool(method.active)
-        self._send(commands.Channel.FlowOk(active=self.flow_active))
-        self.update_active()
+        """``channel.flow``: RabbitMQ answers ``active=true`` and refuses to stop a channel.
+
+        :raises ConnectionException: 540 NOT_IMPLEMENTED for ``active=false``, as RabbitMQ
+            (clients' own test suites expect exactly this)
+        """
+        if not method.active:
+            raise ConnectionException(ReplyCode.NOT_IMPLEMENTED, "active=false", 20, 20)
+        self._send(commands.Channel.FlowOk(active=True))
 
     # exchange class
 
@@ -856,11 +865,18 @@ class ChannelState:
     def release(self) -> None:
         """Let go of everything the channel holds: cancel its consumers, requeue unacked deliveries.
 
-        Called when the channel closes, either side, and when the connection goes away.
+        Called when the channel closes, either side, and when the connection goes away. Each
+        consumer and each queue's returns is a step of its own: one that raises (a bug) is
+        recorded in the connection's ``teardown_errors`` and the others still run, so no
+        delivery is left held by a channel that no longer exists.
         """
         self.closing = True
         self.active = False
-        self.flush_confirms()
+        errors = self.connection.teardown_errors
+        try:
+            self.flush_confirms()
+        except Exception as error:
+            errors.append(error)
         if self in self.connection.confirming:
             self.connection.confirming.remove(self)
         if self._confirm_waits and self.vhost.journal is not None:
@@ -873,8 +889,15 @@ class ChannelState:
         consumers, self.consumers = list(self.consumers.values()), {}
         entries = self._take(0, True) if self._unacked else []
         for consumer in consumers:
-            self._remove_consumer(consumer)
-        self._requeue(entries)
+            try:
+                self._remove_consumer(consumer)
+            except Exception as error:
+                errors.append(error)
+        for queue, group in _by_queue(entries).items():
+            try:
+                queue.return_entries(group)
+            except Exception as error:
+                errors.append(error)
 
 
 def _check_expiration(value: object) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 from pamqp import commands, decode, encode, exceptions
 from pamqp.base import Frame
 
+from broker.amqp import table as _table
 from broker.errors import ConnectionException, ReplyCode
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
@@ -318,18 +319,40 @@ def content_frames(channel: int, header_payload: bytes, body: bytes, frame_max: 
 
 def decode_table(raw: bytes) -> dict[str, Any]:
     """Decode an AMQP field table given without its 4-byte length prefix (SASL AMQPLAIN)."""
-    _, table = decode.field_table(struct.pack(">I", len(raw)) + raw)
-    return table
+    return _table.decode_table(struct.pack(">I", len(raw)) + raw)[0]
 
 
 def decode_field_table(raw: bytes) -> dict[str, Any]:
     """Decode an AMQP field table given with its 4-byte length prefix; ``b""`` is the empty table."""
     if not raw:
         return {}
-    _, table = decode.field_table(raw)
-    return table
+    return _table.decode_table(raw)[0]
 
 
 def encode_table(table: dict[str, Any]) -> bytes:
-    """Encode an AMQP field table with its length prefix."""
-    return encode.field_table(table)
+    """Encode an AMQP field table with its length prefix, every value in its own wire type."""
+    return _table.encode_table(table)
+
+
+# -- pamqp adapter -------------------------------------------------------------------------
+# pamqp decodes tables recursively (a RecursionError past ~1,000 levels, where RabbitMQ has no
+# limit), turns float64 into float32 and sorts keys when it encodes, and cannot encode a long
+# string that is not UTF-8. Every table pamqp reads or writes for us (method arguments,
+# client properties, the headers property) goes through broker.amqp.table instead: iterative,
+# and exact both ways. Timestamps are read as RabbitMQ reads them (seconds, no guessing).
+
+
+def _pamqp_table(value: bytes) -> tuple[int, dict[str, Any]]:
+    table, end = _table.decode_table(value)
+    return end, table
+
+
+def _pamqp_timestamp(value: bytes) -> tuple[int, Any]:
+    if len(value) < 8:
+        raise ValueError("Could not unpack timestamp value")
+    return 8, _table.decode_value(value, ord("T"), 0, 8)
+
+
+decode.METHODS["table"] = _pamqp_table
+decode.METHODS["timestamp"] = _pamqp_timestamp
+encode.METHODS["table"] = _table.encode_table

@@ -11,10 +11,20 @@ Life cycle (AMQP 0-9-1 §2.2.4, RabbitMQ's handshake)::
     header -> start / start-ok -> tune / tune-ok -> open / open-ok -> OPEN -> close / close-ok
 
 Errors: a :class:`ChannelException` with a soft reply code closes its channel
-(``channel.close``, then every frame on that channel is dropped until ``channel.close-ok``);
+(``channel.close``, then every frame on that channel is dropped until ``channel.close-ok``;
+a ``channel.close`` crossing ours is answered with ``close-ok`` and the channel stays closing);
 any hard reply code closes the connection (``connection.close``, then every frame but
 ``connection.close``/``close-ok`` is dropped). Which codes are hard is the spec's choice
 (§1.2, "Constants"), the same as RabbitMQ's.
+
+Closing as RabbitMQ closes: after the client's ``connection.close`` the connection is released
+and answered with ``close-ok``, and then it *lingers*: the socket stays open, further input is
+read and dropped (another ``connection.close`` is answered again), until the client hangs up
+or the shell's linger timer ends it. After the client's ``close-ok`` to our ``connection.close``
+the socket is closed at once.
+
+Reply texts are built from client data (names); :func:`reply_text` makes them valid UTF-8 and
+at most a short string long, whatever those names hold.
 """
 
 from __future__ import annotations
@@ -74,6 +84,16 @@ _frame_head = struct.Struct(">BHI")
 _method_index = struct.Struct(">I")
 _body_size = struct.Struct(">Q")
 _PUBLISH_ID = _method_index.pack(BASIC_PUBLISH)
+_CLOSE_ID = _method_index.pack(0x000A0032)  # connection.close
+_CLOSE_OK_ID = _method_index.pack(0x000A0033)  # connection.close-ok
+_CLOSE_OK = encode_method(0, commands.Connection.CloseOk())
+_CHANNEL_OPEN = 0x0014000A
+_CHANNEL_CLOSE = 0x00140028
+_CHANNEL_CLOSE_OK = 0x00140029
+
+#: Seconds before the socket of a handshake refused without connection.close is closed
+#: (RabbitMQ's ?SILENT_CLOSE_DELAY: a client may not retry bad handshakes in a tight loop).
+SILENT_CLOSE_DELAY = 3.0
 
 #: Decoded (exchange, routing key) pairs kept per connection. Publishers usually reuse a few
 #: pairs; the cache is cleared when full, so a publisher cycling through many keys costs
@@ -104,6 +124,10 @@ class State(Enum):
     OPEN = "open"
     CLOSING = "closing"  # we sent connection.close and wait for close-ok
     CLOSED = "closed"
+    LINGERING = "lingering"  # we answered the client's connection.close; waiting for it to hang up
+
+
+_HANDSHAKE_STATES = frozenset({State.AWAIT_START_OK, State.AWAIT_TUNE_OK, State.AWAIT_OPEN})
 
 
 class ServerConnection:
@@ -136,8 +160,14 @@ class ServerConnection:
         self.client_properties: dict[str, Any] = {}
         self.user_name = ""
         self.vhost: VirtualHost = None  # type: ignore[assignment]  # set by connection.open
-        #: Set when the connection is over; the shell closes the socket after writing.
+        #: Set when the connection is over; the shell closes the socket after writing, unless
+        #: :attr:`lingering` (the client closed: it hangs up, the shell's timer bounds the wait).
         self.closed = False
+        #: Errors raised by a teardown step (releasing a channel, a queue): the other steps
+        #: still ran; the shell logs these once, with the connection's name.
+        self.teardown_errors: list[BaseException] = []
+        #: Seconds the shell waits before closing the socket of a silently refused handshake.
+        self.silent_close_delay = 0.0
         #: Why the connection failed, for the shell to log once.
         self.error: AMQPError | None = None
         self._received_since_tick = False
@@ -169,6 +199,8 @@ class ServerConnection:
         :meth:`_frame`.
         """
         if self.closed:
+            if self.state is State.LINGERING:
+                self._linger(data)
             return
         self._received_since_tick = True
         if self._pending:
@@ -267,6 +299,30 @@ class ServerConnection:
         if pos < total:
             self._pending = data[pos:]
 
+    def _linger(self, data: bytes) -> None:
+        """After our ``close-ok``: drop input, but answer every further ``connection.close`` (RabbitMQ)."""
+        data = self._pending + data
+        pos = 0
+        total = len(data)
+        while total - pos >= FRAME_OVERHEAD:
+            frame_type, channel_id, size = _frame_head.unpack_from(data, pos)
+            if size + FRAME_OVERHEAD > self.frame_max:
+                self.state = State.CLOSED  # not framed any more: close the socket
+                self._pending = b""
+                return
+            end = pos + 7 + size
+            if end >= total:
+                break
+            if frame_type == FRAME_METHOD and channel_id == 0:
+                if data.startswith(_CLOSE_ID, pos + 7):
+                    self.out.append(_CLOSE_OK)
+                elif data.startswith(_CLOSE_OK_ID, pos + 7):
+                    self.state = State.CLOSED  # the client is done: close the socket now
+                    self._pending = b""
+                    return
+            pos = end + 1
+        self._pending = data[pos:]
+
     def _decode_names(self, names: bytes) -> tuple[str, str]:
         """Decode an exchange/routing-key pair and remember it (publishers reuse a few pairs)."""
         exchange_length = names[0]
@@ -318,9 +374,13 @@ class ServerConnection:
                         self._open_channel(channel_id, decode_method(payload))
                         return
                     if channel.expecting_content:
+                        part = "body" if channel.expecting_body else "header for class 60"
+                        kind = "body" if channel.expecting_body else "header"
                         raise ConnectionException(
                             ReplyCode.UNEXPECTED_FRAME,
-                            f"expected content header for class 60, got a method frame on channel {channel_id}",
+                            f"expected content {part}, got non content {kind} frame instead",
+                            BASIC_CLASS,
+                            40,
                         )
                     if index == BASIC_PUBLISH:
                         channel.on_publish(*decode_publish(payload))
@@ -346,6 +406,8 @@ class ServerConnection:
                 else:
                     raise ConnectionException(ReplyCode.FRAME_ERROR, f"frame type {frame_type} on channel {channel_id}")
             except ChannelException as error:
+                if not error.class_id and frame_type == FRAME_METHOD and len(payload) >= 4:
+                    error.class_id, error.method_id = payload[0] << 8 | payload[1], payload[2] << 8 | payload[3]
                 self._channel_error(channel_id, error)
             return
         if frame_type == FRAME_HEARTBEAT:
@@ -362,9 +424,9 @@ class ServerConnection:
 
     def _channel_method(self, channel: ChannelState, method: Frame) -> None:
         if isinstance(method, commands.Channel.Close):
-            channel.release()
             del self.channels[channel.id]
             self.node.counters["channels_closed"] += 1
+            self._release_channel(channel)
             self.out.append(encode_method(channel.id, commands.Channel.CloseOk()))
             return
         if isinstance(method, commands.Channel.CloseOk):
@@ -400,30 +462,43 @@ class ServerConnection:
         """Close one channel for ``error``: send channel.close and drop its frames until close-ok."""
         channel = self.channels.pop(channel_id, None)
         if channel is not None:
-            channel.release()
             self.node.counters["channels_closed"] += 1
+            self._release_channel(channel)
         self._closing_channels.add(channel_id)
         self.out.append(
             encode_method(
                 channel_id,
                 commands.Channel.Close(
                     reply_code=int(error.reply_code),
-                    reply_text=f"{error.reply_code.name} - {error.reply_text}"[:255],
+                    reply_text=reply_text(error),
                     class_id=error.class_id,
                     method_id=error.method_id,
                 ),
             )
         )
 
+    def _release_channel(self, channel: ChannelState) -> None:
+        """Release a channel; an error in it is recorded for the shell, never raised."""
+        try:
+            channel.release()
+        except Exception as error:  # a bug: the rest of the teardown must still run
+            self.teardown_errors.append(error)
+
     def _closing_channel_frame(self, frame_type: int, channel_id: int, payload: bytes) -> None:
-        if frame_type != FRAME_METHOD:
+        """A frame on a channel we closed: dropped, until the client's ``close-ok`` frees the number.
+
+        A ``channel.close`` crossing ours is answered with ``close-ok``; the channel stays
+        closing (RabbitMQ's rule), so the client's own ``close-ok`` that follows is dropped too.
+        """
+        if frame_type != FRAME_METHOD or len(payload) < 4:
             return
-        method = decode_method(payload)
-        if isinstance(method, commands.Channel.CloseOk):
+        index = _method_index.unpack_from(payload)[0]
+        if index == _CHANNEL_CLOSE_OK:
             self._closing_channels.discard(channel_id)
-        elif isinstance(method, commands.Channel.Close):
+        elif index == _CHANNEL_CLOSE:
             self.out.append(encode_method(channel_id, commands.Channel.CloseOk()))
-            self._closing_channels.discard(channel_id)
+        elif index == _CHANNEL_OPEN:
+            raise ConnectionException(ReplyCode.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
 
     # -- connection class -----------------------------------------------------------------------
 
@@ -455,7 +530,8 @@ class ServerConnection:
         state = self.state
         if isinstance(method, commands.Connection.Close):
             self._finish()  # first: releasing channels may still write their last confirms
-            self.out.append(encode_method(0, commands.Connection.CloseOk()))
+            self.out.append(_CLOSE_OK)
+            self.state = State.LINGERING
             return
         if isinstance(method, commands.Connection.CloseOk):
             self._finish()
@@ -532,22 +608,10 @@ class ServerConnection:
 
     def _tune_ok(self, method: commands.Connection.TuneOk) -> None:
         limits = self.node.limits
-        frame_max = method.frame_max or limits.frame_max
-        if frame_max < FRAME_MIN_SIZE:
-            raise ConnectionException(
-                ReplyCode.NOT_ALLOWED, f"frame_max={frame_max} < {FRAME_MIN_SIZE} min size", 10, 31
-            )
-        if frame_max > limits.frame_max:
-            raise ConnectionException(
-                ReplyCode.NOT_ALLOWED, f"frame_max={frame_max} > {limits.frame_max} max size", 10, 31
-            )
-        channel_max = method.channel_max or limits.channel_max
-        if channel_max > limits.channel_max:
-            raise ConnectionException(
-                ReplyCode.NOT_ALLOWED, f"channel_max={channel_max} > {limits.channel_max} max", 10, 31
-            )
-        self.frame_max = frame_max
-        self.channel_max = channel_max
+        _negotiated("frame_max", method.frame_max, FRAME_MIN_SIZE, limits.frame_max)
+        _negotiated("channel_max", method.channel_max, 1, limits.channel_max)
+        self.frame_max = method.frame_max
+        self.channel_max = method.channel_max
         self.heartbeat = method.heartbeat
         self.state = State.AWAIT_OPEN
 
@@ -572,9 +636,22 @@ class ServerConnection:
     # -- closing --------------------------------------------------------------------------------
 
     def _fail(self, error: ConnectionException) -> None:
-        """Close the connection for ``error``: send connection.close and wait for close-ok."""
+        """Close the connection for ``error``: send connection.close and wait for close-ok.
+
+        Before ``connection.open`` completes RabbitMQ does not trust the client: it answers only
+        a refused login (403, when the client can take it) and a refused vhost (530) with
+        ``connection.close``; any other error closes the socket without a word, after
+        :attr:`silent_close_delay` seconds, so that a client cannot retry bad handshakes in a loop.
+        """
         self.error = error
         if self.state is State.AWAIT_HEADER or self.closed:
+            self._finish()
+            return
+        if self.state in _HANDSHAKE_STATES and not (
+            (self.state is State.AWAIT_START_OK and error.reply_code is ReplyCode.ACCESS_REFUSED)
+            or (self.state is State.AWAIT_OPEN and error.reply_code is ReplyCode.NOT_ALLOWED)
+        ):
+            self.silent_close_delay = SILENT_CLOSE_DELAY
             self._finish()
             return
         self._release()  # first: releasing channels may still write their last confirms
@@ -583,7 +660,7 @@ class ServerConnection:
                 0,
                 commands.Connection.Close(
                     reply_code=int(error.reply_code),
-                    reply_text=f"{error.reply_code.name} - {error.reply_text}"[:255],
+                    reply_text=reply_text(error),
                     class_id=error.class_id,
                     method_id=error.method_id,
                 ),
@@ -606,19 +683,28 @@ class ServerConnection:
         self.closed = True
 
     def _release(self) -> None:
-        """Release channels and exclusive queues (idempotent)."""
+        """Release channels and exclusive queues (idempotent).
+
+        Every step runs even when an earlier one raised (the error is kept in
+        :attr:`teardown_errors` for the shell to log): channels first, so their unacked
+        deliveries go back to their queues, then exclusive queues, then the connection's entry.
+        """
         channels, self.channels = list(self.channels.values()), {}
+        if self in self.node.connections:
+            self.node.counters["channels_closed"] += len(channels)
         for channel in channels:
-            channel.release()
+            self._release_channel(channel)
         self.confirming.clear()
         queues, self.exclusive_queues = self.exclusive_queues, []
         for queue in queues:
             if not queue.deleted:
-                self.vhost.remove_queue(queue)
+                try:
+                    self.vhost.remove_queue(queue)
+                except Exception as error:  # a bug: the other queues must still go
+                    self.teardown_errors.append(error)
         if self in self.node.connections:
             self.node.connections.discard(self)
             self.node.counters["connections_closed"] += 1
-            self.node.counters["channels_closed"] += len(self.channels)
         self.node.dirty.discard(self)
 
     def connection_lost(self) -> None:
@@ -656,3 +742,39 @@ class ServerConnection:
             self.out.append(HEARTBEAT_FRAME)
         self._sent_since_tick = False
         return self._silent_ticks < 4
+
+
+def _negotiated(field: str, value: int, minimum: int, maximum: int) -> None:
+    """RabbitMQ's check of a ``tune-ok`` value: 0 means "no limit", above any server maximum.
+
+    :raises ConnectionException: 530 NOT_ALLOWED, as RabbitMQ words it
+    """
+    if value != 0 and value < minimum:
+        raise ConnectionException(
+            ReplyCode.NOT_ALLOWED,
+            f"negotiated {field} = {value} is lower than the minimum allowed value ({minimum})",
+            10,
+            31,
+        )
+    if maximum != 0 and (value == 0 or value > maximum):
+        detail = " (no limit)" if field == "channel_max" and value == 0 else ""
+        raise ConnectionException(
+            ReplyCode.NOT_ALLOWED,
+            f"negotiated {field} = {value}{detail} is higher than the maximum allowed value ({maximum})",
+            10,
+            31,
+        )
+
+
+def reply_text(error: AMQPError) -> str:
+    """``"CODE_NAME - text"`` as valid UTF-8 of at most 255 bytes, whatever names the text holds.
+
+    Names are decoded with ``surrogateescape``; bytes that are not UTF-8 are written as
+    ``\\xNN`` escapes; a text over 255 bytes becomes its first 252 bytes and ``...``, as
+    RabbitMQ cuts it (here at a character boundary, so that clients can decode it).
+    """
+    text = f"{error.reply_code.name} - {error.reply_text}"
+    raw = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace").encode("utf-8")
+    if len(raw) > 255:  # RabbitMQ: the first 252 bytes and "..." (here never splitting a character)
+        return raw[:252].decode("utf-8", "ignore") + "..."
+    return raw.decode("utf-8")

@@ -1,36 +1,47 @@
-"""Dead-lettering as RabbitMQ does it: the ``x-death`` history, first-death headers, cycles.
+"""Dead-lettering as RabbitMQ 3.10 does it: the ``x-death`` history, first-death headers, cycles.
 
-A dead-lettered message is republished to its queue's dead-letter exchange with:
+A dead-lettered message is republished to its queue's dead-letter exchange with
+(``rabbit_dead_letter:make_msg`` and ``update_x_death_header``):
 
-* ``x-death``: a list of tables, one per ``(queue, reason)``, most recent first. A repeat of
-  the same pair increments that entry's ``count`` and moves it to the front. Each entry holds
-  ``count``, ``reason``, ``queue``, ``time``, ``exchange``, ``routing-keys`` and, when the
-  message had a per-message TTL, ``original-expiration``. Postroom adds ``delivery-count``:
-  how many times the message had been returned to that queue (nack/reject with requeue,
-  visibility timeout, channel closed) before it died there.
-* ``x-first-death-reason``, ``-queue``, ``-exchange``: set once, never changed;
-* no ``expiration`` property (it would expire again in the dead-letter queue), and no
-  ``x-delivery-count`` header (the next queue counts its own returns).
+* ``x-death``: a list of tables, one per ``(queue, reason)``, most recent first. The first
+  death's table is ``count`` (long), ``reason``, ``queue``, ``time`` (timestamp),
+  ``exchange``, ``routing-keys`` (array) and, when the message had a per-message TTL,
+  ``original-expiration``, in that order. A death in a new ``(queue, reason)`` is the same
+  table sorted by key; a repeat of a pair adds one to that table's ``count``, keeps its other
+  fields as they were, sorts it by key and moves it to the front.
+* ``x-first-death-reason``, ``-queue``, ``-exchange``: set at the first death only;
+* the whole headers table sorted by key (``rabbit_misc:set_table_value`` sorts it), ``CC``
+  removed when the queue has a dead-letter routing key, no ``expiration`` property (it would
+  expire again in the dead-letter queue), and no ``x-delivery-count`` (the next queue counts
+  its own returns).
+
+Everything is done on the publisher's bytes (:mod:`broker.amqp.content`): its entries are moved
+whole, never decoded and encoded again, so whatever types they hold they keep. Only the
+``x-death`` table of a repeated death is decoded, with the exact codec, to raise its count.
 
 Reference: RabbitMQ's "Dead Letter Exchanges" guide, section "Dead-Lettered Effects on Messages".
 """
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Sequence
-from datetime import datetime, timezone
+import struct
+from collections.abc import Iterator
 from enum import Enum
 from typing import Any
 
-from pamqp import commands
-
-from broker.amqp.codec import encode_content_header, shortstr
+from broker.amqp.codec import shortstr
+from broker.amqp.content import EXPIRATION, HEADERS, ContentError, property_spans, replace_property, with_header_entry
+from broker.amqp.table import Int64, Raw, TableError, decode_value, encode_entry, iter_table, value_end
 from broker.core.message import Message
 
 #: The header in which a dead-lettered copy carries its id in the dead-letter event stream
 #: (``broker/core/deadlog.py``); ``postroom dlq redrive --ids`` selects messages by it.
 DEAD_LETTER_ID_HEADER = "x-postroom-dead-letter-id"
+#: The header Postroom adds to redeliveries (see ``x-delivery-limit``).
+DELIVERY_COUNT_HEADER = "x-delivery-count"
+
+_u32 = struct.Struct(">I")
+_u64 = struct.Struct(">Q")
 
 
 class DeadLetterReason(Enum):
@@ -65,6 +76,46 @@ def is_cycle(message: Message, queue_name: str, reason: DeadLetterReason) -> boo
     return False
 
 
+def _entries(content: bytes) -> list[tuple[bytes, bytes]] | None:
+    """A table's entries as ``(key, whole entry bytes)``, ``None`` when they do not parse."""
+    entries = []
+    try:
+        for key, _tag, start, end in iter_table(content, 0, len(content)):
+            entries.append((key, content[start - 2 - len(key) : end]))
+    except TableError:
+        return None
+    return entries
+
+
+def _store(entries: list[tuple[bytes, bytes]], key: bytes, entry: bytes) -> None:
+    """Erlang's ``lists:keystore``: replace the first entry named ``key``, or add it last."""
+    for index, (name, _) in enumerate(entries):
+        if name == key:
+            entries[index] = (key, entry)
+            return
+    entries.append((key, entry))
+
+
+def _text(value: Any) -> bytes | None:
+    """A long-string field's bytes (``None`` for any other type)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape")
+    if isinstance(value, bytes) and not isinstance(value, bytearray):
+        return bytes(value)
+    return None
+
+
+def _items(entry: bytes, key: bytes) -> Iterator[tuple[int, int, int]]:
+    """The elements of the array ``entry`` (an encoded entry named ``key``): ``(tag, start, end)``."""
+    pos = 2 + len(key) + 4  # key length, key, type octet, array length
+    end = len(entry)
+    while pos < end:
+        tag = entry[pos]
+        stop = value_end(entry, tag, pos + 1, end)
+        yield tag, pos + 1, stop
+        pos = stop
+
+
 def dead_lettered(
     message: Message,
     queue_name: str,
@@ -77,60 +128,160 @@ def dead_lettered(
 ) -> Message:
     """The message to publish to the dead-letter exchange.
 
+    Never fails on what the message holds: headers that do not parse keep their bytes, and
+    the dead-letter entries are added after them.
+
     :param message: the message as it sat in the queue
     :param queue_name: the queue it dies in
     :param now: the time of death (seconds since the epoch)
     :param exchange: the dead-letter exchange it is published to
     :param routing_key: ``x-dead-letter-routing-key``, or ``None`` to keep the original key
-    :param delivery_count: returns counted in that queue before it died
+    :param delivery_count: returns counted in that queue before it died (for the event stream;
+        not written into the message: RabbitMQ's ``x-death`` has no such field)
     :param dead_letter_id: the dead-letter event log's id for this copy, set as header
         ``x-postroom-dead-letter-id`` (0: no event log, no header)
     """
-    properties = copy.copy(message.properties)
-    headers = dict(properties.headers or {})
-    headers.pop("x-delivery-count", None)
-    deaths = _deaths(headers)
-    routing_keys: Sequence[Any] = [message.routing_key]
-    cc = headers.get("CC")
-    if isinstance(cc, list):
-        routing_keys = [message.routing_key, *cc]
-    entry: dict[str, Any] | None = None
-    for index, death in enumerate(deaths):
-        if death.get("queue") == queue_name and death.get("reason") == reason.value:
-            entry = dict(death)
-            del deaths[index]
-            break
-    if entry is None:
-        entry = {"count": 0, "reason": reason.value, "queue": queue_name}
-    entry["count"] = int(entry.get("count", 0)) + 1
-    entry["time"] = datetime.fromtimestamp(int(now), tz=timezone.utc)
-    entry["exchange"] = message.exchange
-    entry["routing-keys"] = list(routing_keys)
-    entry["delivery-count"] = delivery_count
-    if properties.expiration:
-        entry["original-expiration"] = properties.expiration
-        properties.expiration = None
-    headers["x-death"] = [entry, *deaths]
-    headers.setdefault("x-first-death-reason", reason.value)
-    headers.setdefault("x-first-death-queue", queue_name)
-    headers.setdefault("x-first-death-exchange", message.exchange)
-    if routing_key is not None:
-        headers.pop("CC", None)
-    headers.pop("BCC", None)
-    if dead_letter_id:
-        headers[DEAD_LETTER_ID_HEADER] = dead_letter_id
+    header = message.header
+    try:
+        spans = property_spans(header)[1]
+    except ContentError:
+        spans = {}
+    content = b""
+    span = spans.get(HEADERS)
+    if span is not None:
+        content = bytes(header[span[0] + 4 : span[1]])
+    parsed = _entries(content)
+    entries = parsed if parsed is not None else []
+    entries = [(key, entry) for key, entry in entries if key != b"x-delivery-count"]
+    expiration = spans.get(EXPIRATION)
+    queue_raw = queue_name.encode("utf-8", "surrogateescape")
+    exchange_raw = message.exchange.encode("utf-8", "surrogateescape")
+    reason_raw = reason.value.encode()
+    routing_keys: list[Any] = [message.routing_key]
+    deaths: bytes | None = None
+    for key, entry in entries:
+        if key == b"CC" and entry[1 + len(key)] == ord("A"):
+            try:
+                routing_keys += [
+                    Raw(b"S", entry[start:stop]) for tag, start, stop in _items(entry, key) if tag == ord("S")
+                ]
+            except TableError:
+                pass
+        elif key == b"x-death" and deaths is None:
+            deaths = entry
+    info: list[tuple[str, Any]] = [
+        ("reason", reason.value),
+        ("queue", queue_name),
+        ("time", Raw(b"T", _u64.pack(int(now)))),
+        ("exchange", message.exchange),
+        ("routing-keys", routing_keys),
+    ]
+    if expiration is not None:
+        info.append(("original-expiration", bytes(header[expiration[0] + 1 : expiration[1]])))
+    first = [("count", Int64(1)), *info]
+    if deaths is None:
+        for key, value in (
+            (b"x-first-death-reason", reason_raw),
+            (b"x-first-death-queue", queue_raw),
+            (b"x-first-death-exchange", exchange_raw),
+        ):
+            _store(entries, key, encode_entry(key, value))
+        tables = [_table(first)]
+    elif deaths[1 + len(b"x-death")] != ord("A"):
+        tables = [_table(first)]  # not an array: RabbitMQ resets it
     else:
-        headers.pop(DEAD_LETTER_ID_HEADER, None)  # an earlier death's id names another copy
-    properties.headers = headers
+        tables = _updated_deaths(deaths, queue_raw, reason_raw, first)
+    _store(
+        entries, b"x-death", encode_entry(b"x-death", Raw(b"A", _u32.pack(sum(map(len, tables))) + b"".join(tables)))
+    )
+    if routing_key is not None:
+        entries = [(key, entry) for key, entry in entries if key != b"CC"]
+    entries = [(key, entry) for key, entry in entries if key != b"BCC" and key != b"x-postroom-dead-letter-id"]
+    if dead_letter_id:
+        entries.append((b"x-postroom-dead-letter-id", encode_entry(DEAD_LETTER_ID_HEADER, Int64(dead_letter_id))))
+    if parsed is not None:
+        entries.sort(key=lambda item: item[0])
+        new_content = b"".join(entry for _, entry in entries)
+    else:  # headers that do not parse: kept as sent, ours after them
+        new_content = content + b"".join(entry for key, entry in entries)
+    try:
+        new_header = replace_property(header, HEADERS, _u32.pack(len(new_content)) + new_content)
+        if expiration is not None:
+            new_header = replace_property(new_header, EXPIRATION, None)
+    except ContentError:
+        new_header = header
     key = message.routing_key if routing_key is None else routing_key
-    header = encode_content_header(len(message.body), properties)
-    result = Message(exchange, key, shortstr(exchange) + shortstr(key), header, message.body)
-    result._properties = properties
-    return result
+    return Message(exchange, key, shortstr(exchange) + shortstr(key), new_header, message.body)
+
+
+def _table(fields: list[tuple[str, Any]]) -> bytes:
+    """An ``F`` array element from ordered fields."""
+    content = b"".join(encode_entry(key, value) for key, value in fields)
+    return b"F" + _u32.pack(len(content)) + content
+
+
+def _updated_deaths(deaths: bytes, queue: bytes, reason: bytes, first: list[tuple[str, Any]]) -> list[bytes]:
+    """The ``x-death`` elements after one more death in ``(queue, reason)``: that table first.
+
+    As ``update_x_death_header``: tables of one pair left by old clients are grouped first
+    (the first of each pair kept, with a ``count`` of how many there were when it had none;
+    grouping two or more tables reverses their order, as RabbitMQ's fold does); then the
+    pair's table gets one more ``count`` and goes first, sorted by key; the others keep their bytes.
+    """
+    try:
+        elements = list(_items(deaths, b"x-death"))
+    except TableError:
+        elements = []
+    decoded: list[tuple[bytes, dict[str, Any] | None, tuple[bytes | None, bytes | None]]] = []
+    for tag, start, stop in elements:
+        table = None
+        if tag == ord("F"):
+            try:
+                table = decode_value(deaths, tag, start, stop)
+            except TableError:
+                table = None
+        pair = (_text(table.get("queue")), _text(table.get("reason"))) if table is not None else (None, None)
+        decoded.append((deaths[start - 1 : stop], table, pair))
+    if len(decoded) > 1:
+        grouped: list[tuple[bytes, dict[str, Any] | None, tuple[bytes | None, bytes | None]]] = []
+        seen: set[tuple[bytes | None, bytes | None]] = set()
+        for element, table, pair in decoded:
+            if table is None:
+                grouped.insert(0, (element, table, pair))
+                continue
+            if pair in seen:
+                continue
+            seen.add(pair)
+            same = sum(1 for other in decoded if other[2] == pair)
+            if "count" not in table:
+                table = {"count": Int64(same), **table}
+                element = _table(list(table.items()))
+            grouped.insert(0, (element, table, pair))
+        decoded = grouped
+    match: dict[str, Any] | None = None
+    others: list[bytes] = []
+    for element, table, pair in decoded:
+        if match is None and table is not None and pair == (queue, reason):
+            match = table
+        else:
+            others.append(element)
+    if match is None:
+        fields = sorted(first, key=lambda item: item[0].encode())
+    else:
+        count = match.get("count")
+        if "count" not in match:
+            fields = [("count", Int64(1)), *match.items()]
+        else:
+            match["count"] = Int64(count + 1) if isinstance(count, int) and not isinstance(count, bool) else count
+            fields = list(match.items())
+        fields.sort(key=lambda item: item[0].encode("utf-8", "surrogateescape"))
+    return [_table(fields), *others]
 
 
 def with_delivery_count(message: Message, delivery_count: int) -> bytes:
-    """The message's content header with ``x-delivery-count`` set, for a redelivery."""
-    properties: commands.Basic.Properties = copy.copy(message.properties)
-    properties.headers = {**(properties.headers or {}), "x-delivery-count": delivery_count}
-    return encode_content_header(message.size, properties)
+    """The message's content header with ``x-delivery-count`` (long) set, for a redelivery.
+
+    Spliced into the publisher's bytes: an existing entry of that name is replaced where it
+    stands, otherwise the entry goes last; nothing else changes, whatever it holds.
+    """
+    return with_header_entry(message.header, DELIVERY_COUNT_HEADER, Int64(delivery_count))

@@ -43,7 +43,7 @@ def handshake(protocol: AMQPServerProtocol, heartbeat: int = 0) -> None:
         encode(
             0,
             commands.Connection.StartOk(mechanism="PLAIN", response="\x00guest\x00guest"),
-            commands.Connection.TuneOk(channel_max=0, frame_max=131072, heartbeat=heartbeat),
+            commands.Connection.TuneOk(channel_max=2047, frame_max=131072, heartbeat=heartbeat),
             commands.Connection.Open(virtual_host="/"),
         )
         + encode(1, commands.Channel.Open())

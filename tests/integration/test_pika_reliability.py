@@ -88,12 +88,8 @@ def test_a_poison_message_reaches_the_dlq_after_n_attempts(pika_connect: Connect
     death = properties.headers["x-death"][0]
     assert body == b"{bad json"
     assert properties.headers["tenant"] == "acme"
-    assert (death["reason"], death["queue"], death["count"], death["delivery-count"]) == (
-        "delivery_limit",
-        "orders",
-        1,
-        3,
-    )
+    assert (death["reason"], death["queue"], death["count"]) == ("delivery_limit", "orders", 1)
+    assert "delivery-count" not in death  # RabbitMQ's x-death has no such key
     assert properties.headers["x-first-death-reason"] == "delivery_limit"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pamqp import commands, frame
@@ -123,11 +124,29 @@ def test_guest_is_refused_from_a_remote_address() -> None:
     assert close.reply_code == ReplyCode.ACCESS_REFUSED
 
 
-def test_frame_max_below_the_minimum_is_refused_with_530() -> None:
+@pytest.mark.parametrize(
+    ("channel_max", "frame_max", "reason"),
+    [
+        (2047, 1024, "negotiated frame_max = 1024 is lower than the minimum allowed value (4096)"),
+        (2047, 0, "negotiated frame_max = 0 is higher than the maximum allowed value (131072)"),
+        (2047, 200000, "negotiated frame_max = 200000 is higher than the maximum allowed value (131072)"),
+        (0, 131072, "negotiated channel_max = 0 (no limit) is higher than the maximum allowed value (2047)"),
+        (4000, 131072, "negotiated channel_max = 4000 is higher than the maximum allowed value (2047)"),
+    ],
+)
+def test_tune_ok_outside_the_limits_closes_the_socket_silently_after_a_delay(
+    channel_max: int, frame_max: int, reason: str
+) -> None:
+    # RabbitMQ does not trust a client before connection.open: no connection.close, the socket
+    # is closed after ?SILENT_CLOSE_DELAY (3 s); "0" is "no limit", above any server maximum.
     client = Client(node())
-    close = close_of(client.handshake(frame_max=1024))
-    assert close.reply_code == ReplyCode.NOT_ALLOWED
-    assert client.connection.state is State.CLOSING
+    client.send(PROTOCOL_HEADER)
+    client.call(0, commands.Connection.StartOk(client_properties={}, mechanism="PLAIN", response="\x00guest\x00guest"))
+    frames = client.call(0, commands.Connection.TuneOk(channel_max=channel_max, frame_max=frame_max, heartbeat=0))
+    assert frames == []
+    connection = client.connection
+    assert connection.closed and connection.silent_close_delay == 3.0
+    assert str(connection.error) == f"NOT_ALLOWED - {reason}"
 
 
 def test_unknown_vhost_is_refused_with_530() -> None:
