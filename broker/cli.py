@@ -29,7 +29,7 @@ def _serve(args: argparse.Namespace) -> int:
     from twisted.internet import reactor
     from twisted.logger import globalLogBeginner, textFileLogObserver
 
-    from broker.service import make_broker_service, tune_gc
+    from broker.service import ListenError, make_broker_service, tune_gc
     from broker.wal.record import WALCorruption
 
     try:
@@ -49,7 +49,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(note, file=sys.stderr)
     globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)])
     tune_gc()
-    service.startService()
+    try:
+        service.startService()
+    except ListenError as error:
+        print(error, file=sys.stderr)
+        return 1
     reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
     reactor.run()
     return 0

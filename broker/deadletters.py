@@ -108,9 +108,7 @@ class DeadLetterService(WorkerWriter):
             self._log.error("deleting dead-letter segments past the retention failed: {error}", error=str(result))
         elif result:
             self.pruned += len(result)
-            self._log.info(
-                "dead-letter segments past the retention deleted: {names}", names=", ".join(sorted(result))
-            )
+            self._log.info("dead-letter segments past the retention deleted: {names}", names=", ".join(sorted(result)))
 
     def _pending(self) -> None:
         if self._call is None and self._writing is None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -39,6 +40,11 @@ CLOSE_TIMEOUT = 3.0
 #: At most this many seconds after our connection.close-ok the socket stays open for the client to
 #: hang up (RabbitMQ's ?CLOSING_TIMEOUT; less when the heartbeat interval is shorter).
 LINGER_TIMEOUT = 30.0
+#: What RabbitMQ tells every client when the node shuts down; clients treat it as a clean
+#: shutdown and reconnect.
+SHUTDOWN_TEXT = "broker forced connection closure with reason 'shutdown'"
+#: Seconds shutdown waits for clients to answer connection.close before the sockets are dropped.
+SHUTDOWN_GRACE = 1.0
 
 
 def is_loopback(host: str) -> bool:
@@ -158,7 +164,12 @@ class AMQPServerProtocol(Protocol):
         connection = self.connection
         if connection is None:
             return
-        self.factory.protocols.pop(connection, None)
+        factory = self.factory
+        factory.protocols.pop(connection, None)
+        if not factory.protocols and factory.closed_waiters:
+            waiters, factory.closed_waiters = factory.closed_waiters, []
+            for waiter in waiters:
+                factory.clock.callLater(0, waiter.callback, None)
         try:
             connection.connection_lost()
         except Exception:
@@ -231,6 +242,8 @@ class AMQPServerFactory(Factory):
             node.set_clock(clock)
         self.protocols: dict[ServerConnection, AMQPServerProtocol] = {}
         self.in_io = False
+        #: Fired (once) when the last connection is gone (see :meth:`close_all`).
+        self.closed_waiters: list[Deferred[None]] = []
         self._flush_call: IDelayedCall | None = None
         self._backlog_call: IDelayedCall | None = None
         node.on_dirty = self._schedule_flush
@@ -265,9 +278,24 @@ class AMQPServerFactory(Factory):
         self.flush()
 
     def close_all(
-        self, reply_code: ReplyCode = ReplyCode.CONNECTION_FORCED, reply_text: str = "broker shutdown"
-    ) -> None:
-        """Close every connection (graceful shutdown)."""
+        self,
+        reply_code: ReplyCode = ReplyCode.CONNECTION_FORCED,
+        reply_text: str = SHUTDOWN_TEXT,
+        grace: float = SHUTDOWN_GRACE,
+    ) -> Deferred[None]:
+        """Close every connection (graceful shutdown): ``connection.close`` to each, as RabbitMQ.
+
+        :returns: fires once every connection is gone, or after ``grace`` seconds, whichever
+            comes first (the sockets left are then dropped with the reactor).
+        """
         for connection in list(self.protocols):
             connection.close(reply_code, reply_text)
         self.flush()
+        done: Deferred[None] = Deferred()
+        if not self.protocols:
+            done.callback(None)
+            return done
+        self.closed_waiters.append(done)
+        timer = self.clock.callLater(grace, lambda: None if done.called else done.callback(None))
+        done.addBoth(lambda result: (timer.cancel() if timer.active() else None, result)[1])
+        return done

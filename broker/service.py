@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from twisted.application import strports
+from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService, Service
-from twisted.internet import defer
+from twisted.internet import defer, endpoints
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -246,13 +246,25 @@ class BrokerService(MultiService):
         self.dead_letters = dead_letters
 
     def startService(self) -> None:
+        """Listen first, then start the writers: a listener that cannot bind raises
+        :class:`ListenError` with nothing started (no worker thread to keep the process up).
+
+        The reactor is not running yet, so no connection is served before the writers start.
+        """
+        try:
+            super().startService()
+        except ListenError:
+            for child in self:
+                if child.running:
+                    child.stopService()
+            self.running = False
+            raise
         if self.wal is not None:
             self.wal.startService()
         if self.dead_letters is not None:
             self.dead_letters.startService()
         if self.sampler is not None:
             self.sampler.start()
-        super().startService()
 
     @defer.inlineCallbacks
     def stopService(self) -> Any:
@@ -262,7 +274,7 @@ class BrokerService(MultiService):
         yield super().stopService()
         if self.sampler is not None:
             self.sampler.stop()
-        self.factory.close_all()
+        yield self.factory.close_all()
         if self.wal is not None:
             yield self.wal.stopService()
             self._log.info("write-ahead log flushed and synced")
@@ -379,15 +391,43 @@ def make_broker_service(
         plugin_service.setServiceParent(service)
     endpoints = amqp_endpoints or [config.listen.amqp] + ([config.listen.amqps] if config.listen.amqps else [])
     for description in endpoints:
-        strports.service(description, factory, reactor=reactor).setServiceParent(service)
+        Listener("amqp", description, factory, reactor).setServiceParent(service)
     if config.listen.metrics:
         collector = BrokerCollector(node, wal, config.metrics.rabbitmq_compatible)
         site = metrics_site(make_registry(collector))
-        strports.service(config.listen.metrics, site, reactor=reactor).setServiceParent(service)
+        Listener("metrics", config.listen.metrics, site, reactor).setServiceParent(service)
     if sampler is not None and config.listen.management:
         site = management_site(node, sampler)
-        strports.service(config.listen.management, site, reactor=reactor).setServiceParent(service)
+        Listener("management", config.listen.management, site, reactor).setServiceParent(service)
     return service
+
+
+class ListenError(Exception):
+    """A listener could not bind: its name, its endpoint and the reason, in one line."""
+
+
+class Listener(StreamServerEndpointService):
+    """A listener that fails loudly: a port in use, no permission or a bad address raises
+    :class:`ListenError` from ``startService`` instead of logging a traceback and carrying on
+    without the listener.
+
+    :param kind: what it serves (``amqp``, ``metrics``, ``management``), for the message
+    :param description: its Twisted endpoint string
+    """
+
+    def __init__(self, kind: str, description: str, factory: Any, reactor: Any) -> None:
+        super().__init__(endpoints.serverFromString(reactor, description), factory)
+        self.kind = kind
+        self.description = description
+        self._raiseSynchronously = True
+
+    def startService(self) -> None:
+        try:
+            super().startService()
+        except Exception as error:
+            self.running = False
+            reason = getattr(error, "socketError", None) or error
+            raise ListenError(f"cannot listen for {self.kind} on {self.description}: {reason}") from error
 
 
 _log = Logger()

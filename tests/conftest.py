@@ -16,6 +16,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -25,6 +26,7 @@ from hypothesis import settings
 from twisted.internet import threads
 from twisted.internet.interfaces import IListeningPort
 from twisted.internet.selectreactor import SelectReactor
+from twisted.logger import formatEventAsClassicLogText, globalLogPublisher
 
 from broker.core.node import Node
 from broker.protocol import AMQPServerFactory
@@ -101,6 +103,7 @@ def make_broker(broker_reactor: SelectReactor) -> Iterator[Callable[..., Broker]
         factory, listening = threads.blockingCallFromThread(broker_reactor, listen)
         broker = Broker(broker_reactor, node, factory, listening, listening.getHost().port)
         brokers.append(broker)
+        BROKER_PORTS.add(broker.port)
         return broker
 
     yield make
@@ -112,6 +115,76 @@ def make_broker(broker_reactor: SelectReactor) -> Iterator[Callable[..., Broker]
 def broker(make_broker: Callable[..., Broker]) -> Broker:
     """A fresh broker with the default node (guest/guest from loopback, vhost ``/``)."""
     return make_broker()
+
+
+#: Ports of the in-process brokers started in this run (see :func:`_no_leaked_broker_sockets`).
+BROKER_PORTS: set[int] = set()
+#: Seconds a module's broker sockets get to close after its last test (a client that sent
+#: connection.close-ok hangs up at once; the broker's own close waits are 3 s at most).
+SOCKET_DRAIN_SECONDS = 10.0
+#: Log texts that mean the broker hid a crash path, even without a traceback attached.
+CRASH_TEXTS = ("bug while", "Unhandled Error", "Unhandled error in Deferred")
+
+
+def broker_sockets(ports: set[int]) -> list[str]:
+    """The TCP sockets this process holds whose local port is one of ``ports`` (server side), but
+    listening ones: ``"port state"`` each (state as in ``/proc/net/tcp``: 08 is CLOSE-WAIT)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                port = int(fields[1].rsplit(":", 1)[1], 16)
+                if port in ports and fields[3] != "0A" and fields[9] in inodes:
+                    found.append(f"{port} {fields[3]}")
+    return found
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_leaked_broker_sockets() -> Iterator[None]:
+    """After each module, every server-side socket of its in-process brokers is closed.
+
+    A connection that ended must release its socket whatever it left queued (a socket in
+    CLOSE-WAIT for ever is a descriptor leak that ends with a broker refusing every client).
+    """
+    BROKER_PORTS.clear()
+    yield
+    ports = set(BROKER_PORTS)
+    deadline = time.monotonic() + SOCKET_DRAIN_SECONDS
+    while broker_sockets(ports) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert broker_sockets(ports) == [], "broker sockets left open after the module's tests"
+
+
+@pytest.fixture(autouse=True)
+def _no_broker_tracebacks() -> Iterator[None]:
+    """Fail any test during which something logged a traceback or a hidden crash path.
+
+    The broker must never crash on what a client sends; "bug while handling frames" answered
+    with 541 is still a bug, so a suite cannot pass while the broker hides one.
+    """
+    events: list[dict[str, Any]] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        text = str(event.get("log_format") or "")
+        if event.get("log_failure") is not None or any(crash in text for crash in CRASH_TEXTS):
+            events.append(event)
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        yield
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    if events:
+        pytest.fail("logged during the test:\n" + "\n".join(formatEventAsClassicLogText(e) or "" for e in events))
 
 
 @pytest.fixture(autouse=True)

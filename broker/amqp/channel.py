@@ -38,6 +38,7 @@ from broker.amqp.codec import (
     ack_method,
     content_body_size,
     content_frames,
+    declare_ok_method,
     deliver_frames,
     encode_method,
     get_ok_method,
@@ -219,7 +220,7 @@ class ChannelState:
             connection.exclusive_queues.append(queue)
         self.last_queue = queue.name
         if not method.nowait:
-            self._send(commands.Queue.DeclareOk(queue.name, queue.message_count, queue.consumer_count))
+            connection.out.append(declare_ok_method(self.id, queue.name, queue.message_count, queue.consumer_count))
 
     def _queue_bind(self, method: commands.Queue.Bind) -> None:
         self.vhost.bind_queue(
@@ -665,7 +666,7 @@ class ChannelState:
                     40,
                 )
         if message.flags & FLAG_EXPIRATION:
-            _check_expiration(message.properties.expiration)
+            _check_expiration(message.expiration)
         self.vhost.published += 1
         if self._hooks is not None:
             self._hooks.published(self.vhost, exchange_name, message)

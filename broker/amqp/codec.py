@@ -51,6 +51,8 @@ BASIC_ACK = 0x003C0050
 BASIC_REJECT = 0x003C005A
 BASIC_NACK = 0x003C0078
 BASIC_RETURN = 0x003C0032
+CHANNEL_OPEN_OK = 0x0014000B
+QUEUE_DECLARE_OK = 0x0032000B
 
 # Content property flags (AMQP 0-9-1 §4.2.6.1, basic class), highest bit first.
 FLAG_HEADERS = 0x2000
@@ -68,6 +70,7 @@ _content_header_head = struct.Struct(">HHQH")  # class, weight, body size, first
 _ack = struct.Struct(">QB")
 _uint64 = struct.Struct(">Q")
 _uint16 = struct.Struct(">H")
+_counts = struct.Struct(">II")
 
 
 def shortstr(value: str) -> bytes:
@@ -109,6 +112,8 @@ def decode_method(payload: bytes) -> Frame:
     method = method_class()
     try:
         method.unmarshal(payload[4:])
+    except UnicodeDecodeError as err:
+        raise ConnectionException(ReplyCode.FRAME_ERROR, "Malformed UTF-8 in shortstr") from err
     except (ValueError, struct.error, exceptions.PAMQPException, IndexError, TypeError) as err:
         raise ConnectionException(
             ReplyCode.SYNTAX_ERROR,
@@ -216,18 +221,24 @@ def encode_content_header(body_size: int, properties: commands.Basic.Properties)
 # -- encoding --------------------------------------------------------------------------------
 
 
-class _DeclareOk(commands.Queue.DeclareOk):
-    """``queue.declare-ok`` without pamqp's name pattern check: RabbitMQ allows any UTF-8 name."""
-
-    def validate(self) -> None:
-        """Accept every queue name (the vhost has already checked it)."""
-
-
 def encode_method(channel: int, method: Frame) -> bytes:
     """Encode a method frame with pamqp."""
-    if type(method) is commands.Queue.DeclareOk:
-        method = _DeclareOk(method.queue, method.message_count, method.consumer_count)
     return frame(FRAME_METHOD, channel, _method_ids.pack(method.index) + method.marshal())
+
+
+def declare_ok_method(channel: int, queue: str, message_count: int, consumer_count: int) -> bytes:
+    """Build ``queue.declare-ok`` with ``struct``: any name RabbitMQ allows (every UTF-8 string up
+    to 255 bytes; pamqp's client-side name pattern would refuse ``*``, ``#``, ``%`` ...)."""
+    return frame(
+        FRAME_METHOD,
+        channel,
+        _method_ids.pack(QUEUE_DECLARE_OK) + shortstr(queue) + _counts.pack(message_count, consumer_count),
+    )
+
+
+def channel_open_ok_method(channel: int) -> bytes:
+    """``channel.open-ok`` with an empty reserved ``channel-id``, as RabbitMQ sends it (pamqp insists on ``"0"``)."""
+    return frame(FRAME_METHOD, channel, _method_ids.pack(CHANNEL_OPEN_OK) + b"\x00\x00\x00\x00")
 
 
 def deliver_frames(

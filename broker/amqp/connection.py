@@ -52,6 +52,7 @@ from broker.amqp.codec import (
     FRAME_OVERHEAD,
     HEARTBEAT_FRAME,
     PROTOCOL_HEADER,
+    channel_open_ok_method,
     decode_ack,
     decode_method,
     decode_publish,
@@ -294,6 +295,10 @@ class ServerConnection:
                     break
         except ConnectionException as error:
             self._fail(error)
+        if self.state is State.LINGERING:
+            if pos < total:  # what came after the client's connection.close, in the same read
+                self._linger(data[pos:])
+            return
         if self.state is State.CLOSING or self.closed:
             return
         if pos < total:
@@ -456,7 +461,7 @@ class ServerConnection:
             )
         self.channels[channel_id] = ChannelState(self, channel_id)
         self.node.counters["channels_opened"] += 1
-        self.out.append(encode_method(channel_id, commands.Channel.OpenOk()))
+        self.out.append(channel_open_ok_method(channel_id))
 
     def _close_channel(self, channel_id: int, error: AMQPError) -> None:
         """Close one channel for ``error``: send channel.close and drop its frames until close-ok."""
@@ -520,7 +525,7 @@ class ServerConnection:
                         "cluster_name": "postroom",
                         "capabilities": dict(CAPABILITIES),
                     },
-                    mechanisms="PLAIN AMQPLAIN",
+                    mechanisms="AMQPLAIN PLAIN",
                     locales="en_US",
                 ),
             )
@@ -692,6 +697,9 @@ class ServerConnection:
         channels, self.channels = list(self.channels.values()), {}
         if self in self.node.connections:
             self.node.counters["channels_closed"] += len(channels)
+        for channel in channels:  # first: nothing returned below may go to a consumer of this connection
+            channel.closing = True
+            channel.active = False
         for channel in channels:
             self._release_channel(channel)
         self.confirming.clear()

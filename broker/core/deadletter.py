@@ -68,7 +68,7 @@ def is_cycle(message: Message, queue_name: str, reason: DeadLetterReason) -> boo
     """
     if reason is DeadLetterReason.REJECTED:
         return False
-    for death in _deaths(message.headers):
+    for death in _deaths(message.lenient_headers()):
         if death.get("reason") == DeadLetterReason.REJECTED.value:
             return False
         if death.get("queue") == queue_name:

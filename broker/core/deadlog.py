@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from broker.amqp.codec import FLAG_HEADERS
+from broker.amqp.content import MESSAGE_ID, ContentError, property_spans
 from broker.core.deadletter import DEAD_LETTER_ID_HEADER
 from broker.wal.record import (
     DEAD_LETTER_HEADER_VALUE_BYTES,
@@ -75,6 +76,17 @@ def _text(value: Any) -> str:
     if len(data) > DEAD_LETTER_HEADER_VALUE_BYTES:
         text = data[:DEAD_LETTER_HEADER_VALUE_BYTES].decode("utf-8", "ignore")
     return text
+
+
+def _message_id(message: Message) -> str:
+    """The ``message-id`` property as text, read from the bytes ("" when absent)."""
+    if not message.flags & MESSAGE_ID:
+        return ""
+    try:
+        span = property_spans(message.header)[1][MESSAGE_ID]
+    except ContentError:
+        return ""
+    return _text(bytes(message.header[span[0] + 1 : span[1]]))
 
 
 def _seconds(value: Any) -> int:
@@ -147,8 +159,7 @@ class DeadLetterLog:
         :param copy: the dead-lettered message (its ``x-death`` already updated)
         :param targets: the dead-letter queues it was routed to (at least one)
         """
-        properties = copy.properties
-        headers = properties.headers or {}
+        headers = copy.lenient_headers()
         deaths = headers.get("x-death")
         deaths = [d for d in deaths if isinstance(d, dict)][:MAX_DEATHS] if isinstance(deaths, list) else []
         latest = deaths[0] if deaths else {}
@@ -173,7 +184,7 @@ class DeadLetterLog:
             tuple(str(key) for key in routing_keys) if isinstance(routing_keys, list) else (),
             copy.exchange,
             queues,
-            _text(properties.message_id) if properties.message_id else "",
+            _message_id(copy),
             tuple(names),
             tuple(values),
             tuple(str(d.get("queue", "")) for d in deaths),
@@ -206,7 +217,7 @@ class DeadLetterLog:
             message = entry.message
             if not message.flags & FLAG_HEADERS or _ID_HEADER_NAME not in message.header:
                 continue
-            value = (message.properties.headers or {}).get(DEAD_LETTER_ID_HEADER)
+            value = message.lenient_headers().get(DEAD_LETTER_ID_HEADER)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 continue
             known = self._held.get(message)

@@ -15,6 +15,7 @@ from pamqp import commands
 
 from broker.amqp.codec import (
     FLAG_DELIVERY_MODE,
+    FLAG_EXPIRATION,
     FLAG_HEADERS,
     FLAG_PRIORITY,
     decode_properties,
@@ -22,6 +23,8 @@ from broker.amqp.codec import (
     encode_content_header,
     shortstr,
 )
+from broker.amqp.content import EXPIRATION, PRIORITY, ContentError, property_spans
+from broker.errors import AMQPError
 
 
 class Message:
@@ -110,12 +113,38 @@ class Message:
             return None
         return self.properties.headers
 
+    def lenient_headers(self) -> dict[str, Any]:
+        """The ``headers`` table, empty when there is none or it does not decode.
+
+        For the paths that run after a publish was confirmed (dead-lettering, recovery, the
+        dead-letter event stream): they must not fail on what the message holds.
+        """
+        try:
+            return self.headers or {}
+        except AMQPError:
+            return {}
+
     @property
     def priority(self) -> int:
-        """The ``priority`` property, 0 when absent."""
+        """The ``priority`` property, 0 when absent (read from the bytes, nothing decoded)."""
         if not self.flags & FLAG_PRIORITY:
             return 0
-        return self.properties.priority or 0
+        try:
+            span = property_spans(self.header)[1][PRIORITY]
+        except ContentError:
+            return 0
+        return self.header[span[0]]
+
+    @property
+    def expiration(self) -> bytes | None:
+        """The ``expiration`` property's bytes, ``None`` when absent (nothing else decoded)."""
+        if not self.flags & FLAG_EXPIRATION:
+            return None
+        try:
+            span = property_spans(self.header)[1][EXPIRATION]
+        except ContentError:
+            return None
+        return bytes(self.header[span[0] + 1 : span[1]])
 
     @property
     def persistent(self) -> bool:

@@ -895,9 +895,9 @@ def _expiration(message: Message) -> float | None:
     """The per-message TTL in seconds from the ``expiration`` property, or ``None``."""
     if not message.flags & FLAG_EXPIRATION:
         return None
-    value = message.properties.expiration
+    value = message.expiration
     try:
-        milliseconds = int(value)
+        milliseconds = int(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
     return max(milliseconds, 0) / 1000.0

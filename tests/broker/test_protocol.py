@@ -140,7 +140,10 @@ def test_close_all_sends_320_and_drops_clients_that_never_answer() -> None:
     transport.clear()
     factory.close_all()
     ((_, close),) = FramePump().feed(transport.value())
-    assert (close.reply_code, close.reply_text) == (320, "CONNECTION_FORCED - broker shutdown")
+    assert (close.reply_code, close.reply_text) == (
+        320,
+        "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'",
+    )
     clock.advance(CLOSE_TIMEOUT)
     assert transport.aborted
 

@@ -810,4 +810,7 @@ def test_broker_shutdown_closes_connections_with_320(pika_connect: Connect, brok
     with pytest.raises(ConnectionClosedByBroker) as excinfo:
         wait_for(connection, lambda: False)
 
-    assert (excinfo.value.reply_code, excinfo.value.reply_text) == (320, "CONNECTION_FORCED - broker shutdown")
+    assert (excinfo.value.reply_code, excinfo.value.reply_text) == (
+        320,
+        "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'",
+    )
