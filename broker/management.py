@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+from pamqp import commands
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.web.resource import Resource
@@ -28,7 +29,7 @@ from twisted.web.server import Request, Site
 
 from broker.core.deadletter import DeadLetterReason
 from broker.core.queue import WorkQueue
-from broker.errors import ReplyCode
+from broker.errors import AMQPError, ReplyCode
 from broker.protocol import is_loopback
 
 if TYPE_CHECKING:
@@ -386,7 +387,10 @@ class ManagementAPI(Resource):
         for entry in entries:
             message = entry.message
             body = message.body
-            properties = message.properties
+            try:
+                properties = message.properties
+            except AMQPError:  # accepted unread at publish (see the README): shown without properties
+                properties = commands.Basic.Properties()
             try:
                 payload, encoding = body.decode("utf-8"), "string"
             except UnicodeDecodeError:

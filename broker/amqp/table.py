@@ -13,6 +13,8 @@ every value keeps its wire type, so encoding the decoded value gives the bytes i
   is not; ``x`` (byte array) to ``bytearray``;
 * ``T`` (timestamp) to an aware ``datetime`` when one can hold it, ``D`` to ``Decimal``
   with its scale, ``t`` to ``bool``, ``V`` to ``None``, ``A`` to ``list``, ``F`` to ``dict``;
+* ``L``, which RabbitMQ reads as a signed 64-bit integer too, decodes to :class:`Int64` and
+  is written back as ``l``, as RabbitMQ writes it back;
 * a value that Python cannot hold faithfully (a table or array nested deeper than
   :data:`MAX_DECODED_DEPTH`, a timestamp past year 9999) stays a :class:`Raw` value: its
   type octet and bytes, written back unchanged.
@@ -130,6 +132,8 @@ _INTS: dict[int, tuple[struct.Struct, type[int]]] = {
     ord("l"): (struct.Struct(">q"), Int64),
 }
 _ENCODE_INTS = {cls: (bytes((tag,)), fmt) for tag, (fmt, cls) in _INTS.items()}
+# RabbitMQ also reads ``L`` as a signed 64-bit integer (and writes it back as ``l``); so do we.
+_INTS[ord("L")] = _INTS[ord("l")]
 #: Bytes after the type octet of each fixed-size type.
 _FIXED = {ord("t"): 1, ord("f"): 4, ord("d"): 8, ord("D"): 5, ord("T"): 8, ord("V"): 0}
 _FIXED.update({tag: fmt.size for tag, (fmt, _) in _INTS.items()})
