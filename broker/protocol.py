@@ -130,7 +130,7 @@ class AMQPServerProtocol(Protocol):
             elif connection.silent_close_delay:
                 delay, connection.silent_close_delay = connection.silent_close_delay, 0.0
                 self._cancel_timers()
-                self.transport.stopReading()  # type: ignore[attr-defined]
+                self.transport.pauseProducing()  # stop reading: nothing more from this client is read
                 self._close_timer = self.factory.clock.callLater(delay, self._close_socket)
             elif not self._closing_socket:
                 self._close_socket()
@@ -166,16 +166,14 @@ class AMQPServerProtocol(Protocol):
             return
         factory = self.factory
         factory.protocols.pop(connection, None)
-        if not factory.protocols and factory.closed_waiters:
-            waiters, factory.closed_waiters = factory.closed_waiters, []
-            for waiter in waiters:
-                factory.clock.callLater(0, waiter.callback, None)
         try:
             connection.connection_lost()
         except Exception:
             self._log.failure("bug while releasing connection {peer}", peer=connection.peer)
         self._log_teardown_errors()
-        self.factory.flush()
+        factory.flush()
+        if not factory.protocols:
+            factory.all_closed()  # after the release: its returns are in the queues (and the log)
 
     # -- timers ---------------------------------------------------------------------------------
 
@@ -296,6 +294,18 @@ class AMQPServerFactory(Factory):
             done.callback(None)
             return done
         self.closed_waiters.append(done)
-        timer = self.clock.callLater(grace, lambda: None if done.called else done.callback(None))
-        done.addBoth(lambda result: (timer.cancel() if timer.active() else None, result)[1])
+        timer = self.clock.callLater(grace, self.all_closed)
+
+        def stop_timer(result: None) -> None:
+            if timer.active():
+                timer.cancel()
+            return result
+
+        done.addBoth(stop_timer)
         return done
+
+    def all_closed(self) -> None:
+        """Every connection is gone (or the grace period is over): fire :meth:`close_all`'s waiters."""
+        waiters, self.closed_waiters = self.closed_waiters, []
+        for waiter in waiters:
+            waiter.callback(None)

@@ -389,8 +389,8 @@ def make_broker_service(
     for plugin_service in plugins.services if plugins is not None else ():
         # Children start in order: plugin services before the listeners, stopped with them.
         plugin_service.setServiceParent(service)
-    endpoints = amqp_endpoints or [config.listen.amqp] + ([config.listen.amqps] if config.listen.amqps else [])
-    for description in endpoints:
+    amqp_listeners = amqp_endpoints or [config.listen.amqp] + ([config.listen.amqps] if config.listen.amqps else [])
+    for description in amqp_listeners:
         Listener("amqp", description, factory, reactor).setServiceParent(service)
     if config.listen.metrics:
         collector = BrokerCollector(node, wal, config.metrics.rabbitmq_compatible)
@@ -402,8 +402,12 @@ def make_broker_service(
     return service
 
 
-class ListenError(Exception):
-    """A listener could not bind: its name, its endpoint and the reason, in one line."""
+class ListenError(SystemExit):
+    """A listener could not bind: its name, its endpoint and the reason, in one line.
+
+    A ``SystemExit``, so that under ``twistd`` too the process ends with this line and status
+    1, not with a traceback.
+    """
 
 
 class Listener(StreamServerEndpointService):
@@ -421,13 +425,20 @@ class Listener(StreamServerEndpointService):
         self.description = description
         self._raiseSynchronously = True
 
+    def privilegedStartService(self) -> None:
+        # twistd binds here, before dropping privileges; postroom serve through startService.
+        self._refusing(super().privilegedStartService)
+
     def startService(self) -> None:
+        self._refusing(super().startService)
+
+    def _refusing(self, start: Any) -> None:
         try:
-            super().startService()
+            start()
         except Exception as error:
             self.running = False
             reason = getattr(error, "socketError", None) or error
-            raise ListenError(f"cannot listen for {self.kind} on {self.description}: {reason}") from error
+            raise ListenError(f"cannot listen for {self.kind} on {self.description}: {reason}") from None
 
 
 _log = Logger()

@@ -161,8 +161,8 @@ class ServerConnection:
         self.client_properties: dict[str, Any] = {}
         self.user_name = ""
         self.vhost: VirtualHost = None  # type: ignore[assignment]  # set by connection.open
-        #: Set when the connection is over; the shell closes the socket after writing, unless
-        #: :attr:`lingering` (the client closed: it hangs up, the shell's timer bounds the wait).
+        #: Set when the connection is over; the shell closes the socket after writing, unless the
+        #: state is ``LINGERING`` (the client closed: it hangs up, the shell's timer bounds the wait).
         self.closed = False
         #: Errors raised by a teardown step (releasing a channel, a queue): the other steps
         #: still ran; the shell logs these once, with the connection's name.
@@ -615,8 +615,9 @@ class ServerConnection:
         limits = self.node.limits
         _negotiated("frame_max", method.frame_max, FRAME_MIN_SIZE, limits.frame_max)
         _negotiated("channel_max", method.channel_max, 1, limits.channel_max)
-        self.frame_max = method.frame_max
-        self.channel_max = method.channel_max
+        # 0 passes the checks only where the server sets no limit either.
+        self.frame_max = method.frame_max or limits.frame_max
+        self.channel_max = method.channel_max or limits.channel_max
         self.heartbeat = method.heartbeat
         self.state = State.AWAIT_OPEN
 

@@ -44,22 +44,32 @@ def test_py_amqp_closing_with_megabytes_of_deliveries_queued_releases_the_socket
     assert broker.call(lambda: broker.node.vhosts["/"].queues["big"].message_count) == 40
 
 
-def serve(tmp_path: Path, port: int) -> subprocess.Popen[bytes]:
+SERVE = [sys.executable, "-m", "broker.cli", "serve", "--config"]
+TWISTD = [
+    sys.executable,
+    "-c",
+    "from twisted.scripts.twistd import run; run()",
+    "-n",
+    "--pidfile=",
+    "postroom",
+    "--config",
+]
+
+
+def serve(tmp_path: Path, port: int, command: list[str] = SERVE) -> subprocess.Popen[bytes]:
     config = tmp_path / "postroom.yaml"
     config.write_text(
         f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1", metrics: false, management: false}}\n'
         f'storage: {{dir: "{tmp_path / "data"}"}}\n'
     )
-    return subprocess.Popen(
-        [sys.executable, "-m", "broker.cli", "serve", "--config", str(config)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    return subprocess.Popen([*command, str(config)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-def test_serve_exits_at_once_with_one_line_when_its_port_is_taken(tmp_path: Path, broker: Broker) -> None:
-    process = serve(tmp_path, broker.port)  # the in-process broker holds the port
+@pytest.mark.parametrize("command", [SERVE, TWISTD], ids=["serve", "twistd"])
+def test_the_broker_exits_at_once_with_one_line_when_its_port_is_taken(
+    tmp_path: Path, broker: Broker, command: list[str]
+) -> None:
+    process = serve(tmp_path, broker.port, command)  # the in-process broker holds the port
     output, _ = process.communicate(timeout=20)
     assert process.returncode == 1
     (line,) = [line for line in output.decode().splitlines() if "cannot listen" in line]
