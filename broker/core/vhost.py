@@ -543,10 +543,13 @@ class VirtualHost:
         """Publish dead-lettered entries of ``queue`` to its dead-letter exchange.
 
         A missing exchange drops them (as RabbitMQ does); so does a cycle with no rejection.
+        The default exchange ``""`` (the most common setup: ``x-dead-letter-routing-key`` names
+        the dead-letter queue) routes to the queue named by the routing key.
         """
         settings = queue.settings
-        exchange = self.exchanges.get(settings.dead_letter_exchange or "")
-        if exchange is None:
+        name = settings.dead_letter_exchange or ""
+        exchange = self.exchanges.get(name) if name else None
+        if name and exchange is None:
             self.dead_letters_dropped += len(entries)
             return
         now = queue.now()
@@ -558,14 +561,19 @@ class VirtualHost:
                 queue.name,
                 reason,
                 now,
-                exchange.name,
+                name,
                 settings.dead_letter_routing_key,
                 entry.delivery_count,
                 dead_letter_id,
             )
             if self.hooks is not None:
                 self.hooks.dead_lettered(queue, message, reason.value)
-            targets = [target for target in self.route(exchange, message) if not is_cycle(message, target.name, reason)]
+            if exchange is not None:
+                routed = self.route(exchange, message)
+            else:
+                target = self.queues.get(message.routing_key)
+                routed = [target] if target is not None else []
+            targets = [target for target in routed if not is_cycle(message, target.name, reason)]
             if not targets:
                 self.dead_letters_dropped += 1
             elif events is not None:

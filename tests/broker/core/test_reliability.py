@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
 from pamqp import commands
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
@@ -504,3 +505,33 @@ def test_content_header_frames_are_unchanged_for_first_deliveries() -> None:
     (_, header, body) = deliveries(frames)[0]
     assert (header.properties.content_type, header.properties.headers, body) == ("text/plain", None, b"x")
     assert isinstance([v for _, v in frames][-1], ContentBody)
+
+
+@pytest.mark.parametrize("reason", ["rejected", "expired", "maxlen", "delivery_limit"])
+def test_dead_lettering_through_the_default_exchange_reaches_the_queue_the_routing_key_names(reason: str) -> None:
+    # The most common setup (x-dead-letter-exchange "" and the DLQ's name as routing key) lost
+    # every dead letter: the default exchange is no entry of the exchange table.
+    node, clock = setup()
+    c = client(node)
+    declare(c, "dlq")
+    arguments: dict[str, Any] = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}
+    arguments.update(
+        {
+            "expired": {"x-message-ttl": 1000},
+            "maxlen": {"x-max-length": 1},
+            "delivery_limit": {"x-delivery-limit": 0},
+        }.get(reason, {})
+    )
+    declare(c, "work", **arguments)
+    publish(c, "work", b"first")
+    if reason == "maxlen":
+        publish(c, "work", b"second")  # drops the head
+    elif reason == "expired":
+        clock.advance(2)
+    else:
+        (got,) = deliveries(c.call(1, commands.Basic.Get(queue="work")))
+        c.call(1, commands.Basic.Reject(delivery_tag=got[0].delivery_tag, requeue=reason == "delivery_limit"))
+    ((get, header, body),) = drain(c, "dlq")
+    assert body == b"first"
+    assert get.routing_key == "dlq" and get.exchange == ""
+    assert header.properties.headers["x-death"][0]["reason"] == reason
