@@ -92,6 +92,10 @@ _CHANNEL_OPEN = 0x0014000A
 _CHANNEL_CLOSE = 0x00140028
 _CHANNEL_CLOSE_OK = 0x00140029
 
+#: RabbitMQ accepts a frame whose *payload* is frame_max bytes (8 more than the spec's total;
+#: its ?FRAME_SIZE_FUDGE), and clients rely on it: rabbitpy sends body frames of frame_max
+#: bytes. Frames the broker sends stay within frame_max in total, as RabbitMQ's do.
+
 #: Seconds before the socket of a handshake refused without connection.close is closed
 #: (RabbitMQ's ?SILENT_CLOSE_DELAY: a client may not retry bad handshakes in a tight loop).
 SILENT_CLOSE_DELAY = 3.0
@@ -227,10 +231,10 @@ class ServerConnection:
             while total - pos >= FRAME_OVERHEAD:
                 frame_type, channel_id, size = unpack(data, pos)
                 end = pos + 7 + size
-                if size + FRAME_OVERHEAD > self.frame_max:
+                if size > self.frame_max:  # the payload, as RabbitMQ counts it (see FRAME_SIZE_FUDGE)
                     raise ConnectionException(
                         ReplyCode.FRAME_ERROR,
-                        f"frame of {size + FRAME_OVERHEAD} bytes exceeds frame_max {self.frame_max}",
+                        f"frame payload of {size} bytes exceeds frame_max {self.frame_max}",
                     )
                 if end >= total:
                     break
@@ -251,7 +255,7 @@ class ServerConnection:
                                 and h_size >= 14
                                 and data[h_pos + 7] == 0
                                 and data[h_pos + 8] == BASIC_CLASS
-                                and h_size + FRAME_OVERHEAD <= self.frame_max
+                                and h_size <= self.frame_max
                                 and data[h_end] == FRAME_END
                             ):
                                 header = data[h_pos + 7 : h_end]
@@ -268,7 +272,7 @@ class ServerConnection:
                                         and b_channel == channel_id
                                         and b_size == body_size
                                         and b_end < total
-                                        and b_size + FRAME_OVERHEAD <= self.frame_max
+                                        and b_size <= self.frame_max
                                         and data[b_end] == FRAME_END
                                     ):
                                         body = data[next_pos + 7 : b_end]
@@ -311,7 +315,7 @@ class ServerConnection:
         total = len(data)
         while total - pos >= FRAME_OVERHEAD:
             frame_type, channel_id, size = _frame_head.unpack_from(data, pos)
-            if size + FRAME_OVERHEAD > self.frame_max:
+            if size > self.frame_max:
                 self.state = State.CLOSED  # not framed any more: close the socket
                 self._pending = b""
                 return
@@ -451,7 +455,8 @@ class ServerConnection:
             raise ConnectionException(
                 ReplyCode.CHANNEL_ERROR, f"expected 'channel.open' on channel {channel_id}, got {method.name}"
             )
-        if len(self.channels) + len(self._closing_channels) >= self.channel_max or channel_id > self.channel_max:
+        # channel_max bounds how many channels are open, not their numbers (RabbitMQ: aiormq opens 65535).
+        if len(self.channels) + len(self._closing_channels) >= self.channel_max:
             raise ConnectionException(
                 ReplyCode.NOT_ALLOWED,
                 f"number of channels opened ({len(self.channels)}) has reached the negotiated channel_max "

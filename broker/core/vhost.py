@@ -379,7 +379,10 @@ class VirtualHost:
     def unbind_queue(
         self, queue_name: str, exchange_name: str, routing_key: str, arguments: Mapping[str, Any], connection: object
     ) -> None:
-        """``queue.unbind``; unbinding what is not bound succeeds, as in RabbitMQ."""
+        """``queue.unbind``; unbinding what is not bound, or a queue or an exchange that does not
+        exist, succeeds, as in RabbitMQ (its unbind is idempotent; fixture teardowns rely on it)."""
+        if queue_name not in self.queues or (exchange_name and exchange_name not in self.exchanges):
+            return
         queue = self.queue(queue_name, connection)
         self._unbind(self._source(exchange_name), queue, routing_key, arguments)
 
@@ -393,7 +396,9 @@ class VirtualHost:
     def unbind_exchange(
         self, destination_name: str, source_name: str, routing_key: str, arguments: Mapping[str, Any]
     ) -> None:
-        """``exchange.unbind``."""
+        """``exchange.unbind``; as ``queue.unbind``, idempotent."""
+        if any(name and name not in self.exchanges for name in (destination_name, source_name)):
+            return
         destination = self._source(destination_name)
         self._unbind(self._source(source_name), destination, routing_key, arguments)
 

@@ -32,6 +32,11 @@ def opened(n: Node | None = None, **handshake: object) -> Client:
     return client
 
 
+def close_of_or_none(frames: list) -> commands.Connection.Close | commands.Channel.Close | None:
+    closes = [v for _, v in frames if isinstance(v, (commands.Connection.Close, commands.Channel.Close))]
+    return closes[0] if closes else None
+
+
 def close_of(frames: list) -> commands.Connection.Close | commands.Channel.Close:
     closes = [v for _, v in frames if isinstance(v, (commands.Connection.Close, commands.Channel.Close))]
     assert len(closes) == 1, frames
@@ -188,6 +193,23 @@ def test_frame_larger_than_frame_max_is_a_frame_error() -> None:
     big = ContentBody(b"x" * 5000)
     close = close_of(client.send(frame.marshal(big, 1)[:100]))
     assert close.reply_code == ReplyCode.FRAME_ERROR
+
+
+def test_a_frame_payload_of_exactly_frame_max_bytes_is_accepted_one_more_is_not() -> None:
+    # RabbitMQ's ?FRAME_SIZE_FUDGE: the payload may be frame_max bytes (rabbitpy sends such frames).
+    client = opened(frame_max=4096)
+    client.call(1, commands.Queue.Declare(queue="q"))
+    publish = encode(1, commands.Basic.Publish(exchange="", routing_key="q"), ContentHeader(0, 4096))
+    assert close_of_or_none(client.send(publish + frame.marshal(ContentBody(b"x" * 4096), 1))) is None
+    assert client.connection.node.vhosts["/"].queues["q"].message_count == 1
+    close = close_of(client.send(publish + frame.marshal(ContentBody(b"x" * 4097), 1)))
+    assert close.reply_code == ReplyCode.FRAME_ERROR
+
+
+def test_channel_max_limits_how_many_channels_are_open_not_their_numbers() -> None:
+    client = opened()  # channel 1 open, channel_max 2047
+    reply = client.call(65535, commands.Channel.Open())
+    assert [type(value) for _, value in reply] == [commands.Channel.OpenOk]
 
 
 def test_method_on_an_unopened_channel_is_a_channel_error() -> None:
