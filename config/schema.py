@@ -57,7 +57,7 @@ class LimitsConfig:
     """Limits a peer can push on (see ``broker.core.node`` for the reasons behind the defaults)."""
 
     frame_max: int = 131072
-    max_message_bytes: int = 16 << 20
+    max_message_bytes: int = 128 << 20  # RabbitMQ 3.x's max_message_size
     max_connections: int = 10000
     channel_max: int = 2047
     heartbeat: int = 60

@@ -814,3 +814,15 @@ def test_broker_shutdown_closes_connections_with_320(pika_connect: Connect, brok
         320,
         "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'",
     )
+
+
+def test_a_20_mb_message_round_trips_under_the_default_limit(pika_connect: Callable[..., Any]) -> None:
+    # RabbitMQ 3.x accepts messages up to 128 MiB by default; aio-pika's and aiormq's own tests
+    # publish 20-22 MB bodies.
+    channel = pika_connect().channel()
+    channel.queue_declare("large")
+    channel.confirm_delivery()
+    body = bytes(range(256)) * (20 * 1024 * 1024 // 256)
+    channel.basic_publish("", "large", body)
+    _method, _properties, got = channel.basic_get("large", auto_ack=True)
+    assert got == body
