@@ -29,7 +29,7 @@ from exchanges.registry import ExchangeTypeRegistry, default_registry
 DEFAULT_FRAME_MAX = 131072  # RabbitMQ's default: large enough for 128 KiB bodies in one frame
 DEFAULT_CHANNEL_MAX = 2047  # RabbitMQ's default; each channel costs a little memory per connection
 DEFAULT_HEARTBEAT = 60  # seconds, RabbitMQ's default: a dead peer is found within 2 minutes
-DEFAULT_MAX_MESSAGE_BYTES = 128 * 1024 * 1024  # the contract's and RabbitMQ 3.x's default; a body is held in memory whole
+DEFAULT_MAX_MESSAGE_BYTES = 128 * 1024 * 1024  # RabbitMQ 3.x's default; a body is held in memory whole
 
 
 @dataclass(frozen=True, slots=True)

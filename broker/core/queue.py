@@ -12,8 +12,8 @@ round-robin); a consumer that is full is skipped and keeps its place.
 Reliability (``../shared/CONTRACT.md``, Queues):
 
 * **visibility timeout** (SQS's rule): a delivery left unacked longer than its timeout is
-  taken back from its channel (its tag goes stale), counted as a return and put back at the
-  head of the queue;
+  taken back from its channel (its tag goes stale), counted as a return and put back where
+  it stood (at the head, unless older returns are ahead of it);
 * **delivery limit**: every return (nack/reject with requeue, visibility timeout, channel
   closed with the delivery unacked, ``basic.recover``) adds one to the entry's delivery count;
   past ``x-delivery-limit`` the entry is dead-lettered with reason ``delivery_limit``;
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import operator
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -175,11 +176,15 @@ class Entry:
         "deadline",
         "expires_at",
         "header",
+        "seq",
     )
 
     def __init__(self, message: Message, queue: WorkQueue) -> None:
         self.message = message
         self.queue = queue
+        #: Its place in the queue's order (enqueue order): a return puts it back there.
+        queue.seq += 1
+        self.seq = queue.seq
         self.redelivered = False
         #: The consumer it was delivered to (``None`` while ready or after basic.get).
         self.consumer: Consumer | None = None
@@ -281,6 +286,15 @@ class _PriorityReady:
         self._level(entry).appendleft(entry)
         self._count += 1
 
+    def put_back(self, entries: list[Entry]) -> None:
+        """Returned entries back at their places, each in its priority level (see :func:`_put_back`)."""
+        levels: dict[int, list[Entry]] = {}
+        for entry in entries:
+            levels.setdefault(min(entry.message.priority, self._max), []).append(entry)
+        for level, group in levels.items():
+            _put_back(self._levels[level], group)
+        self._count += len(entries)
+
     def popleft(self) -> Entry:
         for level in reversed(self._levels):
             if level:
@@ -299,6 +313,27 @@ class _PriorityReady:
     def __iter__(self) -> Iterator[Entry]:
         for level in reversed(self._levels):
             yield from level
+
+
+_seq = operator.attrgetter("seq")
+
+
+def _put_back(ready: deque[Entry], entries: list[Entry]) -> None:
+    """Put returned entries back where they stood, as RabbitMQ's classic queues do.
+
+    ``ready`` is in enqueue order (:attr:`Entry.seq`): new entries go to the tail, so keeping
+    returns in that order keeps the invariant. Returned entries were delivered from the head,
+    so only the ready entries older than the newest of them move: O(returned + those), usually
+    O(returned), whatever order the client returned them in.
+    """
+    entries.sort(key=_seq)
+    newest = entries[-1].seq
+    older: list[Entry] = []
+    while ready and ready[0].seq < newest:
+        older.append(ready.popleft())
+    if older:
+        entries = list(heapq.merge(older, entries, key=_seq))
+    ready.extendleft(reversed(entries))
 
 
 class WorkQueue:
@@ -335,6 +370,9 @@ class WorkQueue:
         )
         #: Entries in ``_ready`` that expired where they stood; skipped when they come up.
         self._gone_in_ready = 0
+        #: The last :attr:`Entry.seq` given out: ``_ready`` is kept in this order, so a returned
+        #: message goes back to its place (RabbitMQ's classic queues), whatever the return order.
+        self.seq = 0
         self._track_bytes = settings.max_length_bytes is not None
         self.ready_bytes = 0
         #: Enqueue can take the short path: no TTL, no length limit.
@@ -604,11 +642,14 @@ class WorkQueue:
                 entry.redelivered = True
                 entry.header = with_delivery_count(entry.message, entry.delivery_count)
                 back.append(entry)
-        ready = self._ready
-        for entry in reversed(back):
-            ready.appendleft(entry)
+        if back:
+            ready = self._ready
+            if type(ready) is _PriorityReady:
+                ready.put_back(back)
+            else:
+                _put_back(ready, back)  # type: ignore[arg-type]
             if self._track_bytes:
-                self.ready_bytes += entry.message.size
+                self.ready_bytes += sum(entry.message.size for entry in back)
         self.redelivered += len(back)
         journal = self.journal
         if journal is not None:
