@@ -46,6 +46,7 @@ from broker.amqp.codec import (
     return_method,
     shortstr,
 )
+from broker.amqp.content import FIXED_LENGTHS, ContentError, check_properties
 from broker.core.message import Message
 from broker.core.queue import UNACKED, Consumer, Entry, WorkQueue
 from broker.core.vhost import EXTEND_EXCHANGE
@@ -645,6 +646,9 @@ class ChannelState:
         :raises ConnectionException: 540 NOT_IMPLEMENTED for ``immediate``.
         """
         message = Message(exchange_name, routing_key, names, header, body)
+        expected = FIXED_LENGTHS.get(message.flags)
+        if expected is None or len(header) != expected:
+            _check_content(header)
         if self.confirm:
             self._publish_seq += 1
         if bits & 2:
@@ -899,6 +903,18 @@ class ChannelState:
                 queue.return_entries(group)
             except Exception as error:
                 errors.append(error)
+
+
+def _check_content(header: bytes) -> None:
+    """RabbitMQ decodes every content header at publish: one that does not parse closes the
+    connection with a bare 541 INTERNAL_ERROR, and nothing malformed is stored or delivered.
+
+    :raises ConnectionException: 541, as RabbitMQ words it (no text after the code's name)
+    """
+    try:
+        check_properties(header)
+    except ContentError as error:
+        raise ConnectionException(ReplyCode.INTERNAL_ERROR, "", 0, 0) from error
 
 
 def _check_expiration(value: object) -> None:

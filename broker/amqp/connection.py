@@ -787,7 +787,7 @@ def reply_text(error: AMQPError) -> str:
     ``\\xNN`` escapes; a text over 255 bytes becomes its first 252 bytes and ``...``, as
     RabbitMQ cuts it (here at a character boundary, so that clients can decode it).
     """
-    text = f"{error.reply_code.name} - {error.reply_text}"
+    text = f"{error.reply_code.name} - {error.reply_text}" if error.reply_text else error.reply_code.name
     raw = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace").encode("utf-8")
     if len(raw) > 255:  # RabbitMQ: the first 252 bytes and "..." (here never splitting a character)
         return raw[:252].decode("utf-8", "ignore") + "..."

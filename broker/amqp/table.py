@@ -391,3 +391,26 @@ def encode_table(table: Any, depth: int = 0) -> bytes:
             raise TableError("field name longer than 255 bytes")
         parts.append(bytes((len(raw),)) + raw + encode_value(value, depth))
     return _sized(b"", b"".join(parts))
+
+
+def check_table(data: bytes, start: int, end: int) -> None:
+    """Check that ``data[start:end]`` (a table's entries) parses, nested values included,
+    without building any value: a walk with an explicit stack, O(length).
+
+    :raises TableError: where it does not parse (a length past its container, an unknown type)
+    """
+    stack = [(start, end, True)]  # (next entry, container end, is a table)
+    while stack:
+        at, stop, is_table = stack.pop()
+        while at < stop:
+            if is_table:
+                at += 1 + data[at]
+                if at >= stop:
+                    raise TableError("field name runs past the table")
+            tag = data[at]
+            value_stop = value_end(data, tag, at + 1, stop)
+            if tag == _TABLE or tag == _ARRAY:
+                stack.append((value_stop, stop, is_table))
+                at, stop, is_table = at + 5, value_stop, tag == _TABLE
+                continue
+            at = value_stop
