@@ -60,3 +60,8 @@ class ChannelException(AMQPError):
 
 class ConnectionException(AMQPError):
     """An error that closes the connection with ``connection.close``."""
+
+
+class ConnectionDropped(ConnectionException):
+    """An error RabbitMQ answers by closing the socket without a word (an unknown method: its
+    reader has no way to name it), and so do we."""

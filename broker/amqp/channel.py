@@ -146,11 +146,8 @@ class ChannelState:
         :raises AMQPError: with RabbitMQ's reply code for anything the method may not do.
         """
         handler = _HANDLERS.get(type(method))
-        if handler is None:
-            raise ConnectionException(
-                ReplyCode.COMMAND_INVALID if method.name.startswith("Connection.") else ReplyCode.NOT_IMPLEMENTED,
-                f"method {method.name} is not allowed on a channel",
-            )
+        if handler is None:  # a method only servers send (channel.open-ok ...): RabbitMQ's 503
+            raise ConnectionException(ReplyCode.COMMAND_INVALID, f"method {method.name} is not allowed on a channel")
         handler(self, method)
 
     def _flow(self, method: commands.Channel.Flow) -> None:

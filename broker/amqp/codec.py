@@ -25,7 +25,7 @@ from pamqp import commands, decode, encode, exceptions
 from pamqp.base import Frame
 
 from broker.amqp import table as _table
-from broker.errors import ConnectionException, ReplyCode
+from broker.errors import ConnectionDropped, ConnectionException, ReplyCode
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 
@@ -103,28 +103,50 @@ def decode_method(payload: bytes) -> Frame:
     (index,) = _method_ids.unpack_from(payload)
     method_class = commands.INDEX_MAPPING.get(index)
     if method_class is None:
-        raise ConnectionException(
-            ReplyCode.COMMAND_INVALID if index >> 16 not in _KNOWN_CLASSES else ReplyCode.NOT_IMPLEMENTED,
-            f"unknown method {index >> 16}/{index & 0xFFFF}",
-            index >> 16,
-            index & 0xFFFF,
-        )
+        # RabbitMQ's reader cannot name an unknown method and drops the connection.
+        raise ConnectionDropped(ReplyCode.COMMAND_INVALID, f"unknown method {index >> 16}/{index & 0xFFFF}")
     method = method_class()
     try:
         method.unmarshal(payload[4:])
+        complete = _arguments_size(method, payload, 4) == len(payload)
     except UnicodeDecodeError as err:
         raise ConnectionException(ReplyCode.FRAME_ERROR, "Malformed UTF-8 in shortstr") from err
     except (ValueError, struct.error, exceptions.PAMQPException, IndexError, TypeError) as err:
+        complete = False
+        cause: Exception | None = err
+    else:
+        cause = None
+    if not complete:  # truncated, or bytes after the arguments: RabbitMQ's 501, with the method's ids
         raise ConnectionException(
-            ReplyCode.SYNTAX_ERROR,
-            f"cannot decode {method_class.name}: {err}",
+            ReplyCode.FRAME_ERROR,
+            f"cannot decode {method_class.name}: {cause or 'bytes after its arguments'}",
             index >> 16,
             index & 0xFFFF,
-        ) from err
+        ) from cause
     return method
 
 
-_KNOWN_CLASSES = frozenset(index >> 16 for index in commands.INDEX_MAPPING)
+_FIXED_ARGUMENTS = {"octet": 1, "short": 2, "long": 4, "longlong": 8, "timestamp": 8}
+
+
+def _arguments_size(method: Frame, payload: bytes, offset: int) -> int:
+    """Where a method's arguments end in ``payload`` (from their types, as pamqp reads them)."""
+    bits = False
+    for name in method.__slots__:
+        kind = method.amqp_type(name)
+        if kind == "bit":
+            if not bits:
+                offset += 1
+                bits = True
+            continue
+        bits = False
+        if kind == "shortstr":
+            offset += 1 + payload[offset]
+        elif kind in ("longstr", "table"):
+            offset += 4 + int.from_bytes(payload[offset : offset + 4], "big")
+        else:
+            offset += _FIXED_ARGUMENTS[kind]
+    return offset
 
 
 def _shortstr_at(payload: bytes, offset: int) -> tuple[str, int]:

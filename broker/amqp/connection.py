@@ -62,7 +62,7 @@ from broker.amqp.codec import (
 from broker.core.node import Node
 from broker.core.queue import WorkQueue
 from broker.core.vhost import VirtualHost
-from broker.errors import AMQPError, ChannelException, ConnectionException, ReplyCode
+from broker.errors import AMQPError, ChannelException, ConnectionDropped, ConnectionException, ReplyCode
 
 #: Reply codes that close the connection rather than the channel (AMQP 0-9-1 §1.2).
 HARD_ERRORS = frozenset(
@@ -412,6 +412,10 @@ class ServerConnection:
                     channel.on_header(payload)
                 elif frame_type == FRAME_BODY:
                     channel.on_body(payload)
+                elif frame_type == FRAME_HEARTBEAT:
+                    raise ConnectionException(
+                        ReplyCode.UNEXPECTED_FRAME, f"heartbeat frame on channel {channel_id}", 0, 0
+                    )
                 else:
                     raise ConnectionException(ReplyCode.FRAME_ERROR, f"frame type {frame_type} on channel {channel_id}")
             except ChannelException as error:
@@ -438,8 +442,8 @@ class ServerConnection:
             self._release_channel(channel)
             self.out.append(encode_method(channel.id, commands.Channel.CloseOk()))
             return
-        if isinstance(method, commands.Channel.CloseOk):
-            return
+        if isinstance(method, commands.Channel.CloseOk):  # nothing was closing: RabbitMQ's 503
+            raise ConnectionException(ReplyCode.COMMAND_INVALID, "unexpected 'channel.close-ok'", 20, 41)
         if isinstance(method, commands.Channel.Open):
             raise ConnectionException(ReplyCode.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
         try:
@@ -555,8 +559,10 @@ class ServerConnection:
         elif state is State.OPEN and isinstance(method, commands.Connection.UpdateSecret):
             self.out.append(encode_method(0, commands.Connection.UpdateSecretOk()))
         else:
+            # Once open, any other method on channel 0 (a handshake method again, a channel or
+            # basic method) is RabbitMQ's 504 CHANNEL_ERROR, with the method's ids.
             raise ConnectionException(
-                ReplyCode.COMMAND_INVALID,
+                ReplyCode.CHANNEL_ERROR if state is State.OPEN else ReplyCode.COMMAND_INVALID,
                 f"unexpected {method.name} on channel 0 in state '{state.value}'",
                 method.index >> 16,
                 method.index & 0xFFFF,
@@ -655,7 +661,7 @@ class ServerConnection:
         :attr:`silent_close_delay` seconds, so that a client cannot retry bad handshakes in a loop.
         """
         self.error = error
-        if self.state is State.AWAIT_HEADER or self.closed:
+        if self.state is State.AWAIT_HEADER or self.closed or isinstance(error, ConnectionDropped):
             self._finish()
             return
         if self.state in _HANDSHAKE_STATES and not (
