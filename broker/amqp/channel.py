@@ -722,13 +722,9 @@ class ChannelState:
     def _route(self, message: Message, exchange_name: str, mandatory: int) -> bool:
         """Route and enqueue; ``False`` when a queue refused the message (or a lease extension failed)."""
         exchange = self._check_exchange(exchange_name)
-        if exchange is None:
-            queue = self.vhost.queues.get(message.routing_key)
-            queues = [queue] if queue is not None else []
-        elif exchange_name == EXTEND_EXCHANGE:
+        if exchange_name == EXTEND_EXCHANGE:
             return self._extend(message)
-        else:
-            queues = self.vhost.route(exchange, message)
+        queues = self.vhost.route(exchange, message)
         if self._hooks is not None:
             self._hooks.routed(self.vhost, exchange_name, message, queues)
         journal = self.vhost.journal

@@ -35,7 +35,7 @@ APP_ID = 0x0008
 CLUSTER_ID = 0x0004
 
 _SHORTSTR, _OCTET, _TABLE, _STAMP = range(4)
-_PROPERTIES = (
+_PROPERTIES: tuple[tuple[int, int], ...] = (
     (CONTENT_TYPE, _SHORTSTR),
     (CONTENT_ENCODING, _SHORTSTR),
     (HEADERS, _TABLE),
@@ -51,6 +51,8 @@ _PROPERTIES = (
     (APP_ID, _SHORTSTR),
     (CLUSTER_ID, _SHORTSTR),
 )
+
+_SHORTSTRS = frozenset(flag for flag, kind in _PROPERTIES if kind == _SHORTSTR)
 
 #: Bytes before the first property flag word: class, weight, body size.
 _PREFIX = 12
@@ -104,15 +106,20 @@ def property_spans(header: bytes) -> tuple[int, dict[int, tuple[int, int]]]:
     return start, spans
 
 
-def shortstr_property(header: bytes, flag: int) -> bytes | None:
-    """The bytes of a short-string property (``expiration``, ``user-id`` ...), ``None`` when absent.
-
-    :raises ContentError: as :func:`property_spans`
+def property_value(header: bytes, flag: int) -> bytes | None:
+    """A property's bytes (a short string without its length octet, an octet, the timestamp),
+    ``None`` when it is absent or the header does not parse: nothing else is decoded, nothing raised.
     """
-    span = property_spans(header)[1].get(flag)
+    if not (header[12] << 8 | header[13]) & flag:
+        return None
+    try:
+        span = property_spans(header)[1].get(flag)
+    except ContentError:
+        return None
     if span is None:
         return None
-    return bytes(header[span[0] + 1 : span[1]])
+    start, end = span
+    return bytes(header[start + 1 : end]) if flag in _SHORTSTRS else bytes(header[start:end])
 
 
 def replace_property(header: bytes, flag: int, value: bytes | None) -> bytes:
@@ -170,21 +177,6 @@ def set_entry(content: bytes, key: bytes, entry: bytes) -> bytes:
     except TableError:
         pass
     return content + entry
-
-
-def remove_entries(content: bytes, keys: frozenset[bytes]) -> bytes:
-    """Table entries without those named in ``keys`` (unchanged when they do not parse)."""
-    kept = []
-    pos = 0
-    try:
-        for name, _tag, start, end in iter_table(content, 0, len(content)):
-            if name in keys:
-                kept.append(content[pos : start - 2 - len(name)])
-                pos = end
-    except TableError:
-        return content
-    kept.append(content[pos:])
-    return b"".join(kept)
 
 
 def with_header_entry(header: bytes, key: str, value: Any) -> bytes:

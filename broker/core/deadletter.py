@@ -190,7 +190,10 @@ def dead_lettered(
     elif deaths[1 + len(b"x-death")] != ord("A"):
         tables = [_table(first)]  # not an array: RabbitMQ resets it
     else:
-        tables = _updated_deaths(deaths, queue_raw, reason_raw, first)
+        try:
+            tables = _updated_deaths(deaths, queue_raw, reason_raw, first)
+        except TableError:  # a count at the top of its type: the history starts again
+            tables = [_table(first)]
     _store(
         entries, b"x-death", encode_entry(b"x-death", Raw(b"A", _u32.pack(sum(map(len, tables))) + b"".join(tables)))
     )

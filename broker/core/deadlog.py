@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from broker.amqp.codec import FLAG_HEADERS
-from broker.amqp.content import MESSAGE_ID, ContentError, property_spans
+from broker.amqp.content import MESSAGE_ID, property_value
 from broker.core.deadletter import DEAD_LETTER_ID_HEADER
 from broker.wal.record import (
     DEAD_LETTER_HEADER_VALUE_BYTES,
@@ -80,13 +80,8 @@ def _text(value: Any) -> str:
 
 def _message_id(message: Message) -> str:
     """The ``message-id`` property as text, read from the bytes ("" when absent)."""
-    if not message.flags & MESSAGE_ID:
-        return ""
-    try:
-        span = property_spans(message.header)[1][MESSAGE_ID]
-    except ContentError:
-        return ""
-    return _text(bytes(message.header[span[0] + 1 : span[1]]))
+    value = property_value(message.header, MESSAGE_ID)
+    return _text(value) if value else ""
 
 
 def _seconds(value: Any) -> int:

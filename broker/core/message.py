@@ -23,7 +23,7 @@ from broker.amqp.codec import (
     encode_content_header,
     shortstr,
 )
-from broker.amqp.content import EXPIRATION, PRIORITY, ContentError, property_spans
+from broker.amqp.content import EXPIRATION, PRIORITY, property_value
 from broker.errors import AMQPError
 
 
@@ -129,22 +129,15 @@ class Message:
         """The ``priority`` property, 0 when absent (read from the bytes, nothing decoded)."""
         if not self.flags & FLAG_PRIORITY:
             return 0
-        try:
-            span = property_spans(self.header)[1][PRIORITY]
-        except ContentError:
-            return 0
-        return self.header[span[0]]
+        value = property_value(self.header, PRIORITY)
+        return value[0] if value else 0
 
     @property
     def expiration(self) -> bytes | None:
         """The ``expiration`` property's bytes, ``None`` when absent (nothing else decoded)."""
         if not self.flags & FLAG_EXPIRATION:
             return None
-        try:
-            span = property_spans(self.header)[1][EXPIRATION]
-        except ContentError:
-            return None
-        return bytes(self.header[span[0] + 1 : span[1]])
+        return property_value(self.header, EXPIRATION)
 
     @property
     def persistent(self) -> bool:

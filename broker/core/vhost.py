@@ -561,24 +561,23 @@ class VirtualHost:
         events = self.dead_letters
         for entry in entries:
             dead_letter_id = events.next_id() if events is not None else 0
-            message = dead_lettered(
-                entry.message,
-                queue.name,
-                reason,
-                now,
-                name,
-                settings.dead_letter_routing_key,
-                entry.delivery_count,
-                dead_letter_id,
-            )
+            try:
+                message = dead_lettered(
+                    entry.message,
+                    queue.name,
+                    reason,
+                    now,
+                    name,
+                    settings.dead_letter_routing_key,
+                    entry.delivery_count,
+                    dead_letter_id,
+                )
+            except ValueError:  # a copy that cannot be addressed (a dead-letter routing key past 255 bytes)
+                self.dead_letters_dropped += 1
+                continue
             if self.hooks is not None:
                 self.hooks.dead_lettered(queue, message, reason.value)
-            if exchange is not None:
-                routed = self.route(exchange, message)
-            else:
-                target = self.queues.get(message.routing_key)
-                routed = [target] if target is not None else []
-            targets = [target for target in routed if not is_cycle(message, target.name, reason)]
+            targets = [target for target in self.route(exchange, message) if not is_cycle(message, target.name, reason)]
             if not targets:
                 self.dead_letters_dropped += 1
             elif events is not None:
@@ -593,13 +592,17 @@ class VirtualHost:
 
     # -- routing ------------------------------------------------------------------------------
 
-    def route(self, exchange: Exchange, message: Message) -> list[WorkQueue]:
-        """The queues a message published to ``exchange`` goes to, each once.
+    def route(self, exchange: Exchange | None, message: Message) -> list[WorkQueue]:
+        """The queues a message published to ``exchange`` (``None``: the default exchange) goes
+        to, each once.
 
         Follows exchange-to-exchange bindings (a cycle is visited once) and alternate
         exchanges (used when an exchange routes the message nowhere). An exchange whose
         router intercepts messages (delayed messages) may take it: then it goes nowhere now.
         """
+        if exchange is None:  # the default exchange: the queue the routing key names
+            queue = self.queues.get(message.routing_key)
+            return [queue] if queue is not None else []
         intercept = exchange.intercept
         if intercept is not None and intercept(self, exchange, message):
             return []

@@ -135,3 +135,35 @@ def test_a_stored_message_whose_headers_do_not_parse_is_still_requeued_and_dead_
     dead = get(c, "dlq", requeue=None)
     assert b"\x01kZ\x00\x00" in dead and b"x-death" in dead
     assert c.connection.teardown_errors == []
+
+
+def test_dead_lettering_never_raises_on_what_the_message_or_queue_holds() -> None:
+    # After a publish was confirmed nothing may fail on it: an x-death count at the top of its
+    # type starts the history again; a copy that cannot be addressed (a dead-letter routing key
+    # longer than a short string) is counted as dropped, and the other dead letters go on.
+    c = opened()
+    c.call(1, commands.Queue.Declare(queue="dlq"))
+    c.call(1, commands.Queue.Bind(queue="dlq", exchange="amq.fanout"))
+    c.call(1, commands.Queue.Declare(queue="work", arguments={"x-dead-letter-exchange": "amq.fanout"}))
+    c.call(
+        1,
+        commands.Queue.Declare(
+            queue="long", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "k" * 300}
+        ),
+    )
+    entry = b"\x05count" + b"l" + struct.pack(">q", 2**63 - 1) + b"\x06reasonS" + struct.pack(">I", 8) + b"rejected"
+    entry += b"\x05queueS" + struct.pack(">I", 4) + b"work"
+    death = b"F" + struct.pack(">I", len(entry)) + entry
+    headers = b"\x07x-deathA" + struct.pack(">I", len(death)) + death
+    raw_publish(c, "work", header_payload(struct.pack(">I", len(headers)) + headers))
+    get(c, "work", requeue=False)
+    dead = get(c, "dlq", requeue=None)
+    (x_death,) = decode_table(dead, property_spans(dead)[1][HEADERS][0])[0]["x-death"]
+    assert (x_death["count"], x_death["queue"]) == (1, "work")
+    vhost = c.connection.node.vhosts["/"]
+    raw_publish(c, "long", header_payload(table_of(ALL_TYPES)))
+    raw_publish(c, "long", header_payload(table_of(ALL_TYPES)))
+    get(c, "long", requeue=False)
+    get(c, "long", requeue=False)
+    assert vhost.dead_letters_dropped == 2 and vhost.queues["long"].message_count == 0
+    assert c.connection.teardown_errors == []
