@@ -20,6 +20,7 @@ from transcript import (
     frames,
     loose_reply_text,
     open_connection,
+    publish,
     quiet,
     raw_frame,
 )
@@ -45,6 +46,9 @@ CASES: dict[str, bytes] = {
     "declare-trailing-bytes": _method(1, DECLARE, b"\x00\x00\x01q\x00\x00\x00\x00\x00" + b"junk"),
     "declare-name-not-utf8": _method(1, DECLARE, b"\x00\x00\x02\xff\xfe\x00\x00\x00\x00\x00"),
     "unexpected-channel-close-ok": frames(1, commands.Channel.CloseOk()),
+    # The broker closes channel 1 (404); before its close-ok the client opens channel 1 again.
+    "channel-open-while-closing": publish(1, "conformance-no-such-exchange", "k", b"x")
+    + frames(1, commands.Channel.Open()),
     "unknown-method-in-known-class": _method(1, 0x003C00FF, b""),
     "unknown-class": _method(1, 0x00FF000A, b""),
 }
