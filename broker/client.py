@@ -465,7 +465,7 @@ class Connection:
 
     def _content(self, deadline: float) -> tuple[commands.Basic.Properties, bytes]:
         _type, _channel, header = self._frame(deadline)
-        _class, size = content_body_size(header)
+        _class, _weight, size = content_body_size(header)
         parts = []
         received = 0
         while received < size:

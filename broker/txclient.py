@@ -405,7 +405,7 @@ class TwistedConnection(Protocol):
         method, raw, parts, expected = self._content
         if self._header is None:
             self._header = payload
-            _class, size = content_body_size(payload)
+            _class, _weight, size = content_body_size(payload)
             self._content = (method, raw, parts, size)
             if size == 0:
                 self._complete()

@@ -50,7 +50,7 @@ from broker.amqp.content import FIXED_LENGTHS, ContentError, check_properties
 from broker.core.message import Message
 from broker.core.queue import UNACKED, Consumer, Entry, WorkQueue
 from broker.core.vhost import EXTEND_EXCHANGE
-from broker.errors import ChannelException, ConnectionException, ReplyCode
+from broker.errors import AMQPError, ChannelException, ConnectionException, ReplyCode
 
 if TYPE_CHECKING:
     from broker.amqp.connection import ServerConnection
@@ -63,6 +63,26 @@ MAX_STALE_TAGS = 1_000_000
 _deliver_head = struct.Struct(">BHII")  # frame header and method index of basic.deliver
 _tag_redelivered = struct.Struct(">QB")
 _frame_end_then_header = struct.Struct(">BBHI")  # frame-end octet, then the next frame's header
+
+
+#: Methods that carry content (AMQP 0-9-1 §4.2.6).
+CONTENT_METHODS = frozenset(
+    {commands.Basic.Publish, commands.Basic.Return, commands.Basic.Deliver, commands.Basic.GetOk}
+)
+#: Methods whose empty queue name means the channel's last declared queue (RabbitMQ expands
+#: it before anything else, on a channel in any state).
+QUEUE_SHORTCUT_METHODS = frozenset(
+    {
+        commands.Basic.Get,
+        commands.Basic.Consume,
+        commands.Queue.Delete,
+        commands.Queue.Purge,
+        commands.Queue.Bind,
+        commands.Queue.Unbind,
+    }
+)
+#: The publish arguments of content that will be refused once it is in (see ``refuse_content``).
+_REFUSED = ("", "", False, False, b"")
 
 
 class ChannelState:
@@ -92,6 +112,7 @@ class ChannelState:
         self._body_size = 0
         self._body: list[bytes] = []
         self._received = 0
+        self._refusal: AMQPError | None = None
         # Publisher confirms and transactions.
         self.confirm = False
         self._publish_seq = 0
@@ -147,7 +168,13 @@ class ChannelState:
         """
         handler = _HANDLERS.get(type(method))
         if handler is None:  # a method only servers send (channel.open-ok ...): RabbitMQ's 503
-            raise ConnectionException(ReplyCode.COMMAND_INVALID, f"method {method.name} is not allowed on a channel")
+            error = ConnectionException(
+                ReplyCode.COMMAND_INVALID, "unimplemented method", method.index >> 16, method.index & 0xFFFF
+            )
+            if type(method) in CONTENT_METHODS:  # basic.deliver ...: refused once its content is in
+                self.refuse_content(error)
+                return
+            raise error
         handler(self, method)
 
     def _flow(self, method: commands.Channel.Flow) -> None:
@@ -563,6 +590,13 @@ class ChannelState:
 
     # basic class: publishing
 
+    def refuse_content(self, error: AMQPError) -> None:
+        """A method with content that this channel cannot take: read its content, then raise
+        ``error`` (RabbitMQ assembles the content before the channel sees the method)."""
+        self._publish = _REFUSED
+        self._header = None
+        self._refusal = error
+
     def on_publish(self, exchange: str, routing_key: str, mandatory: bool, immediate: bool, names: bytes) -> None:
         """``basic.publish``: remember the arguments until the content has arrived."""
         self._publish = (exchange, routing_key, mandatory, immediate, names)
@@ -571,16 +605,32 @@ class ChannelState:
     def on_header(self, payload: bytes) -> None:
         """A content header frame.
 
-        :raises ConnectionException: 505 UNEXPECTED_FRAME when no publish is waiting for one.
+        :raises ConnectionException: 505 UNEXPECTED_FRAME when no publish is waiting for one, when
+            one came already, or for another class or a non-zero weight (RabbitMQ's texts and ids);
+            501 FRAME_ERROR when it is shorter than its fixed fields.
         :raises ChannelException: 406 when the announced body exceeds the message size limit.
         """
-        if self._publish is None or self._header is not None:
+        if self._publish is None:
+            raise ConnectionException(ReplyCode.UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
+        if self._header is not None:
             raise ConnectionException(
-                ReplyCode.UNEXPECTED_FRAME, f"unexpected content header frame on channel {self.id}"
+                ReplyCode.UNEXPECTED_FRAME, "expected content body, got non content body frame instead", BASIC_CLASS, 40
             )
-        class_id, body_size = content_body_size(payload)
+        class_id, weight, body_size = content_body_size(payload)
+        if weight:
+            raise ConnectionException(
+                ReplyCode.UNEXPECTED_FRAME,
+                "expected content header for class 60, got non content header frame instead",
+                BASIC_CLASS,
+                40,
+            )
         if class_id != BASIC_CLASS:
-            raise ConnectionException(ReplyCode.FRAME_ERROR, f"content header for class {class_id}, expected 60")
+            raise ConnectionException(
+                ReplyCode.UNEXPECTED_FRAME,
+                f"expected content header for class 60, got one for class {class_id} instead",
+                BASIC_CLASS,
+                40,
+            )
         limit = self.connection.node.limits.max_message_bytes
         if body_size > limit:
             self._publish = None
@@ -605,15 +655,26 @@ class ChannelState:
             grows past the size the header announced.
         """
         if self._header is None:
-            raise ConnectionException(ReplyCode.UNEXPECTED_FRAME, f"unexpected content body frame on channel {self.id}")
+            if self._publish is None:
+                raise ConnectionException(
+                    ReplyCode.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
+                )
+            raise ConnectionException(
+                ReplyCode.UNEXPECTED_FRAME,
+                "expected content header for class 60, got non content header frame instead",
+                BASIC_CLASS,
+                40,
+            )
         received = self._received + len(payload)
         if received == self._body_size and not self._body:
             self._complete(payload)
             return
         if received > self._body_size:
-            raise ConnectionException(
-                ReplyCode.FRAME_ERROR, f"content body larger than the announced {self._body_size} bytes"
-            )
+            # RabbitMQ waits for a remaining size that went below zero: the message is never
+            # complete, and the channel takes only body frames from now on. Nothing is kept.
+            self._body = []
+            self._received = received
+            return
         self._body.append(payload)
         self._received = received
         if received == self._body_size:
@@ -625,6 +686,8 @@ class ChannelState:
         publish = self._publish
         header = self._header
         assert publish is not None and header is not None
+        if publish is _REFUSED:
+            raise self._refusal
         self._publish = None
         self._header = None
         exchange_name, routing_key, mandatory, immediate, names = publish

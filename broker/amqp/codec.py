@@ -66,7 +66,7 @@ _method_ids = struct.Struct(">I")
 _deliver_head = struct.Struct(">BHII")  # frame header, method index
 _frame_end_then_header = struct.Struct(">BBHI")  # frame-end of one frame, header of the next
 _tag_redelivered = struct.Struct(">QB")
-_content_header_head = struct.Struct(">HHQH")  # class, weight, body size, first property flags
+_content_header_fixed = struct.Struct(">HHQ")  # class, weight, body size
 _ack = struct.Struct(">QB")
 _uint64 = struct.Struct(">Q")
 _uint16 = struct.Struct(">H")
@@ -92,14 +92,26 @@ def frame(frame_type: int, channel: int, payload: bytes) -> bytes:
 # -- decoding ------------------------------------------------------------------------------
 
 
-def decode_method(payload: bytes) -> Frame:
-    """Decode a method frame's payload with pamqp.
+def erlang_binary(data: bytes, limit: int = 64) -> str:
+    """``data`` as RabbitMQ's reply texts show a binary: ``<<1,2,3>>`` (the first ``limit`` octets)."""
+    return "<<" + ",".join(str(octet) for octet in data[:limit]) + (",..." if len(data) > limit else "") + ">>"
 
-    :raises ConnectionException: 540 NOT_IMPLEMENTED for an unknown method, 502 SYNTAX_ERROR
-        for arguments that do not decode.
+
+def decode_method(payload: bytes, channel: int = 1) -> Frame:
+    """Decode a method frame's payload with pamqp, refusing what RabbitMQ refuses, as it does.
+
+    :param channel: the frame's channel (on channel 0 RabbitMQ's connection process decodes
+        the method itself, and a failure there is a bare 541)
+    :raises ConnectionDropped: an unknown method, or a field table in the arguments that does
+        not parse (RabbitMQ's reader cannot answer either and closes the socket)
+    :raises ConnectionException: 501 FRAME_ERROR ``cannot decode`` with the method's ids for
+        arguments that are truncated or followed by other bytes, or a short string that is not
+        UTF-8; 541 INTERNAL_ERROR for the first two on channel 0
     """
     if len(payload) < 4:
-        raise ConnectionException(ReplyCode.FRAME_ERROR, "method frame too short")
+        raise ConnectionException(
+            ReplyCode.FRAME_ERROR, f"type 1, all octets = {erlang_binary(payload)}: unknown_frame"
+        )
     (index,) = _method_ids.unpack_from(payload)
     method_class = commands.INDEX_MAPPING.get(index)
     if method_class is None:
@@ -107,22 +119,22 @@ def decode_method(payload: bytes) -> Frame:
         raise ConnectionDropped(ReplyCode.COMMAND_INVALID, f"unknown method {index >> 16}/{index & 0xFFFF}")
     method = method_class()
     try:
-        method.unmarshal(payload[4:])
         complete = _arguments_size(method, payload, 4) == len(payload)
+    except IndexError:
+        complete = False
+    if not complete:
+        if channel == 0:
+            raise ConnectionException(ReplyCode.INTERNAL_ERROR, "", 0, 0)
+        raise ConnectionException(
+            ReplyCode.FRAME_ERROR, f"cannot decode {erlang_binary(payload[4:])}", index >> 16, index & 0xFFFF
+        )
+    try:
+        method.unmarshal(payload[4:])
     except UnicodeDecodeError as err:
         raise ConnectionException(ReplyCode.FRAME_ERROR, "Malformed UTF-8 in shortstr") from err
     except (ValueError, struct.error, exceptions.PAMQPException, IndexError, TypeError) as err:
-        complete = False
-        cause: Exception | None = err
-    else:
-        cause = None
-    if not complete:  # truncated, or bytes after the arguments: RabbitMQ's 501, with the method's ids
-        raise ConnectionException(
-            ReplyCode.FRAME_ERROR,
-            f"cannot decode {method_class.name}: {cause or 'bytes after its arguments'}",
-            index >> 16,
-            index & 0xFFFF,
-        ) from cause
+        # Every field is where it should be, so a table's contents do not parse.
+        raise ConnectionDropped(ReplyCode.FRAME_ERROR, f"{method_class.name}: field table does not parse") from err
     return method
 
 
@@ -162,14 +174,17 @@ def decode_publish(payload: bytes) -> tuple[str, str, bool, bool, bytes]:
 
     :returns: ``(exchange, routing_key, mandatory, immediate, names)`` where ``names`` is the raw
         ``exchange`` and ``routing-key`` short strings, reused verbatim in deliveries.
-    :raises ConnectionException: 502 SYNTAX_ERROR when the frame is truncated.
+    :raises ConnectionException: 501 FRAME_ERROR when the arguments are truncated or followed
+        by other bytes.
     """
     try:
         exchange, offset = _shortstr_at(payload, 6)  # ids (4) + reserved ticket (2)
         routing_key, end = _shortstr_at(payload, offset)
         bits = payload[end]
-    except IndexError as err:
-        raise ConnectionException(ReplyCode.SYNTAX_ERROR, "truncated basic.publish", BASIC_CLASS, 40) from err
+    except IndexError:
+        end = -1
+    if end != len(payload) - 1:
+        raise ConnectionException(ReplyCode.FRAME_ERROR, f"cannot decode {erlang_binary(payload[4:])}", BASIC_CLASS, 40)
     return exchange, routing_key, bool(bits & 1), bool(bits & 2), payload[6:end]
 
 
@@ -178,23 +193,29 @@ def decode_ack(payload: bytes) -> tuple[int, int]:
 
     For ack the bits are ``multiple``; for nack ``multiple | requeue << 1``; for reject ``requeue``.
 
-    :raises ConnectionException: 502 SYNTAX_ERROR when the frame is truncated.
+    :raises ConnectionException: 501 FRAME_ERROR when the arguments are truncated or followed
+        by other bytes.
     """
-    try:
-        return _ack.unpack_from(payload, 4)
-    except struct.error as err:
-        raise ConnectionException(ReplyCode.SYNTAX_ERROR, "truncated acknowledgement", BASIC_CLASS) from err
+    if len(payload) != 4 + _ack.size:
+        method_id = _method_ids.unpack_from(payload)[0] & 0xFFFF
+        raise ConnectionException(
+            ReplyCode.FRAME_ERROR, f"cannot decode {erlang_binary(payload[4:])}", BASIC_CLASS, method_id
+        )
+    return _ack.unpack_from(payload, 4)
 
 
-def content_body_size(header_payload: bytes) -> tuple[int, int]:
-    """Read a content header's class id and body size without decoding its properties.
+def content_body_size(header_payload: bytes) -> tuple[int, int, int]:
+    """Read a content header's class id, weight and body size without decoding its properties.
 
-    :raises ConnectionException: 502 SYNTAX_ERROR when the header is shorter than 14 bytes.
+    :raises ConnectionException: 501 FRAME_ERROR when the header is shorter than those fields
+        (RabbitMQ cannot tell what frame it is); a header too short for its property flags
+        fails the property check at publish instead.
     """
-    if len(header_payload) < 14:
-        raise ConnectionException(ReplyCode.SYNTAX_ERROR, "truncated content header")
-    class_id, _weight, body_size, _flags = _content_header_head.unpack_from(header_payload)
-    return class_id, body_size
+    if len(header_payload) < 12:
+        raise ConnectionException(
+            ReplyCode.FRAME_ERROR, f"type 2, all octets = {erlang_binary(header_payload)}: unknown_frame"
+        )
+    return _content_header_fixed.unpack_from(header_payload)
 
 
 def delivery_mode(header_payload: bytes) -> int:

@@ -36,7 +36,7 @@ from typing import Any
 from pamqp import commands
 from pamqp.base import Frame
 
-from broker.amqp.channel import ChannelState
+from broker.amqp.channel import CONTENT_METHODS, QUEUE_SHORTCUT_METHODS, ChannelState
 from broker.amqp.codec import (
     BASIC_ACK,
     BASIC_CLASS,
@@ -58,6 +58,7 @@ from broker.amqp.codec import (
     decode_publish,
     decode_table,
     encode_method,
+    erlang_binary,
 )
 from broker.core.node import Node
 from broker.core.queue import WorkQueue
@@ -89,6 +90,10 @@ _CLOSE_ID = _method_index.pack(0x000A0032)  # connection.close
 _CLOSE_OK_ID = _method_index.pack(0x000A0033)  # connection.close-ok
 _CLOSE_OK = encode_method(0, commands.Connection.CloseOk())
 _CHANNEL_OPEN = 0x0014000A
+#: A content header's class (basic) and weight (0), as every valid one starts.
+_BASIC_WEIGHT_0 = b"\x00\x3c\x00\x00"
+#: Frame types RabbitMQ can tell apart; any other is 501 ``unknown_frame``.
+_FRAME_TYPES = frozenset({FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT})
 _CHANNEL_CLOSE = 0x00140028
 _CHANNEL_CLOSE_OK = 0x00140029
 
@@ -132,6 +137,15 @@ class State(Enum):
     LINGERING = "lingering"  # we answered the client's connection.close; waiting for it to hang up
 
 
+#: RabbitMQ's names for the connection states, as its reply texts show them.
+_RABBITMQ_STATES = {
+    State.AWAIT_START_OK: "starting",
+    State.AWAIT_TUNE_OK: "tuning",
+    State.AWAIT_OPEN: "opening",
+    State.OPEN: "running",
+}
+
+
 _HANDSHAKE_STATES = frozenset({State.AWAIT_START_OK, State.AWAIT_TUNE_OK, State.AWAIT_OPEN})
 
 
@@ -158,7 +172,10 @@ class ServerConnection:
         self.channel_max = limits.channel_max
         self.heartbeat = 0
         self.channels: dict[int, ChannelState] = {}
-        self._closing_channels: set[int] = set()
+        #: Channels we closed, until the client's close-ok: the last queue each had declared
+        #: (RabbitMQ still expands an empty queue name on a closing channel, and refuses it
+        #: with another close when there is none).
+        self._closing_channels: dict[int, str | None] = {}
         self.confirming: list[ChannelState] = []
         self.exclusive_queues: list[WorkQueue] = []
         self.capabilities: dict[str, Any] = {}
@@ -232,14 +249,15 @@ class ServerConnection:
                 frame_type, channel_id, size = unpack(data, pos)
                 end = pos + 7 + size
                 if size > self.frame_max:  # the payload, as RabbitMQ counts it (see FRAME_SIZE_FUDGE)
-                    raise ConnectionException(
-                        ReplyCode.FRAME_ERROR,
-                        f"frame payload of {size} bytes exceeds frame_max {self.frame_max}",
+                    raise _LostSync(
+                        f"{_frame_text(frame_type, b'')}: {{frame_too_large,{size},{self.frame_max - FRAME_OVERHEAD}}}"
                     )
                 if end >= total:
                     break
                 if data[end] != FRAME_END:
-                    raise ConnectionException(ReplyCode.FRAME_ERROR, f"frame end octet {data[end]:#x} is not 0xce")
+                    raise _LostSync(
+                        f"{_frame_text(frame_type, data[pos + 7 : end])}: {{invalid_frame_end_marker,{data[end]}}}"
+                    )
                 if frame_type == FRAME_METHOD and data.startswith(_PUBLISH_ID, pos + 7):
                     channel = self.channels.get(channel_id)
                     if channel is not None and channel._publish is None:
@@ -253,8 +271,7 @@ class ServerConnection:
                                 and h_channel == channel_id
                                 and h_end < total
                                 and h_size >= 14
-                                and data[h_pos + 7] == 0
-                                and data[h_pos + 8] == BASIC_CLASS
+                                and data.startswith(_BASIC_WEIGHT_0, h_pos + 7)
                                 and h_size <= self.frame_max
                                 and data[h_end] == FRAME_END
                             ):
@@ -278,7 +295,7 @@ class ServerConnection:
                                         body = data[next_pos + 7 : b_end]
                                         next_pos = b_end + 1
                                 names_end = pos + 14 + data[pos + 13]
-                                if body is not None and names_end < end and names_end + 1 + data[names_end] < end:
+                                if body is not None and names_end < end and names_end + 2 + data[names_end] == end:
                                     names_end += 1 + data[names_end]
                                     names = data[pos + 13 : names_end]
                                     decoded = names_cache.get(names)
@@ -297,6 +314,13 @@ class ServerConnection:
                 self._frame(frame_type, channel_id, payload)
                 if self.closed:
                     break
+        except _LostSync as error:
+            # The next frame cannot be found: RabbitMQ sends its close, reads nothing more and
+            # closes the socket after its silent-close delay.
+            self._fail(error)
+            self._finish()
+            self.silent_close_delay = SILENT_CLOSE_DELAY
+            return
         except ConnectionException as error:
             self._fail(error)
         if self.state is State.LINGERING:
@@ -360,25 +384,34 @@ class ServerConnection:
         state = self.state
         if state is State.CLOSING:
             if frame_type == FRAME_METHOD and channel_id == 0:
-                method = decode_method(payload)
+                method = decode_method(payload, 0)
                 if isinstance(method, commands.Connection.CloseOk):
                     self._finish()
                 elif isinstance(method, commands.Connection.Close):
                     self.out.append(encode_method(0, commands.Connection.CloseOk()))
                     self._finish()
             return
+        if (
+            frame_type not in _FRAME_TYPES
+            or (frame_type == FRAME_HEARTBEAT and payload)
+            or (frame_type == FRAME_METHOD and len(payload) < 4)
+            or (frame_type == FRAME_HEADER and len(payload) < 12)
+        ):  # RabbitMQ cannot tell what this is: 501, and the framing still holds
+            raise ConnectionException(ReplyCode.FRAME_ERROR, f"{_frame_text(frame_type, payload)}: unknown_frame")
         if channel_id:
             if state is not State.OPEN:
                 raise ConnectionException(
                     ReplyCode.CHANNEL_ERROR, f"frame on channel {channel_id} before connection.open"
                 )
+            if frame_type == FRAME_HEARTBEAT:
+                raise ConnectionException(ReplyCode.UNEXPECTED_FRAME, _frame_text(frame_type, payload))
             if channel_id in self._closing_channels:
                 self._closing_channel_frame(frame_type, channel_id, payload)
                 return
             channel = self.channels.get(channel_id)
             try:
                 if frame_type == FRAME_METHOD:
-                    index = _method_index.unpack_from(payload)[0] if len(payload) >= 4 else 0
+                    index = _method_index.unpack_from(payload)[0]
                     if channel is None:
                         self._open_channel(channel_id, decode_method(payload))
                         return
@@ -406,28 +439,22 @@ class ServerConnection:
                         self._channel_method(channel, decode_method(payload))
                 elif channel is None:
                     raise ConnectionException(
-                        ReplyCode.CHANNEL_ERROR, f"expected 'channel.open' on channel {channel_id}"
+                        ReplyCode.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
                     )
                 elif frame_type == FRAME_HEADER:
                     channel.on_header(payload)
-                elif frame_type == FRAME_BODY:
-                    channel.on_body(payload)
-                elif frame_type == FRAME_HEARTBEAT:
-                    raise ConnectionException(
-                        ReplyCode.UNEXPECTED_FRAME, f"heartbeat frame on channel {channel_id}", 0, 0
-                    )
                 else:
-                    raise ConnectionException(ReplyCode.FRAME_ERROR, f"frame type {frame_type} on channel {channel_id}")
+                    channel.on_body(payload)
             except ChannelException as error:
-                if not error.class_id and frame_type == FRAME_METHOD and len(payload) >= 4:
+                if not error.class_id and frame_type == FRAME_METHOD:
                     error.class_id, error.method_id = payload[0] << 8 | payload[1], payload[2] << 8 | payload[3]
                 self._channel_error(channel_id, error)
             return
         if frame_type == FRAME_HEARTBEAT:
             return
         if frame_type != FRAME_METHOD:
-            raise ConnectionException(ReplyCode.COMMAND_INVALID, f"frame type {frame_type} on channel 0")
-        self._connection_method(decode_method(payload))
+            raise ConnectionException(ReplyCode.UNEXPECTED_FRAME, _frame_text(frame_type, payload))
+        self._connection_method(decode_method(payload, 0))
 
     def _channel_error(self, channel_id: int, error: ChannelException) -> None:
         """A channel-level exception: close the channel, or the connection for a hard reply code."""
@@ -455,10 +482,20 @@ class ServerConnection:
             raise
 
     def _open_channel(self, channel_id: int, method: Frame) -> None:
+        """A method on a channel not open: ``channel.open`` opens it; anything else is refused as
+        RabbitMQ refuses it, by the new channel (which has no queue declared yet, so an empty
+        queue name is 404 and closes it) or else with 504 for the connection."""
         if not isinstance(method, commands.Channel.Open):
-            raise ConnectionException(
-                ReplyCode.CHANNEL_ERROR, f"expected 'channel.open' on channel {channel_id}, got {method.name}"
-            )
+            ids = method.index >> 16, method.index & 0xFFFF
+            if type(method) in CONTENT_METHODS:  # RabbitMQ refuses it once the content is in
+                channel = self.channels[channel_id] = ChannelState(self, channel_id)
+                channel.refuse_content(ConnectionException(ReplyCode.CHANNEL_ERROR, "expected 'channel.open'", *ids))
+                return
+            if type(method) in QUEUE_SHORTCUT_METHODS and not method.queue:
+                refusal = ChannelException(ReplyCode.NOT_FOUND, "no previously declared queue", *ids)
+                self._close_channel(channel_id, refusal)
+                return
+            raise ConnectionException(ReplyCode.CHANNEL_ERROR, "expected 'channel.open'", *ids)
         # channel_max bounds how many channels are open, not their numbers (RabbitMQ: aiormq opens 65535).
         if len(self.channels) + len(self._closing_channels) >= self.channel_max:
             raise ConnectionException(
@@ -478,7 +515,7 @@ class ServerConnection:
         if channel is not None:
             self.node.counters["channels_closed"] += 1
             self._release_channel(channel)
-        self._closing_channels.add(channel_id)
+        self._closing_channels[channel_id] = channel.last_queue if channel is not None else None
         self.out.append(
             encode_method(
                 channel_id,
@@ -503,16 +540,24 @@ class ServerConnection:
 
         A ``channel.close`` crossing ours is answered with ``close-ok``; the channel stays
         closing (RabbitMQ's rule), so the client's own ``close-ok`` that follows is dropped too.
+        A method whose empty queue name cannot be expanded is refused with another close.
         """
         if frame_type != FRAME_METHOD or len(payload) < 4:
             return
         index = _method_index.unpack_from(payload)[0]
         if index == _CHANNEL_CLOSE_OK:
-            self._closing_channels.discard(channel_id)
+            del self._closing_channels[channel_id]
         elif index == _CHANNEL_CLOSE:
             self.out.append(encode_method(channel_id, commands.Channel.CloseOk()))
         elif index == _CHANNEL_OPEN:
             raise ConnectionException(ReplyCode.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
+        elif self._closing_channels[channel_id] is None and commands.INDEX_MAPPING.get(index) in QUEUE_SHORTCUT_METHODS:
+            method = decode_method(payload)
+            if not method.queue:
+                self._close_channel(
+                    channel_id,
+                    ChannelException(ReplyCode.NOT_FOUND, "no previously declared queue", index >> 16, index & 0xFFFF),
+                )
 
     # -- connection class -----------------------------------------------------------------------
 
@@ -547,7 +592,7 @@ class ServerConnection:
             self.out.append(_CLOSE_OK)
             self.state = State.LINGERING
             return
-        if isinstance(method, commands.Connection.CloseOk):
+        if isinstance(method, commands.Connection.CloseOk) and state is not State.OPEN:
             self._finish()
             return
         if state is State.AWAIT_START_OK and isinstance(method, commands.Connection.StartOk):
@@ -563,7 +608,7 @@ class ServerConnection:
             # basic method) is RabbitMQ's 504 CHANNEL_ERROR, with the method's ids.
             raise ConnectionException(
                 ReplyCode.CHANNEL_ERROR if state is State.OPEN else ReplyCode.COMMAND_INVALID,
-                f"unexpected {method.name} on channel 0 in state '{state.value}'",
+                f"unexpected method in connection state {_RABBITMQ_STATES.get(state, state.value)}",
                 method.index >> 16,
                 method.index & 0xFFFF,
             )
@@ -784,6 +829,21 @@ def _negotiated(field: str, value: int, minimum: int, maximum: int) -> None:
             10,
             31,
         )
+
+
+class _LostSync(ConnectionException):
+    """A frame whose end cannot be trusted (too large, or not ended by 0xCE): 501, and the
+    stream is not read any further."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(ReplyCode.FRAME_ERROR, text)
+
+
+def _frame_text(frame_type: int, payload: bytes) -> str:
+    """RabbitMQ's description of a frame it refuses: ``type 2, all octets = <<0,60>>``."""
+    if len(payload) <= 16:
+        return f"type {frame_type}, all octets = {erlang_binary(payload)}"
+    return f"type {frame_type}, first 16 octets = {erlang_binary(payload[:16])}"
 
 
 def reply_text(error: AMQPError) -> str:

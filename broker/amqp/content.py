@@ -75,14 +75,9 @@ def property_spans(header: bytes) -> tuple[int, dict[int, tuple[int, int]]]:
     if size < _PREFIX + 2:
         raise ContentError("content header shorter than 14 bytes")
     flags = _u16.unpack_from(header, _PREFIX)[0]
-    pos = _PREFIX + 2
-    word = flags
-    while word & 1:  # continuation flag words: none is defined for basic, skip them
-        if pos + 2 > size:
-            raise ContentError("content header flag words run past its end")
-        word = _u16.unpack_from(header, pos)[0]
-        pos += 2
-    start = pos
+    # The two low bits (reserved, continuation) are ignored, as RabbitMQ ignores them: no
+    # second flag word is read, so one that follows is bytes after the properties.
+    pos = start = _PREFIX + 2
     spans: dict[int, tuple[int, int]] = {}
     for flag, kind in _PROPERTIES:
         if not flags & flag:

@@ -171,7 +171,11 @@ def test_client_close_is_answered_with_close_ok_and_ends_the_connection() -> Non
 
 def test_server_close_waits_for_close_ok_and_ignores_other_frames() -> None:
     client = opened()
-    client.send(b"\x01\x00\x01\x00\x00\x00\x04\x00\x14\x00\x28\x00")  # bad frame-end octet
+    close = close_of(client.call(0, commands.Basic.Qos(prefetch_count=1)))  # a channel method on channel 0
+    assert (close.reply_code, close.reply_text) == (
+        504,
+        "CHANNEL_ERROR - unexpected method in connection state running",
+    )
     assert client.connection.state is State.CLOSING
     assert methods(client.call(1, commands.Basic.Qos(prefetch_count=1))) == []
     client.call(0, commands.Connection.CloseOk())
@@ -518,3 +522,17 @@ def test_any_method_with_garbage_arguments_gets_a_reply_code_not_a_crash(
     for _, value in client.read():
         if isinstance(value, (commands.Connection.Close, commands.Channel.Close)):
             assert 300 <= value.reply_code < 600
+
+
+def test_a_frame_that_loses_the_framing_is_answered_then_nothing_more_is_read() -> None:
+    # RabbitMQ's fatal frame error: its close, then 3 s without reading, then the socket closes.
+    client = opened()
+    frames = client.send(b"\x01\x00\x01\x00\x00\x00\x04\x00\x14\x00\x28\x00")  # bad frame-end octet
+    close = close_of(frames)
+    assert (close.reply_code, close.reply_text) == (
+        501,
+        "FRAME_ERROR - type 1, all octets = <<0,20,0,40>>: {invalid_frame_end_marker,0}",
+    )
+    connection = client.connection
+    assert connection.closed and connection.silent_close_delay == 3.0
+    assert client.call(0, commands.Connection.CloseOk()) == []
