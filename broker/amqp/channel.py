@@ -830,9 +830,11 @@ class ChannelState:
         out += content_frames(self.id, message.header, message.body, self.connection.frame_max)
 
     def flush_confirms(self) -> None:
-        """Write one ``basic.ack multiple=true`` covering every publish accepted so far."""
+        """Write one ``basic.ack`` covering every publish accepted so far: ``multiple`` when it
+        covers more than one (RabbitMQ's rule; a single confirm is a plain ack)."""
         if self.confirm_pending:
-            self.connection.out.append(ack_method(self.id, self.confirm_pending, self.confirm_pending > 1))
+            covered = self.confirm_pending - self.confirmed_upto
+            self.connection.out.append(ack_method(self.id, self.confirm_pending, covered > 1))
             self.vhost.confirmed += self.confirm_pending - self.confirmed_upto
             self.confirmed_upto = self.confirm_pending
             self.confirm_pending = 0
@@ -862,20 +864,21 @@ class ChannelState:
     def _settle_waits(self, position: int, refuse: bool) -> None:
         waits = self._confirm_waits
         out = self.connection.out
-        last_ok = 0
+        last_ok = run = 0
         while waits and waits[0][1] <= position:
             seq, needed, accepted = waits.popleft()
             self.confirmed_upto = seq
             if accepted and not (refuse and needed):
                 last_ok = seq
+                run += 1
                 self.vhost.confirmed += 1
                 continue
             if last_ok:
-                out.append(ack_method(self.id, last_ok, True))
-                last_ok = 0
+                out.append(ack_method(self.id, last_ok, run > 1))
+                last_ok = run = 0
             out.append(nack_method(self.id, seq, False))
         if last_ok:
-            out.append(ack_method(self.id, last_ok, True))
+            out.append(ack_method(self.id, last_ok, run > 1))
         if not waits:
             self.vhost.journal.waiters.discard(self)
         connection = self.connection

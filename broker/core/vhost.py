@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Hashable, Mapping
+from datetime import datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from broker.amqp.table import Float32, Int8, Int16, Int64, UInt8, UInt16, UInt32
 from broker.core.deadletter import DeadLetterReason, dead_lettered, is_cycle
 from broker.core.histogram import Histogram
 from broker.core.message import Message
@@ -93,30 +96,90 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _non_negative(value: object) -> bool:
-    return _is_int(value) and value >= 0  # type: ignore[operator]
+def _field_type(value: object) -> str:
+    """RabbitMQ's name for the field type ``value`` came as (its reply texts name it)."""
+    if isinstance(value, bool):
+        return "bool"
+    names = {Int8: "byte", UInt8: "unsignedbyte", Int16: "short", UInt16: "unsignedshort", UInt32: "unsignedint"}
+    if _is_int(value):
+        return names.get(type(value), "long" if isinstance(value, Int64) else "signedint")
+    if isinstance(value, Float32):
+        return "float"
+    kinds = ((float, "double"), (Decimal, "decimal"), (datetime, "timestamp"), (dict, "table"), (list, "array"))
+    for kind, name in kinds:
+        if isinstance(value, kind):
+            return name
+    if value is None:
+        return "void"
+    return "binary" if type(value) is bytes else "longstr"
 
 
-def _positive(value: object) -> bool:
-    return _is_int(value) and value > 0  # type: ignore[operator]
+#: RabbitMQ's largest TTL and expiry (``rabbit_misc:check_expiry``), in milliseconds.
+MAX_EXPIRY = 315_360_000_000
 
 
-def _string(value: object) -> bool:
-    return isinstance(value, (str, bytes))
+def _integer(value: object) -> str | None:
+    return None if _is_int(value) else f'"expected integer, got {_field_type(value)}"'
 
 
-#: Queue arguments Postroom understands, each with its check. Unknown ``x-`` arguments are
-#: kept and ignored, as RabbitMQ does. These are also the arguments compared on redeclaration.
-QUEUE_ARGUMENTS: dict[str, Callable[[object], bool]] = {
-    "x-message-ttl": _non_negative,
-    "x-expires": _positive,
-    "x-max-length": _non_negative,
-    "x-max-length-bytes": _non_negative,
-    "x-overflow": lambda v: v in ("drop-head", "reject-publish", "reject-publish-dlx"),
+def _non_negative(value: object) -> str | None:
+    return _integer(value) or (f"{{value_negative,{value}}}" if value < 0 else None)  # type: ignore[operator]
+
+
+def _at_most(limit: int, term: str) -> Callable[[object], str | None]:
+    """A check for a non-negative integer up to ``limit`` (RabbitMQ's ``{term,Value}`` above it)."""
+
+    def check(value: object) -> str | None:
+        error = _non_negative(value)
+        return f"{{{term},{value}}}" if error is None and value > limit else error  # type: ignore[operator]
+
+    return check
+
+
+#: ``x-message-ttl``: an integer from 0 to :data:`MAX_EXPIRY`.
+_expiry = _at_most(MAX_EXPIRY, "value_too_large")
+#: ``x-max-priority``: 0 to :data:`MAX_PRIORITY`.
+_max_priority = _at_most(MAX_PRIORITY, "max_value_exceeded")
+
+
+def _expires(value: object) -> str | None:
+    """``x-expires``: as a TTL, but not 0."""
+    return _integer(value) or ("{value_zero,0}" if value == 0 else _expiry(value))
+
+
+def _positive(value: object) -> str | None:
+    return _integer(value) or (f"{{value_negative,{value}}}" if value <= 0 else None)  # type: ignore[operator]
+
+
+def _string(value: object) -> str | None:
+    kind = _field_type(value)
+    return None if kind == "longstr" else f"{{unacceptable_type,{kind}}}"
+
+
+def _overflow(value: object) -> str | None:
+    error = _string(value)
+    if error is not None:
+        return error
+    return None if value in ("drop-head", "reject-publish", "reject-publish-dlx") else "invalid_overflow"
+
+
+def _queue_type(value: object) -> str | None:
+    return None if value in ("classic", "quorum") else f"{{unacceptable_type,{_field_type(value)}}}"
+
+
+#: Queue arguments Postroom understands, each with its check (``None``, or what is wrong in
+#: RabbitMQ's words), in the order RabbitMQ checks them. Unknown ``x-`` arguments are kept and
+#: ignored, as RabbitMQ does. These are also the arguments compared on redeclaration.
+QUEUE_ARGUMENTS: dict[str, Callable[[object], str | None]] = {
+    "x-queue-type": _queue_type,
+    "x-expires": _expires,
+    "x-message-ttl": _expiry,
     "x-dead-letter-exchange": _string,
     "x-dead-letter-routing-key": _string,
-    "x-max-priority": lambda v: _is_int(v) and 0 <= v <= MAX_PRIORITY,  # type: ignore[operator]
-    "x-queue-type": lambda v: v in ("classic", "quorum"),
+    "x-max-length": _non_negative,
+    "x-max-length-bytes": _non_negative,
+    "x-max-priority": _max_priority,
+    "x-overflow": _overflow,
     "x-delivery-limit": _non_negative,
     "x-visibility-timeout": _positive,
 }
@@ -414,17 +477,15 @@ class VirtualHost:
 
     def _check_queue_arguments(self, name: str, arguments: Mapping[str, Any]) -> None:
         for key, check in QUEUE_ARGUMENTS.items():
-            if key in arguments and not check(arguments[key]):
+            if key not in arguments:
+                continue
+            error = check(arguments[key])
+            if error is None and key == "x-dead-letter-routing-key" and "x-dead-letter-exchange" not in arguments:
+                error = "routing_key_but_no_dlx_defined"
+            if error is not None:
                 raise ChannelException(
-                    ReplyCode.PRECONDITION_FAILED,
-                    f"invalid arg '{key}' for queue '{name}' {self._where()}: {arguments[key]!r}",
+                    ReplyCode.PRECONDITION_FAILED, f"invalid arg '{key}' for queue '{name}' {self._where()}: {error}"
                 )
-        if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
-            raise ChannelException(
-                ReplyCode.PRECONDITION_FAILED,
-                f"invalid arg 'x-dead-letter-routing-key' for queue '{name}' {self._where()}: "
-                "x-dead-letter-exchange is not set",
-            )
 
     def declare_queue(
         self,

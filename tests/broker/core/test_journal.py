@@ -52,7 +52,7 @@ def test_a_persistent_publish_is_confirmed_only_once_the_log_is_synced() -> None
     assert confirms(c.send(publish_frames(1, "", "jobs", b"keep me", PERSISTENT))) == []
     data, position = journal.take()
     journal.synced_to(position)
-    assert confirms(c.read()) == [("Basic.Ack", 1, True)]
+    assert confirms(c.read()) == [("Basic.Ack", 1, False)]
     assert [type(r) for _, _, r in iter_records(data)][-1] is Published
 
 
@@ -75,11 +75,11 @@ def test_a_failed_write_nacks_the_publishes_it_held() -> None:
     c.send(publish_frames(1, "", "jobs", b"lost?", PERSISTENT) + publish_frames(1, "", "jobs", b"x", TRANSIENT))
     _, position = journal.take()
     journal.failed(position)
-    assert confirms(c.read()) == [("Basic.Nack", 1, False), ("Basic.Ack", 2, True)]
+    assert confirms(c.read()) == [("Basic.Nack", 1, False), ("Basic.Ack", 2, False)]
     c.send(publish_frames(1, "", "jobs", b"later", PERSISTENT))
     _, position = journal.take()
     journal.synced_to(position)
-    assert confirms(c.read()) == [("Basic.Ack", 3, True)]
+    assert confirms(c.read()) == [("Basic.Ack", 3, False)]
 
 
 def test_transient_messages_and_non_durable_queues_are_not_logged() -> None:
