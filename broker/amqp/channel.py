@@ -533,7 +533,7 @@ class ChannelState:
             queue.settle(entries)
             if entry.consumer is not None and not queue.deleted:
                 queue.dispatch()
-            elif self.prefetch_global:
+            if self.prefetch_global:  # the freed slot is the channel's: any consumer's queue may use it
                 self._kick(c.queue for c in self.consumers.values())
             return
         groups = _by_queue(entries)
