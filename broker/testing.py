@@ -337,6 +337,9 @@ class MemorySegmentStorage:
 # -- real brokers on loopback, for tests and benchmarks ---------------------------------------
 
 RABBITMQ_LAUNCHER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+RABBITMQCTL = RABBITMQ_LAUNCHER.with_name("rabbitmqctl")
+#: The home directory (Erlang cookie, data) of each running :func:`rabbitmq_node`, by AMQP port.
+RABBITMQ_HOMES: dict[int, Path] = {}
 
 
 class RabbitMQMissing(RuntimeError):
@@ -396,8 +399,10 @@ def rabbitmq_node() -> Iterator[tuple[int, int]]:
     try:
         wait_for_port(port, 60)
         pid = int((home / "pid").read_text().strip()) if (home / "pid").exists() else process.pid
+        RABBITMQ_HOMES[port] = home
         yield port, pid
     finally:
+        RABBITMQ_HOMES.pop(port, None)
         os.killpg(process.pid, signal.SIGTERM)
         try:
             process.wait(20)
@@ -405,3 +410,21 @@ def rabbitmq_node() -> Iterator[tuple[int, int]]:
             os.killpg(process.pid, signal.SIGKILL)
         subprocess.run(["pkill", "-f", f"postroom{port}@localhost"], check=False)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def rabbitmqctl(port: int, *arguments: str) -> str:
+    """Run ``rabbitmqctl`` against the :func:`rabbitmq_node` on ``port``; its output.
+
+    :raises subprocess.CalledProcessError: the command failed
+    """
+    home = RABBITMQ_HOMES[port]
+    env = dict(os.environ, HOME=str(home), RABBITMQ_NODENAME=f"postroom{port}@localhost")
+    result = subprocess.run(
+        [str(RABBITMQCTL), "-n", f"postroom{port}@localhost", *arguments],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return result.stdout

@@ -106,6 +106,8 @@ class ChannelState:
         self._delivery_tag = 0
         self.consumers: dict[str, Consumer] = {}
         self.last_queue: str | None = None
+        #: The user's permissions on the vhost (``None``: everything is allowed).
+        self.access = connection.access
         # Content being assembled: publish arguments, header payload, expected size, parts.
         self._publish: tuple[str, str, bool, bool, bytes] | None = None
         self._header: bytes | None = None
@@ -198,26 +200,47 @@ class ChannelState:
             auto_delete=method.auto_delete,
             internal=method.internal,
             arguments=method.arguments or {},
+            access=self.access,
         )
         if not method.nowait:
             self._send(commands.Exchange.DeclareOk())
 
     def _exchange_delete(self, method: commands.Exchange.Delete) -> None:
+        if self.access is not None and method.exchange and not method.exchange.startswith("amq."):
+            self.access.check("configure", "exchange", method.exchange)  # after the reserved names
         self.vhost.delete_exchange(method.exchange, if_unused=method.if_unused)
         if not method.nowait:
             self._send(commands.Exchange.DeleteOk())
 
     def _exchange_bind(self, method: commands.Exchange.Bind) -> None:
+        self._check_binding("exchange", method.destination, method.source)
         self.vhost.bind_exchange(method.destination, method.source, method.routing_key, method.arguments or {})
         if not method.nowait:
             self._send(commands.Exchange.BindOk())
 
     def _exchange_unbind(self, method: commands.Exchange.Unbind) -> None:
+        self._check_binding("exchange", method.destination, method.source)
         self.vhost.unbind_exchange(method.destination, method.source, method.routing_key, method.arguments or {})
         if not method.nowait:
             self._send(commands.Exchange.UnbindOk())
 
+    def _check_binding(self, kind: str, destination: str, source: str) -> None:
+        """A binding's permissions: write on its destination, read on its source exchange
+        (unless either is the default exchange, which the binding itself refuses)."""
+        access = self.access
+        if access is not None:
+            access.check("write", kind, destination)
+            if destination and source:
+                access.check("read", "exchange", source)
+
     # queue class
+
+    def _readable(self, name: str) -> str:
+        """The queue named (see :meth:`_queue_name`), which the user must be allowed to read."""
+        name = self._queue_name(name)
+        if self.access is not None:
+            self.access.check("read", "queue", name)
+        return name
 
     def _queue_name(self, name: str) -> str:
         """AMQP's "current queue": an empty name means the last queue declared on this channel."""
@@ -240,6 +263,7 @@ class ChannelState:
             exclusive=method.exclusive,
             auto_delete=method.auto_delete,
             arguments=method.arguments or {},
+            access=self.access,
         )
         if queue.owner is connection and queue not in connection.exclusive_queues:
             connection.exclusive_queues.append(queue)
@@ -248,27 +272,34 @@ class ChannelState:
             connection.out.append(declare_ok_method(self.id, queue.name, queue.message_count, queue.consumer_count))
 
     def _queue_bind(self, method: commands.Queue.Bind) -> None:
+        queue = self._queue_name(method.queue)
+        self._check_binding("queue", queue, method.exchange)
         self.vhost.bind_queue(
-            self._queue_name(method.queue), method.exchange, method.routing_key, method.arguments or {}, self.connection
+            queue, method.exchange, method.routing_key, method.arguments or {}, self.connection
         )
         if not method.nowait:
             self._send(commands.Queue.BindOk())
 
     def _queue_unbind(self, method: commands.Queue.Unbind) -> None:
+        queue = self._queue_name(method.queue)
+        self._check_binding("queue", queue, method.exchange)
         self.vhost.unbind_queue(
-            self._queue_name(method.queue), method.exchange, method.routing_key, method.arguments or {}, self.connection
+            queue, method.exchange, method.routing_key, method.arguments or {}, self.connection
         )
         self._send(commands.Queue.UnbindOk())
 
     def _queue_purge(self, method: commands.Queue.Purge) -> None:
-        queue = self.vhost.queue(self._queue_name(method.queue), self.connection)
+        queue = self.vhost.queue(self._readable(method.queue), self.connection)
         count = queue.purge()
         if not method.nowait:
             self._send(commands.Queue.PurgeOk(message_count=count))
 
     def _queue_delete(self, method: commands.Queue.Delete) -> None:
+        name = self._queue_name(method.queue)
+        if self.access is not None:
+            self.access.check("configure", "queue", name)
         queue, count = self.vhost.delete_queue(
-            self._queue_name(method.queue), self.connection, if_unused=method.if_unused, if_empty=method.if_empty
+            name, self.connection, if_unused=method.if_unused, if_empty=method.if_empty
         )
         if queue is not None and queue.owner is not None:
             owner = queue.owner
@@ -290,7 +321,7 @@ class ChannelState:
         self._kick(consumer.queue for consumer in self.consumers.values())
 
     def _consume(self, method: commands.Basic.Consume) -> None:
-        queue = self.vhost.queue(self._queue_name(method.queue), self.connection)
+        queue = self.vhost.queue(self._readable(method.queue), self.connection)
         tag = method.consumer_tag or self.connection.node.random_tag("amq.ctag-")
         if tag in self.consumers:
             raise ConnectionException(ReplyCode.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
@@ -418,7 +449,7 @@ class ChannelState:
             connection.node.mark_dirty(connection)
 
     def _get(self, method: commands.Basic.Get) -> None:
-        queue = self.vhost.queue(self._queue_name(method.queue), self.connection)
+        queue = self.vhost.queue(self._readable(method.queue), self.connection)
         entry = queue.get()
         if entry is None:
             self.vhost.gets_empty += 1
@@ -720,6 +751,12 @@ class ChannelState:
                 BASIC_CLASS,
                 40,
             )
+        if self.access is not None:
+            try:
+                self.access.check("write", "exchange", exchange_name)
+            except ChannelException as refused:
+                refused.class_id, refused.method_id = BASIC_CLASS, 40
+                raise
         if message.flags & FLAG_USER_ID:
             user_id = message.properties.user_id
             if user_id != self.connection.user_name:

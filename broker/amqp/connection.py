@@ -60,6 +60,7 @@ from broker.amqp.codec import (
     encode_method,
     erlang_binary,
 )
+from broker.core.access import Access
 from broker.core.node import Node
 from broker.core.queue import WorkQueue
 from broker.core.vhost import VirtualHost
@@ -182,6 +183,8 @@ class ServerConnection:
         self.client_properties: dict[str, Any] = {}
         self.user_name = ""
         self.vhost: VirtualHost = None  # type: ignore[assignment]  # set by connection.open
+        #: The user's permissions on the vhost (``None``: everything is allowed), from connection.open.
+        self.access: Access | None = None
         #: Set when the connection is over; the shell closes the socket after writing, unless the
         #: state is ``LINGERING`` (the client closed: it hangs up, the shell's timer bounds the wait).
         self.closed = False
@@ -681,8 +684,7 @@ class ServerConnection:
         vhost = self.node.vhosts.get(method.virtual_host)
         if vhost is None:
             raise ConnectionException(ReplyCode.NOT_ALLOWED, f"vhost {method.virtual_host} not found", 10, 40)
-        allowed = self._user.vhosts
-        if allowed is not None and vhost.name not in allowed:
+        if not self._user.may_open(vhost.name):
             raise ConnectionException(
                 ReplyCode.NOT_ALLOWED,
                 f"access to vhost '{vhost.name}' refused for user '{self.user_name}'",
@@ -690,6 +692,7 @@ class ServerConnection:
                 40,
             )
         self.vhost = vhost
+        self.access = self._user.access(vhost.name)
         self.state = State.OPEN
         self.node.connections.add(self)
         self.node.counters["connections_opened"] += 1

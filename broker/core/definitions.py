@@ -55,7 +55,7 @@ def node_from_config(
             password=user.password,
             password_hash=user.password_hash,
             loopback_only=user.loopback_only,
-            vhosts=frozenset(user.permissions) if user.permissions is not None else None,
+            permissions=user.permissions,
         )
         for user in config.users
     ]

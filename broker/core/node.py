@@ -13,10 +13,11 @@ import hashlib
 import hmac
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from broker.core.access import Access, Patterns, compile_access
 from broker.core.queue import Scheduler, WorkQueue
 from broker.core.vhost import VirtualHost
 
@@ -42,6 +43,9 @@ class User:
         ``-md5``), as RabbitMQ computes it: ``base64(salt + sha256(salt + password))``, 4-byte salt
     :param loopback_only: the user may connect only from a loopback address (RabbitMQ's rule for guest)
     :param vhosts: the virtual hosts the user may open; ``None`` for all of them
+    :param permissions: the user's ``configure``, ``write`` and ``read`` patterns per vhost
+        (``config.schema.Permission``); when given, the user may open these vhosts only
+        (RabbitMQ's rule), and is held to the patterns there (see :mod:`broker.core.access`)
     """
 
     name: str
@@ -49,6 +53,23 @@ class User:
     password_hash: str | None = None
     loopback_only: bool = False
     vhosts: frozenset[str] | None = None
+    permissions: Mapping[str, Patterns] | None = field(default=None, compare=False, hash=False)
+    #: The compiled permissions per vhost (``None``: nothing to check there), built once.
+    _access: dict[str, Access | None] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        for vhost, patterns in (self.permissions or {}).items():
+            self._access[vhost] = compile_access(self.name, vhost, patterns)
+
+    def may_open(self, vhost: str) -> bool:
+        """Whether the user may open ``vhost`` (``connection.open``)."""
+        if self.permissions is not None:
+            return vhost in self.permissions
+        return self.vhosts is None or vhost in self.vhosts
+
+    def access(self, vhost: str) -> Access | None:
+        """What to check for this user on ``vhost`` (``None``: everything is allowed)."""
+        return self._access.get(vhost)
 
     def check_password(self, password: str) -> bool:
         """Whether ``password`` is this user's (constant time for the comparison)."""

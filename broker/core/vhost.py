@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from broker.amqp.table import Float32, Int8, Int16, Int64, UInt8, UInt16, UInt32
+from broker.core.access import Access
 from broker.core.deadletter import DeadLetterReason, dead_lettered, is_cycle
 from broker.core.histogram import Histogram
 from broker.core.message import Message
@@ -298,6 +299,7 @@ class VirtualHost:
         auto_delete: bool = False,
         internal: bool = False,
         arguments: Mapping[str, Any] | None = None,
+        access: Access | None = None,
     ) -> Exchange:
         """``exchange.declare``: create an exchange, or check an existing one is equivalent.
 
@@ -310,6 +312,8 @@ class VirtualHost:
                 raise ChannelException(ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange")
             return self.exchange(name)
         existing = self.exchanges.get(name)
+        if access is not None and name:
+            access.check("configure", "exchange", name)
         if name == "" or (name.startswith("amq.") and existing is None):
             raise ChannelException(
                 ReplyCode.ACCESS_REFUSED,
@@ -351,6 +355,9 @@ class VirtualHost:
             raise ChannelException(
                 ReplyCode.PRECONDITION_FAILED, f"invalid arg 'alternate-exchange' for exchange '{name}': not a string"
             )
+        if access is not None and alternate is not None:
+            access.check("read", "exchange", name)
+            access.check("write", "exchange", alternate)
         exchange = self._add_exchange(name, type_name, durable, auto_delete, internal, arguments)
         if durable and self.journal is not None:
             self.journal.exchange_declared(self.name, name, type_name, auto_delete, internal, arguments)
@@ -496,6 +503,7 @@ class VirtualHost:
         exclusive: bool = False,
         auto_delete: bool = False,
         arguments: Mapping[str, Any] | None = None,
+        access: Access | None = None,
     ) -> WorkQueue:
         """``queue.declare``: create a queue, or check an existing one is equivalent.
 
@@ -513,6 +521,8 @@ class VirtualHost:
             raise ChannelException(ReplyCode.ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'")
         if name == "":
             name = self.new_queue_name()
+        if access is not None:
+            access.check("configure", "queue", name)
         existing = self.queues.get(name)
         if existing is not None:
             self.queue(name, connection)  # exclusivity check
@@ -522,6 +532,9 @@ class VirtualHost:
             existing.touch()
             return existing
         self._check_queue_arguments(name, arguments)
+        if access is not None and "x-dead-letter-exchange" in arguments:
+            access.check("read", "queue", name)
+            access.check("write", "exchange", str(arguments["x-dead-letter-exchange"]))
         queue = WorkQueue(
             name,
             self.name,

@@ -1,0 +1,208 @@
+"""Permissions, operation by operation: what a limited user may do is what RabbitMQ 3.10 lets it do.
+
+The same users exist on both brokers: ``app`` (``^app\\.`` for configure, write and read on
+``/``, nothing on vhost ``other``) and ``split`` (configure ``^cfg\\.``, write ``^wr\\.``, read
+``^rd\\.``). guest creates a queue and an exchange under every prefix; then each user tries
+every operation on each of them, one channel per attempt, and the answers (the ``-ok`` or
+the 403) are compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pamqp import commands
+from pamqp.base import Frame
+from test_teardown_transcripts import compare
+from transcript import (
+    CHANNEL_MAX,
+    CLIENT_PROPERTIES,
+    FRAME_MAX,
+    PROTOCOL_HEADER,
+    Entry,
+    Transcript,
+    assert_same_transcript,
+    close_connection,
+    frames,
+    method,
+    open_connection,
+    until,
+)
+from transcript import content as content_frames
+
+from broker.core.node import Node, User
+from broker.testing import rabbitmqctl
+from config.schema import Permission
+
+pytestmark = pytest.mark.integration
+
+PREFIXES = ("app", "other", "cfg", "wr", "rd")
+USERS = {
+    "app": {"/": Permission(r"^app\.", r"^app\.", r"^app\.")},
+    "split": {"/": Permission(r"^cfg\.", r"^wr\.", r"^rd\.")},
+}
+#: Answers that end an attempt besides a channel close.
+OKS = (
+    "Queue.DeclareOk", "Queue.DeleteOk", "Queue.PurgeOk", "Queue.BindOk", "Queue.UnbindOk",
+    "Exchange.DeclareOk", "Exchange.DeleteOk", "Exchange.BindOk", "Exchange.UnbindOk",
+    "Basic.GetOk", "Basic.GetEmpty", "Basic.ConsumeOk", "Basic.Ack", "Basic.Nack",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def rabbitmq_users(rabbitmq_port: int) -> int:
+    """The users and the vhost ``other`` on the session's RabbitMQ node."""
+    rabbitmqctl(rabbitmq_port, "add_vhost", "other")
+    for name, permissions in USERS.items():
+        rabbitmqctl(rabbitmq_port, "add_user", name, "secret")
+        for vhost, permission in permissions.items():
+            rabbitmqctl(
+                rabbitmq_port, "set_permissions", "-p", vhost, name,
+                permission.configure, permission.write, permission.read,
+            )  # fmt: skip
+    return rabbitmq_port
+
+
+@pytest.fixture
+def postroom_users(make_broker: Any) -> Iterator[int]:
+    users = [User("guest", password="guest", loopback_only=True)]
+    users += [User(name, password="secret", permissions=permissions) for name, permissions in USERS.items()]
+    yield make_broker(Node(users=users, vhost_names=("/", "other"))).port
+
+
+def handshake_as(user: str, vhost: str = "/") -> bytes:
+    """What a client sends to open a connection as ``user`` (password ``secret``; guest's is guest)."""
+    password = "guest" if user == "guest" else "secret"
+    return (
+        PROTOCOL_HEADER
+        + frames(
+            0,
+            commands.Connection.StartOk(
+                client_properties=CLIENT_PROPERTIES,
+                mechanism="PLAIN",
+                response=f"\x00{user}\x00{password}",
+                locale="en_US",
+            ),
+        )
+        + method(0, commands.Connection.TuneOk, channel_max=CHANNEL_MAX, frame_max=FRAME_MAX, heartbeat=0)
+        + frames(0, commands.Connection.Open(virtual_host=vhost))
+    )
+
+
+def attempts(suffix: str) -> list[tuple[str, list[Frame | bytes]]]:
+    """Every operation on every prefix's queue and exchange: ``(what, frames to send)``."""
+    result: list[tuple[str, list[Frame | bytes]]] = []
+    for prefix in PREFIXES:
+        queue, exchange = f"{prefix}.q-{suffix}", f"{prefix}.x-{suffix}"
+        fresh_queue, fresh_exchange = f"{prefix}.new-q-{suffix}", f"{prefix}.new-x-{suffix}"
+        result += [
+            (f"declare queue {prefix}", [commands.Queue.Declare(queue=fresh_queue, auto_delete=True)]),
+            (f"redeclare queue {prefix}", [commands.Queue.Declare(queue=queue)]),
+            (f"passive queue {prefix}", [commands.Queue.Declare(queue=queue, passive=True)]),
+            (f"purge {prefix}", [commands.Queue.Purge(queue=queue)]),
+            (f"get {prefix}", [commands.Basic.Get(queue=queue)]),
+            (f"consume {prefix}", [commands.Basic.Consume(queue=queue, consumer_tag="c")]),
+            (f"declare exchange {prefix}", [commands.Exchange.Declare(exchange=fresh_exchange, auto_delete=True)]),
+            (f"passive exchange {prefix}", [commands.Exchange.Declare(exchange=exchange, passive=True)]),
+            (f"delete missing queue {prefix}", [commands.Queue.Delete(queue=f"{prefix}.missing-{suffix}")]),
+            (f"delete missing exchange {prefix}", [commands.Exchange.Delete(exchange=f"{prefix}.missing-{suffix}")]),
+            (
+                f"publish {prefix}",
+                [commands.Confirm.Select(), method(0, commands.Basic.Publish, exchange=exchange, routing_key="k")],
+            ),
+            (
+                f"dead-letter to {prefix}",
+                [
+                    commands.Queue.Declare(
+                        queue=f"app.dl-{prefix}-{suffix}",
+                        auto_delete=True,
+                        arguments={"x-dead-letter-exchange": exchange},
+                    )
+                ],
+            ),
+        ]
+        for source in PREFIXES:
+            bound = f"{source}.x-{suffix}"
+            result += [
+                (
+                    f"bind queue {prefix} to {source}",
+                    [commands.Queue.Bind(queue=queue, exchange=bound, routing_key="k")],
+                ),
+                (
+                    f"bind exchange {prefix} to {source}",
+                    [commands.Exchange.Bind(destination=exchange, source=bound, routing_key="k")],
+                ),
+            ]
+    result += [
+        (
+            "publish to the default exchange",
+            [commands.Confirm.Select(), method(0, commands.Basic.Publish, routing_key="k")],
+        ),
+        ("server-named queue", [commands.Queue.Declare(queue="", exclusive=True)]),
+    ]
+    return result
+
+
+def setup(port: int, suffix: str, delete: bool = False) -> None:
+    """As guest: create every prefix's queue and exchange, or delete everything the run made."""
+    scratch = Transcript()
+    with scratch.connect(port) as client:
+        open_connection(client, 1)
+        for prefix in PREFIXES:
+            queue, exchange = f"{prefix}.q-{suffix}", f"{prefix}.x-{suffix}"
+            if delete:
+                queues = (queue, f"{prefix}.new-q-{suffix}", f"app.dl-{prefix}-{suffix}")
+                exchanges = (exchange, f"{prefix}.new-x-{suffix}")
+                client.send(
+                    frames(1, *(commands.Queue.Delete(queue=name) for name in queues))
+                    + frames(1, *(commands.Exchange.Delete(exchange=name) for name in exchanges))
+                )
+                for _ in exchanges:
+                    client.read(until("Exchange.DeleteOk"))
+            else:
+                client.send(
+                    frames(1, commands.Queue.Declare(queue=queue), commands.Exchange.Declare(exchange=exchange))
+                )
+                client.read(until("Exchange.DeclareOk"))
+        close_connection(client)
+
+
+def as_user(user: str) -> Any:
+    def run(port: int, prefix: str) -> list[Entry]:
+        suffix = prefix.rsplit("-", 1)[-1]
+        setup(port, suffix)
+        transcript = Transcript()
+        try:
+            with transcript.connect(port) as client:
+                client.send(handshake_as(user))
+                client.read(until("Connection.OpenOk"))
+                for channel, (what, sent) in enumerate(attempts(suffix), start=1):
+                    transcript.note(what)
+                    data = b""
+                    for item in sent:
+                        if isinstance(item, bytes):  # a publish: its frame, re-addressed, and content
+                            data += item[:1] + channel.to_bytes(2, "big") + item[3:] + content_frames(channel, b"m")
+                        else:
+                            data += frames(channel, item)
+                    client.send(frames(channel, commands.Channel.Open()) + data)
+                    client.read(until("Channel.OpenOk", channel=channel))
+                    if len(sent) == 2:
+                        client.read(until("Confirm.SelectOk", channel=channel))
+                    client.read(until(*OKS, channel=channel))
+                close_connection(client)
+            with transcript.connect(port) as client:  # a vhost with no permissions
+                client.send(handshake_as(user, "other"))
+                client.read(until("Connection.OpenOk"))
+        finally:
+            setup(port, suffix, delete=True)
+        return transcript.normalized()
+
+    return run
+
+
+@pytest.mark.parametrize("user", sorted(USERS))
+def test_a_limited_user_may_do_what_rabbitmq_allows(rabbitmq_users: int, postroom_users: int, user: str) -> None:
+    expected, actual = compare(as_user(user), rabbitmq_users, postroom_users)
+    assert_same_transcript(expected, actual, ("rabbitmq", "postroom"))
