@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -191,8 +192,8 @@ def _queues(args: argparse.Namespace) -> int:
         stats = queue["message_stats"]
         rows.append(
             (
-                queue["vhost"],
-                queue["name"],
+                printable(queue["vhost"]),
+                printable(queue["name"]),
                 str(queue["messages_ready"]),
                 str(queue["messages_unacknowledged"]),
                 str(queue["consumers"]),
@@ -594,6 +595,15 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument("--repair", action="store_true", help="drop damaged spans (they are reported)")
         command.set_defaults(run=run)
     return parser
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\x1b``): a queue or vhost name may hold
+    any of them, and printed raw they would rewrite the operator's terminal."""
+    return _CONTROL.sub(lambda match: ascii(match.group(0))[1:-1], text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,7 +19,7 @@ import binascii
 import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
+from urllib.parse import unquote_to_bytes
 
 from pamqp import commands
 from twisted.internet.task import LoopingCall
@@ -106,6 +106,29 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+def _segments(uri: bytes) -> list[str]:
+    """The path segments after ``/api/``, each percent-decoded once (``%2F`` is a vhost's ``/``).
+
+    Twisted's ``postpath`` was decoded once already, so it is not used: decoding it again
+    turned ``%2541`` into ``A``. A segment that is not UTF-8 once decoded, or a ``.`` or
+    ``..`` segment, is refused with 400, never silently dropped.
+
+    :raises _Problem: 400
+    """
+    path = uri.split(b"?", 1)[0]
+    raw = [part for part in path.split(b"/") if part][1:]  # after "api"
+    segments = []
+    for part in raw:
+        try:
+            segment = unquote_to_bytes(part).decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Problem(400, "bad_request", "a path segment is not UTF-8") from None
+        if segment in (".", ".."):
+            raise _Problem(400, "bad_request", "'.' and '..' are not path segments here")
+        segments.append(segment)
+    return segments
+
+
 class _Problem(Exception):
     def __init__(self, status: int, error: str, reason: str) -> None:
         super().__init__(reason)
@@ -133,7 +156,7 @@ class ManagementAPI(Resource):
         request.setHeader(b"Content-Type", b"application/json")
         try:
             user = self._authenticate(request)
-            segments = [unquote(part.decode()) for part in request.postpath if part]
+            segments = _segments(request.uri)
             status, body = self._dispatch(request.method.decode(), segments, request, user)
         except _Problem as problem:
             if problem.status == 401:
@@ -163,7 +186,7 @@ class ManagementAPI(Resource):
         return user
 
     def _vhosts(self, user: User, name: str | None = None) -> list[VirtualHost]:
-        allowed = [v for v in self.node.vhosts.values() if user.vhosts is None or v.name in user.vhosts]
+        allowed = [v for v in self.node.vhosts.values() if user.may_open(v.name)]
         if name is None:
             return allowed
         found = [vhost for vhost in allowed if vhost.name == name]
@@ -333,7 +356,7 @@ class ManagementAPI(Resource):
         return [
             connection
             for connection in self.node.connections
-            if user.vhosts is None or connection.vhost is None or connection.vhost.name in user.vhosts
+            if connection.vhost is None or user.may_open(connection.vhost.name)
         ]
 
     def _connections(self, user: User, rest: list[str]) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ import errno
 import os
 import re
 import shutil
+import stat
 
 from zope.interface import Interface, implementer
 
@@ -93,6 +94,24 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+#: Segments hold message bodies: readable by the broker's user only (RabbitMQ's data
+#: directory is 0750; nothing here needs a group).
+FILE_MODE = 0o600
+DIRECTORY_MODE = 0o700
+
+
+def _private_directory(path: str) -> None:
+    """Create ``path`` owner-only, or take other users' access away from an existing one.
+
+    A directory from before (created 0755) keeps its owner and group bits; without the
+    others' bits nobody else can reach the segments inside, whatever their own modes.
+    """
+    os.makedirs(path, mode=DIRECTORY_MODE, exist_ok=True)
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & 0o007:
+        os.chmod(path, mode & ~0o007)
+
+
 @implementer(ISegmentStorage)
 class DirectoryStorage:
     """Segment files ``<number:020d>.wal`` in ``path``; retired ones go to ``archive_path``.
@@ -109,9 +128,9 @@ class DirectoryStorage:
     def __init__(self, path: str | os.PathLike[str], archive_path: str | os.PathLike[str] | None = None) -> None:
         self.path = os.fspath(path)
         self.archive_path = None if archive_path is None else os.fspath(archive_path)
-        os.makedirs(self.path, exist_ok=True)
-        if self.archive_path is not None:
-            os.makedirs(self.archive_path, exist_ok=True)
+        for directory in (self.path, self.archive_path):
+            if directory is not None:
+                _private_directory(directory)
         self._fds: dict[int, int] = {}
         self._read_fds: dict[int, int] = {}
 
@@ -156,7 +175,7 @@ class DirectoryStorage:
         :raises FileExistsError: the segment exists
         """
         path = self._path(number)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
         try:
             _write_all(fd, header)
             os.fsync(fd)
@@ -216,6 +235,7 @@ class DirectoryStorage:
                 # remove the original.
                 partial = target + ".partial"
                 shutil.copyfile(path, partial)
+                os.chmod(partial, FILE_MODE)
                 fd = os.open(partial, os.O_RDONLY | os.O_CLOEXEC)
                 try:
                     os.fsync(fd)

@@ -25,6 +25,7 @@ import pika
 import pytest
 from twisted.internet import threads
 
+from broker.cli import main
 from broker.core.node import Node, User
 from broker.management import RateSampler, management_site
 from broker.metrics import BrokerCollector, make_registry, metrics_site
@@ -181,6 +182,32 @@ def test_rabbitmq_compatible_names_cover_the_rabbitmq_dashboard(
     assert sample(text, "rabbitmq_connections_opened_total") == 1
     assert sample(text, "rabbitmq_channels_opened_total") == 1
     assert sample(text, "rabbitmq_identity_info", rabbitmq_node="postroom@localhost") == 1
+
+
+def test_management_paths_are_decoded_once_and_bad_ones_refused(
+    operated: Operated, pika_connect: Callable[..., Any]
+) -> None:
+    channel = pika_connect(port=operated.broker.port).channel()
+    channel.queue_declare("%41")
+    channel.queue_declare("A")
+    status, queue = operated.api("/api/queues/%2F/%2541")  # the queue named "%41", not "A"
+    assert (status, queue["name"]) == (200, "%41")
+    for path in ("/api/queues/%2F/%ff", "/api/queues/%2F/A/..", "/api/queues/%2F/A/../.."):
+        status, body = operated.api(path)
+        assert status == 400, (path, status, body)
+        assert "Traceback" not in json.dumps(body)
+
+
+def test_postroom_queues_escapes_control_characters_in_names(
+    operated: Operated, pika_connect: Callable[..., Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A client may name a queue with terminal escape sequences; the operator's table shows them escaped.
+    pika_connect(port=operated.broker.port).channel().queue_declare("jobs\x1b]0;pwned\x07\x1b[2J")
+    url = f"http://guest:guest@127.0.0.1:{operated.management_port}"
+    assert main(["queues", "--url", url]) == 0
+    out = capsys.readouterr().out
+    assert "jobs\\x1b]0;pwned\\x07\\x1b[2J" in out
+    assert "\x1b" not in out and "\x07" not in out
 
 
 def test_management_api_lists_queues_with_counts(operated: Operated, pika_connect: Callable[..., Any]) -> None:

@@ -34,6 +34,21 @@ def test_directories_are_created(tmp_path: Path) -> None:
     assert (tmp_path / "wal").is_dir() and (tmp_path / "archive").is_dir()
 
 
+def test_segments_and_their_directories_are_the_brokers_alone(tmp_path: Path) -> None:
+    # Persistent message bodies live in the segments: no other local user may read them.
+    old = tmp_path / "old"
+    old.mkdir(mode=0o755)
+    old.chmod(0o755)  # a directory from before, whatever the umask
+    storage = DirectoryStorage(tmp_path / "wal", tmp_path / "archive")
+    storage.create(1, b"header")
+    assert (tmp_path / "wal").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "archive").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "wal" / segment_name(1)).stat().st_mode & 0o777 == 0o600
+    DirectoryStorage(old)
+    assert old.stat().st_mode & 0o777 == 0o750
+    storage.close()
+
+
 def test_create_append_read_size_truncate(tmp_path: Path) -> None:
     with DirectoryStorage(tmp_path) as storage:
         storage.create(3, b"header")
