@@ -27,9 +27,10 @@ from twisted.logger import Logger
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
+from broker.amqp.connection import reply_text
 from broker.core.deadletter import DeadLetterReason
 from broker.core.queue import WorkQueue
-from broker.errors import AMQPError, ReplyCode
+from broker.errors import AMQPError, ChannelException, ReplyCode
 from broker.protocol import is_loopback
 
 if TYPE_CHECKING:
@@ -129,6 +130,12 @@ def _segments(uri: bytes) -> list[str]:
     return segments
 
 
+#: Tags that let a user into the management API (RabbitMQ's; any other tag does not).
+MANAGEMENT_TAGS = frozenset({"administrator", "monitoring", "policymaker", "management"})
+#: Tags that see every vhost and every connection, not only the user's own.
+SEE_ALL_TAGS = frozenset({"administrator", "monitoring"})
+
+
 class _Problem(Exception):
     def __init__(self, status: int, error: str, reason: str) -> None:
         super().__init__(reason)
@@ -183,10 +190,13 @@ class ManagementAPI(Resource):
             user = self.node.authenticate(username, password, is_loopback(getattr(address, "host", "")))
         if user is None:
             raise _Problem(401, "not_authorised", "Login failed")
+        if not user.tags & MANAGEMENT_TAGS:
+            raise _Problem(401, "not_authorised", "Not management user")
         return user
 
     def _vhosts(self, user: User, name: str | None = None) -> list[VirtualHost]:
-        allowed = [v for v in self.node.vhosts.values() if user.may_open(v.name)]
+        sees_all = bool(user.tags & SEE_ALL_TAGS)
+        allowed = [v for v in self.node.vhosts.values() if sees_all or user.may_open(v.name)]
         if name is None:
             return allowed
         found = [vhost for vhost in allowed if vhost.name == name]
@@ -198,6 +208,32 @@ class ManagementAPI(Resource):
         queue = self._vhosts(user, vhost_name)[0].queues.get(name)
         if queue is None:
             raise _Problem(404, "not_found", f"no queue '{name}' in vhost '{vhost_name}'")
+        return queue
+
+    def _readable_queue(self, user: User, vhost_name: str, name: str) -> WorkQueue:
+        """A queue whose messages ``user`` wants (get, purge): it needs the vhost, read
+        permission on the queue, and the queue must not be another connection's exclusive one
+        (RabbitMQ does these through an AMQP channel as the user, with its answers).
+
+        :raises _Problem: 401 (no vhost access or no read permission), 400 (exclusive), 404
+        """
+        if not user.may_open(vhost_name):
+            raise _Problem(401, "not_authorised", f"access to vhost '{vhost_name}' refused for user '{user.name}'")
+        queue = self._queue(user, vhost_name, name)
+        access = user.access(vhost_name)
+        if access is not None:
+            try:
+                access.check("read", "queue", name)
+            except ChannelException as refused:
+                raise _Problem(401, "not_authorised", reply_text(refused)) from None
+        if queue.owner is not None:
+            raise _Problem(
+                400,
+                "bad_request",
+                f"405 RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in vhost "
+                f"'{vhost_name}'. It could be originally declared on another connection or the exclusive "
+                "property value does not match that of the original declaration.",
+            )
         return queue
 
     def _dispatch(self, method: str, path: list[str], request: Request, user: User) -> tuple[int, Any]:
@@ -218,10 +254,10 @@ class ManagementAPI(Resource):
             if view is not None:
                 return 200, view(user, rest)
         elif method == "DELETE" and kind == "queues" and len(rest) == 3 and rest[2] == "contents":
-            self._queue(user, rest[0], rest[1]).purge()
+            self._readable_queue(user, rest[0], rest[1]).purge()
             return 204, None
         elif method == "POST" and kind == "queues" and len(rest) == 3 and rest[2] == "get":
-            return 200, self._peek(self._queue(user, rest[0], rest[1]), request)
+            return 200, self._peek(self._readable_queue(user, rest[0], rest[1]), request)
         elif method == "DELETE" and kind == "connections" and len(rest) == 1:
             return self._close_connection(user, rest[0])
         else:
@@ -356,7 +392,7 @@ class ManagementAPI(Resource):
         return [
             connection
             for connection in self.node.connections
-            if connection.vhost is None or user.may_open(connection.vhost.name)
+            if user.tags & SEE_ALL_TAGS or connection.user_name == user.name
         ]
 
     def _connections(self, user: User, rest: list[str]) -> list[dict[str, Any]]:
@@ -441,6 +477,8 @@ class ManagementAPI(Resource):
     def _close_connection(self, user: User, name: str) -> tuple[int, None]:
         for connection in self._visible_connections(user):
             if connection.peer == name:
+                if "administrator" not in user.tags and connection.user_name != user.name:
+                    raise _Problem(401, "not_authorised", "Not administrator user")
                 connection.close(ReplyCode.CONNECTION_FORCED, "CONNECTION_FORCED - Closed via management API")
                 self._log.info(
                     "connection {peer} closed through the management API by {user}", peer=name, user=user.name

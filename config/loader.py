@@ -407,7 +407,9 @@ class _Reader:
         seen: set[str] = set()
         for index, item in enumerate(self.typed(value, "users", _is_list, "a list", [])):
             path = f"users[{index}]"
-            entry = self.mapping(item, path, {"name", "password", "password_hash", "loopback_only", "permissions"})
+            entry = self.mapping(
+                item, path, {"name", "password", "password_hash", "loopback_only", "permissions", "tags"}
+            )
             name = self.name(entry.get("name"), f"{path}.name")
             if name in seen:
                 self.problem(f"{path}.name", f"user '{name}' is declared twice")
@@ -440,9 +442,20 @@ class _Reader:
                     password_hash,
                     self.boolean(entry.get("loopback_only"), f"{path}.loopback_only", False),
                     permissions,
+                    self.tags(entry.get("tags"), f"{path}.tags"),
                 )
             )
         return tuple(users)
+
+    def tags(self, value: Any, path: str) -> tuple[str, ...]:
+        """User tags: a list of names (RabbitMQ's; those it does not know give no rights)."""
+        tags = []
+        for index, tag in enumerate(self.typed(value, path, _is_list, "a list", [])):
+            if not isinstance(tag, str) or not tag:
+                self.problem(f"{path}[{index}]", "a tag is a non-empty string")
+                continue
+            tags.append(tag)
+        return tuple(tags)
 
     def vhosts(self, value: Any) -> dict[str, VhostConfig]:
         result = {}

@@ -18,7 +18,7 @@ YAML definitions. Mapped:
 What has no equivalent is not dropped silently: every such item becomes a note,
 ``FILE: key.path: reason``, in :attr:`BrokerConfig.notes`, and the rest is applied. Quorum and
 stream queues are declared as classic queues; policies, runtime and global parameters
-(shovels, federation), topic permissions, user tags and limits are not applied; an exchange
+(shovels, federation), topic permissions and limits are not applied; an exchange
 of an unknown type is skipped with the bindings that need it, and so is a binding to an
 exchange or queue the file does not declare. Malformed JSON or values of the
 wrong type raise :class:`ConfigError` naming the file, the key path and the reason.
@@ -174,14 +174,13 @@ class _Definitions:
             name = read.name(item.get("name"), f"{path}.name")
             tags = item.get("tags") or []
             tags = [tag for tag in tags.split(",") if tag] if isinstance(tags, str) else tags
-            if tags:
-                self.note(f"{path}.tags", f"user tags ({', '.join(map(str, tags))}) have no equivalent: ignored")
             if item.get("limits"):
                 self.note(f"{path}.limits", "user limits have no equivalent: ignored")
             entry = self.credentials(item, path, name)
             if entry is None:
                 refused.add(name)
                 continue
+            entry["tags"] = tuple(str(tag) for tag in tags)
             entries[name] = entry
         for path, item in self.items(document, "permissions"):
             user = read.name(item.get("user"), f"{path}.user")

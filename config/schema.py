@@ -86,6 +86,7 @@ class UserConfig:
     password_hash: str | None = None
     loopback_only: bool = False
     permissions: dict[str, Permission] | None = None
+    tags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +207,9 @@ class BrokerConfig:
     listen: ListenConfig = field(default_factory=ListenConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
-    users: tuple[UserConfig, ...] = (UserConfig("guest", password="guest", loopback_only=True),)
+    users: tuple[UserConfig, ...] = (
+        UserConfig("guest", password="guest", loopback_only=True, tags=("administrator",)),
+    )
     plugins: tuple[PluginConfig, ...] = ()
     vhosts: dict[str, VhostConfig] = field(default_factory=lambda: {"/": VhostConfig()})
     source: str = "<embedded default>"

@@ -43,6 +43,7 @@ class User:
         ``-md5``), as RabbitMQ computes it: ``base64(salt + sha256(salt + password))``, 4-byte salt
     :param loopback_only: the user may connect only from a loopback address (RabbitMQ's rule for guest)
     :param vhosts: the virtual hosts the user may open; ``None`` for all of them
+    :param tags: RabbitMQ's user tags (what the user may do in the management API)
     :param permissions: the user's ``configure``, ``write`` and ``read`` patterns per vhost
         (``config.schema.Permission``); when given, the user may open these vhosts only
         (RabbitMQ's rule), and is held to the patterns there (see :mod:`broker.core.access`)
@@ -54,6 +55,9 @@ class User:
     loopback_only: bool = False
     vhosts: frozenset[str] | None = None
     permissions: Mapping[str, Patterns] | None = field(default=None, compare=False, hash=False)
+    #: RabbitMQ's user tags: ``administrator``, ``monitoring``, ``policymaker`` and ``management``
+    #: let the user into the management API (see ``broker.management``); others are kept.
+    tags: frozenset[str] = frozenset()
     #: The compiled permissions per vhost (``None``: nothing to check there), built once.
     _access: dict[str, Access | None] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
@@ -137,7 +141,7 @@ class Node:
     :param rng: source of generated names (injected so tests are repeatable)
     """
 
-    users: Iterable[User] = (User("guest", password="guest", loopback_only=True),)
+    users: Iterable[User] = (User("guest", password="guest", loopback_only=True, tags=frozenset({"administrator"})),)
     vhost_names: Iterable[str] = ("/",)
     limits: Limits = field(default_factory=Limits)
     registry: ExchangeTypeRegistry = field(default_factory=default_registry)

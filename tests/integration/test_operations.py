@@ -30,6 +30,7 @@ from broker.core.node import Node, User
 from broker.management import RateSampler, management_site
 from broker.metrics import BrokerCollector, make_registry, metrics_site
 from broker.testing import free_port
+from config.schema import Permission
 from tests.conftest import Broker
 
 pytestmark = pytest.mark.integration
@@ -68,7 +69,14 @@ class Operated:
 
 @pytest.fixture
 def operated(make_broker: Callable[..., Broker]) -> Iterator[Operated]:
-    node = Node(users=(User("guest", password="guest", loopback_only=True), User("ops", password="ops")))
+    node = Node(
+        users=(
+            User("guest", password="guest", loopback_only=True, tags=frozenset({"administrator"})),
+            User("ops", password="ops", tags=frozenset({"monitoring"})),
+            User("app", password="app", tags=frozenset({"management"}), permissions={"/": APP}),
+            User("plain", password="plain"),
+        )
+    )
     broker = make_broker(node)
     reactor = broker.reactor
 
@@ -94,6 +102,10 @@ def sample(text: str, name: str, **labels: str) -> float:
         if all(found.get(key) == value for key, value in labels.items()):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"no series {name} {labels} in:\n{text}")
+
+
+#: The management user's permissions: its own 'app.' resources only.
+APP = Permission(r"^app\.", r"^app\.", r"^app\.")
 
 
 def traffic(operated: Operated, pika_connect: Callable[..., Any]) -> Any:
@@ -276,6 +288,35 @@ def test_management_api_refuses_bad_credentials_and_unknown_objects(operated: Op
     assert operated.api("/api/nothing")[0] == 404
     assert operated.api("/api/queues", method="PUT", body={})[0] == 405
     assert operated.api("/api/overview", user="ops:ops")[0] == 200
+
+
+def test_management_api_follows_user_tags_and_permissions(operated: Operated, pika_connect: Callable[..., Any]) -> None:
+    traffic(operated, pika_connect)  # guest's connection, queues 'work' and 'work.dlq'
+    connection = pika_connect(port=operated.broker.port)
+    connection.channel().queue_declare("mine", exclusive=True)
+    # No management tag: no API at all (RabbitMQ's rule).
+    assert operated.api("/api/overview", user="plain:plain") == (
+        401,
+        {"error": "not_authorised", "reason": "Not management user"},
+    )
+    # management: its own connections only, and only queues it may read.
+    status, connections = operated.api("/api/connections", user="app:app")
+    assert (status, connections) == (200, [])
+    status, body = operated.api("/api/queues/%2F/work/contents", "DELETE", user="app:app")
+    assert (status, body["reason"]) == (
+        401,
+        "ACCESS_REFUSED - access to queue 'work' in vhost '/' refused for user 'app'",
+    )
+    assert operated.api("/api/queues/%2F/work/get", "POST", {"count": 1}, user="app:app")[0] == 401
+    # monitoring: sees every connection, closes none but its own.
+    status, connections = operated.api("/api/connections", user="ops:ops")
+    assert status == 200 and len(connections) == 2
+    name = connections[0]["name"]
+    assert operated.api(f"/api/connections/{name}", "DELETE", user="ops:ops")[0] == 401
+    # Nobody reads another connection's exclusive queue through the API.
+    status, body = operated.api("/api/queues/%2F/mine/get", "POST", {"count": 1})
+    assert status == 400 and "RESOURCE_LOCKED" in body["reason"]
+    assert operated.api("/api/queues/%2F/work/contents", "DELETE")[0] == 204
 
 
 def test_postroom_queues_prints_a_table(operated: Operated, pika_connect: Callable[..., Any]) -> None:
