@@ -4,7 +4,7 @@ Feeds one connection a stream of ``basic.publish`` frames (as the load generator
 while a consumer on a second connection receives and acks every 100 deliveries. Prints
 microseconds per message, to compare with the hot-path budget (9 µs).
 
-    python bench/core.py [--messages 200000] [--size 16] [--profile]
+    python bench/core.py [--messages 200000] [--size 16] [--profile] [--limited]
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from pamqp import commands, frame, header
 from pamqp.body import ContentBody
 
 from broker.amqp.connection import ServerConnection
-from broker.core.node import Node
+from broker.core.node import Node, User
+from config.schema import Permission
 
 
 def _handshake(connection: ServerConnection) -> None:
@@ -33,9 +34,13 @@ def _handshake(connection: ServerConnection) -> None:
     connection.data_to_send()
 
 
-def run(messages: int, size: int, profile: bool) -> float:
+#: ``--limited``: guest may touch only the queue ``bench`` (and publish to the default exchange).
+LIMITED = Permission(configure="^bench$", write="^(bench|amq\\.default)$", read="^bench$")
+
+
+def run(messages: int, size: int, profile: bool, limited: bool = False) -> float:
     """Return microseconds per message through the whole path."""
-    node = Node()
+    node = Node(users=[User("guest", password="guest", permissions={"/": LIMITED})]) if limited else Node()
     publisher = ServerConnection(node)
     consumer = ServerConnection(node)
     _handshake(publisher)
@@ -79,8 +84,10 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--size", type=int, default=16)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--limited", action="store_true", help="as a user with permission patterns to check")
     args = parser.parse_args()
-    print(f"{run(args.messages, args.size, args.profile):.2f} us/message ({args.size} B)")
+    cost = run(args.messages, args.size, args.profile, args.limited)
+    print(f"{cost:.2f} us/message ({args.size} B{', limited user' if args.limited else ''})")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ LOG = ROOT / "bench" / "results" / "broker.log"
 
 
 @contextmanager
-def postroom() -> Iterator[tuple[int, int]]:
+def postroom(extra_yaml: str = "") -> Iterator[tuple[int, int]]:
     """Run Postroom on a free port (log in a temporary directory, ``fsync: batch``); yield ``(port, pid)``.
 
     Its output is appended to :data:`LOG`.
@@ -60,6 +60,7 @@ def postroom() -> Iterator[tuple[int, int]]:
     config = data / "postroom.yaml"
     config.write_text(
         f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1"}}\nstorage: {{dir: "{data / "wal"}", fsync: batch}}\n'
+        + extra_yaml
     )
     process = subprocess.Popen(
         [sys.executable, "-m", "broker.cli", "serve", "--config", str(config)], cwd=ROOT, stdout=log, stderr=log

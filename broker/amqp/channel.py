@@ -81,6 +81,8 @@ QUEUE_SHORTCUT_METHODS = frozenset(
         commands.Queue.Unbind,
     }
 )
+#: Exchanges a channel remembers as writable before it starts again.
+WRITABLE_MEMO = 1_000
 #: The publish arguments of content that will be refused once it is in (see ``refuse_content``).
 _REFUSED = ("", "", False, False, b"")
 
@@ -106,8 +108,11 @@ class ChannelState:
         self._delivery_tag = 0
         self.consumers: dict[str, Consumer] = {}
         self.last_queue: str | None = None
-        #: The user's permissions on the vhost (``None``: everything is allowed).
-        self.access = connection.access
+        #: Exchanges this channel has been allowed to publish to (see ``_check_writable``);
+        #: ``None`` when the user's permissions allow everything. (The user's permissions
+        #: themselves are ``connection.access``: a channel keeps at most 30 attributes, past
+        #: which CPython stops sharing instance dictionary keys and every attribute read slows.)
+        self._writable: set[str] | None = None if connection.access is None else set()
         # Content being assembled: publish arguments, header payload, expected size, parts.
         self._publish: tuple[str, str, bool, bool, bytes] | None = None
         self._header: bytes | None = None
@@ -200,14 +205,15 @@ class ChannelState:
             auto_delete=method.auto_delete,
             internal=method.internal,
             arguments=method.arguments or {},
-            access=self.access,
+            access=self.connection.access,
         )
         if not method.nowait:
             self._send(commands.Exchange.DeclareOk())
 
     def _exchange_delete(self, method: commands.Exchange.Delete) -> None:
-        if self.access is not None and method.exchange and not method.exchange.startswith("amq."):
-            self.access.check("configure", "exchange", method.exchange)  # after the reserved names
+        access = self.connection.access
+        if access is not None and method.exchange and not method.exchange.startswith("amq."):
+            access.check("configure", "exchange", method.exchange)  # after the reserved names
         self.vhost.delete_exchange(method.exchange, if_unused=method.if_unused)
         if not method.nowait:
             self._send(commands.Exchange.DeleteOk())
@@ -227,7 +233,7 @@ class ChannelState:
     def _check_binding(self, kind: str, destination: str, source: str) -> None:
         """A binding's permissions: write on its destination, read on its source exchange
         (unless either is the default exchange, which the binding itself refuses)."""
-        access = self.access
+        access = self.connection.access
         if access is not None:
             access.check("write", kind, destination)
             if destination and source:
@@ -238,8 +244,9 @@ class ChannelState:
     def _readable(self, name: str) -> str:
         """The queue named (see :meth:`_queue_name`), which the user must be allowed to read."""
         name = self._queue_name(name)
-        if self.access is not None:
-            self.access.check("read", "queue", name)
+        access = self.connection.access
+        if access is not None:
+            access.check("read", "queue", name)
         return name
 
     def _queue_name(self, name: str) -> str:
@@ -263,7 +270,7 @@ class ChannelState:
             exclusive=method.exclusive,
             auto_delete=method.auto_delete,
             arguments=method.arguments or {},
-            access=self.access,
+            access=self.connection.access,
         )
         if queue.owner is connection and queue not in connection.exclusive_queues:
             connection.exclusive_queues.append(queue)
@@ -296,8 +303,9 @@ class ChannelState:
 
     def _queue_delete(self, method: commands.Queue.Delete) -> None:
         name = self._queue_name(method.queue)
-        if self.access is not None:
-            self.access.check("configure", "queue", name)
+        access = self.connection.access
+        if access is not None:
+            access.check("configure", "queue", name)
         queue, count = self.vhost.delete_queue(
             name, self.connection, if_unused=method.if_unused, if_empty=method.if_empty
         )
@@ -751,12 +759,8 @@ class ChannelState:
                 BASIC_CLASS,
                 40,
             )
-        if self.access is not None:
-            try:
-                self.access.check("write", "exchange", exchange_name)
-            except ChannelException as refused:
-                refused.class_id, refused.method_id = BASIC_CLASS, 40
-                raise
+        if self._writable is not None and exchange_name not in self._writable:
+            self._check_writable(exchange_name)
         if message.flags & FLAG_USER_ID:
             user_id = message.properties.user_id
             if user_id != self.connection.user_name:
@@ -800,6 +804,23 @@ class ChannelState:
                 self.confirm_pending = self._publish_seq
             else:
                 self.nack_publish()
+
+    def _check_writable(self, exchange_name: str) -> None:
+        """Publishing needs write permission on the exchange; once allowed, remembered by the
+        channel, so that the next publish pays one set lookup.
+
+        :raises ChannelException: 403, with ``basic.publish``'s ids
+        """
+        access, writable = self.connection.access, self._writable
+        assert access is not None and writable is not None
+        try:
+            access.check("write", "exchange", exchange_name)
+        except ChannelException as refused:
+            refused.class_id, refused.method_id = BASIC_CLASS, 40
+            raise
+        if len(writable) >= WRITABLE_MEMO:
+            writable.clear()
+        writable.add(exchange_name)
 
     def _check_exchange(self, exchange_name: str) -> Any:
         vhost = self.vhost
