@@ -691,6 +691,15 @@ class ServerConnection:
                 10,
                 40,
             )
+        limit = self.node.limits.max_connections
+        if len(self.node.connections) >= limit:
+            raise ConnectionException(
+                ReplyCode.NOT_ALLOWED,
+                f"access to vhost '{vhost.name}' refused for user '{self.user_name}': "
+                f"connection limit ({limit}) is reached",
+                10,
+                40,
+            )
         self.vhost = vhost
         self.access = self._user.access(vhost.name)
         self.state = State.OPEN

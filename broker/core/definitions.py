@@ -68,6 +68,7 @@ def node_from_config(
             channel_max=limits.channel_max,
             heartbeat=limits.heartbeat,
             max_message_bytes=limits.max_message_bytes,
+            max_connections=limits.max_connections,
         ),
         clock=clock,
         registry=registry or default_registry(),

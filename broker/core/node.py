@@ -130,6 +130,9 @@ class Limits:
     channel_max: int = DEFAULT_CHANNEL_MAX
     heartbeat: int = DEFAULT_HEARTBEAT
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    #: Open connections the node accepts at once (``limits.max_connections``): one more is
+    #: refused at ``connection.open`` with 530, as RabbitMQ refuses one over a vhost's limit.
+    max_connections: int = 10_000
 
 
 @dataclass

@@ -15,7 +15,7 @@ from pamqp.heartbeat import Heartbeat
 
 from broker.amqp.codec import HEARTBEAT_FRAME, PROTOCOL_HEADER
 from broker.amqp.connection import CAPABILITIES, ServerConnection, State
-from broker.core.node import Node, User
+from broker.core.node import Limits, Node, User
 from broker.errors import ReplyCode
 from broker.testing import Client, described, encode, methods, publish_frames
 
@@ -152,6 +152,22 @@ def test_tune_ok_outside_the_limits_closes_the_socket_silently_after_a_delay(
     connection = client.connection
     assert connection.closed and connection.silent_close_delay == 3.0
     assert str(connection.error) == f"NOT_ALLOWED - {reason}"
+
+
+def test_a_connection_over_max_connections_is_refused_with_530() -> None:
+    n = Node(limits=Limits(max_connections=2))
+    first, second = opened(n), opened(n)
+    client = Client(n)
+    close = close_of(client.handshake())
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
+        530,
+        "NOT_ALLOWED - access to vhost '/' refused for user 'guest': connection limit (2) is reached",
+        10,
+        40,
+    )
+    first.call(0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+    assert first.connection.closed and second.connection.is_open
+    assert opened(n).connection.is_open  # a place came free
 
 
 def test_unknown_vhost_is_refused_with_530() -> None:
