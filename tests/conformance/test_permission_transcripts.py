@@ -17,15 +17,13 @@ from pamqp import commands
 from pamqp.base import Frame
 from test_teardown_transcripts import compare
 from transcript import (
-    CHANNEL_MAX,
-    CLIENT_PROPERTIES,
-    FRAME_MAX,
-    PROTOCOL_HEADER,
     Entry,
     Transcript,
     assert_same_transcript,
     close_connection,
+    delete_queues,
     frames,
+    handshake,
     method,
     open_connection,
     until,
@@ -70,25 +68,6 @@ def postroom_users(make_broker: Any) -> Iterator[int]:
     users = [User("guest", password="guest", loopback_only=True)]
     users += [User(name, password="secret", permissions=permissions) for name, permissions in USERS.items()]
     yield make_broker(Node(users=users, vhost_names=("/", "other"))).port
-
-
-def handshake_as(user: str, vhost: str = "/") -> bytes:
-    """What a client sends to open a connection as ``user`` (password ``secret``; guest's is guest)."""
-    password = "guest" if user == "guest" else "secret"
-    return (
-        PROTOCOL_HEADER
-        + frames(
-            0,
-            commands.Connection.StartOk(
-                client_properties=CLIENT_PROPERTIES,
-                mechanism="PLAIN",
-                response=f"\x00{user}\x00{password}",
-                locale="en_US",
-            ),
-        )
-        + method(0, commands.Connection.TuneOk, channel_max=CHANNEL_MAX, frame_max=FRAME_MAX, heartbeat=0)
-        + frames(0, commands.Connection.Open(virtual_host=vhost))
-    )
 
 
 def attempts(suffix: str) -> list[tuple[str, list[Frame | bytes]]]:
@@ -145,28 +124,23 @@ def attempts(suffix: str) -> list[tuple[str, list[Frame | bytes]]]:
     return result
 
 
-def setup(port: int, suffix: str, delete: bool = False) -> None:
-    """As guest: create every prefix's queue and exchange, or delete everything the run made."""
+def setup(port: int, suffix: str) -> None:
+    """As guest: create every prefix's queue and exchange."""
     scratch = Transcript()
     with scratch.connect(port) as client:
         open_connection(client, 1)
         for prefix in PREFIXES:
             queue, exchange = f"{prefix}.q-{suffix}", f"{prefix}.x-{suffix}"
-            if delete:
-                queues = (queue, f"{prefix}.new-q-{suffix}", f"app.dl-{prefix}-{suffix}")
-                exchanges = (exchange, f"{prefix}.new-x-{suffix}")
-                client.send(
-                    frames(1, *(commands.Queue.Delete(queue=name) for name in queues))
-                    + frames(1, *(commands.Exchange.Delete(exchange=name) for name in exchanges))
-                )
-                for _ in exchanges:
-                    client.read(until("Exchange.DeleteOk"))
-            else:
-                client.send(
-                    frames(1, commands.Queue.Declare(queue=queue), commands.Exchange.Declare(exchange=exchange))
-                )
-                client.read(until("Exchange.DeclareOk"))
+            client.send(frames(1, commands.Queue.Declare(queue=queue), commands.Exchange.Declare(exchange=exchange)))
+            client.read(until("Exchange.DeclareOk"))
         close_connection(client)
+
+
+def cleanup(port: int, suffix: str) -> None:
+    """As guest: delete everything a run made."""
+    queues = [f"{p}.{kind}-{suffix}" for p in PREFIXES for kind in ("q", "new-q")]
+    queues += [f"app.dl-{p}-{suffix}" for p in PREFIXES]
+    delete_queues(port, *queues, exchanges=[f"{p}.{kind}-{suffix}" for p in PREFIXES for kind in ("x", "new-x")])
 
 
 def as_user(user: str) -> Any:
@@ -176,7 +150,7 @@ def as_user(user: str) -> Any:
         transcript = Transcript()
         try:
             with transcript.connect(port) as client:
-                client.send(handshake_as(user))
+                client.send(handshake(user=user, password="secret"))
                 client.read(until("Connection.OpenOk"))
                 for channel, (what, sent) in enumerate(attempts(suffix), start=1):
                     transcript.note(what)
@@ -193,10 +167,10 @@ def as_user(user: str) -> Any:
                     client.read(until(*OKS, channel=channel))
                 close_connection(client)
             with transcript.connect(port) as client:  # a vhost with no permissions
-                client.send(handshake_as(user, "other"))
+                client.send(handshake(vhost="other", user=user, password="secret"))
                 client.read(until("Connection.OpenOk"))
         finally:
-            setup(port, suffix, delete=True)
+            cleanup(port, suffix)
         return transcript.normalized()
 
     return run

@@ -33,6 +33,7 @@ from transcript import (
     Transcript,
     assert_same_transcript,
     close_connection,
+    delete_queues,
     field,
     frames,
     handshake,
@@ -67,23 +68,6 @@ def message_count(port: int, queue: str) -> int | None:
         close_connection(client)
     last = answer[-1] if answer else None
     return last.get("message_count") if last is not None and last.kind == "Queue.DeclareOk" else None
-
-
-def cleanup(port: int, queues: list[str], exchanges: list[str]) -> None:
-    """Delete ``queues`` and ``exchanges`` over a connection of its own (missing ones are fine)."""
-    scratch = Transcript()
-    with scratch.connect(port) as client:
-        client.send(handshake())
-        client.read(until("Connection.OpenOk"))
-        client.send(frames(1, commands.Channel.Open()))
-        client.read(until("Channel.OpenOk"))
-        for queue in queues:
-            client.send(frames(1, commands.Queue.Delete(queue=queue)))
-            client.read(until("Queue.DeleteOk"))
-        for exchange in exchanges:
-            client.send(frames(1, commands.Exchange.Delete(exchange=exchange)))
-            client.read(until("Exchange.DeleteOk"))
-        close_connection(client)
 
 
 def declare_queue(client: Client, queue: str, **options: Any) -> None:
@@ -189,7 +173,7 @@ def dead_letter(kind: str, reason: str) -> Scenario:
                     get(client, dlq)
                 close_connection(client)
         finally:
-            cleanup(port, [src, dlq], [entrance, dlx])
+            delete_queues(port, src, dlq, exchanges=(entrance, dlx))
         return masked(transcript.normalized())
 
     return run
@@ -258,7 +242,7 @@ def auto_delete_life(port: int, prefix: str) -> list[Entry]:
             client.read(until("Queue.DeclareOk", channel=2))
             close_connection(client)
     finally:
-        cleanup(port, [queue], [])
+        delete_queues(port, queue)
     return transcript.normalized()
 
 
@@ -283,7 +267,7 @@ def expires_life(port: int, prefix: str) -> list[Entry]:
                 client.read(until("Queue.DeclareOk"))
             close_connection(client)
     finally:
-        cleanup(port, [queue], [])
+        delete_queues(port, queue)
     return transcript.normalized()
 
 
@@ -312,7 +296,7 @@ def ttl_then_requeue(port: int, prefix: str) -> list[Entry]:
             get(client, dlq)
             close_connection(client)
     finally:
-        cleanup(port, [src, dlq], [])
+        delete_queues(port, src, dlq)
     return masked(transcript.normalized())
 
 
@@ -347,7 +331,7 @@ def qos(global_: bool) -> Scenario:
                 client.read(quiet(0.5))
                 close_connection(client)
         finally:
-            cleanup(port, [first, second], [])
+            delete_queues(port, first, second)
         return transcript.normalized()
 
     return run
@@ -377,7 +361,7 @@ def confirms_with_returns(port: int, prefix: str) -> list[Entry]:
             client.read(until("Basic.Ack", "Basic.Nack"))
             close_connection(client)
     finally:
-        cleanup(port, [queue], [])
+        delete_queues(port, queue)
     return transcript.normalized()
 
 

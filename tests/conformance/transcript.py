@@ -307,16 +307,24 @@ def channel_close(channel: int) -> bytes:
 
 
 def handshake(
-    channel_max: int = CHANNEL_MAX, frame_max: int = FRAME_MAX, heartbeat: int = 0, vhost: str = "/"
+    channel_max: int = CHANNEL_MAX,
+    frame_max: int = FRAME_MAX,
+    heartbeat: int = 0,
+    vhost: str = "/",
+    user: str = "guest",
+    password: str = "guest",
 ) -> bytes:
-    """Everything a client sends to open a connection as guest, pipelined: protocol header,
-    start-ok (PLAIN), tune-ok and open."""
+    """Everything a client sends to open a connection (as guest by default), pipelined:
+    protocol header, start-ok (PLAIN), tune-ok and open."""
     return (
         PROTOCOL_HEADER
         + frames(
             0,
             commands.Connection.StartOk(
-                client_properties=CLIENT_PROPERTIES, mechanism="PLAIN", response="\x00guest\x00guest", locale="en_US"
+                client_properties=CLIENT_PROPERTIES,
+                mechanism="PLAIN",
+                response=f"\x00{user}\x00{password}",
+                locale="en_US",
             ),
         )
         + method(0, commands.Connection.TuneOk, channel_max=channel_max, frame_max=frame_max, heartbeat=heartbeat)
@@ -754,18 +762,22 @@ def close_connection(client: Client) -> None:
     client.read(until("Connection.CloseOk", or_close=False))
 
 
-def delete_queues(port: int, *queues: str | bytes) -> None:
-    """Delete ``queues`` (those that exist) over a connection of its own, recording nothing.
+def delete_queues(port: int, *queues: str | bytes, exchanges: Iterable[str] = ()) -> None:
+    """Delete ``queues`` and ``exchanges`` (those that exist) over a connection of its own,
+    recording nothing.
 
     Scenarios share one RabbitMQ node for the session; each cleans up after itself.
     """
+    deletes: list[tuple[type[MethodFrame], dict[str, Any]]] = [(commands.Queue.Delete, {"queue": q}) for q in queues]
+    deletes += [(commands.Exchange.Delete, {"exchange": exchange}) for exchange in exchanges]
     scratch = Transcript()
     with scratch.connect(port) as client:
         client.send(handshake())
         client.read(until("Connection.OpenOk"))
-        for channel, queue in enumerate(queues, start=1):
-            client.send(frames(channel, commands.Channel.Open()), method(channel, commands.Queue.Delete, queue=queue))
-            client.read(until("Queue.DeleteOk", channel=channel))
+        # One channel each: a refused delete (another connection's exclusive queue) closes only its own.
+        for channel, (cls, arguments) in enumerate(deletes, start=1):
+            client.send(frames(channel, commands.Channel.Open()), method(channel, cls, **arguments))
+            client.read(until("Queue.DeleteOk", "Exchange.DeleteOk", channel=channel))
         close_connection(client)
 
 
