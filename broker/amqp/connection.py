@@ -492,6 +492,7 @@ class ServerConnection:
             ids = method.index >> 16, method.index & 0xFFFF
             if type(method) in CONTENT_METHODS:  # RabbitMQ refuses it once the content is in
                 channel = self.channels[channel_id] = ChannelState(self, channel_id)
+                self.node.counters["channels_opened"] += 1  # its release counts it closed
                 channel.refuse_content(ConnectionException(ReplyCode.CHANNEL_ERROR, "expected 'channel.open'", *ids))
                 return
             if type(method) in QUEUE_SHORTCUT_METHODS and not method.queue:

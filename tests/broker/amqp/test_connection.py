@@ -238,6 +238,23 @@ def test_method_on_an_unopened_channel_is_a_channel_error() -> None:
     assert close.reply_code == ReplyCode.CHANNEL_ERROR
 
 
+def test_a_publish_on_an_unopened_channel_is_refused_once_its_content_is_in() -> None:
+    # RabbitMQ assembles the content on the new channel, then refuses the publish with 504.
+    n = node()
+    client = opened(n)
+    publish = encode(5, commands.Basic.Publish(exchange="", routing_key="q"))
+    assert client.send(publish) == []
+    close = close_of(client.send(encode(5, ContentHeader(0, 2, commands.Basic.Properties()), ContentBody(b"hi"))))
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
+        504,
+        "CHANNEL_ERROR - expected 'channel.open'",
+        60,
+        40,
+    )
+    client.call(0, commands.Connection.CloseOk())
+    assert n.counters["channels_opened"] == n.counters["channels_closed"] == 2
+
+
 def test_body_without_header_is_an_unexpected_frame() -> None:
     client = opened()
     close = close_of(client.call(1, ContentBody(b"stray")))
