@@ -25,7 +25,7 @@ from pamqp import commands
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.web.resource import Resource
-from twisted.web.server import Request, Site
+from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from broker.amqp.connection import reply_text
 from broker.core.deadletter import DeadLetterReason
@@ -159,10 +159,37 @@ class ManagementAPI(Resource):
 
     # -- plumbing -------------------------------------------------------------------------------
 
-    def render(self, request: Request) -> bytes:
+    def render(self, request: Request) -> bytes | int:
+        """Check the request's login (off the reactor for an expensive hash, see
+        ``Node.login``), then answer it."""
         request.setHeader(b"Content-Type", b"application/json")
+        header = (request.getHeader(b"authorization") or b"").decode("latin-1")
+        scheme, _, encoded = header.partition(" ")
         try:
-            user = self._authenticate(request)
+            username, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            username = password = ""
+        if scheme.lower() != "basic" or not username:
+            return self._answer(request, None)
+        gone: list[bool] = []
+        request.notifyFinish().addBoth(gone.append)
+        host = getattr(request.getClientAddress(), "host", "")
+
+        def checked(user: User | None, reason: str) -> None:
+            if gone:  # the client hung up while its login was checked
+                return
+            request.write(self._answer(request, user))
+            request.finish()
+
+        self.node.login(username, password, is_loopback(host), host, checked)
+        return NOT_DONE_YET
+
+    def _answer(self, request: Request, user: User | None) -> bytes:
+        try:
+            if user is None:
+                raise _Problem(401, "not_authorised", "Login failed")
+            if not user.tags & MANAGEMENT_TAGS:
+                raise _Problem(401, "not_authorised", "Not management user")
             segments = _segments(request.uri)
             status, body = self._dispatch(request.method.decode(), segments, request, user)
         except _Problem as problem:
@@ -176,23 +203,6 @@ class ManagementAPI(Resource):
         if status == 204:
             return b""
         return json.dumps(body, default=_json_default).encode()
-
-    def _authenticate(self, request: Request) -> User:
-        header = (request.getHeader(b"authorization") or b"").decode("latin-1")
-        scheme, _, encoded = header.partition(" ")
-        try:
-            username, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            username = password = ""
-        address = request.getClientAddress()
-        user = None
-        if scheme.lower() == "basic" and username:
-            user = self.node.authenticate(username, password, is_loopback(getattr(address, "host", "")))
-        if user is None:
-            raise _Problem(401, "not_authorised", "Login failed")
-        if not user.tags & MANAGEMENT_TAGS:
-            raise _Problem(401, "not_authorised", "Not management user")
-        return user
 
     def _vhosts(self, user: User, name: str | None = None) -> list[VirtualHost]:
         sees_all = bool(user.tags & SEE_ALL_TAGS)

@@ -159,6 +159,14 @@ class BrokerCollector:
             "Lease extensions refused: stale or unknown delivery tag, or malformed headers.",
             value=counters["stale_extends"],
         )
+        yield CounterMetricFamily(
+            "postroom_auth_attempts_total",
+            "Logins checked (AMQP connections and management API requests).",
+            value=counters["auth_attempts"],
+        )
+        yield CounterMetricFamily(
+            "postroom_auth_attempts_failed_total", "Logins refused.", value=counters["auth_failures"]
+        )
         connections = self.node.connections
         yield GaugeMetricFamily("postroom_connections", "Open AMQP connections.", value=len(connections))
         yield GaugeMetricFamily(
@@ -265,6 +273,9 @@ class RabbitMQNames:
             "rabbitmq_channels_closed_total": ("Channels closed.", counters["channels_closed"]),
             "rabbitmq_connections_opened_total": ("Connections opened.", counters["connections_opened"]),
             "rabbitmq_connections_closed_total": ("Connections closed.", counters["connections_closed"]),
+            "rabbitmq_auth_attempts_total": ("Logins checked.", counters["auth_attempts"]),
+            "rabbitmq_auth_attempts_failed_total": ("Logins refused.", counters["auth_failures"]),
+            "rabbitmq_auth_attempts_succeeded_total": ("Logins accepted.", counters["auth_successes"]),
         }
         for metric, (documentation, value) in counts.items():
             yield CounterMetricFamily(metric, documentation, value=max(0, value))

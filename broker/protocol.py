@@ -20,11 +20,13 @@ the output to drain after we close, and for the client to hang up after our ``cl
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime, ISSLTransport
 from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -75,7 +77,10 @@ class AMQPServerProtocol(Protocol):
         peer = self.transport.getPeer()
         host = getattr(peer, "host", "")
         self.connection = ServerConnection(
-            self.factory.node, loopback=is_loopback(host), peer=f"{host}:{getattr(peer, 'port', '')}"
+            self.factory.node,
+            loopback=is_loopback(host),
+            peer=f"{host}:{getattr(peer, 'port', '')}",
+            certificate_name=self._certificate_name if ISSLTransport.providedBy(self.transport) else None,
         )
         self.factory.protocols[self.connection] = self
         if hasattr(self.transport, "setTcpNoDelay"):
@@ -83,6 +88,18 @@ class AMQPServerProtocol(Protocol):
             self.transport.setTcpNoDelay(True)
         self.transport.registerProducer(self, True)
         self._handshake_timer = self.factory.clock.callLater(HANDSHAKE_TIMEOUT, self._handshake_expired)
+
+    def _certificate_name(self) -> str | None:
+        """The common names in the client's certificate, joined by commas as RabbitMQ joins
+        them (``""``: it has none); ``None`` when it presented none. Asked only after the
+        handshake: the client's first bytes come after it."""
+        from cryptography.x509.oid import NameOID
+
+        certificate = self.transport.getPeerCertificate()
+        if certificate is None:
+            return None
+        subject = certificate.to_cryptography().subject
+        return ",".join(str(attribute.value) for attribute in subject.get_attributes_for_oid(NameOID.COMMON_NAME))
 
     def dataReceived(self, data: bytes) -> None:
         connection = self.connection
@@ -100,11 +117,6 @@ class AMQPServerProtocol(Protocol):
                 connection.closed = True
         finally:
             factory.in_io = False
-        if connection.is_open and self._handshake_timer is not None:
-            self._handshake_timer.cancel()
-            self._handshake_timer = None
-            if connection.heartbeat:
-                self._schedule_heartbeat()
         factory.flush()
         self.flush()
 
@@ -114,6 +126,11 @@ class AMQPServerProtocol(Protocol):
         if connection is None:
             return
         self._log_teardown_errors()
+        if self._handshake_timer is not None and connection.is_open:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+            if connection.heartbeat:
+                self._schedule_heartbeat()
         data = connection.data_to_send()
         if data:
             self.transport.write(data)
@@ -245,6 +262,15 @@ class AMQPServerFactory(Factory):
         self._flush_call: IDelayedCall | None = None
         self._backlog_call: IDelayedCall | None = None
         node.on_dirty = self._schedule_flush
+        if hasattr(clock, "getThreadPool"):
+            node.run_blocking = self._run_in_thread
+
+    def _run_in_thread(self, fn: Callable[[], Any], callback: Callable[[Any], None]) -> None:
+        """The node's ``run_blocking`` (a password hash): ``fn`` in the reactor's thread pool,
+        ``callback`` with its result back on the reactor."""
+        done = deferToThreadPool(self.clock, self.clock.getThreadPool(), fn)
+        done.addCallback(callback)
+        done.addErrback(lambda failure: AMQPServerProtocol._log.failure("bug while checking a login", failure))
 
     def buildProtocol(self, addr: Any) -> AMQPServerProtocol:
         return AMQPServerProtocol(self)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,12 @@ from typing import Any
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService, Service
 from twisted.internet import defer, endpoints
+from twisted.internet.interfaces import IOpenSSLServerConnectionCreator
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from broker.core.definitions import node_from_config
 from broker.core.histogram import Histogram
@@ -30,7 +34,9 @@ from broker.wal.log import RecoveryReport, WriteAheadLog
 from broker.wal.record import SEGMENT_HEADER_BYTES
 from broker.wal.recovery import replay_located
 from broker.writer import WorkerWriter
+from config.loader import ConfigError, Problem
 from config.schema import BrokerConfig
+from config.tls import TLSProblem, server_context
 
 #: Allocations between young-generation collections. Messages and queue entries are
 #: allocated at 100k+/s and never form cycles; at the default (700) the collector would walk
@@ -389,17 +395,50 @@ def make_broker_service(
     for plugin_service in plugins.services if plugins is not None else ():
         # Children start in order: plugin services before the listeners, stopped with them.
         plugin_service.setServiceParent(service)
-    amqp_listeners = amqp_endpoints or [config.listen.amqp] + ([config.listen.amqps] if config.listen.amqps else [])
-    for description in amqp_listeners:
+    tls = tls_wrapper(config, reactor)
+    for description in amqp_endpoints or [config.listen.amqp]:
         Listener("amqp", description, factory, reactor).setServiceParent(service)
+    if config.listen.amqps and tls is not None:
+        Listener("amqps", config.listen.amqps, tls(factory), reactor).setServiceParent(service)
+    http_tls = tls if tls is not None and config.tls is not None and config.tls.http else None
     if config.listen.metrics:
         collector = BrokerCollector(node, wal, config.metrics.rabbitmq_compatible)
         site = metrics_site(make_registry(collector))
+        site = http_tls(site) if http_tls else site
         Listener("metrics", config.listen.metrics, site, reactor).setServiceParent(service)
     if sampler is not None and config.listen.management:
         site = management_site(node, sampler)
+        site = http_tls(site) if http_tls else site
         Listener("management", config.listen.management, site, reactor).setServiceParent(service)
     return service
+
+
+def tls_wrapper(config: BrokerConfig, reactor: Any) -> Callable[[Any], Any] | None:
+    """A function wrapping a listener's factory in TLS with the configuration's ``tls:``
+    settings (``None`` without them). ``reactor`` runs the TLS layer's write batching.
+
+    :raises ConfigError: a TLS file is missing or wrong (``config.tls.TLSProblem``, with the key)
+    """
+    if config.tls is None:
+        return None
+    try:
+        creator = _ServerTLS(server_context(config.tls))
+    except TLSProblem as problem:
+        raise ConfigError(config.source, [Problem(None, problem.key, problem.reason)]) from None
+    return lambda factory: TLSMemoryBIOFactory(creator, False, factory, clock=reactor)
+
+
+@implementer(IOpenSSLServerConnectionCreator)
+class _ServerTLS:
+    """One TLS server connection per accepted socket, all from one context."""
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+
+    def serverConnectionForTLS(self, protocol: Any) -> Any:
+        from OpenSSL import SSL
+
+        return SSL.Connection(self.context, None)
 
 
 class ListenError(SystemExit):

@@ -368,19 +368,22 @@ def wait_for_port(port: int, seconds: float) -> None:
 
 
 @contextmanager
-def rabbitmq_node() -> Iterator[tuple[int, int]]:
+def rabbitmq_node(config: str = "", plugins: Iterable[str] = ()) -> Iterator[tuple[int, int]]:
     """Run a private RabbitMQ node on free loopback ports, for comparisons; yield ``(port, pid)``.
 
     Uses the Debian package's launcher directly, as the current user, with every directory
     in a temporary home (see ``../shared/bench/README.md``).
 
+    :param config: lines of ``rabbitmq.conf`` (e.g. a TLS listener's ``ssl_options``)
+    :param plugins: plugins to enable (e.g. ``rabbitmq_auth_mechanism_ssl``)
     :raises RabbitMQMissing: ``rabbitmq-server`` is not installed
     """
     if not RABBITMQ_LAUNCHER.exists():
         raise RabbitMQMissing("rabbitmq-server is not installed: apt-get install -y rabbitmq-server")
     port, dist_port = free_port(), free_port()
     home = Path(tempfile.mkdtemp(prefix="postroom-rabbitmq-"))
-    (home / "enabled_plugins").write_text("[].\n")
+    (home / "enabled_plugins").write_text(f"[{','.join(plugins)}].\n")
+    (home / "rabbitmq.conf").write_text(config)
     env = dict(
         os.environ,
         HOME=str(home),
@@ -392,6 +395,7 @@ def rabbitmq_node() -> Iterator[tuple[int, int]]:
         RABBITMQ_LOG_BASE=str(home / "log"),
         RABBITMQ_ENABLED_PLUGINS_FILE=str(home / "enabled_plugins"),
         RABBITMQ_PID_FILE=str(home / "pid"),
+        RABBITMQ_CONFIG_FILE=str(home / "rabbitmq.conf"),
     )
     process = subprocess.Popen(
         [str(RABBITMQ_LAUNCHER)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True

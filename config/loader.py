@@ -39,10 +39,13 @@ from config.schema import (
     PluginConfig,
     QueueConfig,
     StorageConfig,
+    TLSConfig,
     UserConfig,
     VhostConfig,
 )
 
+#: The SASL mechanisms Postroom offers, in the order ``connection.start`` lists them.
+AUTH_MECHANISMS = ("AMQPLAIN", "PLAIN", "EXTERNAL")
 #: Exchange types Postroom has without plugins; plugin types start with ``x-``.
 BUILTIN_EXCHANGE_TYPES = frozenset({"direct", "fanout", "topic", "headers"})
 #: Exchanges every vhost has (they may be referenced without being declared).
@@ -222,7 +225,7 @@ class _Reader:
         """An endpoint string, or ``false`` for no listener at all."""
         if value is False:
             return None
-        return self.string(value, path, default)
+        return self.endpoint(value, path, default)
 
     def name(self, value: Any, path: str) -> str:
         result = self.string(value, path, None)
@@ -276,13 +279,19 @@ class _Reader:
     def broker(self, document: Any) -> BrokerConfig | None:
         if document is None:
             return None
-        top = self.mapping(document, "", {"listen", "storage", "limits", "users", "plugins", "vhosts", "metrics"})
+        top = self.mapping(
+            document,
+            "",
+            {"listen", "tls", "auth_mechanisms", "storage", "limits", "users", "plugins", "vhosts", "metrics"},
+        )
         defaults = BrokerConfig()
         listen = self.listen(top.get("listen"))
+        tls = self.tls(top.get("tls"), listen)
+        mechanisms = self.auth_mechanisms(top.get("auth_mechanisms"), tls)
         storage = self.storage(top.get("storage"))
         limits = self.limits(top.get("limits"))
         vhosts = self.vhosts(top.get("vhosts")) if "vhosts" in top else defaults.vhosts
-        users = self.users(top.get("users"), vhosts) if "users" in top else defaults.users
+        users = self.users(top.get("users"), vhosts, "EXTERNAL" in mechanisms) if "users" in top else defaults.users
         plugins = self.plugins(top.get("plugins"))
         metrics_section = self.mapping(top.get("metrics"), "metrics", {"rabbitmq_compatible"})
         metrics = MetricsConfig(
@@ -290,7 +299,72 @@ class _Reader:
                 metrics_section.get("rabbitmq_compatible"), "metrics.rabbitmq_compatible", False
             )
         )
-        return BrokerConfig(listen, storage, limits, users, plugins, vhosts, self.source, metrics)
+        return BrokerConfig(
+            listen, storage, limits, users, plugins, vhosts, self.source, metrics, tls=tls, auth_mechanisms=mechanisms
+        )
+
+    def tls(self, value: Any, listen: ListenConfig) -> TLSConfig | None:
+        """``tls:``: checked here down to the files (see ``config.tls``), so a configuration
+        that passes ``config check`` has a TLS context that loads."""
+        if value is None:
+            if listen.amqps is not None:
+                self.problem("listen.amqps", "needs the tls: section (certificate and key)")
+            return None
+        section = self.mapping(
+            value, "tls", {"certificate", "key", "ca", "verify", "fail_if_no_peer_cert", "http"}, {"certificate", "key"}
+        )
+        if not section:
+            return None
+        ca = section.get("ca")
+        if isinstance(ca, str):
+            ca = [ca]
+        ca = self.typed(ca, "tls.ca", _is_string_list, "a file or a list of files", [])
+        verify = self.string(section.get("verify"), "tls.verify", "none")
+        if verify not in ("none", "peer"):
+            self.problem("tls.verify", f"must be none or peer, not {verify!r}")
+            verify = "none"
+        tls = TLSConfig(
+            certificate=self.string(section.get("certificate"), "tls.certificate", ""),
+            key=self.string(section.get("key"), "tls.key", ""),
+            ca=tuple(ca),
+            verify=verify,
+            fail_if_no_peer_cert=self.boolean(section.get("fail_if_no_peer_cert"), "tls.fail_if_no_peer_cert", False),
+            http=self.boolean(section.get("http"), "tls.http", False),
+        )
+        if verify == "peer" and not tls.ca:
+            self.problem("tls.verify", "peer needs the CA certificates to verify clients against (tls.ca)")
+        if tls.fail_if_no_peer_cert and verify != "peer":
+            self.problem("tls.fail_if_no_peer_cert", "needs verify: peer (certificates are not asked for otherwise)")
+        if listen.amqps is None and not (tls.http and (listen.metrics or listen.management)):
+            self.problem(
+                "tls", "no listener uses it: set listen.amqps, or http: true with a metrics or management listener"
+            )
+        if not tls.certificate or not tls.key:
+            return tls
+        from config.tls import TLSProblem, server_context
+
+        try:
+            server_context(tls)
+        except TLSProblem as problem:
+            self.problem(problem.key, problem.reason)
+        return tls
+
+    def auth_mechanisms(self, value: Any, tls: TLSConfig | None) -> tuple[str, ...]:
+        default = BrokerConfig().auth_mechanisms
+        names = self.typed(value, "auth_mechanisms", _is_string_list, "a list of names", default)
+        for name in names:
+            if name not in AUTH_MECHANISMS:
+                self.problem("auth_mechanisms", f"unknown mechanism {name!r} (expected: {', '.join(AUTH_MECHANISMS)})")
+                return default
+        if not names:
+            self.problem("auth_mechanisms", "no mechanism left to log in with")
+            return default
+        if "EXTERNAL" in names and (tls is None or tls.verify != "peer"):
+            self.problem(
+                "auth_mechanisms",
+                "EXTERNAL takes the user from a verified client certificate: it needs tls: with verify: peer",
+            )
+        return tuple(names)
 
     def plugins(self, value: Any) -> tuple[PluginConfig, ...]:
         """``plugins:``: names, or ``{name, settings}`` mappings; a plugin listed twice is refused.
@@ -325,11 +399,26 @@ class _Reader:
         section = self.mapping(value, "listen", {"amqp", "amqps", "metrics", "management"})
         default = ListenConfig()
         return ListenConfig(
-            amqp=self.string(section.get("amqp"), "listen.amqp", default.amqp),
-            amqps=self.string(section.get("amqps"), "listen.amqps", default.amqps),
+            amqp=self.endpoint(section.get("amqp"), "listen.amqp", default.amqp),
+            amqps=self.endpoint(section.get("amqps"), "listen.amqps", default.amqps),
             metrics=self.optional_listener(section.get("metrics"), "listen.metrics", default.metrics),
             management=self.optional_listener(section.get("management"), "listen.management", default.management),
         )
+
+    def endpoint(self, value: Any, path: str, default: str | None) -> str | None:
+        """A Twisted server endpoint string of a kind Postroom listens on: ``tcp``, ``tcp6`` or
+        ``unix``. TLS comes from the ``tls:`` section, never from an ``ssl:`` endpoint."""
+        result = self.string(value, path, default)
+        if result is None:
+            return result
+        kind = result.partition(":")[0]
+        if kind == "ssl":
+            self.problem(path, "ssl: endpoints are not taken: listen on tcp: and set the tls: section")
+            return default
+        if kind not in ("tcp", "tcp6", "unix"):
+            self.problem(path, f"must be a tcp:, tcp6: or unix: endpoint (e.g. tcp:5672:interface=::1), not {result!r}")
+            return default
+        return result
 
     def storage(self, value: Any) -> StorageConfig:
         section = self.mapping(
@@ -365,9 +454,7 @@ class _Reader:
                 retention=self.duration(
                     stream.get("retention"), "storage.deadletters.retention", stream_default.retention
                 ),
-                max_bytes=self.size(
-                    stream.get("max_bytes"), "storage.deadletters.max_bytes", stream_default.max_bytes
-                ),
+                max_bytes=self.size(stream.get("max_bytes"), "storage.deadletters.max_bytes", stream_default.max_bytes),
             ),
         )
 
@@ -402,7 +489,9 @@ class _Reader:
             memory_high_watermark=float(watermark),
         )
 
-    def users(self, value: Any, vhosts: Mapping[str, VhostConfig]) -> tuple[UserConfig, ...]:
+    def users(self, value: Any, vhosts: Mapping[str, VhostConfig], external: bool) -> tuple[UserConfig, ...]:
+        """``users:``; with ``external`` (EXTERNAL among the mechanisms) a user may have no
+        password at all, and then logs in only with a client certificate."""
         users = []
         seen: set[str] = set()
         for index, item in enumerate(self.typed(value, "users", _is_list, "a list", [])):
@@ -416,8 +505,14 @@ class _Reader:
             seen.add(name)
             password = self.string(entry.get("password"), f"{path}.password")
             password_hash = self.string(entry.get("password_hash"), f"{path}.password_hash")
-            if (password is None) == (password_hash is None):
-                self.problem(path, "give exactly one of password and password_hash")
+            if password is not None and password_hash is not None:
+                self.problem(path, "give one of password and password_hash, not both")
+            elif password is None and password_hash is None and not external:
+                self.problem(
+                    path,
+                    "give password or password_hash (a user with neither logs in only with a client certificate,"
+                    " which needs EXTERNAL in auth_mechanisms)",
+                )
             permissions = None
             if "permissions" in entry:
                 permissions = {}
@@ -612,6 +707,10 @@ class _Reader:
 
 def _is_list(value: Any) -> bool:
     return isinstance(value, list)
+
+
+def _is_string_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
 
 def _kind(value: Any) -> str:

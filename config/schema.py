@@ -21,6 +21,24 @@ class ListenConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TLSConfig:
+    """TLS for the ``listen.amqps`` listener, and for the HTTP listeners with ``http``
+    (RabbitMQ's ``ssl_options``). Paths are as written: relative ones are relative to the
+    working directory, as ``storage.dir`` is.
+
+    ``verify: peer`` asks every client for a certificate and refuses one that none of the
+    ``ca`` files vouches for; ``fail_if_no_peer_cert`` also refuses a client that presents none.
+    """
+
+    certificate: str
+    key: str
+    ca: tuple[str, ...] = ()
+    verify: str = "none"
+    fail_if_no_peer_cert: bool = False
+    http: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class ArchiveConfig:
     """Where retired log segments go for the Spark job, and for how long."""
 
@@ -75,7 +93,8 @@ class Permission:
 
 @dataclass(frozen=True, slots=True)
 class UserConfig:
-    """A user. Exactly one of ``password`` and ``password_hash`` is set.
+    """A user. At most one of ``password`` and ``password_hash`` is set; with neither, the
+    user logs in only with a client certificate (``EXTERNAL``).
 
     ``password_hash`` is ``scrypt$N$r$p$salt$hash`` (``broker.core.node.hash_password``) or a
     RabbitMQ hash as exported, prefixed: ``rabbitmq-sha256$...`` (also ``-sha512``, ``-md5``).
@@ -214,6 +233,10 @@ class BrokerConfig:
     vhosts: dict[str, VhostConfig] = field(default_factory=lambda: {"/": VhostConfig()})
     source: str = "<embedded default>"
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    tls: TLSConfig | None = None
+    #: The SASL mechanisms clients may log in with (RabbitMQ's ``auth_mechanisms``): ``PLAIN``,
+    #: ``AMQPLAIN``, and ``EXTERNAL`` (the verified client certificate's common name, on TLS).
+    auth_mechanisms: tuple[str, ...] = ("PLAIN", "AMQPLAIN")
     #: What the source holds that Postroom does not apply, one ``FILE: key.path: reason`` line
     #: each (a RabbitMQ definitions export's policies, quorum queues ...; see ``config.rabbitmq``).
     notes: tuple[str, ...] = ()

@@ -30,6 +30,7 @@ at most a short string long, whatever those names hold.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
@@ -130,6 +131,7 @@ class State(Enum):
 
     AWAIT_HEADER = "await header"
     AWAIT_START_OK = "await start-ok"
+    AUTHENTICATING = "authenticating"  # the login is being checked; what arrives meanwhile waits
     AWAIT_TUNE_OK = "await tune-ok"
     AWAIT_OPEN = "await open"
     OPEN = "open"
@@ -138,16 +140,20 @@ class State(Enum):
     LINGERING = "lingering"  # we answered the client's connection.close; waiting for it to hang up
 
 
+#: Mechanisms RabbitMQ always has, offered or not: asking for one it does not offer gets
+#: "invalid authentication mechanism", one it lacks "unknown authentication mechanism".
+KNOWN_MECHANISMS = frozenset({"PLAIN", "AMQPLAIN", "RABBIT-CR-DEMO"})
 #: RabbitMQ's names for the connection states, as its reply texts show them.
 _RABBITMQ_STATES = {
     State.AWAIT_START_OK: "starting",
+    State.AUTHENTICATING: "starting",
     State.AWAIT_TUNE_OK: "tuning",
     State.AWAIT_OPEN: "opening",
     State.OPEN: "running",
 }
 
 
-_HANDSHAKE_STATES = frozenset({State.AWAIT_START_OK, State.AWAIT_TUNE_OK, State.AWAIT_OPEN})
+_HANDSHAKE_STATES = frozenset({State.AWAIT_START_OK, State.AUTHENTICATING, State.AWAIT_TUNE_OK, State.AWAIT_OPEN})
 
 
 class ServerConnection:
@@ -156,12 +162,22 @@ class ServerConnection:
     :param node: the broker node (virtual hosts, users, limits)
     :param loopback: whether the peer connects from a loopback address
     :param peer: a printable peer address, for logs and the management API
+    :param certificate_name: on a TLS connection, a function giving the name in the client's
+        verified certificate (its common names, joined by commas; ``""`` when it has none;
+        ``None`` when the client presented no certificate); ``None`` on a plain connection
     """
 
-    def __init__(self, node: Node, loopback: bool = True, peer: str = "") -> None:
+    def __init__(
+        self,
+        node: Node,
+        loopback: bool = True,
+        peer: str = "",
+        certificate_name: Callable[[], str | None] | None = None,
+    ) -> None:
         self.node = node
         self.loopback = loopback
         self.peer = peer
+        self.certificate_name = certificate_name
         self.state = State.AWAIT_HEADER
         self.out: list[bytes] = []
         self.dirty = False
@@ -243,6 +259,9 @@ class ServerConnection:
                 return
             data = data[8:]
             self._start()
+        if self.state is State.AUTHENTICATING:
+            self._hold(data)
+            return
         pos = 0
         total = len(data)
         unpack = _frame_head.unpack_from
@@ -315,7 +334,7 @@ class ServerConnection:
                 payload = data[pos + 7 : end]
                 pos = end + 1
                 self._frame(frame_type, channel_id, payload)
-                if self.closed:
+                if self.closed or self.state is State.AUTHENTICATING:
                     break
         except _LostSync as error:
             # The next frame cannot be found: RabbitMQ sends its close, reads nothing more and
@@ -332,8 +351,18 @@ class ServerConnection:
             return
         if self.state is State.CLOSING or self.closed:
             return
-        if pos < total:
+        if self.state is State.AUTHENTICATING:
+            self._hold(data[pos:])
+        elif pos < total:
             self._pending = data[pos:]
+
+    def _hold(self, data: bytes) -> None:
+        """Keep what arrives while the login is checked, up to a frame's worth (a client has
+        no reason to send more before ``connection.tune``)."""
+        if len(data) > self.frame_max + FRAME_OVERHEAD:
+            self._fail(ConnectionException(ReplyCode.FRAME_ERROR, "too much data before connection.tune"))
+            return
+        self._pending = data
 
     def _linger(self, data: bytes) -> None:
         """After our ``close-ok``: drop input, but answer every further ``connection.close`` (RabbitMQ)."""
@@ -583,7 +612,7 @@ class ServerConnection:
                         "cluster_name": "postroom",
                         "capabilities": dict(CAPABILITIES),
                     },
-                    mechanisms="AMQPLAIN PLAIN",
+                    mechanisms=node.mechanisms(tls=self.certificate_name is not None),
                     locales="en_US",
                 ),
             )
@@ -618,6 +647,7 @@ class ServerConnection:
             )
 
     def _credentials(self, method: commands.Connection.StartOk) -> tuple[str, str]:
+        """The user name and password in a ``PLAIN`` or ``AMQPLAIN`` response."""
         response = method.response
         raw = response if isinstance(response, bytes) else response.encode("utf-8", "surrogateescape")
         if method.mechanism == "PLAIN":
@@ -625,29 +655,59 @@ class ServerConnection:
             if len(parts) != 3:
                 raise ConnectionException(ReplyCode.ACCESS_REFUSED, "malformed PLAIN response")
             return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
-        if method.mechanism == "AMQPLAIN":
-            try:
-                table = decode_table(raw)
-            except (ValueError, struct.error, IndexError) as err:
-                raise ConnectionException(ReplyCode.ACCESS_REFUSED, "malformed AMQPLAIN response") from err
-            login, password = table.get("LOGIN", ""), table.get("PASSWORD", "")
-            if isinstance(login, bytes):
-                login = login.decode("utf-8", "replace")
-            if isinstance(password, bytes):
-                password = password.decode("utf-8", "replace")
-            return str(login), str(password)
-        raise ConnectionException(
-            ReplyCode.COMMAND_INVALID, f"unknown authentication mechanism '{method.mechanism}'", 10, 11
-        )
+        try:
+            table = decode_table(raw)
+        except (ValueError, struct.error, IndexError) as err:
+            raise ConnectionException(ReplyCode.ACCESS_REFUSED, "malformed AMQPLAIN response") from err
+        login, password = table.get("LOGIN", ""), table.get("PASSWORD", "")
+        if isinstance(login, bytes):
+            login = login.decode("utf-8", "replace")
+        if isinstance(password, bytes):
+            password = password.decode("utf-8", "replace")
+        return str(login), str(password)
 
     def _start_ok(self, method: commands.Connection.StartOk) -> None:
         self.client_properties = method.client_properties or {}
         capabilities = self.client_properties.get("capabilities")
         self.capabilities = capabilities if isinstance(capabilities, dict) else {}
-        username, password = self._credentials(method)
-        user = self.node.authenticate(username, password, self.loopback)
+        mechanism = method.mechanism
+        if mechanism not in self.node.mechanisms(tls=self.certificate_name is not None).split():
+            # RabbitMQ tells a mechanism it has but does not offer here from one it lacks.
+            known = mechanism in KNOWN_MECHANISMS or mechanism in self.node.auth_mechanisms
+            raise ConnectionException(
+                ReplyCode.COMMAND_INVALID,
+                f"{'invalid' if known else 'unknown'} authentication mechanism '{mechanism}'",
+                10,
+                11,
+            )
+        if mechanism == "EXTERNAL":
+            # The user named in the verified client certificate; no password (RabbitMQ's
+            # rabbitmq_auth_mechanism_ssl with ssl_cert_login_from = common_name).
+            assert self.certificate_name is not None
+            username, password = self.certificate_name(), None
+            if not username:
+                reason = "no name found" if username == "" else "connection peer presented no TLS (x.509) certificate"
+                self._login_done(mechanism, None, reason)
+                return
+        else:
+            username, password = self._credentials(method)
+        self.state = State.AUTHENTICATING
+        self.node.login(
+            username,
+            password,
+            self.loopback,
+            self.peer.rpartition(":")[0],
+            lambda user, reason: self._login_done(mechanism, user, reason),
+        )
+
+    def _login_done(self, mechanism: str, user: Any, reason: str) -> None:
+        """The login was checked (now, or later for an expensive hash): go on to tune, or
+        refuse it, then act on what the client sent meanwhile."""
+        if self.closed:
+            return
+        self.node.mark_dirty(self)
+        self.state = State.AWAIT_START_OK
         if user is None:
-            mechanism = method.mechanism
             error = ConnectionException(
                 ReplyCode.ACCESS_REFUSED,
                 f"Login was refused using authentication mechanism {mechanism}. For details see the broker logfile.",
@@ -655,9 +715,11 @@ class ServerConnection:
                 11,
             )
             if self.capabilities.get("authentication_failure_close"):
-                raise error
-            self.error = error
-            self._finish()
+                self._fail(error)
+            else:
+                self._finish()
+            # The log gets the reason; the client only the text above (RabbitMQ's split).
+            self.error = ConnectionException(ReplyCode.ACCESS_REFUSED, f"{mechanism} login refused: {reason}")
             return
         self.user_name = user.name
         self._user = user
@@ -670,6 +732,8 @@ class ServerConnection:
                 ),
             )
         )
+        if self._pending:
+            self.receive_data(b"")
 
     def _tune_ok(self, method: commands.Connection.TuneOk) -> None:
         limits = self.node.limits

@@ -62,6 +62,7 @@ def node_from_config(
     ]
     node = Node(
         users=users,
+        auth_mechanisms=config.auth_mechanisms,
         vhost_names=tuple(config.vhosts),
         limits=Limits(
             frame_max=limits.frame_max,

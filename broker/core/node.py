@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from broker.core.access import Access, Patterns, compile_access
+from broker.core.login import LoginThrottle, decoy_hash, is_expensive
 from broker.core.queue import Scheduler, WorkQueue
 from broker.core.vhost import VirtualHost
 
@@ -122,6 +123,10 @@ def _rabbitmq_matches(stored: str, password: str) -> bool:
     return hmac.compare_digest(expected, hashlib.new(digest, salt + password.encode("utf-8")).digest())
 
 
+def _run_here(fn: Callable[[], Any], callback: Callable[[Any], None]) -> None:
+    callback(fn())
+
+
 @dataclass(slots=True)
 class Limits:
     """Negotiated and enforced limits (see the module constants for the reasons)."""
@@ -158,15 +163,28 @@ class Node:
     hooks: HookChain | None = None
     #: Authentication backends added by plugins (``IAuthenticator``), asked after the configured users.
     authenticators: tuple[Any, ...] = ()
+    #: The SASL mechanisms clients may use (``auth_mechanisms``); ``EXTERNAL`` only over TLS.
+    auth_mechanisms: tuple[str, ...] = ("PLAIN", "AMQPLAIN")
 
     def __post_init__(self) -> None:
         self.users_by_name: dict[str, User] = {user.name: user for user in self.users}
+        self._decoy_hash = decoy_hash(self.users_by_name.values())
+        #: Runs ``fn`` and then ``callback(fn())``; the shell runs ``fn`` in a worker thread and
+        #: the callback back on the reactor. Here: both at once, on the calling thread.
+        self.run_blocking: Callable[[Callable[[], Any], Callable[[Any], None]], None] = _run_here
+        self.login_throttle = LoginThrottle(lambda: self.clock.seconds() if self.clock is not None else 0.0)
+        # In RabbitMQ's order (AMQPLAIN, PLAIN, EXTERNAL), whatever the configured order.
+        offered = [name for name in ("AMQPLAIN", "PLAIN", "EXTERNAL") if name in self.auth_mechanisms]
+        self._mechanisms = (
+            " ".join(name for name in offered if name != "EXTERNAL"),
+            " ".join(offered),
+        )
         #: The write-ahead log's journal; ``None`` keeps everything in memory only.
         self.journal: Journal | None = None
         self.vhosts: dict[str, VirtualHost] = {}
         for name in self.vhost_names:
             self.add_vhost(name)
-        #: Event counts for metrics: stale_acks, stale_extends.
+        #: Event counts for metrics: stale_acks, stale_extends, auth_attempts, auth_failures, auth_successes...
         self.counters: Counter[str] = Counter()
         self.connections: set[Any] = set()
         self.dirty: set[Any] = set()
@@ -216,19 +234,82 @@ class Node:
             self.dirty.add(connection)
 
     def authenticate(self, username: str, password: str, loopback: bool) -> User | None:
-        """The user for these credentials, or ``None`` when they are refused.
+        """The user for these credentials, or ``None`` when they are refused, at once (the
+        password is checked on the calling thread; connections use :meth:`login`).
 
         The configured users are asked first, then each plugin backend in load order (as
         RabbitMQ's ``auth_backends``): the first to return a user lets the client in.
         """
         user = self.users_by_name.get(username)
-        if user is not None and user.check_password(password) and (loopback or not user.loopback_only):
-            return user
-        for authenticator in self.authenticators:
-            user = authenticator.authenticate(username, password, loopback)
-            if user is not None:
-                return user
-        return None
+        ok = user is not None and user.check_password(password)
+        return self._accepted(user, ok, username, password, loopback)[0]
+
+    def login(
+        self,
+        username: str,
+        password: str | None,
+        loopback: bool,
+        host: str,
+        done: Callable[[User | None, str], None],
+    ) -> None:
+        """Check a connection's login and call ``done(user, "")``, or ``done(None, reason)``
+        with the reason for the log, now or later (see :mod:`broker.core.login`: expensive
+        hashes are checked through :attr:`run_blocking`, and a host with many recent failures
+        waits its turn).
+
+        :param password: ``None`` for ``EXTERNAL``: ``username`` comes from a verified client
+            certificate and no password is asked
+        :param host: the peer's address, whose failures are counted
+        """
+        self.counters["auth_attempts"] += 1
+        user = self.users_by_name.get(username)
+
+        def finish(ok: bool) -> None:
+            accepted, reason = self._accepted(user, ok, username, password, loopback)
+            if accepted is None:
+                self.counters["auth_failures"] += 1
+                self.login_throttle.failed(host)
+            else:
+                self.counters["auth_successes"] += 1
+            done(accepted, reason)
+
+        def check() -> None:
+            if password is None:
+                finish(user is not None)
+                return
+            stored = user.password_hash if user is not None else self._decoy_hash
+            if is_expensive(stored):
+                # An unknown name is checked against the decoy, at the same cost.
+                target = user if user is not None else User("", password_hash=stored)
+                self.run_blocking(lambda: target.check_password(password), finish)
+            else:
+                finish(user is not None and user.check_password(password))
+
+        delay = self.login_throttle.delay(host)
+        if delay and self.clock is not None:
+            self.clock.callLater(delay, check)
+        else:
+            check()
+
+    def _accepted(
+        self, user: User | None, ok: bool, username: str, password: str | None, loopback: bool
+    ) -> tuple[User | None, str]:
+        """The configured user when its check passed and it may connect from here, else the
+        first plugin backend's user (not for ``EXTERNAL``); or ``None`` and why."""
+        if ok and user is not None and (loopback or not user.loopback_only):
+            return user, ""
+        if password is not None:
+            for authenticator in self.authenticators:
+                found = authenticator.authenticate(username, password, loopback)
+                if found is not None:
+                    return found, ""
+        if ok and user is not None:
+            return None, f"user '{username}' can only connect via localhost"
+        return None, f"user '{username}' - invalid credentials"
+
+    def mechanisms(self, tls: bool) -> str:
+        """The mechanisms ``connection.start`` offers, space-separated: ``EXTERNAL`` only on TLS."""
+        return self._mechanisms[tls]
 
     def random_tag(self, prefix: str) -> str:
         """A generated name such as ``amq.ctag-Xy…`` (22 random characters, as in RabbitMQ)."""

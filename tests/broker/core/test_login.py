@@ -1,0 +1,197 @@
+"""Logins: expensive hashes checked through ``run_blocking``, unknown names at the same cost,
+failures throttled per host, counted, and logged with their reason. Deterministic: a
+``Clock`` and a ``run_blocking`` the test completes by hand."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pika
+import pytest
+from pamqp import commands
+from twisted.internet.task import Clock
+
+import broker.core.node as node_module
+from broker.amqp.codec import PROTOCOL_HEADER
+from broker.core.login import FAILURE_WINDOW, FREE_FAILURES, PENALTY, LoginThrottle, decoy_hash
+from broker.core.node import Node, User, hash_password
+from broker.errors import ReplyCode
+from broker.testing import Client, encode, methods
+
+SCRYPT = hash_password("secret", b"0123456789abcdef", n=2**10)
+
+
+class HeldChecks:
+    """A ``run_blocking`` that keeps each check until the test lets it finish."""
+
+    def __init__(self) -> None:
+        self.held: list[tuple[Callable[[], Any], Callable[[Any], None]]] = []
+
+    def __call__(self, fn: Callable[[], Any], callback: Callable[[Any], None]) -> None:
+        self.held.append((fn, callback))
+
+    def finish_all(self) -> None:
+        held, self.held = self.held, []
+        for fn, callback in held:
+            callback(fn())
+
+
+def scrypt_node() -> tuple[Node, HeldChecks, Clock]:
+    clock = Clock()
+    node = Node(users=[User("app", password_hash=SCRYPT), User("guest", "guest")], clock=clock)
+    held = HeldChecks()
+    node.run_blocking = held
+    return node, held, clock
+
+
+def start_ok(user: str, password: str) -> commands.Connection.StartOk:
+    return commands.Connection.StartOk(
+        client_properties={"capabilities": {"authentication_failure_close": True}},
+        mechanism="PLAIN",
+        response=f"\x00{user}\x00{password}",
+    )
+
+
+def test_a_scrypt_check_waits_for_run_blocking_and_what_the_client_sent_meanwhile_is_kept() -> None:
+    node, held, _clock = scrypt_node()
+    client = Client(node)
+    client.send(PROTOCOL_HEADER)
+
+    # A client that does not wait for tune: start-ok, tune-ok and open in one write.
+    replies = client.send(
+        encode(0, start_ok("app", "secret"))
+        + encode(
+            0,
+            commands.Connection.TuneOk(channel_max=10, frame_max=131072, heartbeat=0),
+            commands.Connection.Open(virtual_host="/"),
+        )
+    )
+    assert replies == []
+    assert len(held.held) == 1
+
+    held.finish_all()
+    assert [type(m) for m in methods(client.read())] == [commands.Connection.Tune, commands.Connection.OpenOk]
+    assert client.connection.is_open
+    assert client.connection.user_name == "app"
+    assert client.connection in node.dirty  # the shell writes it out
+
+
+def test_an_unknown_name_costs_a_scrypt_check_like_a_wrong_password() -> None:
+    node, held, _clock = scrypt_node()
+    for user in ("app", "nobody"):
+        client = Client(node)
+        client.send(PROTOCOL_HEADER)
+        client.call(0, start_ok(user, "wrong"))
+        assert len(held.held) == 1, user
+        held.finish_all()
+        close = methods(client.read())
+        assert [(type(m), m.reply_code) for m in close] == [(commands.Connection.Close, ReplyCode.ACCESS_REFUSED)]
+        assert (
+            str(client.connection.error) == f"ACCESS_REFUSED - PLAIN login refused: user '{user}' - invalid credentials"
+        )
+    assert node.counters["auth_attempts"] == 2
+    assert node.counters["auth_failures"] == 2
+
+
+def test_cheap_passwords_are_checked_at_once() -> None:
+    node, held, _clock = scrypt_node()
+    client = Client(node)
+    assert client.handshake("guest", "guest")
+    assert client.connection.is_open
+    assert held.held == []
+    assert node.counters["auth_successes"] == 1
+
+
+def test_the_decoy_has_the_cost_parameters_of_the_first_scrypt_user() -> None:
+    decoy = decoy_hash([User("a", "clear"), User("b", password_hash=SCRYPT)])
+
+    assert decoy is not None
+    assert decoy.split("$")[:4] == SCRYPT.split("$")[:4]
+    assert not User("", password_hash=decoy).check_password("secret")
+    assert decoy_hash([User("a", "clear")]) is None
+
+
+def test_a_host_over_its_free_failures_is_checked_once_per_penalty() -> None:
+    clock = Clock()
+    throttle = LoginThrottle(clock.seconds)
+    for _ in range(FREE_FAILURES):
+        assert throttle.delay("10.0.0.1") == 0.0
+        throttle.failed("10.0.0.1")
+
+    assert [throttle.delay("10.0.0.1") for _ in range(3)] == [0.0, PENALTY, 2 * PENALTY]
+    assert throttle.delay("10.0.0.2") == 0.0  # other hosts are not slowed
+    clock.advance(FAILURE_WINDOW + 1)
+    assert throttle.delay("10.0.0.1") == 0.0  # the window passed without failures
+
+
+def test_logins_from_a_throttled_host_wait_for_the_clock() -> None:
+    node, held, clock = scrypt_node()
+    for _ in range(FREE_FAILURES):
+        node.login_throttle.failed("")  # the test client's host
+    clients = [Client(node) for _ in range(3)]
+    replies = []
+    for client in clients:
+        client.send(PROTOCOL_HEADER)
+        replies.append(methods(client.call(0, start_ok("guest", "guest"))))
+
+    # The first is checked at once, each next one PENALTY seconds after the one before;
+    # successes do not clear the failures.
+    assert [[type(m) for m in r] for r in replies] == [[commands.Connection.Tune], [], []]
+    clock.advance(PENALTY)
+    assert [[type(m) for m in methods(c.read())] for c in clients[1:]] == [[commands.Connection.Tune], []]
+    clock.advance(PENALTY)
+    assert [type(m) for m in methods(clients[2].read())] == [commands.Connection.Tune]
+    assert held.held == []
+
+
+def test_a_connection_that_closed_while_its_login_was_checked_ignores_the_result() -> None:
+    node, held, _clock = scrypt_node()
+    client = Client(node)
+    client.send(PROTOCOL_HEADER)
+    client.call(0, start_ok("app", "secret"))
+    client.connection.connection_lost()
+
+    held.finish_all()
+
+    assert client.read() == []
+    assert client.connection.user_name == ""
+
+
+def test_too_much_data_before_tune_closes_the_connection() -> None:
+    node, held, _clock = scrypt_node()
+    client = Client(node)
+    client.send(PROTOCOL_HEADER)
+    client.call(0, start_ok("app", "secret"))
+    client.send(b"\x01" * (node.limits.frame_max + 100))
+
+    assert client.connection.closed
+    assert client.connection.silent_close_delay > 0
+
+
+def test_scrypt_runs_off_the_reactor_thread(
+    broker_reactor: Any, make_broker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[threading.Thread] = []
+    check = node_module._scrypt_matches
+
+    def recording(stored: str, password: str) -> bool:
+        threads.append(threading.current_thread())
+        return check(stored, password)
+
+    monkeypatch.setattr(node_module, "_scrypt_matches", recording)
+    broker = make_broker(Node(users=[User("app", password_hash=SCRYPT)]))
+    connection = pika.BlockingConnection(
+        pika.ConnectionParameters("127.0.0.1", broker.port, credentials=pika.PlainCredentials("app", "secret"))
+    )
+    connection.close()
+
+    assert len(threads) == 1
+    assert threads[0] is not broker_reactor_thread(broker_reactor)
+
+
+def broker_reactor_thread(reactor: Any) -> threading.Thread:
+    from twisted.internet import threads as twisted_threads
+
+    return twisted_threads.blockingCallFromThread(reactor, threading.current_thread)
