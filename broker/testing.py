@@ -432,3 +432,34 @@ def rabbitmqctl(port: int, *arguments: str) -> str:
         check=True,
     )
     return result.stdout
+
+
+def write_test_pki(directory: Path) -> dict[str, Path]:
+    """Certificates for TLS tests, made with ``trustme`` (a test dependency), as PEM files in
+    ``directory``: ``server-ca`` signed ``server`` (for ``localhost``, 127.0.0.1 and ::1);
+    ``client-ca`` signed the clients ``app``, ``guest`` and ``stranger`` (each with its name as
+    common name); ``rogue`` (common name ``app``) comes from a CA nobody trusts. ``cas`` holds
+    both trusted CAs in one file. Keys are ``NAME.key``, certificates ``NAME.crt``.
+    """
+    import trustme
+
+    server_ca = trustme.CA(organization_name="Postroom test server CA")
+    client_ca = trustme.CA(organization_name="Postroom test client CA")
+    rogue_ca = trustme.CA(organization_name="Someone else")
+    files = {"server-ca": directory / "server-ca.pem", "client-ca": directory / "client-ca.pem"}
+    server_ca.cert_pem.write_to_path(files["server-ca"])
+    client_ca.cert_pem.write_to_path(files["client-ca"])
+    files["cas"] = directory / "cas.pem"
+    files["cas"].write_bytes(server_ca.cert_pem.bytes() + client_ca.cert_pem.bytes())
+    issued = {"server": server_ca.issue_cert("localhost", "127.0.0.1", "::1")}
+    for name in ("app", "guest", "stranger"):
+        # A subject alternative name too: Erlang's TLS refuses a certificate whose (critical)
+        # alternative name extension is empty.
+        issued[name] = client_ca.issue_cert(f"{name}.clients.test", common_name=name)
+    issued["rogue"] = rogue_ca.issue_cert("app.clients.test", common_name="app")
+    for name, certificate in issued.items():
+        files[f"{name}.crt"] = directory / f"{name}.crt"
+        files[f"{name}.key"] = directory / f"{name}.key"
+        certificate.cert_chain_pems[0].write_to_path(files[f"{name}.crt"])
+        certificate.private_key_pem.write_to_path(files[f"{name}.key"])
+    return files

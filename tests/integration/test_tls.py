@@ -25,7 +25,6 @@ import aio_pika
 import kombu
 import pika
 import pytest
-import trustme
 from pamqp import commands, frame
 from twisted.internet import threads
 from twisted.logger import formatEvent, globalLogPublisher
@@ -37,6 +36,7 @@ from broker.management import RateSampler, management_site
 from broker.metrics import BrokerCollector, make_registry, metrics_site
 from broker.protocol import AMQPServerFactory
 from broker.service import tls_wrapper
+from broker.testing import write_test_pki
 from config.schema import BrokerConfig, ListenConfig, TLSConfig, UserConfig
 from tests.conftest import BROKER_PORTS
 
@@ -71,25 +71,8 @@ class PKI:
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> PKI:
     directory = tmp_path_factory.mktemp("pki")
-    server_ca = trustme.CA(organization_name="Postroom test server CA")
-    client_ca = trustme.CA(organization_name="Postroom test client CA")
-    rogue_ca = trustme.CA(organization_name="Someone else")
-    server = server_ca.issue_cert("localhost", "127.0.0.1", "::1")
-    server_ca.cert_pem.write_to_path(directory / "server-ca.pem")
-    client_ca.cert_pem.write_to_path(directory / "client-ca.pem")
-    server.cert_chain_pems[0].write_to_path(directory / "server.crt")
-    server.private_key_pem.write_to_path(directory / "server.key")
-    for name, ca in (("app", client_ca), ("guest", client_ca), ("stranger", client_ca), ("rogue", rogue_ca)):
-        issued = ca.issue_cert(common_name=name if name != "rogue" else "app")
-        issued.cert_chain_pems[0].write_to_path(directory / f"{name}.crt")
-        issued.private_key_pem.write_to_path(directory / f"{name}.key")
-    return PKI(
-        directory,
-        directory / "server-ca.pem",
-        directory / "client-ca.pem",
-        directory / "server.crt",
-        directory / "server.key",
-    )
+    files = write_test_pki(directory)
+    return PKI(directory, files["server-ca"], files["client-ca"], files["server.crt"], files["server.key"])
 
 
 def tls_config(pki: PKI, **options: Any) -> TLSConfig:
