@@ -40,6 +40,7 @@ from config.schema import (
     QueueConfig,
     StorageConfig,
     TLSConfig,
+    TopicPermission,
     UserConfig,
     VhostConfig,
 )
@@ -497,7 +498,9 @@ class _Reader:
         for index, item in enumerate(self.typed(value, "users", _is_list, "a list", [])):
             path = f"users[{index}]"
             entry = self.mapping(
-                item, path, {"name", "password", "password_hash", "loopback_only", "permissions", "tags"}
+                item,
+                path,
+                {"name", "password", "password_hash", "loopback_only", "permissions", "topic_permissions", "tags"},
             )
             name = self.name(entry.get("name"), f"{path}.name")
             if name in seen:
@@ -538,9 +541,36 @@ class _Reader:
                     self.boolean(entry.get("loopback_only"), f"{path}.loopback_only", False),
                     permissions,
                     self.tags(entry.get("tags"), f"{path}.tags"),
+                    self.topic_permissions(entry.get("topic_permissions"), f"{path}.topic_permissions", vhosts),
                 )
             )
         return tuple(users)
+
+    def topic_permissions(
+        self, value: Any, path: str, vhosts: Mapping[str, VhostConfig]
+    ) -> dict[str, dict[str, TopicPermission]] | None:
+        """``topic_permissions: {vhost: {exchange: {write, read}}}`` (``.*`` when left out)."""
+        if value is None:
+            return None
+        result: dict[str, dict[str, TopicPermission]] = {}
+        for vhost, exchanges in self.table(value, path).items():
+            where = f"{path}.{vhost}"
+            if vhost not in vhosts:
+                self.problem(where, f"no vhost '{vhost}' is declared")
+            result[vhost] = {}
+            for exchange, perms in self.table(exchanges, where).items():
+                at = f"{where}.{exchange}"
+                section = self.mapping(perms, at, {"write", "read"})
+                values = {}
+                for key in ("write", "read"):
+                    pattern = self.string(section.get(key), f"{at}.{key}", ".*")
+                    try:
+                        re.compile(pattern)
+                    except re.error as err:
+                        self.problem(f"{at}.{key}", f"not a valid regular expression: {err}")
+                    values[key] = pattern
+                result[vhost][exchange] = TopicPermission(**values)
+        return result
 
     def tags(self, value: Any, path: str) -> tuple[str, ...]:
         """User tags: a list of names (RabbitMQ's; those it does not know give no rights)."""

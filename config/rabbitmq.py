@@ -18,7 +18,7 @@ YAML definitions. Mapped:
 What has no equivalent is not dropped silently: every such item becomes a note,
 ``FILE: key.path: reason``, in :attr:`BrokerConfig.notes`, and the rest is applied. Quorum and
 stream queues are declared as classic queues; policies, runtime and global parameters
-(shovels, federation), topic permissions and limits are not applied; an exchange
+(shovels, federation) and limits are not applied; an exchange
 of an unknown type is skipped with the bindings that need it, and so is a binding to an
 exchange or queue the file does not declare. Malformed JSON or values of the
 wrong type raise :class:`ConfigError` naming the file, the key path and the reason.
@@ -42,6 +42,7 @@ from config.schema import (
     ExchangeConfig,
     Permission,
     QueueConfig,
+    TopicPermission,
     UserConfig,
     VhostConfig,
 )
@@ -201,6 +202,27 @@ class _Definitions:
                     read.problem(f"{path}.{key}", f"not a regular expression Postroom can use: {err}")
                 patterns[key] = pattern
             entries[user]["permissions"][vhost] = Permission(**patterns)
+        for path, item in self.items(document, "topic_permissions"):
+            user = read.name(item.get("user"), f"{path}.user")
+            vhost = read.name(item.get("vhost"), f"{path}.vhost")
+            exchange = read.string(item.get("exchange"), f"{path}.exchange", "")
+            if user not in entries:
+                reason = "was not created (see above)" if user in refused else "is not in this file"
+                self.note(path, f"user '{user}' {reason}: topic permissions ignored")
+                continue
+            if vhost not in self.vhosts:
+                read.problem(f"{path}.vhost", f"no vhost '{vhost}' is in this file")
+                continue
+            patterns = {}
+            for key in ("write", "read"):
+                pattern = read.string(item.get(key), f"{path}.{key}", "")
+                try:
+                    re.compile(pattern)
+                except re.error as err:
+                    read.problem(f"{path}.{key}", f"not a regular expression Postroom can use: {err}")
+                patterns[key] = pattern
+            topics = entries[user].setdefault("topic_permissions", {})
+            topics.setdefault(vhost, {})[exchange] = TopicPermission(**patterns)
         return tuple(UserConfig(**entry) for entry in entries.values())
 
     def credentials(self, item: dict[str, Any], path: str, name: str) -> dict[str, Any] | None:
@@ -380,12 +402,6 @@ class _Definitions:
     # -- what has no equivalent -----------------------------------------------------------------
 
     def unsupported(self, document: dict[str, Any]) -> None:
-        for path, item in self.items(document, "topic_permissions"):
-            self.note(
-                path,
-                f"topic permissions (user '{item.get('user')}', exchange '{item.get('exchange')}') "
-                "have no equivalent: not applied",
-            )
         for path, item in self.items(document, "policies"):
             keys = ", ".join(sorted(item.get("definition") or {}))
             self.note(

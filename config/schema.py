@@ -92,6 +92,15 @@ class Permission:
 
 
 @dataclass(frozen=True, slots=True)
+class TopicPermission:
+    """RabbitMQ-style topic permissions of one user on one topic exchange: regular
+    expressions over routing keys, with ``{username}`` and ``{vhost}`` put in."""
+
+    write: str = ".*"
+    read: str = ".*"
+
+
+@dataclass(frozen=True, slots=True)
 class UserConfig:
     """A user. At most one of ``password`` and ``password_hash`` is set; with neither, the
     user logs in only with a client certificate (``EXTERNAL``).
@@ -106,6 +115,8 @@ class UserConfig:
     loopback_only: bool = False
     permissions: dict[str, Permission] | None = None
     tags: tuple[str, ...] = ()
+    #: Per vhost, per topic exchange.
+    topic_permissions: dict[str, dict[str, TopicPermission]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

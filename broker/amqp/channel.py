@@ -219,25 +219,28 @@ class ChannelState:
             self._send(commands.Exchange.DeleteOk())
 
     def _exchange_bind(self, method: commands.Exchange.Bind) -> None:
-        self._check_binding("exchange", method.destination, method.source)
+        self._check_binding("exchange", method.destination, method.source, method.routing_key)
         self.vhost.bind_exchange(method.destination, method.source, method.routing_key, method.arguments or {})
         if not method.nowait:
             self._send(commands.Exchange.BindOk())
 
     def _exchange_unbind(self, method: commands.Exchange.Unbind) -> None:
-        self._check_binding("exchange", method.destination, method.source)
+        self._check_binding("exchange", method.destination, method.source, method.routing_key)
         self.vhost.unbind_exchange(method.destination, method.source, method.routing_key, method.arguments or {})
         if not method.nowait:
             self._send(commands.Exchange.UnbindOk())
 
-    def _check_binding(self, kind: str, destination: str, source: str) -> None:
+    def _check_binding(self, kind: str, destination: str, source: str, routing_key: str) -> None:
         """A binding's permissions: write on its destination, read on its source exchange
-        (unless either is the default exchange, which the binding itself refuses)."""
+        (unless either is the default exchange, which the binding itself refuses), and read
+        on the routing key where the source is a topic exchange with topic permissions."""
         access = self.connection.access
         if access is not None:
             access.check("write", kind, destination)
             if destination and source:
                 access.check("read", "exchange", source)
+                if source in access.topics and self._is_topic(source):
+                    access.check_topic("read", source, routing_key)
 
     # queue class
 
@@ -280,7 +283,7 @@ class ChannelState:
 
     def _queue_bind(self, method: commands.Queue.Bind) -> None:
         queue = self._queue_name(method.queue)
-        self._check_binding("queue", queue, method.exchange)
+        self._check_binding("queue", queue, method.exchange, method.routing_key)
         self.vhost.bind_queue(
             queue, method.exchange, method.routing_key, method.arguments or {}, self.connection
         )
@@ -289,7 +292,7 @@ class ChannelState:
 
     def _queue_unbind(self, method: commands.Queue.Unbind) -> None:
         queue = self._queue_name(method.queue)
-        self._check_binding("queue", queue, method.exchange)
+        self._check_binding("queue", queue, method.exchange, method.routing_key)
         self.vhost.unbind_queue(
             queue, method.exchange, method.routing_key, method.arguments or {}, self.connection
         )
@@ -760,7 +763,7 @@ class ChannelState:
                 40,
             )
         if self._writable is not None and exchange_name not in self._writable:
-            self._check_writable(exchange_name)
+            self._check_writable(exchange_name, routing_key)
         if message.flags & FLAG_USER_ID:
             user_id = message.properties.user_id
             if user_id != self.connection.user_name:
@@ -805,9 +808,10 @@ class ChannelState:
             else:
                 self.nack_publish()
 
-    def _check_writable(self, exchange_name: str) -> None:
-        """Publishing needs write permission on the exchange; once allowed, remembered by the
-        channel, so that the next publish pays one set lookup.
+    def _check_writable(self, exchange_name: str, routing_key: str) -> None:
+        """Publishing needs write permission on the exchange, and on a topic exchange with
+        topic permissions, on the routing key too. An exchange without those is remembered by
+        the channel, so that the next publish pays one set lookup.
 
         :raises ChannelException: 403, with ``basic.publish``'s ids
         """
@@ -815,12 +819,20 @@ class ChannelState:
         assert access is not None and writable is not None
         try:
             access.check("write", "exchange", exchange_name)
+            if exchange_name in access.topics:
+                if self._is_topic(exchange_name):
+                    access.check_topic("write", exchange_name, routing_key)
+                return  # checked at each publish: the routing key changes
         except ChannelException as refused:
             refused.class_id, refused.method_id = BASIC_CLASS, 40
             raise
         if len(writable) >= WRITABLE_MEMO:
             writable.clear()
         writable.add(exchange_name)
+
+    def _is_topic(self, exchange_name: str) -> bool:
+        exchange = self.vhost.exchanges.get(exchange_name)
+        return exchange is not None and exchange.type_name == "topic"
 
     def _check_exchange(self, exchange_name: str) -> Any:
         vhost = self.vhost

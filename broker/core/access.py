@@ -13,6 +13,13 @@ lookup per exchange. What is checked where follows RabbitMQ 3.10's ``rabbit_chan
   exchange of a binding, a new queue with a dead-letter exchange and a new exchange with an
   alternate exchange.
 
+Topic permissions narrow ``write`` and ``read`` on a topic exchange down to routing keys:
+per exchange, a ``write`` pattern checked against a publish's routing key and a ``read``
+pattern against a binding's routing key where the exchange is the source (RabbitMQ's
+``check_topic_authorisation``). ``{username}`` and ``{vhost}`` in them stand for the user's
+and the vhost's names, put in as they are (not escaped), as RabbitMQ puts them in. An
+exchange without topic permissions, or one that is not of type ``topic``, is not checked.
+
 Patterns are searched, not anchored (Erlang's ``re:run``), and an empty pattern matches
 nothing but the empty name (RabbitMQ reads it as ``^$``). A refusal is 403 ACCESS_REFUSED
 on the channel, worded as RabbitMQ words it.
@@ -21,6 +28,7 @@ on the channel, worded as RabbitMQ words it.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Protocol
 
 from broker.errors import ChannelException, ReplyCode
@@ -39,18 +47,35 @@ class Patterns(Protocol):
     read: str
 
 
+class TopicPatterns(Protocol):
+    """The topic permissions of one user on one exchange (``config.schema.TopicPermission``)."""
+
+    write: str
+    read: str
+
+
 class Access:
     """One user's compiled permissions on one vhost.
 
     :param user: the user's name (for refusals)
     :param vhost: the vhost's name (for refusals)
+    :param topics: topic permissions per exchange name
     """
 
-    __slots__ = ("user", "vhost", "_patterns", "_memo")
+    __slots__ = ("user", "vhost", "_patterns", "_memo", "topics", "_topic_patterns")
 
-    def __init__(self, user: str, vhost: str, permission: Patterns) -> None:
+    def __init__(
+        self, user: str, vhost: str, permission: Patterns, topics: Mapping[str, TopicPatterns] | None = None
+    ) -> None:
         self.user = user
         self.vhost = vhost
+        #: Exchanges with topic permissions (a publish to one is checked each time).
+        self.topics = frozenset(topics or ())
+        self._topic_patterns = {
+            (exchange, kind): re.compile(_expand(pattern, user, vhost) or "^$")
+            for exchange, patterns in (topics or {}).items()
+            for kind, pattern in (("write", patterns.write), ("read", patterns.read))
+        }
         self._patterns = {
             kind: re.compile(pattern or "^$")
             for kind, pattern in (
@@ -82,8 +107,49 @@ class Access:
             )
 
 
-def compile_access(user: str, vhost: str, permission: Patterns) -> Access | None:
-    """The compiled permissions, or ``None`` when they allow everything (nothing to check)."""
-    if permission.configure == permission.write == permission.read == ".*":
+    def check_topic(self, permission: str, exchange: str, routing_key: str) -> None:
+        """Refuse unless ``routing_key`` passes the user's topic ``permission`` (write, read)
+        on ``exchange``, a topic exchange; exchanges without topic permissions pass.
+
+        :raises ChannelException: 403 ACCESS_REFUSED
+        """
+        if exchange not in self.topics:
+            return
+        key = (permission, "topic " + exchange, routing_key)
+        allowed = self._memo.get(key)
+        if allowed is None:
+            allowed = self._topic_patterns[(exchange, permission)].search(routing_key) is not None
+            if len(self._memo) >= MEMO_SIZE:
+                self._memo.clear()
+            self._memo[key] = allowed
+        if not allowed:
+            raise ChannelException(
+                ReplyCode.ACCESS_REFUSED,
+                f"access to topic '{routing_key}' in exchange '{exchange}' in vhost '{self.vhost}' "
+                f"refused for user '{self.user}'",
+            )
+
+
+def _expand(pattern: str, user: str, vhost: str) -> str:
+    return pattern.replace("{username}", user).replace("{vhost}", vhost)
+
+
+def compile_access(
+    user: str, vhost: str, permission: Patterns | None, topics: Mapping[str, TopicPatterns] | None = None
+) -> Access | None:
+    """The compiled permissions, or ``None`` when they allow everything (nothing to check).
+
+    :param permission: ``None`` for a vhost the user has topic permissions on only
+    """
+    if permission is None:
+        permission = _ALL
+    if permission.configure == permission.write == permission.read == ".*" and not topics:
         return None
-    return Access(user, vhost, permission)
+    return Access(user, vhost, permission, topics)
+
+
+class _AllPatterns:
+    configure = write = read = ".*"
+
+
+_ALL = _AllPatterns()

@@ -56,6 +56,7 @@ def node_from_config(
             password_hash=user.password_hash,
             loopback_only=user.loopback_only,
             permissions=user.permissions,
+            topic_permissions=user.topic_permissions,
             tags=frozenset(user.tags),
         )
         for user in config.users

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from broker.core.access import Access, Patterns, compile_access
+from broker.core.access import Access, Patterns, TopicPatterns, compile_access
 from broker.core.login import LoginThrottle, decoy_hash, is_expensive
 from broker.core.queue import Scheduler, WorkQueue
 from broker.core.vhost import VirtualHost
@@ -48,6 +48,8 @@ class User:
     :param permissions: the user's ``configure``, ``write`` and ``read`` patterns per vhost
         (``config.schema.Permission``); when given, the user may open these vhosts only
         (RabbitMQ's rule), and is held to the patterns there (see :mod:`broker.core.access`)
+    :param topic_permissions: per vhost and topic exchange, ``write`` and ``read`` patterns on
+        routing keys (``config.schema.TopicPermission``)
     """
 
     name: str
@@ -56,6 +58,7 @@ class User:
     loopback_only: bool = False
     vhosts: frozenset[str] | None = None
     permissions: Mapping[str, Patterns] | None = field(default=None, compare=False, hash=False)
+    topic_permissions: Mapping[str, Mapping[str, TopicPatterns]] | None = field(default=None, compare=False, hash=False)
     #: RabbitMQ's user tags: ``administrator``, ``monitoring``, ``policymaker`` and ``management``
     #: let the user into the management API (see ``broker.management``); others are kept.
     tags: frozenset[str] = frozenset()
@@ -63,8 +66,9 @@ class User:
     _access: dict[str, Access | None] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        for vhost, patterns in (self.permissions or {}).items():
-            self._access[vhost] = compile_access(self.name, vhost, patterns)
+        permissions, topics = self.permissions or {}, self.topic_permissions or {}
+        for vhost in {*permissions, *topics}:
+            self._access[vhost] = compile_access(self.name, vhost, permissions.get(vhost), topics.get(vhost))
 
     def may_open(self, vhost: str) -> bool:
         """Whether the user may open ``vhost`` (``connection.open``)."""

@@ -9,6 +9,7 @@ import pytest
 import config
 from broker.core.definitions import node_from_config
 from config.loader import ConfigError, load, loads
+from config.schema import TopicPermission
 
 EXAMPLE = Path(config.__file__).parent / "postroom.yaml"
 
@@ -144,4 +145,26 @@ def test_metrics_settings_are_checked() -> None:
     assert sorted(problems("metrics: {rabbitmq_compatible: yes please}\nlisten: {metrics: 5}\n")) == [
         (1, "metrics.rabbitmq_compatible", "must be true or false, not a string 'yes please'"),
         (2, "listen.metrics", "must be a string, not an integer 5 (quote it)"),
+    ]
+
+
+def test_topic_permissions_are_read_per_vhost_and_exchange() -> None:
+    config = loads(
+        "users:\n"
+        "  - name: app\n"
+        "    password: secret\n"
+        "    topic_permissions: {'/': {amq.topic: {write: '^{username}\\.'}}}\n",
+        "broker.yaml",
+    )
+    assert config.users[0].topic_permissions == {"/": {"amq.topic": TopicPermission(write="^{username}\\.", read=".*")}}
+    assert problems(
+        "users:\n  - name: app\n    password: secret\n    topic_permissions: {other: {x: {write: '(', size: 1}}}\n"
+    ) == [
+        (4, "users[0].topic_permissions.other", "no vhost 'other' is declared"),
+        (4, "users[0].topic_permissions.other.x.size", "unknown key (expected one of: read, write)"),
+        (
+            4,
+            "users[0].topic_permissions.other.x.write",
+            "not a valid regular expression: missing ), unterminated subpattern at position 0",
+        ),
     ]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pamqp import commands
 from pamqp.base import Frame
-from test_teardown_transcripts import compare
+from test_teardown_transcripts import close_codes, compare
 from transcript import (
     Entry,
     Transcript,
@@ -32,7 +32,7 @@ from transcript import content as content_frames
 
 from broker.core.node import Node, User
 from broker.testing import rabbitmqctl
-from config.schema import Permission
+from config.schema import Permission, TopicPermission
 
 pytestmark = pytest.mark.integration
 
@@ -179,4 +179,101 @@ def as_user(user: str) -> Any:
 @pytest.mark.parametrize("user", sorted(USERS))
 def test_a_limited_user_may_do_what_rabbitmq_allows(rabbitmq_users: int, postroom_users: int, user: str) -> None:
     expected, actual = compare(as_user(user), rabbitmq_users, postroom_users)
+    assert_same_transcript(expected, actual, ("rabbitmq", "postroom"))
+
+
+#: Topic permissions of user ``topical`` (full permissions otherwise) on vhost ``/``.
+TOPIC_PERMISSIONS = {
+    "amq.topic": TopicPermission(write=r"^{username}\.", read=r"^{vhost}$|^read\."),
+    "amq.direct": TopicPermission(write="^nothing$", read="^nothing$"),  # not a topic exchange
+}
+
+
+@pytest.fixture(scope="module")
+def rabbitmq_topical(rabbitmq_port: int) -> int:
+    rabbitmqctl(rabbitmq_port, "add_user", "topical", "secret")
+    rabbitmqctl(rabbitmq_port, "set_permissions", "-p", "/", "topical", ".*", ".*", ".*")
+    for exchange, permission in TOPIC_PERMISSIONS.items():
+        rabbitmqctl(
+            rabbitmq_port, "set_topic_permissions", "-p", "/", "topical", exchange, permission.write, permission.read
+        )
+    return rabbitmq_port
+
+
+@pytest.fixture
+def postroom_topical(make_broker: Any) -> Iterator[int]:
+    users = [
+        User("guest", password="guest", loopback_only=True),
+        User("topical", password="secret", topic_permissions={"/": TOPIC_PERMISSIONS}),
+    ]
+    yield make_broker(Node(users=users)).port
+
+
+def topic_attempts(suffix: str) -> list[tuple[str, list[Frame | bytes]]]:
+    queue, other = f"tq-{suffix}", f"tx-{suffix}"
+
+    def publish(exchange: str, routing_key: str) -> list[Frame | bytes]:
+        return [
+            commands.Confirm.Select(),
+            method(0, commands.Basic.Publish, exchange=exchange, routing_key=routing_key),
+        ]
+
+    return [
+        ("declare queue", [commands.Queue.Declare(queue=queue, auto_delete=True)]),
+        ("declare exchange", [commands.Exchange.Declare(exchange=other, exchange_type="topic", auto_delete=True)]),
+        ("publish own key", publish("amq.topic", "topical.orders")),
+        ("publish other key", publish("amq.topic", "billing.orders")),
+        ("publish own key again", publish("amq.topic", "topical.orders")),
+        ("publish to a direct exchange", publish("amq.direct", "billing")),
+        ("publish to a topic exchange without topic permissions", publish(other, "anything")),
+        ("bind read key", [commands.Queue.Bind(queue=queue, exchange="amq.topic", routing_key="read.all")]),
+        ("bind the vhost's name", [commands.Queue.Bind(queue=queue, exchange="amq.topic", routing_key="/")]),
+        ("bind other key", [commands.Queue.Bind(queue=queue, exchange="amq.topic", routing_key="billing.#")]),
+        ("unbind other key", [commands.Queue.Unbind(queue=queue, exchange="amq.topic", routing_key="billing.#")]),
+        ("unbind read key", [commands.Queue.Unbind(queue=queue, exchange="amq.topic", routing_key="read.all")]),
+        ("bind a direct exchange", [commands.Queue.Bind(queue=queue, exchange="amq.direct", routing_key="billing")]),
+        (
+            "bind exchange to amq.topic, other key",
+            [commands.Exchange.Bind(destination=other, source="amq.topic", routing_key="billing.#")],
+        ),
+        (
+            "bind exchange to amq.topic, read key",
+            [commands.Exchange.Bind(destination=other, source="amq.topic", routing_key="read.x")],
+        ),
+        ("delete exchange", [commands.Exchange.Delete(exchange=other)]),
+        ("delete queue", [commands.Queue.Delete(queue=queue)]),
+    ]
+
+
+def as_topical(port: int, prefix: str) -> list[Entry]:
+    suffix = prefix.rsplit("-", 1)[-1]
+    transcript = Transcript()
+    try:
+        with transcript.connect(port) as client:
+            client.send(handshake(user="topical", password="secret"))
+            client.read(until("Connection.OpenOk"))
+            for channel, (what, sent) in enumerate(topic_attempts(suffix), start=1):
+                transcript.note(what)
+                data = b""
+                for item in sent:
+                    if isinstance(item, bytes):
+                        data += item[:1] + channel.to_bytes(2, "big") + item[3:] + content_frames(channel, b"m")
+                    else:
+                        data += frames(channel, item)
+                client.send(frames(channel, commands.Channel.Open()) + data)
+                client.read(until("Channel.OpenOk", channel=channel))
+                if len(sent) == 2:
+                    client.read(until("Confirm.SelectOk", channel=channel))
+                client.read(until(*OKS, channel=channel))
+            close_connection(client)
+    finally:
+        delete_queues(port, f"tq-{suffix}", exchanges=[f"tx-{suffix}"])
+    return transcript.normalized()
+
+
+def test_topic_permissions_are_checked_where_rabbitmq_checks_them(rabbitmq_topical: int, postroom_topical: int) -> None:
+    expected, actual = compare(as_topical, rabbitmq_topical, postroom_topical)
+
+    refusals = [text for _kind, code, text, _c, _m in close_codes(expected) if code == 403]
+    assert len(refusals) == 4, refusals  # other key: publish, bind, unbind, exchange bind
     assert_same_transcript(expected, actual, ("rabbitmq", "postroom"))
