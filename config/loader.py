@@ -42,7 +42,9 @@ from config.schema import (
     TLSConfig,
     TopicPermission,
     UserConfig,
+    UserLimits,
     VhostConfig,
+    VhostLimits,
 )
 
 #: The SASL mechanisms Postroom offers, in the order ``connection.start`` lists them.
@@ -500,7 +502,16 @@ class _Reader:
             entry = self.mapping(
                 item,
                 path,
-                {"name", "password", "password_hash", "loopback_only", "permissions", "topic_permissions", "tags"},
+                {
+                    "name",
+                    "password",
+                    "password_hash",
+                    "loopback_only",
+                    "permissions",
+                    "topic_permissions",
+                    "tags",
+                    "limits",
+                },
             )
             name = self.name(entry.get("name"), f"{path}.name")
             if name in seen:
@@ -542,6 +553,9 @@ class _Reader:
                     permissions,
                     self.tags(entry.get("tags"), f"{path}.tags"),
                     self.topic_permissions(entry.get("topic_permissions"), f"{path}.topic_permissions", vhosts),
+                    UserLimits(
+                        **self.object_limits(entry.get("limits"), f"{path}.limits", ("connections", "channels"))
+                    ),
                 )
             )
         return tuple(users)
@@ -588,8 +602,20 @@ class _Reader:
             result[vhost] = self.vhost(definitions, f"vhosts.{vhost}")
         return result
 
+    def object_limits(self, value: Any, path: str, kinds: tuple[str, ...]) -> dict[str, int | None]:
+        """A user's or a vhost's ``limits: {max_<kind>: N}``: RabbitMQ's, where a negative
+        number means no limit and 0 allows none."""
+        section = self.mapping(value, path, {f"max_{kind}" for kind in kinds})
+        result: dict[str, int | None] = {}
+        for key, limit in section.items():
+            limit = self.typed(
+                limit, f"{path}.{key}", lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer", -1
+            )
+            result[key] = None if limit < 0 else limit
+        return result
+
     def vhost(self, value: Any, path: str) -> VhostConfig:
-        section = self.mapping(value, path, {"exchanges", "queues", "bindings"})
+        section = self.mapping(value, path, {"exchanges", "queues", "bindings", "limits"})
         exchanges = [
             self.exchange(item, f"{path}.exchanges[{index}]")
             for index, item in enumerate(
@@ -626,7 +652,8 @@ class _Reader:
                     f"{where}.destination_exchange",
                     f"no exchange '{binding.destination_exchange}' is declared in this vhost",
                 )
-        return VhostConfig(tuple(exchanges), tuple(queues), tuple(bindings))
+        limits = VhostLimits(**self.object_limits(section.get("limits"), f"{path}.limits", ("connections", "queues")))
+        return VhostConfig(tuple(exchanges), tuple(queues), tuple(bindings), limits)
 
     def _unique(self, names: list[str], path: str, kind: str) -> set[str]:
         seen: set[str] = set()

@@ -44,7 +44,9 @@ from config.schema import (
     QueueConfig,
     TopicPermission,
     UserConfig,
+    UserLimits,
     VhostConfig,
+    VhostLimits,
 )
 
 #: RabbitMQ's ``hashing_algorithm`` values and the ``password_hash`` prefix each becomes, with
@@ -108,7 +110,7 @@ class _Definitions:
         self.source = source
         self.reader = _Reader(source)
         self.notes: list[str] = []
-        self.vhosts: dict[str, dict[str, list[Any]]] = {}
+        self.vhosts: dict[str, dict[str, Any]] = {}
         self.skipped: set[tuple[str, str, str]] = set()  # (kind, vhost, name)
 
     def note(self, path: str, reason: str) -> None:
@@ -125,9 +127,9 @@ class _Definitions:
                 self.reader.problem(path, f"must be an object, not {type(item).__name__}")
         return result
 
-    def vhost(self, item: dict[str, Any], path: str) -> dict[str, list[Any]]:
+    def vhost(self, item: dict[str, Any], path: str) -> dict[str, Any]:
         name = self.reader.name(item.get("vhost", "/"), f"{path}.vhost")
-        return self.vhosts.setdefault(name, {"exchanges": [], "queues": [], "bindings": []})
+        return self.vhosts.setdefault(name, _new_vhost())
 
     def build(self, document: dict[str, Any]) -> BrokerConfig:
         handled = {"vhosts", "users", "permissions", "topic_permissions", "policies", "parameters"}
@@ -146,18 +148,22 @@ class _Definitions:
         users = self.users(document) if "users" in document else BrokerConfig().users
         self.unsupported(document)
         vhosts = {
-            name: VhostConfig(tuple(lists["exchanges"]), tuple(lists["queues"]), tuple(lists["bindings"]))
+            name: VhostConfig(
+                tuple(lists["exchanges"]),
+                tuple(lists["queues"]),
+                tuple(lists["bindings"]),
+                VhostLimits(**self.limits_of(lists["limits"], lists["limits_path"], ("connections", "queues"))),
+            )
             for name, lists in self.vhosts.items()
         } or {"/": VhostConfig()}
         return BrokerConfig(users=users, vhosts=vhosts, source=self.source, notes=tuple(self.notes))
 
     def vhost_entry(self, item: dict[str, Any], path: str) -> None:
         name = self.reader.name(item.get("name"), f"{path}.name")
-        self.vhosts.setdefault(name, {"exchanges": [], "queues": [], "bindings": []})
-        if item.get("limits"):
-            self.note(
-                f"{path}.limits", f"vhost limits ({', '.join(sorted(item['limits']))}) have no equivalent: ignored"
-            )
+        entry = self.vhosts.setdefault(name, _new_vhost())
+        if item.get("limits"):  # a vhost-limits parameter, read later, takes its place
+            entry["limits"] = item["limits"]
+            entry["limits_path"] = f"{path}.limits"
         metadata = item.get("metadata")
         queue_type = metadata.get("default_queue_type") if isinstance(metadata, dict) else None
         if queue_type not in (None, "classic", "undefined"):
@@ -175,13 +181,14 @@ class _Definitions:
             name = read.name(item.get("name"), f"{path}.name")
             tags = item.get("tags") or []
             tags = [tag for tag in tags.split(",") if tag] if isinstance(tags, str) else tags
-            if item.get("limits"):
-                self.note(f"{path}.limits", "user limits have no equivalent: ignored")
             entry = self.credentials(item, path, name)
             if entry is None:
                 refused.add(name)
                 continue
             entry["tags"] = tuple(str(tag) for tag in tags)
+            entry["limits"] = UserLimits(
+                **self.limits_of(item.get("limits") or {}, f"{path}.limits", ("connections", "channels"))
+            )
             entries[name] = entry
         for path, item in self.items(document, "permissions"):
             user = read.name(item.get("user"), f"{path}.user")
@@ -224,6 +231,23 @@ class _Definitions:
             topics = entries[user].setdefault("topic_permissions", {})
             topics.setdefault(vhost, {})[exchange] = TopicPermission(**patterns)
         return tuple(UserConfig(**entry) for entry in entries.values())
+
+    def limits_of(self, limits: Any, path: str, kinds: tuple[str, ...]) -> dict[str, int | None]:
+        """RabbitMQ's ``{"max-connections": N, ...}`` as keyword arguments (negative: none);
+        a limit Postroom does not have is noted."""
+        result: dict[str, int | None] = {}
+        if not isinstance(limits, dict):
+            self.reader.problem(path, "must be a mapping")
+            return result
+        for key, value in limits.items():
+            if key not in {f"max-{kind}" for kind in kinds}:
+                self.note(f"{path}.{key}", f"limit '{key}' has no equivalent: ignored")
+                continue
+            if not isinstance(value, int) or isinstance(value, bool):
+                self.reader.problem(f"{path}.{key}", f"must be an integer, not {value!r}")
+                continue
+            result[key.replace("-", "_")] = None if value < 0 else value
+        return result
 
     def credentials(self, item: dict[str, Any], path: str, name: str) -> dict[str, Any] | None:
         """The user's fields for :class:`UserConfig`, or ``None`` (noted) when it cannot log in here."""
@@ -410,6 +434,13 @@ class _Definitions:
                 "not applied; give the queues those settings as arguments",
             )
         for path, item in self.items(document, "parameters"):
+            if item.get("component") == "vhost-limits":
+                # RabbitMQ keeps a vhost's limits as this parameter (the vhost entry's
+                # ``limits`` shows the same in an export, and its import reads only this).
+                entry = self.vhost(item, path)
+                entry["limits"] = item.get("value")
+                entry["limits_path"] = f"{path}.value"
+                continue
             self.note(
                 path,
                 f"{item.get('component')} parameter '{item.get('name')}' has no equivalent "
@@ -417,3 +448,7 @@ class _Definitions:
             )
         for path, item in self.items(document, "global_parameters"):
             self.note(path, f"global parameter '{item.get('name')}' has no equivalent: ignored")
+
+
+def _new_vhost() -> dict[str, Any]:
+    return {"exchanges": [], "queues": [], "bindings": [], "limits": {}, "limits_path": "vhosts"}

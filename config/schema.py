@@ -101,6 +101,14 @@ class TopicPermission:
 
 
 @dataclass(frozen=True, slots=True)
+class UserLimits:
+    """RabbitMQ's user limits (``max-connections``, ``max-channels``); ``None``: no limit."""
+
+    max_connections: int | None = None
+    max_channels: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class UserConfig:
     """A user. At most one of ``password`` and ``password_hash`` is set; with neither, the
     user logs in only with a client certificate (``EXTERNAL``).
@@ -117,6 +125,7 @@ class UserConfig:
     tags: tuple[str, ...] = ()
     #: Per vhost, per topic exchange.
     topic_permissions: dict[str, dict[str, TopicPermission]] | None = None
+    limits: UserLimits = field(default_factory=UserLimits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,12 +208,21 @@ class BindingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class VhostLimits:
+    """RabbitMQ's vhost limits (``max-connections``, ``max-queues``); ``None``: no limit."""
+
+    max_connections: int | None = None
+    max_queues: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class VhostConfig:
     """The definitions of one virtual host."""
 
     exchanges: tuple[ExchangeConfig, ...] = ()
     queues: tuple[QueueConfig, ...] = ()
     bindings: tuple[BindingConfig, ...] = ()
+    limits: VhostLimits = field(default_factory=VhostLimits)
 
 
 @dataclass(frozen=True, slots=True)

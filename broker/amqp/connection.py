@@ -538,9 +538,20 @@ class ServerConnection:
                 20,
                 10,
             )
+        limit = self._user.max_channels
+        if limit is not None and self._user_channels() >= limit:
+            raise ConnectionException(
+                ReplyCode.NOT_ALLOWED,
+                f"number of channels opened for user '{self.user_name}' has reached the maximum allowed user "
+                f"limit of ({limit})",
+            )
         self.channels[channel_id] = ChannelState(self, channel_id)
         self.node.counters["channels_opened"] += 1
         self.out.append(channel_open_ok_method(channel_id))
+
+    def _user_channels(self) -> int:
+        """Channels open on all of this user's connections (RabbitMQ counts over the node)."""
+        return sum(len(connection.channels) for connection in self.node.user_connections.get(self.user_name, ()))
 
     def _close_channel(self, channel_id: int, error: AMQPError) -> None:
         """Close one channel for ``error``: send channel.close and drop its frames until close-ok."""
@@ -746,30 +757,48 @@ class ServerConnection:
         self.state = State.AWAIT_OPEN
 
     def _open(self, method: commands.Connection.Open) -> None:
-        vhost = self.node.vhosts.get(method.virtual_host)
+        """``connection.open``, checked in RabbitMQ's order: the vhost exists and is under its
+        connection limit (and the node under ``limits.max_connections``), the user under
+        theirs, then the user's access to the vhost."""
+        node, user = self.node, self._user
+        vhost = node.vhosts.get(method.virtual_host)
         if vhost is None:
             raise ConnectionException(ReplyCode.NOT_ALLOWED, f"vhost {method.virtual_host} not found", 10, 40)
-        if not self._user.may_open(vhost.name):
+        for limit, count in (
+            (node.limits.max_connections, len(node.connections)),
+            (vhost.max_connections, vhost.connection_count),
+        ):
+            if limit is not None and count >= limit:
+                raise ConnectionException(
+                    ReplyCode.NOT_ALLOWED,
+                    f"access to vhost '{vhost.name}' refused for user '{self.user_name}': "
+                    f"connection limit ({limit}) is reached",
+                    10,
+                    40,
+                )
+        own = node.user_connections.get(user.name)
+        if user.max_connections is not None and len(own or ()) >= user.max_connections:
+            raise ConnectionException(
+                ReplyCode.NOT_ALLOWED,
+                f"connection refused for user '{self.user_name}': user connection limit ({user.max_connections}) "
+                "is reached",
+                10,
+                40,
+            )
+        if not user.may_open(vhost.name):
             raise ConnectionException(
                 ReplyCode.NOT_ALLOWED,
                 f"access to vhost '{vhost.name}' refused for user '{self.user_name}'",
                 10,
                 40,
             )
-        limit = self.node.limits.max_connections
-        if len(self.node.connections) >= limit:
-            raise ConnectionException(
-                ReplyCode.NOT_ALLOWED,
-                f"access to vhost '{vhost.name}' refused for user '{self.user_name}': "
-                f"connection limit ({limit}) is reached",
-                10,
-                40,
-            )
         self.vhost = vhost
-        self.access = self._user.access(vhost.name)
+        self.access = user.access(vhost.name)
         self.state = State.OPEN
-        self.node.connections.add(self)
-        self.node.counters["connections_opened"] += 1
+        node.connections.add(self)
+        vhost.connection_count += 1
+        node.user_connections.setdefault(user.name, set()).add(self)
+        node.counters["connections_opened"] += 1
         self.out.append(encode_method(0, commands.Connection.OpenOk()))
 
     # -- closing --------------------------------------------------------------------------------
@@ -846,6 +875,12 @@ class ServerConnection:
                     self.teardown_errors.append(error)
         if self in self.node.connections:
             self.node.connections.discard(self)
+            self.vhost.connection_count -= 1
+            own = self.node.user_connections.get(self.user_name)
+            if own is not None:
+                own.discard(self)
+                if not own:
+                    del self.node.user_connections[self.user_name]
             self.node.counters["connections_closed"] += 1
         self.node.dirty.discard(self)
 

@@ -58,6 +58,8 @@ def node_from_config(
             permissions=user.permissions,
             topic_permissions=user.topic_permissions,
             tags=frozenset(user.tags),
+            max_connections=user.limits.max_connections,
+            max_channels=user.limits.max_channels,
         )
         for user in config.users
     ]
@@ -113,7 +115,11 @@ def apply_definitions(node: Node, config: BrokerConfig) -> None:
     """
     problems: list[Problem] = []
     for vhost_name, definitions in config.vhosts.items():
-        problems += _apply_vhost(_vhost(node, vhost_name), definitions, f"vhosts.{vhost_name}")
+        vhost = _vhost(node, vhost_name)
+        problems += _apply_vhost(vhost, definitions, f"vhosts.{vhost_name}")
+        # After the definitions: the limits bound what clients declare and open.
+        vhost.max_connections = definitions.limits.max_connections
+        vhost.max_queues = definitions.limits.max_queues
     if problems:
         raise ConfigError(config.source, problems)
 

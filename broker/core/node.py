@@ -59,6 +59,10 @@ class User:
     vhosts: frozenset[str] | None = None
     permissions: Mapping[str, Patterns] | None = field(default=None, compare=False, hash=False)
     topic_permissions: Mapping[str, Mapping[str, TopicPatterns]] | None = field(default=None, compare=False, hash=False)
+    #: RabbitMQ's user limits (``None``: none): open connections, open channels, over all
+    #: the user's connections.
+    max_connections: int | None = None
+    max_channels: int | None = None
     #: RabbitMQ's user tags: ``administrator``, ``monitoring``, ``policymaker`` and ``management``
     #: let the user into the management API (see ``broker.management``); others are kept.
     tags: frozenset[str] = frozenset()
@@ -191,6 +195,8 @@ class Node:
         #: Event counts for metrics: stale_acks, stale_extends, auth_attempts, auth_failures, auth_successes...
         self.counters: Counter[str] = Counter()
         self.connections: set[Any] = set()
+        #: Open connections per user name (for users' connection and channel limits).
+        self.user_connections: dict[str, set[Any]] = {}
         self.dirty: set[Any] = set()
         #: Queues whose last dispatch stopped at its batch limit; the shell dispatches them again.
         self.backlogged: set[WorkQueue] = set()

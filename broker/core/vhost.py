@@ -230,6 +230,11 @@ class VirtualHost:
         #: Queues created and deleted (by clients, definitions, auto-delete or expiry).
         self.queues_created = 0
         self.queues_deleted = 0
+        #: RabbitMQ's vhost limits (``None``: none): open connections, queues.
+        self.max_connections: int | None = None
+        self.max_queues: int | None = None
+        #: Connections open on this vhost now.
+        self.connection_count = 0
         #: Publish-to-deliver seconds of sampled messages, for every queue of this vhost.
         self.latency = Histogram()
         #: The node's message hooks (``None``: no plugin added any).
@@ -531,6 +536,12 @@ class VirtualHost:
             self._check_equivalent(existing, durable, exclusive, auto_delete, arguments)
             existing.touch()
             return existing
+        # RabbitMQ checks the limit for new queues only, before their arguments.
+        if self.max_queues is not None and len(self.queues) >= self.max_queues:
+            raise ChannelException(
+                ReplyCode.PRECONDITION_FAILED,
+                f"cannot declare queue '{name}': queue limit in vhost '{self.name}' ({self.max_queues}) is reached",
+            )
         self._check_queue_arguments(name, arguments)
         if access is not None and "x-dead-letter-exchange" in arguments:
             access.check("read", "queue", name)

@@ -9,7 +9,7 @@ import pytest
 import config
 from broker.core.definitions import node_from_config
 from config.loader import ConfigError, load, loads
-from config.schema import TopicPermission
+from config.schema import TopicPermission, UserLimits, VhostLimits
 
 EXAMPLE = Path(config.__file__).parent / "postroom.yaml"
 
@@ -167,4 +167,29 @@ def test_topic_permissions_are_read_per_vhost_and_exchange() -> None:
             "users[0].topic_permissions.other.x.write",
             "not a valid regular expression: missing ), unterminated subpattern at position 0",
         ),
+    ]
+
+
+def test_user_and_vhost_limits_are_read_and_checked() -> None:
+    config = loads(
+        "users:\n"
+        "  - {name: app, password: secret, limits: {max_connections: 2, max_channels: -1}}\n"
+        "vhosts:\n"
+        "  /: {limits: {max_connections: 0, max_queues: 100}}\n",
+        "broker.yaml",
+    )
+    assert config.users[0].limits == UserLimits(max_connections=2, max_channels=None)
+    assert config.vhosts["/"].limits == VhostLimits(max_connections=0, max_queues=100)
+    node = node_from_config(config)
+    assert (node.vhosts["/"].max_connections, node.vhosts["/"].max_queues) == (0, 100)
+    assert node.users_by_name["app"].max_connections == 2
+    assert problems(
+        "users:\n"
+        "  - {name: app, password: secret, limits: {max_queues: 1, max_channels: many}}\n"
+        "vhosts:\n"
+        "  /: {limits: {max_channels: 1}}\n"
+    ) == [
+        (4, "vhosts./.limits.max_channels", "unknown key (expected one of: max_connections, max_queues)"),
+        (2, "users[0].limits.max_queues", "unknown key (expected one of: max_channels, max_connections)"),
+        (2, "users[0].limits.max_channels", "must be an integer, not a string 'many'"),
     ]

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +16,7 @@ from broker.core.definitions import node_from_config
 from broker.core.node import User
 from broker.errors import ChannelException
 from config.loader import ConfigError, load
-from config.schema import BindingConfig, DeadLetterConfig, Permission, TopicPermission
+from config.schema import BindingConfig, DeadLetterConfig, Permission, TopicPermission, UserLimits, VhostLimits
 
 EXPORT = Path(__file__).parent / "fixtures" / "rabbitmq-definitions.json"
 
@@ -202,3 +204,52 @@ def test_a_binding_to_something_the_file_does_not_declare_is_reported_and_skippe
         " no queue 'missing' in vhost '/' in this file",
     )
     node_from_config(cfg)  # the rest applies
+
+
+#: A RabbitMQ password hash (of "guest").
+HASH = "Gyw9Th7o3dN1IHwkDR5Vunk2W94QTnMXJukdOsZn7haFJXlD"
+
+
+def test_user_and_vhost_limits_are_imported_as_rabbitmq_imports_them(tmp_path: Path) -> None:
+    def user(name: str, limits: dict[str, int]) -> dict[str, Any]:
+        return {"name": name, "password_hash": HASH, "hashing_algorithm": "rabbit_password_hashing_sha256",
+                "tags": [], "limits": limits}  # fmt: skip
+
+    export = tmp_path / "definitions.json"
+    export.write_text(
+        json.dumps(
+            {
+                "users": [
+                    user("app", {"max-connections": 3, "max-channels": -1}),
+                    user("bulk", {"max-channels": 0, "max-sessions": 1}),
+                ],
+                # RabbitMQ's import reads a vhost's limits from its parameter; an export has both.
+                "vhosts": [{"name": "/", "limits": {"max-queues": 7}}, {"name": "edge", "limits": []}],
+                "parameters": [
+                    {"vhost": "edge", "component": "vhost-limits", "name": "limits",
+                     "value": {"max-connections": 2, "max-queues": 5}}
+                ],
+            }  # fmt: skip
+        )
+    )
+    cfg = load(export)
+    users = {user.name: user for user in cfg.users}
+    assert users["app"].limits == UserLimits(max_connections=3, max_channels=None)  # negative: no limit
+    assert users["bulk"].limits == UserLimits(max_channels=0)
+    assert cfg.vhosts["/"].limits == VhostLimits(max_queues=7)
+    assert cfg.vhosts["edge"].limits == VhostLimits(max_connections=2, max_queues=5)
+    assert [note for note in cfg.notes if "limit" in note] == [
+        f"{export}: users[1].limits.max-sessions: limit 'max-sessions' has no equivalent: ignored"
+    ]
+    node = node_from_config(cfg)
+    assert (node.users_by_name["app"].max_connections, node.users_by_name["bulk"].max_channels) == (3, 0)
+
+
+def test_a_limit_that_is_not_a_number_is_refused(tmp_path: Path) -> None:
+    export = tmp_path / "definitions.json"
+    export.write_text('{"vhosts": [{"name": "/", "limits": {"max-connections": "many", "max-queues": 1}}]}')
+    with pytest.raises(ConfigError) as excinfo:
+        load(export)
+    assert [(problem.key, problem.reason) for problem in excinfo.value.problems] == [
+        ("vhosts[0].limits.max-connections", "must be an integer, not 'many'"),
+    ]
