@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from collections.abc import Sequence
 
+from broker.text import EscapingWriter, printable
 from config.loader import ConfigError, load
 from config.schema import BrokerConfig
 
@@ -358,24 +358,33 @@ def _dlq_redrive(args: argparse.Namespace) -> int:
 
     def report(moved: int) -> None:
         if progress:
-            print(f"\rmoved {moved}", end="", file=sys.stderr, flush=True)
+            # A carriage return of the program's own, past the escaping.
+            print(f"\rmoved {moved}", end="", file=getattr(sys.stderr, "stream", sys.stderr), flush=True)
 
     try:
         with connect(args.url) as conn:
-            moved = redrive(
+            done = redrive(
                 conn, args.queue, to=args.to, filters=filters, limit=args.limit, rate=args.rate, on_move=report, ids=ids
             )
     except ClientError as error:
-        print(f"postroom dlq redrive: {error}", file=sys.stderr)
+        print(f"postroom dlq redrive: {printable(str(error))}", file=sys.stderr)
         return 1
     if progress:
         print(file=sys.stderr)
     by_reason: dict[str, int] = {}
-    for item in moved:
+    for item in done.moved:
         by_reason[item.reason] = by_reason.get(item.reason, 0) + 1
     reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(by_reason.items())) or "none"
-    print(f"moved {len(moved)} message(s) out of {args.queue!r} ({reasons})")
-    return 0
+    print(f"moved {len(done.moved)} message(s) out of {args.queue!r} ({printable(reasons)})")
+    if not done.refused:
+        return 0
+    refusals: dict[str, int] = {}
+    for refused in done.refused:
+        refusals[refused.reason] = refusals.get(refused.reason, 0) + 1
+    print(f"postroom dlq redrive: left {len(done.refused)} message(s) in {args.queue!r}:", file=sys.stderr)
+    for reason, count in sorted(refusals.items()):
+        print(f"  {count}: {reason}", file=sys.stderr)
+    return 1
 
 
 def _dead_letter_dir(args: argparse.Namespace) -> str:
@@ -597,19 +606,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
-def printable(text: str) -> str:
-    """``text`` with control characters escaped (``\\x1b``): a queue or vhost name may hold
-    any of them, and printed raw they would rewrite the operator's terminal."""
-    return _CONTROL.sub(lambda match: ascii(match.group(0))[1:-1], text)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``postroom`` console script."""
     args = build_parser().parse_args(argv)
-    return int(args.run(args))
+    # Names, reply texts and header values from the broker or a file are printed: none of
+    # their control characters reaches the terminal (broker.text).
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = EscapingWriter(out), EscapingWriter(err)  # type: ignore[assignment]
+    try:
+        return int(args.run(args))
+    finally:
+        sys.stdout, sys.stderr = out, err
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlparse
 
 from pamqp import commands
@@ -156,6 +156,23 @@ def backoff(retries: int) -> list[float]:
     return delays
 
 
+F = TypeVar("F", bound=Frame)
+
+
+def named(method: type[F], **fields: Any) -> F:
+    """``method`` with ``fields``, where a name pamqp refuses is a :class:`ClientError`.
+
+    pamqp allows client-side names of letters, digits, spaces and ``-_.:@#,/+`` only, where
+    RabbitMQ (and Postroom) take any UTF-8 string up to 255 bytes: such a name cannot be sent
+    from this client, which says so instead of raising ``ValueError``.
+    """
+    try:
+        return method(**fields)
+    except ValueError as error:
+        names = ", ".join(f"{key}={value!r}" for key, value in fields.items() if isinstance(value, str))
+        raise ClientError(0, f"{method.name} cannot be sent by this client ({error}: {names})") from None
+
+
 def exchange_declare(
     name: str,
     exchange_type: str = "direct",
@@ -165,7 +182,8 @@ def exchange_declare(
     arguments: Mapping[str, Any] | None = None,
 ) -> commands.Exchange.Declare:
     """The ``exchange.declare`` both clients send."""
-    return commands.Exchange.Declare(
+    return named(
+        commands.Exchange.Declare,
         exchange=name,
         exchange_type=exchange_type,
         durable=durable,
@@ -230,6 +248,8 @@ class Message:
         self.routing_key = routing_key
         self.properties = properties
         self.body = body
+        #: From :meth:`Connection.get`: how many messages the queue held after this one.
+        self.remaining: int | None = None
 
     @property
     def headers(self) -> dict[str, Any]:
@@ -538,7 +558,7 @@ class Connection:
     def declare_queue(self, name: str, durable: bool = True, arguments: Mapping[str, Any] | None = None) -> str:
         """Declare a queue (``""`` for a server-named one); return its name."""
         ok = self._call(
-            commands.Queue.Declare(queue=name, durable=durable, arguments=dict(arguments or {})),
+            named(commands.Queue.Declare, queue=name, durable=durable, arguments=dict(arguments or {})),
             commands.Queue.DeclareOk,
             remember=True,
         )
@@ -565,9 +585,10 @@ class Connection:
     ) -> None:
         """Bind ``queue`` to ``exchange``."""
         self._call(
-            commands.Queue.Bind(
-                queue=queue, exchange=exchange, routing_key=routing_key, arguments=dict(arguments or {})
-            ),
+            named(
+                commands.Queue.Bind,
+                queue=queue, exchange=exchange, routing_key=routing_key, arguments=dict(arguments or {}),
+            ),  # fmt: skip
             commands.Queue.BindOk,
             remember=True,
         )
@@ -577,9 +598,10 @@ class Connection:
     ) -> None:
         """Bind exchange ``destination`` to exchange ``source`` (``exchange.bind``, RabbitMQ's extension)."""
         self._call(
-            commands.Exchange.Bind(
-                destination=destination, source=source, routing_key=routing_key, arguments=dict(arguments or {})
-            ),
+            named(
+                commands.Exchange.Bind,
+                destination=destination, source=source, routing_key=routing_key, arguments=dict(arguments or {}),
+            ),  # fmt: skip
             commands.Exchange.BindOk,
             remember=True,
         )
@@ -671,11 +693,12 @@ class Connection:
 
     def get(self, queue: str) -> Message | None:
         """Take one message from ``queue`` (to be acked), or ``None`` when it is empty."""
-        self._send(encode_method(1, commands.Basic.Get(queue=queue)))
+        self._send(encode_method(1, named(commands.Basic.Get, queue=queue)))
         deadline = time.monotonic() + self.timeout
         while True:
             answer = self._method(deadline)
             if isinstance(answer, commands.Basic.GetOk):
+                self._got.remaining = answer.message_count
                 return self._got
             if isinstance(answer, commands.Basic.GetEmpty):
                 return None
@@ -710,7 +733,7 @@ class Connection:
 
     def _subscribe(self, queue: str, prefetch: int) -> str:
         self._call(commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
-        ok = self._call(commands.Basic.Consume(queue=queue), commands.Basic.ConsumeOk)
+        ok = self._call(named(commands.Basic.Consume, queue=queue), commands.Basic.ConsumeOk)
         tag = str(ok.consumer_tag)
         self._consumers[tag] = queue
         return tag

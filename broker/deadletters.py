@@ -27,6 +27,7 @@ from twisted.python.failure import Failure
 
 from broker.core.deadlog import DeadLetterLog, watch_dead_letter_queues
 from broker.core.node import Node
+from broker.core.seal import Sealer
 from broker.wal.files import DirectoryStorage, prune_archive
 from broker.wal.stream import SegmentStream
 from broker.writer import WorkerWriter
@@ -169,7 +170,7 @@ def open_dead_letters(
     storage = DirectoryStorage(os.path.join(data_dir, DEAD_LETTER_DIR))
     stream = SegmentStream(storage, DEAD_LETTER_SEGMENT_BYTES, reactor.seconds)
     run = stream.open()
-    events = DeadLetterLog(run, reactor.seconds)
+    events = DeadLetterLog(run, reactor.seconds, Sealer.for_directory(data_dir))
     for vhost in node.vhosts.values():
         vhost.dead_letters = events
     watch_dead_letter_queues(events, node.vhosts.values())

@@ -33,6 +33,7 @@ from twisted.python.failure import Failure
 from broker.amqp.connection import ServerConnection, State
 from broker.core.node import Node
 from broker.errors import ReplyCode
+from broker.text import printable
 
 #: Seconds a client has to finish the handshake (RabbitMQ's handshake_timeout is 10 s).
 HANDSHAKE_TIMEOUT = 10.0
@@ -136,7 +137,7 @@ class AMQPServerProtocol(Protocol):
             self.transport.write(data)
         if connection.closed:
             if connection.error is not None:
-                self._log.info("closing connection {peer}: {error}", peer=connection.peer, error=str(connection.error))
+                self._log_closing(connection)
                 connection.error = None
             if connection.state is State.LINGERING:
                 if self._close_timer is None:
@@ -153,7 +154,7 @@ class AMQPServerProtocol(Protocol):
                 self._close_socket()
         elif connection.state is State.CLOSING and self._close_timer is None:
             if connection.error is not None:
-                self._log.info("closing connection {peer}: {error}", peer=connection.peer, error=str(connection.error))
+                self._log_closing(connection)
             self._close_timer = self.factory.clock.callLater(CLOSE_TIMEOUT, self._drop, "no connection.close-ok")
 
     def _close_socket(self) -> None:
@@ -219,9 +220,16 @@ class AMQPServerProtocol(Protocol):
         self.flush()
         self._schedule_heartbeat()
 
+    def _log_closing(self, connection: ServerConnection) -> None:
+        """Log why ``connection`` closes: its error's text may quote what the client sent (a
+        user, vhost or queue name), so its control characters are escaped."""
+        error = printable(str(connection.error))
+        self._log.info("closing connection {peer}: {error}", peer=connection.peer, error=error)
+
     def _drop(self, why: str) -> None:
         connection = self.connection
-        self._log.info("dropping connection {peer}: {why}", peer=connection.peer if connection else "?", why=why)
+        peer = connection.peer if connection else "?"
+        self._log.info("dropping connection {peer}: {why}", peer=peer, why=printable(why))
         self._cancel_timers()
         self.transport.unregisterProducer()
         self.transport.abortConnection()

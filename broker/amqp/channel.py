@@ -47,9 +47,11 @@ from broker.amqp.codec import (
     shortstr,
 )
 from broker.amqp.content import FIXED_LENGTHS, ContentError, check_properties
+from broker.core.deadletter import DEAD_LETTER_ID_HEADER
 from broker.core.message import Message
 from broker.core.queue import UNACKED, Consumer, Entry, WorkQueue
-from broker.core.vhost import EXTEND_EXCHANGE
+from broker.core.seal import SEAL_HEADER, UNSEALED, without_entries
+from broker.core.vhost import EXTEND_EXCHANGE, REDRIVE_EXCHANGE
 from broker.errors import AMQPError, ChannelException, ConnectionException, ReplyCode
 
 if TYPE_CHECKING:
@@ -764,7 +766,17 @@ class ChannelState:
             )
         if self._writable is not None and exchange_name not in self._writable:
             self._check_writable(exchange_name, routing_key)
-        if message.flags & FLAG_USER_ID:
+        if exchange_name == REDRIVE_EXCHANGE:
+            redriven = self._redriven(message)
+            if redriven is None:
+                if self.confirm:
+                    if self._confirm_waits:
+                        self._wait_confirm(self._publish_seq, 0, False)
+                    else:
+                        self.nack_publish()
+                return
+            message, exchange_name, routing_key = redriven, "", redriven.routing_key
+        elif message.flags & FLAG_USER_ID:
             user_id = message.properties.user_id
             if user_id != self.connection.user_name:
                 raise ChannelException(
@@ -891,6 +903,41 @@ class ChannelState:
             return False
         entry.queue.extend(entry, timeout / 1000.0)
         return True
+
+    def _redriven(self, message: Message) -> Message | None:
+        """A publish to ``amq.postroom.redrive``: a dead letter this broker sealed, as it goes
+        back to the queue it died in (through the default exchange), without the seal, its
+        dead-letter id and ``x-delivery-count``; ``None`` when the seal does not hold (see
+        :mod:`broker.core.seal`). The user needs write permission on that queue. The message's
+        ``user_id`` was checked when it was first published.
+
+        :raises ChannelException: 403 without write permission on the queue; 406 for a seal
+            that does not hold, outside confirm mode (in confirm mode: ``None``, a nack)
+        """
+        vhost = self.vhost
+        sealer = vhost.dead_letters.sealer if vhost.dead_letters is not None else None
+        queue = None
+        if sealer is not None:
+            queue = sealer.verify(vhost.name, message.header, message.lenient_headers(), message.body)
+        if queue is None:
+            self.connection.node.counters["redrives_refused"] += 1
+            if self.confirm:
+                return None
+            raise ChannelException(
+                ReplyCode.PRECONDITION_FAILED,
+                f"not a dead letter sealed by this broker in vhost '{vhost.name}': '{SEAL_HEADER}' does not match",
+                BASIC_CLASS,
+                40,
+            )
+        access = self.connection.access
+        if access is not None:
+            try:
+                access.check("write", "queue", queue)
+            except ChannelException as refused:
+                refused.class_id, refused.method_id = BASIC_CLASS, 40
+                raise
+        header = without_entries(message.header, (*UNSEALED, DEAD_LETTER_ID_HEADER.encode()))
+        return Message("", queue, shortstr("") + shortstr(queue), header, message.body)
 
     def _return(self, message: Message) -> None:
         """Send an unroutable mandatory message back with ``basic.return`` 312 NO_ROUTE."""

@@ -30,9 +30,18 @@ from enum import Enum
 from typing import Any
 
 from broker.amqp.codec import shortstr
-from broker.amqp.content import EXPIRATION, HEADERS, ContentError, property_spans, replace_property, with_header_entry
+from broker.amqp.content import (
+    EXPIRATION,
+    HEADERS,
+    ContentError,
+    property_spans,
+    replace_property,
+    with_header_entry,
+    with_headers_content,
+)
 from broker.amqp.table import Int64, Raw, TableError, decode_value, encode_entry, iter_table, value_end
 from broker.core.message import Message
+from broker.core.seal import SEAL_HEADER, Sealer
 
 #: The header in which a dead-lettered copy carries its id in the dead-letter event stream
 #: (``broker/core/deadlog.py``); ``postroom dlq redrive --ids`` selects messages by it.
@@ -42,6 +51,9 @@ DELIVERY_COUNT_HEADER = "x-delivery-count"
 
 _u32 = struct.Struct(">I")
 _u64 = struct.Struct(">Q")
+#: Entries no dead-lettered copy keeps: ``BCC`` (as RabbitMQ), and Postroom's own, which each
+#: copy gets anew.
+_DROPPED_ENTRIES = frozenset((b"BCC", DEAD_LETTER_ID_HEADER.encode(), SEAL_HEADER.encode()))
 
 
 class DeadLetterReason(Enum):
@@ -125,6 +137,8 @@ def dead_lettered(
     routing_key: str | None,
     delivery_count: int,
     dead_letter_id: int = 0,
+    sealer: Sealer | None = None,
+    vhost: str = "",
 ) -> Message:
     """The message to publish to the dead-letter exchange.
 
@@ -140,6 +154,7 @@ def dead_lettered(
         not written into the message: RabbitMQ's ``x-death`` has no such field)
     :param dead_letter_id: the dead-letter event log's id for this copy, set as header
         ``x-postroom-dead-letter-id`` (0: no event log, no header)
+    :param sealer: seals a copy with an id, for ``vhost`` (see :mod:`broker.core.seal`)
     """
     header = message.header
     try:
@@ -199,7 +214,7 @@ def dead_lettered(
     )
     if routing_key is not None:
         entries = [(key, entry) for key, entry in entries if key != b"CC"]
-    entries = [(key, entry) for key, entry in entries if key != b"BCC" and key != b"x-postroom-dead-letter-id"]
+    entries = [(key, entry) for key, entry in entries if key not in _DROPPED_ENTRIES]
     if dead_letter_id:
         entries.append((b"x-postroom-dead-letter-id", encode_entry(DEAD_LETTER_ID_HEADER, Int64(dead_letter_id))))
     if parsed is not None:
@@ -211,6 +226,11 @@ def dead_lettered(
         new_header = replace_property(header, HEADERS, _u32.pack(len(new_content)) + new_content)
         if expiration is not None:
             new_header = replace_property(new_header, EXPIRATION, None)
+        if sealer is not None and dead_letter_id and parsed is not None:
+            seal = sealer.seal(vhost, dead_letter_id, queue_name, new_header, message.body)
+            entries.append((SEAL_HEADER.encode(), encode_entry(SEAL_HEADER, seal)))
+            entries.sort(key=lambda item: item[0])
+            new_header = with_headers_content(new_header, b"".join(entry for _, entry in entries))
     except ContentError:
         new_header = header
     key = message.routing_key if routing_key is None else routing_key

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from broker.amqp.codec import FLAG_HEADERS
 from broker.amqp.content import MESSAGE_ID, property_value
 from broker.core.deadletter import DEAD_LETTER_ID_HEADER
+from broker.core.seal import SEAL_HEADER, Sealer
 from broker.wal.record import (
     DEAD_LETTER_HEADER_VALUE_BYTES,
     DEAD_LETTER_PREVIEW_BYTES,
@@ -106,10 +107,13 @@ class DeadLetterLog:
     :param run: this run's number (the stream segment opened at start); ids start at
         ``run << RUN_ID_BITS | 1``
     :param clock: seconds since the epoch (the reactor's ``seconds``)
+    :param sealer: seals the dead-lettered copies (``None``: they carry no seal)
     """
 
-    def __init__(self, run: int, clock: Callable[[], float]) -> None:
+    def __init__(self, run: int, clock: Callable[[], float], sealer: Sealer | None = None) -> None:
         self._next_id = (run << RUN_ID_BITS) + 1
+        #: Seals each copy that gets an id (see :mod:`broker.core.seal`).
+        self.sealer = sealer
         self._clock = clock
         self._pending: list[bytes] = []
         #: Bytes waiting in :meth:`take`.
@@ -161,7 +165,7 @@ class DeadLetterLog:
         names: list[str] = []
         values: list[str] = []
         for key, value in headers.items():
-            if key == "x-death" or key == DEAD_LETTER_ID_HEADER or len(names) >= MAX_HEADERS:
+            if key in ("x-death", DEAD_LETTER_ID_HEADER, SEAL_HEADER) or len(names) >= MAX_HEADERS:
                 continue
             names.append(key)
             values.append(_text(value))

@@ -35,10 +35,13 @@ STANDARD_EXCHANGES = (
     ("amq.headers", "headers"),
     ("amq.match", "headers"),
     ("amq.postroom.extend", "direct"),
+    ("amq.postroom.redrive", "direct"),
 )
 
 #: Publishing here extends a delivery's visibility timeout (``../shared/CONTRACT.md``, Queues).
 EXTEND_EXCHANGE = "amq.postroom.extend"
+#: Publishing a sealed dead letter here sends it back to the queue it died in (``broker.core.seal``).
+REDRIVE_EXCHANGE = "amq.postroom.redrive"
 
 #: Bound on exchange-to-exchange hops for one publish: a cycle of bindings is legal, so
 #: routing keeps a visited set; this caps the work a deep (acyclic) chain can cause.
@@ -656,6 +659,8 @@ class VirtualHost:
                     settings.dead_letter_routing_key,
                     entry.delivery_count,
                     dead_letter_id,
+                    events.sealer if events is not None else None,
+                    self.name,
                 )
             except ValueError:  # a copy that cannot be addressed (a dead-letter routing key past 255 bytes)
                 self.dead_letters_dropped += 1

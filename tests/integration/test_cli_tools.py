@@ -49,3 +49,18 @@ def test_an_unroutable_mandatory_publish_fails_with_the_reply_code(broker: Any) 
     result = postroom("publish", "--url", url, "--mandatory", "nowhere", "lost")
     assert result.returncode == 1
     assert b"312 NO_ROUTE" in result.stderr
+
+
+def test_names_from_the_broker_reach_the_terminal_escaped(broker: Any) -> None:
+    url = f"amqp://guest:guest@127.0.0.1:{broker.port}/"
+    result = postroom("publish", "--url", url, "--exchange", "orders\x1b[2J\u202e", "key", "body")
+    assert result.returncode == 1
+    assert b"\x1b" not in result.stderr and "\u202e".encode() not in result.stderr
+    assert "no exchange 'orders\\x1b[2J\\u202e' in vhost '/'".encode() in result.stderr
+    # A name this client cannot send is an error of one line, not a traceback.
+    refused = postroom("dlq", "inspect", "orders\x1b[2J", "--url", url)
+    assert refused.returncode == 1
+    assert refused.stderr.decode().splitlines() == [
+        "postroom dlq inspect: 0 Basic.Get cannot be sent by this client"
+        " (Invalid value for queue: queue='orders\\x1b[2J')"
+    ]

@@ -6,10 +6,29 @@ from typing import Any
 
 import pytest
 
-from broker.client import Connection, PublishReturned, connect
-from broker.dlq import inspect, redrive, summary
+from broker.client import ChannelClosed, Connection, PublishReturned, connect
+from broker.core.deadlog import DeadLetterLog
+from broker.core.node import Node, User
+from broker.core.seal import SEAL_HEADER, Sealer
+from broker.dlq import BROKEN_SEAL, MALFORMED, NO_DEATH, UNSEALED, Refused, inspect, redrive, summary
+from config.schema import Permission
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def broker(make_broker: Any) -> Any:
+    """A broker that records and seals its dead letters, as ``postroom serve`` does; guest may
+    do anything, ``op`` may write only to ``dlq``, ``retry`` and ``amq.postroom.redrive``."""
+    operator = Permission(write=r"^(dlq|retry|amq\.postroom\.redrive)$")
+    node = Node(
+        users=[
+            User("guest", password="guest", loopback_only=True),
+            User("op", password="secret", permissions={"/": operator}),
+        ]
+    )
+    node.vhosts["/"].dead_letters = DeadLetterLog(1, lambda: 0.0, Sealer(bytes(range(32))))
+    return make_broker(node)
 
 
 def dead_letters(conn: Connection) -> None:
@@ -44,14 +63,17 @@ def test_inspect_shows_the_deaths_and_consumes_nothing(broker: Any) -> None:
 def test_redrive_moves_exactly_the_filtered_messages_with_a_fresh_delivery_count(broker: Any) -> None:
     with connect(f"amqp://guest:guest@127.0.0.1:{broker.port}/") as conn:
         dead_letters(conn)
-        moved = redrive(conn, "dlq", filters={"reason": "rejected"}, limit=2)
-        assert [(m.routing_key, m.reason) for m in moved] == [("work", "rejected")] * 2
+        done = redrive(conn, "dlq", filters={"reason": "rejected"}, limit=2)
+        assert [(m.routing_key, m.reason) for m in done.moved] == [("work", "rejected")] * 2
+        assert done.refused == []
         back = [conn.get("work") for _ in range(2)]
         assert [m.body for m in back if m] == [b"job-0", b"job-1"]
         assert [(m.delivery_count, m.x_death[0]["reason"], m.headers["n"]) for m in back if m] == [
             (0, "rejected", 0),
             (0, "rejected", 1),
         ]
+        # The broker took off what the dead-letter queue knew: the copy dies anew if it dies again.
+        assert not {"x-delivery-count", "x-postroom-dead-letter-id", SEAL_HEADER} & {*back[0].headers}
         for message in back:
             assert message is not None
             message.ack()
@@ -94,3 +116,85 @@ def test_the_dlq_commands(broker: Any) -> None:
     with connect(url) as conn:
         assert [m.body for m in inspect(conn, "retry", limit=10)] == [b"late-0", b"late-1"]
         assert len(list(inspect(conn, "dlq", limit=10))) == 3
+        forged = [{"count": 1, "reason": "rejected", "queue": "retry\x1b[2J", "exchange": "", "routing-keys": []}]
+        conn.publish("", "dlq", b"forged", headers={"x-death": forged})
+    redriven = postroom("redrive", "dlq", "--filter", "reason=rejected")
+    assert redriven.returncode == 1
+    assert redriven.stdout.strip() == "moved 3 message(s) out of 'dlq' (rejected: 3)"
+    assert redriven.stderr.splitlines() == [
+        "postroom dlq redrive: left 1 message(s) in 'dlq':",
+        "  1: no x-postroom-dead-letter-seal header: dead-lettered by another broker or before seals; give --to",
+    ]
+
+
+def test_redrive_trusts_the_seal_not_x_death(broker: Any) -> None:
+    """A client that may publish to the dead-letter queue cannot steer a redrive: a forged
+    ``x-death``, a genuine seal on another body, a malformed ``x-death`` and a message that was
+    never dead-lettered all stay in the queue, reported; the genuine dead letters move."""
+    with connect(f"amqp://guest:guest@127.0.0.1:{broker.port}/") as conn:
+        dead_letters(conn)
+        conn.declare_queue("payroll")
+        genuine = conn.get("dlq")
+        assert genuine is not None and SEAL_HEADER in genuine.headers
+        conn.recover()
+        forged_death = [{"count": 1, "reason": "rejected", "queue": "payroll", "exchange": "", "routing-keys": ["x"]}]
+        conn.publish("", "dlq", b"forged", headers={"x-death": forged_death})
+        conn.publish("", "dlq", b"forged", headers={"x-death": forged_death, SEAL_HEADER: "00" * 16})
+        conn.publish("", "dlq", b"another body", headers=genuine.headers)
+        conn.publish("", "dlq", b"malformed", headers={"x-death": ["payroll"]})
+        conn.publish("", "dlq", b"plain")
+
+        done = redrive(conn, "dlq")
+
+        moved = [(m.routing_key, m.reason) for m in done.moved]
+        assert moved == [("work", "rejected")] * 3 + [("short", "expired")] * 2
+        assert done.refused == [
+            Refused("payroll", UNSEALED),
+            Refused("payroll", BROKEN_SEAL),
+            Refused("work", BROKEN_SEAL),
+            Refused("", MALFORMED),
+            Refused("", NO_DEATH),
+        ]
+        assert conn.get("payroll") is None
+        # The expired ones died again at once (a TTL of 0): the redrive did not go round again.
+        assert [m.body for m in inspect(conn, "dlq", limit=10)] == [
+            b"forged", b"forged", b"another body", b"malformed", b"plain", b"late-0", b"late-1",
+        ]  # fmt: skip
+        assert [summary(m)["malformed_x_death"] for m in inspect(conn, "dlq", limit=10)] == [
+            False, False, False, True, False, False, False,
+        ]  # fmt: skip
+        assert broker.node.counters["redrives_refused"] == 2
+
+
+def test_a_redrive_needs_write_permission_on_the_queue_the_message_died_in(broker: Any) -> None:
+    with connect(f"amqp://guest:guest@127.0.0.1:{broker.port}/") as conn:
+        dead_letters(conn)
+    with connect(f"amqp://op:secret@127.0.0.1:{broker.port}/") as conn:
+        with pytest.raises(ChannelClosed, match="403 ACCESS_REFUSED - access to queue 'work' in vhost '/' refused"):
+            redrive(conn, "dlq")
+    with connect(f"amqp://op:secret@127.0.0.1:{broker.port}/") as conn:
+        assert len(list(inspect(conn, "dlq", limit=10))) == 5  # nothing moved, nothing lost
+        conn.declare_exchange("retry", "direct")
+        conn.declare_queue("retry")
+        conn.bind("retry", "retry", "r")
+        done = redrive(conn, "dlq", to="retry/r")  # a destination of the operator's own choice
+        assert len(done.moved) == 5
+        copy = conn.get("retry")
+        assert copy is not None and not {"x-postroom-dead-letter-id", SEAL_HEADER} & {*copy.headers}
+
+
+def test_a_seal_published_without_confirms_closes_the_channel(broker: Any) -> None:
+    import pika
+
+    with connect(f"amqp://guest:guest@127.0.0.1:{broker.port}/") as conn:
+        conn.declare_queue("dlq")
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+    try:
+        channel = connection.channel()
+        channel.basic_publish("amq.postroom.redrive", "dlq", b"x", pika.BasicProperties(headers={SEAL_HEADER: "00"}))
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            channel.queue_declare("dlq", passive=True)
+        assert closed.value.reply_code == 406
+        assert "not a dead letter sealed by this broker" in closed.value.reply_text
+    finally:
+        connection.close()

@@ -222,6 +222,26 @@ def test_postroom_queues_escapes_control_characters_in_names(
     assert "\x1b" not in out and "\x07" not in out
 
 
+def test_the_log_escapes_what_a_client_sent(operated: Operated) -> None:
+    # A user name with a line break and an escape sequence cannot forge a log line or clear a terminal.
+    from twisted.logger import formatEvent, globalLogPublisher
+
+    logged: list[str] = []
+    observer = lambda event: logged.append(formatEvent(event))  # noqa: E731
+    globalLogPublisher.addObserver(observer)
+    try:
+        credentials = pika.PlainCredentials("mallory\n2026-11-25 broker started\x1b[2J", "x")
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+            pika.BlockingConnection(
+                pika.ConnectionParameters("127.0.0.1", operated.broker.port, credentials=credentials)
+            )
+    finally:
+        globalLogPublisher.removeObserver(observer)
+    refusals = [line for line in logged if "mallory" in line]
+    assert refusals and all("mallory\\n2026-11-25 broker started\\x1b[2J" in line for line in refusals), refusals
+    assert not [line for line in refusals if "\n" in line or "\x1b" in line]
+
+
 def test_management_api_lists_queues_with_counts(operated: Operated, pika_connect: Callable[..., Any]) -> None:
     traffic(operated, pika_connect)
     status, queues = operated.api("/api/queues")
