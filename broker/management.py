@@ -132,7 +132,8 @@ def _segments(uri: bytes) -> list[str]:
 
 #: Tags that let a user into the management API (RabbitMQ's; any other tag does not).
 MANAGEMENT_TAGS = frozenset({"administrator", "monitoring", "policymaker", "management"})
-#: Tags that see every vhost and every connection, not only the user's own.
+#: Tags that see every connection and channel (not only the user's own) and every vhost in
+#: the vhost list and the overview.
 SEE_ALL_TAGS = frozenset({"administrator", "monitoring"})
 
 
@@ -140,6 +141,11 @@ class _Problem(Exception):
     def __init__(self, status: int, error: str, reason: str) -> None:
         super().__init__(reason)
         self.status, self.error, self.reason = status, error, reason
+
+
+def _not_found() -> _Problem:
+    """RabbitMQ's answer for anything that is not there (the same whatever is missing)."""
+    return _Problem(404, "Object Not Found", "Not Found")
 
 
 class ManagementAPI(Resource):
@@ -204,20 +210,28 @@ class ManagementAPI(Resource):
             return b""
         return json.dumps(body, default=_json_default).encode()
 
-    def _vhosts(self, user: User, name: str | None = None) -> list[VirtualHost]:
-        sees_all = bool(user.tags & SEE_ALL_TAGS)
-        allowed = [v for v in self.node.vhosts.values() if sees_all or user.may_open(v.name)]
+    def _vhosts(self, user: User, name: str | None = None, visible: bool = False) -> list[VirtualHost]:
+        """The vhosts a list shows ``user`` (RabbitMQ's management plugin): every one to an
+        administrator (and, where ``visible``, to a monitoring user: the vhost list and the
+        overview), else those the user may open. With ``name``: that one.
+
+        :raises _Problem: 401 for a vhost that exists but is not the user's, 404 for a missing one
+        """
+        administrator = "administrator" in user.tags
         if name is None:
-            return allowed
-        found = [vhost for vhost in allowed if vhost.name == name]
-        if not found:
-            raise _Problem(404, "not_found", f"no vhost '{name}'")
-        return found
+            sees_all = administrator or (visible and "monitoring" in user.tags)
+            return [v for v in self.node.vhosts.values() if sees_all or user.may_open(v.name)]
+        vhost = self.node.vhosts.get(name)
+        if vhost is None:
+            raise _not_found()
+        if not administrator and not user.may_open(name):
+            raise _Problem(401, "not_authorised", "User not authorised to access virtual host")
+        return [vhost]
 
     def _queue(self, user: User, vhost_name: str, name: str) -> WorkQueue:
         queue = self._vhosts(user, vhost_name)[0].queues.get(name)
         if queue is None:
-            raise _Problem(404, "not_found", f"no queue '{name}' in vhost '{vhost_name}'")
+            raise _not_found()
         return queue
 
     def _readable_queue(self, user: User, vhost_name: str, name: str) -> WorkQueue:
@@ -248,7 +262,7 @@ class ManagementAPI(Resource):
 
     def _dispatch(self, method: str, path: list[str], request: Request, user: User) -> tuple[int, Any]:
         if not path:
-            raise _Problem(404, "not_found", "Object Not Found")
+            raise _not_found()
         kind, rest = path[0], path[1:]
         if method == "GET":
             views: dict[str, Callable[[User, list[str]], Any]] = {
@@ -272,12 +286,12 @@ class ManagementAPI(Resource):
             return self._close_connection(user, rest[0])
         else:
             raise _Problem(405, "method_not_allowed", f"{method} is not allowed here")
-        raise _Problem(404, "not_found", "Object Not Found")
+        raise _not_found()
 
     # -- views ----------------------------------------------------------------------------------
 
     def _overview(self, user: User, rest: list[str]) -> dict[str, Any]:
-        vhosts = self._vhosts(user)
+        vhosts = self._vhosts(user, visible=True)
         queues = [self._queue_view(vhost, queue) for vhost in vhosts for queue in vhost.queues.values()]
         connections = self._visible_connections(user)
         stats: dict[str, Any] = {}
@@ -318,8 +332,17 @@ class ManagementAPI(Resource):
                 "messages_ready": sum(q.message_count for q in vhost.queues.values()),
                 "messages_unacknowledged": sum(q.unacked_count for q in vhost.queues.values()),
             }
-            for vhost in self._vhosts(user, rest[0] if rest else None)
+            for vhost in self._vhost_objects(user, rest)
         ]
+
+    def _vhost_objects(self, user: User, rest: list[str]) -> list[VirtualHost]:
+        """``/api/vhosts`` (every vhost to a monitoring user too) or ``/api/vhosts/NAME``
+        (administrators only, as RabbitMQ 3.10)."""
+        if not rest:
+            return self._vhosts(user, visible=True)
+        if "administrator" not in user.tags:
+            raise _Problem(401, "not_authorised", "Not administrator user")
+        return self._vhosts(user, rest[0])
 
     def _queue_view(self, vhost: VirtualHost, queue: WorkQueue) -> dict[str, Any]:
         rate = self.sampler.rate
@@ -370,7 +393,7 @@ class ManagementAPI(Resource):
             vhost = self._vhosts(user, rest[0])[0]
             exchange = vhost.exchanges.get(rest[1])
             if exchange is None:
-                raise _Problem(404, "not_found", f"no exchange '{rest[1]}' in vhost '{rest[0]}'")
+                raise _not_found()
             return self._exchange_view(vhost, exchange)
         return [
             self._exchange_view(vhost, exchange)
@@ -485,16 +508,16 @@ class ManagementAPI(Resource):
         return result
 
     def _close_connection(self, user: User, name: str) -> tuple[int, None]:
-        for connection in self._visible_connections(user):
-            if connection.peer == name:
-                if "administrator" not in user.tags and connection.user_name != user.name:
-                    raise _Problem(401, "not_authorised", "Not administrator user")
-                connection.close(ReplyCode.CONNECTION_FORCED, "CONNECTION_FORCED - Closed via management API")
-                self._log.info(
-                    "connection {peer} closed through the management API by {user}", peer=name, user=user.name
-                )
-                return 204, None
-        raise _Problem(404, "not_found", f"no connection '{name}'")
+        """Close a connection: its own user's or, for an administrator, anyone's (RabbitMQ
+        checks this before it looks for the connection: 401 for a missing one too)."""
+        found = next((connection for connection in self.node.connections if connection.peer == name), None)
+        if "administrator" not in user.tags and (found is None or found.user_name != user.name):
+            raise _Problem(401, "not_authorised", "User not authorised to access object")
+        if found is None:
+            raise _not_found()
+        found.close(ReplyCode.CONNECTION_FORCED, "Closed via management plugin")
+        self._log.info("connection {peer} closed through the management API by {user}", peer=name, user=user.name)
+        return 204, None
 
 
 def management_site(node: Node, sampler: RateSampler) -> Site:

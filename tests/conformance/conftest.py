@@ -12,21 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
-from broker.testing import RabbitMQMissing, rabbitmq_node
+from transcript import oracle
 
 
 @pytest.fixture(scope="session")
 def rabbitmq_port() -> Iterator[int]:
     """The AMQP port of a RabbitMQ node shared by every conformance test (each uses names of its own)."""
-    node = rabbitmq_node()
-    try:
-        port, _pid = node.__enter__()
-    except RabbitMQMissing as missing:
-        pytest.skip(f"no RabbitMQ to compare with: {missing}")
-    except TimeoutError as stuck:
-        pytest.skip(f"RabbitMQ is installed but did not start here: {stuck}")
-    try:
+    with oracle() as port:
         yield port
-    finally:
-        node.__exit__(None, None, None)

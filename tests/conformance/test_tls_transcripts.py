@@ -20,12 +20,13 @@ from typing import Any
 
 import pytest
 from pamqp import commands, frame
+from transcript import oracle
 from twisted.internet import threads
 
 from broker.core.definitions import node_from_config
 from broker.protocol import AMQPServerFactory
 from broker.service import tls_wrapper
-from broker.testing import RabbitMQMissing, free_port, rabbitmq_node, rabbitmqctl, wait_for_port, write_test_pki
+from broker.testing import free_port, rabbitmqctl, write_test_pki
 from config.schema import BrokerConfig, ListenConfig, TLSConfig, UserConfig
 from tests.conftest import BROKER_PORTS
 
@@ -69,18 +70,10 @@ def rabbitmq_tls(pki: dict[str, Path]) -> Iterator[tuple[int, int]]:
         "auth_mechanisms.3 = EXTERNAL\n"
         "ssl_cert_login_from = common_name\n"
     )
-    node = rabbitmq_node(config, ["rabbitmq_auth_mechanism_ssl"])
-    try:
-        port, _pid = node.__enter__()
-        wait_for_port(tls_port, 60)
-    except RabbitMQMissing as missing:
-        pytest.skip(f"no RabbitMQ to compare with: {missing}")
-    try:
+    with oracle(config, ["rabbitmq_auth_mechanism_ssl"], also=[tls_port]) as port:
         rabbitmqctl(port, "add_user", "app", "app-password")
         rabbitmqctl(port, "set_permissions", "app", ".*", ".*", ".*")
         yield port, tls_port
-    finally:
-        node.__exit__(None, None, None)
 
 
 @pytest.fixture

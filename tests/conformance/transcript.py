@@ -37,8 +37,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+import pytest
 from pamqp import commands, encode, frame
 from pamqp.base import Frame as MethodFrame
+
+from broker.testing import RabbitMQMissing, rabbitmq_node, wait_for_port
 
 #: The AMQP 0-9-1 protocol header (AMQP 0-9-1 §4.2.2).
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
@@ -798,3 +801,24 @@ def wait_for(check: Callable[[], bool], seconds: float = SAFETY_TIMEOUT) -> bool
 def unique_prefix() -> str:
     """A fresh name prefix, shared by a scenario's two runs, unique on the shared RabbitMQ node."""
     return f"conformance-{uuid.uuid4().hex[:8]}"
+
+
+@contextmanager
+def oracle(config: str = "", plugins: Iterable[str] = (), also: Iterable[int] = ()) -> Iterator[int]:
+    """A RabbitMQ node (see :func:`broker.testing.rabbitmq_node`) once it listens on its AMQP
+    port and on the ports ``also`` names; its AMQP port. The test is skipped, saying why, when
+    there is no RabbitMQ here or it does not start."""
+    node = rabbitmq_node(config, plugins)
+    try:
+        port, _pid = node.__enter__()
+        for other in also:
+            wait_for_port(other, 60)
+    except RabbitMQMissing as missing:
+        pytest.skip(f"no RabbitMQ to compare with: {missing}")
+    except TimeoutError as stuck:
+        node.__exit__(None, None, None)
+        pytest.skip(f"RabbitMQ is installed but did not start here: {stuck}")
+    try:
+        yield port
+    finally:
+        node.__exit__(None, None, None)
