@@ -143,6 +143,20 @@ def loads(text: str, source: str = "<string>") -> BrokerConfig:
     return config
 
 
+#: Values (mappings, lists and scalars) a file may expand to, aliases counted each time they
+#: are used. The example configuration holds about a hundred; definitions of 10,000 queues
+#: with their settings and bindings about 100,000.
+MAX_YAML_VALUES = 200_000
+
+
+class _TooLarge(Exception):
+    """The file expands past :data:`MAX_YAML_VALUES` (at ``line``)."""
+
+    def __init__(self, line: int) -> None:
+        super().__init__(line)
+        self.line = line
+
+
 class _Reader:
     """Turns composed YAML into plain values, remembering lines, and checks them."""
 
@@ -155,9 +169,20 @@ class _Reader:
 
     def parse(self, text: str) -> Any:
         loader = yaml.SafeLoader(text)
+        self._values_left = MAX_YAML_VALUES
         try:
             node = loader.get_single_node()
             return {} if node is None else self._plain(node, "", loader)
+        except _TooLarge as large:
+            self.problems.append(
+                Problem(
+                    large.line,
+                    "",
+                    f"the file holds more than {MAX_YAML_VALUES:,} values once its aliases are expanded "
+                    "(an alias used over and over, a 'billion laughs'): refused",
+                )
+            )
+            return None
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             line = mark.line + 1 if mark is not None else None
@@ -167,6 +192,9 @@ class _Reader:
             loader.dispose()
 
     def _plain(self, node: yaml.Node, path: str, loader: yaml.SafeLoader) -> Any:
+        self._values_left -= 1
+        if self._values_left < 0:  # an alias is a reference; walking it is a copy
+            raise _TooLarge(node.start_mark.line + 1)
         self.lines[path] = node.start_mark.line + 1
         if isinstance(node, yaml.MappingNode):
             result: dict[Any, Any] = {}

@@ -193,3 +193,31 @@ def test_user_and_vhost_limits_are_read_and_checked() -> None:
         (2, "users[0].limits.max_queues", "unknown key (expected one of: max_channels, max_connections)"),
         (2, "users[0].limits.max_channels", "must be an integer, not a string 'many'"),
     ]
+
+
+def test_an_alias_bomb_is_refused_quickly_and_in_little_memory() -> None:
+    import tracemalloc
+
+    levels = ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for level, previous in zip("bcdefghi", "abcdefgh", strict=True):
+        levels.append(f"{level}: &{level} [{', '.join([f'*{previous}'] * 9)}]")
+    text = "\n".join(levels) + "\n"  # 9**9 values once expanded, in under 400 bytes
+    tracemalloc.start()
+    try:
+        found = problems(text)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(found) == 1 and "more than 200,000 values once its aliases are expanded" in found[0][2]
+    assert peak < 200 << 20
+    # Aliases used sparingly are fine.
+    config = loads(
+        "vhosts:\n"
+        "  /:\n"
+        "    exchanges: [{name: dlx, type: fanout}]\n"
+        "    queues:\n"
+        "      - {name: a, dead_letter: &dl {exchange: dlx}}\n"
+        "      - {name: b, dead_letter: *dl}\n",
+        "ok.yaml",
+    )
+    assert [queue.dead_letter.exchange for queue in config.vhosts["/"].queues if queue.dead_letter] == ["dlx", "dlx"]
