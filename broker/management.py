@@ -273,6 +273,7 @@ class ManagementAPI(Resource):
                 "bindings": self._bindings,
                 "connections": self._connections,
                 "channels": self._channels,
+                "nodes": self._nodes,
             }
             view = views.get(kind)
             if view is not None:
@@ -323,6 +324,30 @@ class ManagementAPI(Resource):
             },
             "message_stats": stats,
         }
+
+    def _nodes(self, user: User, rest: list[str]) -> Any:
+        """``/api/nodes[/{name}]``: the one node, with its memory and disk readings and alarms
+        (for monitoring users and administrators, as RabbitMQ)."""
+        if not user.tags & SEE_ALL_TAGS:
+            raise _Problem(401, "not_authorised", "Not monitor user")
+        node = self.node
+        monitor = node.resource_monitor
+        view = {
+            "name": "postroom@localhost",
+            "type": "disc",
+            "running": True,
+            "mem_used": monitor.memory_used if monitor is not None else None,
+            "mem_limit": monitor.memory_limit if monitor is not None else None,
+            "mem_alarm": "memory" in node.alarms,
+            "disk_free": monitor.disk_free if monitor is not None else None,
+            "disk_free_limit": monitor.disk_limit if monitor is not None and monitor.disk_path else None,
+            "disk_free_alarm": "disk" in node.alarms,
+        }
+        if not rest:
+            return [view]
+        if rest[0] != view["name"]:
+            raise _not_found()
+        return view
 
     def _vhost_list(self, user: User, rest: list[str]) -> list[dict[str, Any]]:
         return [

@@ -29,6 +29,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
+from broker.alarms import memory_total, resident_memory
 from broker.core.deadletter import DeadLetterReason
 from broker.core.histogram import Histogram
 
@@ -167,6 +168,25 @@ class BrokerCollector:
         yield CounterMetricFamily(
             "postroom_auth_attempts_failed_total", "Logins refused.", value=counters["auth_failures"]
         )
+        alarm = GaugeMetricFamily(
+            "postroom_alarm", "1 while the resource's alarm is in force (publishers are blocked).", labels=["resource"]
+        )
+        for kind in ("memory", "disk"):
+            alarm.add_metric([kind], kind in self.node.alarms)
+        yield alarm
+        monitor = self.node.resource_monitor
+        if monitor is not None:
+            yield GaugeMetricFamily("postroom_memory_used_bytes", "Resident memory.", value=monitor.memory_used)
+            yield GaugeMetricFamily(
+                "postroom_memory_watermark_bytes", "The memory alarm's watermark.", value=monitor.memory_limit
+            )
+            if monitor.disk_free is not None:
+                yield GaugeMetricFamily(
+                    "postroom_disk_free_bytes", "Free space where the log is.", value=monitor.disk_free
+                )
+                yield GaugeMetricFamily(
+                    "postroom_disk_free_limit_bytes", "The disk alarm's free-space limit.", value=monitor.disk_limit
+                )
         connections = self.node.connections
         yield GaugeMetricFamily("postroom_connections", "Open AMQP connections.", value=len(connections))
         yield GaugeMetricFamily(
@@ -225,7 +245,9 @@ class RabbitMQNames:
 
         ready, unacked = total(queues, "message_count"), total(queues, "unacked_count")
         unconfirmed = sum(c._publish_seq - c.confirmed_upto for c in channels if c.confirm)
-        rss, limit = _memory()
+        monitor = node.resource_monitor
+        rss = resident_memory()
+        limit = monitor.memory_limit if monitor is not None else memory_total()
         disk = _disk_free(self.collector.wal)
         open_fds, max_fds = _fds()
         sockets = len(connections)
@@ -240,8 +262,14 @@ class RabbitMQNames:
             "rabbitmq_channels": ("Open channels.", len(channels)),
             "rabbitmq_channel_messages_unconfirmed": ("Publishes not confirmed yet.", unconfirmed),
             "rabbitmq_process_resident_memory_bytes": ("Resident memory.", rss),
-            "rabbitmq_resident_memory_limit_bytes": ("Memory limit (physical memory).", limit),
+            "rabbitmq_resident_memory_limit_bytes": ("The memory alarm's watermark.", limit),
             "rabbitmq_disk_space_available_bytes": ("Free disk space where the log is.", disk),
+            "rabbitmq_disk_space_available_limit_bytes": (
+                "The disk alarm's free-space limit.",
+                monitor.disk_limit if monitor is not None else 0,
+            ),
+            "rabbitmq_alarms_memory_used_watermark": ("1 while the memory alarm is in force.", "memory" in node.alarms),
+            "rabbitmq_alarms_free_disk_space_watermark": ("1 while the disk alarm is in force.", "disk" in node.alarms),
             "rabbitmq_process_open_fds": ("Open file descriptors.", open_fds),
             "rabbitmq_process_max_fds": ("File descriptor limit.", max_fds),
             "rabbitmq_process_open_tcp_sockets": ("Open AMQP sockets.", sockets),
@@ -279,21 +307,6 @@ class RabbitMQNames:
         }
         for metric, (documentation, value) in counts.items():
             yield CounterMetricFamily(metric, documentation, value=max(0, value))
-
-
-def _memory() -> tuple[int, int]:
-    """Resident and physical memory in bytes (0 where ``/proc`` or ``sysconf`` cannot tell)."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    try:
-        with open("/proc/self/statm") as statm:
-            rss = int(statm.read().split()[1]) * page
-    except (OSError, ValueError, IndexError):
-        rss = 0
-    try:
-        physical = os.sysconf("SC_PHYS_PAGES") * page
-    except (OSError, ValueError):
-        physical = 0
-    return rss, physical
 
 
 def _disk_free(wal: WALService | None) -> int:

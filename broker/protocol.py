@@ -73,6 +73,8 @@ class AMQPServerProtocol(Protocol):
         self._heartbeat_timer: IDelayedCall | None = None
         self._close_timer: IDelayedCall | None = None
         self._closing_socket = False
+        #: Whether the transport was told to stop reading for a resource alarm.
+        self._blocked = False
 
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()
@@ -132,6 +134,8 @@ class AMQPServerProtocol(Protocol):
             self._handshake_timer = None
             if connection.heartbeat:
                 self._schedule_heartbeat()
+        if connection.blocked != self._blocked:
+            self._follow_alarm(connection)
         data = connection.data_to_send()
         if data:
             self.transport.write(data)
@@ -156,6 +160,29 @@ class AMQPServerProtocol(Protocol):
             if connection.error is not None:
                 self._log_closing(connection)
             self._close_timer = self.factory.clock.callLater(CLOSE_TIMEOUT, self._drop, "no connection.close-ok")
+
+    def _follow_alarm(self, connection: ServerConnection) -> None:
+        """Stop reading from a connection a resource alarm blocked; once it is unblocked, read
+        again, starting with the bytes it held back."""
+        self._blocked = connection.blocked
+        if connection.blocked:
+            self.transport.pauseProducing()
+            return
+        self.transport.resumeProducing()
+        factory = self.factory
+        factory.in_io = True
+        try:
+            connection.receive_data(b"")
+        except Exception:
+            self._log.failure("bug while handling frames from {peer}", peer=connection.peer)
+            connection.close(ReplyCode.INTERNAL_ERROR, "internal error")
+        finally:
+            factory.in_io = False
+        if connection.blocked:  # blocked again by what it held
+            self._blocked = True
+            self.transport.pauseProducing()
+        if factory.node.dirty:  # deliveries its publishes made, to other connections
+            factory._schedule_flush()
 
     def _close_socket(self) -> None:
         """Close the socket once the output is written; drop it if that takes too long."""

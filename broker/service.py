@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from broker.alarms import ResourceMonitor, memory_total, release_memory
 from broker.core.definitions import node_from_config
 from broker.core.histogram import Histogram
 from broker.core.journal import Journal
@@ -42,18 +42,6 @@ from config.tls import TLSProblem, server_context
 #: allocated at 100k+/s and never form cycles; at the default (700) the collector would walk
 #: every queued message many times a second.
 GC_THRESHOLD = 100_000
-
-
-def release_memory() -> None:
-    """Hand freed heap back to the operating system (glibc's ``malloc_trim``), where available.
-
-    Recovery briefly holds every record of the log; without this the process keeps that peak.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    libc.malloc_trim(0)
 
 
 def tune_gc() -> None:
@@ -395,6 +383,14 @@ def make_broker_service(
     for plugin_service in plugins.services if plugins is not None else ():
         # Children start in order: plugin services before the listeners, stopped with them.
         plugin_service.setServiceParent(service)
+    memory = memory_total()
+    ResourceMonitor(
+        node,
+        reactor,
+        config.limits.memory_limit(memory),
+        config.storage.dir if wal is not None else None,
+        config.limits.disk_limit(memory),
+    ).setServiceParent(service)
     tls = tls_wrapper(config, reactor)
     for description in amqp_endpoints or [config.listen.amqp]:
         Listener("amqp", description, factory, reactor).setServiceParent(service)

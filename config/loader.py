@@ -497,16 +497,38 @@ class _Reader:
             "channel_max",
             "heartbeat",
             "memory_high_watermark",
+            "disk_free_limit",
         }
         section = self.mapping(value, "limits", keys)
         default = LimitsConfig()
-        watermark = self.typed(
-            section.get("memory_high_watermark"),
-            "limits.memory_high_watermark",
-            lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1,
-            "a fraction between 0 and 1",
-            default.memory_high_watermark,
-        )
+        watermark: float | int = default.memory_high_watermark
+        given = section.get("memory_high_watermark")
+        if isinstance(given, str):  # absolute, as RabbitMQ's vm_memory_high_watermark.absolute
+            watermark = self.size(given, "limits.memory_high_watermark", watermark)
+        elif given is not None:
+            watermark = float(
+                self.typed(
+                    given,
+                    "limits.memory_high_watermark",
+                    lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1,
+                    "a fraction of the memory between 0 and 1, or a size with a unit (e.g. 2GiB)",
+                    watermark,
+                )
+            )
+        disk_limit, disk_relative = default.disk_free_limit, default.disk_free_limit_mem_relative
+        given = section.get("disk_free_limit")
+        if isinstance(given, dict):  # relative to the memory, as RabbitMQ's disk_free_limit.relative
+            relative = self.mapping(given, "limits.disk_free_limit", {"mem_relative"}, {"mem_relative"})
+            disk_relative = self.typed(
+                relative.get("mem_relative"),
+                "limits.disk_free_limit.mem_relative",
+                lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0,
+                "a number of times the memory (e.g. 1.0)",
+                None,
+            )
+            disk_relative = None if disk_relative is None else float(disk_relative)
+        else:
+            disk_limit = self.size(given, "limits.disk_free_limit", disk_limit)
         return LimitsConfig(
             frame_max=self.integer(section.get("frame_max"), "limits.frame_max", default.frame_max, 4096, 1 << 24),
             max_message_bytes=self.size(
@@ -517,7 +539,9 @@ class _Reader:
             ),
             channel_max=self.integer(section.get("channel_max"), "limits.channel_max", default.channel_max, 1, 65535),
             heartbeat=self.integer(section.get("heartbeat"), "limits.heartbeat", default.heartbeat, 0, 3600),
-            memory_high_watermark=float(watermark),
+            memory_high_watermark=watermark,
+            disk_free_limit=disk_limit,
+            disk_free_limit_mem_relative=disk_relative,
         )
 
     def users(self, value: Any, vhosts: Mapping[str, VhostConfig], external: bool) -> tuple[UserConfig, ...]:

@@ -79,7 +79,26 @@ class LimitsConfig:
     max_connections: int = 10000
     channel_max: int = 2047
     heartbeat: int = 60
-    memory_high_watermark: float = 0.4
+    #: The memory alarm's watermark: a fraction of the memory the broker may use (a float), or
+    #: bytes (an int), as RabbitMQ's ``vm_memory_high_watermark.relative`` / ``.absolute``.
+    memory_high_watermark: float | int = 0.4
+    #: The disk alarm's limit on the storage directory's free space, in bytes; or, when
+    #: ``disk_free_limit_mem_relative`` is set, that many times the memory (RabbitMQ's
+    #: ``disk_free_limit.absolute`` / ``.relative``).
+    disk_free_limit: int = 50_000_000
+    disk_free_limit_mem_relative: float | None = None
+
+    def memory_limit(self, total: int) -> int:
+        """The memory watermark in bytes, for ``total`` bytes of memory."""
+        if isinstance(self.memory_high_watermark, float):
+            return int(total * self.memory_high_watermark)
+        return self.memory_high_watermark
+
+    def disk_limit(self, total: int) -> int:
+        """The free-space limit in bytes, for ``total`` bytes of memory."""
+        if self.disk_free_limit_mem_relative is not None:
+            return int(total * self.disk_free_limit_mem_relative)
+        return self.disk_free_limit
 
 
 @dataclass(frozen=True, slots=True)

@@ -214,6 +214,33 @@ class ServerConnection:
         self._received_since_tick = False
         self._sent_since_tick = False
         self._silent_ticks = 0
+        #: The node's resource alarms (one shared set: see :meth:`Node.set_alarm`).
+        self._alarms = node.alarms
+        #: Blocked by a resource alarm after a publish: the shell reads nothing more until it
+        #: clears (bytes already read wait in ``_pending``).
+        self.blocked = False
+        self._blocked_sent = False
+
+    # -- resource alarms ----------------------------------------------------------------------
+
+    def _block(self) -> None:
+        """A publish arrived while an alarm is in force: stop reading, and say why to a client
+        that has the ``connection.blocked`` capability (RabbitMQ's ``maybe_block``)."""
+        self.blocked = True
+        if not self._blocked_sent and self.capabilities.get("connection.blocked") is True:
+            self.out.append(encode_method(0, commands.Connection.Blocked(reason=self.node.alarm_text())))
+            self._blocked_sent = True
+
+    def alarm_changed(self) -> None:
+        """The node's alarms changed: once none is left, a blocked connection reads again
+        (``connection.unblocked`` to a client that was told it was blocked)."""
+        if not self.blocked or self._alarms:
+            return
+        self.blocked = False
+        if self._blocked_sent:
+            self.out.append(encode_method(0, commands.Connection.Unblocked()))
+            self._blocked_sent = False
+        self.node.mark_dirty(self)  # the shell reads again, starting with what it holds
 
     # -- I/O ----------------------------------------------------------------------------------
 
@@ -247,6 +274,9 @@ class ServerConnection:
         if self._pending:
             data = self._pending + data
             self._pending = b""
+        if self.blocked:  # read before the shell stopped reading: kept for when the alarm clears
+            self._pending = data
+            return
         if self.state is State.AWAIT_HEADER:
             if len(data) < 8:
                 if not PROTOCOL_HEADER.startswith(data[:4]):
@@ -266,6 +296,7 @@ class ServerConnection:
         total = len(data)
         unpack = _frame_head.unpack_from
         names_cache = self._names_cache
+        alarms = self._alarms
         try:
             while total - pos >= FRAME_OVERHEAD:
                 frame_type, channel_id, size = unpack(data, pos)
@@ -280,7 +311,8 @@ class ServerConnection:
                     raise _LostSync(
                         f"{_frame_text(frame_type, data[pos + 7 : end])}: {{invalid_frame_end_marker,{data[end]}}}"
                     )
-                if frame_type == FRAME_METHOD and data.startswith(_PUBLISH_ID, pos + 7):
+                # (During an alarm, publishes go frame by frame: RabbitMQ blocks after the header.)
+                if frame_type == FRAME_METHOD and not alarms and data.startswith(_PUBLISH_ID, pos + 7):
                     channel = self.channels.get(channel_id)
                     if channel is not None and channel._publish is None:
                         # -- fast path: publish + header + one body frame, all in the buffer --
@@ -335,6 +367,9 @@ class ServerConnection:
                 pos = end + 1
                 self._frame(frame_type, channel_id, payload)
                 if self.closed or self.state is State.AUTHENTICATING:
+                    break
+                if alarms and channel_id and (frame_type == FRAME_HEADER or frame_type == FRAME_BODY):
+                    self._block()  # as RabbitMQ: after a content frame (its header), once an alarm is in force
                     break
         except _LostSync as error:
             # The next frame cannot be found: RabbitMQ sends its close, reads nothing more and
@@ -910,7 +945,7 @@ class ServerConnection:
         when nothing has been received for four ticks (two heartbeat intervals, as in
         RabbitMQ): the peer is dead and the shell drops the socket.
         """
-        if self._received_since_tick:
+        if self._received_since_tick or self.blocked:  # a blocked client is not read, not dead
             self._silent_ticks = 0
         else:
             self._silent_ticks += 1

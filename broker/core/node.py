@@ -202,6 +202,33 @@ class Node:
         self.backlogged: set[WorkQueue] = set()
         #: Called when the dirty set becomes non-empty outside of the shell's own I/O handling.
         self.on_dirty: Callable[[], None] | None = None
+        #: The resource alarms in force (``memory``, ``disk``): while any is, a connection that
+        #: publishes is blocked (see :meth:`set_alarm`). Always this one set object.
+        self.alarms: set[str] = set()
+        #: What watches memory and disk for it (``broker.alarms.ResourceMonitor``), for its
+        #: readings in metrics and the management API; ``None`` without one.
+        self.resource_monitor: Any = None
+
+    def set_alarm(self, resource: str, active: bool) -> bool:
+        """Raise or clear the alarm of ``resource`` (``memory`` or ``disk``); whether it changed.
+
+        As RabbitMQ: while an alarm is in force, a connection is blocked once it publishes
+        (``connection.blocked`` to a client that has the capability, and nothing more is read
+        from it); when the last alarm clears, every blocked connection is unblocked.
+        """
+        if active == (resource in self.alarms):
+            return False
+        if active:
+            self.alarms.add(resource)
+        else:
+            self.alarms.discard(resource)
+        for connection in list(self.connections):
+            connection.alarm_changed()
+        return True
+
+    def alarm_text(self) -> str:
+        """``connection.blocked``'s reason, in RabbitMQ's words (``low on memory & disk``)."""
+        return "low on " + " & ".join(sorted(self.alarms, key=("memory", "disk").index))
 
     def add_vhost(self, name: str) -> VirtualHost:
         """Create a virtual host (with the node's clock and journal) and return it."""

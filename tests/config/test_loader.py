@@ -221,3 +221,21 @@ def test_an_alias_bomb_is_refused_quickly_and_in_little_memory() -> None:
         "ok.yaml",
     )
     assert [queue.dead_letter.exchange for queue in config.vhosts["/"].queues if queue.dead_letter] == ["dlx", "dlx"]
+
+
+def test_alarm_limits_are_relative_or_absolute_as_rabbitmq_has_them() -> None:
+    default = loads("", "broker.yaml").limits
+    assert (default.memory_limit(1000), default.disk_limit(1000)) == (400, 50_000_000)
+    limits = loads("limits: {memory_high_watermark: 2GiB, disk_free_limit: {mem_relative: 1.5}}", "b.yaml").limits
+    assert (limits.memory_limit(10**12), limits.disk_limit(1000)) == (2 << 30, 1500)
+    limits = loads("limits: {memory_high_watermark: 0.25, disk_free_limit: 1GB}", "b.yaml").limits
+    assert (limits.memory_limit(1000), limits.disk_limit(1000)) == (250, 10**9)
+    assert problems("limits: {memory_high_watermark: 3, disk_free_limit: {relative: 2}}") == [
+        (
+            1,
+            "limits.memory_high_watermark",
+            "must be a fraction of the memory between 0 and 1, or a size with a unit (e.g. 2GiB), not an integer 3",
+        ),
+        (1, "limits.disk_free_limit.relative", "unknown key (expected one of: mem_relative)"),
+        (1, "limits.disk_free_limit", "missing required key 'mem_relative'"),
+    ]

@@ -316,6 +316,7 @@ def handshake(
     vhost: str = "/",
     user: str = "guest",
     password: str = "guest",
+    client_properties: dict[str, Any] | None = None,
 ) -> bytes:
     """Everything a client sends to open a connection (as guest by default), pipelined:
     protocol header, start-ok (PLAIN), tune-ok and open."""
@@ -324,7 +325,7 @@ def handshake(
         + frames(
             0,
             commands.Connection.StartOk(
-                client_properties=CLIENT_PROPERTIES,
+                client_properties=CLIENT_PROPERTIES if client_properties is None else client_properties,
                 mechanism="PLAIN",
                 response=f"\x00{user}\x00{password}",
                 locale="en_US",

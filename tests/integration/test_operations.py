@@ -242,6 +242,20 @@ def test_the_log_escapes_what_a_client_sent(operated: Operated) -> None:
     assert not [line for line in refusals if "\n" in line or "\x1b" in line]
 
 
+def test_the_node_shows_its_alarms_to_monitoring_users(operated: Operated) -> None:
+    node = operated.broker.node
+    operated.broker.call(lambda: node.set_alarm("disk", True))
+    status, nodes = operated.api("/api/nodes", user="ops:ops")
+    assert status == 200 and [(n["name"], n["mem_alarm"], n["disk_free_alarm"]) for n in nodes] == [
+        ("postroom@localhost", False, True)
+    ]
+    assert operated.api("/api/nodes/postroom@localhost")[1]["disk_free_alarm"] is True
+    refused = (401, {"error": "not_authorised", "reason": "Not monitor user"})
+    assert operated.api("/api/nodes", user="app:app") == refused
+    operated.broker.call(lambda: node.set_alarm("disk", False))
+    assert operated.api("/api/nodes")[1][0]["disk_free_alarm"] is False
+
+
 def test_management_api_lists_queues_with_counts(operated: Operated, pika_connect: Callable[..., Any]) -> None:
     traffic(operated, pika_connect)
     status, queues = operated.api("/api/queues")

@@ -1,0 +1,182 @@
+"""Resource alarms, as RabbitMQ raises them: memory above its watermark, free disk below its limit.
+
+:class:`ResourceMonitor` reads the broker's resident memory (``/proc/self/statm``) every
+:data:`MEMORY_INTERVAL` seconds and the free space of the storage directory's filesystem every
+:data:`DISK_INTERVAL` seconds, and raises or clears the node's alarms
+(:meth:`broker.core.node.Node.set_alarm`): while one is in force, every connection that
+publishes is blocked, and consumers go on being served so that the memory alarm clears itself.
+Each edge is logged once.
+
+Freed memory does not always leave a process: before it raises the memory alarm, and at most
+once a second while it is in force, the monitor asks the C library to give free heap pages back
+(``malloc_trim``), so that what it measures falls once queues drain.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from collections.abc import Callable
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet.interfaces import IDelayedCall
+from twisted.logger import Logger
+
+from broker.core.node import Node
+
+__all__ = ["ResourceMonitor", "disk_free", "memory_total", "release_memory", "resident_memory"]
+
+#: Seconds between memory readings (a flood of publishes can add hundreds of MB a second).
+MEMORY_INTERVAL = 0.1
+#: Seconds between free-space readings.
+DISK_INTERVAL = 1.0
+#: Seconds between two attempts to give free memory back while the memory alarm is in force.
+TRIM_INTERVAL = 1.0
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def resident_memory() -> int:
+    """The broker's resident memory in bytes (``/proc/self/statm``; 0 where there is none)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def memory_total() -> int:
+    """The memory the broker may use: the machine's, or its control group's limit when lower."""
+    total = 0
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    total = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError):
+        total = os.sysconf("SC_PHYS_PAGES") * _PAGE if hasattr(os, "sysconf") else 0
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as limit_file:
+                text = limit_file.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < total:
+            total = int(text)
+    return total
+
+
+def disk_free(path: str) -> int:
+    """Bytes an unprivileged process may still write on the filesystem of ``path``."""
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize
+
+
+def _find_malloc_trim() -> Callable[[int], Any] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _find_malloc_trim()
+
+
+def release_memory() -> None:
+    """Hand freed heap back to the operating system (glibc's ``malloc_trim``), where available:
+    freed memory otherwise stays with the process (after recovery, after a queue drains)."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def _size(value: int) -> str:
+    return f"{value / 2**20:,.0f} MiB"
+
+
+class ResourceMonitor(Service):
+    """Watches memory and free disk for ``node`` on ``clock``.
+
+    :param memory_limit: the memory watermark in bytes
+    :param disk_path: the directory whose filesystem is watched (``None``: no disk alarm)
+    :param disk_limit: the free space, in bytes, below which the disk alarm is raised
+    :param read_memory: the broker's memory now (tests give their own)
+    :param read_disk: free bytes for a path (tests give their own)
+    :param trim: gives free memory back to the system (``None``: not available)
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        node: Node,
+        clock: Any,
+        memory_limit: int,
+        disk_path: str | None = None,
+        disk_limit: int = 0,
+        read_memory: Callable[[], int] = resident_memory,
+        read_disk: Callable[[str], int] = disk_free,
+        trim: Callable[[], Any] | None = release_memory if _MALLOC_TRIM is not None else None,
+    ) -> None:
+        self.node = node
+        self.clock = clock
+        self.memory_limit = memory_limit
+        self.disk_path = disk_path
+        self.disk_limit = disk_limit
+        self._read_memory = read_memory
+        self._read_disk = read_disk
+        self._trim = trim
+        #: The latest readings (for metrics and the management API).
+        self.memory_used = 0
+        self.disk_free: int | None = None
+        self._next_disk = 0.0
+        self._last_trim = float("-inf")
+        self._call: IDelayedCall | None = None
+        node.resource_monitor = self
+
+    def startService(self) -> None:
+        super().startService()
+        self.check()
+
+    def stopService(self) -> Any:
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        self._call = None
+        return super().stopService()
+
+    def check(self) -> None:
+        """Read memory (and, when due, free disk), raise or clear the alarms, and schedule the next check."""
+        now = self.clock.seconds()
+        used = self._read_memory()
+        if used >= self.memory_limit and self._trim is not None and now - self._last_trim >= TRIM_INTERVAL:
+            self._last_trim = now
+            self._trim()
+            used = self._read_memory()
+        self.memory_used = used
+        self._set("memory", used >= self.memory_limit, f"{_size(used)} used, watermark {_size(self.memory_limit)}")
+        if self.disk_path is not None and now >= self._next_disk:
+            self._next_disk = now + DISK_INTERVAL
+            try:
+                free = self._read_disk(self.disk_path)
+            except OSError as error:
+                self._log.error("cannot read the free space of {path}: {error}", path=self.disk_path, error=error)
+            else:
+                self.disk_free = free
+                self._set("disk", free < self.disk_limit, f"{_size(free)} free, limit {_size(self.disk_limit)}")
+        if self.running:
+            self._call = self.clock.callLater(MEMORY_INTERVAL, self.check)
+
+    def _set(self, resource: str, active: bool, figures: str) -> None:
+        if not self.node.set_alarm(resource, active):
+            return
+        if active:
+            self._log.warn(
+                "{resource} alarm set ({figures}): publishing connections are blocked",
+                resource=resource,
+                figures=figures,
+            )
+        else:
+            self._log.info("{resource} alarm cleared ({figures})", resource=resource, figures=figures)
