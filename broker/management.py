@@ -31,6 +31,7 @@ from broker.amqp.connection import reply_text
 from broker.core.deadletter import DeadLetterReason
 from broker.core.queue import WorkQueue
 from broker.errors import AMQPError, ChannelException, ReplyCode
+from broker.http import BoundedSite
 from broker.protocol import is_loopback
 
 if TYPE_CHECKING:
@@ -545,8 +546,9 @@ class ManagementAPI(Resource):
         return 204, None
 
 
-def management_site(node: Node, sampler: RateSampler) -> Site:
-    """A twisted.web ``Site`` serving the API under ``/api``."""
+def management_site(node: Node, sampler: RateSampler, reactor: Any = None) -> Site:
+    """A twisted.web ``Site`` serving the API under ``/api`` (its timeouts on ``reactor``,
+    the global one by default)."""
     root = Resource()
     root.putChild(b"api", ManagementAPI(node, sampler))
-    return Site(root)
+    return BoundedSite(root, reactor=reactor)

@@ -347,10 +347,11 @@ class MetricsResource(Resource):
         return generate_latest(self.registry)
 
 
-def metrics_site(registry: CollectorRegistry) -> Any:
-    """A twisted.web ``Site`` serving ``/metrics`` (and 404 elsewhere)."""
-    from twisted.web.server import Site
+def metrics_site(registry: CollectorRegistry, reactor: Any = None) -> Any:
+    """A twisted.web ``Site`` serving ``/metrics`` (and 404 elsewhere; its timeouts on
+    ``reactor``, the global one by default)."""
+    from broker.http import BoundedSite
 
     root = Resource()
     root.putChild(b"metrics", MetricsResource(registry))
-    return Site(root)
+    return BoundedSite(root, reactor=reactor)

@@ -399,11 +399,11 @@ def make_broker_service(
     http_tls = tls if tls is not None and config.tls is not None and config.tls.http else None
     if config.listen.metrics:
         collector = BrokerCollector(node, wal, config.metrics.rabbitmq_compatible)
-        site = metrics_site(make_registry(collector))
+        site = metrics_site(make_registry(collector), reactor)
         site = http_tls(site) if http_tls else site
         Listener("metrics", config.listen.metrics, site, reactor).setServiceParent(service)
     if sampler is not None and config.listen.management:
-        site = management_site(node, sampler)
+        site = management_site(node, sampler, reactor)
         site = http_tls(site) if http_tls else site
         Listener("management", config.listen.management, site, reactor).setServiceParent(service)
     return service
