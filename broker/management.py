@@ -43,6 +43,9 @@ RATE_INTERVAL = 5.0
 
 #: At most this many messages per peek: each is rendered into the JSON reply whole.
 MAX_PEEK = 1000
+#: Payload bytes one peek answer carries at most: later payloads are cut short (``payload_bytes``
+#: still gives their size), so that a client that never reads its answers costs little.
+MAX_PEEK_BYTES = 4 << 20
 
 #: Counters that get a ``*_details.rate`` in ``message_stats`` (RabbitMQ's names -> ours).
 _QUEUE_STATS = {"publish": "published", "deliver_get": "delivered", "ack": "acked", "redeliver": "redelivered"}
@@ -499,12 +502,19 @@ class ManagementAPI(Resource):
         count = options.get("count", 1) if isinstance(options, dict) else None
         if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_PEEK:
             raise _Problem(400, "bad_request", f"count must be an integer from 1 to {MAX_PEEK}")
+        truncate = options.get("truncate")
+        if truncate is not None and (not isinstance(truncate, int) or isinstance(truncate, bool) or truncate < 0):
+            raise _Problem(400, "bad_request", "truncate must be a number of bytes")
         entries = queue.peek(count)
         remaining = queue.message_count
         result = []
+        room = MAX_PEEK_BYTES  # what one answer may carry, whatever the client asked for
         for entry in entries:
             message = entry.message
             body = message.body
+            size = len(body)
+            keep = min(size, room, truncate if truncate is not None else size)
+            body, room = body[:keep], room - keep
             try:
                 properties = message.properties
             except AMQPError:  # accepted unread at publish (see the README): shown without properties
@@ -517,7 +527,7 @@ class ManagementAPI(Resource):
             result.append(
                 {
                     "payload": payload,
-                    "payload_bytes": len(body),
+                    "payload_bytes": size,
                     "payload_encoding": encoding,
                     "redelivered": entry.redelivered,
                     "exchange": message.exchange,

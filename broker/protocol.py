@@ -8,7 +8,11 @@ connection is lost (its unacked deliveries may go to other consumers).
 
 Flow control: the protocol registers itself as a streaming producer. When a client's socket
 buffer fills, Twisted calls ``pauseProducing`` and deliveries to that connection stop
-(its consumers are skipped) until ``resumeProducing``.
+(its consumers are skipped) until ``resumeProducing``. Replies do not stop there, so what a
+client that does not read can cost is bounded apart: past :data:`OUTPUT_BOUND` bytes written
+to its full buffer, or when the core held input back at its bound on replies
+(``replies_held``), nothing more is read from it until it has read its output. A resource
+alarm stops reading from a publisher the same way (``ServerConnection.blocked``).
 
 Closing: the producer is unregistered before the socket is closed (Twisted's
 ``loseConnection`` otherwise waits for a paused producer forever, and the socket stays in
@@ -34,6 +38,11 @@ from broker.amqp.connection import ServerConnection, State
 from broker.core.node import Node
 from broker.errors import ReplyCode
 from broker.text import printable
+
+#: Bytes written to a client whose socket buffer is full before nothing more is read from it:
+#: deliveries stop at the full buffer, but replies do not (a loop of ``basic.get`` and
+#: ``basic.recover`` on a large message, unroutable mandatory publishes), so their sum is bounded.
+OUTPUT_BOUND = 8 << 20
 
 #: Seconds a client has to finish the handshake (RabbitMQ's handshake_timeout is 10 s).
 HANDSHAKE_TIMEOUT = 10.0
@@ -75,6 +84,13 @@ class AMQPServerProtocol(Protocol):
         self._closing_socket = False
         #: Whether the transport was told to stop reading for a resource alarm.
         self._blocked = False
+        #: Whether the transport's buffer is full (deliveries stop), and the bytes written
+        #: since: over :data:`OUTPUT_BOUND`, nothing more is read from the client until it
+        #: has read what it was sent (replies to ``basic.get``, returns, recoveries).
+        self._output_full = False
+        self._written_while_full = 0
+        self._reading_held = False
+        self._reading = True
 
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()
@@ -139,6 +155,17 @@ class AMQPServerProtocol(Protocol):
         data = connection.data_to_send()
         if data:
             self.transport.write(data)
+            if self._output_full:
+                self._written_while_full += len(data)
+                if self._written_while_full > OUTPUT_BOUND and not self._reading_held:
+                    self._reading_held = True
+                    self._update_reading()
+        if connection.replies_held and not self._reading_held and not connection.closed:
+            # The core stopped at its bound on replies: go on once they are written.
+            self._reading_held = True
+            self._update_reading()
+            if not self._output_full:
+                self.factory.clock.callLater(0, self._release_reading)
         if connection.closed:
             if connection.error is not None:
                 self._log_closing(connection)
@@ -161,14 +188,40 @@ class AMQPServerProtocol(Protocol):
                 self._log_closing(connection)
             self._close_timer = self.factory.clock.callLater(CLOSE_TIMEOUT, self._drop, "no connection.close-ok")
 
+    def _update_reading(self) -> None:
+        """Read from the client unless a resource alarm blocked it or its output is over its bound."""
+        reading = not self._blocked and not self._reading_held
+        if reading != self._reading:
+            self._reading = reading
+            if reading:
+                self.transport.resumeProducing()
+            else:
+                self.transport.pauseProducing()
+
     def _follow_alarm(self, connection: ServerConnection) -> None:
         """Stop reading from a connection a resource alarm blocked; once it is unblocked, read
         again, starting with the bytes it held back."""
         self._blocked = connection.blocked
-        if connection.blocked:
-            self.transport.pauseProducing()
+        self._update_reading()
+        if not connection.blocked:
+            self._take_held_input(connection)
+            self._blocked = connection.blocked  # blocked again by what it held
+            self._update_reading()
+
+    def _release_reading(self) -> None:
+        """The client read what it was sent: read from it again, starting with what was held."""
+        connection = self.connection
+        if not self._reading_held or connection is None or connection.closed:
             return
-        self.transport.resumeProducing()
+        self._reading_held = False
+        self._update_reading()
+        if connection.replies_held:
+            connection.replies_held = False
+            self._take_held_input(connection)
+            self.flush()
+
+    def _take_held_input(self, connection: ServerConnection) -> None:
+        """Act on the bytes the connection held back (read before the shell stopped reading)."""
         factory = self.factory
         factory.in_io = True
         try:
@@ -178,10 +231,7 @@ class AMQPServerProtocol(Protocol):
             connection.close(ReplyCode.INTERNAL_ERROR, "internal error")
         finally:
             factory.in_io = False
-        if connection.blocked:  # blocked again by what it held
-            self._blocked = True
-            self.transport.pauseProducing()
-        if factory.node.dirty:  # deliveries its publishes made, to other connections
+        if factory.node.dirty:  # what its frames did for other connections (deliveries)
             factory._schedule_flush()
 
     def _close_socket(self) -> None:
@@ -264,12 +314,17 @@ class AMQPServerProtocol(Protocol):
     # -- IPushProducer: the transport tells us when its buffer is full ---------------------------
 
     def pauseProducing(self) -> None:
+        self._output_full = True
         if self.connection is not None:
             self.connection.set_writable(False)
 
     def resumeProducing(self) -> None:
+        self._output_full = False
+        self._written_while_full = 0
         if self.connection is not None:
             self.connection.set_writable(True)
+        self._release_reading()
+        if self.connection is not None:
             self.factory.flush()
 
     def stopProducing(self) -> None:

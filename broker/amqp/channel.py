@@ -478,6 +478,7 @@ class ChannelState:
         header = message.header if entry.header is None else entry.header
         out.append(get_ok_method(self.id, tag, entry.redelivered, message.names, queue.message_count))
         out += content_frames(self.id, header, message.body, self.connection.frame_max)
+        self.connection.replied_bytes += len(message.body)
         if self._hooks is not None:
             self._hooks.delivered(queue, (entry,))
         if method.no_ack:
@@ -945,6 +946,7 @@ class ChannelState:
         out = self.connection.out
         out.append(return_method(self.id, ReplyCode.NO_ROUTE, "NO_ROUTE", message.names))
         out += content_frames(self.id, message.header, message.body, self.connection.frame_max)
+        self.connection.replied_bytes += len(message.body)
 
     def flush_confirms(self) -> None:
         """Write one ``basic.ack`` covering every publish accepted so far: ``multiple`` when it

@@ -91,6 +91,11 @@ _PUBLISH_ID = _method_index.pack(BASIC_PUBLISH)
 _CLOSE_ID = _method_index.pack(0x000A0032)  # connection.close
 _CLOSE_OK_ID = _method_index.pack(0x000A0033)  # connection.close-ok
 _CLOSE_OK = encode_method(0, commands.Connection.CloseOk())
+
+#: Message bytes of replies (``basic.get-ok``, ``basic.return``) one read of the client's input
+#: may produce before the rest of that input waits for them to be written (deliveries have
+#: their own bound: they stop while the socket's buffer is full).
+REPLY_BOUND = 4 << 20
 _CHANNEL_OPEN = 0x0014000A
 #: A content header's class (basic) and weight (0), as every valid one starts.
 _BASIC_WEIGHT_0 = b"\x00\x3c\x00\x00"
@@ -220,6 +225,11 @@ class ServerConnection:
         #: clears (bytes already read wait in ``_pending``).
         self.blocked = False
         self._blocked_sent = False
+        #: Message bytes queued in replies (``basic.get-ok``, ``basic.return``) since the shell
+        #: last took the output. Over :data:`REPLY_BOUND`, frames are read no further
+        #: (``replies_held``) until the shell has written them and the client has read enough.
+        self.replied_bytes = 0
+        self.replies_held = False
 
     # -- resource alarms ----------------------------------------------------------------------
 
@@ -254,6 +264,7 @@ class ServerConnection:
         if not out:
             return b""
         self._sent_since_tick = True
+        self.replied_bytes = 0
         data = b"".join(out)
         out.clear()
         return data
@@ -274,7 +285,7 @@ class ServerConnection:
         if self._pending:
             data = self._pending + data
             self._pending = b""
-        if self.blocked:  # read before the shell stopped reading: kept for when the alarm clears
+        if self.blocked or self.replies_held:  # read before the shell stopped reading: kept for later
             self._pending = data
             return
         if self.state is State.AWAIT_HEADER:
@@ -362,6 +373,9 @@ class ServerConnection:
                                         self._channel_error(channel_id, error)
                                     if self.closed:
                                         break
+                                    if self.replied_bytes > REPLY_BOUND:  # mandatory returns
+                                        self.replies_held = True
+                                        break
                                     continue
                 payload = data[pos + 7 : end]
                 pos = end + 1
@@ -370,6 +384,9 @@ class ServerConnection:
                     break
                 if alarms and channel_id and (frame_type == FRAME_HEADER or frame_type == FRAME_BODY):
                     self._block()  # as RabbitMQ: after a content frame (its header), once an alarm is in force
+                    break
+                if self.replied_bytes > REPLY_BOUND:
+                    self.replies_held = True
                     break
         except _LostSync as error:
             # The next frame cannot be found: RabbitMQ sends its close, reads nothing more and

@@ -72,7 +72,9 @@ def postroom_alarm(make_broker: Any) -> Iterator[tuple[int, Alarm]]:
 
 def scenario(alarm: Alarm) -> Callable[[int, str], list[Entry]]:
     def run(port: int, prefix: str) -> list[Entry]:
-        queue = f"{prefix}-q"
+        # The publishers are unblocked at the same moment: each publishes to a queue of its own,
+        # so that the consumer's transcript does not depend on which goes first.
+        queue, other = f"{prefix}-q", f"{prefix}-other"
         transcript = Transcript()
         try:
             with (
@@ -84,15 +86,22 @@ def scenario(alarm: Alarm) -> Callable[[int, str], list[Entry]]:
                     client.send(handshake(client_properties=properties), frames(1, commands.Channel.Open()))
                     client.read(until("Channel.OpenOk"))
                 consumer.send(
-                    frames(1, commands.Queue.Declare(queue=queue), commands.Basic.Consume(queue=queue, no_ack=True))
+                    frames(
+                        1,
+                        commands.Queue.Declare(queue=other),
+                        commands.Queue.Declare(queue=queue),
+                        commands.Basic.Consume(queue=queue, no_ack=True),
+                    )
                 )
                 consumer.read(until("Basic.ConsumeOk"))
                 transcript.note("memory alarm: each publisher publishes, then declares")
                 alarm(True)
-                for name, client in (("told", told), ("untold", untold)):
+                for name, client, target in (("told", told, queue), ("untold", untold, other)):
                     transcript.note(name)
                     client.send(
-                        publish(1, "", queue, name.encode()),
+                        publish(1, "", target, name.encode()),
+                        # (RabbitMQ's count of the publisher's own queue may not include its
+                        # publish yet: a passive declare of the consumed queue answers alike.)
                         method(1, commands.Queue.Declare, queue=queue, passive=True),
                     )
                     client.read(quiet(1.0))
@@ -106,7 +115,7 @@ def scenario(alarm: Alarm) -> Callable[[int, str], list[Entry]]:
                     close_connection(client)
                 close_connection(consumer)
         finally:
-            delete_queues(port, queue)
+            delete_queues(port, queue, other)
         return transcript.normalized()
 
     return run

@@ -299,6 +299,19 @@ def test_peek_shows_messages_without_consuming_them(operated: Operated, pika_con
     assert status == 400 and "count" in error["reason"]
 
 
+def test_a_peek_answer_is_bounded(
+    operated: Operated, pika_connect: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import broker.management
+
+    traffic(operated, pika_connect)  # 'work' holds "job 2", "job 3", "job 4"
+    _, cut = operated.api("/api/queues/%2F/work/get", "POST", {"count": 3, "truncate": 3})
+    assert [(m["payload"], m["payload_bytes"]) for m in cut] == [("job", 5), ("job", 5), ("job", 5)]
+    monkeypatch.setattr(broker.management, "MAX_PEEK_BYTES", 7)  # one answer's room, whatever is asked
+    _, bounded = operated.api("/api/queues/%2F/work/get", "POST", {"count": 3})
+    assert [(m["payload"], m["payload_bytes"]) for m in bounded] == [("job 2", 5), ("jo", 5), ("", 5)]
+
+
 def test_purge_and_close_connection(operated: Operated, pika_connect: Callable[..., Any]) -> None:
     connection = traffic(operated, pika_connect)
     status, _ = operated.api("/api/queues/%2F/work/contents", "DELETE")

@@ -1,0 +1,146 @@
+"""Fuzzing the sans-IO core: bytes from strangers go in, a reply code or an action comes out.
+
+:func:`run_once` feeds one input to a fresh :class:`ServerConnection` and checks the invariant
+that holds for any input: the core acts or closes with a reply code, never raises, never
+closes with 541 INTERNAL_ERROR (RabbitMQ's bare 541 for content properties that do not parse
+is the one 541 it sends on purpose, and is allowed), and releases what it held. The first byte
+of an input chooses whether a valid session start comes first (handshake, two channels, a
+queue with a consumer, confirms) and in what pieces the bytes arrive.
+
+:func:`method_frame` builds a method frame from pamqp's method table with any argument values,
+encoded by hand (pamqp refuses to marshal values a client should not send), for structured
+inputs: ``tests/broker/amqp/test_fuzz_core.py`` draws them with hypothesis, and
+``bench/fuzz_core.py`` seeds atheris, the coverage-guided fuzzer, with them.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from typing import Any
+
+from pamqp import commands
+from pamqp.base import Frame
+
+from broker.amqp.codec import FRAME_METHOD, PROTOCOL_HEADER
+from broker.amqp.connection import ServerConnection
+from broker.amqp.table import encode_table
+from broker.core.node import Node, User
+
+__all__ = ["SESSION_START", "method_frame", "raw_frame", "run_once"]
+
+_frame_head = struct.Struct(">BHI")
+_CONNECTION_CLOSE = 0x000A0032
+#: RabbitMQ's bare 541 for content properties that do not parse (``rabbit_binary_parser``).
+_BARE_541 = b"INTERNAL_ERROR"
+
+
+def raw_frame(frame_type: int, channel: int, payload: bytes) -> bytes:
+    """A frame of any type, channel and payload."""
+    return _frame_head.pack(frame_type, channel, len(payload)) + payload + b"\xce"
+
+
+def _argument(amqp_type: str, value: Any) -> bytes:
+    if amqp_type == "octet":
+        return struct.pack(">B", value & 0xFF)
+    if amqp_type == "short":
+        return struct.pack(">H", value & 0xFFFF)
+    if amqp_type == "long":
+        return struct.pack(">I", value & 0xFFFFFFFF)
+    if amqp_type in ("longlong", "timestamp"):
+        return struct.pack(">Q", value & 0xFFFFFFFFFFFFFFFF)
+    if amqp_type == "shortstr":
+        data = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else bytes(value)
+        return bytes([len(data[:255])]) + data[:255]
+    if amqp_type == "longstr":
+        data = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else bytes(value)
+        return struct.pack(">I", len(data)) + data
+    if amqp_type == "table":
+        return encode_table(value)
+    raise ValueError(f"no encoding for {amqp_type}")
+
+
+def method_frame(channel: int, method: type[Frame], **values: Any) -> bytes:
+    """``method`` on ``channel`` with ``values`` (the rest zero or empty), encoded as sent."""
+    payload = struct.pack(">I", method.index)
+    bits: list[bool] = []
+    for name in method.__slots__:
+        amqp_type = method.amqp_type(name)
+        if amqp_type == "bit":
+            bits.append(bool(values.get(name, False)))
+            continue
+        if bits:
+            payload += bytes([sum(1 << index for index, bit in enumerate(bits) if bit)])
+            bits = []
+        default: Any = {} if amqp_type == "table" else "" if amqp_type.endswith("str") else 0
+        payload += _argument(amqp_type, values.get(name, default))
+    if bits:
+        payload += bytes([sum(1 << index for index, bit in enumerate(bits) if bit)])
+    return raw_frame(FRAME_METHOD, channel, payload)
+
+
+#: A valid session start, with a queue ``q`` consumed on channel 1 and confirms on channel 2.
+SESSION_START = (
+    PROTOCOL_HEADER
+    + method_frame(
+        0,
+        commands.Connection.StartOk,
+        client_properties={"capabilities": {"connection.blocked": True, "consumer_cancel_notify": True}},
+        mechanism="PLAIN",
+        response="\x00guest\x00guest",
+        locale="en_US",
+    )
+    + method_frame(0, commands.Connection.TuneOk, channel_max=16, frame_max=4096, heartbeat=0)
+    + method_frame(0, commands.Connection.Open, virtual_host="/")
+    + method_frame(1, commands.Channel.Open)
+    + method_frame(1, commands.Queue.Declare, queue="q")
+    + method_frame(1, commands.Basic.Consume, queue="q", consumer_tag="c")
+    + method_frame(2, commands.Channel.Open)
+    + method_frame(2, commands.Confirm.Select)
+)
+
+
+def _internal_errors(output: bytes) -> list[bytes]:
+    """The reply texts of every ``connection.close`` 541 in ``output`` that is not RabbitMQ's bare one."""
+    found = []
+    pos = 8 if output.startswith(b"AMQP") else 0
+    while len(output) - pos >= 8:
+        frame_type, _channel, size = _frame_head.unpack_from(output, pos)
+        payload = output[pos + 7 : pos + 7 + size]
+        pos += 8 + size
+        is_close = frame_type == FRAME_METHOD and len(payload) >= 7
+        if is_close and struct.unpack_from(">I", payload)[0] == _CONNECTION_CLOSE:
+            code = struct.unpack_from(">H", payload, 4)[0]
+            text = payload[7 : 7 + payload[6]]
+            if code == 541 and text != _BARE_541:
+                found.append(text)
+    return found
+
+
+def run_once(data: bytes) -> None:
+    """Feed ``data`` to a fresh connection (see the module's text).
+
+    :raises AssertionError: the core closed with an internal error, or failed to release
+    :raises Exception: whatever escaped the core: every such exception is a bug
+    """
+    if not data:
+        return
+    mode, data = data[0], data[1:]
+    stream = SESSION_START + data if mode & 1 else data
+    step = 1 + (mode >> 1) * 8  # 1 to 1,017 bytes per read
+    node = Node(users=[User("guest", "guest")], rng=random.Random(0))
+    connection = ServerConnection(node, peer="fuzz")
+    for start in range(0, len(stream), step):
+        connection.receive_data(stream[start : start + step])
+        if connection.replies_held:  # the shell would write them first
+            connection.replies_held = False
+        output = connection.data_to_send()
+        errors = _internal_errors(output)
+        assert not errors, f"541 INTERNAL_ERROR: {errors}"
+        if connection.closed:
+            break
+    connection.connection_lost()
+    assert not node.connections, "the connection is still listed after it was lost"
+    assert all(not queue.consumers for vhost in node.vhosts.values() for queue in vhost.queues.values()), (
+        "a consumer outlived its connection"
+    )
