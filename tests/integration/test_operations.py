@@ -25,6 +25,7 @@ import pika
 import pytest
 from twisted.internet import threads
 
+from broker.alarms import ResourceMonitor
 from broker.cli import main
 from broker.core.node import Node, User
 from broker.management import RateSampler, management_site
@@ -81,6 +82,7 @@ def operated(make_broker: Callable[..., Broker]) -> Iterator[Operated]:
     reactor = broker.reactor
 
     def listen() -> tuple[Any, Any, RateSampler]:
+        ResourceMonitor(node, reactor, 2**62).check()  # one reading, as postroom serve takes every 0.1 s
         sampler = RateSampler(node, reactor)
         metrics = reactor.listenTCP(0, metrics_site(make_registry(BrokerCollector(node))), interface="127.0.0.1")
         management = reactor.listenTCP(0, management_site(node, sampler), interface="127.0.0.1")
