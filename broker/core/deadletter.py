@@ -41,11 +41,8 @@ from broker.amqp.content import (
 )
 from broker.amqp.table import Int64, Raw, TableError, decode_value, encode_entry, iter_table, value_end
 from broker.core.message import Message
-from broker.core.seal import SEAL_HEADER, Sealer
+from broker.core.seal import DEAD_LETTER_ID_HEADER, SEAL_HEADER, Sealer
 
-#: The header in which a dead-lettered copy carries its id in the dead-letter event stream
-#: (``broker/core/deadlog.py``); ``postroom dlq redrive --ids`` selects messages by it.
-DEAD_LETTER_ID_HEADER = "x-postroom-dead-letter-id"
 #: The header Postroom adds to redeliveries (see ``x-delivery-limit``).
 DELIVERY_COUNT_HEADER = "x-delivery-count"
 
@@ -216,7 +213,7 @@ def dead_lettered(
         entries = [(key, entry) for key, entry in entries if key != b"CC"]
     entries = [(key, entry) for key, entry in entries if key not in _DROPPED_ENTRIES]
     if dead_letter_id:
-        entries.append((b"x-postroom-dead-letter-id", encode_entry(DEAD_LETTER_ID_HEADER, Int64(dead_letter_id))))
+        entries.append((DEAD_LETTER_ID_HEADER.encode(), encode_entry(DEAD_LETTER_ID_HEADER, Int64(dead_letter_id))))
     if parsed is not None:
         entries.sort(key=lambda item: item[0])
         new_content = b"".join(entry for _, entry in entries)

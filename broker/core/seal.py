@@ -27,8 +27,11 @@ import secrets
 from broker.amqp.content import ContentError, headers_content, with_headers_content
 from broker.amqp.table import TableError, iter_table
 
-__all__ = ["SEAL_HEADER", "SEAL_KEY_FILE", "Sealer", "without_entries"]
+__all__ = ["DEAD_LETTER_ID_HEADER", "SEAL_HEADER", "SEAL_KEY_FILE", "Sealer", "without_entries"]
 
+#: The header in which a dead-lettered copy carries its id in the dead-letter event stream
+#: (``broker/core/deadlog.py``); ``postroom dlq redrive --ids`` selects messages by it.
+DEAD_LETTER_ID_HEADER = "x-postroom-dead-letter-id"
 #: The header that carries the seal (hex text, so that every client passes it on unchanged).
 SEAL_HEADER = "x-postroom-dead-letter-seal"
 #: The key's file, in the storage directory.
@@ -117,11 +120,11 @@ class Sealer:
         """The queue a message died in, when ``headers`` (its decoded ``headers`` table) hold a
         seal this key made for exactly this message; ``None`` otherwise."""
         seal = headers.get(SEAL_HEADER)
-        dead_letter_id = headers.get("x-postroom-dead-letter-id")
+        dead_letter_id = headers.get(DEAD_LETTER_ID_HEADER)
         deaths = headers.get("x-death")
-        if isinstance(seal, bytes):
-            seal = seal.decode("ascii", "replace")
-        if not isinstance(seal, str) or not isinstance(dead_letter_id, int) or isinstance(dead_letter_id, bool):
+        if isinstance(seal, str):  # compared as bytes: compare_digest refuses non-ASCII text
+            seal = seal.encode("utf-8", "surrogateescape")
+        if not isinstance(seal, bytes) or not isinstance(dead_letter_id, int) or isinstance(dead_letter_id, bool):
             return None
         if not isinstance(deaths, list) or not deaths or not isinstance(deaths[0], dict):
             return None
@@ -135,7 +138,7 @@ class Sealer:
         except ContentError:
             return None
         expected = self.seal(vhost, dead_letter_id, queue, sealed_header, body)
-        return queue if hmac.compare_digest(expected, seal) else None
+        return queue if hmac.compare_digest(expected.encode(), seal) else None
 
 
 def _raw(text: str) -> bytes:

@@ -183,7 +183,8 @@ def test_a_redrive_needs_write_permission_on_the_queue_the_message_died_in(broke
         assert copy is not None and not {"x-postroom-dead-letter-id", SEAL_HEADER} & {*copy.headers}
 
 
-def test_a_seal_published_without_confirms_closes_the_channel(broker: Any) -> None:
+@pytest.mark.parametrize("seal", ["00", "z\u00e9", b"\xff\xfe"], ids=["hex", "not ASCII", "not UTF-8"])
+def test_a_seal_published_without_confirms_closes_the_channel(broker: Any, seal: str | bytes) -> None:
     import pika
 
     with connect(f"amqp://guest:guest@127.0.0.1:{broker.port}/") as conn:
@@ -191,7 +192,8 @@ def test_a_seal_published_without_confirms_closes_the_channel(broker: Any) -> No
     connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
     try:
         channel = connection.channel()
-        channel.basic_publish("amq.postroom.redrive", "dlq", b"x", pika.BasicProperties(headers={SEAL_HEADER: "00"}))
+        headers = {SEAL_HEADER: seal, "x-postroom-dead-letter-id": 1, "x-death": [{"queue": "dlq"}]}
+        channel.basic_publish("amq.postroom.redrive", "dlq", b"x", pika.BasicProperties(headers=headers))
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
             channel.queue_declare("dlq", passive=True)
         assert closed.value.reply_code == 406

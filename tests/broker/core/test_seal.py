@@ -116,3 +116,11 @@ def test_a_key_file_that_holds_no_key_is_an_error_naming_it(tmp_path: Path) -> N
     (tmp_path / SEAL_KEY_FILE).write_bytes(b"short")
     with pytest.raises(OSError, match=f"{SEAL_KEY_FILE}: 5 bytes, not a seal key"):
         Sealer.for_directory(str(tmp_path))
+
+
+def test_a_seal_that_is_not_hex_text_does_not_hold() -> None:
+    copy = sealed_copy()
+    headers = dict(copy.headers or {})
+    for forged in ("z\u00e9" * 16, b"\xff" * 32, 7, None):
+        headers[SEAL_HEADER] = forged
+        assert Sealer(KEY).verify("/", copy.header, headers, copy.body) is None
