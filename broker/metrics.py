@@ -29,7 +29,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
-from broker.alarms import memory_total, resident_memory
+from broker.alarms import disk_free, memory_total, resident_memory
 from broker.core.deadletter import DeadLetterReason
 from broker.core.histogram import Histogram
 
@@ -312,10 +312,9 @@ class RabbitMQNames:
 def _disk_free(wal: WALService | None) -> int:
     path = getattr(getattr(wal, "wal", None), "storage", None)
     try:
-        stat = os.statvfs(getattr(path, "path", "."))
+        return disk_free(getattr(path, "path", "."))
     except OSError:
         return 0
-    return stat.f_bavail * stat.f_frsize
 
 
 def _fds() -> tuple[int, int]:

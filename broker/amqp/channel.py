@@ -47,10 +47,9 @@ from broker.amqp.codec import (
     shortstr,
 )
 from broker.amqp.content import FIXED_LENGTHS, ContentError, check_properties
-from broker.core.deadletter import DEAD_LETTER_ID_HEADER
 from broker.core.message import Message
 from broker.core.queue import UNACKED, Consumer, Entry, WorkQueue
-from broker.core.seal import SEAL_HEADER, UNSEALED, without_entries
+from broker.core.seal import DEAD_LETTER_ID_HEADER, SEAL_HEADER, UNSEALED, without_entries
 from broker.core.vhost import EXTEND_EXCHANGE, REDRIVE_EXCHANGE
 from broker.errors import AMQPError, ChannelException, ConnectionException, ReplyCode
 
@@ -768,15 +767,9 @@ class ChannelState:
         if self._writable is not None and exchange_name not in self._writable:
             self._check_writable(exchange_name, routing_key)
         if exchange_name == REDRIVE_EXCHANGE:
-            redriven = self._redriven(message)
-            if redriven is None:
-                if self.confirm:
-                    if self._confirm_waits:
-                        self._wait_confirm(self._publish_seq, 0, False)
-                    else:
-                        self.nack_publish()
-                return
-            message, exchange_name, routing_key = redriven, "", redriven.routing_key
+            redriven = self._redriven(message)  # None: refused, by _route like any refusal
+            if redriven is not None:
+                message, exchange_name, routing_key = redriven, "", redriven.routing_key
         elif message.flags & FLAG_USER_ID:
             user_id = message.properties.user_id
             if user_id != self.connection.user_name:
@@ -870,6 +863,8 @@ class ChannelState:
         exchange = self._check_exchange(exchange_name)
         if exchange_name == EXTEND_EXCHANGE:
             return self._extend(message)
+        if exchange_name == REDRIVE_EXCHANGE:
+            return False  # its seal did not hold (see _redriven)
         queues = self.vhost.route(exchange, message)
         if self._hooks is not None:
             self._hooks.routed(self.vhost, exchange_name, message, queues)

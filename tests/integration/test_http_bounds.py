@@ -1,5 +1,5 @@
 """The HTTP listeners refuse what would cost the broker before anyone has logged in: a body
-over the bound (413, at once, nothing spooled), headers that dribble in (408, closed)."""
+over the bound (413, at once, nothing spooled). Headers that dribble in: ``tests/broker/test_http.py``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from twisted.internet import threads
 
-import broker.http
 from broker.management import RateSampler, management_site
 from broker.metrics import BrokerCollector, make_registry, metrics_site
 
@@ -32,16 +31,10 @@ def http_port(request: pytest.FixtureRequest, broker: Any) -> Iterator[int]:
         threads.blockingCallFromThread(reactor, listening.stopListening)
 
 
-def exchange(port: int, data: bytes, pause: float = 0.0, then: bytes = b"") -> bytes:
-    """Send ``data`` (and ``then`` after ``pause`` seconds); everything read until the server closes."""
+def exchange(port: int, data: bytes) -> bytes:
+    """Send ``data``; everything read until the server closes."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(data)
-        if pause:
-            time.sleep(pause)
-            try:
-                sock.sendall(then)
-            except OSError:
-                pass
         answer = b""
         while chunk := sock.recv(65536):
             answer += chunk
@@ -60,12 +53,6 @@ def test_a_chunked_body_over_the_bound_is_refused(http_port: int) -> None:
     body = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(20))  # 1.25 MiB
     answer = exchange(http_port, b"POST /api/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + body)
     assert answer.startswith(b"HTTP/1.1 413 ")
-
-
-def test_headers_that_dribble_in_are_cut_off(http_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(broker.http, "HEADER_SECONDS", 0.5)
-    answer = exchange(http_port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n", pause=1.5, then=b"X-Late: 1\r\n\r\n")
-    assert answer.startswith(b"HTTP/1.1 408 ")
 
 
 def test_a_small_request_is_still_answered(http_port: int) -> None:

@@ -43,8 +43,15 @@ def test_a_client_that_does_not_read_is_not_read_from_once_its_output_is_over_th
         1, commands.Basic.Get(queue="big"), commands.Basic.Recover(requeue=True)
     )
     sock.sendall(handshake + asking)
-    time.sleep(2)  # the broker answers what it reads, until its unread output is over the bound
+
+    def not_read_from() -> bool:  # stopped reading until the client reads its full buffer
+        return any(p._output_full and not p._reading for p in broker.factory.protocols.values())
+
+    deadline = time.monotonic() + 30
+    while not broker.call(not_read_from) and time.monotonic() < deadline:
+        time.sleep(0.02)
     answered = vhost.gets - before
+    assert broker.call(not_read_from), answered
     assert 1 <= answered <= OUTPUT_BOUND // BODY + 8, answered  # the socket buffers hold a few more
 
     pump, got = FramePump(), 0
