@@ -48,8 +48,10 @@ LOG = ROOT / "bench" / "results" / "broker.log"
 
 
 @contextmanager
-def postroom(extra_yaml: str = "") -> Iterator[tuple[int, int]]:
-    """Run Postroom on a free port (log in a temporary directory, ``fsync: batch``); yield ``(port, pid)``.
+def postroom(extra_yaml: str = "", storage: str = "", listen: str = "") -> Iterator[tuple[int, int]]:
+    """Run Postroom on a free port (log in a temporary directory, ``fsync: batch``, and the
+    ``storage:`` keys in ``storage``, such as ``memory_budget: 128MiB``, and the ``listen:``
+    keys in ``listen``); yield ``(port, pid)``.
 
     Its output is appended to :data:`LOG`.
     """
@@ -58,10 +60,9 @@ def postroom(extra_yaml: str = "") -> Iterator[tuple[int, int]]:
     log = open(LOG, "ab")
     data = Path(tempfile.mkdtemp(prefix="postroom-bench-"))
     config = data / "postroom.yaml"
-    config.write_text(
-        f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1"}}\nstorage: {{dir: "{data / "wal"}", fsync: batch}}\n'
-        + extra_yaml
-    )
+    storage = f'dir: "{data / "wal"}", fsync: batch' + (f", {storage}" if storage else "")
+    listen = f'amqp: "tcp:{port}:interface=127.0.0.1"' + (f", {listen}" if listen else "")
+    config.write_text(f"listen: {{{listen}}}\nstorage: {{{storage}}}\n" + extra_yaml)
     process = subprocess.Popen(
         [sys.executable, "-m", "broker.cli", "serve", "--config", str(config)], cwd=ROOT, stdout=log, stderr=log
     )

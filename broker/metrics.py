@@ -3,8 +3,13 @@
 Nothing here runs per message. Queues and virtual hosts keep plain integer counters
 (``WorkQueue.published``, ``delivered``, ``acked``, ...), and :class:`BrokerCollector` turns
 them into metric families when Prometheus scrapes ``/metrics``, on the reactor thread, so it
-reads a consistent state without locks. Names and labels are those of ``CONTRACT.md``
-(prefix ``postroom_``, labels ``vhost``, ``queue``, ``reason`` only).
+reads the state without locks. Names and labels are those of ``CONTRACT.md`` (prefix
+``postroom_``, labels ``vhost``, ``queue``, ``reason`` only).
+
+The per-queue series grow with the number of queues (50,000 queues: 650,000 samples), so
+``/metrics`` writes them in slices of a few milliseconds each (:func:`queue_text`, run by a
+:class:`~twisted.internet.task.Cooperator`), with the socket's back-pressure pausing it: a
+scrape never stalls the broker's clients, and a scraper that reads slowly costs its buffer.
 
 With ``rabbitmq_compatible``, the collector also exports the ``rabbitmq_*`` series that
 RabbitMQ's own Grafana dashboard (RabbitMQ-Overview, Grafana ID 10991) reads, computed from
@@ -15,7 +20,9 @@ from __future__ import annotations
 
 import os
 import resource
+import time
 from collections.abc import Iterator
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import (
@@ -26,8 +33,10 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.utils import floatToGoString
+from twisted.internet.task import Cooperator, TaskFinished
 from twisted.web.resource import Resource
-from twisted.web.server import Request
+from twisted.web.server import NOT_DONE_YET, Request
 
 from broker.alarms import disk_free, memory_total, resident_memory
 from broker.core.deadletter import DeadLetterReason
@@ -38,6 +47,129 @@ if TYPE_CHECKING:
     from broker.service import WALService
 
 _QUEUE_LABELS = ["vhost", "queue"]
+
+#: The per-queue families: name, type, help text, and how to read the value from a queue.
+QUEUE_FAMILIES: list[tuple[str, str, str, Any]] = [
+    ("postroom_queue_messages_ready", "gauge", "Messages ready for delivery.", attrgetter("message_count")),
+    (
+        "postroom_queue_messages_unacked",
+        "gauge",
+        "Messages delivered and not yet acknowledged.",
+        attrgetter("unacked_count"),
+    ),
+    ("postroom_queue_consumers", "gauge", "Consumers of the queue.", attrgetter("consumer_count")),
+    (
+        "postroom_queue_messages_published_total",
+        "counter",
+        "Messages routed into the queue.",
+        attrgetter("published"),
+    ),
+    (
+        "postroom_messages_delivered_total",
+        "counter",
+        "Deliveries to consumers and basic.get, redeliveries included.",
+        attrgetter("delivered"),
+    ),
+    ("postroom_messages_acked_total", "counter", "Deliveries acknowledged by clients.", attrgetter("acked")),
+    (
+        "postroom_messages_redelivered_total",
+        "counter",
+        "Messages returned to the queue for another delivery (requeue, visibility timeout, channel closed).",
+        attrgetter("redelivered"),
+    ),
+    (
+        "postroom_visibility_timeouts_total",
+        "counter",
+        "Deliveries taken back because their visibility timeout passed.",
+        attrgetter("visibility_timeouts"),
+    ),
+]
+_DEAD_LETTERED = ("postroom_messages_dead_lettered_total", "Messages dead-lettered out of the queue, by reason.")
+
+#: Queues visited between two checks of the time a slice has taken.
+SLICE_QUEUES = 100
+
+#: Seconds of rendering before the reactor gets its turn back.
+SLICE_SECONDS = 0.003
+
+_LABEL_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n"})
+
+
+def _value(value: int) -> str:
+    """A sample value exactly as ``prometheus_client`` writes it (``3.0``, ``1.234567e+06``)."""
+    return f"{value}.0" if 0 <= value < 1_000_000 else floatToGoString(value)
+
+
+def _label(value: str) -> str:
+    """A label value in Prometheus's text format (backslash, quote and newline escaped)."""
+    return value.translate(_LABEL_ESCAPES)
+
+
+class QueueTotals:
+    """Sums over every queue, gathered while the per-queue series are written (for the
+    ``rabbitmq_*`` per-node series, so they cost no second pass)."""
+
+    __slots__ = (
+        "queues",
+        "message_count",
+        "unacked_count",
+        "consumer_count",
+        "published",
+        "delivered",
+        "redelivered",
+        "acked",
+    )
+
+    def __init__(self) -> None:
+        self.queues = self.message_count = self.unacked_count = self.consumer_count = 0
+        self.published = self.delivered = self.redelivered = self.acked = 0
+
+    def add(self, queue: Any) -> None:
+        self.queues += 1
+        self.message_count += queue.message_count
+        self.unacked_count += queue.unacked_count
+        self.consumer_count += queue.consumer_count
+        self.published += queue.published
+        self.delivered += queue.delivered
+        self.redelivered += queue.redelivered
+        self.acked += queue.acked
+
+
+def queue_text(node: Node, totals: QueueTotals | None = None) -> Iterator[bytes | None]:
+    """The per-queue families in Prometheus's text format, in pieces: ``None`` now and then
+    (a point where the caller may yield to the reactor) and ``bytes`` to write.
+
+    The queues are listed once, then each family is written over that list; a queue deleted
+    meanwhile still appears with its last values in this scrape.
+    """
+    queues: list[tuple[str, str, Any]] = []
+    for vhost in list(node.vhosts.values()):
+        vhost_label = f'vhost="{_label(vhost.name)}"'
+        for queue in list(vhost.queues.values()):
+            queues.append((f'queue="{_label(queue.name)}"', vhost_label, queue))
+            if totals is not None:
+                totals.add(queue)
+            if len(queues) % SLICE_QUEUES == 0:
+                yield None
+    for name, kind, documentation, read in QUEUE_FAMILIES:
+        lines = [f"# HELP {name} {documentation}\n# TYPE {name} {kind}\n"]
+        for index, (queue_label, vhost_label, queue) in enumerate(queues, 1):
+            lines.append(f"{name}{{{queue_label},{vhost_label}}} {_value(read(queue))}\n")
+            if index % SLICE_QUEUES == 0:
+                yield "".join(lines).encode()
+                lines.clear()
+        yield "".join(lines).encode()
+    name, documentation = _DEAD_LETTERED
+    lines = [f"# HELP {name} {documentation}\n# TYPE {name} counter\n"]
+    for index, (queue_label, vhost_label, queue) in enumerate(queues, 1):
+        counts = queue.dead_lettered
+        for reason in DeadLetterReason:
+            value = _value(counts.get(reason, 0))
+            lines.append(f'{name}{{{queue_label},reason="{reason.value}",{vhost_label}}} {value}\n')
+        if index % SLICE_QUEUES == 0:
+            yield "".join(lines).encode()
+            lines.clear()
+    yield "".join(lines).encode()
 
 
 def _histogram(name: str, documentation: str, histogram: Histogram) -> HistogramMetricFamily:
@@ -68,61 +200,36 @@ class BrokerCollector:
         self.node_name = node_name
 
     def collect(self) -> Iterator[Metric]:
-        """Every metric family, computed now (called by the registry on the reactor thread)."""
+        """Every metric family, computed now in one go (``/metrics`` writes the per-queue ones
+        in slices instead: :func:`queue_text`, then :meth:`collect_rest`)."""
         yield from self._queues()
+        yield from self.collect_rest()
+
+    def collect_rest(self, totals: QueueTotals | None = None) -> Iterator[Metric]:
+        """The families that are not per queue (``totals``: sums over the queues, when known)."""
         yield from self._vhosts()
         yield from self._node()
         if self.wal is not None:
             yield from self._wal(self.wal)
         if self.rabbitmq_compatible:
-            yield from RabbitMQNames(self).collect()
+            yield from RabbitMQNames(self, totals).collect()
 
     def _queues(self) -> Iterator[Metric]:
-        ready = GaugeMetricFamily("postroom_queue_messages_ready", "Messages ready for delivery.", labels=_QUEUE_LABELS)
-        unacked = GaugeMetricFamily(
-            "postroom_queue_messages_unacked", "Messages delivered and not yet acknowledged.", labels=_QUEUE_LABELS
-        )
-        consumers = GaugeMetricFamily("postroom_queue_consumers", "Consumers of the queue.", labels=_QUEUE_LABELS)
-        enqueued = CounterMetricFamily(
-            "postroom_queue_messages_published_total", "Messages routed into the queue.", labels=_QUEUE_LABELS
-        )
-        delivered = CounterMetricFamily(
-            "postroom_messages_delivered_total",
-            "Deliveries to consumers and basic.get, redeliveries included.",
-            labels=_QUEUE_LABELS,
-        )
-        acked = CounterMetricFamily(
-            "postroom_messages_acked_total", "Deliveries acknowledged by clients.", labels=_QUEUE_LABELS
-        )
-        redelivered = CounterMetricFamily(
-            "postroom_messages_redelivered_total",
-            "Messages returned to the queue for another delivery (requeue, visibility timeout, channel closed).",
-            labels=_QUEUE_LABELS,
-        )
-        timeouts = CounterMetricFamily(
-            "postroom_visibility_timeouts_total",
-            "Deliveries taken back because their visibility timeout passed.",
-            labels=_QUEUE_LABELS,
-        )
-        dead = CounterMetricFamily(
-            "postroom_messages_dead_lettered_total",
-            "Messages dead-lettered out of the queue, by reason.",
-            labels=[*_QUEUE_LABELS, "reason"],
-        )
+        families = []
+        for name, kind, documentation, read in QUEUE_FAMILIES:
+            kind_of = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
+            families.append((kind_of(name, documentation, labels=_QUEUE_LABELS), read))
+        name, documentation = _DEAD_LETTERED
+        dead = CounterMetricFamily(name, documentation, labels=[*_QUEUE_LABELS, "reason"])
         for vhost in self.node.vhosts.values():
             for queue in vhost.queues.values():
                 labels = [vhost.name, queue.name]
-                ready.add_metric(labels, queue.message_count)
-                unacked.add_metric(labels, queue.unacked_count)
-                consumers.add_metric(labels, queue.consumer_count)
-                enqueued.add_metric(labels, queue.published)
-                delivered.add_metric(labels, queue.delivered)
-                acked.add_metric(labels, queue.acked)
-                redelivered.add_metric(labels, queue.redelivered)
-                timeouts.add_metric(labels, queue.visibility_timeouts)
+                for family, read in families:
+                    family.add_metric(labels, read(queue))
                 for reason in DeadLetterReason:
                     dead.add_metric([*labels, reason.value], queue.dead_lettered.get(reason, 0))
-        yield from (ready, unacked, consumers, enqueued, delivered, acked, redelivered, timeouts, dead)
+        yield from (family for family, _read in families)
+        yield dead
 
     def _vhosts(self) -> Iterator[Metric]:
         published = CounterMetricFamily(
@@ -216,13 +323,19 @@ class RabbitMQNames:
     which Prometheus adds). Process figures come from ``/proc`` where it exists.
     """
 
-    def __init__(self, collector: BrokerCollector) -> None:
+    def __init__(self, collector: BrokerCollector, totals: QueueTotals | None = None) -> None:
         self.collector = collector
+        self.totals = totals
 
     def collect(self) -> Iterator[Metric]:
         node = self.collector.node
         vhosts = list(node.vhosts.values())
-        queues = [queue for vhost in vhosts for queue in vhost.queues.values()]
+        totals = self.totals
+        if totals is None:
+            totals = QueueTotals()
+            for vhost in vhosts:
+                for queue in vhost.queues.values():
+                    totals.add(queue)
         connections = node.connections
         channels = [channel for connection in connections for channel in connection.channels.values()]
         counters = node.counters
@@ -243,7 +356,7 @@ class RabbitMQNames:
         def total(items: list[Any], attribute: str) -> int:
             return sum(getattr(item, attribute) for item in items)
 
-        ready, unacked = total(queues, "message_count"), total(queues, "unacked_count")
+        ready, unacked = totals.message_count, totals.unacked_count
         unconfirmed = sum(c._publish_seq - c.confirmed_upto for c in channels if c.confirm)
         monitor = node.resource_monitor
         rss = resident_memory()
@@ -255,8 +368,8 @@ class RabbitMQNames:
             "rabbitmq_queue_messages_ready": ("Messages ready to be delivered.", ready),
             "rabbitmq_queue_messages_unacked": ("Messages delivered and not acknowledged.", unacked),
             "rabbitmq_queue_messages": ("Messages ready and unacknowledged.", ready + unacked),
-            "rabbitmq_queues": ("Queues.", len(queues)),
-            "rabbitmq_consumers": ("Consumers.", total(queues, "consumer_count")),
+            "rabbitmq_queues": ("Queues.", totals.queues),
+            "rabbitmq_consumers": ("Consumers.", totals.consumer_count),
             "rabbitmq_channel_consumers": ("Consumers on channels.", sum(len(c.consumers) for c in channels)),
             "rabbitmq_connections": ("Open connections.", len(connections)),
             "rabbitmq_channels": ("Open channels.", len(channels)),
@@ -278,12 +391,12 @@ class RabbitMQNames:
         for metric, (documentation, value) in gauges.items():
             yield GaugeMetricFamily(metric, documentation, value=value)
         published, unroutable = total(vhosts, "published"), total(vhosts, "unroutable")
-        returned, delivered = total(vhosts, "returned"), total(queues, "delivered")
+        returned, delivered = total(vhosts, "returned"), totals.delivered
         gets = total(vhosts, "gets")
         counts = {
             "rabbitmq_channel_messages_published_total": ("Messages published.", published),
             "rabbitmq_channel_messages_confirmed_total": ("Publishes confirmed.", total(vhosts, "confirmed")),
-            "rabbitmq_queue_messages_published_total": ("Messages routed into queues.", total(queues, "published")),
+            "rabbitmq_queue_messages_published_total": ("Messages routed into queues.", totals.published),
             "rabbitmq_channel_messages_unroutable_dropped_total": ("Unroutable, dropped.", unroutable - returned),
             "rabbitmq_channel_messages_unroutable_returned_total": ("Unroutable, returned.", returned),
             # Postroom counts consume and get deliveries together; the dashboard adds these up.
@@ -292,8 +405,8 @@ class RabbitMQNames:
             "rabbitmq_channel_get_total": ("basic.get without ack.", 0),
             "rabbitmq_channel_get_ack_total": ("basic.get answered with a message.", gets),
             "rabbitmq_channel_get_empty_total": ("basic.get answered empty.", total(vhosts, "gets_empty")),
-            "rabbitmq_channel_messages_redelivered_total": ("Redeliveries.", total(queues, "redelivered")),
-            "rabbitmq_channel_messages_acked_total": ("Acknowledgements.", total(queues, "acked")),
+            "rabbitmq_channel_messages_redelivered_total": ("Redeliveries.", totals.redelivered),
+            "rabbitmq_channel_messages_acked_total": ("Acknowledgements.", totals.acked),
             "rabbitmq_queues_declared_total": ("Queues created.", total(vhosts, "queues_created")),
             "rabbitmq_queues_created_total": ("Queues created.", total(vhosts, "queues_created")),
             "rabbitmq_queues_deleted_total": ("Queues deleted.", total(vhosts, "queues_deleted")),
@@ -332,25 +445,110 @@ def make_registry(collector: BrokerCollector) -> CollectorRegistry:
     return registry
 
 
+class _Rest:
+    """A registry-like view of a collector's families that are not per queue, for ``generate_latest``."""
+
+    def __init__(self, collector: BrokerCollector, totals: QueueTotals) -> None:
+        self.collector = collector
+        self.totals = totals
+
+    def collect(self) -> Iterator[Metric]:
+        return self.collector.collect_rest(self.totals)
+
+
+class _Slice:
+    """``Cooperator`` rounds of at most :data:`SLICE_SECONDS`."""
+
+    def __init__(self) -> None:
+        self.end = time.monotonic() + SLICE_SECONDS
+
+    def __call__(self) -> bool:
+        return time.monotonic() >= self.end
+
+
+class _Pausable:
+    """The socket's back-pressure, passed on to a cooperative task (a streaming producer).
+
+    Pausing, resuming or stopping a task that has already finished does nothing.
+    """
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+        self.paused = False
+
+    def pauseProducing(self) -> None:  # noqa: N802 (IPushProducer)
+        if not self.paused:
+            try:
+                self.task.pause()
+            except TaskFinished:
+                return
+            self.paused = True
+
+    def resumeProducing(self) -> None:  # noqa: N802 (IPushProducer)
+        if self.paused:
+            self.paused = False
+            self.task.resume()
+
+    def stopProducing(self) -> None:  # noqa: N802 (IPushProducer)
+        try:
+            self.task.stop()
+        except TaskFinished:
+            pass
+
+
 class MetricsResource(Resource):
-    """``GET /metrics`` in Prometheus's text format, rendered on the reactor thread."""
+    """``GET /metrics`` in Prometheus's text format: the per-queue series in slices that leave
+    the reactor to the broker's clients in between, then the rest.
+
+    :param reactor: runs the slices (the global reactor by default)
+    """
 
     isLeaf = True
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, collector: BrokerCollector, reactor: Any = None) -> None:
         super().__init__()
-        self.registry = registry
+        self.collector = collector
+        if reactor is None:
+            from twisted.internet import reactor
+        self.cooperator = Cooperator(
+            terminationPredicateFactory=_Slice, scheduler=lambda run: reactor.callLater(0, run)
+        )
 
-    def render_GET(self, request: Request) -> bytes:  # noqa: N802 (twisted.web calls it)
+    def render_GET(self, request: Request) -> Any:  # noqa: N802 (twisted.web calls it)
         request.setHeader(b"Content-Type", CONTENT_TYPE_LATEST.encode())
-        return generate_latest(self.registry)
+        task = self.cooperator.cooperate(self._write(request))
+        producer = _Pausable(task)
+        request.registerProducer(producer, True)
+        state = {"written": False, "gone": False}
+
+        def gone(_failure: Any) -> None:
+            state["gone"] = True
+            producer.stopProducing()
+
+        def written(_: Any) -> None:
+            state["written"] = True
+            request.unregisterProducer()
+            if not state["gone"]:
+                request.finish()
+
+        request.notifyFinish().addErrback(gone)
+        task.whenDone().addCallbacks(written, lambda _failure: None)  # a stopped task: the scraper left
+        return NOT_DONE_YET
+
+    def _write(self, request: Request) -> Iterator[None]:
+        totals = QueueTotals()
+        for piece in queue_text(self.collector.node, totals):
+            if piece:
+                request.write(piece)
+            yield None
+        request.write(generate_latest(_Rest(self.collector, totals)))  # type: ignore[arg-type]
 
 
-def metrics_site(registry: CollectorRegistry, reactor: Any = None) -> Any:
-    """A twisted.web ``Site`` serving ``/metrics`` (and 404 elsewhere; its timeouts on
-    ``reactor``, the global one by default)."""
+def metrics_site(collector: BrokerCollector, reactor: Any = None) -> Any:
+    """A twisted.web ``Site`` serving ``/metrics`` (and 404 elsewhere; its slices and timeouts
+    on ``reactor``, the global one by default)."""
     from broker.http import BoundedSite
 
     root = Resource()
-    root.putChild(b"metrics", MetricsResource(registry))
+    root.putChild(b"metrics", MetricsResource(collector, reactor))
     return BoundedSite(root, reactor=reactor)

@@ -26,7 +26,8 @@ from broker.core.journal import Journal
 from broker.core.node import Node
 from broker.deadletters import open_dead_letters
 from broker.management import RateSampler, management_site
-from broker.metrics import BrokerCollector, make_registry, metrics_site
+from broker.metrics import BrokerCollector, metrics_site
+from broker.paging import Pager, PageStore
 from broker.pluginloader import LoadedPlugins, load_plugins
 from broker.protocol import AMQPServerFactory
 from broker.wal.files import DirectoryStorage, prune_archive
@@ -330,6 +331,7 @@ def make_broker_service(
             "authenticators": plugins.authenticators,
         }
     dead_letters = None
+    pager = None
     if node is None:
         if persist:
             started = time.monotonic()
@@ -358,6 +360,10 @@ def make_broker_service(
                 archive_of(config),
                 config.storage.memory_budget,
             )
+            pager = Pager(
+                PageStore(str(Path(config.storage.dir) / "paging")), config.storage.memory_budget, reactor, journal
+            )
+            node.set_pager(pager)
             _log.info(
                 "recovered {messages} message(s) in {queues} durable queue(s) from {segments} segment(s)"
                 " ({bytes} bytes, {records} records) in {seconds:.3f} s; torn tail: {truncated} bytes truncated;"
@@ -380,6 +386,8 @@ def make_broker_service(
     factory = AMQPServerFactory(node, reactor)
     sampler = RateSampler(node, reactor) if config.listen.management else None
     service = BrokerService(factory, wal, sampler, dead_letters)
+    if pager is not None:
+        pager.setServiceParent(service)
     for plugin_service in plugins.services if plugins is not None else ():
         # Children start in order: plugin services before the listeners, stopped with them.
         plugin_service.setServiceParent(service)
@@ -399,7 +407,7 @@ def make_broker_service(
     http_tls = tls if tls is not None and config.tls is not None and config.tls.http else None
     if config.listen.metrics:
         collector = BrokerCollector(node, wal, config.metrics.rabbitmq_compatible)
-        site = metrics_site(make_registry(collector), reactor)
+        site = metrics_site(collector, reactor)
         site = http_tls(site) if http_tls else site
         Listener("metrics", config.listen.metrics, site, reactor).setServiceParent(service)
     if sampler is not None and config.listen.management:

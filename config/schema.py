@@ -64,7 +64,8 @@ class StorageConfig:
     fsync: str = "batch"
     fsync_interval_ms: int = 5
     segment_bytes: int = 64 << 20
-    #: Bytes of persistent message bodies kept in memory; beyond it they are read back from the log.
+    #: Bytes of queued message bodies kept in memory; beyond it they wait on disk (the log, or the
+    #: paging store for bodies not in the log) and are read back when delivered.
     memory_budget: int = 256 << 20
     archive: ArchiveConfig = field(default_factory=ArchiveConfig)
     deadletters: DeadLetterStreamConfig = field(default_factory=DeadLetterStreamConfig)

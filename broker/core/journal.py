@@ -15,6 +15,7 @@ durable queues is one ``Published`` record naming them all.
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -44,6 +45,20 @@ if TYPE_CHECKING:
 #: A segment is rewritten (its live messages copied forward) once no more than 1/4 of the
 #: message references written to it are still live: at most a third more writing, to free it.
 SPARSE_RATIO = 4
+
+
+class _Pin:
+    """Reads a log segment for messages whose bodies are on disk there and that no durable queue
+    holds any more (a copy routed to a transient queue too): while one is alive, the segment is
+    not retired. Messages hold it in their :attr:`Message.wal_location`."""
+
+    __slots__ = ("read", "__weakref__")
+
+    def __init__(self, read: Callable[[int, int, int], bytes]) -> None:
+        self.read = read
+
+    def __call__(self, segment: int, offset: int, size: int) -> bytes:
+        return self.read(segment, offset, size)
 
 
 class ConfirmWaiter(Protocol):
@@ -86,6 +101,8 @@ class Journal:
         self.resident_bytes = 0
         #: Bodies paged out so far.
         self.paged_out = 0
+        #: Segments that paged-out messages outside durable queues still read from (see :class:`_Pin`).
+        self._pins: dict[int, weakref.ref[_Pin]] = {}
         self._next_id = next_message_id
         self._clock = clock or (lambda: 0.0)
         #: Bytes encoded so far: a publish is durable once :attr:`synced` reaches its position.
@@ -165,9 +182,12 @@ class Journal:
             message.wal_queues.remove(queue)
         except ValueError:
             return
-        if not message.wal_queues and message.wal_counted:
-            message.wal_counted = False
-            self.resident_bytes -= message.size
+        if not message.wal_queues:
+            if message.wal_counted:
+                message.wal_counted = False
+                self.resident_bytes -= message.size
+            elif not message.resident and message.wal_location is not None:
+                self._pin(message)
         segment = message.wal_segment
         if segment:
             self.live[segment] -= 1
@@ -175,6 +195,34 @@ class Journal:
                 holders = self._by_segment.get(segment)
                 if holders is not None:
                     holders.discard(message)
+
+    def _pin(self, message: Message) -> None:
+        """``message`` left its last durable queue with its body on disk: another queue may still
+        hold it, so its segment stays until the message is gone."""
+        read, segment, offset = message.wal_location  # type: ignore[misc]
+        if isinstance(read, _Pin):
+            return
+        ref = self._pins.get(segment)
+        pin = ref() if ref is not None else None
+        if pin is None:
+            pin = _Pin(read)
+            self._pins[segment] = weakref.ref(pin)
+        message.wal_location = (pin, segment, offset)
+
+    def _pinned(self, segment: int) -> bool:
+        ref = self._pins.get(segment)
+        if ref is None:
+            return False
+        if ref() is None:
+            del self._pins[segment]
+            return False
+        return True
+
+    def uncount(self, message: Message) -> None:
+        """The body of a logged message left memory another way (``broker.paging``)."""
+        if message.wal_counted:
+            message.wal_counted = False
+            self.resident_bytes -= message.size
 
     def rewrite(self, segment: int) -> int:
         """Record again every message still live in ``segment`` (with its delivery counts), so the
@@ -391,7 +439,7 @@ class Journal:
         a later segment may record the removal of messages in an earlier one)."""
         result = []
         for segment in sorted(segments):
-            if segment >= active or self.live.get(segment, 0) > 0:
+            if segment >= active or self.live.get(segment, 0) > 0 or self._pinned(segment):
                 break
             result.append(segment)
         return result

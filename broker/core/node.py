@@ -189,6 +189,8 @@ class Node:
         )
         #: The write-ahead log's journal; ``None`` keeps everything in memory only.
         self.journal: Journal | None = None
+        #: What pages the bodies of deep queues to disk (``broker.paging.Pager``; ``None``: nothing).
+        self.pager: Any = None
         self.vhosts: dict[str, VirtualHost] = {}
         for name in self.vhost_names:
             self.add_vhost(name)
@@ -235,6 +237,7 @@ class Node:
         vhost = VirtualHost(name, self.registry, self.rng, self.clock)
         vhost.on_backlog = self.note_backlog
         vhost.journal = self.journal
+        vhost.pager = self.pager
         vhost.hooks = self.hooks
         self.vhosts[name] = vhost
         return vhost
@@ -244,6 +247,13 @@ class Node:
         self.journal = journal
         for vhost in self.vhosts.values():
             vhost.journal = journal
+
+    def set_pager(self, pager: Any) -> None:
+        """Page the bodies of deep queues with ``pager`` from now on, in every queue."""
+        self.pager = pager
+        for vhost in self.vhosts.values():
+            vhost.pager = pager
+            pager.attach_all(vhost.queues.values())
 
     def set_clock(self, clock: Scheduler) -> None:
         """Give the node (and its virtual hosts, for queues declared from now on) a clock."""

@@ -76,6 +76,9 @@ LATENCY_SAMPLE_EVERY = 1024
 #: Sampled entries waiting for their delivery, per queue, before the table is cleared.
 MAX_LATENCY_SAMPLES = 64
 
+#: :attr:`WorkQueue.page_at` when no pager is to be asked: more bytes than any queue holds.
+NEVER = 1 << 62
+
 # Entry states.
 READY = 0  # in the ready list (or about to be)
 UNACKED = 1  # delivered, waiting for an ack
@@ -161,6 +164,13 @@ class DeliverySink(Protocol):
         """
 
 
+class BodyPager(Protocol):
+    """What keeps the bodies of deep queues on disk (``broker.paging.Pager``)."""
+
+    def watch(self, queue: WorkQueue) -> None:
+        """``queue`` holds more ready bytes than its :attr:`WorkQueue.page_at`: look at it soon."""
+
+
 class Entry:
     """A message in one queue, with that queue's delivery state for it."""
 
@@ -177,6 +187,7 @@ class Entry:
         "expires_at",
         "header",
         "seq",
+        "paged",
     )
 
     def __init__(self, message: Message, queue: WorkQueue) -> None:
@@ -201,6 +212,8 @@ class Entry:
         self.expires_at: float | None = None
         #: Its content header with ``x-delivery-count`` once it has been returned, else ``None``.
         self.header: bytes | None = None
+        #: Whether its body counts in the queue's :attr:`WorkQueue.paged_bytes` (ready, on disk).
+        self.paged = False
 
 
 class Consumer:
@@ -314,6 +327,11 @@ class _PriorityReady:
         for level in reversed(self._levels):
             yield from level
 
+    @property
+    def levels(self) -> list[deque[Entry]]:
+        """The FIFOs, lowest priority (served last) first."""
+        return self._levels
+
 
 _seq = operator.attrgetter("seq")
 
@@ -374,7 +392,13 @@ class WorkQueue:
         #: message goes back to its place (RabbitMQ's classic queues), whatever the return order.
         self.seq = 0
         self._track_bytes = settings.max_length_bytes is not None
+        #: Body bytes of the ready entries, and of those the bodies of which are on disk.
         self.ready_bytes = 0
+        self.paged_bytes = 0
+        #: Where bodies go when memory is short (``None``: they stay), and the ready bytes past
+        #: which the queue asks it to look (:data:`NEVER` while it is watched or there is none).
+        self.pager: BodyPager | None = None
+        self.page_at = NEVER
         #: Enqueue can take the short path: no TTL, no length limit.
         self._plain = settings.message_ttl is None and settings.max_length is None and not self._track_bytes
         self._consumers: deque[Consumer] = deque()
@@ -442,6 +466,37 @@ class WorkQueue:
         """The ready entries, next to be delivered first."""
         return [entry for entry in self._ready if entry.state == READY]
 
+    def tail_first(self) -> Iterator[Entry]:
+        """The ready entries, last to be delivered first."""
+        ready = self._ready
+        if type(ready) is _PriorityReady:
+            for level in ready.levels:
+                yield from reversed(level)
+        else:
+            yield from reversed(ready)  # type: ignore[call-overload]
+
+    def to_page(self, window: int) -> list[Entry]:
+        """Ready entries whose bodies should go to disk, last to be delivered first: those behind
+        the first ``window`` bytes of ready bodies still in memory, back to the first entry whose
+        body is already on disk (so each look costs what arrived since the last one).
+        """
+        keep = self.ready_bytes - self.paged_bytes
+        chosen = []
+        for entry in self.tail_first():
+            if keep <= window or entry.paged:
+                break
+            if entry.state == READY:
+                chosen.append(entry)
+                keep -= entry.message.size
+        return chosen
+
+    def mark_paged(self, entries: Iterable[Entry]) -> None:
+        """The bodies of these ready entries are on disk now (they count in :attr:`paged_bytes`)."""
+        for entry in entries:
+            if not entry.paged:
+                entry.paged = True
+                self.paged_bytes += entry.message.size
+
     def peek(self, count: int) -> list[Entry]:
         """The first ``count`` ready entries, without taking them (the rest are not visited)."""
         return list(itertools.islice((entry for entry in self._ready if entry.state == READY), count))
@@ -477,6 +532,9 @@ class WorkQueue:
                     consumer.channel.deliver_entries(consumer, (entry,))
                     return True
         self._ready.append(entry)
+        self.ready_bytes += message.size
+        if self.ready_bytes > self.page_at:
+            self.pager.watch(self)  # type: ignore[union-attr]
         return True
 
     def _enqueue_sampled(self, message: Message) -> bool:
@@ -568,8 +626,9 @@ class WorkQueue:
 
     def _append_ready(self, entry: Entry) -> None:
         self._ready.append(entry)
-        if self._track_bytes:
-            self.ready_bytes += entry.message.size
+        self.ready_bytes += entry.message.size
+        if self.ready_bytes > self.page_at:
+            self.pager.watch(self)  # type: ignore[union-attr]
 
     def _full(self, extra: int = 0) -> bool:
         settings = self.settings
@@ -602,8 +661,10 @@ class WorkQueue:
             if entry.state != READY:
                 self._gone_in_ready -= 1
                 continue
-            if self._track_bytes:
-                self.ready_bytes -= entry.message.size
+            self.ready_bytes -= entry.message.size
+            if entry.paged:
+                entry.paged = False
+                self.paged_bytes -= entry.message.size
             return entry
         return None
 
@@ -648,8 +709,7 @@ class WorkQueue:
                 ready.put_back(back)
             else:
                 _put_back(ready, back)  # type: ignore[arg-type]
-            if self._track_bytes:
-                self.ready_bytes += sum(entry.message.size for entry in back)
+            self.ready_bytes += sum(entry.message.size for entry in back)
         self.redelivered += len(back)
         journal = self.journal
         if journal is not None:
@@ -697,11 +757,13 @@ class WorkQueue:
     def get(self) -> Entry | None:
         """Take the next ready entry for ``basic.get``, or ``None`` if there is none."""
         self.touch()
-        if self._gone_in_ready or self._track_bytes:
+        if self._gone_in_ready or self.paged_bytes:
             return self._pop_ready()
         if not self._ready:
             return None
-        return self._ready.popleft()
+        entry = self._ready.popleft()
+        self.ready_bytes -= entry.message.size
+        return entry
 
     def purge(self) -> int:
         """Drop every ready message; return how many (unacked ones stay, as in RabbitMQ)."""
@@ -709,7 +771,7 @@ class WorkQueue:
         self.settle([entry for entry in self._ready if entry.state == READY])
         self._ready.clear()
         self._gone_in_ready = 0
-        self.ready_bytes = 0
+        self.ready_bytes = self.paged_bytes = 0
         return count
 
     # -- consumers ----------------------------------------------------------------------------
@@ -752,7 +814,7 @@ class WorkQueue:
         consumers = self._consumers
         if not ready or not consumers:
             return
-        slow = self._gone_in_ready or self._track_bytes
+        slow = self._gone_in_ready or self.paged_bytes
         if len(consumers) == 1:
             consumer = consumers[0]
             count = min(consumer.credit(), len(ready))
@@ -770,6 +832,7 @@ class WorkQueue:
             else:
                 popleft = ready.popleft
                 batch = [popleft() for _ in range(count)]
+                self.ready_bytes -= sum([entry.message.size for entry in batch])
             consumer.channel.deliver_entries(consumer, batch)
             delivered = len(batch)
         else:
@@ -782,9 +845,13 @@ class WorkQueue:
                         break
                 else:
                     return
-                entry = self._pop_ready() if slow else ready.popleft()
-                if entry is None:
-                    return
+                if slow:
+                    entry = self._pop_ready()
+                    if entry is None:
+                        return
+                else:
+                    entry = ready.popleft()
+                    self.ready_bytes -= entry.message.size
                 consumer.channel.deliver_entries(consumer, (entry,))
                 delivered += 1
         if ready and delivered >= DISPATCH_BATCH and self.on_backlog is not None:
@@ -888,8 +955,10 @@ class WorkQueue:
                 expired.append(entry)
         if expired:
             for entry in expired:
-                if self._track_bytes:
-                    self.ready_bytes -= entry.message.size
+                self.ready_bytes -= entry.message.size
+                if entry.paged:
+                    entry.paged = False
+                    self.paged_bytes -= entry.message.size
             self.settle(expired)
             self._gone_in_ready += len(expired)
             self._dead_letter(expired, DeadLetterReason.EXPIRED)

@@ -217,6 +217,8 @@ class VirtualHost:
         self.clock = clock
         #: The write-ahead log's journal (``None``: nothing is persisted).
         self.journal: Journal | None = None
+        #: What pages the bodies of deep queues to disk (``broker.paging.Pager``; ``None``: nothing).
+        self.pager: Any = None
         #: The dead-letter event log (``None``: dead letters are not recorded for analysis).
         self.dead_letters: DeadLetterLog | None = None
         #: Dead-lettered messages dropped: no such dead-letter exchange, or a cycle.
@@ -563,6 +565,8 @@ class VirtualHost:
         queue.on_dead_letter = self._dead_letter
         queue.on_expired = self.remove_queue
         queue.on_latency = self.latency.observe
+        if self.pager is not None:
+            self.pager.attach(queue)
         self.queues_created += 1
         self.queues[name] = queue
         if durable and not exclusive and self.journal is not None:

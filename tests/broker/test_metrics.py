@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from twisted.internet.task import Clock
+from typing import Any
 
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from twisted.internet.address import IPv4Address
+from twisted.internet.error import ConnectionDone
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+from broker import metrics
+from broker.core.deadletter import DeadLetterReason
 from broker.core.histogram import Histogram
 from broker.core.message import Message
 from broker.core.node import Node
 from broker.core.queue import LATENCY_SAMPLE_EVERY
 from broker.management import RateSampler
+from broker.metrics import BrokerCollector, make_registry, metrics_site
 from config.loader import loads
 
 
@@ -70,3 +80,101 @@ def test_listeners_can_be_turned_off_and_rabbitmq_names_turned_on() -> None:
     config = loads("listen: {metrics: false, management: false}\nmetrics: {rabbitmq_compatible: true}\n", "b.yaml")
     assert (config.listen.metrics, config.listen.management) == (None, None)
     assert config.metrics.rabbitmq_compatible
+
+
+def scrape_node(queues: int) -> Node:
+    node = Node(clock=Clock())
+    node.add_vhost('odd"vhost\\')
+    for number in range(queues):
+        vhost = node.vhosts["/" if number % 3 else 'odd"vhost\\']
+        queue = vhost.declare_queue(f"q{number}" + ('\n"\\' if number % 7 == 0 else ""), None)
+        queue.published, queue.acked = number * 1_002, number // 2
+        queue.dead_lettered[DeadLetterReason.EXPIRED] = number % 5
+    return node
+
+
+def samples(text: str) -> set[tuple[str, tuple[tuple[str, str], ...], float]]:
+    return {
+        (sample.name, tuple(sorted(sample.labels.items())), sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def http_get(site: Any, path: bytes) -> tuple[Any, StringTransport]:
+    channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
+    transport = StringTransport()
+    channel.makeConnection(transport)
+    channel.dataReceived(b"GET " + path + b" HTTP/1.1\r\nHost: broker\r\n\r\n")
+    return channel, transport
+
+
+def alongside(clock: Clock, transport: StringTransport, other: Any) -> None:
+    """Run ``other(written bytes)`` on every reactor turn, as another client would get served,
+    until the response is complete or ``other`` returns ``False``."""
+
+    def turn() -> None:
+        if other(len(transport.value())) is not False and not transport.value().endswith(b"\r\n0\r\n\r\n"):
+            clock.callLater(0, turn)
+
+    clock.callLater(0, turn)
+    clock.advance(0)
+
+
+def body_of(response: bytes) -> str:
+    head, _, chunked = response.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    body, rest = b"", chunked
+    while True:
+        size, _, rest = rest.partition(b"\r\n")
+        if int(size, 16) == 0:
+            return body.decode()
+        body, rest = body + rest[: int(size, 16)], rest[int(size, 16) + 2 :]
+
+
+NOISY = {"rabbitmq_process_resident_memory_bytes", "rabbitmq_disk_space_available_bytes", "rabbitmq_process_open_fds"}
+
+
+def test_metrics_are_written_in_slices_and_say_what_one_collection_says(monkeypatch: Any) -> None:
+    monkeypatch.setattr(metrics, "SLICE_SECONDS", 0.0)  # one step per reactor turn
+    node = scrape_node(1_000)
+    collector = BrokerCollector(node, rabbitmq_compatible=True)
+    clock = Clock()
+    _channel, transport = http_get(metrics_site(collector, clock), b"/metrics")
+    seen: list[int] = []
+    alongside(clock, transport, seen.append)
+    # Other clients were served between slices: they saw the response grow in many steps.
+    assert len(set(seen)) > 1_000 // metrics.SLICE_QUEUES * len(metrics.QUEUE_FAMILIES)
+    text = body_of(transport.value())
+    expected = generate_latest(make_registry(collector)).decode()
+    assert {s for s in samples(text) if s[0] not in NOISY} == {s for s in samples(expected) if s[0] not in NOISY}
+    assert 'queue="q7\\n\\"\\\\",vhost="/"' in text
+    # Written as prometheus_client writes them, so nothing that reads the text sees a change.
+    assert 'postroom_queue_messages_published_total{queue="q998",vhost="/"} 999996.0\n' in text
+    assert r'postroom_queue_messages_published_total{queue="q999",vhost="odd\"vhost\\"} 1.000998e+06' in text
+
+
+def test_a_scraper_that_stops_reading_pauses_the_writing_and_one_that_leaves_stops_it(monkeypatch: Any) -> None:
+    monkeypatch.setattr(metrics, "SLICE_SECONDS", 0.0)
+    node = scrape_node(1_000)
+    clock = Clock()
+    channel, transport = http_get(metrics_site(BrokerCollector(node), clock), b"/metrics")
+
+    def fill_up(written: int, limit: int) -> bool:
+        if written < limit:
+            return True
+        transport.producer.pauseProducing()  # the socket's buffer is full
+        return False
+
+    alongside(clock, transport, lambda written: fill_up(written, 10_000))
+    written = len(transport.value())
+    clock.advance(0)
+    assert 10_000 <= written == len(transport.value())
+    transport.producer.resumeProducing()
+    alongside(clock, transport, lambda now: fill_up(now, written + 10_000))
+    assert written < len(transport.value()) < 200_000
+    channel.connectionLost(ConnectionDone())
+    stopped = len(transport.value())
+    clock.advance(0)
+    assert len(transport.value()) == stopped
+    assert [call for call in clock.getDelayedCalls() if call.getTime() == clock.seconds()] == []

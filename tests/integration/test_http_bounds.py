@@ -12,7 +12,7 @@ import pytest
 from twisted.internet import threads
 
 from broker.management import RateSampler, management_site
-from broker.metrics import BrokerCollector, make_registry, metrics_site
+from broker.metrics import BrokerCollector, metrics_site
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +23,7 @@ def http_port(request: pytest.FixtureRequest, broker: Any) -> Iterator[int]:
     if request.param == "management":
         site = management_site(node, RateSampler(node, reactor), reactor)
     else:
-        site = metrics_site(make_registry(BrokerCollector(node)), reactor)
+        site = metrics_site(BrokerCollector(node), reactor)
     listening = threads.blockingCallFromThread(reactor, lambda: reactor.listenTCP(0, site, interface="127.0.0.1"))
     try:
         yield listening.getHost().port

@@ -84,8 +84,8 @@ def operated(make_broker: Callable[..., Broker]) -> Iterator[Operated]:
     def listen() -> tuple[Any, Any, RateSampler]:
         ResourceMonitor(node, reactor, 2**62).check()  # one reading, as postroom serve takes every 0.1 s
         sampler = RateSampler(node, reactor)
-        metrics = reactor.listenTCP(0, metrics_site(make_registry(BrokerCollector(node))), interface="127.0.0.1")
-        management = reactor.listenTCP(0, management_site(node, sampler), interface="127.0.0.1")
+        metrics = reactor.listenTCP(0, metrics_site(BrokerCollector(node), reactor), interface="127.0.0.1")
+        management = reactor.listenTCP(0, management_site(node, sampler, reactor), interface="127.0.0.1")
         return metrics, management, sampler
 
     metrics, management, sampler = threads.blockingCallFromThread(reactor, listen)
@@ -443,4 +443,8 @@ def test_prometheus_scrapes_the_queue_depth(
         assert result[0]["metric"]["vhost"] == "/"
     finally:
         process.terminate()
-        process.wait(20)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)

@@ -33,7 +33,7 @@ from broker.amqp.codec import PROTOCOL_HEADER
 from broker.core.definitions import node_from_config
 from broker.core.node import Node
 from broker.management import RateSampler, management_site
-from broker.metrics import BrokerCollector, make_registry, metrics_site
+from broker.metrics import BrokerCollector, metrics_site
 from broker.protocol import AMQPServerFactory
 from broker.service import tls_wrapper
 from broker.testing import write_test_pki
@@ -121,8 +121,8 @@ def tls_broker(broker_reactor: Any) -> Iterator[Callable[..., TLSBroker]]:
             node = node_from_config(config, broker_reactor)
             factory = AMQPServerFactory(node, broker_reactor)
             sites = [
-                metrics_site(make_registry(BrokerCollector(node, None))),
-                management_site(node, RateSampler(node, broker_reactor)),
+                metrics_site(BrokerCollector(node, None), broker_reactor),
+                management_site(node, RateSampler(node, broker_reactor), broker_reactor),
             ]
             ports = [broker_reactor.listenTCP(0, wrap(f), interface="127.0.0.1") for f in (factory, *sites)]
             started.append((factory, ports))

@@ -1,0 +1,269 @@
+"""Deep queues on disk: the bodies of ready messages beyond ``storage.memory_budget`` leave memory.
+
+A queue whose ready bodies pass a mark (:attr:`Pager.watch_at`) asks the :class:`Pager` to watch
+it. While the bodies of the watched queues that are still in memory exceed the budget, each
+watched queue keeps the first ``budget / watched`` bytes of them (the next to be delivered) and
+the bodies behind go to disk, last to be delivered first:
+
+* a body already in the write-ahead log (a persistent message in a durable queue) is only
+  dropped from memory: the log has it;
+* any other body is appended to the :class:`PageStore`, which is not fsynced and not recovered
+  (what it holds was never promised to survive a restart);
+* a persistent message whose log record is not written yet keeps its body until it is.
+
+Bodies come back one by one as they are delivered (:attr:`broker.core.message.Message.body`),
+in order, with their properties (those never leave memory). A store segment is deleted once
+no message refers to it any more: its messages hold it, so Python's reference counting tells.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from twisted.application.service import Service
+from twisted.logger import Logger
+
+from broker.core.queue import NEVER
+
+if TYPE_CHECKING:
+    from broker.core.journal import Journal
+    from broker.core.message import Message
+    from broker.core.queue import WorkQueue
+
+#: Size at which the store starts a new segment file.
+SEGMENT_BYTES = 64 << 20
+
+#: Most buffers one ``writev`` call takes (Linux's IOV_MAX).
+IOV_MAX = 1024
+
+#: Seconds between looks at the watched queues while any is watched.
+INTERVAL = 0.05
+
+#: Seconds without paging after the store could not be written (a full disk).
+BACKOFF = 1.0
+
+
+def _remove(fd: int, path: str) -> None:
+    os.close(fd)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class _Segment:
+    """One store file, open for appending and reading; deleted with the last message using it."""
+
+    __slots__ = ("fd", "size", "__weakref__")
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        self.size = 0
+        weakref.finalize(self, _remove, self.fd, path)
+
+    def __call__(self, _number: int, offset: int, size: int) -> bytes:
+        data = os.pread(self.fd, size, offset)
+        if len(data) != size:
+            raise OSError(f"paged body cut short: {len(data)} of {size} bytes at offset {offset}")
+        return data
+
+
+def _write_all(fd: int, buffers: list[bytes]) -> None:
+    """Write ``buffers`` in order with as few calls as the kernel allows."""
+    while buffers:
+        batch = buffers[:IOV_MAX]
+        written = os.writev(fd, batch)
+        total = sum(len(buffer) for buffer in batch)
+        if written == total:
+            del buffers[:IOV_MAX]
+            continue
+        # A short write: drop what went out, keep the rest of a partly written buffer.
+        index = 0
+        while written >= len(buffers[index]):
+            written -= len(buffers[index])
+            index += 1
+        buffers[index] = buffers[index][written:]
+        del buffers[:index]
+
+
+class PageStore:
+    """Message bodies written out of memory, in segment files under ``directory``.
+
+    Whatever an earlier run left there is deleted at start: paged bodies are never recovered.
+    """
+
+    def __init__(self, directory: str, segment_bytes: int = SEGMENT_BYTES) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        for name in os.listdir(directory):
+            if name.endswith(".page"):
+                os.unlink(os.path.join(directory, name))
+        self._active: _Segment | None = None
+        self._number = 0
+        #: Bodies written so far.
+        self.written = 0
+
+    def _segment(self, size: int) -> _Segment:
+        active = self._active
+        if active is None or (active.size and active.size + size > self.segment_bytes):
+            self._number += 1
+            active = self._active = _Segment(os.path.join(self.directory, f"{self._number:08d}.page"))
+        return active
+
+    def write(self, messages: list[Message]) -> None:
+        """Append the bodies of ``messages`` and drop them from memory; each message then reads its
+        body back from here. On an error (``OSError``) none of them has lost its body."""
+        start = 0
+        while start < len(messages):
+            segment = self._segment(messages[start].size)
+            end, offset, buffers = start, segment.size, []
+            while end < len(messages) and (end == start or offset + messages[end].size <= self.segment_bytes):
+                buffers.append(messages[end].body)
+                offset += messages[end].size
+                end += 1
+            try:
+                _write_all(segment.fd, buffers)
+            except OSError:
+                self._active = None  # what went out of this batch is not to be trusted
+                raise
+            offset = segment.size
+            for message in messages[start:end]:
+                message.wal_location = (segment, self._number, offset)
+                message.page_out()
+                offset += message.size
+            segment.size = offset
+            self.written += end - start
+            start = end
+
+    def close(self) -> None:
+        """Stop appending to the current segment (each segment goes once its messages are gone)."""
+        self._active = None
+
+
+class Pager(Service):
+    """Keeps the ready bodies of deep queues within ``budget`` bytes of memory (see the module).
+
+    :param journal: the log's journal, whose count of bodies in memory drops with those paged here
+    """
+
+    log = Logger()
+
+    def __init__(
+        self, store: PageStore, budget: int, reactor: Any, journal: Journal | None = None, interval: float = INTERVAL
+    ) -> None:
+        self.store = store
+        self.budget = budget
+        self.reactor = reactor
+        self.journal = journal
+        self.interval = interval
+        #: Ready bytes past which a queue is watched.
+        self.watch_at = max(budget // 64, 4096)
+        self.watched: set[WorkQueue] = set()
+        self._call: Any = None
+        self._paused_until = 0.0
+        self._logged = False
+        #: Bodies sent to disk so far (written to the store, or dropped as the log has them).
+        self.paged = 0
+
+    def watch(self, queue: WorkQueue) -> None:
+        """``queue`` passed :attr:`watch_at`: watch it until it falls back under half of that."""
+        queue.page_at = NEVER
+        self.watched.add(queue)
+        if self._call is None and self.running:
+            self._call = self.reactor.callLater(0, self.look)
+
+    def attach(self, queue: WorkQueue) -> None:
+        """A new queue: let it ask to be watched."""
+        queue.pager = self
+        queue.page_at = self.watch_at
+
+    @property
+    def paged_bytes(self) -> int:
+        """Bytes of ready bodies on disk in the watched queues."""
+        return sum(queue.paged_bytes for queue in self.watched)
+
+    def look(self) -> None:
+        """Page what is over the budget, and look again soon while any queue is watched."""
+        self._call = None
+        watched = self.watched
+        for queue in list(watched):
+            if queue.deleted or queue.ready_bytes < self.watch_at // 2:
+                watched.discard(queue)
+                if not queue.deleted:
+                    queue.page_at = self.watch_at
+        if not watched:
+            self.store.close()  # its last segment goes too, with the last message using it
+            return
+        if self.reactor.seconds() >= self._paused_until:
+            in_memory = {queue: queue.ready_bytes - queue.paged_bytes for queue in watched}
+            if sum(in_memory.values()) > self.budget:
+                window = self.budget // len(watched)
+                for queue in sorted(watched, key=in_memory.__getitem__, reverse=True):
+                    if in_memory[queue] <= window:
+                        break
+                    if not self._page(queue, window):
+                        break
+        if self.running:
+            self._call = self.reactor.callLater(self.interval, self.look)
+
+    def _page(self, queue: WorkQueue, window: int) -> bool:
+        """Page ``queue``'s bodies behind its ``window``; ``False`` when the store failed."""
+        entries = queue.to_page(window)
+        to_store: list[Message] = []
+        done = []
+        for entry in entries:
+            message = entry.message
+            if not message.resident:
+                done.append(entry)
+            elif message.wal_location is not None:
+                if self.journal is not None:
+                    self.journal.uncount(message)
+                message.page_out()
+                done.append(entry)
+            elif not message.wal_queues:
+                to_store.append(message)
+                done.append(entry)
+            # else: its log record is not written yet; it keeps its body until it is.
+        stored = {id(message) for message in to_store}
+        try:
+            self.store.write(to_store)
+        except OSError as error:
+            self._paused_until = self.reactor.seconds() + BACKOFF
+            self.log.warn(
+                "cannot page message bodies to disk ({error}); they stay in memory for now",
+                error=error.strerror or str(error),
+            )
+            queue.mark_paged(entry for entry in done if id(entry.message) not in stored)
+            return False
+        queue.mark_paged(done)
+        self.paged += len(done)
+        if done and not self._logged:
+            self._logged = True
+            self.log.info(
+                "message bodies of deep queues over the memory budget ({budget} bytes) are paged to disk",
+                budget=self.budget,
+            )
+        return True
+
+    def attach_all(self, queues: Iterable[WorkQueue]) -> None:
+        """Queues that existed before the pager (recovered, or from the definitions)."""
+        for queue in queues:
+            self.attach(queue)
+            if queue.ready_bytes > self.watch_at:
+                self.watch(queue)
+
+    def startService(self) -> None:
+        super().startService()
+        if self.watched and self._call is None:
+            self._call = self.reactor.callLater(0, self.look)
+
+    def stopService(self) -> Any:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+        self.store.close()
+        return super().stopService()

@@ -1,0 +1,42 @@
+"""A queue deeper than the memory budget, over real sockets: bodies go to disk and come back in order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pika
+import pytest
+
+from tests.integration.test_crash import broker
+
+
+@pytest.mark.parametrize("mode", [1, 2], ids=["transient", "persistent"])
+def test_a_queue_of_several_budgets_is_consumed_in_order_with_every_body(tmp_path: Path, mode: int) -> None:
+    data = tmp_path / "data"
+    bodies = [b"%05d" % number + bytes([number % 256]) * 4000 for number in range(400)]  # 1.6 MB, 25 budgets
+    with broker(data, memory_budget="64KiB") as (_process, port):
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, socket_timeout=5))
+        channel = connection.channel()
+        channel.queue_declare("deep", durable=True)
+        channel.confirm_delivery()
+        for number, body in enumerate(bodies):
+            properties = pika.BasicProperties(delivery_mode=mode, headers={"n": number})
+            channel.basic_publish("", "deep", body, properties)
+        connection.sleep(0.3)  # the pager looks every 50 ms
+        paged = sorted((data / "paging").glob("*.page"))
+        channel.basic_qos(prefetch_count=50)
+        received = []
+        for method, properties, body in channel.consume("deep", inactivity_timeout=5):
+            assert method is not None, f"only {len(received)} of {len(bodies)} came back"
+            assert properties.headers == {"n": len(received)}
+            received.append(body)
+            channel.basic_ack(method.delivery_tag)
+            if len(received) == len(bodies):
+                break
+        channel.cancel()
+        connection.close()
+    assert received == bodies
+    log = (tmp_path / "broker.log").read_text()
+    assert "paged to disk" in log and "Traceback" not in log
+    # Transient bodies went to the paging store; persistent ones were already in the log.
+    assert bool(paged) == (mode == 1)
