@@ -309,6 +309,16 @@ class BrokerCollector:
         yield GaugeMetricFamily(
             "postroom_wal_alarm", "1 while writes to the log fail (confirms are refused).", value=wal.alarm is not None
         )
+        yield GaugeMetricFamily(
+            "postroom_wal_backlog_bytes",
+            "Bytes of records waiting for the log's writer.",
+            value=wal.journal.pending_bytes,
+        )
+        yield GaugeMetricFamily(
+            "postroom_wal_publishers_paused",
+            "1 while the backlog is over storage.max_backlog (publishers are paused).",
+            value="log" in self.node.alarms,
+        )
         yield _histogram(
             "postroom_wal_fsync_seconds", "Seconds each group commit took (write and fsync).", wal.fsync_seconds
         )

@@ -89,6 +89,7 @@ class WALService(WorkerWriter):
         node: Node,
         archive: Archive | None = None,
         memory_budget: int = 256 << 20,
+        max_backlog: int = 64 << 20,
     ) -> None:
         super().__init__("postroom-wal")
         self.archive = archive
@@ -116,6 +117,10 @@ class WALService(WorkerWriter):
         self.writes = 0
         #: Seconds each append+fsync took, for metrics.
         self.fsync_seconds = Histogram()
+        #: Bytes of records waiting for the writer past which publishers are paused.
+        self.max_backlog = max_backlog
+        #: Times the backlog paused publishers.
+        self.backlog_pauses = 0
 
     @property
     def has_pending(self) -> bool:
@@ -124,6 +129,8 @@ class WALService(WorkerWriter):
     def startService(self) -> None:
         super().startService()
         self.journal.on_pending = self._pending
+        self.journal.max_backlog = self.max_backlog
+        self.journal.on_backlog = self._backlogged
         if self.journal.has_pending:
             # Recorded while the broker was being built (configured definitions, plugins'
             # recovery): without a write now, later records would never trigger one.
@@ -178,6 +185,21 @@ class WALService(WorkerWriter):
             prune_archive(self.archive.path, self.archive.retention, self.archive.max_bytes, time.time())
         return took
 
+    def _backlogged(self) -> None:
+        """The records waiting for the writer passed :attr:`max_backlog`: pause publishers until
+        a write brings them under half of it (RabbitMQ's flow control: they are not told)."""
+        if self.node.set_alarm("log", True):
+            self.backlog_pauses += 1
+            self._log.info(
+                "publishers paused: {bytes} bytes of records wait for the write-ahead log (storage.max_backlog)",
+                bytes=self.journal.pending_bytes,
+            )
+
+    def _caught_up(self) -> None:
+        if "log" in self.node.alarms and self.journal.pending_bytes <= self.max_backlog // 2:
+            self.node.set_alarm("log", False)
+            self._log.info("publishers resumed: the write-ahead log caught up")
+
     def _written(self, seconds: float, position: int) -> None:
         self._writing = None
         self.writes += 1
@@ -192,6 +214,7 @@ class WALService(WorkerWriter):
             self._log.info("write-ahead log writes succeed again")
             self.alarm = None
         self.journal.synced_to(position)
+        self._caught_up()
         if self.journal.has_pending:
             self._call = self.reactor.callLater(0, self._write)
 
@@ -212,6 +235,7 @@ class WALService(WorkerWriter):
             self._log.error("write-ahead log write failed: {error}; refusing confirms", error=str(error))
         self.alarm = str(error)
         self.journal.failed(position)
+        self._caught_up()
         if self.journal.has_pending:
             self._call = self.reactor.callLater(max(self.interval, 0.1), self._write)
 
@@ -359,6 +383,7 @@ def make_broker_service(
                 node,
                 archive_of(config),
                 config.storage.memory_budget,
+                config.storage.max_backlog,
             )
             pager = Pager(
                 PageStore(str(Path(config.storage.dir) / "paging")), config.storage.memory_budget, reactor, journal

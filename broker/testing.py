@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -200,6 +201,7 @@ class MemorySegmentStorage:
         self.archived: dict[int, bytes] = {}
         self._segments: dict[int, _MemorySegment] = {}
         self._faults: dict[str, list[tuple[OSError, int]]] = {}
+        self._holds: dict[str, threading.Event] = {}
         #: Every call as ``(operation, number)``, for tests that assert on what the log did.
         self.calls: list[tuple[str, int | None]] = []
 
@@ -217,8 +219,19 @@ class MemorySegmentStorage:
             raise ValueError(f"cannot fail {operation!r}; one of {sorted(self.OPERATIONS)}")
         self._faults.setdefault(operation, []).append((error, written))
 
+    def hold(self, operation: str) -> threading.Event:
+        """Make calls of ``operation`` wait (in the thread that makes them, as a stalled disk
+        would) until the returned event is set."""
+        if operation not in self.OPERATIONS:
+            raise ValueError(f"cannot hold {operation!r}; one of {sorted(self.OPERATIONS)}")
+        event = self._holds[operation] = threading.Event()
+        return event  # once set, it lets every later call through at once
+
     def _call(self, operation: str, number: int | None) -> tuple[OSError, int] | None:
         self.calls.append((operation, number))
+        held = self._holds.get(operation)
+        if held is not None:
+            held.wait(30)
         faults = self._faults.get(operation)
         return faults.pop(0) if faults else None
 

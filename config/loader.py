@@ -455,7 +455,16 @@ class _Reader:
         section = self.mapping(
             value,
             "storage",
-            {"dir", "fsync", "fsync_interval_ms", "segment_bytes", "memory_budget", "archive", "deadletters"},
+            {
+                "dir",
+                "fsync",
+                "fsync_interval_ms",
+                "segment_bytes",
+                "memory_budget",
+                "max_backlog",
+                "archive",
+                "deadletters",
+            },
         )
         default = StorageConfig()
         fsync = self.string(section.get("fsync"), "storage.fsync", default.fsync)
@@ -474,6 +483,7 @@ class _Reader:
             ),
             segment_bytes=self.size(section.get("segment_bytes"), "storage.segment_bytes", default.segment_bytes),
             memory_budget=self.size(section.get("memory_budget"), "storage.memory_budget", default.memory_budget),
+            max_backlog=self.size(section.get("max_backlog"), "storage.max_backlog", default.max_backlog),
             archive=ArchiveConfig(
                 enabled=self.boolean(archive.get("enabled"), "storage.archive.enabled", archive_default.enabled),
                 retention=self.duration(
@@ -496,6 +506,7 @@ class _Reader:
             "max_connections",
             "channel_max",
             "heartbeat",
+            "consumer_max_per_channel",
             "memory_high_watermark",
             "disk_free_limit",
         }
@@ -514,6 +525,18 @@ class _Reader:
                     "a fraction of the memory between 0 and 1, or a size with a unit (e.g. 2GiB)",
                     watermark,
                 )
+            )
+        consumers = default.consumer_max_per_channel
+        given = section.get("consumer_max_per_channel")
+        if given == "infinity":  # RabbitMQ's word for no limit
+            consumers = None
+        elif given is not None:
+            consumers = self.typed(
+                given,
+                "limits.consumer_max_per_channel",
+                lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                "a positive integer, or infinity (no limit)",
+                consumers,
             )
         disk_limit, disk_relative = default.disk_free_limit, default.disk_free_limit_mem_relative
         given = section.get("disk_free_limit")
@@ -539,6 +562,7 @@ class _Reader:
             ),
             channel_max=self.integer(section.get("channel_max"), "limits.channel_max", default.channel_max, 1, 65535),
             heartbeat=self.integer(section.get("heartbeat"), "limits.heartbeat", default.heartbeat, 0, 3600),
+            consumer_max_per_channel=consumers,
             memory_high_watermark=watermark,
             disk_free_limit=disk_limit,
             disk_free_limit_mem_relative=disk_relative,

@@ -67,6 +67,9 @@ class StorageConfig:
     #: Bytes of queued message bodies kept in memory; beyond it they wait on disk (the log, or the
     #: paging store for bodies not in the log) and are read back when delivered.
     memory_budget: int = 256 << 20
+    #: Bytes of log records waiting for the writer (persistent publishes not confirmed yet)
+    #: past which publishers are paused until a write brings them under half of it.
+    max_backlog: int = 64 << 20
     archive: ArchiveConfig = field(default_factory=ArchiveConfig)
     deadletters: DeadLetterStreamConfig = field(default_factory=DeadLetterStreamConfig)
 
@@ -80,6 +83,8 @@ class LimitsConfig:
     max_connections: int = 10000
     channel_max: int = 2047
     heartbeat: int = 60
+    #: Consumers on one channel (``None``: no limit, RabbitMQ's default).
+    consumer_max_per_channel: int | None = 10_000
     #: The memory alarm's watermark: a fraction of the memory the broker may use (a float), or
     #: bytes (an int), as RabbitMQ's ``vm_memory_high_watermark.relative`` / ``.absolute``.
     memory_high_watermark: float | int = 0.4

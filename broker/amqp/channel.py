@@ -333,10 +333,14 @@ class ChannelState:
         self._kick(consumer.queue for consumer in self.consumers.values())
 
     def _consume(self, method: commands.Basic.Consume) -> None:
+        # As RabbitMQ: the tag and the channel's consumer limit are checked before the queue.
+        if method.consumer_tag in self.consumers:
+            raise ConnectionException(ReplyCode.NOT_ALLOWED, f"attempt to reuse consumer tag '{method.consumer_tag}'")
+        limit = self.connection.node.limits.consumer_max_per_channel
+        if limit is not None and len(self.consumers) >= limit:
+            raise ConnectionException(ReplyCode.NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel")
         queue = self.vhost.queue(self._readable(method.queue), self.connection)
         tag = method.consumer_tag or self.connection.node.random_tag("amq.ctag-")
-        if tag in self.consumers:
-            raise ConnectionException(ReplyCode.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         if queue.has_exclusive_consumer() or (method.exclusive and queue.consumer_count):
             raise ChannelException(
                 ReplyCode.ACCESS_REFUSED, f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use"

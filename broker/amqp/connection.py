@@ -62,7 +62,7 @@ from broker.amqp.codec import (
     erlang_binary,
 )
 from broker.core.access import Access
-from broker.core.node import Node
+from broker.core.node import RESOURCE_ALARMS, Node
 from broker.core.queue import WorkQueue
 from broker.core.vhost import VirtualHost
 from broker.errors import AMQPError, ChannelException, ConnectionDropped, ConnectionException, ReplyCode
@@ -237,20 +237,36 @@ class ServerConnection:
         """A publish arrived while an alarm is in force: stop reading, and say why to a client
         that has the ``connection.blocked`` capability (RabbitMQ's ``maybe_block``)."""
         self.blocked = True
-        if not self._blocked_sent and self.capabilities.get("connection.blocked") is True:
+        self._tell_blocked()
+
+    def _tell_blocked(self) -> bool:
+        """Tell a blocked client, once, that a resource alarm blocks it (not the log's backlog)."""
+        if (
+            not self._blocked_sent
+            and self._alarms & RESOURCE_ALARMS
+            and self.capabilities.get("connection.blocked") is True
+        ):
             self.out.append(encode_method(0, commands.Connection.Blocked(reason=self.node.alarm_text())))
             self._blocked_sent = True
+            return True
+        return False
 
     def alarm_changed(self) -> None:
         """The node's alarms changed: once none is left, a blocked connection reads again
-        (``connection.unblocked`` to a client that was told it was blocked)."""
-        if not self.blocked or self._alarms:
+        (``connection.unblocked`` to a client that was told it was blocked). While only the
+        log's backlog holds it, a client that was told is told it is unblocked, and is not read."""
+        if not self.blocked:
             return
-        self.blocked = False
-        if self._blocked_sent:
+        told = self._tell_blocked()
+        if self._blocked_sent and not self._alarms & RESOURCE_ALARMS:
             self.out.append(encode_method(0, commands.Connection.Unblocked()))
             self._blocked_sent = False
-        self.node.mark_dirty(self)  # the shell reads again, starting with what it holds
+            told = True
+        if not self._alarms:
+            self.blocked = False
+            told = True
+        if told:
+            self.node.mark_dirty(self)  # the shell writes (and, unblocked, reads again from what it holds)
 
     # -- I/O ----------------------------------------------------------------------------------
 

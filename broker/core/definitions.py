@@ -73,6 +73,7 @@ def node_from_config(
             heartbeat=limits.heartbeat,
             max_message_bytes=limits.max_message_bytes,
             max_connections=limits.max_connections,
+            consumer_max_per_channel=limits.consumer_max_per_channel,
         ),
         clock=clock,
         registry=registry or default_registry(),

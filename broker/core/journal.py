@@ -115,6 +115,10 @@ class Journal:
         self.waiters: set[ConfirmWaiter] = set()
         #: While recovering, nothing is recorded (the records are already in the log).
         self.replaying = False
+        #: Pending bytes past which :attr:`on_backlog` is called (publishes are then paused).
+        self.max_backlog = 1 << 62
+        #: Called when :attr:`pending_bytes` passes :attr:`max_backlog` (the shell pauses publishers).
+        self.on_backlog: Callable[[], None] | None = None
 
     # -- recording ------------------------------------------------------------------------------
 
@@ -127,6 +131,8 @@ class Journal:
         self.position += len(data)
         if first and self.on_pending is not None:
             self.on_pending()
+        if self.pending_bytes > self.max_backlog and self.on_backlog is not None:
+            self.on_backlog()
 
     def published(self, message: Message, vhost: str, queues: Iterable[str]) -> int:
         """Record a persistent message entering durable ``queues``; return its id."""

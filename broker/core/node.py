@@ -33,6 +33,12 @@ DEFAULT_CHANNEL_MAX = 2047  # RabbitMQ's default; each channel costs a little me
 DEFAULT_HEARTBEAT = 60  # seconds, RabbitMQ's default: a dead peer is found within 2 minutes
 DEFAULT_MAX_MESSAGE_BYTES = 128 * 1024 * 1024  # RabbitMQ 3.x's default; a body is held in memory whole
 
+#: The alarms clients are told of (``connection.blocked``), among :attr:`Node.alarms`.
+RESOURCE_ALARMS = frozenset({"memory", "disk"})
+#: Consumers on one channel (RabbitMQ 3.12's ``consumer_max_per_channel``, unlimited there):
+#: each costs memory no alarm reclaims, so there is a bound, far above what clients use.
+DEFAULT_CONSUMER_MAX_PER_CHANNEL = 10_000
+
 
 @dataclass(frozen=True, slots=True)
 class User:
@@ -146,6 +152,9 @@ class Limits:
     #: Open connections the node accepts at once (``limits.max_connections``): one more is
     #: refused at ``connection.open`` with 530, as RabbitMQ refuses one over a vhost's limit.
     max_connections: int = 10_000
+    #: Consumers one channel may hold (``limits.consumer_max_per_channel``; ``None``: no limit):
+    #: one more closes the connection with 530, as RabbitMQ 3.12 closes it.
+    consumer_max_per_channel: int | None = DEFAULT_CONSUMER_MAX_PER_CHANNEL
 
 
 @dataclass
@@ -204,7 +213,8 @@ class Node:
         self.backlogged: set[WorkQueue] = set()
         #: Called when the dirty set becomes non-empty outside of the shell's own I/O handling.
         self.on_dirty: Callable[[], None] | None = None
-        #: The resource alarms in force (``memory``, ``disk``): while any is, a connection that
+        #: The alarms in force: ``memory`` and ``disk`` (the resource alarms), and ``log`` while
+        #: the write-ahead log's backlog is over its bound. While any is, a connection that
         #: publishes is blocked (see :meth:`set_alarm`). Always this one set object.
         self.alarms: set[str] = set()
         #: What watches memory and disk for it (``broker.alarms.ResourceMonitor``), for its
@@ -212,11 +222,13 @@ class Node:
         self.resource_monitor: Any = None
 
     def set_alarm(self, resource: str, active: bool) -> bool:
-        """Raise or clear the alarm of ``resource`` (``memory`` or ``disk``); whether it changed.
+        """Raise or clear the alarm of ``resource`` (``memory``, ``disk`` or ``log``); whether it changed.
 
         As RabbitMQ: while an alarm is in force, a connection is blocked once it publishes
         (``connection.blocked`` to a client that has the capability, and nothing more is read
-        from it); when the last alarm clears, every blocked connection is unblocked.
+        from it); when the last alarm clears, every blocked connection is unblocked. Clients
+        are told of the resource alarms only: the log's backlog pauses publishers silently,
+        as RabbitMQ's flow control does.
         """
         if active == (resource in self.alarms):
             return False
@@ -230,7 +242,7 @@ class Node:
 
     def alarm_text(self) -> str:
         """``connection.blocked``'s reason, in RabbitMQ's words (``low on memory & disk``)."""
-        return "low on " + " & ".join(sorted(self.alarms, key=("memory", "disk").index))
+        return "low on " + " & ".join(sorted(self.alarms & RESOURCE_ALARMS, key=("memory", "disk").index))
 
     def add_vhost(self, name: str) -> VirtualHost:
         """Create a virtual host (with the node's clock and journal) and return it."""

@@ -10,6 +10,7 @@ from pamqp import commands
 from twisted.internet.task import Clock
 
 from broker.alarms import DISK_INTERVAL, MEMORY_INTERVAL, ResourceMonitor
+from broker.core.journal import Journal
 from broker.core.node import Node, User
 from broker.testing import Client, encode, publish_frames
 
@@ -54,6 +55,32 @@ def test_a_publisher_is_blocked_after_its_first_publish_during_an_alarm() -> Non
     replies = publisher.send(b"")  # the shell reads on, starting with what was held
     assert kinds(replies) == ["Unblocked", "DeclareOk"]
     assert queue.message_count == 3
+
+
+def test_the_log_backlog_pauses_publishers_without_a_word_and_resumes_them() -> None:
+    n = node()
+    journal = Journal(1, lambda: 0.0)
+    n.set_journal(journal)
+    journal.max_backlog = 1_000
+    journal.on_backlog = lambda: n.set_alarm("log", True)
+    publisher = client(n)
+    publisher.call(1, commands.Queue.Declare(queue="durable", durable=True))
+    persistent = commands.Basic.Properties(delivery_mode=2)
+    assert publisher.send(publish_frames(1, "", "durable", b"x" * 2_000, persistent)) == []
+    assert n.alarms == {"log"}
+    assert publisher.send(publish_frames(1, "", "durable", b"held", persistent)) == []
+    assert publisher.connection.blocked
+    queue = n.vhosts["/"].queues["durable"]
+    assert queue.message_count == 1
+    # A resource alarm meanwhile is told, and its end too, while the backlog still holds it.
+    n.set_alarm("memory", True)
+    assert [value.reason for _, value in publisher.read()] == ["low on memory"]
+    n.set_alarm("memory", False)
+    assert kinds(publisher.read()) == ["Unblocked"] and publisher.connection.blocked
+    journal.take()  # the writer took the backlog
+    n.set_alarm("log", False)
+    assert publisher.send(b"") == [] and not publisher.connection.blocked
+    assert queue.message_count == 2
 
 
 def test_a_client_without_the_capability_is_paused_without_a_word() -> None:

@@ -29,7 +29,7 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> Non
         waited += 0.01
 
 
-async def start(storage: MemorySegmentStorage) -> tuple[Client, WALService, list]:
+async def start(storage: MemorySegmentStorage, max_backlog: int = 64 << 20) -> tuple[Client, WALService, list]:
     from twisted.internet import reactor
 
     log = WriteAheadLog(storage)
@@ -37,7 +37,7 @@ async def start(storage: MemorySegmentStorage) -> tuple[Client, WALService, list
     journal = Journal(1, reactor.seconds)
     node = Node(clock=reactor)
     node.set_journal(journal)
-    service = WALService(journal, log, reactor, "batch", 0.001, node)
+    service = WALService(journal, log, reactor, "batch", 0.001, node, max_backlog=max_backlog)
     service.startService()
     client = Client(node)
     client.handshake()
@@ -87,6 +87,37 @@ async def test_a_full_disk_nacks_and_nothing_confirmed_is_lost() -> None:
     recovered = replay_segments(_reopen(storage.crash()))
     bodies = [m.record.body for m in recovered.messages[("/", "jobs")].values()]
     assert {b"before", b"after"} <= set(bodies)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_stalled_disk_pauses_publishers_at_the_backlog_bound_and_every_publish_is_confirmed() -> None:
+    storage = MemorySegmentStorage()
+    client, service, seen = await start(storage, max_backlog=10_000)
+    stalled = storage.hold("sync")
+    try:
+        client.send(publish_frames(1, "", "jobs", b"stuck", PERSISTENT))
+        await wait_until(lambda: service.journal.pending_bytes == 0)  # taken by a write that waits on the disk
+        for number in range(30):
+            client.send(publish_frames(1, "", "jobs", b"%04d" % number * 250, PERSISTENT))
+        queue = service.node.vhosts["/"].queues["jobs"]
+        state = ("log" in service.node.alarms, client.connection.blocked, service.backlog_pauses, queue.message_count)
+        pending = service.journal.pending_bytes
+    finally:
+        stalled.set()
+    assert state == (True, True, 1, 1 + 10)
+    assert 10_000 < pending < 12_000  # paused at the first publish past the bound
+    acked: list[int] = []
+
+    def all_acked() -> bool:
+        # The shell reads on whenever the pause ends, starting with what it held.
+        frames = client.send(b"")
+        acked.extend(value.delivery_tag for _, value in frames if value.name == "Basic.Ack")
+        return bool(acked) and acked[-1] == 31
+
+    await wait_until(all_acked)
+    assert queue.message_count == 31 and service.backlog_pauses >= 2  # the held publishes filled it again
+    assert not client.connection.blocked and service.node.alarms == set()
+    await service.stopService()
 
 
 def _reopen(storage: MemorySegmentStorage) -> list:

@@ -223,6 +223,25 @@ def test_an_alias_bomb_is_refused_quickly_and_in_little_memory() -> None:
     assert [queue.dead_letter.exchange for queue in config.vhosts["/"].queues if queue.dead_letter] == ["dlx", "dlx"]
 
 
+def test_consumers_per_channel_are_bounded_unless_the_limit_is_infinity() -> None:
+    assert loads("", "b.yaml").limits.consumer_max_per_channel == 10_000
+    config = loads("limits: {consumer_max_per_channel: 3}", "b.yaml")
+    assert config.limits.consumer_max_per_channel == 3
+    assert node_from_config(config).limits.consumer_max_per_channel == 3
+    assert loads("limits: {consumer_max_per_channel: infinity}", "b.yaml").limits.consumer_max_per_channel is None
+    assert problems("limits: {consumer_max_per_channel: 0}") == [
+        (1, "limits.consumer_max_per_channel", "must be a positive integer, or infinity (no limit), not an integer 0")
+    ]
+
+
+def test_the_log_backlog_bound_is_a_size() -> None:
+    assert loads("", "b.yaml").storage.max_backlog == 64 << 20
+    assert loads("storage: {max_backlog: 8MiB}", "b.yaml").storage.max_backlog == 8 << 20
+    assert problems("storage: {max_backlog: lots}") == [
+        (1, "storage.max_backlog", "must be a size in bytes or with a unit (e.g. 64KiB, 64MiB, 1GiB), not 'lots'")
+    ]
+
+
 def test_alarm_limits_are_relative_or_absolute_as_rabbitmq_has_them() -> None:
     default = loads("", "broker.yaml").limits
     assert (default.memory_limit(1000), default.disk_limit(1000)) == (400, 50_000_000)

@@ -28,6 +28,7 @@ from pamqp import commands
 from test_dead_letter_transcripts import masked
 from test_teardown_transcripts import compare
 from transcript import (
+    AT_EOF,
     Client,
     Entry,
     Transcript,
@@ -385,6 +386,26 @@ def cancel_notification(port: int, prefix: str) -> list[Entry]:
     return transcript.normalized()
 
 
+def reused_tag_on_a_missing_queue(port: int, prefix: str) -> list[Entry]:
+    """A consumer tag already in use on the channel, given again for a queue that does not exist:
+    the tag is checked first (530, the connection closes), the queue is never looked up."""
+    queue = f"{prefix}-tagged"
+    transcript = Transcript()
+    try:
+        with transcript.connect(port) as client:
+            open_connection(client, 1)
+            declare_queue(client, queue)
+            client.send(frames(1, commands.Basic.Consume(queue=queue, consumer_tag="tag")))
+            client.read(until("Basic.ConsumeOk"))
+            client.send(frames(1, commands.Basic.Consume(queue=f"{prefix}-missing", consumer_tag="tag")))
+            client.read(until("Connection.Close"))
+            client.send(frames(0, commands.Connection.CloseOk()))
+            client.read(AT_EOF)
+    finally:
+        delete_queues(port, queue)
+    return transcript.normalized()
+
+
 SCENARIOS: dict[str, Scenario] = {
     "exclusive-queue-life": exclusive_life,
     "auto-delete-queue-life": auto_delete_life,
@@ -394,6 +415,7 @@ SCENARIOS: dict[str, Scenario] = {
     "qos-global": qos(True),
     "confirms-with-mandatory-returns": confirms_with_returns,
     "consumer-cancel-notification": cancel_notification,
+    "consumer-tag-reused-on-a-missing-queue": reused_tag_on_a_missing_queue,
 }
 
 

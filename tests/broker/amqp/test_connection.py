@@ -170,6 +170,28 @@ def test_a_connection_over_max_connections_is_refused_with_530() -> None:
     assert opened(n).connection.is_open  # a place came free
 
 
+def test_one_consumer_over_the_channel_limit_closes_the_connection_with_530() -> None:
+    n = Node(limits=Limits(consumer_max_per_channel=2))
+    client = opened(n)
+    client.open_channel(2)
+    client.call(1, commands.Queue.Declare(queue="q"))
+    for tag in ("a", "b"):
+        client.call(1, commands.Basic.Consume(queue="q", consumer_tag=tag))
+    client.call(1, commands.Basic.Cancel(consumer_tag="a"))
+    client.call(1, commands.Basic.Consume(queue="q", consumer_tag="c"))  # "a" left a place
+    client.call(2, commands.Basic.Consume(queue="q", consumer_tag="other"))  # per channel
+    assert n.vhosts["/"].queues["q"].consumer_count == 3
+    # Checked before the queue, as RabbitMQ 3.12 checks it.
+    close = close_of(client.call(1, commands.Basic.Consume(queue="missing")))
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
+        530,
+        "NOT_ALLOWED - reached maximum (2) of consumers per channel",
+        60,
+        20,
+    )
+    assert client.connection.closed or client.connection.state.name == "CLOSING"
+
+
 def test_unknown_vhost_is_refused_with_530() -> None:
     client = Client(node())
     close = close_of(client.handshake(vhost="/nope"))
