@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -45,27 +46,33 @@ INTERVAL = 0.05
 #: Seconds without paging after the store could not be written (a full disk).
 BACKOFF = 1.0
 
-
-def _remove(fd: int, path: str) -> None:
-    os.close(fd)
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+#: Sealed segments kept open for reading at once: a queue of 100 GiB spans 1,600 segments,
+#: more than a process may have files open, so the others are opened again when read.
+READ_HANDLES = 16
 
 
 class _Segment:
-    """One store file, open for appending and reading; deleted with the last message using it."""
+    """One store file, open for appending while it is the store's active one; deleted with the
+    last message using it (messages hold it in their ``wal_location``)."""
 
-    __slots__ = ("fd", "size", "__weakref__")
+    __slots__ = ("store", "path", "fd", "size", "__weakref__")
 
-    def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    def __init__(self, store: PageStore, path: str) -> None:
+        self.store = store
+        self.path = path
+        self.fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         self.size = 0
-        weakref.finalize(self, _remove, self.fd, path)
+        weakref.finalize(self, store.forget, path)
+
+    def seal(self) -> None:
+        """No more appends: its file is opened for reading only when read (see :data:`READ_HANDLES`)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
     def __call__(self, _number: int, offset: int, size: int) -> bytes:
-        data = os.pread(self.fd, size, offset)
+        fd = self.fd if self.fd is not None else self.store.reader(self.path)
+        data = os.pread(fd, size, offset)
         if len(data) != size:
             raise OSError(f"paged body cut short: {len(data)} of {size} bytes at offset {offset}")
         return data
@@ -104,15 +111,40 @@ class PageStore:
                 os.unlink(os.path.join(directory, name))
         self._active: _Segment | None = None
         self._number = 0
+        #: Read-only descriptors of sealed segments, least recently used first.
+        self._readers: OrderedDict[str, int] = OrderedDict()
         #: Bodies written so far.
         self.written = 0
 
     def _segment(self, size: int) -> _Segment:
         active = self._active
         if active is None or (active.size and active.size + size > self.segment_bytes):
+            self.close()
             self._number += 1
-            active = self._active = _Segment(os.path.join(self.directory, f"{self._number:08d}.page"))
+            active = self._active = _Segment(self, os.path.join(self.directory, f"{self._number:08d}.page"))
         return active
+
+    def reader(self, path: str) -> int:
+        """A descriptor to read the sealed segment at ``path`` (at most :data:`READ_HANDLES` stay open)."""
+        readers = self._readers
+        fd = readers.get(path)
+        if fd is not None:
+            readers.move_to_end(path)
+            return fd
+        fd = readers[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        if len(readers) > READ_HANDLES:
+            os.close(readers.popitem(last=False)[1])
+        return fd
+
+    def forget(self, path: str) -> None:
+        """The segment at ``path`` is no longer used by any message: close and delete it."""
+        fd = self._readers.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
     def write(self, messages: list[Message]) -> None:
         """Append the bodies of ``messages`` and drop them from memory; each message then reads its
@@ -126,9 +158,9 @@ class PageStore:
                 offset += messages[end].size
                 end += 1
             try:
-                _write_all(segment.fd, buffers)
+                _write_all(segment.fd, buffers)  # type: ignore[arg-type]  # the active one is open
             except OSError:
-                self._active = None  # what went out of this batch is not to be trusted
+                self.close()  # what went out of this batch is not to be trusted
                 raise
             offset = segment.size
             for message in messages[start:end]:
@@ -141,7 +173,9 @@ class PageStore:
 
     def close(self) -> None:
         """Stop appending to the current segment (each segment goes once its messages are gone)."""
-        self._active = None
+        if self._active is not None:
+            self._active.seal()
+            self._active = None
 
 
 class Pager(Service):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import random
 import shutil
 from pathlib import Path
@@ -240,3 +241,29 @@ def test_the_store_splits_writes_at_segment_ends_and_reads_every_body_back(tmp_p
     assert not any(message.resident for message in messages)
     assert [message.body for message in messages] == [body(n, size) for n, size in enumerate(sizes)]
     assert all(path.stat().st_size <= max(8_000, max(sizes)) for path in tmp_path.iterdir())
+
+
+def test_sealed_segments_are_opened_only_to_be_read_and_few_at_a_time(tmp_path: Path) -> None:
+    from broker import paging
+    from broker.core.message import Message
+
+    def open_here() -> int:
+        return sum(1 for fd in Path("/proc/self/fd").iterdir() if str(tmp_path) in os.path.realpath(fd))
+
+    store = PageStore(str(tmp_path), segment_bytes=1_000)
+    messages = [Message.build("", "q", body(n)) for n in range(3 * paging.READ_HANDLES)]
+    for message in messages:
+        store.write([message])
+    assert len(list(tmp_path.iterdir())) == len(messages) and open_here() == 1  # the active one
+    order = list(range(len(messages)))
+    random.Random(5).shuffle(order)
+    for index in order:
+        assert messages[index].body == body(index)
+        messages[index].page_out()  # out of memory again: the next read opens its file again
+        assert open_here() <= paging.READ_HANDLES + 1
+    del messages, message
+    gc.collect()
+    assert [path.name for path in tmp_path.iterdir()] == [f"{len(order):08d}.page"]  # the active one
+    store.close()
+    gc.collect()
+    assert list(tmp_path.iterdir()) == [] and open_here() == 0
