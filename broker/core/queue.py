@@ -35,6 +35,7 @@ skipped when they come up, and the FIFOs are compacted when stale records outnum
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import operator
@@ -439,8 +440,25 @@ class WorkQueue:
         #: Called with seconds from arrival to delivery for each sampled message (metrics).
         self.on_latency: Callable[[float], None] | None = None
         self.dead_lettered: dict[DeadLetterReason, int] = {}
+        #: The policy and the operator policy that apply to it (``broker.core.policy``).
+        self.policy: Any = None
+        self.operator_policy: Any = None
         if settings.expires is not None:
             self._arm(self._last_used + settings.expires)
+
+    def apply_settings(self, settings: QueueSettings) -> None:
+        """Settings changed by a policy, applied to the running queue as RabbitMQ applies them:
+        a TTL counts for messages that arrive from now on (those queued keep their expiry), a
+        lower length limit drops the head at once (dead-lettered ``maxlen``), a dead-letter
+        exchange applies to the next dead-lettering, and ``x-expires`` starts counting again.
+        ``x-max-priority`` is the declaration's own and stays."""
+        settings = dataclasses.replace(settings, max_priority=self.settings.max_priority)
+        self.settings = settings
+        self._track_bytes = settings.max_length_bytes is not None
+        self._plain = settings.message_ttl is None and settings.max_length is None and not self._track_bytes
+        if settings.overflow is Overflow.DROP_HEAD and (settings.max_length is not None or self._track_bytes):
+            self._drop_head_while_full()
+        self.touch()
 
     @property
     def exclusive(self) -> bool:

@@ -17,6 +17,7 @@ from broker.core.access import Access
 from broker.core.deadletter import DeadLetterReason, dead_lettered, is_cycle
 from broker.core.histogram import Histogram
 from broker.core.message import Message
+from broker.core.policy import Policy, alternate_exchange, choose, queue_arguments
 from broker.core.queue import MAX_PRIORITY, Entry, QueueSettings, Scheduler, WorkQueue
 from broker.errors import ChannelException, ReplyCode
 from exchanges.interfaces import BindingInvalid, IInterceptingRouter, IRouter
@@ -60,6 +61,7 @@ class Exchange:
         "internal",
         "arguments",
         "alternate",
+        "policy",
         "sources",
         "intercept",
         "__weakref__",
@@ -84,6 +86,8 @@ class Exchange:
         self.arguments = dict(arguments)
         alternate = arguments.get("alternate-exchange")
         self.alternate = alternate if isinstance(alternate, str) and alternate else None
+        #: The policy that applies to it (``None``: none).
+        self.policy: Policy | None = None
         #: Exchanges with a binding to this one (exchange-to-exchange bindings).
         self.sources: set[Exchange] = set()
         #: The router's ``intercept`` when it may take messages instead of routing them now
@@ -238,6 +242,9 @@ class VirtualHost:
         #: RabbitMQ's vhost limits (``None``: none): open connections, queues.
         self.max_connections: int | None = None
         self.max_queues: int | None = None
+        #: Policies and operator policies by name (see ``broker.core.policy``).
+        self.policies: dict[str, Policy] = {}
+        self.operator_policies: dict[str, Policy] = {}
         #: Connections open on this vhost now.
         self.connection_count = 0
         #: Publish-to-deliver seconds of sampled messages, for every queue of this vhost.
@@ -298,7 +305,42 @@ class VirtualHost:
             name, type_name, exchange_type.new_router(arguments), durable, auto_delete, internal, arguments
         )
         self.exchanges[name] = exchange
+        if self.policies:
+            self._apply_exchange_policy(exchange)
         return exchange
+
+    # -- policies -----------------------------------------------------------------------------
+
+    def set_policy(self, policy: Policy, operator: bool = False) -> None:
+        """Add or replace a policy (an operator policy with ``operator``) and apply the policies
+        to every queue and exchange at once."""
+        (self.operator_policies if operator else self.policies)[policy.name] = policy
+        self.apply_policies()
+
+    def clear_policy(self, name: str, operator: bool = False) -> bool:
+        """Remove a policy and apply what is left; whether there was one of that name."""
+        if (self.operator_policies if operator else self.policies).pop(name, None) is None:
+            return False
+        self.apply_policies()
+        return True
+
+    def apply_policies(self) -> None:
+        """Choose again the policies of every exchange and queue; a queue whose policies changed
+        takes its new settings at once (``WorkQueue.apply_settings``)."""
+        for exchange in list(self.exchanges.values()):
+            self._apply_exchange_policy(exchange)
+        for queue in list(self.queues.values()):
+            policy, operator = self._queue_policies(queue.name)
+            if policy != queue.policy or operator != queue.operator_policy:
+                queue.policy, queue.operator_policy = policy, operator
+                queue.apply_settings(QueueSettings.from_arguments(queue_arguments(queue.arguments, policy, operator)))
+
+    def _queue_policies(self, name: str) -> tuple[Policy | None, Policy | None]:
+        return choose(self.policies.values(), "queue", name), choose(self.operator_policies.values(), "queue", name)
+
+    def _apply_exchange_policy(self, exchange: Exchange) -> None:
+        exchange.policy = choose(self.policies.values(), "exchange", exchange.name)
+        exchange.alternate = alternate_exchange(exchange.arguments, exchange.policy) or None
 
     def declare_exchange(
         self,
@@ -551,6 +593,7 @@ class VirtualHost:
         if access is not None and "x-dead-letter-exchange" in arguments:
             access.check("read", "queue", name)
             access.check("write", "exchange", str(arguments["x-dead-letter-exchange"]))
+        policy, operator = self._queue_policies(name) if self.policies or self.operator_policies else (None, None)
         queue = WorkQueue(
             name,
             self.name,
@@ -558,9 +601,10 @@ class VirtualHost:
             owner=connection if exclusive else None,
             auto_delete=auto_delete,
             arguments=arguments,
-            settings=QueueSettings.from_arguments(arguments),
+            settings=QueueSettings.from_arguments(queue_arguments(arguments, policy, operator)),
             clock=self.clock,
         )
+        queue.policy, queue.operator_policy = policy, operator
         queue.on_backlog = self.on_backlog
         queue.on_dead_letter = self._dead_letter
         queue.on_expired = self.remove_queue

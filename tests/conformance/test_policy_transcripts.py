@@ -1,0 +1,159 @@
+"""Policies, frame for frame: the same policy set on RabbitMQ (``rabbitmqctl set_policy``) and
+on Postroom gives the same dead-lettering, limits and precedence.
+
+On Postroom the policy is set on the running broker's virtual host (as its management API and
+CLI will); each scenario sets its policies after or before declaring, as it says, and clears
+them at the end.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from pamqp import commands
+from test_dead_letter_transcripts import masked
+from test_scenario_transcripts import declare_queue, get, message_count
+from test_teardown_transcripts import unique_prefix
+from transcript import (
+    Entry,
+    Transcript,
+    assert_same_transcript,
+    close_connection,
+    delete_queues,
+    frames,
+    method,
+    open_connection,
+    until,
+    wait_for,
+)
+from transcript import content as content_frames
+from twisted.internet import threads
+
+from broker.core.policy import Policy
+
+pytestmark = pytest.mark.integration
+
+#: ``(name, pattern, definition, priority)``: set; ``(name,)``: clear.
+PolicyStep = Callable[..., None]
+
+
+def on_rabbitmq(port: int) -> tuple[PolicyStep, PolicyStep]:
+    from broker.testing import rabbitmqctl
+
+    def set_policy(
+        name: str, pattern: str, definition: dict[str, Any], priority: int = 0, operator: bool = False
+    ) -> None:
+        command = "set_operator_policy" if operator else "set_policy"
+        rabbitmqctl(
+            port, command, name, pattern, json.dumps(definition), "--priority", str(priority), "--apply-to", "queues"
+        )
+
+    def clear_policy(name: str, operator: bool = False) -> None:
+        rabbitmqctl(port, "clear_operator_policy" if operator else "clear_policy", name)
+
+    return set_policy, clear_policy
+
+
+def on_postroom(broker: Any) -> tuple[PolicyStep, PolicyStep]:
+    vhost = broker.node.vhosts["/"]
+
+    def set_policy(
+        name: str, pattern: str, definition: dict[str, Any], priority: int = 0, operator: bool = False
+    ) -> None:
+        policy = Policy(name, pattern, definition, priority, "queues")
+        threads.blockingCallFromThread(broker.reactor, vhost.set_policy, policy, operator)
+
+    def clear_policy(name: str, operator: bool = False) -> None:
+        threads.blockingCallFromThread(broker.reactor, vhost.clear_policy, name, operator)
+
+    return set_policy, clear_policy
+
+
+def publish(client: Any, queue: str, body: bytes) -> None:
+    client.send(method(1, commands.Basic.Publish, exchange="", routing_key=queue) + content_frames(1, body))
+    client.read(until("Basic.Ack", "Basic.Nack"))
+
+
+def reject_next(client: Any, queue: str) -> None:
+    got = get(client, queue, no_ack=False)
+    tag = got[0].get("delivery_tag") if got[0].kind == "Basic.GetOk" else 0
+    client.send(frames(1, commands.Basic.Reject(delivery_tag=tag, requeue=False)))
+
+
+def dlx_by_policy(port: int, prefix: str, set_policy: PolicyStep, clear_policy: PolicyStep) -> list[Entry]:
+    """A queue declared without arguments under a dead-letter policy to the default exchange;
+    one rejection goes to the dead-letter queue, and once the policy is cleared one is dropped."""
+    source, dead = f"{prefix}.orders.eu", f"{prefix}.dead"
+    transcript = Transcript()
+    set_policy(f"{prefix}-dlx", rf"^{prefix}\.orders\.", {"dead-letter-exchange": "", "dead-letter-routing-key": dead})
+    try:
+        with transcript.connect(port) as client:
+            open_connection(client, 1)
+            declare_queue(client, dead)
+            declare_queue(client, source)
+            client.send(frames(1, commands.Confirm.Select()))
+            client.read(until("Confirm.SelectOk"))
+            for body in (b"first", b"second"):
+                publish(client, source, body)
+            reject_next(client, source)
+            wait_for(lambda: message_count(port, dead) == 1, 5)
+            clear_policy(f"{prefix}-dlx")
+            reject_next(client, source)
+            wait_for(lambda: message_count(port, source) == 0, 5)
+            transcript.note(f"{dead}:")
+            for _ in range(2):
+                get(client, dead)
+            close_connection(client)
+    finally:
+        delete_queues(port, source, dead)
+    return masked(transcript.normalized())
+
+
+def limits_live(port: int, prefix: str, set_policy: PolicyStep, clear_policy: PolicyStep) -> list[Entry]:
+    """Five messages queued, then a policy with a length limit of 2 and a dead-letter queue, and
+    an operator policy capping it at 1: the head goes to the dead-letter queue at once; a queue
+    argument lower still wins for the next queue."""
+    source, dead, capped = f"{prefix}.jobs", f"{prefix}.jobs.dead", f"{prefix}.jobs.capped"
+    transcript = Transcript()
+    try:
+        with transcript.connect(port) as client:
+            open_connection(client, 1)
+            declare_queue(client, dead)
+            declare_queue(client, source)
+            client.send(frames(1, commands.Confirm.Select()))
+            client.read(until("Confirm.SelectOk"))
+            for number in range(5):
+                publish(client, source, b"%d" % number)
+            definition = {"max-length": 2, "dead-letter-exchange": "", "dead-letter-routing-key": dead}
+            set_policy(f"{prefix}-cap", rf"^{prefix}\.jobs", definition, 1)
+            wait_for(lambda: message_count(port, source) == 2, 5)
+            set_policy(f"{prefix}-ops", rf"^{prefix}\.jobs", {"max-length": 1}, 0, True)
+            wait_for(lambda: message_count(port, source) == 1, 5)
+            declare_queue(client, capped, arguments={"x-max-length": 3})
+            for number in range(4):
+                publish(client, capped, b"c%d" % number)
+            for queue in (source, dead, capped):
+                transcript.note(f"{queue}:")
+                for _ in range(5):
+                    get(client, queue)
+            close_connection(client)
+    finally:
+        clear_policy(f"{prefix}-cap")
+        clear_policy(f"{prefix}-ops", True)
+        delete_queues(port, source, dead, capped)
+    return masked(transcript.normalized())
+
+
+SCENARIOS = {"dlx-by-policy": dlx_by_policy, "length-limits-live": limits_live}
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_policies_match_rabbitmq(rabbitmq_port: int, broker: Any, name: str) -> None:
+    prefix = unique_prefix()
+    scenario = SCENARIOS[name]
+    expected = scenario(rabbitmq_port, prefix, *on_rabbitmq(rabbitmq_port))
+    actual = scenario(broker.port, prefix, *on_postroom(broker))
+    assert_same_transcript(expected, actual, ("rabbitmq", "postroom"))
