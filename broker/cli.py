@@ -318,6 +318,12 @@ def _declare(args: argparse.Namespace) -> int:
             " (postroom serve --config), not over AMQP",
             file=sys.stderr,
         )
+    if definitions.policies or definitions.operator_policies:
+        print(
+            f"{args.file}: policies are applied when the broker starts with this file"
+            " (postroom serve --config), not over AMQP",
+            file=sys.stderr,
+        )
     for note in config.notes:
         print(note, file=sys.stderr)
     return 0

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from config.policies import check_apply_to, check_pattern, validate
 from config.schema import (
     ArchiveConfig,
     BindingConfig,
@@ -37,6 +38,7 @@ from config.schema import (
     MetricsConfig,
     Permission,
     PluginConfig,
+    PolicyConfig,
     QueueConfig,
     StorageConfig,
     TLSConfig,
@@ -691,7 +693,9 @@ class _Reader:
         return result
 
     def vhost(self, value: Any, path: str) -> VhostConfig:
-        section = self.mapping(value, path, {"exchanges", "queues", "bindings", "limits"})
+        section = self.mapping(
+            value, path, {"exchanges", "queues", "bindings", "limits", "policies", "operator_policies"}
+        )
         exchanges = [
             self.exchange(item, f"{path}.exchanges[{index}]")
             for index, item in enumerate(
@@ -729,7 +733,43 @@ class _Reader:
                     f"no exchange '{binding.destination_exchange}' is declared in this vhost",
                 )
         limits = VhostLimits(**self.object_limits(section.get("limits"), f"{path}.limits", ("connections", "queues")))
-        return VhostConfig(tuple(exchanges), tuple(queues), tuple(bindings), limits)
+        policies = self.policies(section.get("policies"), f"{path}.policies", operator=False)
+        operator_policies = self.policies(section.get("operator_policies"), f"{path}.operator_policies", operator=True)
+        return VhostConfig(tuple(exchanges), tuple(queues), tuple(bindings), limits, policies, operator_policies)
+
+    def policies(self, value: Any, path: str, operator: bool) -> tuple[PolicyConfig, ...]:
+        """``policies:`` or ``operator_policies:`` of a vhost, each checked as RabbitMQ checks it."""
+        result = []
+        for index, item in enumerate(self.typed(value, path, _is_list, "a list", [])):
+            where = f"{path}[{index}]"
+            entry = self.mapping(
+                item,
+                where,
+                {"name", "pattern", "definition", "priority", "apply_to"},
+                {"name", "pattern", "definition"},
+            )
+            name = self.typed(entry.get("name"), f"{where}.name", _is_text, "a string", "")
+            pattern = self.typed(entry.get("pattern"), f"{where}.pattern", _is_text, "a string", "")
+            priority = self.typed(
+                entry.get("priority"),
+                f"{where}.priority",
+                lambda v: isinstance(v, int) and not isinstance(v, bool),
+                "an integer",
+                0,
+            )
+            apply_to = self.typed(entry.get("apply_to"), f"{where}.apply_to", _is_text, "a string", "all")
+            definition = entry.get("definition")
+            problems = validate(definition, operator)
+            for problem in problems:
+                self.problem(f"{where}.definition", problem)
+            for key, problem in (("pattern", check_pattern(str(pattern))), ("apply_to", check_apply_to(str(apply_to)))):
+                if problem is not None:
+                    self.problem(f"{where}.{key}", problem)
+                    problems.append(problem)
+            if not problems and name:
+                result.append(PolicyConfig(name, pattern, dict(definition), priority, apply_to))
+        self._unique([policy.name for policy in result], path, "policy")
+        return tuple(result)
 
     def _unique(self, names: list[str], path: str, kind: str) -> set[str]:
         seen: set[str] = set()
@@ -840,6 +880,10 @@ class _Reader:
 
 def _is_list(value: Any) -> bool:
     return isinstance(value, list)
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str)
 
 
 def _is_string_list(value: Any) -> bool:

@@ -13,12 +13,15 @@ YAML definitions. Mapped:
 * ``exchanges`` (type, durable, auto_delete, internal, arguments); ``queues`` with their
   arguments (``x-message-ttl``, ``x-expires``, ``x-dead-letter-*``, ``x-max-length``,
   ``x-max-length-bytes``, ``x-overflow``, ``x-delivery-limit``, ``x-max-priority``);
-  ``bindings`` to queues and to exchanges.
+  ``bindings`` to queues and to exchanges;
+* ``policies`` and operator policies (``parameters`` of component ``operator_policy``, where
+  RabbitMQ 3.10 exports them), with the keys Postroom applies (``broker.core.policy``); other
+  keys are noted.
 
 What has no equivalent is not dropped silently: every such item becomes a note,
 ``FILE: key.path: reason``, in :attr:`BrokerConfig.notes`, and the rest is applied. Quorum and
-stream queues are declared as classic queues; policies, runtime and global parameters
-(shovels, federation) and limits are not applied; an exchange
+stream queues are declared as classic queues; runtime and global parameters (shovels,
+federation) are not applied; an exchange
 of an unknown type is skipped with the bindings that need it, and so is a binding to an
 exchange or queue the file does not declare. Malformed JSON or values of the
 wrong type raise :class:`ConfigError` naming the file, the key path and the reason.
@@ -35,12 +38,14 @@ import re
 from typing import Any
 
 from config.loader import BUILTIN_EXCHANGE_TYPES, STANDARD_EXCHANGES, ConfigError, Problem, _is_list, _Reader
+from config.policies import KEYS, OPERATOR_KEYS, check_apply_to, check_pattern, validate
 from config.schema import (
     BindingConfig,
     BrokerConfig,
     DeadLetterConfig,
     ExchangeConfig,
     Permission,
+    PolicyConfig,
     QueueConfig,
     TopicPermission,
     UserConfig,
@@ -153,6 +158,8 @@ class _Definitions:
                 tuple(lists["queues"]),
                 tuple(lists["bindings"]),
                 VhostLimits(**self.limits_of(lists["limits"], lists["limits_path"], ("connections", "queues"))),
+                tuple(lists["policies"]),
+                tuple(lists["operator_policies"]),
             )
             for name, lists in self.vhosts.items()
         } or {"/": VhostConfig()}
@@ -425,15 +432,46 @@ class _Definitions:
 
     # -- what has no equivalent -----------------------------------------------------------------
 
+    def policy(self, item: dict[str, Any], path: str, operator: bool, vhost_item: dict[str, Any]) -> None:
+        """A policy (``operator``: an operator policy's parameter, whose fields are in its
+        ``value``): the keys Postroom has are applied, the others noted."""
+        read = self.reader
+        name = read.name(item.get("name"), f"{path}.name")
+        if operator:
+            path, item = f"{path}.value", item.get("value") if isinstance(item.get("value"), dict) else {}
+        definition = item.get("definition") if isinstance(item.get("definition"), dict) else {}
+        known = OPERATOR_KEYS if operator else KEYS
+        dropped = sorted(key for key in definition if key not in known)
+        if dropped:
+            reasons = "; ".join(f"{key}: {_POLICY_KEYS_NOT_APPLIED.get(key, 'no equivalent')}" for key in dropped)
+            self.note(f"{path}.definition", f"policy '{name}' keys not applied ({reasons})")
+        kept = {key: value for key, value in definition.items() if key in known}
+        if not kept:
+            self.note(path, f"policy '{name}' has nothing Postroom applies: not applied")
+            return
+        pattern = read.string(item.get("pattern"), f"{path}.pattern", "")
+        apply_to = read.string(item.get("apply-to", "all"), f"{path}.apply-to", "all")
+        priority = item.get("priority", 0)
+        problems = validate(kept, operator) + [
+            problem for problem in (check_pattern(pattern), check_apply_to(apply_to)) if problem is not None
+        ]
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            problems.append(f"priority should be a number, actually was {priority!r}")
+        for problem in problems:
+            read.problem(path, problem)
+        if not problems:
+            entry = self.vhost(vhost_item, path)
+            entry["operator_policies" if operator else "policies"].append(
+                PolicyConfig(name, pattern, kept, priority, apply_to)
+            )
+
     def unsupported(self, document: dict[str, Any]) -> None:
         for path, item in self.items(document, "policies"):
-            keys = ", ".join(sorted(item.get("definition") or {}))
-            self.note(
-                path,
-                f"policy '{item.get('name')}' (pattern '{item.get('pattern')}': {keys}) has no equivalent: "
-                "not applied; give the queues those settings as arguments",
-            )
+            self.policy(item, path, False, item)
         for path, item in self.items(document, "parameters"):
+            if item.get("component") == "operator_policy":
+                self.policy(item, path, True, item)
+                continue
             if item.get("component") == "vhost-limits":
                 # RabbitMQ keeps a vhost's limits as this parameter (the vhost entry's
                 # ``limits`` shows the same in an export, and its import reads only this).
@@ -451,4 +489,27 @@ class _Definitions:
 
 
 def _new_vhost() -> dict[str, Any]:
-    return {"exchanges": [], "queues": [], "bindings": [], "limits": {}, "limits_path": "vhosts"}
+    return {
+        "exchanges": [],
+        "queues": [],
+        "bindings": [],
+        "limits": {},
+        "limits_path": "vhosts",
+        "policies": [],
+        "operator_policies": [],
+    }
+
+
+#: Why a RabbitMQ policy key is not applied.
+_POLICY_KEYS_NOT_APPLIED = {
+    "queue-mode": "lazy mode is what Postroom does anyway beyond storage.memory_budget",
+    "queue-version": "Postroom has one queue format",
+    "max-in-memory-length": "bodies beyond storage.memory_budget stay on disk instead",
+    "max-in-memory-bytes": "bodies beyond storage.memory_budget stay on disk instead",
+    "ha-mode": "Postroom runs on one node",
+    "ha-params": "Postroom runs on one node",
+    "ha-sync-mode": "Postroom runs on one node",
+    "ha-promote-on-shutdown": "Postroom runs on one node",
+    "ha-promote-on-failure": "Postroom runs on one node",
+    "queue-master-locator": "Postroom runs on one node",
+}

@@ -6,6 +6,7 @@ Durations are in seconds, sizes in bytes. The YAML keys are those of ``../shared
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -250,6 +251,20 @@ class VhostConfig:
     queues: tuple[QueueConfig, ...] = ()
     bindings: tuple[BindingConfig, ...] = ()
     limits: VhostLimits = field(default_factory=VhostLimits)
+    policies: tuple[PolicyConfig, ...] = ()
+    operator_policies: tuple[PolicyConfig, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """A policy (``broker.core.policy``): its definition uses RabbitMQ's keys and units
+    (``message-ttl`` in milliseconds), as ``rabbitmqctl set_policy`` and definitions.json do."""
+
+    name: str
+    pattern: str
+    definition: Mapping[str, Any]
+    priority: int = 0
+    apply_to: str = "all"
 
 
 @dataclass(frozen=True, slots=True)

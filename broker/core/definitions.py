@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from broker.amqp.codec import decode_field_table, shortstr
 from broker.core.message import Message
 from broker.core.node import Limits, Node, Scheduler, User
+from broker.core.policy import Policy
 from broker.core.vhost import VirtualHost
 from broker.errors import AMQPError
 from broker.wal.recovery import Snapshot
@@ -117,6 +118,12 @@ def apply_definitions(node: Node, config: BrokerConfig) -> None:
     problems: list[Problem] = []
     for vhost_name, definitions in config.vhosts.items():
         vhost = _vhost(node, vhost_name)
+        # Before the definitions, so that the queues they declare are declared under them.
+        for policies, operator in ((definitions.policies, False), (definitions.operator_policies, True)):
+            for policy in policies:
+                vhost.set_policy(
+                    Policy(policy.name, policy.pattern, policy.definition, policy.priority, policy.apply_to), operator
+                )
         problems += _apply_vhost(vhost, definitions, f"vhosts.{vhost_name}")
         # After the definitions: the limits bound what clients declare and open.
         vhost.max_connections = definitions.limits.max_connections

@@ -258,3 +258,48 @@ def test_alarm_limits_are_relative_or_absolute_as_rabbitmq_has_them() -> None:
         (1, "limits.disk_free_limit.relative", "unknown key (expected one of: mem_relative)"),
         (1, "limits.disk_free_limit", "missing required key 'mem_relative'"),
     ]
+
+
+def test_policies_are_read_checked_as_rabbitmq_checks_them_and_applied() -> None:
+    config = loads(
+        "vhosts:\n"
+        "  /:\n"
+        "    queues: [{name: orders.eu}]\n"
+        "    policies:\n"
+        '      - {name: DLX, pattern: "^orders\\\\.", apply_to: queues, definition: {dead-letter-exchange: dlx}}\n'
+        "    operator_policies:\n"
+        "      - {name: caps, pattern: '.*', priority: 3, definition: {max-length: 1000}}\n",
+        "b.yaml",
+    )
+    (policy,) = config.vhosts["/"].policies
+    assert (policy.name, policy.pattern, policy.apply_to, policy.priority) == ("DLX", "^orders\\.", "queues", 0)
+    node = node_from_config(config)
+    queue = node.vhosts["/"].queues["orders.eu"]
+    assert (queue.settings.dead_letter_exchange, queue.settings.max_length) == ("dlx", 1000)
+    assert problems(
+        "vhosts:\n"
+        "  /:\n"
+        "    policies:\n"
+        "      - {name: a, pattern: '(', definition: {max-priority: 10}}\n"
+        "      - {name: b, pattern: x, apply_to: classic_queues, definition: {}}\n"
+        "    operator_policies:\n"
+        "      - {name: c, pattern: x, definition: {overflow: drop-head}}\n"
+    ) == [
+        (4, "vhosts./.policies[0].definition", '[{<<"max-priority">>,10}] are not recognised policy settings'),
+        (
+            4,
+            "vhosts./.policies[0].pattern",
+            "pattern should be regular expression but is invalid: missing ), unterminated subpattern at position 0",
+        ),
+        (5, "vhosts./.policies[1].definition", "no policy provided"),
+        (
+            5,
+            "vhosts./.policies[1].apply_to",
+            "apply-to 'classic_queues' unrecognised; should be 'queues', 'exchanges' or 'all'",
+        ),
+        (
+            7,
+            "vhosts./.operator_policies[0].definition",
+            '[{<<"overflow">>,<<"drop-head">>}] are not recognised policy settings',
+        ),
+    ]

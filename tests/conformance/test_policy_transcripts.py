@@ -77,6 +77,15 @@ def publish(client: Any, queue: str, body: bytes) -> None:
     client.read(until("Basic.Ack", "Basic.Nack"))
 
 
+def open_confirming(client: Any, *queues: str) -> None:
+    """Open channel 1, declare ``queues`` (no arguments) and turn confirms on."""
+    open_connection(client, 1)
+    for queue in queues:
+        declare_queue(client, queue)
+    client.send(frames(1, commands.Confirm.Select()))
+    client.read(until("Confirm.SelectOk"))
+
+
 def reject_next(client: Any, queue: str) -> None:
     got = get(client, queue, no_ack=False)
     tag = got[0].get("delivery_tag") if got[0].kind == "Basic.GetOk" else 0
@@ -91,11 +100,7 @@ def dlx_by_policy(port: int, prefix: str, set_policy: PolicyStep, clear_policy: 
     set_policy(f"{prefix}-dlx", rf"^{prefix}\.orders\.", {"dead-letter-exchange": "", "dead-letter-routing-key": dead})
     try:
         with transcript.connect(port) as client:
-            open_connection(client, 1)
-            declare_queue(client, dead)
-            declare_queue(client, source)
-            client.send(frames(1, commands.Confirm.Select()))
-            client.read(until("Confirm.SelectOk"))
+            open_confirming(client, dead, source)
             for body in (b"first", b"second"):
                 publish(client, source, body)
             reject_next(client, source)
@@ -120,11 +125,7 @@ def limits_live(port: int, prefix: str, set_policy: PolicyStep, clear_policy: Po
     transcript = Transcript()
     try:
         with transcript.connect(port) as client:
-            open_connection(client, 1)
-            declare_queue(client, dead)
-            declare_queue(client, source)
-            client.send(frames(1, commands.Confirm.Select()))
-            client.read(until("Confirm.SelectOk"))
+            open_confirming(client, dead, source)
             for number in range(5):
                 publish(client, source, b"%d" % number)
             definition = {"max-length": 2, "dead-letter-exchange": "", "dead-letter-routing-key": dead}
