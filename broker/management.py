@@ -29,6 +29,7 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from broker.amqp.connection import reply_text
 from broker.core.deadletter import DeadLetterReason
+from broker.core.policy import Policy, effective_definition
 from broker.core.queue import WorkQueue
 from broker.errors import AMQPError, ChannelException, ReplyCode
 from broker.http import BoundedSite
@@ -278,6 +279,8 @@ class ManagementAPI(Resource):
                 "connections": self._connections,
                 "channels": self._channels,
                 "nodes": self._nodes,
+                "policies": self._policies,
+                "operator-policies": self._operator_policies,
             }
             view = views.get(kind)
             if view is not None:
@@ -393,6 +396,9 @@ class ManagementAPI(Resource):
             "message_stats": stats,
             "dead_lettered": {reason.value: queue.dead_lettered.get(reason, 0) for reason in DeadLetterReason},
             "visibility_timeouts": queue.visibility_timeouts,
+            "policy": queue.policy.name if queue.policy is not None else None,
+            "operator_policy": queue.operator_policy.name if queue.operator_policy is not None else None,
+            "effective_policy_definition": effective_definition(queue.policy, queue.operator_policy),
         }
 
     def _queues(self, user: User, rest: list[str]) -> Any:
@@ -407,7 +413,7 @@ class ManagementAPI(Resource):
 
     @staticmethod
     def _exchange_view(vhost: VirtualHost, exchange: Exchange) -> dict[str, Any]:
-        return {
+        view = {
             "name": exchange.name,
             "vhost": vhost.name,
             "type": exchange.type_name,
@@ -416,6 +422,51 @@ class ManagementAPI(Resource):
             "internal": exchange.internal,
             "arguments": exchange.arguments,
         }
+        if exchange.policy is not None:  # as RabbitMQ: only when one applies
+            view["policy"] = exchange.policy.name
+        return view
+
+    # -- policies -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _policy_view(vhost: VirtualHost, policy: Policy) -> dict[str, Any]:
+        return {
+            "vhost": vhost.name,
+            "name": policy.name,
+            "pattern": policy.pattern,
+            "apply-to": policy.apply_to,
+            "definition": dict(policy.definition),
+            "priority": policy.priority,
+        }
+
+    def _policy_list(self, user: User, rest: list[str], operator: bool) -> Any:
+        """``/api/policies[/VHOST[/NAME]]`` (``operator``: ``/api/operator-policies/...``), as
+        RabbitMQ's management plugin answers them: lists to any management user, sorted by
+        priority; one policy to an administrator, or a policymaker of that vhost (operator
+        policies: administrators only)."""
+        if len(rest) >= 2:
+            if "administrator" not in user.tags:
+                if operator:
+                    raise _Problem(401, "not_authorised", "Not administrator user")
+                if "policymaker" not in user.tags or not user.may_open(rest[0]):
+                    raise _Problem(401, "not_authorised", "User not authorised to access object")
+            vhost = self._vhosts(user, rest[0])[0]
+            policy = (vhost.operator_policies if operator else vhost.policies).get(rest[1])
+            if policy is None:
+                raise _not_found()
+            return self._policy_view(vhost, policy)
+        views = [
+            self._policy_view(vhost, policy)
+            for vhost in self._vhosts(user, rest[0] if rest else None)
+            for policy in (vhost.operator_policies if operator else vhost.policies).values()
+        ]
+        return sorted(views, key=lambda view: (view["priority"], view["name"]))
+
+    def _policies(self, user: User, rest: list[str]) -> Any:
+        return self._policy_list(user, rest, operator=False)
+
+    def _operator_policies(self, user: User, rest: list[str]) -> Any:
+        return self._policy_list(user, rest, operator=True)
 
     def _exchanges(self, user: User, rest: list[str]) -> Any:
         if len(rest) >= 2:
