@@ -186,10 +186,11 @@ def _queues(args: argparse.Namespace) -> int:
         for queue in queues:
             print(json.dumps(queue, default=str))
         return 0
-    columns = ("vhost", "name", "ready", "unacked", "consumers", "publish/s", "deliver/s", "dead-lettered")
+    columns = ("vhost", "name", "ready", "unacked", "consumers", "publish/s", "deliver/s", "dead-lettered", "policy")
     rows = [columns]
     for queue in queues:
         stats = queue["message_stats"]
+        policies = [name for name in (queue.get("policy"), queue.get("operator_policy")) if name]
         rows.append(
             (
                 printable(queue["vhost"]),
@@ -200,15 +201,53 @@ def _queues(args: argparse.Namespace) -> int:
                 f"{stats['publish_details']['rate']:.1f}",
                 f"{stats['deliver_get_details']['rate']:.1f}",
                 str(sum(queue["dead_lettered"].values())),
+                printable("+".join(policies)) or "-",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+    _print_table(rows, left=(0, 1, 8))
+    return 0
+
+
+def _print_table(rows: list[tuple[str, ...]], left: tuple[int, ...]) -> None:
+    """``rows`` in aligned columns: those in ``left`` to the left, the others to the right."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         cells = [
-            cell.ljust(width) if i < 2 else cell.rjust(width)
+            cell.ljust(width) if i in left else cell.rjust(width)
             for i, (cell, width) in enumerate(zip(row, widths, strict=True))
         ]
         print("  ".join(cells).rstrip())
+
+
+def _policies(args: argparse.Namespace) -> int:
+    import json
+    import urllib.parse
+
+    kind = "operator-policies" if args.operator else "policies"
+    path = f"/api/{kind}" + (f"/{urllib.parse.quote(args.vhost, safe='')}" if args.vhost else "")
+    try:
+        policies = management_get(args.url, path)
+    except OSError as error:
+        print(f"postroom policies: {error}", file=sys.stderr)
+        return 1
+    assert isinstance(policies, list)
+    if args.json:
+        for policy in policies:
+            print(json.dumps(policy))
+        return 0
+    rows = [("vhost", "name", "pattern", "apply-to", "priority", "definition")]
+    for policy in policies:
+        rows.append(
+            (
+                printable(policy["vhost"]),
+                printable(policy["name"]),
+                printable(policy["pattern"]),
+                policy["apply-to"],
+                str(policy["priority"]),
+                printable(json.dumps(policy["definition"], sort_keys=True)),
+            )
+        )
+    _print_table(rows, left=(0, 1, 2, 3, 5))
     return 0
 
 
@@ -538,6 +577,12 @@ def build_parser() -> argparse.ArgumentParser:
     queues.add_argument("--vhost", help="only this vhost")
     queues.add_argument("--json", action="store_true", help="one JSON object per queue instead of a table")
     queues.set_defaults(run=_queues)
+    policies = commands.add_parser("policies", help="the policies (or --operator policies) and what they set")
+    policies.add_argument("--url", default=DEFAULT_MANAGEMENT_URL, help="management API (default: %(default)s)")
+    policies.add_argument("--vhost", help="only this vhost")
+    policies.add_argument("--operator", action="store_true", help="operator policies instead")
+    policies.add_argument("--json", action="store_true", help="one JSON object per policy instead of a table")
+    policies.set_defaults(run=_policies)
     dlq = commands.add_parser("dlq", help="look into a dead-letter queue, move messages back")
     dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True)
     inspect = dlq_commands.add_parser("inspect", help="print messages with their x-death summary; consumes nothing")

@@ -389,9 +389,10 @@ def test_postroom_queues_prints_a_table(operated: Operated, pika_connect: Callab
         "publish/s",
         "deliver/s",
         "dead-lettered",
+        "policy",
     ]
     work = next(line.split() for line in lines if line.split()[1] == "work")
-    assert work[2:5] == ["3", "0", "0"] and work[7] == "1"
+    assert work[2:5] == ["3", "0", "0"] and work[7:] == ["1", "-"]
     refused = subprocess.run(
         [sys.executable, "-m", "broker.cli", "queues", "--url", url.replace("guest:guest", "guest:no")],
         cwd=ROOT,
@@ -448,3 +449,24 @@ def test_prometheus_scrapes_the_queue_depth(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(10)
+
+
+def test_postroom_policies_lists_them_and_postroom_queues_shows_which_applies(
+    operated: Operated, pika_connect: Callable[..., Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from broker.core.policy import Policy
+
+    vhost = operated.broker.node.vhosts["/"]
+    operated.broker.call(lambda: vhost.set_policy(Policy("DLX", "^work", {"dead-letter-exchange": "dlx"}, 1, "queues")))
+    operated.broker.call(lambda: vhost.set_policy(Policy("caps", ".*", {"max-length": 9}), True))
+    pika_connect(port=operated.broker.port).channel().queue_declare("work.policed")
+    url = f"http://guest:guest@127.0.0.1:{operated.management_port}"
+    assert main(["policies", "--url", url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["vhost", "name", "pattern", "apply-to", "priority", "definition"]
+    assert lines[1].split() == ["/", "DLX", "^work", "queues", "1", '{"dead-letter-exchange":', '"dlx"}']
+    assert main(["policies", "--url", url, "--operator", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["definition"] == {"max-length": 9}
+    assert main(["queues", "--url", url]) == 0
+    policed = next(line.split() for line in capsys.readouterr().out.splitlines() if "work.policed" in line)
+    assert policed[-1] == "DLX+caps"
