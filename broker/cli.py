@@ -171,21 +171,31 @@ def management_get(url: str, path: str, timeout: float = 10.0) -> object:
         raise OSError(f"{base + path}: HTTP {error.code} {reason}") from error
 
 
-def _queues(args: argparse.Namespace) -> int:
+def _listing(args: argparse.Namespace, command: str, kind: str) -> list[dict[str, object]] | int:
+    """The objects ``GET /api/KIND[/VHOST]`` lists, for a table; or, when there is nothing more
+    to do, the exit status: 0 once they were printed as JSON lines (``--json``), 1 when the
+    request failed (said on stderr)."""
     import json
     import urllib.parse
 
-    path = "/api/queues" + (f"/{urllib.parse.quote(args.vhost, safe='')}" if args.vhost else "")
+    path = f"/api/{kind}" + (f"/{urllib.parse.quote(args.vhost, safe='')}" if args.vhost else "")
     try:
-        queues = management_get(args.url, path)
+        items = management_get(args.url, path)
     except OSError as error:
-        print(f"postroom queues: {error}", file=sys.stderr)
+        print(f"postroom {command}: {error}", file=sys.stderr)
         return 1
-    assert isinstance(queues, list)
+    assert isinstance(items, list)
     if args.json:
-        for queue in queues:
-            print(json.dumps(queue, default=str))
+        for item in items:
+            print(json.dumps(item, default=str))
         return 0
+    return items
+
+
+def _queues(args: argparse.Namespace) -> int:
+    queues = _listing(args, "queues", "queues")
+    if isinstance(queues, int):
+        return queues
     columns = ("vhost", "name", "ready", "unacked", "consumers", "publish/s", "deliver/s", "dead-lettered", "policy")
     rows = [columns]
     for queue in queues:
@@ -221,20 +231,10 @@ def _print_table(rows: list[tuple[str, ...]], left: tuple[int, ...]) -> None:
 
 def _policies(args: argparse.Namespace) -> int:
     import json
-    import urllib.parse
 
-    kind = "operator-policies" if args.operator else "policies"
-    path = f"/api/{kind}" + (f"/{urllib.parse.quote(args.vhost, safe='')}" if args.vhost else "")
-    try:
-        policies = management_get(args.url, path)
-    except OSError as error:
-        print(f"postroom policies: {error}", file=sys.stderr)
-        return 1
-    assert isinstance(policies, list)
-    if args.json:
-        for policy in policies:
-            print(json.dumps(policy))
-        return 0
+    policies = _listing(args, "policies", "operator-policies" if args.operator else "policies")
+    if isinstance(policies, int):
+        return policies
     rows = [("vhost", "name", "pattern", "apply-to", "priority", "definition")]
     for policy in policies:
         rows.append(
