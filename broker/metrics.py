@@ -85,6 +85,10 @@ QUEUE_FAMILIES: list[tuple[str, str, str, Any]] = [
     ),
 ]
 _DEAD_LETTERED = ("postroom_messages_dead_lettered_total", "Messages dead-lettered out of the queue, by reason.")
+_POLICY = (
+    "postroom_queue_policy_info",
+    "The policy (kind=policy) and the operator policy (kind=operator) that apply to the queue.",
+)
 
 #: Queues visited between two checks of the time a slice has taken.
 SLICE_QUEUES = 100
@@ -170,6 +174,18 @@ def queue_text(node: Node, totals: QueueTotals | None = None) -> Iterator[bytes 
             yield "".join(lines).encode()
             lines.clear()
     yield "".join(lines).encode()
+    name, documentation = _POLICY
+    lines = [f"# HELP {name} {documentation}\n# TYPE {name} gauge\n"]
+    for index, (queue_label, vhost_label, queue) in enumerate(queues, 1):
+        for kind, policy in (("operator", queue.operator_policy), ("policy", queue.policy)):
+            if policy is not None:
+                lines.append(
+                    f'{name}{{kind="{kind}",policy="{_label(policy.name)}",{queue_label},{vhost_label}}} 1.0\n'
+                )
+        if index % SLICE_QUEUES == 0:
+            yield "".join(lines).encode()
+            lines.clear()
+    yield "".join(lines).encode()
 
 
 def _histogram(name: str, documentation: str, histogram: Histogram) -> HistogramMetricFamily:
@@ -221,6 +237,7 @@ class BrokerCollector:
             families.append((kind_of(name, documentation, labels=_QUEUE_LABELS), read))
         name, documentation = _DEAD_LETTERED
         dead = CounterMetricFamily(name, documentation, labels=[*_QUEUE_LABELS, "reason"])
+        policies = GaugeMetricFamily(*_POLICY, labels=[*_QUEUE_LABELS, "kind", "policy"])
         for vhost in self.node.vhosts.values():
             for queue in vhost.queues.values():
                 labels = [vhost.name, queue.name]
@@ -228,8 +245,12 @@ class BrokerCollector:
                     family.add_metric(labels, read(queue))
                 for reason in DeadLetterReason:
                     dead.add_metric([*labels, reason.value], queue.dead_lettered.get(reason, 0))
+                for kind, policy in (("operator", queue.operator_policy), ("policy", queue.policy)):
+                    if policy is not None:
+                        policies.add_metric([*labels, kind, policy.name], 1)
         yield from (family for family, _read in families)
         yield dead
+        yield policies
 
     def _vhosts(self) -> Iterator[Metric]:
         published = CounterMetricFamily(

@@ -16,6 +16,7 @@ from broker.core.deadletter import DeadLetterReason
 from broker.core.histogram import Histogram
 from broker.core.message import Message
 from broker.core.node import Node
+from broker.core.policy import Policy
 from broker.core.queue import LATENCY_SAMPLE_EVERY
 from broker.management import RateSampler
 from broker.metrics import BrokerCollector, make_registry, metrics_site
@@ -90,6 +91,8 @@ def scrape_node(queues: int) -> Node:
         queue = vhost.declare_queue(f"q{number}" + ('\n"\\' if number % 7 == 0 else ""), None)
         queue.published, queue.acked = number * 1_002, number // 2
         queue.dead_lettered[DeadLetterReason.EXPIRED] = number % 5
+    node.vhosts["/"].set_policy(Policy('ttl"\\', "^q1", {"message-ttl": 1000}))
+    node.vhosts["/"].set_policy(Policy("caps", "^q2", {"max-length": 5}), operator=True)
     return node
 
 
@@ -152,6 +155,9 @@ def test_metrics_are_written_in_slices_and_say_what_one_collection_says(monkeypa
     # Written as prometheus_client writes them, so nothing that reads the text sees a change.
     assert 'postroom_queue_messages_published_total{queue="q998",vhost="/"} 999996.0\n' in text
     assert r'postroom_queue_messages_published_total{queue="q999",vhost="odd\"vhost\\"} 1.000998e+06' in text
+    assert r'postroom_queue_policy_info{kind="policy",policy="ttl\"\\",queue="q10",vhost="/"} 1.0' in text
+    assert 'postroom_queue_policy_info{kind="operator",policy="caps",queue="q20",vhost="/"} 1.0' in text
+    assert 'policy_info{kind="policy",policy="caps"' not in text
 
 
 def test_a_scraper_that_stops_reading_pauses_the_writing_and_one_that_leaves_stops_it(monkeypatch: Any) -> None:
