@@ -148,7 +148,31 @@ def limits_live(port: int, prefix: str, set_policy: PolicyStep, clear_policy: Po
     return masked(transcript.normalized())
 
 
-SCENARIOS = {"dlx-by-policy": dlx_by_policy, "length-limits-live": limits_live}
+def ttl_by_policy(port: int, prefix: str, set_policy: PolicyStep, clear_policy: PolicyStep) -> list[Entry]:
+    """A message queued before a TTL policy keeps living; one published after it expires and is
+    dead-lettered (reason ``expired``) where the policy says."""
+    source, dead = f"{prefix}.ttl", f"{prefix}.ttl.dead"
+    transcript = Transcript()
+    try:
+        with transcript.connect(port) as client:
+            open_confirming(client, dead, source)
+            publish(client, source, b"before")
+            definition = {"message-ttl": 200, "dead-letter-exchange": "", "dead-letter-routing-key": dead}
+            set_policy(f"{prefix}-ttl", rf"^{prefix}\.ttl$", definition)
+            publish(client, source, b"after")
+            wait_for(lambda: message_count(port, dead) == 1, 5)
+            for queue in (source, dead):
+                transcript.note(f"{queue}:")
+                for _ in range(2):
+                    get(client, queue)
+            close_connection(client)
+    finally:
+        clear_policy(f"{prefix}-ttl")
+        delete_queues(port, source, dead)
+    return masked(transcript.normalized())
+
+
+SCENARIOS = {"dlx-by-policy": dlx_by_policy, "length-limits-live": limits_live, "ttl-by-policy": ttl_by_policy}
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
