@@ -172,7 +172,49 @@ def ttl_by_policy(port: int, prefix: str, set_policy: PolicyStep, clear_policy: 
     return masked(transcript.normalized())
 
 
-SCENARIOS = {"dlx-by-policy": dlx_by_policy, "length-limits-live": limits_live, "ttl-by-policy": ttl_by_policy}
+def precedence(port: int, prefix: str, set_policy: PolicyStep, clear_policy: PolicyStep) -> list[Entry]:
+    """A queue's own arguments against its policy: the lower length limit applies (the policy's
+    2, not the argument's 3), while the queue's own overflow (drop-head, not reject-publish)
+    and dead-letter routing key win."""
+    source, by_argument, by_policy = f"{prefix}.pre", f"{prefix}.pre.arg", f"{prefix}.pre.pol"
+    transcript = Transcript()
+    definition = {
+        "max-length": 2,
+        "overflow": "reject-publish",
+        "dead-letter-exchange": "",
+        "dead-letter-routing-key": by_policy,
+    }
+    set_policy(f"{prefix}-pre", rf"^{prefix}\.pre$", definition)
+    try:
+        with transcript.connect(port) as client:
+            open_confirming(client, by_argument, by_policy)
+            arguments = {
+                "x-max-length": 3,
+                "x-overflow": "drop-head",
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": by_argument,
+            }
+            declare_queue(client, source, arguments=arguments)
+            for number in range(4):
+                publish(client, source, b"%d" % number)
+            wait_for(lambda: message_count(port, by_argument) == 2, 5)
+            for queue in (source, by_argument, by_policy):
+                transcript.note(f"{queue}:")
+                for _ in range(3):
+                    get(client, queue)
+            close_connection(client)
+    finally:
+        clear_policy(f"{prefix}-pre")
+        delete_queues(port, source, by_argument, by_policy)
+    return masked(transcript.normalized())
+
+
+SCENARIOS = {
+    "dlx-by-policy": dlx_by_policy,
+    "length-limits-live": limits_live,
+    "ttl-by-policy": ttl_by_policy,
+    "arguments-against-policy": precedence,
+}
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
