@@ -86,6 +86,14 @@ def open_confirming(client: Any, *queues: str) -> None:
     client.read(until("Confirm.SelectOk"))
 
 
+def read_queues(client: Any, transcript: Transcript, queues: tuple[str, ...], count: int) -> None:
+    """Into the transcript: each queue's name, then ``count`` basic.get answers from it."""
+    for queue in queues:
+        transcript.note(f"{queue}:")
+        for _ in range(count):
+            get(client, queue)
+
+
 def reject_next(client: Any, queue: str) -> None:
     got = get(client, queue, no_ack=False)
     tag = got[0].get("delivery_tag") if got[0].kind == "Basic.GetOk" else 0
@@ -136,10 +144,7 @@ def limits_live(port: int, prefix: str, set_policy: PolicyStep, clear_policy: Po
             declare_queue(client, capped, arguments={"x-max-length": 3})
             for number in range(4):
                 publish(client, capped, b"c%d" % number)
-            for queue in (source, dead, capped):
-                transcript.note(f"{queue}:")
-                for _ in range(5):
-                    get(client, queue)
+            read_queues(client, transcript, (source, dead, capped), 5)
             close_connection(client)
     finally:
         clear_policy(f"{prefix}-cap")
@@ -161,10 +166,7 @@ def ttl_by_policy(port: int, prefix: str, set_policy: PolicyStep, clear_policy: 
             set_policy(f"{prefix}-ttl", rf"^{prefix}\.ttl$", definition)
             publish(client, source, b"after")
             wait_for(lambda: message_count(port, dead) == 1, 5)
-            for queue in (source, dead):
-                transcript.note(f"{queue}:")
-                for _ in range(2):
-                    get(client, queue)
+            read_queues(client, transcript, (source, dead), 2)
             close_connection(client)
     finally:
         clear_policy(f"{prefix}-ttl")
@@ -198,10 +200,7 @@ def precedence(port: int, prefix: str, set_policy: PolicyStep, clear_policy: Pol
             for number in range(4):
                 publish(client, source, b"%d" % number)
             wait_for(lambda: message_count(port, by_argument) == 2, 5)
-            for queue in (source, by_argument, by_policy):
-                transcript.note(f"{queue}:")
-                for _ in range(3):
-                    get(client, queue)
+            read_queues(client, transcript, (source, by_argument, by_policy), 3)
             close_connection(client)
     finally:
         clear_policy(f"{prefix}-pre")
