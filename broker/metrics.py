@@ -156,32 +156,40 @@ def queue_text(node: Node, totals: QueueTotals | None = None) -> Iterator[bytes 
             if len(queues) % SLICE_QUEUES == 0:
                 yield None
     for name, kind, documentation, read in QUEUE_FAMILIES:
-        lines = [f"# HELP {name} {documentation}\n# TYPE {name} {kind}\n"]
-        for index, (queue_label, vhost_label, queue) in enumerate(queues, 1):
-            lines.append(f"{name}{{{queue_label},{vhost_label}}} {_value(read(queue))}\n")
-            if index % SLICE_QUEUES == 0:
-                yield "".join(lines).encode()
-                lines.clear()
-        yield "".join(lines).encode()
-    name, documentation = _DEAD_LETTERED
-    lines = [f"# HELP {name} {documentation}\n# TYPE {name} counter\n"]
-    for index, (queue_label, vhost_label, queue) in enumerate(queues, 1):
+        yield from _family(
+            name,
+            kind,
+            documentation,
+            queues,
+            lambda q, v, queue, name=name, read=read: [f"{name}{{{q},{v}}} {_value(read(queue))}\n"],
+        )
+
+    def dead_lettered(q: str, v: str, queue: Any) -> list[str]:
         counts = queue.dead_lettered
-        for reason in DeadLetterReason:
-            value = _value(counts.get(reason, 0))
-            lines.append(f'{name}{{{queue_label},reason="{reason.value}",{vhost_label}}} {value}\n')
-        if index % SLICE_QUEUES == 0:
-            yield "".join(lines).encode()
-            lines.clear()
-    yield "".join(lines).encode()
-    name, documentation = _POLICY
-    lines = [f"# HELP {name} {documentation}\n# TYPE {name} gauge\n"]
+        return [
+            f'{_DEAD_LETTERED[0]}{{{q},reason="{reason.value}",{v}}} {_value(counts.get(reason, 0))}\n'
+            for reason in DeadLetterReason
+        ]
+
+    def policies(q: str, v: str, queue: Any) -> list[str]:
+        return [
+            f'{_POLICY[0]}{{kind="{kind}",policy="{_label(policy.name)}",{q},{v}}} 1.0\n'
+            for kind, policy in (("operator", queue.operator_policy), ("policy", queue.policy))
+            if policy is not None
+        ]
+
+    yield from _family(_DEAD_LETTERED[0], "counter", _DEAD_LETTERED[1], queues, dead_lettered)
+    yield from _family(_POLICY[0], "gauge", _POLICY[1], queues, policies)
+
+
+def _family(
+    name: str, kind: str, documentation: str, queues: list[tuple[str, str, Any]], samples: Any
+) -> Iterator[bytes]:
+    """One family over ``queues``: its header, then ``samples(queue label, vhost label, queue)``
+    (text lines) for each, in pieces of :data:`SLICE_QUEUES` queues."""
+    lines = [f"# HELP {name} {documentation}\n# TYPE {name} {kind}\n"]
     for index, (queue_label, vhost_label, queue) in enumerate(queues, 1):
-        for kind, policy in (("operator", queue.operator_policy), ("policy", queue.policy)):
-            if policy is not None:
-                lines.append(
-                    f'{name}{{kind="{kind}",policy="{_label(policy.name)}",{queue_label},{vhost_label}}} 1.0\n'
-                )
+        lines += samples(queue_label, vhost_label, queue)
         if index % SLICE_QUEUES == 0:
             yield "".join(lines).encode()
             lines.clear()

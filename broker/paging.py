@@ -200,8 +200,6 @@ class Pager(Service):
         self._call: Any = None
         self._paused_until = 0.0
         self._logged = False
-        #: Bodies sent to disk so far (written to the store, or dropped as the log has them).
-        self.paged = 0
 
     def watch(self, queue: WorkQueue) -> None:
         """``queue`` passed :attr:`watch_at`: watch it until it falls back under half of that."""
@@ -214,11 +212,6 @@ class Pager(Service):
         """A new queue: let it ask to be watched."""
         queue.pager = self
         queue.page_at = self.watch_at
-
-    @property
-    def paged_bytes(self) -> int:
-        """Bytes of ready bodies on disk in the watched queues."""
-        return sum(queue.paged_bytes for queue in self.watched)
 
     def look(self) -> None:
         """Page what is over the budget, and look again soon while any queue is watched."""
@@ -274,7 +267,6 @@ class Pager(Service):
             queue.mark_paged(entry for entry in done if id(entry.message) not in stored)
             return False
         queue.mark_paged(done)
-        self.paged += len(done)
         if done and not self._logged:
             self._logged = True
             self.log.info(

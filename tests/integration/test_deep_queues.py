@@ -22,7 +22,11 @@ def test_a_queue_of_several_budgets_is_consumed_in_order_with_every_body(tmp_pat
         for number, body in enumerate(bodies):
             properties = pika.BasicProperties(delivery_mode=mode, headers={"n": number})
             channel.basic_publish("", "deep", body, properties)
-        connection.sleep(0.3)  # the pager looks every 50 ms
+        log = tmp_path / "broker.log"
+        for _ in range(100):  # until the pager has looked at the queue (it looks every 50 ms)
+            if "paged to disk" in log.read_text():
+                break
+            connection.sleep(0.05)
         paged = sorted((data / "paging").glob("*.page"))
         channel.basic_qos(prefetch_count=50)
         received = []
@@ -36,7 +40,7 @@ def test_a_queue_of_several_budgets_is_consumed_in_order_with_every_body(tmp_pat
         channel.cancel()
         connection.close()
     assert received == bodies
-    log = (tmp_path / "broker.log").read_text()
-    assert "paged to disk" in log and "Traceback" not in log
+    text = log.read_text()
+    assert "paged to disk" in text and "Traceback" not in text
     # Transient bodies went to the paging store; persistent ones were already in the log.
     assert bool(paged) == (mode == 1)
