@@ -5,6 +5,8 @@
 * ``postroom plugins [--config PATH]``: the plugins available, and those the configuration enables;
 * ``postroom wal check [--repair]`` and ``postroom wal dump``: inspect the write-ahead log;
 * ``postroom publish``, ``postroom consume`` and ``postroom declare -f FILE``: talk to a running broker;
+* ``postroom queues`` and ``postroom policies [list|set|clear]``: a running broker's queues and
+  policies, through its management API;
 * ``postroom dlq inspect|redrive``: look into a dead-letter queue, move messages back;
 * ``postroom dlq export`` and ``postroom dlq analyze``: the dead-letter analysis (needs the
   ``spark`` extra: ``pip install postroom[spark]``).
@@ -150,6 +152,16 @@ def management_get(url: str, path: str, timeout: float = 10.0) -> object:
 
     :raises OSError: the broker cannot be reached, or answered with an error status
     """
+    return management_request(url, path, timeout=timeout)
+
+
+def management_request(url: str, path: str, method: str = "GET", body: object = None, timeout: float = 10.0) -> object:
+    """Send ``method`` to ``path`` of the management API at ``url`` (credentials in the URL),
+    with ``body`` as JSON; the answer's JSON (``None`` for an empty answer).
+
+    :raises OSError: the broker cannot be reached, or answered with an error status (the
+        message has the status and RabbitMQ's ``reason``)
+    """
     import base64
     import json
     import urllib.error
@@ -160,15 +172,23 @@ def management_get(url: str, path: str, timeout: float = 10.0) -> object:
     host = parts.hostname or "127.0.0.1"
     base = f"{parts.scheme or 'http'}://{host}:{parts.port or 15672}"
     credentials = f"{urllib.parse.unquote(parts.username or 'guest')}:{urllib.parse.unquote(parts.password or 'guest')}"
-    request = urllib.request.Request(
-        base + path, headers={"Authorization": "Basic " + base64.b64encode(credentials.encode()).decode()}
-    )
+    headers = {"Authorization": "Basic " + base64.b64encode(credentials.encode()).decode()}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(base + path, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            return json.loads(response.read())
+            raw = response.read()
+            return json.loads(raw) if raw else None
     except urllib.error.HTTPError as error:
-        reason = error.read().decode("utf-8", "replace")
-        raise OSError(f"{base + path}: HTTP {error.code} {reason}") from error
+        raw = error.read().decode("utf-8", "replace")
+        try:
+            reason = json.loads(raw)["reason"]
+        except (ValueError, KeyError, TypeError):
+            reason = raw
+        raise OSError(f"{method} {base + path}: HTTP {error.code}: {reason}") from error
 
 
 def _listing(args: argparse.Namespace, command: str, kind: str) -> list[dict[str, object]] | int:
@@ -248,6 +268,39 @@ def _policies(args: argparse.Namespace) -> int:
             )
         )
     _print_table(rows, left=(0, 1, 2, 3, 5))
+    return 0
+
+
+def _policy_set(args: argparse.Namespace) -> int:
+    """``postroom policies set NAME PATTERN DEFINITION``, as ``rabbitmqctl set_policy``."""
+    import json
+
+    try:
+        definition = json.loads(args.definition)
+    except ValueError as error:
+        print(f"postroom policies set: the definition is not JSON: {error}", file=sys.stderr)
+        return 2
+    body = {"pattern": args.pattern, "definition": definition, "priority": args.priority, "apply-to": args.apply_to}
+    return _policy_change(args, "set", "PUT", body)
+
+
+def _policy_clear(args: argparse.Namespace) -> int:
+    """``postroom policies clear NAME``, as ``rabbitmqctl clear_policy``."""
+    return _policy_change(args, "clear", "DELETE")
+
+
+def _policy_change(args: argparse.Namespace, verb: str, method: str, body: object = None) -> int:
+    import urllib.parse
+
+    kind = "operator-policies" if args.operator else "policies"
+    path = f"/api/{kind}/{urllib.parse.quote(args.vhost, safe='')}/{urllib.parse.quote(args.name, safe='')}"
+    try:
+        management_request(args.url, path, method, body)
+    except OSError as error:
+        print(f"postroom policies {verb}: {error}", file=sys.stderr)
+        return 1
+    done = "set" if verb == "set" else "cleared"
+    print(f"{'operator policy' if args.operator else 'policy'} {args.name!r} {done} on vhost {args.vhost!r}")
     return 0
 
 
@@ -360,7 +413,7 @@ def _declare(args: argparse.Namespace) -> int:
     if definitions.policies or definitions.operator_policies:
         print(
             f"{args.file}: policies are applied when the broker starts with this file"
-            " (postroom serve --config), not over AMQP",
+            " (postroom serve --config) or with postroom policies set, not over AMQP",
             file=sys.stderr,
         )
     for note in config.notes:
@@ -577,12 +630,41 @@ def build_parser() -> argparse.ArgumentParser:
     queues.add_argument("--vhost", help="only this vhost")
     queues.add_argument("--json", action="store_true", help="one JSON object per queue instead of a table")
     queues.set_defaults(run=_queues)
-    policies = commands.add_parser("policies", help="the policies (or --operator policies) and what they set")
-    policies.add_argument("--url", default=DEFAULT_MANAGEMENT_URL, help="management API (default: %(default)s)")
-    policies.add_argument("--vhost", help="only this vhost")
-    policies.add_argument("--operator", action="store_true", help="operator policies instead")
-    policies.add_argument("--json", action="store_true", help="one JSON object per policy instead of a table")
-    policies.set_defaults(run=_policies)
+    policies = commands.add_parser(
+        "policies", help="list (the default), set or clear policies (or --operator policies)"
+    )
+    policy_commands = policies.add_subparsers(dest="policies_command")
+    listing = [policies, policy_commands.add_parser("list", help="the policies and what they set")]
+    for lister in listing:
+        # ``list`` leaves unset what ``policies`` before it set (``policies --json list``).
+        unset = {} if lister is policies else {"default": argparse.SUPPRESS}
+        lister.add_argument(
+            "--url",
+            **({"default": DEFAULT_MANAGEMENT_URL} | unset),
+            help=f"management API (default: {DEFAULT_MANAGEMENT_URL})",
+        )
+        lister.add_argument("--vhost", **unset, help="only this vhost")
+        lister.add_argument("--operator", action="store_true", **unset, help="operator policies instead")
+        lister.add_argument(
+            "--json", action="store_true", **unset, help="one JSON object per policy instead of a table"
+        )
+        lister.set_defaults(run=_policies)
+    setting = policy_commands.add_parser(
+        "set", help="set a policy, or replace one of that name (as rabbitmqctl set_policy)"
+    )
+    setting.add_argument("name")
+    setting.add_argument("pattern", help="a regular expression searched for in queue and exchange names")
+    setting.add_argument("definition", help='JSON, e.g. \'{"dead-letter-exchange": "dlx"}\'')
+    setting.add_argument("--priority", type=int, default=0, help="the highest applies (default: %(default)s)")
+    setting.add_argument("--apply-to", default="all", choices=("queues", "exchanges", "all"))
+    setting.set_defaults(run=_policy_set)
+    clearing = policy_commands.add_parser("clear", help="clear a policy (as rabbitmqctl clear_policy)")
+    clearing.add_argument("name")
+    clearing.set_defaults(run=_policy_clear)
+    for changer in (setting, clearing):
+        changer.add_argument("--url", default=DEFAULT_MANAGEMENT_URL, help="management API (default: %(default)s)")
+        changer.add_argument("--vhost", default="/", help="default: %(default)s")
+        changer.add_argument("--operator", action="store_true", help="an operator policy (administrators only)")
     dlq = commands.add_parser("dlq", help="look into a dead-letter queue, move messages back")
     dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True)
     inspect = dlq_commands.add_parser("inspect", help="print messages with their x-death summary; consumes nothing")

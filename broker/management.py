@@ -4,7 +4,10 @@ Read: ``/api/overview``, ``/api/vhosts``, ``/api/queues[/{vhost}[/{name}]]``,
 ``/api/exchanges[/{vhost}[/{name}]]``, ``/api/bindings[/{vhost}]``, ``/api/connections``,
 ``/api/channels``. Act: ``DELETE /api/queues/{vhost}/{name}/contents`` (purge),
 ``POST /api/queues/{vhost}/{name}/get`` (peek at ready messages: nothing is consumed or
-marked redelivered), ``DELETE /api/connections/{name}`` (close with 320 CONNECTION_FORCED).
+marked redelivered), ``DELETE /api/connections/{name}`` (close with 320 CONNECTION_FORCED),
+``PUT``/``DELETE /api/policies/{vhost}/{name}`` and ``/api/operator-policies/{vhost}/{name}``.
+A request that changes what the write-ahead log keeps (a policy, a purge of persistent
+messages) is answered once the change is durable.
 
 Requests authenticate with HTTP Basic and the AMQP users (a ``loopback_only`` user only from
 loopback); a user limited to some vhosts sees only those. Everything runs on the reactor
@@ -29,7 +32,7 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from broker.amqp.connection import reply_text
 from broker.core.deadletter import DeadLetterReason
-from broker.core.policy import Policy, effective_definition
+from broker.core.policy import Policy, PolicyRefused, effective_definition, from_value
 from broker.core.queue import WorkQueue
 from broker.errors import AMQPError, ChannelException, ReplyCode
 from broker.http import BoundedSite
@@ -112,6 +115,29 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    """A request body as RabbitMQ's management plugin reads one: an object; empty, ``null``
+    or another literal as an empty one.
+
+    :raises _Problem: 400 ``not_json`` for anything else (``NaN`` and ``Infinity`` included)
+    """
+    if body.strip() in (b"", b"null", b"undefined"):
+        return {}
+    try:
+        value = json.loads(body, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python parses
+        raise _Problem(400, "bad_request", "not_json") from None
+    if isinstance(value, dict):
+        return value
+    if value is None or isinstance(value, bool):
+        return {}
+    raise _Problem(400, "bad_request", "not_json")
+
+
 def _segments(uri: bytes) -> list[str]:
     """The path segments after ``/api/``, each percent-decoded once (``%2F`` is a vhost's ``/``).
 
@@ -189,8 +215,18 @@ class ManagementAPI(Resource):
         def checked(user: User | None, reason: str) -> None:
             if gone:  # the client hung up while its login was checked
                 return
-            request.write(self._answer(request, user))
-            request.finish()
+            journal = self.node.journal
+            before = journal.position if journal is not None else 0
+            answer = self._answer(request, user)
+            if journal is None or journal.position == before:
+                send(answer)
+            else:
+                journal.when_durable(lambda durable: send(answer if durable else self._not_written(request)))
+
+        def send(answer: bytes) -> None:
+            if not gone:
+                request.write(answer)
+                request.finish()
 
         self.node.login(username, password, is_loopback(host), host, checked)
         return NOT_DONE_YET
@@ -214,6 +250,13 @@ class ManagementAPI(Resource):
         if status == 204:
             return b""
         return json.dumps(body, default=_json_default).encode()
+
+    @staticmethod
+    def _not_written(request: Request) -> bytes:
+        """The answer to a change the write-ahead log could not keep (it holds in memory)."""
+        request.setResponseCode(500)
+        reason = "the change was made but could not be written to the write-ahead log (see the broker log)"
+        return json.dumps({"error": "internal_error", "reason": reason}).encode()
 
     def _vhosts(self, user: User, name: str | None = None, visible: bool = False) -> list[VirtualHost]:
         """The vhosts a list shows ``user`` (RabbitMQ's management plugin): every one to an
@@ -292,6 +335,11 @@ class ManagementAPI(Resource):
             return 200, self._peek(self._readable_queue(user, rest[0], rest[1]), request)
         elif method == "DELETE" and kind == "connections" and len(rest) == 1:
             return self._close_connection(user, rest[0])
+        elif method in ("PUT", "DELETE") and kind in ("policies", "operator-policies") and len(rest) == 2:
+            operator = kind == "operator-policies"
+            if method == "PUT":
+                return self._set_policy(user, rest[0], rest[1], request, operator)
+            return self._clear_policy(user, rest[0], rest[1], operator)
         else:
             raise _Problem(405, "method_not_allowed", f"{method} is not allowed here")
         raise _not_found()
@@ -445,11 +493,7 @@ class ManagementAPI(Resource):
         priority; one policy to an administrator, or a policymaker of that vhost (operator
         policies: administrators only)."""
         if len(rest) >= 2:
-            if "administrator" not in user.tags:
-                if operator:
-                    raise _Problem(401, "not_authorised", "Not administrator user")
-                if "policymaker" not in user.tags or not user.may_open(rest[0]):
-                    raise _Problem(401, "not_authorised", "User not authorised to access object")
+            self._may_set_policies(user, rest[0], operator)
             vhost = self._vhosts(user, rest[0])[0]
             policy = (vhost.operator_policies if operator else vhost.policies).get(rest[1])
             if policy is None:
@@ -461,6 +505,67 @@ class ManagementAPI(Resource):
             for policy in (vhost.operator_policies if operator else vhost.policies).values()
         ]
         return sorted(views, key=lambda view: (view["priority"], view["name"]))
+
+    def _may_set_policies(self, user: User, vhost_name: str, operator: bool) -> None:
+        """RabbitMQ's rule for one policy (to see, set or clear it): an administrator, or a
+        policymaker who may open the vhost (a missing vhost is let through to its 404);
+        operator policies: administrators only.
+
+        :raises _Problem: 401
+        """
+        if "administrator" in user.tags:
+            return
+        if operator:
+            raise _Problem(401, "not_authorised", "Not administrator user")
+        if "policymaker" not in user.tags or (vhost_name in self.node.vhosts and not user.may_open(vhost_name)):
+            raise _Problem(401, "not_authorised", "User not authorised to access object")
+
+    def _set_policy(self, user: User, vhost_name: str, name: str, request: Request, operator: bool) -> tuple[int, None]:
+        """``PUT /api/policies/VHOST/NAME``: 201 for a new policy, 204 for a replaced one; 400
+        with RabbitMQ's reason for a refused one (for user policies with ``<``, ``>`` and ``&``
+        escaped, as RabbitMQ escapes them)."""
+        self._may_set_policies(user, vhost_name, operator)
+        if operator and not (request.getHeader(b"content-type") or b"").lower().startswith(b"application/json"):
+            raise _Problem(415, "unsupported_media_type", "the body must be application/json")
+        vhost = self.node.vhosts.get(vhost_name)
+        if vhost is None:
+            raise _Problem(404, "not_found", "vhost_not_found")
+        body = _json_object(request.content.read())
+        missing = [key for key in ("pattern", "definition") if key not in body]
+        if missing:
+            raise _Problem(400, "bad_request", "[" + ",".join(f"{{key_missing,{key}}}" for key in missing) + "]")
+        value = {key: body[key] for key in ("pattern", "definition", "priority", "apply-to") if key in body}
+        try:
+            policy = from_value(name, value, operator)
+        except PolicyRefused as refused:
+            reason = str(refused)
+            if not operator:
+                reason = reason.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            raise _Problem(400, "bad_request", reason) from None
+        table = vhost.operator_policies if operator else vhost.policies
+        created = name not in table
+        vhost.set_policy(policy, operator)
+        self._log_policy_change("set", user, vhost_name, name, operator)
+        return (201 if created else 204), None
+
+    def _clear_policy(self, user: User, vhost_name: str, name: str, operator: bool) -> tuple[int, None]:
+        """``DELETE /api/policies/VHOST/NAME``: 204, or 404 when there is no such policy."""
+        self._may_set_policies(user, vhost_name, operator)
+        vhost = self.node.vhosts.get(vhost_name)
+        if vhost is None or not vhost.clear_policy(name, operator):
+            raise _not_found()
+        self._log_policy_change("cleared", user, vhost_name, name, operator)
+        return 204, None
+
+    def _log_policy_change(self, what: str, user: User, vhost_name: str, name: str, operator: bool) -> None:
+        self._log.info(
+            "{kind} '{name}' in vhost '{vhost}' {what} through the management API by {user}",
+            kind="operator policy" if operator else "policy",
+            name=name,
+            vhost=vhost_name,
+            what=what,
+            user=user.name,
+        )
 
     def _policies(self, user: User, rest: list[str]) -> Any:
         return self._policy_list(user, rest, operator=False)
@@ -546,11 +651,8 @@ class ManagementAPI(Resource):
     # -- actions --------------------------------------------------------------------------------
 
     def _peek(self, queue: WorkQueue, request: Request) -> list[dict[str, Any]]:
-        try:
-            options = json.loads(request.content.read() or b"{}")
-        except ValueError as error:
-            raise _Problem(400, "bad_request", f"the body is not JSON: {error}") from error
-        count = options.get("count", 1) if isinstance(options, dict) else None
+        options = _json_object(request.content.read())
+        count = options.get("count", 1)
         if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_PEEK:
             raise _Problem(400, "bad_request", f"count must be an integer from 1 to {MAX_PEEK}")
         truncate = options.get("truncate")

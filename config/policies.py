@@ -4,6 +4,7 @@ shared by the configuration loader and the broker (``broker.core.policy``).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -73,6 +74,8 @@ def _show(value: Any) -> str:
         return f'<<"{value}">>'
     if isinstance(value, bool):
         return str(value).lower()
+    if value is None:
+        return "null"
     return repr(value)
 
 
@@ -99,8 +102,10 @@ def validate(definition: Any, operator: bool = False) -> list[str]:
     return []
 
 
-def check_pattern(pattern: str) -> str | None:
+def check_pattern(pattern: Any) -> str | None:
     """What is wrong with a policy's pattern (``None``: it compiles)."""
+    if not isinstance(pattern, str):
+        return f"pattern should be a binary but was {_show(pattern)}"
     try:
         re.compile(pattern)
     except re.error as error:
@@ -108,8 +113,17 @@ def check_pattern(pattern: str) -> str | None:
     return None
 
 
-def check_apply_to(apply_to: str) -> str | None:
+def check_apply_to(apply_to: Any) -> str | None:
     """What is wrong with a policy's ``apply-to`` (``None``: nothing)."""
-    if apply_to in APPLY_TO:
+    if isinstance(apply_to, str) and apply_to in APPLY_TO:
         return None
     return f"apply-to '{apply_to}' unrecognised; should be 'queues', 'exchanges' or 'all'"
+
+
+def check_priority(priority: Any) -> str | None:
+    """What is wrong with a policy's priority (``None``: it is a number, as RabbitMQ asks)."""
+    if isinstance(priority, int) and not isinstance(priority, bool):
+        return None
+    if isinstance(priority, float) and math.isfinite(priority):
+        return None
+    return f"priority should be a number, actually was {_show(priority)}"

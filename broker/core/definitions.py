@@ -8,13 +8,16 @@ arguments) is reported with its key path, as in the file.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from twisted.logger import Logger
 
 from broker.amqp.codec import decode_field_table, shortstr
 from broker.core.message import Message
 from broker.core.node import Limits, Node, Scheduler, User
-from broker.core.policy import Policy
+from broker.core.policy import Policy, PolicyRefused, from_value
 from broker.core.vhost import VirtualHost
 from broker.errors import AMQPError
 from broker.wal.recovery import Snapshot
@@ -25,6 +28,8 @@ from exchanges.registry import ExchangeTypeRegistry, default_registry
 if TYPE_CHECKING:
     from broker.core.hooks import HookChain
     from broker.core.journal import Journal
+
+_log = Logger()
 
 
 def node_from_config(
@@ -41,7 +46,9 @@ def node_from_config(
 
     With a ``journal``, durable state is recorded from now on; a ``snapshot`` (what the log
     held at start) is restored first, then the configuration's definitions are applied on
-    top (declaring what already exists changes nothing).
+    top (declaring what already exists changes nothing). Policies come first, so that
+    everything is declared under them: the recorded ones, then the configuration's (which
+    replace recorded ones of the same name, as a RabbitMQ definitions import at boot does).
 
     :param registry: the exchange types, with those of the enabled plugins (built-ins only by default)
     :param hooks: the plugins' message hooks (``None``: none)
@@ -85,6 +92,9 @@ def node_from_config(
         node.set_journal(journal)
     if snapshot is not None:
         _check_exchange_types(node, snapshot, config.source)
+        restore_policies(node, snapshot)
+    apply_policies(node, config)
+    if snapshot is not None:
         restore_snapshot(node, snapshot, read)
     apply_definitions(node, config)
     return node
@@ -110,20 +120,27 @@ def _check_exchange_types(node: Node, snapshot: Snapshot, source: str) -> None:
         raise ConfigError(source, problems)
 
 
+def apply_policies(node: Node, config: BrokerConfig) -> None:
+    """Set the configuration's policies and operator policies on ``node`` (recorded, like
+    policies set at run time; setting one unchanged records nothing)."""
+    for vhost_name, definitions in config.vhosts.items():
+        vhost = _vhost(node, vhost_name)
+        for policies, operator in ((definitions.policies, False), (definitions.operator_policies, True)):
+            for policy in policies:
+                vhost.set_policy(
+                    Policy(policy.name, policy.pattern, policy.definition, policy.priority, policy.apply_to), operator
+                )
+
+
 def apply_definitions(node: Node, config: BrokerConfig) -> None:
-    """Declare the configuration's exchanges, queues and bindings on ``node``.
+    """Declare the configuration's exchanges, queues and bindings on ``node`` (its policies
+    are :func:`apply_policies`'s).
 
     :raises ConfigError: the broker refused a definition (each problem names its key path).
     """
     problems: list[Problem] = []
     for vhost_name, definitions in config.vhosts.items():
         vhost = _vhost(node, vhost_name)
-        # Before the definitions, so that the queues they declare are declared under them.
-        for policies, operator in ((definitions.policies, False), (definitions.operator_policies, True)):
-            for policy in policies:
-                vhost.set_policy(
-                    Policy(policy.name, policy.pattern, policy.definition, policy.priority, policy.apply_to), operator
-                )
         problems += _apply_vhost(vhost, definitions, f"vhosts.{vhost_name}")
         # After the definitions: the limits bound what clients declare and open.
         vhost.max_connections = definitions.limits.max_connections
@@ -173,6 +190,31 @@ def _apply_vhost(vhost: VirtualHost, definitions: VhostConfig, path: str) -> lis
 
 def _refused(path: str, error: AMQPError) -> Problem:
     return Problem(None, path, f"refused by the broker: {error.reply_text}")
+
+
+def restore_policies(node: Node, snapshot: Snapshot) -> None:
+    """Set the policies the log holds, recording nothing. One this version refuses (none it
+    wrote) is left out with a warning naming it and why."""
+    journal = node.journal
+    if journal is not None:
+        journal.replaying = True
+    try:
+        for (vhost_name, operator, name), record in snapshot.policies.items():
+            try:
+                policy = from_value(name, json.loads(record.value.decode("utf-8", "surrogateescape")), operator)
+            except (ValueError, PolicyRefused) as error:
+                _log.warn(
+                    "the write-ahead log holds {kind} '{name}' in vhost '{vhost}', which is not set: {error}",
+                    kind="operator policy" if operator else "policy",
+                    name=name,
+                    vhost=vhost_name,
+                    error=str(error),
+                )
+                continue
+            _vhost(node, vhost_name).set_policy(policy, operator)
+    finally:
+        if journal is not None:
+            journal.replaying = False
 
 
 def restore_snapshot(node: Node, snapshot: Snapshot, read: Callable[[int, int, int], bytes] | None = None) -> int:

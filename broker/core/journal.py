@@ -15,6 +15,7 @@ durable queues is one ``Published`` record naming them all.
 
 from __future__ import annotations
 
+import json
 import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
@@ -27,6 +28,8 @@ from broker.wal.record import (
     DeliveryCounted,
     ExchangeDeclared,
     ExchangeDeleted,
+    PolicyCleared,
+    PolicySet,
     QueueDeclared,
     QueueDeleted,
     Removed,
@@ -38,6 +41,7 @@ from broker.wal.record import (
 
 if TYPE_CHECKING:
     from broker.core.message import Message
+    from broker.core.policy import Policy
     from broker.core.queue import Entry
     from broker.core.vhost import VirtualHost
 
@@ -69,6 +73,31 @@ class ConfirmWaiter(Protocol):
 
     def refuse_confirms(self, position: int) -> None:
         """Nack every waiting publish whose records are at or before ``position`` (the write failed)."""
+
+
+class _Durable:
+    """Calls ``callback(True)`` once the log is durable up to ``position``, or
+    ``callback(False)`` if writing that far failed (see :meth:`Journal.when_durable`)."""
+
+    def __init__(self, journal: Journal, position: int, callback: Callable[[bool], None]) -> None:
+        self.journal, self.position, self.callback = journal, position, callback
+
+    def release_confirms(self, position: int) -> None:
+        if position >= self.position:
+            self._done(True)
+
+    def refuse_confirms(self, position: int) -> None:
+        if position >= self.position:
+            self._done(False)
+
+    def _done(self, durable: bool) -> None:
+        self.journal.waiters.discard(self)
+        self.callback(durable)
+
+
+def _policy_record(vhost: str, policy: Policy, operator: bool) -> PolicySet:
+    value = json.dumps(policy.value(), separators=(",", ":"), ensure_ascii=False)
+    return PolicySet(vhost, policy.name, operator, value.encode("utf-8", "surrogateescape"))
 
 
 def _table(arguments: Mapping[str, Any]) -> bytes:
@@ -292,14 +321,32 @@ class Journal:
         """Record the removal of a binding between durable ends."""
         self._add(encode(Unbound(vhost, source, destination, to_queue, routing_key, _table(arguments))))
 
+    def policy_set(self, vhost: str, policy: Policy, operator: bool) -> None:
+        """Record a policy (an operator policy with ``operator``) set or replaced."""
+        self._add(encode(_policy_record(vhost, policy, operator)))
+
+    def policy_cleared(self, vhost: str, name: str, operator: bool) -> None:
+        """Record a policy cleared."""
+        self._add(encode(PolicyCleared(vhost, name, operator)))
+
+    def when_durable(self, callback: Callable[[bool], None]) -> None:
+        """Call ``callback(True)`` once everything recorded so far is durable (at once if it
+        is already), or ``callback(False)`` if writing it failed."""
+        if self.synced >= self.position:
+            callback(True)
+            return
+        self.waiters.add(_Durable(self, self.position, callback))
+
     def topology(self, vhosts: Iterable[VirtualHost]) -> bytes:
-        """Every durable exchange, queue and binding as records between ``Snapshot`` markers.
+        """Every policy, durable exchange, queue and binding as records between ``Snapshot`` markers.
 
         Written at the head of each new segment, so that older segments never hold the only
         record of something still declared, and can be retired once their messages are gone.
         """
         parts = [encode(Snapshot(True))]
         for vhost in vhosts:
+            for operator, policies in ((False, vhost.policies), (True, vhost.operator_policies)):
+                parts += [encode(_policy_record(vhost.name, policy, operator)) for policy in policies.values()]
             for exchange in vhost.exchanges.values():
                 if exchange.durable and exchange.name and not exchange.name.startswith("amq."):
                     parts.append(

@@ -27,9 +27,26 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from config.policies import APPLY_TO, LOWER_WINS, QUEUE_KEYS, check_apply_to, check_pattern, validate
+from config.policies import (
+    APPLY_TO,
+    LOWER_WINS,
+    QUEUE_KEYS,
+    check_apply_to,
+    check_pattern,
+    check_priority,
+    validate,
+)
 
-__all__ = ["Policy", "alternate_exchange", "choose", "effective_definition", "queue_arguments", "validate"]
+__all__ = [
+    "Policy",
+    "PolicyRefused",
+    "alternate_exchange",
+    "choose",
+    "effective_definition",
+    "from_value",
+    "queue_arguments",
+    "validate",
+]
 
 
 @dataclass(frozen=True)
@@ -44,7 +61,7 @@ class Policy:
     name: str
     pattern: str
     definition: Mapping[str, Any]
-    priority: int = 0
+    priority: int | float = 0
     apply_to: str = "all"
     _regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
@@ -57,6 +74,46 @@ class Policy:
     def matches(self, kind: str, name: str) -> bool:
         """Whether it applies to the ``kind`` (``queue`` or ``exchange``) named ``name``."""
         return kind in APPLY_TO[self.apply_to] and self._regex.search(name) is not None
+
+    def value(self) -> dict[str, Any]:
+        """Its pattern, ``apply-to``, definition and priority, with RabbitMQ's keys (what a
+        management API ``PUT`` sends and the write-ahead log keeps)."""
+        return {
+            "pattern": self.pattern,
+            "apply-to": self.apply_to,
+            "definition": dict(self.definition),
+            "priority": self.priority,
+        }
+
+
+class PolicyRefused(ValueError):
+    """A policy RabbitMQ would refuse; its text is RabbitMQ's (``Validation failed`` and
+    each problem on a line of its own)."""
+
+
+def from_value(name: str, value: Mapping[str, Any], operator: bool = False) -> Policy:
+    """The policy ``name`` from its :meth:`Policy.value` (``priority`` 0 and ``apply-to``
+    ``all`` when absent), checked as RabbitMQ checks a policy being set.
+
+    :raises PolicyRefused: with every problem, in RabbitMQ's order and words
+    """
+    problems: list[str | None] = []
+    if "definition" not in value:
+        problems.append(f'Key "definition" not found in {name}')
+    else:
+        problems += validate(value["definition"], operator)
+    apply_to = value.get("apply-to", "all")
+    problems.append(check_apply_to(apply_to))
+    if "pattern" not in value:
+        problems.append(f'Key "pattern" not found in {name}')
+    else:
+        problems.append(check_pattern(value["pattern"]))
+    priority = value.get("priority", 0)
+    problems.append(check_priority(priority))
+    problems = [problem for problem in problems if problem is not None]
+    if problems:
+        raise PolicyRefused("Validation failed\n\n" + "".join(f"{problem}\n" for problem in problems))
+    return Policy(name, value["pattern"], dict(value["definition"]), priority, apply_to)
 
 
 def choose(policies: Iterable[Policy], kind: str, name: str) -> Policy | None:

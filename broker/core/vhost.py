@@ -312,15 +312,22 @@ class VirtualHost:
     # -- policies -----------------------------------------------------------------------------
 
     def set_policy(self, policy: Policy, operator: bool = False) -> None:
-        """Add or replace a policy (an operator policy with ``operator``) and apply the policies
-        to every queue and exchange at once."""
-        (self.operator_policies if operator else self.policies)[policy.name] = policy
+        """Add or replace a policy (an operator policy with ``operator``), record it in the
+        write-ahead log, and apply the policies to every queue and exchange at once."""
+        table = self.operator_policies if operator else self.policies
+        if table.get(policy.name) == policy:  # the same again: nothing changes, as in RabbitMQ
+            return
+        table[policy.name] = policy
+        if self.journal is not None:
+            self.journal.policy_set(self.name, policy, operator)
         self.apply_policies()
 
     def clear_policy(self, name: str, operator: bool = False) -> bool:
-        """Remove a policy and apply what is left; whether there was one of that name."""
+        """Remove a policy (recorded) and apply what is left; whether there was one of that name."""
         if (self.operator_policies if operator else self.policies).pop(name, None) is None:
             return False
+        if self.journal is not None:
+            self.journal.policy_cleared(self.name, name, operator)
         self.apply_policies()
         return True
 

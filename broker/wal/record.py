@@ -46,6 +46,8 @@ __all__ = [
     "Snapshot",
     "DeadLettered",
     "DeadLetterSettled",
+    "PolicySet",
+    "PolicyCleared",
     "DEAD_LETTER_RECORDS",
     "DEAD_LETTER_PREVIEW_BYTES",
     "DEAD_LETTER_HEADER_VALUE_BYTES",
@@ -126,6 +128,8 @@ class RecordType(IntEnum):
     SNAPSHOT = 10
     DEAD_LETTERED = 11
     DEAD_LETTER_SETTLED = 12
+    POLICY_SET = 13
+    POLICY_CLEARED = 14
 
 
 # Field order in each class below is the order on disk: do not reorder. ``arguments``,
@@ -292,6 +296,30 @@ class DeadLetterSettled:
     time: float
 
 
+@dataclass(frozen=True, slots=True)
+class PolicySet:
+    """A policy (an operator policy with ``operator``) was set, or replaced one of that name.
+
+    ``value`` is the policy as RabbitMQ's management API shows it, in UTF-8 JSON: an object
+    with ``pattern``, ``apply-to``, ``priority`` and ``definition``. JSON keeps the definition's
+    values and a priority that is any JSON number exactly as they were set.
+    """
+
+    vhost: str
+    name: str
+    operator: bool
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyCleared:
+    """A policy (an operator policy with ``operator``) was cleared."""
+
+    vhost: str
+    name: str
+    operator: bool
+
+
 #: The first bytes of a dead letter's body kept in its :class:`DeadLettered` record: enough to
 #: recognise a payload (a JSON object's first keys, a protobuf's first fields) without copying
 #: whole bodies (up to 64 MiB) into the event stream.
@@ -315,6 +343,8 @@ Record = Union[
     Snapshot,
     DeadLettered,
     DeadLetterSettled,
+    PolicySet,
+    PolicyCleared,
 ]
 
 _CLASSES: dict[RecordType, type] = {
@@ -330,6 +360,8 @@ _CLASSES: dict[RecordType, type] = {
     RecordType.SNAPSHOT: Snapshot,
     RecordType.DEAD_LETTERED: DeadLettered,
     RecordType.DEAD_LETTER_SETTLED: DeadLetterSettled,
+    RecordType.POLICY_SET: PolicySet,
+    RecordType.POLICY_CLEARED: PolicyCleared,
 }
 
 #: The record types of the dead-letter event stream (the write-ahead log holds none of them).

@@ -1,7 +1,7 @@
 """Recovery as a pure fold: log records in, the durable state they describe out.
 
-:func:`replay` applies records in log order to a :class:`Snapshot`: durable exchanges,
-queues and bindings, and for each durable queue its persistent messages in publish order
+:func:`replay` applies records in log order to a :class:`Snapshot`: policies, durable
+exchanges, queues and bindings, and for each durable queue its persistent messages in publish order
 with their delivery counts. The broker then declares the topology and enqueues the messages
 without logging them again. Nothing here touches a file or a reactor.
 """
@@ -16,6 +16,8 @@ from broker.wal.record import (
     DeliveryCounted,
     ExchangeDeclared,
     ExchangeDeleted,
+    PolicyCleared,
+    PolicySet,
     Published,
     QueueDeclared,
     QueueDeleted,
@@ -46,6 +48,8 @@ class Snapshot:
     queues: dict[QueueKey, QueueDeclared] = field(default_factory=dict)
     bindings: dict[tuple[str, str, str, bool, str, bytes], Bound] = field(default_factory=dict)
     messages: dict[QueueKey, dict[int, StoredMessage]] = field(default_factory=dict)
+    #: Policies by (vhost, whether an operator policy, name), in the order they were first set.
+    policies: dict[tuple[str, bool, str], PolicySet] = field(default_factory=dict)
     max_message_id: int = 0
     #: Records that named something unknown (a removal of a message never published, say):
     #: expected after segments were retired, counted for the recovery report.
@@ -137,4 +141,10 @@ def replay_located(records: Iterable[tuple[int, int, object]], snapshot: Snapsho
         elif kind is Unbound:
             assert isinstance(record, Unbound)
             state.bindings.pop(_binding_key(record), None)
+        elif kind is PolicySet:
+            assert isinstance(record, PolicySet)
+            state.policies[(record.vhost, record.operator, record.name)] = record
+        elif kind is PolicyCleared:
+            assert isinstance(record, PolicyCleared)
+            state.policies.pop((record.vhost, record.operator, record.name), None)
     return state

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -292,6 +293,79 @@ def test_policies_are_shown_to_each_tag_as_rabbitmq_shows_them(
     by_request = {(user, request): answer for user, request, answer in expected}
     assert by_request["mg-pol", "GET one policy"][0] == 200  # what the oracle is about
     assert by_request["mg-mgmt", "GET one policy"] == (401, "not_authorised")
+    mismatches = [
+        f"{user} {request}: rabbitmq {want}, postroom {got}"
+        for (user, request, want), (_, _, got) in zip(expected, actual, strict=True)
+        if want != got
+    ]
+    assert not mismatches, "\n".join(mismatches)
+
+
+def policy_changes(amqp_port: int, http_port: int) -> list[tuple[str, str, Any]]:
+    """Each tagged user sets, replaces and clears policies through the API, right and wrong."""
+
+    def answer(status: int, body: Any) -> Any:
+        if status < 400:
+            return (status, body)
+        reason = body.get("reason") if isinstance(body, dict) else None
+        if isinstance(reason, str) and "should be regular expression but is invalid" in reason:
+            reason = reason.split(": ", 1)[0]  # the rest is the regex engine's own words
+        return (status, body.get("error") if isinstance(body, dict) else body, reason)
+
+    answers = []
+    for user in TAGGED:
+        mine = f"policies/%2F/mg-put-{user}"
+        good = {"pattern": r"^mg\.put\.", "definition": {"max-length": 5}, "apply-to": "queues"}
+        requests: list[tuple[str, str, str, Any]] = [
+            ("set a new policy", mine, "PUT", good),
+            ("set it again unchanged", mine, "PUT", good),
+            ("replace it", mine, "PUT", {**good, "priority": 3, "definition": {"message-ttl": 10}}),
+            ("see it", mine, "GET", None),
+            ("set a key policies cannot set", f"{mine}-x", "PUT", {**good, "definition": {"max-priority": 10}}),
+            ("set a bad value and a bad key", f"{mine}-x", "PUT", {**good, "definition": {"expires": 0, "a": 1}}),
+            ("set an empty definition", f"{mine}-x", "PUT", {**good, "definition": {}}),
+            ("set a bad apply-to and priority", f"{mine}-x", "PUT", {**good, "apply-to": "streams", "priority": "5"}),
+            ("set a pattern that does not compile", f"{mine}-x", "PUT", {**good, "pattern": "(a"}),
+            ("set without a pattern", f"{mine}-x", "PUT", {"definition": {"max-length": 1}}),
+            ("set an empty body", f"{mine}-x", "PUT", {}),
+            ("set in a missing vhost", f"policies/mg-missing/mg-put-{user}", "PUT", good),
+            ("set in a vhost without permissions", f"policies/mg-other/mg-put-{user}", "PUT", good),
+            ("clear it", mine, "DELETE", None),
+            ("clear it again", mine, "DELETE", None),
+            ("see it cleared", mine, "GET", None),
+            ("set an operator policy", f"operator-policies/%2F/mg-op-{user}", "PUT", good),
+            (
+                "set an operator policy with a key only user policies have",
+                f"operator-policies/%2F/mg-op-{user}-x",
+                "PUT",
+                {**good, "definition": {"overflow": "drop-head"}},
+            ),
+            ("clear the operator policy", f"operator-policies/%2F/mg-op-{user}", "DELETE", None),
+        ]
+        for label, path, method, body in requests:
+            answers.append((user, label, answer(*api(http_port, user, path, method, body))))
+    return answers
+
+
+def test_policies_are_set_and_cleared_through_the_api_as_on_rabbitmq(
+    rabbitmq_management: tuple[int, int], postroom_management: tuple[int, int]
+) -> None:
+    try:
+        expected = policy_changes(*rabbitmq_management)
+    finally:
+        for user in TAGGED:
+            for command, name in (("clear_policy", f"mg-put-{user}"), ("clear_operator_policy", f"mg-op-{user}")):
+                try:
+                    rabbitmqctl(rabbitmq_management[0], command, name)
+                except subprocess.CalledProcessError:  # most were cleared by the scenario itself
+                    pass
+    actual = policy_changes(*postroom_management)
+    by_request = {(user, request): answer for user, request, answer in expected}
+    # What the oracle is about: who may set policies, and RabbitMQ's words when it refuses one.
+    assert by_request["mg-pol", "set a new policy"] == (201, None)
+    assert by_request["mg-pol", "set it again unchanged"] == (204, None)
+    assert by_request["mg-mgmt", "set a new policy"] == (401, "not_authorised", "User not authorised to access object")
+    assert by_request["mg-adm", "set a key policies cannot set"][2].startswith("Validation failed\n\n[{&lt;&lt;")
     mismatches = [
         f"{user} {request}: rabbitmq {want}, postroom {got}"
         for (user, request, want), (_, _, got) in zip(expected, actual, strict=True)

@@ -8,6 +8,7 @@ duplicates (published again after a lost confirm) are allowed and counted.
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import socket
@@ -18,6 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pika
 import pytest
@@ -32,12 +34,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @contextmanager
 def broker(
-    data: Path, segment_bytes: str = "64MiB", memory_budget: str = "256MiB"
+    data: Path, segment_bytes: str = "64MiB", memory_budget: str = "256MiB", management: int = 0
 ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """``postroom serve`` over ``data``; with ``management``, its management API on that port."""
     port = free_port()
     config = data.parent / f"broker-{port}.yaml"
+    api = f'"tcp:{management}:interface=127.0.0.1"' if management else "false"
     config.write_text(
-        f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1", metrics: false, management: false}}\n'
+        f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1", metrics: false, management: {api}}}\n'
         f'storage: {{dir: "{data}", fsync: batch, segment_bytes: {segment_bytes}, memory_budget: {memory_budget}, '
         "archive: {enabled: true, retention: 7d, max_bytes: 1GiB}}\n"
     )
@@ -205,3 +209,65 @@ def test_bodies_beyond_the_memory_budget_come_back_from_the_log(tmp_path: Path) 
         if "left in the log" in line
     ]
     assert paged[-1] > 250  # after the restart, only about 16 KiB of bodies were loaded
+
+
+def test_a_policy_set_from_the_command_line_outlives_kills_and_retired_segments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from broker.cli import main
+
+    data = tmp_path / "data"
+    http = free_port()
+    url = f"http://guest:guest@127.0.0.1:{http}/"
+
+    def reject_one(channel: Any) -> None:
+        channel.basic_publish("", "orders.eu", b"refused", pika.BasicProperties(delivery_mode=2))
+        method, _properties, _body = channel.basic_get("orders.eu")
+        channel.basic_reject(method.delivery_tag, requeue=False)
+
+    def dead_letters(channel: Any) -> int:
+        return int(channel.queue_declare("dead", durable=True, passive=True).method.message_count)
+
+    with broker(data, segment_bytes="32KiB", management=http) as (process, port):
+        channel = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, socket_timeout=5)).channel()
+        channel.exchange_declare("dlx", "fanout", durable=True)
+        channel.queue_declare("dead", durable=True)
+        channel.queue_bind("dead", "dlx")
+        channel.queue_declare("orders.eu", durable=True)
+        channel.confirm_delivery()
+        assert main(["policies", "set", "DLX", r"^orders\.", '{"dead-letter-exchange": "dlx"}', "--url", url]) == 0
+        assert capsys.readouterr().out == "policy 'DLX' set on vhost '/'\n"
+        # The command returned once the policy was durable: a kill right after keeps it.
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+    with broker(data, segment_bytes="32KiB", management=http) as (process, port):
+        channel = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, socket_timeout=5)).channel()
+        channel.confirm_delivery()
+        reject_one(channel)
+        assert dead_letters(channel) == 1
+        # Enough churn that the segment holding the policy's record is retired: the snapshot at
+        # the head of each new segment carries the policy on.
+        for _ in range(100):
+            channel.basic_publish("", "orders.eu", b"x" * 1000, pika.BasicProperties(delivery_mode=2))
+        for _ in range(100):
+            method, _properties, _body = channel.basic_get("orders.eu")
+            channel.basic_ack(method.delivery_tag)
+        channel.basic_publish("", "orders.eu", b"tick", pika.BasicProperties(delivery_mode=2))
+        assert not (data / "00000000000000000001.wal").exists()
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+    with broker(data, segment_bytes="32KiB", management=http) as (_process, port):
+        channel = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, socket_timeout=5)).channel()
+        channel.basic_get("orders.eu", auto_ack=True)  # the tick
+        reject_one(channel)
+        assert dead_letters(channel) == 2
+        assert main(["policies", "list", "--url", url, "--json"]) == 0
+        listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [(policy["name"], policy["definition"]) for policy in listed] == [
+            ("DLX", {"dead-letter-exchange": "dlx"})
+        ]
+        assert main(["policies", "clear", "DLX", "--url", url]) == 0
+        reject_one(channel)
+        assert dead_letters(channel) == 2  # cleared: the next reject is dropped
+        assert main(["policies", "clear", "DLX", "--url", url]) == 1
+        assert "HTTP 404: Not Found" in capsys.readouterr().err

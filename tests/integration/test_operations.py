@@ -339,6 +339,32 @@ def test_management_api_refuses_bad_credentials_and_unknown_objects(operated: Op
     assert operated.api("/api/overview", user="ops:ops")[0] == 200
 
 
+def test_management_api_bodies_that_are_not_json_objects_get_400_not_json(operated: Operated) -> None:
+    def put(raw: bytes, path: str = "/api/policies/%2F/p") -> tuple[int, Any]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{operated.management_port}{path}",
+            data=raw,
+            method="PUT" if path.startswith("/api/policies") else "POST",
+            headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return response.status, None
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    refused = (400, {"error": "bad_request", "reason": "not_json"})
+    assert put(b"[" * 200_000) == refused  # deeper than Python's parser goes
+    assert put(b'{"pattern": ".", "definition": {"max-length": 1}, "priority": NaN}') == refused
+    assert put(b"\xff\xfe{") == refused
+    assert put(b"[1, 2]") == refused
+    vhost = operated.broker.node.vhosts["/"]
+    operated.broker.call(lambda: vhost.declare_queue("peeked", None))
+    assert put(b"[" * 200_000, "/api/queues/%2F/peeked/get") == refused
+    assert put(b'{"pattern": ".", "definition": {"max-length": 1}, "priority": 1e400}')[0] == 400  # infinite
+    assert vhost.policies == {}
+
+
 def test_management_api_follows_user_tags_and_permissions(operated: Operated, pika_connect: Callable[..., Any]) -> None:
     traffic(operated, pika_connect)  # guest's connection, queues 'work' and 'work.dlq'
     connection = pika_connect(port=operated.broker.port)

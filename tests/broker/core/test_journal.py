@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -11,10 +12,12 @@ from twisted.internet.task import Clock
 from broker.core.definitions import node_from_config
 from broker.core.journal import Journal
 from broker.core.node import Node
+from broker.core.policy import Policy
 from broker.testing import Client, MemorySegmentStorage, publish_frames
 from broker.wal.log import WriteAheadLog
 from broker.wal.record import Published, QueueDeclared, Removed, iter_records
 from broker.wal.recovery import replay
+from config.loader import loads
 from config.schema import BrokerConfig
 
 PERSISTENT = commands.Basic.Properties(delivery_mode=2)
@@ -243,3 +246,74 @@ def test_deleting_a_durable_queue_records_only_its_deletion_and_frees_its_segmen
     c.call(1, commands.Basic.Ack(delivery_tag=held.delivery_tag))
     assert [type(r).__name__ for r in records(journal)] == ["QueueDeleted"]
     assert journal.live[1] == 0
+
+
+def test_policies_set_and_cleared_are_logged_and_recovered_before_the_queues_they_shape() -> None:
+    node, journal, _ = durable_node()
+    vhost = node.vhosts["/"]
+    c = client(node)
+    c.call(1, commands.Queue.Declare(queue="orders.eu", durable=True))
+    for i in range(3):
+        c.send(publish_frames(1, "", "orders.eu", b"m%d" % i, PERSISTENT))
+    vhost.set_policy(Policy("cap", "^orders\\.", {"max-length": 5, "dead-letter-exchange": "dlx"}, 1, "queues"))
+    vhost.set_policy(Policy("limit", "^orders\\.", {"max-length": 2}, 2.5), operator=True)
+    vhost.set_policy(Policy("gone", ".*", {"message-ttl": 1}))
+    assert vhost.clear_policy("gone")
+    # Setting one again unchanged records nothing.
+    before = journal.position
+    vhost.set_policy(Policy("cap", "^orders\\.", {"max-length": 5, "dead-letter-exchange": "dlx"}, 1, "queues"))
+    assert journal.position == before
+    logged = records(journal)
+    assert [type(record).__name__ for record in logged if "Polic" in type(record).__name__] == [
+        "PolicySet",
+        "PolicySet",
+        "PolicySet",
+        "PolicyCleared",
+    ]
+    snapshot = replay(logged)
+    restored = node_from_config(BrokerConfig(), Clock(), Journal(snapshot.max_message_id + 1), snapshot)
+    policies = restored.vhosts["/"]
+    assert policies.policies == {"cap": vhost.policies["cap"]}
+    assert policies.operator_policies == {"limit": vhost.operator_policies["limit"]}
+    queue = policies.queues["orders.eu"]
+    assert (queue.policy.name, queue.operator_policy.name) == ("cap", "limit")  # type: ignore[union-attr]
+    # The operator's limit dropped the head live, and the log says so: the same two remain.
+    assert [e.message.body for e in queue.ready_entries()] == [b"m1", b"m2"]
+    # The snapshot written at the head of each segment carries the policies too.
+    from_snapshot = replay(record for _, _, record in iter_records(journal.topology(node.vhosts.values())))
+    assert from_snapshot.policies == snapshot.policies
+
+
+def test_a_configured_policy_replaces_a_recorded_one_of_its_name_at_start() -> None:
+    node, journal, _ = durable_node()
+    node.vhosts["/"].set_policy(Policy("ttl", "^a", {"message-ttl": 1000}))
+    node.vhosts["/"].set_policy(Policy("kept", "^b", {"message-ttl": 5}))
+    snapshot = replay(records(journal))
+    config = loads("vhosts:\n  /:\n    policies:\n      - {name: ttl, pattern: '^a', definition: {message-ttl: 20}}\n")
+    restarted = Journal(1)
+    restored = node_from_config(config, Clock(), restarted, snapshot)
+    assert {name: p.definition for name, p in restored.vhosts["/"].policies.items()} == {
+        "ttl": {"message-ttl": 20},
+        "kept": {"message-ttl": 5},
+    }
+    # Only the configured change is recorded: the recovered policy is in the log already.
+    assert [(r.name, json.loads(r.value)["definition"]) for r in records(restarted)] == [("ttl", {"message-ttl": 20})]
+
+
+def test_when_durable_waits_for_the_writer_and_hears_of_a_failure() -> None:
+    node, journal, _ = durable_node()
+    heard: list[bool] = []
+    journal.when_durable(heard.append)
+    assert heard == [True]  # nothing pending
+    node.vhosts["/"].set_policy(Policy("p", ".", {"max-length": 1}))
+    journal.when_durable(heard.append)
+    _, position = journal.take()
+    assert heard == [True]
+    journal.failed(position)
+    assert heard == [True, False]
+    node.vhosts["/"].clear_policy("p")
+    journal.when_durable(heard.append)
+    _, position = journal.take()
+    journal.synced_to(position)
+    assert heard == [True, False, True]
+    assert journal.waiters == set()
