@@ -5,8 +5,8 @@
 * ``postroom plugins [--config PATH]``: the plugins available, and those the configuration enables;
 * ``postroom wal check [--repair]`` and ``postroom wal dump``: inspect the write-ahead log;
 * ``postroom publish``, ``postroom consume`` and ``postroom declare -f FILE``: talk to a running broker;
-* ``postroom queues`` and ``postroom policies [list|set|clear]``: a running broker's queues and
-  policies, through its management API;
+* ``postroom queues``, ``postroom policies [list|set|clear]`` and ``postroom definitions
+  export``: a running broker's queues, policies and definitions, through its management API;
 * ``postroom dlq inspect|redrive``: look into a dead-letter queue, move messages back;
 * ``postroom dlq export`` and ``postroom dlq analyze``: the dead-letter analysis (needs the
   ``spark`` extra: ``pip install postroom[spark]``).
@@ -301,6 +301,28 @@ def _policy_change(args: argparse.Namespace, verb: str, method: str, body: objec
         return 1
     done = "set" if verb == "set" else "cleared"
     print(f"{'operator policy' if args.operator else 'policy'} {args.name!r} {done} on vhost {args.vhost!r}")
+    return 0
+
+
+def _definitions_export(args: argparse.Namespace) -> int:
+    """``postroom definitions export [FILE]``: the broker's definitions as RabbitMQ's export
+    has them (``rabbitmqctl export_definitions``), from the management API."""
+    import json
+    import urllib.parse
+
+    path = "/api/definitions" + (f"/{urllib.parse.quote(args.vhost, safe='')}" if args.vhost else "")
+    try:
+        document = management_get(args.url, path)
+    except OSError as error:
+        print(f"postroom definitions export: {error}", file=sys.stderr)
+        return 1
+    text = json.dumps(document, indent=2, default=str) + "\n"
+    if args.file == "-":
+        sys.stdout.write(text)
+        return 0
+    with open(args.file, "w", encoding="utf-8") as out:
+        out.write(text)
+    print(f"definitions written to {args.file}", file=sys.stderr)
     return 0
 
 
@@ -665,6 +687,15 @@ def build_parser() -> argparse.ArgumentParser:
         changer.add_argument("--url", default=DEFAULT_MANAGEMENT_URL, help="management API (default: %(default)s)")
         changer.add_argument("--vhost", default="/", help="default: %(default)s")
         changer.add_argument("--operator", action="store_true", help="an operator policy (administrators only)")
+    definitions = commands.add_parser("definitions", help="a running broker's definitions, as RabbitMQ exports them")
+    definitions_commands = definitions.add_subparsers(dest="definitions_command", required=True)
+    export = definitions_commands.add_parser(
+        "export", help="write the definitions for RabbitMQ to import (as rabbitmqctl export_definitions)"
+    )
+    export.add_argument("file", nargs="?", default="-", help="where to write them (default: standard output)")
+    export.add_argument("--url", default=DEFAULT_MANAGEMENT_URL, help="management API (default: %(default)s)")
+    export.add_argument("--vhost", help="one vhost's objects only (as GET /api/definitions/VHOST)")
+    export.set_defaults(run=_definitions_export)
     dlq = commands.add_parser("dlq", help="look into a dead-letter queue, move messages back")
     dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True)
     inspect = dlq_commands.add_parser("inspect", help="print messages with their x-death summary; consumes nothing")

@@ -2,10 +2,12 @@
 
 Read: ``/api/overview``, ``/api/vhosts``, ``/api/queues[/{vhost}[/{name}]]``,
 ``/api/exchanges[/{vhost}[/{name}]]``, ``/api/bindings[/{vhost}]``, ``/api/connections``,
-``/api/channels``. Act: ``DELETE /api/queues/{vhost}/{name}/contents`` (purge),
-``POST /api/queues/{vhost}/{name}/get`` (peek at ready messages: nothing is consumed or
-marked redelivered), ``DELETE /api/connections/{name}`` (close with 320 CONNECTION_FORCED),
-``PUT``/``DELETE /api/policies/{vhost}/{name}`` and ``/api/operator-policies/{vhost}/{name}``.
+``/api/channels``, ``/api/policies``, ``/api/operator-policies``, ``/api/definitions[/{vhost}]``
+(RabbitMQ's export, for RabbitMQ to import). Act: ``DELETE
+/api/queues/{vhost}/{name}/contents`` (purge), ``POST /api/queues/{vhost}/{name}/get`` (peek
+at ready messages: nothing is consumed or marked redelivered), ``DELETE
+/api/connections/{name}`` (close with 320 CONNECTION_FORCED), ``PUT``/``DELETE
+/api/policies/{vhost}/{name}`` and ``/api/operator-policies/{vhost}/{name}``.
 A request that changes what the write-ahead log keeps (a policy, a purge of persistent
 messages) is answered once the change is durable.
 
@@ -19,7 +21,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
@@ -37,6 +41,8 @@ from broker.core.queue import WorkQueue
 from broker.errors import AMQPError, ChannelException, ReplyCode
 from broker.http import BoundedSite
 from broker.protocol import is_loopback
+from config.rabbitmq import HASHING_ALGORITHMS
+from config.schema import Permission
 
 if TYPE_CHECKING:
     from broker.core.node import Node, User
@@ -177,6 +183,65 @@ class _Problem(Exception):
 def _not_found() -> _Problem:
     """RabbitMQ's answer for anything that is not there (the same whatever is missing)."""
     return _Problem(404, "Object Not Found", "Not Found")
+
+
+#: The RabbitMQ version whose definitions format ``GET /api/definitions`` follows.
+RABBITMQ_FORMAT_VERSION = "3.10.8"
+
+#: ``password_hash`` prefixes of RabbitMQ's hashes and RabbitMQ's name for each algorithm.
+_HASHING_ALGORITHMS = {prefix: algorithm for algorithm, (prefix, _size) in HASHING_ALGORITHMS.items()}
+
+
+def export_users(
+    node: Node, salt: Callable[[], bytes] = lambda: os.urandom(4)
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The node's users, permissions and topic permissions as RabbitMQ's definitions hold them.
+
+    A password hash from RabbitMQ is exported as it came; a password in clear is hashed as
+    RabbitMQ hashes it (salted SHA-256, ``salt()`` giving the 4 bytes); a Postroom scrypt hash
+    has no RabbitMQ equivalent, so that user is exported with an empty hash (no password login
+    until one is set there). A user whose vhosts are not limited by permissions gets ``.*``
+    on each vhost it may open: RabbitMQ needs permissions to open one at all.
+    """
+    users, permissions, topic_permissions = [], [], []
+    for user in node.users:
+        scheme, _, encoded = (user.password_hash or "").partition("$")
+        if scheme in _HASHING_ALGORITHMS:
+            password_hash, algorithm = encoded, _HASHING_ALGORITHMS[scheme]
+        else:
+            password_hash, algorithm = "", "rabbit_password_hashing_sha256"
+            if user.password is not None:
+                salted = salt()
+                password_hash = base64.b64encode(
+                    salted + hashlib.sha256(salted + user.password.encode("utf-8")).digest()
+                ).decode()
+        limits = {
+            key: value
+            for key, value in (("max-connections", user.max_connections), ("max-channels", user.max_channels))
+            if value is not None
+        }
+        users.append(
+            {
+                "name": user.name,
+                "password_hash": password_hash,
+                "hashing_algorithm": algorithm,
+                "tags": sorted(user.tags),
+                "limits": limits,
+            }
+        )
+        granted = dict(user.permissions or {})
+        if user.permissions is None:
+            granted = {name: Permission() for name in node.vhosts if user.may_open(name)}
+        permissions += [
+            {"user": user.name, "vhost": vhost, "configure": p.configure, "write": p.write, "read": p.read}
+            for vhost, p in granted.items()
+        ]
+        topic_permissions += [
+            {"user": user.name, "vhost": vhost, "exchange": exchange, "write": t.write, "read": t.read}
+            for vhost, exchanges in (user.topic_permissions or {}).items()
+            for exchange, t in exchanges.items()
+        ]
+    return users, permissions, topic_permissions
 
 
 class ManagementAPI(Resource):
@@ -324,6 +389,7 @@ class ManagementAPI(Resource):
                 "nodes": self._nodes,
                 "policies": self._policies,
                 "operator-policies": self._operator_policies,
+                "definitions": self._definitions,
             }
             view = views.get(kind)
             if view is not None:
@@ -573,6 +639,95 @@ class ManagementAPI(Resource):
     def _operator_policies(self, user: User, rest: list[str]) -> Any:
         return self._policy_list(user, rest, operator=True)
 
+    # -- definitions --------------------------------------------------------------------------
+
+    def _definitions(self, user: User, rest: list[str]) -> dict[str, Any]:
+        """``GET /api/definitions[/VHOST]``: what RabbitMQ 3.10's export holds, for
+        administrators, in its shape, so that RabbitMQ imports it (``POST /api/definitions``,
+        ``rabbitmqctl import_definitions``). Like RabbitMQ's: every queue but exclusive ones,
+        every exchange but the default and ``amq.*`` ones, the bindings between what is exported
+        (and from ``amq.*`` exchanges), policies, and operator policies and vhost limits as
+        ``parameters``; the whole node's adds users, vhosts, permissions and topic permissions.
+        One vhost's leaves ``vhost`` out of queues, exchanges and bindings, as RabbitMQ does.
+        """
+        if "administrator" not in user.tags:
+            raise _Problem(401, "not_authorised", "Not administrator user")
+        if rest:
+            vhost = self.node.vhosts.get(rest[0])
+            if vhost is None:
+                raise _Problem(400, "bad_request", "vhost_not_found")
+            vhosts = [vhost]
+        else:
+            vhosts = list(self.node.vhosts.values())
+        queues, exchanges, bindings, parameters, policies = [], [], [], [], []
+        for vhost in vhosts:
+            exported = {queue.name for queue in vhost.queues.values() if queue.owner is None}
+            for queue in vhost.queues.values():
+                if queue.name in exported:
+                    queues.append(
+                        {
+                            "name": queue.name,
+                            "vhost": vhost.name,
+                            "durable": queue.durable,
+                            "auto_delete": queue.auto_delete,
+                            "arguments": dict(queue.arguments),
+                        }
+                    )
+            for exchange in vhost.exchanges.values():
+                if exchange.name and not exchange.name.startswith("amq."):
+                    view = self._exchange_view(vhost, exchange)
+                    view.pop("policy", None)
+                    exchanges.append(view)
+            bindings += [
+                binding
+                for binding in self._vhost_bindings(vhost)
+                if (
+                    binding["destination"] in exported
+                    if binding["destination_type"] == "queue"
+                    else binding["destination"]
+                )
+            ]
+            policies += [self._policy_view(vhost, policy) for policy in vhost.policies.values()]
+            parameters += [
+                {"value": policy.value(), "vhost": vhost.name, "component": "operator_policy", "name": policy.name}
+                for policy in vhost.operator_policies.values()
+            ]
+            limits = {
+                key: value
+                for key, value in (("max-connections", vhost.max_connections), ("max-queues", vhost.max_queues))
+                if value is not None
+            }
+            if limits:
+                parameters.append({"value": limits, "vhost": vhost.name, "component": "vhost-limits", "name": "limits"})
+        if rest:
+            for item in (*queues, *exchanges, *bindings):
+                del item["vhost"]
+            return {
+                "rabbit_version": RABBITMQ_FORMAT_VERSION,
+                "parameters": parameters,
+                "policies": policies,
+                "queues": queues,
+                "exchanges": exchanges,
+                "bindings": bindings,
+            }
+        users, permissions, topic_permissions = export_users(self.node)
+        return {
+            "rabbit_version": RABBITMQ_FORMAT_VERSION,
+            "rabbitmq_version": RABBITMQ_FORMAT_VERSION,
+            "product_name": self.node.product,
+            "product_version": self.node.version,
+            "users": users,
+            "vhosts": [{"name": vhost.name} for vhost in vhosts],
+            "permissions": permissions,
+            "topic_permissions": topic_permissions,
+            "parameters": parameters,
+            "global_parameters": [],
+            "policies": policies,
+            "queues": queues,
+            "exchanges": exchanges,
+            "bindings": bindings,
+        }
+
     def _exchanges(self, user: User, rest: list[str]) -> Any:
         if len(rest) >= 2:
             vhost = self._vhosts(user, rest[0])[0]
@@ -587,23 +742,30 @@ class ManagementAPI(Resource):
         ]
 
     def _bindings(self, user: User, rest: list[str]) -> list[dict[str, Any]]:
+        return [
+            binding
+            for vhost in self._vhosts(user, rest[0] if rest else None)
+            for binding in self._vhost_bindings(vhost)
+        ]
+
+    @staticmethod
+    def _vhost_bindings(vhost: VirtualHost) -> list[dict[str, Any]]:
         result = []
-        for vhost in self._vhosts(user, rest[0] if rest else None):
-            for exchange in vhost.exchanges.values():
-                if exchange.name == "":
-                    continue  # the default exchange's implicit bindings are not listed
-                for destination, routing_key, arguments in exchange.router.bindings():
-                    is_queue = isinstance(destination, WorkQueue)
-                    result.append(
-                        {
-                            "source": exchange.name,
-                            "vhost": vhost.name,
-                            "destination": destination.name,  # type: ignore[attr-defined]
-                            "destination_type": "queue" if is_queue else "exchange",
-                            "routing_key": routing_key,
-                            "arguments": dict(arguments),
-                        }
-                    )
+        for exchange in vhost.exchanges.values():
+            if exchange.name == "":
+                continue  # the default exchange's implicit bindings are not listed
+            for destination, routing_key, arguments in exchange.router.bindings():
+                is_queue = isinstance(destination, WorkQueue)
+                result.append(
+                    {
+                        "source": exchange.name,
+                        "vhost": vhost.name,
+                        "destination": destination.name,  # type: ignore[attr-defined]
+                        "destination_type": "queue" if is_queue else "exchange",
+                        "routing_key": routing_key,
+                        "arguments": dict(arguments),
+                    }
+                )
         return result
 
     def _visible_connections(self, user: User) -> list[Any]:

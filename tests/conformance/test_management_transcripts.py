@@ -12,6 +12,7 @@ compared: the status, the error, and which vhosts, queues and users' connections
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import subprocess
 import urllib.error
@@ -27,7 +28,7 @@ from transcript import oracle, wait_for
 from broker.core.node import Node, User
 from broker.management import RateSampler, management_site
 from broker.testing import free_port, rabbitmqctl
-from config.schema import Permission
+from config.schema import Permission, TopicPermission
 
 pytestmark = pytest.mark.integration
 
@@ -37,6 +38,7 @@ TAGGED = {
     "mg-none": "", "mg-mgmt": "management", "mg-mon": "monitoring", "mg-pol": "policymaker", "mg-adm": "administrator"
 }  # fmt: skip
 LIMITED = Permission(r"^mg\.", r"^mg\.", r"^mg\.")
+TOPICS = TopicPermission(r"^mg\.", r"^mg\.")
 #: Queues: one the users may read, one they may not, one in a vhost they may not open.
 QUEUES = (("/", "mg.q"), ("/", "x.q"), ("mg-other", "o.q"))
 #: Answers kept different on purpose (README, "Differences from RabbitMQ"): RabbitMQ 3.10's
@@ -56,6 +58,9 @@ def rabbitmq_management() -> Iterator[tuple[int, int]]:
             rabbitmqctl(port, "add_user", name, "secret")
             rabbitmqctl(port, "set_user_tags", name, *([tag] if tag else []))
             rabbitmqctl(port, "set_permissions", "-p", "/", name, LIMITED.configure, LIMITED.write, LIMITED.read)
+        rabbitmqctl(port, "set_topic_permissions", "-p", "/", "mg-mon", "amq.topic", TOPICS.write, TOPICS.read)
+        rabbitmqctl(port, "set_user_limits", "mg-pol", json.dumps({"max-channels": 50}))
+        rabbitmqctl(port, "set_vhost_limits", "-p", "mg-other", json.dumps({"max-queues": 100}))
         yield port, http_port
 
 
@@ -65,10 +70,18 @@ def postroom_management(make_broker: Any) -> Iterator[tuple[int, int]]:
 
     users = [User("guest", password="guest", loopback_only=True, tags=frozenset({"administrator"}))]
     users += [
-        User(name, password="secret", tags=frozenset({tag} if tag else ()), permissions={"/": LIMITED})
+        User(
+            name,
+            password="secret",
+            tags=frozenset({tag} if tag else ()),
+            permissions={"/": LIMITED},
+            topic_permissions={"/": {"amq.topic": TOPICS}} if name == "mg-mon" else None,
+            max_channels=50 if name == "mg-pol" else None,
+        )
         for name, tag in TAGGED.items()
     ]
     broker = make_broker(Node(users=users, vhost_names=("/", "mg-other")))
+    broker.node.vhosts["mg-other"].max_queues = 100
     POSTROOM_BROKERS.append(broker)
     reactor = broker.reactor
     site = management_site(broker.node, RateSampler(broker.node, reactor))
@@ -354,9 +367,13 @@ def test_policies_are_set_and_cleared_through_the_api_as_on_rabbitmq(
         expected = policy_changes(*rabbitmq_management)
     finally:
         for user in TAGGED:
-            for command, name in (("clear_policy", f"mg-put-{user}"), ("clear_operator_policy", f"mg-op-{user}")):
+            for command in (
+                ("clear_policy", f"mg-put-{user}"),
+                ("clear_policy", "-p", "mg-other", f"mg-put-{user}"),
+                ("clear_operator_policy", f"mg-op-{user}"),
+            ):
                 try:
-                    rabbitmqctl(rabbitmq_management[0], command, name)
+                    rabbitmqctl(rabbitmq_management[0], *command)
                 except subprocess.CalledProcessError:  # most were cleared by the scenario itself
                     pass
     actual = policy_changes(*postroom_management)
@@ -372,3 +389,120 @@ def test_policies_are_set_and_cleared_through_the_api_as_on_rabbitmq(
         if want != got
     ]
     assert not mismatches, "\n".join(mismatches)
+
+
+def declare_exported(amqp_port: int) -> pika.BlockingConnection:
+    """The same objects on either broker for the definitions export: returns the connection
+    that holds an exclusive queue (which no export has), to be closed after the export."""
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqp_port))
+    channel = connection.channel()
+    channel.exchange_declare("def.orders", "topic", durable=True)
+    channel.exchange_declare("def.scratch", "fanout")
+    channel.exchange_declare("def.inner", "direct", durable=True, internal=True)
+    channel.exchange_declare("def.headers", "headers", durable=True, arguments={"alternate-exchange": "def.scratch"})
+    arguments = {"x-message-ttl": 1000, "x-dead-letter-exchange": "def.orders", "x-max-length": 5}
+    channel.queue_declare("def.kept", durable=True, arguments=arguments)
+    channel.queue_declare("def.memory")
+    channel.queue_declare("def.excl", exclusive=True)
+    channel.queue_bind("def.kept", "def.orders", "a.#")
+    channel.queue_bind("def.memory", "amq.topic", "b.*")
+    channel.queue_bind("def.kept", "def.headers", "", arguments={"x-match": "all", "k": "v"})
+    channel.queue_bind("def.excl", "def.orders", "c.#")
+    channel.exchange_bind("def.scratch", "def.orders", "d.#")
+    return connection
+
+
+def exported(document: dict[str, Any]) -> dict[str, Any]:
+    """What of an export this test compares: the test's own objects, users and vhosts, in
+    order, without the hashes (salted afresh) and the versions."""
+
+    def mine(item: dict[str, Any]) -> bool:
+        names = (item.get("name"), item.get("source"), item.get("destination"), item.get("user"))
+        return any(str(name).startswith(("def.", "def-", "mg-")) or name == "guest" for name in names if name)
+
+    result = {}
+    for key, items in document.items():
+        if not isinstance(items, list) or key == "global_parameters":
+            continue
+        kept = [
+            {k: v for k, v in item.items() if k != "password_hash"}
+            for item in items
+            if key == "vhosts" and item["name"] in ("/", "mg-other") or key != "vhosts" and mine(item)
+        ]
+        result[key] = sorted(kept, key=lambda item: json.dumps(item, sort_keys=True))
+    return result
+
+
+def test_the_definitions_export_holds_what_rabbitmqs_holds_and_rabbitmq_imports_it(
+    rabbitmq_management: tuple[int, int], postroom_management: tuple[int, int]
+) -> None:
+    from twisted.internet import threads
+
+    from broker.core.policy import Policy
+
+    amqp_port, http_port = rabbitmq_management
+    broker = POSTROOM_BROKERS[-1]
+    vhost = broker.node.vhosts["/"]
+    rabbitmqctl(amqp_port, "set_policy", "def-dlx", r"^def\.", '{"dead-letter-exchange": "def.orders"}',
+                "--priority", "1", "--apply-to", "queues")  # fmt: skip
+    rabbitmqctl(amqp_port, "set_operator_policy", "def-cap", r"^def\.", '{"max-length": 100}')
+    threads.blockingCallFromThread(
+        broker.reactor,
+        vhost.set_policy,
+        Policy("def-dlx", r"^def\.", {"dead-letter-exchange": "def.orders"}, 1, "queues"),
+    )
+    threads.blockingCallFromThread(
+        broker.reactor, vhost.set_policy, Policy("def-cap", r"^def\.", {"max-length": 100}), True
+    )
+    answers: dict[str, list[tuple[int, Any]]] = {}
+    try:
+        for name, (amqp, http) in (("rabbitmq", rabbitmq_management), ("postroom", postroom_management)):
+            holder = declare_exported(amqp)
+            answers[name] = [
+                api(http, "guest", "definitions"),
+                api(http, "guest", "definitions/%2F"),
+                api(http, "guest", "definitions/mg-missing"),
+                api(http, "mg-pol", "definitions"),
+            ]
+            holder.close()
+        # The way out: Postroom's export of a vhost, imported into a fresh vhost of RabbitMQ.
+        rabbitmqctl(amqp_port, "add_vhost", "def-import")
+        rabbitmqctl(amqp_port, "set_permissions", "-p", "def-import", "guest", ".*", ".*", ".*")
+        imported = api(http_port, "guest", "definitions/def-import", "POST", answers["postroom"][1][1])
+        reexported = api(http_port, "guest", "definitions/def-import")
+    finally:
+        for command in (
+            ("delete_vhost", "def-import"),
+            ("clear_policy", "def-dlx"),
+            ("clear_operator_policy", "def-cap"),
+        ):
+            try:
+                rabbitmqctl(amqp_port, *command)
+            except subprocess.CalledProcessError:
+                pass
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqp_port))
+        channel = connection.channel()
+        for queue in ("def.kept", "def.memory"):
+            channel.queue_delete(queue)
+        for exchange in ("def.orders", "def.scratch", "def.inner", "def.headers"):
+            channel.exchange_delete(exchange)
+        connection.close()
+    (status, rabbitmq_all), (_, rabbitmq_one), missing, refused = answers["rabbitmq"]
+    assert status == 200
+    assert missing == (400, {"error": "bad_request", "reason": "vhost_not_found"})
+    assert refused == (401, {"error": "not_authorised", "reason": "Not administrator user"})
+    assert [q["name"] for q in exported(rabbitmq_all)["queues"]] == ["def.kept", "def.memory"]  # no exclusive one
+    (_, postroom_all), (_, postroom_one), *refusals = answers["postroom"]
+    assert refusals == [missing, refused]
+    assert exported(postroom_all) == exported(rabbitmq_all)
+    assert exported(postroom_one) == exported(rabbitmq_one)
+    assert set(postroom_all) == set(rabbitmq_all)
+    assert set(postroom_one) == set(rabbitmq_one)
+    # A password RabbitMQ can check: guest's, hashed as RabbitMQ hashes it.
+    guest = next(user for user in postroom_all["users"] if user["name"] == "guest")
+    raw = base64.b64decode(guest["password_hash"])
+    assert hashlib.sha256(raw[:4] + b"guest").digest() == raw[4:]
+    assert imported[0] in (200, 201, 204), imported
+    # Policies and parameters name their vhost, which is now the one imported into.
+    moved = json.loads(json.dumps(reexported[1]).replace('"vhost": "def-import"', '"vhost": "/"'))
+    assert exported(moved) == exported(postroom_one)

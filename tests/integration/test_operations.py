@@ -496,3 +496,35 @@ def test_postroom_policies_lists_them_and_postroom_queues_shows_which_applies(
     assert main(["queues", "--url", url]) == 0
     policed = next(line.split() for line in capsys.readouterr().out.splitlines() if "work.policed" in line)
     assert policed[-1] == "DLX+caps"
+
+
+def test_postroom_definitions_export_writes_what_postroom_and_rabbitmq_import_whole(
+    operated: Operated, pika_connect: Callable[..., Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from broker.core.policy import Policy
+    from config.loader import load
+
+    vhost = operated.broker.node.vhosts["/"]
+    dlx = Policy("DLX", r"^work\.", {"dead-letter-exchange": "dlx", "message-ttl": 60000}, 1, "queues")
+    operated.broker.call(lambda: vhost.set_policy(dlx))
+    operated.broker.call(lambda: vhost.set_policy(Policy("caps", ".*", {"max-length": 9}), True))
+    channel = pika_connect(port=operated.broker.port).channel()
+    channel.exchange_declare("dlx", "fanout", durable=True)
+    channel.queue_declare("work.orders", durable=True, arguments={"x-max-priority": 5})
+    channel.queue_bind("work.orders", "dlx")
+    url = f"http://guest:guest@127.0.0.1:{operated.management_port}"
+    path = tmp_path / "definitions.json"
+    assert main(["definitions", "export", str(path), "--url", url]) == 0
+    config = load(path)
+    assert config.notes == ()  # nothing in it that Postroom does not apply
+    definitions = config.vhosts["/"]
+    assert [(p.name, p.pattern, dict(p.definition), p.priority, p.apply_to) for p in definitions.policies] == [
+        ("DLX", r"^work\.", {"dead-letter-exchange": "dlx", "message-ttl": 60000}, 1, "queues")
+    ]
+    assert [(p.name, dict(p.definition)) for p in definitions.operator_policies] == [("caps", {"max-length": 9})]
+    assert [(q.name, q.max_priority) for q in definitions.queues] == [("work.orders", 5)]
+    assert [(b.exchange, b.queue) for b in definitions.bindings] == [("dlx", "work.orders")]
+    assert main(["definitions", "export", "--vhost", "/", "--url", url]) == 0
+    assert [q["name"] for q in json.loads(capsys.readouterr().out)["queues"]] == ["work.orders"]
+    assert main(["definitions", "export", "--vhost", "nowhere", "--url", url]) == 1
+    assert "HTTP 400: vhost_not_found" in capsys.readouterr().err
