@@ -335,7 +335,10 @@ class Connection:
         self._buffer = b""
         self._deliveries: deque[Message] = deque()
         self._publish_seq = 0
+        #: Every publish up to this tag is confirmed or refused.
         self._confirmed = 0
+        #: Tags above :attr:`_confirmed` settled already (a broker may settle out of order).
+        self._settled: set[int] = set()
         self._nacked: set[int] = set()
         self._returned: list[PublishReturned] = []
         self._consumers: dict[str, str] = {}
@@ -358,6 +361,7 @@ class Connection:
         self._closed = None
         self._publish_seq = 0
         self._confirmed = 0
+        self._settled.clear()
         self._nacked.clear()
         self._returned.clear()
         self._deliveries.clear()
@@ -454,12 +458,8 @@ class Connection:
             self._delivery(payload, deadline)
             return None
         method = decode_method(payload)
-        if isinstance(method, commands.Basic.Ack):
-            self._confirm(method.delivery_tag)
-        elif isinstance(method, commands.Basic.Nack):
-            first = self._confirmed + 1 if method.multiple else method.delivery_tag
-            self._nacked.update(range(first, method.delivery_tag + 1))
-            self._confirm(method.delivery_tag)
+        if isinstance(method, commands.Basic.Ack | commands.Basic.Nack):
+            self._confirm(method.delivery_tag, method.multiple, isinstance(method, commands.Basic.Nack))
         elif isinstance(method, commands.Basic.Return):
             properties, body = self._content(deadline)
             self._returned.append(PublishReturned(method.reply_code, f"{method.reply_text}: {method.routing_key}"))
@@ -510,9 +510,27 @@ class Connection:
                 raise
             self._reconnect()  # the message goes back to its queue, redelivered later
 
-    def _confirm(self, tag: int) -> None:
-        """Both brokers confirm one channel's publishes in order, so the highest tag is enough."""
-        self._confirmed = max(self._confirmed, tag)
+    def _confirm(self, tag: int, multiple: bool, refused: bool) -> None:
+        """Settle ``tag`` (with ``multiple``, every unsettled tag up to it). Confirms may come
+        out of order: RabbitMQ sends the acks of a batch before its nacks, so ``ack 2`` can
+        precede ``nack 1`` (``multiple``), and the nack must still count."""
+        if tag <= self._confirmed:
+            return
+        if multiple and not self._settled:  # the common case: everything up to tag, in one step
+            if refused:
+                self._nacked.update(range(self._confirmed + 1, tag + 1))
+            self._confirmed = tag
+            return
+        if multiple:
+            tags = [t for t in range(self._confirmed + 1, tag + 1) if t not in self._settled]
+        else:
+            tags = [] if tag in self._settled else [tag]
+        if refused:
+            self._nacked.update(tags)
+        self._settled.update(tags)
+        while self._confirmed + 1 in self._settled:
+            self._confirmed += 1
+            self._settled.discard(self._confirmed)
 
     def _call(self, method: Frame, reply: type, channel: int = 1, remember: bool = False) -> Frame:
         """Send a synchronous method and wait for its reply.
@@ -587,7 +605,10 @@ class Connection:
         self._call(
             named(
                 commands.Queue.Bind,
-                queue=queue, exchange=exchange, routing_key=routing_key, arguments=dict(arguments or {}),
+                queue=queue,
+                exchange=exchange,
+                routing_key=routing_key,
+                arguments=dict(arguments or {}),
             ),  # fmt: skip
             commands.Queue.BindOk,
             remember=True,
@@ -600,7 +621,10 @@ class Connection:
         self._call(
             named(
                 commands.Exchange.Bind,
-                destination=destination, source=source, routing_key=routing_key, arguments=dict(arguments or {}),
+                destination=destination,
+                source=source,
+                routing_key=routing_key,
+                arguments=dict(arguments or {}),
             ),  # fmt: skip
             commands.Exchange.BindOk,
             remember=True,

@@ -285,18 +285,14 @@ class ChannelState:
     def _queue_bind(self, method: commands.Queue.Bind) -> None:
         queue = self._queue_name(method.queue)
         self._check_binding("queue", queue, method.exchange, method.routing_key)
-        self.vhost.bind_queue(
-            queue, method.exchange, method.routing_key, method.arguments or {}, self.connection
-        )
+        self.vhost.bind_queue(queue, method.exchange, method.routing_key, method.arguments or {}, self.connection)
         if not method.nowait:
             self._send(commands.Queue.BindOk())
 
     def _queue_unbind(self, method: commands.Queue.Unbind) -> None:
         queue = self._queue_name(method.queue)
         self._check_binding("queue", queue, method.exchange, method.routing_key)
-        self.vhost.unbind_queue(
-            queue, method.exchange, method.routing_key, method.arguments or {}, self.connection
-        )
+        self.vhost.unbind_queue(queue, method.exchange, method.routing_key, method.arguments or {}, self.connection)
         self._send(commands.Queue.UnbindOk())
 
     def _queue_purge(self, method: commands.Queue.Purge) -> None:
@@ -981,22 +977,25 @@ class ChannelState:
 
     def _settle_waits(self, position: int, refuse: bool) -> None:
         waits = self._confirm_waits
-        out = self.connection.out
-        last_ok = run = 0
+        acked: list[int] = []
+        refused: list[int] = []
         while waits and waits[0][1] <= position:
             seq, needed, accepted = waits.popleft()
             self.confirmed_upto = seq
             if accepted and not (refuse and needed):
-                last_ok = seq
-                run += 1
-                self.vhost.confirmed += 1
-                continue
-            if last_ok:
-                out.append(ack_method(self.id, last_ok, run > 1))
-                last_ok = run = 0
-            out.append(nack_method(self.id, seq, False))
-        if last_ok:
-            out.append(ack_method(self.id, last_ok, run > 1))
+                acked.append(seq)
+            else:
+                refused.append(seq)
+        self.vhost.confirmed += len(acked)
+        waiting = waits[0][0] if waits else None
+        if acked and not refused:  # the usual case: every tag settled is below those waiting
+            self.connection.out.append(ack_method(self.id, acked[-1], len(acked) > 1))
+        elif len(acked) == 1:
+            self.connection.out.append(ack_method(self.id, acked[0], False))
+        elif acked:
+            self._coalesced(ack_method, acked, refused, waiting)
+        if refused:
+            self._coalesced(nack_method, refused, acked, waiting)
         if not waits:
             self.vhost.journal.waiters.discard(self)
         connection = self.connection
@@ -1004,11 +1003,29 @@ class ChannelState:
             connection.dirty = True
             connection.node.mark_dirty(connection)
 
+    def _coalesced(
+        self, build: Callable[[int, int, bool], bytes], tags: list[int], others: list[int], waiting: int | None
+    ) -> None:
+        """Write the acks (or nacks) of ``tags``, settled together with ``others`` (the nacks, or
+        acks), as RabbitMQ's channel coalesces them: the tags below every publish still waiting
+        and every one of ``others`` go as one ``multiple``, the rest one by one.
+        """
+        cutoff = waiting if waiting is not None else tags[-1] + 1
+        if others:
+            cutoff = min(cutoff, *others)
+        below = [tag for tag in tags if tag < cutoff]
+        out = self.connection.out
+        if below:
+            out.append(build(self.id, below[-1], True))
+        out += [build(self.id, tag, False) for tag in tags[len(below) :]]
+
     def nack_publish(self) -> None:
-        """Refuse the publish just counted (it could not be accepted)."""
+        """Refuse the publish just counted (it could not be accepted): a ``multiple`` nack, as
+        RabbitMQ's, unless acks of earlier publishes go out with it."""
+        acks_too = bool(self.confirm_pending)
         self.flush_confirms()
         self.confirmed_upto = self._publish_seq
-        self.connection.out.append(nack_method(self.id, self._publish_seq, False))
+        self.connection.out.append(nack_method(self.id, self._publish_seq, not acks_too))
 
     # confirm and tx classes
 

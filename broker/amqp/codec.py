@@ -343,8 +343,9 @@ def ack_method(channel: int, delivery_tag: int, multiple: bool) -> bytes:
 
 
 def nack_method(channel: int, delivery_tag: int, multiple: bool) -> bytes:
-    """Build a ``basic.nack`` frame (a negative publisher confirm)."""
-    return frame(FRAME_METHOD, channel, _method_ids.pack(BASIC_NACK) + _ack.pack(delivery_tag, multiple))
+    """Build a ``basic.nack`` frame (a negative publisher confirm). Its ``requeue`` bit is set,
+    as RabbitMQ sets it (the field's default there); a publisher has nothing to requeue."""
+    return frame(FRAME_METHOD, channel, _method_ids.pack(BASIC_NACK) + _ack.pack(delivery_tag, multiple | 2))
 
 
 def body_frames(channel: int, body: bytes, frame_max: int) -> list[bytes]:

@@ -573,7 +573,9 @@ class VirtualHost:
         """
         arguments = arguments or {}
         if passive:
-            return self.queue(name, connection)
+            queue = self.queue(name, connection)
+            queue.touch()  # as RabbitMQ's: a passive declare is a use too (its idle time restarts)
+            return queue
         if name.startswith("amq.") and connection is not None:
             # Only clients are kept out of 'amq.': the broker itself (connection None: recovery,
             # plugins) may hold queues there, e.g. a delayed-message exchange's store.

@@ -208,11 +208,102 @@ def precedence(port: int, prefix: str, set_policy: PolicyStep, clear_policy: Pol
     return masked(transcript.normalized())
 
 
+def priority_and_overflow(port: int, prefix: str, set_policy: PolicyStep, clear_policy: PolicyStep) -> list[Entry]:
+    """Two policies match: the higher priority's byte limit with ``reject-publish-dlx`` applies
+    (the publish past it is nacked and dead-lettered ``maxlen``); cleared live, the lower
+    one's length limit with ``drop-head`` takes over and drops the head to the same place."""
+    source, dead = f"{prefix}.prio", f"{prefix}.prio.dead"
+    transcript = Transcript()
+    pattern = rf"^{prefix}\.prio$"
+    to_dead = {"dead-letter-exchange": "", "dead-letter-routing-key": dead}
+    set_policy(f"{prefix}-low", pattern, {"max-length": 1, "overflow": "drop-head", **to_dead}, 0)
+    set_policy(f"{prefix}-high", pattern, {"max-length-bytes": 10, "overflow": "reject-publish-dlx", **to_dead}, 5)
+    try:
+        with transcript.connect(port) as client:
+            open_confirming(client, dead, source)
+            for body in (b"first.", b"second", b"third."):
+                publish(client, source, body)
+            wait_for(lambda: message_count(port, dead) == 2, 5)
+            clear_policy(f"{prefix}-high")
+            publish(client, source, b"fourth")
+            wait_for(lambda: message_count(port, dead) == 3, 5)
+            read_queues(client, transcript, (source, dead), 4)
+            close_connection(client)
+    finally:
+        clear_policy(f"{prefix}-low")
+        delete_queues(port, source, dead)
+    return masked(transcript.normalized())
+
+
+def operator_ttl(port: int, prefix: str, set_policy: PolicyStep, clear_policy: PolicyStep) -> list[Entry]:
+    """A user policy's long TTL, the queue's own long TTL and an operator policy's short one:
+    the shortest applies, and the message dies ``expired`` to the user policy's dead-letter queue."""
+    source, dead = f"{prefix}.optl", f"{prefix}.optl.dead"
+    transcript = Transcript()
+    pattern = rf"^{prefix}\.optl$"
+    set_policy(
+        f"{prefix}-user", pattern, {"message-ttl": 60000, "dead-letter-exchange": "", "dead-letter-routing-key": dead}
+    )
+    set_policy(f"{prefix}-op", pattern, {"message-ttl": 100}, 0, True)
+    try:
+        with transcript.connect(port) as client:
+            open_confirming(client, dead)
+            declare_queue(client, source, arguments={"x-message-ttl": 50000})
+            publish(client, source, b"short-lived")
+            wait_for(lambda: message_count(port, dead) == 1, 5)
+            read_queues(client, transcript, (source, dead), 2)
+            close_connection(client)
+    finally:
+        clear_policy(f"{prefix}-user")
+        clear_policy(f"{prefix}-op", True)
+        delete_queues(port, source, dead)
+    return masked(transcript.normalized())
+
+
+def routable(port: int, queue: str) -> bool:
+    """Whether a mandatory publish to ``queue`` is routed, over a connection of its own. Unlike a
+    passive declare, a publish is no use of the queue: its idle time keeps running."""
+    scratch = Transcript()
+    with scratch.connect(port) as client:
+        open_confirming(client)
+        publish = method(1, commands.Basic.Publish, exchange="", routing_key=queue, mandatory=True)
+        client.send(publish + content_frames(1, b"probe"))
+        answer = client.read(until("Basic.Ack", "Basic.Nack"))
+        close_connection(client)
+    return not any(entry.kind == "Basic.Return" for entry in answer)
+
+
+def expires_by_policy(port: int, prefix: str, set_policy: PolicyStep, clear_policy: PolicyStep) -> list[Entry]:
+    """An unused queue under an ``expires`` policy set live is deleted: a passive declare then
+    finds nothing (404), and a queue the policy does not match is still there."""
+    source, kept = f"{prefix}.idle", f"{prefix}.busy"
+    transcript = Transcript()
+    try:
+        with transcript.connect(port) as client:
+            open_connection(client, 1)
+            declare_queue(client, source)
+            declare_queue(client, kept)
+            set_policy(f"{prefix}-exp", rf"^{prefix}\.idle$", {"expires": 200})
+            assert wait_for(lambda: not routable(port, source), 5)
+            client.send(frames(1, commands.Queue.Declare(queue=kept, passive=True)))
+            client.read(until("Queue.DeclareOk"))
+            client.send(frames(1, commands.Queue.Declare(queue=source, passive=True)))
+            client.read(until("Channel.Close"))
+            close_connection(client)
+    finally:
+        clear_policy(f"{prefix}-exp")
+        delete_queues(port, source, kept)
+    return masked(transcript.normalized())
+
+
 SCENARIOS = {
     "dlx-by-policy": dlx_by_policy,
     "length-limits-live": limits_live,
     "ttl-by-policy": ttl_by_policy,
     "arguments-against-policy": precedence,
+    "priority-then-cleared-live": priority_and_overflow,
+    "operator-ttl-caps-user-and-argument": operator_ttl,
+    "expires-set-live": expires_by_policy,
 }
 
 

@@ -78,11 +78,35 @@ def test_a_failed_write_nacks_the_publishes_it_held() -> None:
     c.send(publish_frames(1, "", "jobs", b"lost?", PERSISTENT) + publish_frames(1, "", "jobs", b"x", TRANSIENT))
     _, position = journal.take()
     journal.failed(position)
-    assert confirms(c.read()) == [("Basic.Nack", 1, False), ("Basic.Ack", 2, False)]
+    # Settled together, as RabbitMQ's channel sends them: acks first, then the nack below every
+    # ack and every unconfirmed publish as a multiple one.
+    assert confirms(c.read()) == [("Basic.Ack", 2, False), ("Basic.Nack", 1, True)]
     c.send(publish_frames(1, "", "jobs", b"later", PERSISTENT))
     _, position = journal.take()
     journal.synced_to(position)
     assert confirms(c.read()) == [("Basic.Ack", 3, False)]
+
+
+def test_confirms_settled_together_are_coalesced_as_rabbitmq_coalesces_them() -> None:
+    node, journal, _ = durable_node()
+    c = client(node)
+    c.call(1, commands.Queue.Declare(queue="jobs", durable=True), commands.Confirm.Select())
+    wire = b"".join(
+        publish_frames(1, "", "jobs", b"m", properties)
+        for properties in (PERSISTENT, TRANSIENT, PERSISTENT, TRANSIENT, TRANSIENT)
+    )
+    c.send(wire)
+    _, position = journal.take()
+    journal.failed(position)
+    # rabbit_channel:coalesce_and_send: acks 2, 4, 5 each alone (nack 1 is below them all), then
+    # nack 1 as multiple (below every ack) and nack 3 alone.
+    assert confirms(c.read()) == [
+        ("Basic.Ack", 2, False),
+        ("Basic.Ack", 4, False),
+        ("Basic.Ack", 5, False),
+        ("Basic.Nack", 1, True),
+        ("Basic.Nack", 3, False),
+    ]
 
 
 def test_transient_messages_and_non_durable_queues_are_not_logged() -> None:

@@ -467,6 +467,18 @@ def test_an_unused_queue_is_deleted_after_x_expires_and_use_restarts_the_clock()
     assert "temp" not in node.vhosts["/"].queues
 
 
+def test_a_passive_declare_is_a_use_that_restarts_the_clock_as_in_rabbitmq() -> None:
+    node, clock = setup()
+    c = client(node)
+    declare(c, "temp", **{"x-expires": 10_000})
+    clock.advance(6)
+    c.call(1, commands.Queue.Declare(queue="temp", passive=True))
+    clock.advance(6)
+    assert "temp" in node.vhosts["/"].queues
+    clock.advance(4)
+    assert "temp" not in node.vhosts["/"].queues
+
+
 def test_a_consumed_queue_does_not_expire() -> None:
     node, clock = setup()
     c = client(node)
