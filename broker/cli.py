@@ -216,7 +216,18 @@ def _queues(args: argparse.Namespace) -> int:
     queues = _listing(args, "queues", "queues")
     if isinstance(queues, int):
         return queues
-    columns = ("vhost", "name", "ready", "unacked", "consumers", "publish/s", "deliver/s", "dead-lettered", "policy")
+    columns = (
+        "vhost",
+        "name",
+        "ready",
+        "unacked",
+        "consumers",
+        "active",
+        "publish/s",
+        "deliver/s",
+        "dead-lettered",
+        "policy",
+    )
     rows = [columns]
     for queue in queues:
         stats = queue["message_stats"]
@@ -228,13 +239,14 @@ def _queues(args: argparse.Namespace) -> int:
                 str(queue["messages_ready"]),
                 str(queue["messages_unacknowledged"]),
                 str(queue["consumers"]),
+                printable(queue.get("single_active_consumer_tag") or "-"),
                 f"{stats['publish_details']['rate']:.1f}",
                 f"{stats['deliver_get_details']['rate']:.1f}",
                 str(sum(queue["dead_lettered"].values())),
                 printable("+".join(policies)) or "-",
             )
         )
-    _print_table(rows, left=(0, 1, 8))
+    _print_table(rows, left=(0, 1, 5, 9))
     return 0
 
 

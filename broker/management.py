@@ -37,7 +37,7 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 from broker.amqp.connection import reply_text
 from broker.core.deadletter import DeadLetterReason
 from broker.core.policy import Policy, PolicyRefused, effective_definition, from_value
-from broker.core.queue import WorkQueue
+from broker.core.queue import Consumer, WorkQueue
 from broker.errors import AMQPError, ChannelException, ReplyCode
 from broker.http import BoundedSite
 from broker.protocol import is_loopback
@@ -390,6 +390,7 @@ class ManagementAPI(Resource):
                 "policies": self._policies,
                 "operator-policies": self._operator_policies,
                 "definitions": self._definitions,
+                "consumers": self._consumers,
             }
             view = views.get(kind)
             if view is not None:
@@ -492,6 +493,7 @@ class ManagementAPI(Resource):
 
     def _queue_view(self, vhost: VirtualHost, queue: WorkQueue) -> dict[str, Any]:
         rate = self.sampler.rate
+        active = queue.active_consumer
         stats: dict[str, Any] = {}
         for stat, attribute in _QUEUE_STATS.items():
             stats[stat] = getattr(queue, attribute)
@@ -513,12 +515,54 @@ class ManagementAPI(Resource):
             "policy": queue.policy.name if queue.policy is not None else None,
             "operator_policy": queue.operator_policy.name if queue.operator_policy is not None else None,
             "effective_policy_definition": effective_definition(queue.policy, queue.operator_policy),
+            "single_active_consumer_tag": active.tag if active is not None else None,
+            "exclusive_consumer_tag": next((c.tag for c in queue.consumers if c.exclusive), None),
         }
+
+    @staticmethod
+    def _consumer_view(vhost: VirtualHost, queue: WorkQueue, consumer: Consumer) -> dict[str, Any]:
+        """A consumer as RabbitMQ's ``consumer_details`` show it: ``active`` and
+        ``activity_status`` (``single_active``, ``waiting``, or ``up`` on other queues)."""
+        channel = consumer.channel
+        connection = channel.connection  # type: ignore[attr-defined]
+        if queue.settings.single_active_consumer:
+            active = queue.active_consumer is consumer
+            status = "single_active" if active else "waiting"
+        else:
+            active, status = True, "up"
+        return {
+            "queue": {"name": queue.name, "vhost": vhost.name},
+            "channel_details": {
+                "name": f"{connection.peer} ({channel.id})",  # type: ignore[attr-defined]
+                "number": channel.id,  # type: ignore[attr-defined]
+                "connection_name": connection.peer,
+                "user": connection.user_name,
+            },
+            "consumer_tag": consumer.tag,
+            "exclusive": consumer.exclusive,
+            "ack_required": not consumer.no_ack,
+            "prefetch_count": consumer.prefetch,
+            "active": active,
+            "activity_status": status,
+            "arguments": dict(consumer.arguments),
+        }
+
+    def _consumers(self, user: User, rest: list[str]) -> list[dict[str, Any]]:
+        """``GET /api/consumers[/VHOST]``: every consumer of the vhosts ``user`` sees."""
+        return [
+            self._consumer_view(vhost, queue, consumer)
+            for vhost in self._vhosts(user, rest[0] if rest else None)
+            for queue in sorted(vhost.queues.values(), key=lambda q: q.name)
+            for consumer in queue.consumers
+        ]
 
     def _queues(self, user: User, rest: list[str]) -> Any:
         if len(rest) >= 2:
             vhost = self._vhosts(user, rest[0])[0]
-            return self._queue_view(vhost, self._queue(user, rest[0], rest[1]))
+            queue = self._queue(user, rest[0], rest[1])
+            view = self._queue_view(vhost, queue)
+            view["consumer_details"] = [self._consumer_view(vhost, queue, c) for c in queue.consumers]
+            return view
         return [
             self._queue_view(vhost, queue)
             for vhost in self._vhosts(user, rest[0] if rest else None)

@@ -814,6 +814,7 @@ class _Reader:
             "overflow",
             "max_priority",
             "expires",
+            "single_active_consumer",
             "arguments",
         }
         entry = self.mapping(value, path, keys, {"name"})
@@ -856,6 +857,9 @@ class _Reader:
             overflow=overflow,
             max_priority=self.integer(entry.get("max_priority"), f"{path}.max_priority", None, 0, 255),
             expires=expires,
+            single_active_consumer=self.boolean(
+                entry.get("single_active_consumer"), f"{path}.single_active_consumer", False
+            ),
             arguments=self.table(entry.get("arguments"), f"{path}.arguments"),
         )
 

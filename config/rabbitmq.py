@@ -12,7 +12,8 @@ YAML definitions. Mapped:
   as in RabbitMQ;
 * ``exchanges`` (type, durable, auto_delete, internal, arguments); ``queues`` with their
   arguments (``x-message-ttl``, ``x-expires``, ``x-dead-letter-*``, ``x-max-length``,
-  ``x-max-length-bytes``, ``x-overflow``, ``x-delivery-limit``, ``x-max-priority``);
+  ``x-max-length-bytes``, ``x-overflow``, ``x-delivery-limit``, ``x-max-priority``,
+  ``x-single-active-consumer``);
   ``bindings`` to queues and to exchanges;
 * ``policies`` and operator policies (``parameters`` of component ``operator_policy``, where
   RabbitMQ 3.10 exports them), with the keys Postroom applies (``broker.core.policy``); other
@@ -75,7 +76,6 @@ _UNSUPPORTED_ARGUMENTS = {
     "x-quorum-target-group-size": "Postroom runs on one node",
     "x-initial-cluster-size": "Postroom runs on one node",
     "x-ha-policy": "Postroom runs on one node",
-    "x-single-active-consumer": "consumers share the queue round-robin",
     "x-dead-letter-strategy": "dead-lettering is at most once, as in classic queues",
     "x-max-in-memory-length": "bodies beyond storage.memory_budget stay on disk instead",
     "x-max-in-memory-bytes": "bodies beyond storage.memory_budget stay on disk instead",
@@ -371,6 +371,9 @@ class _Definitions:
             "max_deliveries": read.integer(arguments.pop("x-delivery-limit", None), f"{where}.x-delivery-limit", None),
             "max_priority": read.integer(
                 arguments.pop("x-max-priority", None), f"{where}.x-max-priority", None, 0, 255
+            ),
+            "single_active_consumer": read.boolean(
+                arguments.pop("x-single-active-consumer", None), f"{where}.x-single-active-consumer", False
             ),
         }
         for key in sorted(arguments):

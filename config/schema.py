@@ -192,6 +192,7 @@ class QueueConfig:
     overflow: str | None = None
     max_priority: int | None = None
     expires: float | None = None
+    single_active_consumer: bool = False
     arguments: dict[str, Any] = field(default_factory=dict)
 
     def queue_arguments(self) -> dict[str, Any]:
@@ -221,6 +222,8 @@ class QueueConfig:
             arguments["x-max-priority"] = self.max_priority
         if self.expires is not None:
             arguments["x-expires"] = ms(self.expires)
+        if self.single_active_consumer:
+            arguments["x-single-active-consumer"] = True
         return arguments
 
 

@@ -337,7 +337,8 @@ class ChannelState:
             raise ConnectionException(ReplyCode.NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel")
         queue = self.vhost.queue(self._readable(method.queue), self.connection)
         tag = method.consumer_tag or self.connection.node.random_tag("amq.ctag-")
-        if queue.has_exclusive_consumer() or (method.exclusive and queue.consumer_count):
+        exclusive = method.exclusive and (queue.consumer_count or queue.settings.single_active_consumer)
+        if exclusive or queue.has_exclusive_consumer():  # a single-active-consumer queue: never
             raise ChannelException(
                 ReplyCode.ACCESS_REFUSED, f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use"
             )
@@ -361,6 +362,7 @@ class ChannelState:
             prefetch=self.prefetch_consumer,
             arguments=arguments,
             visibility_timeout=timeout / 1000.0 if timeout else None,
+            priority=self.vhost.consumer_priority(queue, arguments),
         )
         self.consumers[tag] = consumer
         if not method.nowait:
@@ -1087,14 +1089,16 @@ class ChannelState:
         self._publish = None
         consumers, self.consumers = list(self.consumers.values()), {}
         entries = self._take(0, True) if self._unacked else []
-        for consumer in consumers:
-            try:
-                self._remove_consumer(consumer)
-            except Exception as error:
-                errors.append(error)
+        # Returns first, then the consumers: a single active consumer's successor then finds
+        # the returned messages back in their places and gets them in queue order.
         for queue, group in _by_queue(entries).items():
             try:
                 queue.return_entries(group)
+            except Exception as error:
+                errors.append(error)
+        for consumer in consumers:
+            try:
+                self._remove_consumer(consumer)
             except Exception as error:
                 errors.append(error)
 

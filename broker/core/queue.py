@@ -121,6 +121,7 @@ class QueueSettings:
     delivery_limit: int | None = None
     visibility_timeout: float | None = None
     max_priority: int | None = None
+    single_active_consumer: bool = False
 
     @classmethod
     def from_arguments(cls, arguments: Mapping[str, Any]) -> QueueSettings:
@@ -145,6 +146,7 @@ class QueueSettings:
             delivery_limit=arguments.get("x-delivery-limit"),
             visibility_timeout=ms("x-visibility-timeout"),
             max_priority=arguments.get("x-max-priority"),
+            single_active_consumer=arguments.get("x-single-active-consumer") is True,
         )
 
 
@@ -224,6 +226,7 @@ class Consumer:
     :param tag: the consumer tag
     :param prefetch: at most this many unacked deliveries (0: no limit)
     :param visibility_timeout: overrides the queue's (seconds), from the consumer argument
+    :param priority: the consumer's ``x-priority`` (RabbitMQ's consumer priorities)
     """
 
     __slots__ = (
@@ -237,6 +240,7 @@ class Consumer:
         "unacked",
         "arguments",
         "visibility_timeout",
+        "priority",
     )
 
     def __init__(
@@ -250,6 +254,7 @@ class Consumer:
         prefetch: int,
         arguments: Mapping[str, Any],
         visibility_timeout: float | None = None,
+        priority: int = 0,
     ) -> None:
         self.channel = channel
         self.queue = queue
@@ -261,6 +266,8 @@ class Consumer:
         self.unacked = 0
         self.arguments = arguments
         self.visibility_timeout = visibility_timeout if visibility_timeout else queue.settings.visibility_timeout
+        #: ``x-priority``: deliveries go to the highest priority consumers that can take them.
+        self.priority = priority
 
     def credit(self) -> int:
         """How many deliveries the consumer can take now (:data:`DISPATCH_BATCH` when unlimited)."""
@@ -400,9 +407,17 @@ class WorkQueue:
         #: which the queue asks it to look (:data:`NEVER` while it is watched or there is none).
         self.pager: BodyPager | None = None
         self.page_at = NEVER
-        #: Enqueue can take the short path: no TTL, no length limit.
-        self._plain = settings.message_ttl is None and settings.max_length is None and not self._track_bytes
+        #: Enqueue can take the short path: no TTL, no length limit, consumers of one priority.
+        self._plain = True
+        #: The consumers deliveries go to, next in turn first (with a single active consumer:
+        #: the active one only).
         self._consumers: deque[Consumer] = deque()
+        #: While consumers' priorities differ: the same consumers by priority, highest first,
+        #: each level in turn order (``None`` otherwise, so equal priorities cost nothing).
+        self._levels: list[deque[Consumer]] | None = None
+        #: ``x-single-active-consumer``: the consumers waiting to become the active one.
+        self._waiting: deque[Consumer] = deque()
+        self._update_plain()
         self.unacked_count = 0
         self.deleted = False
         #: Exchanges with a binding to this queue, so deleting the queue can remove them.
@@ -455,10 +470,19 @@ class WorkQueue:
         settings = dataclasses.replace(settings, max_priority=self.settings.max_priority)
         self.settings = settings
         self._track_bytes = settings.max_length_bytes is not None
-        self._plain = settings.message_ttl is None and settings.max_length is None and not self._track_bytes
+        self._update_plain()
         if settings.overflow is Overflow.DROP_HEAD and (settings.max_length is not None or self._track_bytes):
             self._drop_head_while_full()
         self.touch()
+
+    def _update_plain(self) -> None:
+        settings = self.settings
+        self._plain = (
+            settings.message_ttl is None
+            and settings.max_length is None
+            and not self._track_bytes
+            and self._levels is None
+        )
 
     @property
     def exclusive(self) -> bool:
@@ -472,13 +496,18 @@ class WorkQueue:
 
     @property
     def consumer_count(self) -> int:
-        """Active consumers."""
-        return len(self._consumers)
+        """Consumers (with a single active consumer: the waiting ones too, as RabbitMQ counts)."""
+        return len(self._consumers) + len(self._waiting)
 
     @property
     def consumers(self) -> Iterable[Consumer]:
-        """The consumers, next in turn first."""
-        return self._consumers
+        """The consumers, next in turn first (the active one, then those waiting)."""
+        return [*self._consumers, *self._waiting] if self._waiting else self._consumers
+
+    @property
+    def active_consumer(self) -> Consumer | None:
+        """With ``x-single-active-consumer``: the one consumer deliveries go to (else ``None``)."""
+        return self._consumers[0] if self.settings.single_active_consumer and self._consumers else None
 
     def ready_entries(self) -> Iterable[Entry]:
         """The ready entries, next to be delivered first."""
@@ -634,6 +663,12 @@ class WorkQueue:
         """Deliver ``entry`` at once, to the next consumer in turn, if nothing is waiting and one can take it."""
         consumers = self._consumers
         if consumers and not self.message_count:
+            if self._levels is not None:
+                consumer = self._next_consumer()
+                if consumer is None:
+                    return False
+                consumer.channel.deliver_entries(consumer, (entry,))
+                return True
             for _ in range(len(consumers)):
                 consumer = consumers[0]
                 consumers.rotate(-1)
@@ -795,23 +830,75 @@ class WorkQueue:
     # -- consumers ----------------------------------------------------------------------------
 
     def add_consumer(self, consumer: Consumer) -> None:
-        """Add a consumer at the end of the round-robin order and deliver to it."""
-        self._consumers.append(consumer)
+        """Add a consumer at the end of the round-robin order of its priority and deliver to it.
+
+        With ``x-single-active-consumer``, a consumer added while another is active waits.
+        """
         self.touch()
+        if self.settings.single_active_consumer and self._consumers:
+            self._waiting.append(consumer)
+            return
+        consumers = self._consumers
+        consumers.append(consumer)
+        levels = self._levels
+        if levels is not None:
+            _join_level(levels, consumer)
+        elif consumer.priority != consumers[0].priority:
+            self._levels = levels = []
+            for each in consumers:
+                _join_level(levels, each)
+            self._update_plain()
         self.dispatch()
 
     def remove_consumer(self, consumer: Consumer) -> None:
-        """Remove a consumer (its unacked deliveries stay with its channel)."""
+        """Remove a consumer (its unacked deliveries stay with its channel). With
+        ``x-single-active-consumer``, when the active one goes the waiting one of the highest
+        priority (the first subscribed among equals) becomes active and is delivered to at
+        once, ready messages included (RabbitMQ 3.10.8 stalls there, see the README)."""
         try:
             self._consumers.remove(consumer)
         except ValueError:
+            try:
+                self._waiting.remove(consumer)
+            except ValueError:
+                return
             return
+        levels = self._levels
+        if levels is not None:
+            for level in levels:
+                if consumer in level:
+                    level.remove(consumer)
+                    if not level:
+                        levels.remove(level)
+                    break
+            if len(levels) == 1:  # equal priorities again: back to the plain round robin
+                self._consumers = levels[0]
+                self._levels = None
+                self._update_plain()
+        waiting = self._waiting
+        if waiting and not self._consumers:
+            # RabbitMQ's choice: the highest priority waiting, the first registered among equals.
+            successor = max(waiting, key=lambda each: each.priority)
+            waiting.remove(successor)
+            self._consumers.append(successor)
+            self.dispatch()
         if not self._consumers:
             self.touch()
 
+    def _next_consumer(self) -> Consumer | None:
+        """While priorities differ: the next consumer in turn, of the highest priority, that can
+        take a delivery (it goes to the end of its level, as in RabbitMQ); ``None`` if none can."""
+        for level in self._levels:  # type: ignore[union-attr]
+            for _ in range(len(level)):
+                consumer = level[0]
+                level.rotate(-1)
+                if consumer.can_accept():
+                    return consumer
+        return None
+
     def has_exclusive_consumer(self) -> bool:
         """Whether a consumer holds the queue exclusively."""
-        return any(consumer.exclusive for consumer in self._consumers)
+        return any(consumer.exclusive for consumer in self.consumers)
 
     def touch(self) -> None:
         """The queue was used (consume, get, declare): restart its ``x-expires`` idle time."""
@@ -855,14 +942,20 @@ class WorkQueue:
             delivered = len(batch)
         else:
             delivered = 0
+            levels = self._levels
             while ready and delivered < DISPATCH_BATCH:
-                for _ in range(len(consumers)):
-                    consumer = consumers[0]
-                    consumers.rotate(-1)
-                    if consumer.can_accept():
-                        break
+                if levels is not None:
+                    consumer = self._next_consumer()  # type: ignore[assignment]
+                    if consumer is None:
+                        return
                 else:
-                    return
+                    for _ in range(len(consumers)):
+                        consumer = consumers[0]
+                        consumers.rotate(-1)
+                        if consumer.can_accept():
+                            break
+                    else:
+                        return
                 if slow:
                     entry = self._pop_ready()
                     if entry is None:
@@ -1017,6 +1110,19 @@ class WorkQueue:
 
 _TAKEBACK = 0
 _EXPIRY = 1
+
+
+def _join_level(levels: list[deque[Consumer]], consumer: Consumer) -> None:
+    """Put ``consumer`` at the end of its priority's level (levels highest first)."""
+    for index, level in enumerate(levels):
+        priority = level[0].priority
+        if priority == consumer.priority:
+            level.append(consumer)
+            return
+        if priority < consumer.priority:
+            levels.insert(index, deque((consumer,)))
+            return
+    levels.append(deque((consumer,)))
 
 
 def _expiration(message: Message) -> float | None:

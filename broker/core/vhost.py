@@ -171,6 +171,10 @@ def _overflow(value: object) -> str | None:
     return None if value in ("drop-head", "reject-publish", "reject-publish-dlx") else "invalid_overflow"
 
 
+def _boolean(value: object) -> str | None:
+    return None if isinstance(value, bool) else f"{{unacceptable_type,{_field_type(value)}}}"
+
+
 def _queue_type(value: object) -> str | None:
     return None if value in ("classic", "quorum") else f"{{unacceptable_type,{_field_type(value)}}}"
 
@@ -188,6 +192,7 @@ QUEUE_ARGUMENTS: dict[str, Callable[[object], str | None]] = {
     "x-max-length-bytes": _non_negative,
     "x-max-priority": _max_priority,
     "x-overflow": _overflow,
+    "x-single-active-consumer": _boolean,
     "x-delivery-limit": _non_negative,
     "x-visibility-timeout": _positive,
 }
@@ -197,6 +202,11 @@ def _describe(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return repr(value) if not isinstance(value, str) else value
+
+
+def _typed(value: object) -> str:
+    """A value as RabbitMQ's ``rabbit_misc:val/1`` shows an argument only one side has."""
+    return "none" if value is None else f"the value '{_describe(value)}' of type '{_field_type(value)}'"
 
 
 class VirtualHost:
@@ -553,6 +563,19 @@ class VirtualHost:
                     ReplyCode.PRECONDITION_FAILED, f"invalid arg '{key}' for queue '{name}' {self._where()}: {error}"
                 )
 
+    def consumer_priority(self, queue: WorkQueue, arguments: Mapping[str, Any]) -> int:
+        """A ``basic.consume``'s ``x-priority`` (0 when absent), checked as RabbitMQ checks it.
+
+        :raises ChannelException: 406, for a value that is not an integer
+        """
+        priority = arguments.get("x-priority", 0)
+        if not _is_int(priority):
+            raise ChannelException(
+                ReplyCode.PRECONDITION_FAILED,
+                f"invalid arg 'x-priority' for queue '{queue.name}' {self._where()}: {_integer(priority)}",
+            )
+        return priority  # type: ignore[return-value]
+
     def declare_queue(
         self,
         name: str,
@@ -640,10 +663,14 @@ class VirtualHost:
             if current != received or type(current) is not type(received):
                 if field == "x-queue-type" and {current, received} <= {None, "classic"}:
                     continue
+                if current is None or received is None:  # RabbitMQ then names the type too
+                    received_text, current_text = _typed(received), _typed(current)
+                else:
+                    received_text, current_text = f"'{_describe(received)}'", f"'{_describe(current)}'"
                 raise ChannelException(
                     ReplyCode.PRECONDITION_FAILED,
                     f"inequivalent arg '{field}' for queue '{queue.name}' {self._where()}: "
-                    f"received '{_describe(received)}' but current is '{_describe(current)}'",
+                    f"received {received_text} but current is {current_text}",
                 )
 
     def delete_queue(

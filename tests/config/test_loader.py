@@ -108,6 +108,15 @@ vhosts:
     }
 
 
+def test_single_active_consumer_is_a_queue_key_and_a_boolean() -> None:
+    cfg = loads('vhosts:\n  "/":\n    queues:\n      - {name: q, single_active_consumer: true}\n', "t.yaml")
+    assert cfg.vhosts["/"].queues[0].queue_arguments() == {"x-single-active-consumer": True}
+    node = node_from_config(cfg)
+    assert node.vhosts["/"].queues["q"].settings.single_active_consumer is True
+    ((_, key, reason),) = problems('vhosts:\n  "/":\n    queues:\n      - {name: q, single_active_consumer: 2}\n')
+    assert key == "vhosts./.queues[0].single_active_consumer"
+
+
 def test_conflicting_redeclarations_are_refused() -> None:
     text = 'vhosts:\n  "/":\n    queues:\n      - {name: q}\n      - {name: q, durable: false}\n'
     ((line, key, reason),) = problems(text)

@@ -50,6 +50,7 @@ def test_queues_exchanges_and_bindings_map_to_the_schema() -> None:
     assert queues["orders.dlq"].queue_arguments() == {"x-delivery-limit": 5}
     assert queues["orders.priority"].queue_arguments() == {"x-max-priority": 10, "x-expires": 86_400_000}
     assert queues["orders.events"].queue_arguments() == {}
+    assert queues["orders.audit"].single_active_consumer is True
     exchanges = {exchange.name: exchange for exchange in root.exchanges}
     assert set(exchanges) == {"orders", "orders.unrouted", "orders.dlx", "orders.audit", "orders.priority"}
     assert exchanges["orders"].arguments == {"alternate-exchange": "orders.unrouted"}

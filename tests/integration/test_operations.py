@@ -412,13 +412,14 @@ def test_postroom_queues_prints_a_table(operated: Operated, pika_connect: Callab
         "ready",
         "unacked",
         "consumers",
+        "active",
         "publish/s",
         "deliver/s",
         "dead-lettered",
         "policy",
     ]
     work = next(line.split() for line in lines if line.split()[1] == "work")
-    assert work[2:5] == ["3", "0", "0"] and work[7:] == ["1", "-"]
+    assert work[2:6] == ["3", "0", "0", "-"] and work[8:] == ["1", "-"]
     refused = subprocess.run(
         [sys.executable, "-m", "broker.cli", "queues", "--url", url.replace("guest:guest", "guest:no")],
         cwd=ROOT,
@@ -528,3 +529,29 @@ def test_postroom_definitions_export_writes_what_postroom_and_rabbitmq_import_wh
     assert [q["name"] for q in json.loads(capsys.readouterr().out)["queues"]] == ["work.orders"]
     assert main(["definitions", "export", "--vhost", "nowhere", "--url", url]) == 1
     assert "HTTP 400: vhost_not_found" in capsys.readouterr().err
+
+
+def test_management_and_postroom_queues_show_the_single_active_consumer(
+    operated: Operated, pika_connect: Callable[..., Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = pika_connect(port=operated.broker.port).channel()
+    first.queue_declare("ordered", arguments={"x-single-active-consumer": True})
+    first.basic_consume("ordered", lambda *_: None, consumer_tag="first")
+    second = pika_connect(port=operated.broker.port).channel()
+    second.basic_consume("ordered", lambda *_: None, consumer_tag="second", arguments={"x-priority": 5})
+    status, queue = operated.api("/api/queues/%2F/ordered")
+    assert status == 200
+    assert (queue["consumers"], queue["single_active_consumer_tag"]) == (2, "first")
+    details = {c["consumer_tag"]: (c["active"], c["activity_status"]) for c in queue["consumer_details"]}
+    assert details == {"first": (True, "single_active"), "second": (False, "waiting")}
+    listed = operated.api("/api/consumers/%2F")[1]
+    assert {(c["consumer_tag"], c["arguments"].get("x-priority")) for c in listed} == {("first", None), ("second", 5)}
+    url = f"http://guest:guest@127.0.0.1:{operated.management_port}"
+    assert main(["queues", "--url", url]) == 0
+    row = next(line.split() for line in capsys.readouterr().out.splitlines() if " ordered " in f" {line} ")
+    assert row[4:6] == ["2", "first"]
+    first.close()
+    deadline = time.monotonic() + 5
+    while operated.api("/api/queues/%2F/ordered")[1]["single_active_consumer_tag"] != "second":
+        assert time.monotonic() < deadline, "the waiting consumer did not become active"
+        time.sleep(0.02)
