@@ -46,15 +46,26 @@ from broker.amqp.codec import (
     return_method,
     shortstr,
 )
-from broker.amqp.content import FIXED_LENGTHS, ContentError, check_properties
+from broker.amqp.content import (
+    FIXED_LENGTHS,
+    REPLY_TO,
+    ContentError,
+    check_properties,
+    property_value,
+    replace_property,
+)
 from broker.core.message import Message
 from broker.core.queue import UNACKED, Consumer, Entry, WorkQueue
+from broker.core.replyto import PREFIX, PSEUDO_QUEUE, ReplyConsumer
 from broker.core.seal import DEAD_LETTER_ID_HEADER, SEAL_HEADER, UNSEALED, without_entries
 from broker.core.vhost import EXTEND_EXCHANGE, REDRIVE_EXCHANGE
 from broker.errors import AMQPError, ChannelException, ConnectionException, ReplyCode
 
 if TYPE_CHECKING:
     from broker.amqp.connection import ServerConnection
+
+#: ``amq.rabbitmq.reply-to`` as a ``reply-to`` property holds it.
+PSEUDO_QUEUE_BYTES = PSEUDO_QUEUE.encode()
 
 #: Stale delivery tags remembered per channel. An ack of an older stale tag than this is
 #: answered as an unknown tag (406); a million covers a consumer that fell behind by that many
@@ -264,6 +275,9 @@ class ChannelState:
     def _queue_declare(self, method: commands.Queue.Declare) -> None:
         connection = self.connection
         name = method.queue
+        if name.startswith(PSEUDO_QUEUE):
+            self._declare_replies(name, method.nowait)
+            return
         if method.passive and not name:
             name = self._queue_name(name)
         queue = self.vhost.declare_queue(
@@ -281,6 +295,16 @@ class ChannelState:
         self.last_queue = queue.name
         if not method.nowait:
             connection.out.append(declare_ok_method(self.id, queue.name, queue.message_count, queue.consumer_count))
+
+    def _declare_replies(self, name: str, nowait: bool) -> None:
+        """``queue.declare`` of ``amq.rabbitmq.reply-to`` (or of a reply consumer's name): as in
+        RabbitMQ, passive whatever it asks, ``declare-ok`` with one consumer for the pseudo-queue
+        and for a reply consumer that exists, 404 for any other name."""
+        if name != PSEUDO_QUEUE and self.connection.node.replies.find(name) is None:
+            raise ChannelException(ReplyCode.NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost.name}'")
+        self.last_queue = name
+        if not nowait:
+            self.connection.out.append(declare_ok_method(self.id, name, 0, 1))
 
     def _queue_bind(self, method: commands.Queue.Bind) -> None:
         queue = self._queue_name(method.queue)
@@ -332,6 +356,9 @@ class ChannelState:
         # As RabbitMQ: the tag and the channel's consumer limit are checked before the queue.
         if method.consumer_tag in self.consumers:
             raise ConnectionException(ReplyCode.NOT_ALLOWED, f"attempt to reuse consumer tag '{method.consumer_tag}'")
+        if (method.queue or self.last_queue) == PSEUDO_QUEUE:
+            self._consume_replies(method)
+            return
         limit = self.connection.node.limits.consumer_max_per_channel
         if limit is not None and len(self.consumers) >= limit:
             raise ConnectionException(ReplyCode.NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel")
@@ -369,7 +396,45 @@ class ChannelState:
             self._send(commands.Basic.ConsumeOk(consumer_tag=tag))
         queue.add_consumer(consumer)
 
+    def _consume_replies(self, method: commands.Basic.Consume) -> None:
+        """``basic.consume`` from ``amq.rabbitmq.reply-to``: no-ack only, one per channel; no
+        read permission is needed (RabbitMQ checks none), and it is no queue's consumer."""
+        if not method.no_ack:
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, "reply consumer cannot acknowledge")
+        replies = self.connection.node.replies
+        if replies.of(self) is not None:
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, "reply consumer already set")
+        tag = method.consumer_tag or self.connection.node.random_tag("amq.ctag-")
+        replies.consume(self, tag)
+        if not method.nowait:
+            self._send(commands.Basic.ConsumeOk(consumer_tag=tag))
+
+    def deliver_reply(self, consumer: ReplyConsumer, message: Message) -> None:
+        """Write a reply to this channel's reply consumer, as RabbitMQ 3.10 does: with the
+        channel's next delivery tag, which is not used up (nothing is acked), never redelivered."""
+        connection = self.connection
+        connection.out += deliver_frames(
+            self.id,
+            consumer.tag_bytes,
+            self._delivery_tag + 1,
+            False,
+            message.names,
+            message.header,
+            message.body,
+            connection.frame_max,
+        )
+        if not connection.dirty:
+            connection.dirty = True
+            connection.node.mark_dirty(connection)
+
     def _cancel(self, method: commands.Basic.Cancel) -> None:
+        replies = self.connection.node.replies
+        reply = replies.of(self)
+        if reply is not None and reply.tag == method.consumer_tag:
+            replies.cancel(self)
+            if not method.nowait:
+                self._send(commands.Basic.CancelOk(consumer_tag=method.consumer_tag))
+            return
         consumer = self.consumers.pop(method.consumer_tag, None)
         if consumer is not None:
             self._remove_consumer(consumer)
@@ -783,6 +848,8 @@ class ChannelState:
                 )
         if message.flags & FLAG_EXPIRATION:
             _check_expiration(message.expiration)
+        if message.flags & REPLY_TO and property_value(header, REPLY_TO) == PSEUDO_QUEUE_BYTES:
+            message = self._with_reply_name(message, exchange_name)
         self.vhost.published += 1
         if self._hooks is not None:
             self._hooks.published(self.vhost, exchange_name, message)
@@ -799,9 +866,10 @@ class ChannelState:
                 accepted = queue.enqueue(message)
             else:
                 accepted = True
-                self.vhost.unroutable += 1
+                if not (routing_key.startswith(PREFIX) and self._reply(message, routing_key)):
+                    self.vhost.unroutable += 1
                 if bits & 1:
-                    self._return(message)
+                    self._return(message)  # a reply too, delivered or not, as RabbitMQ returns it
             if self._hooks is not None:
                 self._hooks.routed(self.vhost, "", message, [queue] if queue is not None else [])
         else:
@@ -815,6 +883,29 @@ class ChannelState:
                 self.confirm_pending = self._publish_seq
             else:
                 self.nack_publish()
+
+    def _with_reply_name(self, message: Message, exchange_name: str) -> Message:
+        """A request whose ``reply-to`` is ``amq.rabbitmq.reply-to``, with this channel's reply
+        consumer's name there instead (the one property rewritten, every other byte kept).
+
+        :raises ChannelException: the exchange's 404 or 403 first, as RabbitMQ checks it first;
+            406 when the channel has no reply consumer
+        """
+        self._check_exchange(exchange_name)
+        reply = self.connection.node.replies.of(self)
+        if reply is None:
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, "fast reply consumer does not exist", BASIC_CLASS, 40)
+        header = replace_property(message.header, REPLY_TO, shortstr(reply.name))
+        return Message(message.exchange, message.routing_key, message.names, header, message.body)
+
+    def _reply(self, message: Message, routing_key: str) -> bool:
+        """Deliver a reply to the reply consumer named ``routing_key``; whether one took it (a
+        reply to a consumer that is gone is dropped, as in RabbitMQ)."""
+        reply = self.connection.node.replies.find(routing_key)
+        if reply is None or reply.channel.closing:  # type: ignore[attr-defined]
+            return False
+        reply.channel.deliver_reply(reply, message)  # type: ignore[attr-defined]
+        return True
 
     def _check_writable(self, exchange_name: str, routing_key: str) -> None:
         """Publishing needs write permission on the exchange, and on a topic exchange with
@@ -1073,6 +1164,7 @@ class ChannelState:
         """
         self.closing = True
         self.active = False
+        self.connection.node.replies.cancel(self)
         errors = self.connection.teardown_errors
         try:
             self.flush_confirms()

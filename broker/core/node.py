@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from broker.core.access import Access, Patterns, TopicPatterns, compile_access
 from broker.core.login import LoginThrottle, decoy_hash, is_expensive
 from broker.core.queue import Scheduler, WorkQueue
+from broker.core.replyto import DirectReplyTo
 from broker.core.vhost import VirtualHost
 
 if TYPE_CHECKING:
@@ -206,6 +207,8 @@ class Node:
         #: Event counts for metrics: stale_acks, stale_extends, auth_attempts, auth_failures, auth_successes...
         self.counters: Counter[str] = Counter()
         self.connections: set[Any] = set()
+        #: The channels' direct reply-to consumers (``amq.rabbitmq.reply-to``).
+        self.replies = DirectReplyTo()
         #: Open connections per user name (for users' connection and channel limits).
         self.user_connections: dict[str, set[Any]] = {}
         self.dirty: set[Any] = set()

@@ -78,3 +78,27 @@ def test_priority_queue_declared_through_queue_arguments(connection: Connection)
         received.append(message.payload["priority"])
 
     assert received == [9, 7, 5, 1, 0]
+
+
+def test_consumer_arguments_give_a_consumer_priority(connection: Connection, broker: Any) -> None:
+    queue = Queue("kombu.work", routing_key="kombu.work", durable=False)
+    received: list[tuple[str, Any]] = []
+
+    def on(name: str) -> Any:
+        return lambda body, message: received.append((name, body))
+
+    with Connection(f"amqp://guest:guest@127.0.0.1:{broker.port}//", connect_timeout=5) as other:
+        low = Consumer(connection, [queue], callbacks=[on("low")], accept=["json"], prefetch_count=2)
+        eager = Queue("kombu.work", routing_key="kombu.work", durable=False, consumer_arguments={"x-priority": 10})
+        high = Consumer(other, [eager], callbacks=[on("high")], accept=["json"], prefetch_count=2)
+        with low, high:
+            producer = Producer(connection.default_channel)
+            for number in range(4):
+                producer.publish(number, routing_key="kombu.work", serializer="json", declare=[queue])
+            while len(received) < 4:
+                for conn in (connection, other):
+                    try:
+                        conn.drain_events(timeout=0.05)
+                    except TimeoutError:
+                        pass
+    assert sorted(received, key=lambda item: item[1]) == [("high", 0), ("high", 1), ("low", 2), ("low", 3)]

@@ -9,6 +9,7 @@ answers in order.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from decimal import Decimal
@@ -826,3 +827,63 @@ def test_a_20_mb_message_round_trips_under_the_default_limit(pika_connect: Calla
     channel.basic_publish("", "large", body)
     _method, _properties, got = channel.basic_get("large", auto_ack=True)
     assert got == body
+
+
+def test_rpc_over_direct_reply_to(pika_connect: Connect) -> None:
+    requester, responder = pika_connect(), pika_connect()
+    server = responder.channel()
+    server.queue_declare("rpc.add")
+
+    def answer(channel: BlockingChannel, method: Any, properties: pika.BasicProperties, body: bytes) -> None:
+        total = sum(int(part) for part in body.split(b"+"))
+        reply = pika.BasicProperties(correlation_id=properties.correlation_id)
+        channel.basic_publish("", properties.reply_to, b"%d" % total, reply)
+
+    server.basic_consume("rpc.add", answer, auto_ack=True)
+    client = requester.channel()
+    replies: list[Delivery] = []
+    client.basic_consume("amq.rabbitmq.reply-to", collector(replies), auto_ack=True)
+    for number, question in enumerate((b"2+2", b"40+2", b"1+1+1")):
+        properties = pika.BasicProperties(reply_to="amq.rabbitmq.reply-to", correlation_id=str(number))
+        client.basic_publish("", "rpc.add", question, properties)
+        deadline = time.monotonic() + 5
+        while len(replies) <= number:  # each side's I/O loop in turn: one thread plays both
+            assert time.monotonic() < deadline, "no reply within 5 s"
+            responder.process_data_events(time_limit=0.01)
+            requester.process_data_events(time_limit=0.01)
+    assert [(props.correlation_id, body) for _method, props, body in replies] == [
+        ("0", b"4"),
+        ("1", b"42"),
+        ("2", b"3"),
+    ]
+
+
+def test_single_active_consumer_fails_over_in_order_when_its_connection_is_killed(
+    pika_connect: Connect, broker: Any
+) -> None:
+    # Not from the fixture, which closes what it opened: this one's socket is cut under it.
+    first = BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+    second, publisher = pika_connect(), pika_connect()
+    arguments = {"x-single-active-consumer": True}
+    first_channel = first.channel()
+    first_channel.queue_declare("ordered", arguments=arguments)
+    first_channel.basic_qos(prefetch_count=5)
+    held: list[Delivery] = []
+    first_channel.basic_consume("ordered", collector(held))
+    second_channel = second.channel()
+    second_channel.basic_qos(prefetch_count=1000)
+    taken: list[Delivery] = []
+    second_channel.basic_consume("ordered", collector(taken), arguments={"x-priority": 1})
+    sender = publisher.channel()
+    sender.confirm_delivery()
+    for number in range(50):
+        sender.basic_publish("", "ordered", b"%d" % number)
+    wait_for(first, lambda: len(held) == 5)
+    first_channel.basic_ack(held[1][0].delivery_tag, multiple=True)  # 0 and 1 done
+    wait_for(first, lambda: len(held) == 7)
+    second.process_data_events(time_limit=0.2)
+    assert taken == []  # it waits while the first is active
+    first._impl._transport._sock.shutdown(socket.SHUT_RDWR)  # killed: no connection.close, nothing acked
+    wait_for(second, lambda: len(taken) == 48, 10)
+    assert [int(body) for _m, _p, body in taken] == list(range(2, 50))
+    assert [method.redelivered for method, _p, _b in taken[:5]] == [True] * 5
