@@ -506,3 +506,50 @@ def test_the_definitions_export_holds_what_rabbitmqs_holds_and_rabbitmq_imports_
     # Policies and parameters name their vhost, which is now the one imported into.
     moved = json.loads(json.dumps(reexported[1]).replace('"vhost": "def-import"', '"vhost": "/"'))
     assert exported(moved) == exported(postroom_one)
+
+
+def consumer_views(amqp_port: int, http_port: int) -> list[Any]:
+    """A single-active-consumer queue with two consumers, before and after the active one leaves,
+    as the queue object and ``/api/consumers`` show it."""
+
+    def shown() -> tuple[Any, ...]:
+        queue = api(http_port, "guest", "queues/%2F/mg.sac")[1]
+        details = sorted(
+            (c["consumer_tag"], c["active"], c["activity_status"], c["ack_required"], c["prefetch_count"],
+             c["exclusive"], c["arguments"], c["queue"])
+            for c in queue.get("consumer_details", [])
+        )  # fmt: skip
+        listed = sorted(
+            (c["consumer_tag"], c["active"], c["activity_status"])
+            for c in api(http_port, "guest", "consumers/%2F")[1]
+            if c["queue"]["name"] == "mg.sac"
+        )
+        return queue.get("consumers"), queue.get("single_active_consumer_tag"), details, listed
+
+    connections = [pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqp_port)) for _ in range(2)]
+    try:
+        first, second = (connection.channel() for connection in connections)
+        first.queue_declare("mg.sac", arguments={"x-single-active-consumer": True})
+        first.basic_qos(prefetch_count=7)
+        first.basic_consume("mg.sac", lambda *_: None, consumer_tag="first")
+        second.basic_consume("mg.sac", lambda *_: None, consumer_tag="second", auto_ack=True,
+                             arguments={"x-priority": 3})  # fmt: skip
+        assert wait_for(lambda: len(shown()[2]) == 2 and shown()[1] == "first", 20), shown()
+        before = shown()
+        connections[0].close()
+        assert wait_for(lambda: shown()[1] == "second" and len(shown()[2]) == 1, 20), shown()
+        after = shown()
+        second.queue_delete("mg.sac")
+        return [before, after]
+    finally:
+        for connection in connections:
+            if connection.is_open:
+                connection.close()
+
+
+def test_consumer_details_show_the_single_active_consumer_as_rabbitmq_shows_it(
+    rabbitmq_management: tuple[int, int], postroom_management: tuple[int, int]
+) -> None:
+    expected = consumer_views(*rabbitmq_management)
+    assert expected[0][1] == "first"  # what the oracle is about
+    assert consumer_views(*postroom_management) == expected
