@@ -855,6 +855,8 @@ class ChannelState:
             self._hooks.published(self.vhost, exchange_name, message)
         if self.transactional:
             self._check_exchange(exchange_name)
+            if exchange_name == "" and routing_key.startswith(PREFIX) and routing_key not in self.vhost.queues:
+                self._reply(message, routing_key)  # as RabbitMQ: at once, and a rollback keeps it
             self._tx_ops.append(lambda: self._route(message, exchange_name, bits & 1))
             return
         if exchange_name == "":

@@ -96,3 +96,18 @@ def test_a_closed_channel_and_a_lost_connection_leave_no_reply_consumer_behind()
     assert len(node.replies) == 1
     c.connection.connection_lost()
     assert len(node.replies) == 0
+
+
+def test_a_reply_published_in_a_transaction_goes_at_once_as_in_rabbitmq() -> None:
+    node = Node(rng=random.Random(4))
+    requester, responder = client(node), client(node)
+    requester.call(1, commands.Basic.Consume(queue=PSEUDO, consumer_tag="replies", no_ack=True))
+    responder.call(1, commands.Queue.Declare(queue="rpc"))
+    request(requester, "rpc", b"q")
+    got = responder.call(1, commands.Basic.Get(queue="rpc", no_ack=True))
+    reply_to = next(value for _, value in got if type(value).__name__ == "ContentHeader").properties.reply_to
+    responder.call(1, commands.Tx.Select())
+    responder.send(publish_frames(1, "", reply_to, b"a", commands.Basic.Properties()))
+    assert [d.consumer_tag for d in of(requester.read(), commands.Basic.Deliver)] == ["replies"]
+    responder.call(1, commands.Tx.Rollback())
+    assert of(requester.read(), commands.Basic.Deliver) == []
