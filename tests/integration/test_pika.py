@@ -887,3 +887,27 @@ def test_single_active_consumer_fails_over_in_order_when_its_connection_is_kille
     wait_for(second, lambda: len(taken) == 48, 10)
     assert [int(body) for _m, _p, body in taken] == list(range(2, 50))
     assert [method.redelivered for method, _p, _b in taken[:5]] == [True] * 5
+
+
+def test_consumer_priorities_send_work_to_the_highest_until_its_prefetch_is_full(pika_connect: Connect) -> None:
+    low_connection, high_connection, publisher = pika_connect(), pika_connect(), pika_connect()
+    low, high = low_connection.channel(), high_connection.channel()
+    low.queue_declare("prioritised")
+    for channel in (low, high):
+        channel.basic_qos(prefetch_count=3)
+    low_got: list[Delivery] = []
+    high_got: list[Delivery] = []
+    low.basic_consume("prioritised", collector(low_got))
+    high.basic_consume("prioritised", collector(high_got), arguments={"x-priority": 10})
+    sender = publisher.channel()
+    sender.confirm_delivery()
+    for number in range(5):
+        sender.basic_publish("", "prioritised", b"%d" % number)
+    wait_for(high_connection, lambda: len(high_got) == 3)
+    wait_for(low_connection, lambda: len(low_got) == 2)
+    assert [body for _m, _p, body in high_got] == [b"0", b"1", b"2"]
+    assert [body for _m, _p, body in low_got] == [b"3", b"4"]
+    high.basic_ack(high_got[0][0].delivery_tag)
+    sender.basic_publish("", "prioritised", b"5")
+    wait_for(high_connection, lambda: len(high_got) == 4)
+    assert high_got[-1][2] == b"5"

@@ -193,3 +193,27 @@ def test_single_active_consumer_takes_part_in_redeclare_equivalence_and_must_be_
     frames = c.call(2, commands.Queue.Declare(queue="other", arguments={"x-single-active-consumer": "yes"}))
     closing = [v for _, v in frames if isinstance(v, commands.Channel.Close)][0]
     assert closing.reply_text.endswith("{unacceptable_type,longstr}")
+
+
+def test_a_single_active_consumer_with_priorities_delivery_limits_and_dead_lettering() -> None:
+    node, _ = setup()
+    first, second, publisher = client(node), client(node), client(node)
+    first.call(1, commands.Exchange.Declare(exchange="dlx", exchange_type="fanout"))
+    first.call(1, commands.Queue.Declare(queue="dead"))
+    first.call(1, commands.Queue.Bind(queue="dead", exchange="dlx"))
+    sac_queue(first, **{"x-max-priority": 5, "x-delivery-limit": 1, "x-dead-letter-exchange": "dlx"})
+    consume(first, "ordered", "first")
+    consume(second, "ordered", "second")
+    properties = [commands.Basic.Properties(priority=p) for p in (0, 5, 1)]
+    publisher.send(b"".join(publish_frames(1, "", "ordered", b"p%d" % p.priority, p) for p in properties))
+    frames = first.read()
+    assert [body for _, body in delivered(frames)] == [b"p0", b"p5", b"p1"]  # delivered as they came
+    tags = [v.delivery_tag for _, v in frames if isinstance(v, commands.Basic.Deliver)]
+    # Two returns each: past the delivery limit of 1, every message dies to the dead-letter queue.
+    for _ in range(2):
+        requeued = first.call(1, commands.Basic.Nack(delivery_tag=0, multiple=True, requeue=True))
+        assert delivered(second.read()) == []
+        tags = [v.delivery_tag for _, v in requeued if isinstance(v, commands.Basic.Deliver)]
+        if tags:
+            assert [body for _, body in delivered(requeued)] == [b"p5", b"p1", b"p0"]  # by priority now
+    assert node.vhosts["/"].queues["dead"].message_count == 3
