@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_parser", "build_session", "main", "run"]
+__all__ = ["build_parser", "build_session", "configured_master", "main", "run"]
 
 #: The project root: Python workers started by a local Spark need it on their path.
 ROOT = str(Path(__file__).resolve().parent.parent)
@@ -83,20 +83,49 @@ def ship_code(spark: Any) -> str:
     return _shipped[key]
 
 
-def build_session(master: str | None, app: str = "postroom-dlq-analysis") -> Any:
-    """A SparkSession; a local master is bound to loopback, runs workers on this Python, and
-    shuffles into twice as many partitions as cores, without adaptive execution.
+def configured_master() -> str | None:
+    """The master Spark itself was configured with, without the job's ``--master``: the one
+    ``spark-submit`` passed (its ``--master``, ``spark-defaults.conf``, ``MASTER``), else the
+    ``spark.master`` of ``spark-defaults.conf`` in ``SPARK_CONF_DIR`` (or ``SPARK_HOME/conf``)
+    that a plain ``python`` run would load; ``None`` when nothing set one.
+    """
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):  # started by spark-submit: its JVM holds the conf
+        from pyspark import SparkConf, SparkContext
 
-    Timestamps are UTC throughout (``spark.sql.session.timeZone``), so minutes and dates in
-    the report do not depend on the host's zone.
+        SparkContext._ensure_initialized()
+        return SparkConf().get("spark.master", None)
+    directory = os.environ.get("SPARK_CONF_DIR") or (
+        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None
+    )
+    if directory is None:
+        return None
+    try:
+        with open(os.path.join(directory, "spark-defaults.conf"), encoding="utf-8") as defaults:
+            for line in defaults:
+                key, _, value = line.strip().partition(" ")
+                if key == "spark.master" and value.strip():
+                    return value.strip()
+    except OSError:
+        return None
+    return None
+
+
+def build_session(master: str | None, app: str = "postroom-dlq-analysis") -> Any:
+    """A SparkSession on ``master`` (the job's ``--master``), else on the master Spark was
+    configured with (:func:`configured_master`), else on ``local[*]``.
+
+    A local master is bound to loopback, runs workers on this Python and shuffles into twice as
+    many partitions as cores, without adaptive execution or the UI; a cluster's settings are
+    left as its configuration has them. Timestamps are UTC throughout
+    (``spark.sql.session.timeZone``), so minutes and dates in the report do not depend on the
+    host's zone.
     """
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.appName(app).config("spark.sql.session.timeZone", "UTC")
+    master = master or configured_master() or "local[*]"
+    builder = SparkSession.builder.appName(app).master(master).config("spark.sql.session.timeZone", "UTC")
     builder = builder.config("spark.sql.parquet.compression.codec", "zstd")
-    if master is not None:
-        builder = builder.master(master)
-    if master is None or master.startswith("local"):
+    if master.startswith("local"):
         # Workers run this interpreter (with pyarrow) and import this project; nothing listens
         # beyond loopback.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -113,8 +142,6 @@ def build_session(master: str | None, app: str = "postroom-dlq-analysis") -> Any
             .config("spark.sql.adaptive.enabled", "false")
             .config("spark.sql.shuffle.partitions", str(2 * (os.cpu_count() or 1)))
         )
-        if master is None:
-            builder = builder.master("local[*]")
     spark = builder.getOrCreate()
     ship_code(spark)
     return spark

@@ -155,6 +155,8 @@ def priorities(port: int, prefix: str) -> list[Entry]:
                 deliveries(high, 3)
                 deliveries(low, 2)
                 high.send(frames(1, commands.Basic.Ack(delivery_tag=1)))
+                high.send(frames(1, commands.Basic.Qos(prefetch_count=3)))  # once answered, the ack is in
+                high.read(until("Basic.QosOk"))
                 publish(publisher, queue, b"5")
                 deliveries(high, 1)
                 close_connection(high)
