@@ -193,7 +193,8 @@ def _hang_guard(request: pytest.FixtureRequest) -> Iterator[None]:
     if request.node.get_closest_marker("integration") is None:
         yield
         return
-    faulthandler.dump_traceback_later(HANG_TIMEOUT, exit=True)
+    longer = request.node.get_closest_marker("hang_timeout")
+    faulthandler.dump_traceback_later(longer.args[0] if longer else HANG_TIMEOUT, exit=True)
     try:
         yield
     finally:

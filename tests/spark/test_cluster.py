@@ -1,0 +1,163 @@
+"""The job on a real Spark standalone cluster, launched as the README says.
+
+A master and two workers (one core each) are started from the installed pyspark's own
+``spark-class``, loopback only, once for this module and stopped by pid. The README's
+command, ``spark-submit --master spark://… spark/dlq_job.py``, runs over raw segments and over
+their Parquet export; Spark's own event log (its ``EventLoggingListener``) then says which
+executor ran every task, and the report must equal a ``local[1]`` run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyarrow")
+pyspark = pytest.importorskip("pyspark")
+
+from broker.testing import free_port  # noqa: E402
+from spark.export import export  # noqa: E402
+from tests.spark.records import dead_lettered, segment, settled, write_segment  # noqa: E402
+
+#: Two spark-submit runs on the cluster, a JVM and executors each: minutes, not seconds.
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.hang_timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[2]
+SPARK_HOME = Path(pyspark.__file__).parent
+#: Reasons and queues of the synthetic dead letters: 70 of them over three segments, 5 settled.
+REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
+QUEUES = ("orders", "billing")
+
+
+def _environment() -> dict[str, str]:
+    return dict(os.environ, SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1", SPARK_NO_DAEMONIZE="1")
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A standalone master with two one-core workers; yields the master URL."""
+    home = tmp_path_factory.mktemp("standalone")
+    spark_class = str(SPARK_HOME / "bin" / "spark-class")
+    port, ui = free_port(), free_port()
+    log = open(home / "cluster.log", "ab")
+    processes = [
+        subprocess.Popen(
+            [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+             "--webui-port", str(ui)],
+            env=_environment(), stdout=log, stderr=log,
+        )
+    ]  # fmt: skip
+    url = f"spark://127.0.0.1:{port}"
+    for number in (1, 2):
+        processes.append(
+            subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
+                 "--memory", "1g", "--webui-port", str(free_port()), "--work-dir", str(home / f"worker-{number}"),
+                 url],
+                env=_environment(), stdout=log, stderr=log,
+            )
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as answer:
+                    if json.loads(answer.read()).get("aliveworkers") == 2:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, (home / "cluster.log").read_text()[-3000:]
+            assert all(process.poll() is None for process in processes), (home / "cluster.log").read_text()[-3000:]
+            time.sleep(0.5)
+        yield url
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+        log.close()
+
+
+def dead_letter_segments(directory: Path) -> None:
+    """70 dead letters over three segments (so the raw decoding has partitions to spread), 5 settled."""
+    identifier = 0
+    for number in (1, 2, 3):
+        records: list[Any] = []
+        for _ in range(24 if number < 3 else 22):
+            identifier += 1
+            records.append(
+                dead_lettered(identifier, QUEUES[identifier % 2], REASONS[identifier % 4], ("dlq",), identifier % 3)
+            )
+        if number == 3:
+            records += [settled(identifier) for identifier in (1, 2, 3, 4, 5)]
+        write_segment(directory, number, segment(number, records))
+
+
+def submit(master: str, arguments: list[str], events: Path) -> None:
+    """The README's cluster command, as a user runs it: spark-submit's own ``--master``."""
+    events.mkdir(parents=True, exist_ok=True)
+    command = [
+        str(SPARK_HOME / "bin" / "spark-submit"),
+        "--master", master,
+        "--conf", "spark.eventLog.enabled=true",
+        "--conf", "spark.eventLog.compress=false",
+        "--conf", f"spark.eventLog.dir=file://{events}",
+        "--conf", f"spark.pyspark.python={sys.executable}",
+        "--conf", "spark.driver.host=127.0.0.1",
+        str(ROOT / "spark" / "dlq_job.py"),
+        *arguments,
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=_environment(), cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+def executors_of_tasks(events: Path) -> list[str]:
+    """The executor of every finished task, from Spark's event log."""
+    found = []
+    for log in events.rglob("events_*"):  # Spark 4: a directory per app, the events in events_N_*
+        for line in log.read_text().splitlines():
+            event = json.loads(line)
+            if event.get("Event") == "SparkListenerTaskEnd":
+                found.append(event["Task Info"]["Executor ID"])
+    return found
+
+
+def summary(out: Path) -> dict[str, Any]:
+    report = json.loads((out / "summary.json").read_text())
+    return {key: report[key] for key in ("total", "pending", "by_reason", "by_queue", "by_dlq", "corrupt_records")}
+
+
+def test_the_readme_cluster_command_runs_its_tasks_on_the_workers(standalone: str, spark: Any, tmp_path: Path) -> None:
+    from spark.job import build_parser, run
+
+    segments = tmp_path / "deadletters"
+    dead_letter_segments(segments)
+    parquet = tmp_path / "deadletters-parquet"
+    export(str(segments), str(parquet), include_last=True)
+
+    local = tmp_path / "local"
+    run(spark, build_parser().parse_args(["--segments", str(segments), "--out", str(local)]), say=lambda _: None)
+    expected = summary(local)
+    assert (expected["total"], expected["pending"]) == (70, 65)
+
+    for name, arguments in (("raw", ["--segments", str(segments)]), ("exported", ["--input", str(parquet)])):
+        out, events = tmp_path / name, tmp_path / f"events-{name}"
+        submit(standalone, [*arguments, "--out", str(out)], events)
+        assert summary(out) == expected, name
+        executors = executors_of_tasks(events)
+        assert executors and "driver" not in executors, (name, executors)
+        if name == "raw":
+            assert len(set(executors)) == 2, executors  # the segments' decoding spread over both workers
