@@ -5,9 +5,9 @@
 1. events from the exported Parquet (``--input``, any Hadoop-compatible path: a local
    directory, ``hdfs://``, ``s3a://``), read natively by Spark;
 2. plus events of the segments that are not exported yet (``--segments``, a directory the
-   executors can read) through the Python Data Source (``spark/source.py``), first staged to
-   Parquet under ``OUT/_staged`` in one parallel pass (one task per segment), so the passes
-   after it read Parquet too;
+   executors can read, listed by one of them), decoded on the executors with ``mapInArrow``
+   (one partition per segment, the broker's own decoder), first staged to Parquet under
+   ``OUT/_staged`` in one parallel pass, so the passes after it read Parquet too;
 3. :func:`spark.transforms.summarise` of :func:`spark.transforms.dead_letters` to
    ``OUT/summary.json``, the plots and ``OUT/report.html``: two passes, each reading only the
    columns it needs;
@@ -175,13 +175,42 @@ def _exported_segments(parquet: Any) -> set[int]:
     return numbers
 
 
+def _decode_segments(batches: Any) -> Any:
+    """On an executor: the events of each ``(number, path)`` segment given, as Arrow batches."""
+    from spark.events import segment_batches
+
+    for batch in batches:
+        for number, path in zip(batch.column("number").to_pylist(), batch.column("path").to_pylist(), strict=True):
+            try:
+                with open(path, "rb") as file:
+                    data = file.read()
+            except FileNotFoundError:
+                continue  # exported and pruned since it was listed: the Parquet copy has it
+            yield from segment_batches(data, number)
+
+
+def _raw_events(spark: Any, segments: str, exported: set[int], schema: Any) -> Any:
+    """The events of the segments in ``segments`` that are not ``exported``, one partition per
+    segment. The directory is listed by an executor, and only executors run Python on it
+    (``mapInArrow``): the driver need not see it, nor run the executors' Python (which, shipped
+    with ``--archives``, exists only on them)."""
+    from spark.events import list_segments
+
+    context = spark.sparkContext
+    listed = context.parallelize([segments], 1).flatMap(list_segments).collect()
+    wanted = [(number, path) for number, path in listed if number not in exported]
+    if not wanted:
+        return spark.createDataFrame([], schema)
+    paths = spark.createDataFrame(context.parallelize(wanted, len(wanted)), "number long, path string")
+    return paths.mapInArrow(_decode_segments, schema)
+
+
 def read_events(
     spark: Any, inputs: Sequence[str], segments: str | None, staging: str, say: Callable[[str], None]
 ) -> Any:
     """The event DataFrame: exported Parquet plus the segments not exported yet (staged)."""
     from spark.events import list_segments
     from spark.schema import spark_schema
-    from spark.source import FORMAT, register
 
     schema = spark_schema()
     frames = []
@@ -199,13 +228,7 @@ def read_events(
     if segments and os.path.isdir(segments) and all(n in exported for n, _path in list_segments(segments)):
         say(f"no segment of {segments} left to decode (none, or all exported)")
     elif segments:  # (a directory only the executors see is listed by them)
-        register(spark)
-        raw = (
-            spark.read.format(FORMAT)
-            .option("path", segments)
-            .option("exclude", ",".join(str(n) for n in sorted(exported)))
-            .load()
-        )
+        raw = _raw_events(spark, segments, exported, schema)
         say(f"decoding the segments of {segments} not exported yet")
         raw.write.mode("overwrite").parquet(staging)
         frames.append(spark.read.schema(schema).parquet(staging))
@@ -274,6 +297,50 @@ def _write(spark: Any, path: str, data: bytes, local: bool) -> None:
         stream.close()
 
 
+#: What to do when the executors' Python cannot run the job (see the README, "Or on a cluster").
+SHIP_AN_ENVIRONMENT = (
+    "ship one that has it: scripts/pack-spark-env env.tar.gz, then PYSPARK_DRIVER_PYTHON=python "
+    "PYSPARK_PYTHON=./environment/bin/python spark-submit --archives env.tar.gz#environment ..."
+)
+
+
+def _probe(_partition: Any) -> Any:
+    """On an executor: its Python, host, and what it cannot import (``""``: nothing)."""
+    import socket
+
+    try:
+        import pandas  # noqa: F401  (PySpark's Arrow functions require it)
+        import pyarrow  # noqa: F401
+
+        import spark.schema  # noqa: F401  (the code the session ships)
+
+        problem = ""
+    except ImportError as error:
+        problem = str(error)
+    yield sys.executable, socket.gethostname(), problem
+
+
+def preflight(spark: Any) -> str | None:
+    """Before the real work on a cluster: one small task per executor core imports pyarrow and
+    the shipped code there. Returns one line saying what is wrong and how to fix it (``None``:
+    nothing is). Local masters run this interpreter and are not probed."""
+    context = spark.sparkContext
+    if context.master.startswith("local"):
+        return None
+    slots = max(context.defaultParallelism, 1)
+    try:
+        answers = context.parallelize(range(slots), slots).mapPartitions(_probe).collect()
+    except Exception as error:  # the executors could not even start a Python worker
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return f"the executors cannot run Python ({first}); {SHIP_AN_ENVIRONMENT}"
+    for executable, host, problem in answers:
+        if problem:
+            return f"the executors' Python ({executable} on {host}) cannot import what the job needs ({problem}); " + (
+                SHIP_AN_ENVIRONMENT
+            )
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the job from the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -282,6 +349,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     spark = build_session(args.master)
     try:
+        problem = preflight(spark)
+        if problem is not None:
+            print(f"dlq_job: {problem}", file=sys.stderr)
+            return 1
         run(spark, args)
     except Exception as error:
         from pyspark.errors import AnalysisException, ParseException

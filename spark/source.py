@@ -10,7 +10,10 @@ Options:
   open (the broker host, or a shared file system);
 * ``exclude``: comma-separated segment numbers to skip (those already exported to Parquet).
 
-The Spark job registers it with :func:`register`. Python Data Sources need PySpark 4.0 or later.
+:func:`register` makes it available in a session, for reading segments by hand. The job
+itself decodes segments with ``mapInArrow`` (``spark/job.py``): a Data Source plans on the
+driver with the executors' Python, which a cluster run with ``--archives`` has only on the
+executors. Python Data Sources need PySpark 4.0 or later.
 """
 
 from __future__ import annotations

@@ -106,22 +106,35 @@ def dead_letter_segments(directory: Path) -> None:
         write_segment(directory, number, segment(number, records))
 
 
-def submit(master: str, arguments: list[str], events: Path) -> None:
-    """The README's cluster command, as a user runs it: spark-submit's own ``--master``."""
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The executors' environment, packed by the project's documented command."""
+    archive = tmp_path_factory.mktemp("packed") / "env.tar.gz"
+    subprocess.run([str(ROOT / "scripts" / "pack-spark-env"), str(archive)], check=True, timeout=600,
+                   capture_output=True, env=dict(os.environ, PYTHON=sys.executable))  # fmt: skip
+    return archive
+
+
+def submit(
+    master: str, arguments: list[str], events: Path, archive: Path, python: str = "./environment/bin/python"
+) -> subprocess.CompletedProcess[str]:
+    """The README's cluster command, as a user runs it: spark-submit's own ``--master``, the
+    executors' environment shipped with ``--archives``, run from outside the checkout."""
     events.mkdir(parents=True, exist_ok=True)
     command = [
         str(SPARK_HOME / "bin" / "spark-submit"),
         "--master", master,
+        "--archives", f"{archive}#environment",
         "--conf", "spark.eventLog.enabled=true",
         "--conf", "spark.eventLog.compress=false",
         "--conf", f"spark.eventLog.dir=file://{events}",
-        "--conf", f"spark.pyspark.python={sys.executable}",
         "--conf", "spark.driver.host=127.0.0.1",
         str(ROOT / "spark" / "dlq_job.py"),
         *arguments,
     ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=_environment(), cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-4000:]
+    environment = dict(_environment(), PYSPARK_DRIVER_PYTHON=sys.executable, PYSPARK_PYTHON=python)
+    environment.pop("PYTHONPATH", None)
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment, cwd=events)
 
 
 def executors_of_tasks(events: Path) -> list[str]:
@@ -140,7 +153,9 @@ def summary(out: Path) -> dict[str, Any]:
     return {key: report[key] for key in ("total", "pending", "by_reason", "by_queue", "by_dlq", "corrupt_records")}
 
 
-def test_the_readme_cluster_command_runs_its_tasks_on_the_workers(standalone: str, spark: Any, tmp_path: Path) -> None:
+def test_the_readme_cluster_command_runs_its_tasks_on_the_workers(
+    standalone: str, packed: Path, spark: Any, tmp_path: Path
+) -> None:
     from spark.job import build_parser, run
 
     segments = tmp_path / "deadletters"
@@ -155,9 +170,28 @@ def test_the_readme_cluster_command_runs_its_tasks_on_the_workers(standalone: st
 
     for name, arguments in (("raw", ["--segments", str(segments)]), ("exported", ["--input", str(parquet)])):
         out, events = tmp_path / name, tmp_path / f"events-{name}"
-        submit(standalone, [*arguments, "--out", str(out)], events)
+        result = submit(standalone, [*arguments, "--out", str(out)], events, packed)
+        assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
         assert summary(out) == expected, name
         executors = executors_of_tasks(events)
         assert executors and "driver" not in executors, (name, executors)
         if name == "raw":
             assert len(set(executors)) == 2, executors  # the segments' decoding spread over both workers
+
+
+def test_executors_without_pyarrow_get_one_line_saying_so(standalone: str, packed: Path, tmp_path: Path) -> None:
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    segments = tmp_path / "deadletters"
+    dead_letter_segments(segments)
+    result = submit(standalone, ["--segments", str(segments), "--out", str(tmp_path / "out")], tmp_path / "events",
+                    packed, python=str(bare / "bin" / "python"))  # fmt: skip
+    assert result.returncode == 1
+    # spark-submit passes the driver's stderr on to its stdout; Spark's console progress bar may
+    # share the line (it ends with a carriage return).
+    output = result.stdout + result.stderr
+    said = [line[line.index("dlq_job:") :] for line in output.splitlines() if "dlq_job:" in line]
+    assert len(said) == 1 and "cannot import" in said[0] and str(bare / "bin" / "python") in said[0], said
+    assert "No module named" in said[0] and "scripts/pack-spark-env" in said[0]
+    assert "Traceback" not in output
+    assert not (tmp_path / "out" / "summary.json").exists()
