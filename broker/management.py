@@ -312,7 +312,7 @@ class ManagementAPI(Resource):
             self._log.failure("management API request {path} failed", path=request.path)
             status, body = 500, {"error": "internal_error", "reason": "internal error (see the broker log)"}
         request.setResponseCode(status)
-        if status == 204:
+        if status in (204, 415):  # RabbitMQ's 415 (cowboy's) has no body either
             return b""
         return json.dumps(body, default=_json_default).encode()
 
@@ -588,14 +588,7 @@ class ManagementAPI(Resource):
 
     @staticmethod
     def _policy_view(vhost: VirtualHost, policy: Policy) -> dict[str, Any]:
-        return {
-            "vhost": vhost.name,
-            "name": policy.name,
-            "pattern": policy.pattern,
-            "apply-to": policy.apply_to,
-            "definition": dict(policy.definition),
-            "priority": policy.priority,
-        }
+        return {"vhost": vhost.name, "name": policy.name, **policy.value()}
 
     def _policy_list(self, user: User, rest: list[str], operator: bool) -> Any:
         """``/api/policies[/VHOST[/NAME]]`` (``operator``: ``/api/operator-policies/...``), as
@@ -636,7 +629,7 @@ class ManagementAPI(Resource):
         escaped, as RabbitMQ escapes them)."""
         self._may_set_policies(user, vhost_name, operator)
         if operator and not (request.getHeader(b"content-type") or b"").lower().startswith(b"application/json"):
-            raise _Problem(415, "unsupported_media_type", "the body must be application/json")
+            raise _Problem(415, "unsupported_media_type", "")  # answered without a body
         vhost = self.node.vhosts.get(vhost_name)
         if vhost is None:
             raise _Problem(404, "not_found", "vhost_not_found")

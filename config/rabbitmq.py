@@ -39,7 +39,7 @@ import re
 from typing import Any
 
 from config.loader import BUILTIN_EXCHANGE_TYPES, STANDARD_EXCHANGES, ConfigError, Problem, _is_list, _Reader
-from config.policies import KEYS, OPERATOR_KEYS, check_apply_to, check_pattern, validate
+from config.policies import KEYS, OPERATOR_KEYS, check_apply_to, check_pattern, check_priority, validate
 from config.schema import (
     BindingConfig,
     BrokerConfig,
@@ -455,11 +455,8 @@ class _Definitions:
         pattern = read.string(item.get("pattern"), f"{path}.pattern", "")
         apply_to = read.string(item.get("apply-to", "all"), f"{path}.apply-to", "all")
         priority = item.get("priority", 0)
-        problems = validate(kept, operator) + [
-            problem for problem in (check_pattern(pattern), check_apply_to(apply_to)) if problem is not None
-        ]
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            problems.append(f"priority should be a number, actually was {priority!r}")
+        checks = (check_pattern(pattern), check_apply_to(apply_to), check_priority(priority))
+        problems = validate(kept, operator) + [problem for problem in checks if problem is not None]
         for problem in problems:
             read.problem(path, problem)
         if not problems:

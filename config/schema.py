@@ -266,7 +266,7 @@ class PolicyConfig:
     name: str
     pattern: str
     definition: Mapping[str, Any]
-    priority: int = 0
+    priority: int | float = 0
     apply_to: str = "all"
 
 

@@ -27,7 +27,15 @@ from broker.wal.record import (
 )
 from spark.schema import ARROW_SCHEMA
 
-__all__ = ["BATCH_ROWS", "SEGMENT_NAME", "list_segments", "segment_batches", "segment_number", "segment_records"]
+__all__ = [
+    "BATCH_ROWS",
+    "SEGMENT_NAME",
+    "list_segments",
+    "segment_batches",
+    "segment_file_batches",
+    "segment_number",
+    "segment_records",
+]
 
 #: Rows per Arrow batch: big enough that per-batch overhead vanishes, small enough that a
 #: batch of 1 KiB previews stays around 4 MiB on an executor.
@@ -284,3 +292,14 @@ def segment_batches(data: bytes, segment: int, batch_rows: int = BATCH_ROWS) -> 
             columns = _Columns()
     if columns.rows:
         yield columns.batch(segment, default_date)
+
+
+def segment_file_batches(path: str, segment: int) -> Iterator[pa.RecordBatch]:
+    """:func:`segment_batches` of the segment file at ``path``; nothing when the file is gone
+    (exported and pruned since it was listed: the Parquet copy has its events)."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+    except FileNotFoundError:
+        return
+    yield from segment_batches(data, segment)

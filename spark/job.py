@@ -177,16 +177,11 @@ def _exported_segments(parquet: Any) -> set[int]:
 
 def _decode_segments(batches: Any) -> Any:
     """On an executor: the events of each ``(number, path)`` segment given, as Arrow batches."""
-    from spark.events import segment_batches
+    from spark.events import segment_file_batches
 
     for batch in batches:
         for number, path in zip(batch.column("number").to_pylist(), batch.column("path").to_pylist(), strict=True):
-            try:
-                with open(path, "rb") as file:
-                    data = file.read()
-            except FileNotFoundError:
-                continue  # exported and pruned since it was listed: the Parquet copy has it
-            yield from segment_batches(data, number)
+            yield from segment_file_batches(path, number)
 
 
 def _raw_events(spark: Any, segments: str, exported: set[int], schema: Any) -> Any:

@@ -58,17 +58,11 @@ class DeadLetterSegmentReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         """The events of one segment, as Arrow record batches."""
-        from spark.events import segment_batches
+        from spark.events import segment_file_batches
 
         assert isinstance(partition, SegmentPartition)
-        if not partition.path:
-            return
-        try:
-            with open(partition.path, "rb") as file:
-                data = file.read()
-        except FileNotFoundError:
-            return  # exported and pruned between listing and reading: the Parquet copy has it
-        yield from segment_batches(data, partition.number)
+        if partition.path:
+            yield from segment_file_batches(partition.path, partition.number)
 
 
 class DeadLetterSegments(DataSource):

@@ -904,9 +904,9 @@ class ChannelState:
         """Deliver a reply to the reply consumer named ``routing_key``; whether one took it (a
         reply to a consumer that is gone is dropped, as in RabbitMQ)."""
         reply = self.connection.node.replies.find(routing_key)
-        if reply is None or reply.channel.closing:  # type: ignore[attr-defined]
+        if reply is None or reply.channel.closing:
             return False
-        reply.channel.deliver_reply(reply, message)  # type: ignore[attr-defined]
+        reply.channel.deliver_reply(reply, message)
         return True
 
     def _check_writable(self, exchange_name: str, routing_key: str) -> None:

@@ -857,11 +857,9 @@ class WorkQueue:
         once, ready messages included (RabbitMQ 3.10.8 stalls there, see the README)."""
         try:
             self._consumers.remove(consumer)
-        except ValueError:
-            try:
+        except ValueError:  # a waiting one (or one already gone): nothing else changes
+            if consumer in self._waiting:
                 self._waiting.remove(consumer)
-            except ValueError:
-                return
             return
         levels = self._levels
         if levels is not None:

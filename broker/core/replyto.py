@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
+from typing import Any
 
 from broker.amqp.codec import shortstr
 
@@ -34,7 +35,8 @@ PREFIX = PSEUDO_QUEUE + "."
 class ReplyConsumer:
     """A channel's consumer of its replies."""
 
-    channel: object
+    #: The channel (``broker.amqp.channel.ChannelState``) that consumes its replies.
+    channel: Any
     tag: str
     suffix: str
     tag_bytes: bytes = field(init=False)

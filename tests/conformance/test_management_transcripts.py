@@ -96,7 +96,9 @@ def postroom_management(make_broker: Any) -> Iterator[tuple[int, int]]:
 POSTROOM_BROKERS: list[Any] = []
 
 
-def api(port: int, user: str, path: str, method: str = "GET", body: Any = None) -> tuple[int, Any]:
+def api(
+    port: int, user: str, path: str, method: str = "GET", body: Any = None, content_type: str = "application/json"
+) -> tuple[int, Any]:
     password = "guest" if user == "guest" else "secret"
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/api/{path}",
@@ -104,7 +106,7 @@ def api(port: int, user: str, path: str, method: str = "GET", body: Any = None) 
         method=method,
         headers={
             "Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode(),
-            "Content-Type": "application/json",
+            "Content-Type": content_type,
         },
     )
     try:
@@ -357,6 +359,13 @@ def policy_changes(amqp_port: int, http_port: int) -> list[tuple[str, str, Any]]
         ]
         for label, path, method, body in requests:
             answers.append((user, label, answer(*api(http_port, user, path, method, body))))
+        # Sent as text/plain: RabbitMQ takes any type for policies, only JSON for operator policies.
+        for label, path in (
+            ("set a policy as text", f"{mine}-t"),
+            ("set an operator policy as text", f"operator-policies/%2F/mg-op-{user}-t"),
+        ):
+            status, body = api(http_port, user, path, "PUT", good, content_type="text/plain")
+            answers.append((user, label, answer(status, body)))
     return answers
 
 
@@ -369,6 +378,7 @@ def test_policies_are_set_and_cleared_through_the_api_as_on_rabbitmq(
         for user in TAGGED:
             for command in (
                 ("clear_policy", f"mg-put-{user}"),
+                ("clear_policy", f"mg-put-{user}-t"),
                 ("clear_policy", "-p", "mg-other", f"mg-put-{user}"),
                 ("clear_operator_policy", f"mg-op-{user}"),
             ):

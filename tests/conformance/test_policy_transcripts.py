@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pamqp import commands
 from test_dead_letter_transcripts import masked
-from test_scenario_transcripts import declare_queue, get, message_count
+from test_scenario_transcripts import declare_queue, get, message_count, routable
 from test_teardown_transcripts import unique_prefix
 from transcript import (
     Entry,
@@ -258,19 +258,6 @@ def operator_ttl(port: int, prefix: str, set_policy: PolicyStep, clear_policy: P
         clear_policy(f"{prefix}-op", True)
         delete_queues(port, source, dead)
     return masked(transcript.normalized())
-
-
-def routable(port: int, queue: str) -> bool:
-    """Whether a mandatory publish to ``queue`` is routed, over a connection of its own. Unlike a
-    passive declare, a publish is no use of the queue: its idle time keeps running."""
-    scratch = Transcript()
-    with scratch.connect(port) as client:
-        open_confirming(client)
-        publish = method(1, commands.Basic.Publish, exchange="", routing_key=queue, mandatory=True)
-        client.send(publish + content_frames(1, b"probe"))
-        answer = client.read(until("Basic.Ack", "Basic.Nack"))
-        close_connection(client)
-    return not any(entry.kind == "Basic.Return" for entry in answer)
 
 
 def expires_by_policy(port: int, prefix: str, set_policy: PolicyStep, clear_policy: PolicyStep) -> list[Entry]:

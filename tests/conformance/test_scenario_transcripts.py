@@ -71,6 +71,21 @@ def message_count(port: int, queue: str) -> int | None:
     return last.get("message_count") if last is not None and last.kind == "Queue.DeclareOk" else None
 
 
+def routable(port: int, queue: str) -> bool:
+    """Whether a mandatory publish to ``queue`` is routed, over a connection of its own. Unlike a
+    passive declare, a publish is no use of the queue: its idle time keeps running."""
+    scratch = Transcript()
+    with scratch.connect(port) as client:
+        open_connection(client, 1)
+        client.send(frames(1, commands.Confirm.Select()))
+        client.read(until("Confirm.SelectOk"))
+        publish = method(1, commands.Basic.Publish, exchange="", routing_key=queue, mandatory=True)
+        client.send(publish + content_frames(1, b"probe"))
+        answer = client.read(until("Basic.Ack", "Basic.Nack"))
+        close_connection(client)
+    return not any(entry.kind == "Basic.Return" for entry in answer)
+
+
 def declare_queue(client: Client, queue: str, **options: Any) -> None:
     client.send(frames(1, commands.Queue.Declare(queue=queue, **options)))
     client.read(until("Queue.DeclareOk"))
@@ -272,6 +287,30 @@ def expires_life(port: int, prefix: str) -> list[Entry]:
     return transcript.normalized()
 
 
+def passive_declare_is_a_use(port: int, prefix: str) -> list[Entry]:
+    """A passive ``queue.declare`` counts as a use of an ``x-expires`` queue (RabbitMQ's ``stat``
+    restarts the idle time): looked at every 0.2 s, a queue of 0.6 s expiry lives on; left
+    alone, it goes."""
+    queue = f"{prefix}-looked-at"
+    transcript = Transcript()
+    try:
+        with transcript.connect(port) as client:
+            open_connection(client, 1)
+            declare_queue(client, queue, arguments={"x-expires": 600})
+            for _ in range(8):  # 1.6 s in all, well past the expiry
+                time.sleep(0.2)
+                client.send(frames(1, commands.Queue.Declare(queue=queue, passive=True)))
+                if client.read(until("Queue.DeclareOk"))[-1].kind != "Queue.DeclareOk":
+                    break  # gone (404): the transcripts show it
+            assert wait_for(lambda: not routable(port, queue), 10)
+            client.send(frames(1, commands.Queue.Declare(queue=queue, passive=True)))
+            client.read(until("Queue.DeclareOk"))
+            close_connection(client)
+    finally:
+        delete_queues(port, queue)
+    return transcript.normalized()
+
+
 # -- TTL, qos, confirms, cancel notifications ----------------------------------------------------
 
 
@@ -410,6 +449,7 @@ SCENARIOS: dict[str, Scenario] = {
     "exclusive-queue-life": exclusive_life,
     "auto-delete-queue-life": auto_delete_life,
     "x-expires-life": expires_life,
+    "passive-declare-is-a-use": passive_declare_is_a_use,
     "ttl-runs-out-then-requeued": ttl_then_requeue,
     "qos-per-consumer": qos(False),
     "qos-global": qos(True),
