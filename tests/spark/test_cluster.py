@@ -13,8 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,73 +20,26 @@ from typing import Any
 import pytest
 
 pytest.importorskip("pyarrow")
-pyspark = pytest.importorskip("pyspark")
+pytest.importorskip("pyspark")
 
-from broker.testing import free_port  # noqa: E402
 from spark.export import export  # noqa: E402
+from spark.standalone import standalone_cluster, submit_command, submit_environment  # noqa: E402
 from tests.spark.records import dead_lettered, segment, settled, write_segment  # noqa: E402
 
 #: Two spark-submit runs on the cluster, a JVM and executors each: minutes, not seconds.
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.hang_timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
-SPARK_HOME = Path(pyspark.__file__).parent
 #: Reasons and queues of the synthetic dead letters: 70 of them over three segments, 5 settled.
 REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
 QUEUES = ("orders", "billing")
 
 
-def _environment() -> dict[str, str]:
-    return dict(os.environ, SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1", SPARK_NO_DAEMONIZE="1")
-
-
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A standalone master with two one-core workers; yields the master URL."""
-    home = tmp_path_factory.mktemp("standalone")
-    spark_class = str(SPARK_HOME / "bin" / "spark-class")
-    port, ui = free_port(), free_port()
-    log = open(home / "cluster.log", "ab")
-    processes = [
-        subprocess.Popen(
-            [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-             "--webui-port", str(ui)],
-            env=_environment(), stdout=log, stderr=log,
-        )
-    ]  # fmt: skip
-    url = f"spark://127.0.0.1:{port}"
-    for number in (1, 2):
-        processes.append(
-            subprocess.Popen(
-                [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
-                 "--memory", "1g", "--webui-port", str(free_port()), "--work-dir", str(home / f"worker-{number}"),
-                 url],
-                env=_environment(), stdout=log, stderr=log,
-            )
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as answer:
-                    if json.loads(answer.read()).get("aliveworkers") == 2:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, (home / "cluster.log").read_text()[-3000:]
-            assert all(process.poll() is None for process in processes), (home / "cluster.log").read_text()[-3000:]
-            time.sleep(0.5)
+    with standalone_cluster(tmp_path_factory.mktemp("standalone")) as url:
         yield url
-    finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
-        log.close()
 
 
 def dead_letter_segments(directory: Path) -> None:
@@ -121,20 +72,13 @@ def submit(
     """The README's cluster command, as a user runs it: spark-submit's own ``--master``, the
     executors' environment shipped with ``--archives``, run from outside the checkout."""
     events.mkdir(parents=True, exist_ok=True)
-    command = [
-        str(SPARK_HOME / "bin" / "spark-submit"),
-        "--master", master,
-        "--archives", f"{archive}#environment",
-        "--conf", "spark.eventLog.enabled=true",
-        "--conf", "spark.eventLog.compress=false",
-        "--conf", f"spark.eventLog.dir=file://{events}",
-        "--conf", "spark.driver.host=127.0.0.1",
-        str(ROOT / "spark" / "dlq_job.py"),
-        *arguments,
-    ]  # fmt: skip
-    environment = dict(_environment(), PYSPARK_DRIVER_PYTHON=sys.executable, PYSPARK_PYTHON=python)
-    environment.pop("PYTHONPATH", None)
-    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment, cwd=events)
+    conf = {
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.compress": "false",
+        "spark.eventLog.dir": f"file://{events}",
+    }
+    return subprocess.run(submit_command(master, archive, arguments, conf), capture_output=True, text=True,
+                          timeout=600, env=submit_environment(python), cwd=events)  # fmt: skip
 
 
 def executors_of_tasks(events: Path) -> list[str]:
