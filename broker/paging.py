@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from broker.core.journal import Journal
     from broker.core.message import Message
     from broker.core.queue import WorkQueue
+    from broker.spooling import Spooler
 
 #: Size at which the store starts a new segment file.
 SEGMENT_BYTES = 64 << 20
@@ -149,27 +150,38 @@ class PageStore:
     def write(self, messages: list[Message]) -> None:
         """Append the bodies of ``messages`` and drop them from memory; each message then reads its
         body back from here. On an error (``OSError``) none of them has lost its body."""
+        for message, (segment, number, offset) in zip(messages, self.append([m.body for m in messages]), strict=True):
+            message.wal_location = (segment, number, offset)
+            message.page_out()
+        self.written += len(messages)
+
+    def append(self, contents: list[bytes]) -> list[tuple[_Segment, int, int]]:
+        """Append ``contents`` (encoded messages of spooled queues); returns where each went:
+        ``(segment, its number, offset)``. A segment is deleted once nothing holds it, so the
+        caller keeps the segment objects while it needs the contents.
+
+        :raises OSError: the store could not be written (none of it counts as stored)
+        """
+        placed: list[tuple[_Segment, int, int]] = []
         start = 0
-        while start < len(messages):
-            segment = self._segment(messages[start].size)
-            end, offset, buffers = start, segment.size, []
-            while end < len(messages) and (end == start or offset + messages[end].size <= self.segment_bytes):
-                buffers.append(messages[end].body)
-                offset += messages[end].size
+        while start < len(contents):
+            segment = self._segment(len(contents[start]))
+            end, offset = start, segment.size
+            while end < len(contents) and (end == start or offset + len(contents[end]) <= self.segment_bytes):
+                offset += len(contents[end])
                 end += 1
             try:
-                _write_all(segment.fd, buffers)  # type: ignore[arg-type]  # the active one is open
+                _write_all(segment.fd, list(contents[start:end]))  # type: ignore[arg-type]  # the active one is open
             except OSError:
-                self.close()  # what went out of this batch is not to be trusted
+                self.close()
                 raise
             offset = segment.size
-            for message in messages[start:end]:
-                message.wal_location = (segment, self._number, offset)
-                message.page_out()
-                offset += message.size
+            for content in contents[start:end]:
+                placed.append((segment, self._number, offset))
+                offset += len(content)
             segment.size = offset
-            self.written += end - start
             start = end
+        return placed
 
     def close(self) -> None:
         """Stop appending to the current segment (each segment goes once its messages are gone)."""
@@ -197,6 +209,8 @@ class Pager(Service):
         #: Ready bytes past which a queue is watched.
         self.watch_at = max(budget // 64, 4096)
         self.watched: set[WorkQueue] = set()
+        #: Spools deep queues (``broker.spooling.Spooler``); ``None``: only bodies are paged.
+        self.spooler: Spooler | None = None
         self._call: Any = None
         self._paused_until = 0.0
         self._logged = False
@@ -209,9 +223,19 @@ class Pager(Service):
             self._call = self.reactor.callLater(0, self.look)
 
     def attach(self, queue: WorkQueue) -> None:
-        """A new queue: let it ask to be watched."""
+        """A new queue: let it ask to be watched, and spool what is behind its window."""
         queue.pager = self
         queue.page_at = self.watch_at
+        if self.spooler is not None:
+            queue.attach_spooler(self.spooler)
+            queue.on_spool_error = self._spool_failed
+
+    def _spool_failed(self, queue: WorkQueue, error: OSError) -> None:
+        self.log.error(
+            "cannot read spooled messages of queue {queue!r} back ({error}); they stay spooled",
+            queue=queue.name,
+            error=error.strerror or str(error),
+        )
 
     def look(self) -> None:
         """Page what is over the budget, and look again soon while any queue is watched."""

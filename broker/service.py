@@ -30,6 +30,7 @@ from broker.metrics import BrokerCollector, metrics_site
 from broker.paging import Pager, PageStore
 from broker.pluginloader import LoadedPlugins, load_plugins
 from broker.protocol import AMQPServerFactory
+from broker.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
 from broker.wal.files import DirectoryStorage, prune_archive
 from broker.wal.log import RecoveryReport, WriteAheadLog
 from broker.wal.record import SEGMENT_HEADER_BYTES
@@ -387,6 +388,9 @@ def make_broker_service(
             )
             pager = Pager(
                 PageStore(str(Path(config.storage.dir) / "paging")), config.storage.memory_budget, reactor, journal
+            )
+            pager.spooler = Spooler(
+                str(Path(config.storage.dir) / SPOOL_DIR), pager.store, journal, log.storage.read_at, SPOOL_WINDOW
             )
             node.set_pager(pager)
             _log.info(

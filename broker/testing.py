@@ -380,6 +380,24 @@ def wait_for_port(port: int, seconds: float) -> None:
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {seconds:g} s")
 
 
+def rabbitmq_environment(home: Path, port: int, dist_port: int) -> dict[str, str]:
+    """The environment of a private RabbitMQ node listening on ``port``, everything it keeps
+    (its database, logs, pid file) under ``home``: started again with it, the node finds
+    its queues and messages."""
+    return dict(
+        os.environ,
+        HOME=str(home),
+        RABBITMQ_NODENAME=f"postroom{port}@localhost",
+        RABBITMQ_NODE_PORT=str(port),
+        RABBITMQ_DIST_PORT=str(dist_port),
+        RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+        RABBITMQ_MNESIA_BASE=str(home / "mnesia"),
+        RABBITMQ_LOG_BASE=str(home / "log"),
+        RABBITMQ_ENABLED_PLUGINS_FILE=str(home / "enabled_plugins"),
+        RABBITMQ_PID_FILE=str(home / "pid"),
+    )
+
+
 @contextmanager
 def rabbitmq_node(config: str = "", plugins: Iterable[str] = ()) -> Iterator[tuple[int, int]]:
     """Run a private RabbitMQ node on free loopback ports, for comparisons; yield ``(port, pid)``.
@@ -393,21 +411,10 @@ def rabbitmq_node(config: str = "", plugins: Iterable[str] = ()) -> Iterator[tup
     """
     if not RABBITMQ_LAUNCHER.exists():
         raise RabbitMQMissing("rabbitmq-server is not installed: apt-get install -y rabbitmq-server")
-    port, dist_port = free_port(), free_port()
+    port = free_port()
     home = Path(tempfile.mkdtemp(prefix="postroom-rabbitmq-"))
     (home / "enabled_plugins").write_text(f"[{','.join(plugins)}].\n")
-    env = dict(
-        os.environ,
-        HOME=str(home),
-        RABBITMQ_NODENAME=f"postroom{port}@localhost",
-        RABBITMQ_NODE_PORT=str(port),
-        RABBITMQ_DIST_PORT=str(dist_port),
-        RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
-        RABBITMQ_MNESIA_BASE=str(home / "mnesia"),
-        RABBITMQ_LOG_BASE=str(home / "log"),
-        RABBITMQ_ENABLED_PLUGINS_FILE=str(home / "enabled_plugins"),
-        RABBITMQ_PID_FILE=str(home / "pid"),
-    )
+    env = rabbitmq_environment(home, port, free_port())
     if config:
         # Only when there is something to say: with a configuration file, even an empty one,
         # RabbitMQ 3.10 lists its mechanisms in connection.start in another order.

@@ -122,6 +122,9 @@ class DeadLetterLog:
         self.on_pending: Callable[[], None] | None = None
         #: Dead-lettered copies of this run still in a dead-letter queue: id, and the queues.
         self._held: dict[Message, tuple[int, set[str]]] = {}
+        #: The same for copies spooled out of memory (``broker.core.spool``), by id: one read
+        #: back is a new object, known by its header.
+        self._spooled: dict[int, tuple[int, set[str]]] = {}
         #: Events recorded so far, by kind (for logs and tests).
         self.dead_lettered_count = 0
         self.settled_count = 0
@@ -140,8 +143,26 @@ class DeadLetterLog:
             self.on_pending()
 
     def watch(self, queue: WorkQueue) -> None:
-        """Record when dead letters leave ``queue`` (a dead-letter queue): hook its settling."""
+        """Record when dead letters leave ``queue`` (a dead-letter queue): hook its settling and spooling."""
         queue.on_settled = self.settled
+        queue.on_spooled = self.spooled
+
+    def spooled(self, entries: Iterable[Entry]) -> None:
+        """Entries went to a spool: their messages will come back as new objects, known by id."""
+        held = self._held
+        for entry in entries:
+            known = held.pop(entry.message, None)
+            if known is not None:
+                self._spooled[known[0]] = known
+
+    def _known(self, message: Message) -> tuple[int, set[str]] | None:
+        """What is held for a message that is no key of ``_held``: one read back from a spool."""
+        if not self._spooled or not message.flags & FLAG_HEADERS or _ID_HEADER_NAME not in message.header:
+            return None
+        value = message.lenient_headers().get(DEAD_LETTER_ID_HEADER)
+        if not isinstance(value, int) or isinstance(value, bool):
+            return None
+        return self._spooled.get(value)
 
     def dead_lettered(
         self,
@@ -241,13 +262,16 @@ class DeadLetterLog:
             message = entry.message
             known = held.get(message)
             if known is None:
-                continue
+                known = self._known(message)
+                if known is None:
+                    continue
             dead_letter_id, queues = known
             if name not in queues:
                 continue
             queues.discard(name)
             if not queues:
-                del held[message]
+                if held.pop(message, None) is None:
+                    del self._spooled[dead_letter_id]
             if now is None:
                 now = self._clock()
             self._add(encode(DeadLetterSettled(dead_letter_id, queue.vhost_name, name, now)))
@@ -267,7 +291,7 @@ class DeadLetterLog:
 
     def held(self) -> int:
         """Dead-lettered copies of this run still in a dead-letter queue."""
-        return sum(len(queues) for _id, queues in self._held.values())
+        return sum(len(queues) for _id, queues in [*self._held.values(), *self._spooled.values()])
 
 
 def watch_dead_letter_queues(log: DeadLetterLog, vhosts: Iterable[Any]) -> int:

@@ -273,8 +273,8 @@ def restore_snapshot(node: Node, snapshot: Snapshot, read: Callable[[int, int, i
                         record.body,
                     )
                     message.wal_id = message_id
+                    message.wal_start = item.start
                     messages[message_id] = message
-                queue.restore(message, item.delivery_count, item.record.timestamp)
                 if journal is not None:
                     journal.restored(
                         message,
@@ -284,6 +284,7 @@ def restore_snapshot(node: Node, snapshot: Snapshot, read: Callable[[int, int, i
                         item.delivery_count,
                         (read, item.end) if read is not None else None,
                     )
+                queue.restore(message, item.delivery_count, item.record.timestamp)
                 restored += 1
         return restored
     finally:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.amqp.codec import encode_table
 from broker.core.queue import WorkQueue
+from broker.core.spool import IN_LOG, SpoolRecord
 from broker.wal.record import (
     Bound,
     DeliveryCounted,
@@ -113,7 +114,7 @@ class Journal:
     def __init__(self, next_message_id: int = 1, clock: Callable[[], float] | None = None) -> None:
         self._pending: list[bytes] = []
         #: Messages recorded in the pending data, with where their record ends in it.
-        self._pending_messages: list[tuple[Message, int]] = []
+        self._pending_messages: list[tuple[Message, int, int]] = []
         #: Bytes waiting in :meth:`take`.
         self.pending_bytes = 0
         #: Live message references per log segment (a message in two queues counts twice).
@@ -122,6 +123,11 @@ class Journal:
         #: References ever written to each segment (what :meth:`sparse` compares against).
         self.written: Counter[int] = Counter()
         self._by_segment: dict[int, set[Message]] = {}
+        #: References per segment held by spool records (``broker.core.spool``), not by message
+        #: objects: such a segment is not rewritten (the records point into it), only retired.
+        self.spooled_refs: Counter[int] = Counter()
+        #: Messages in :attr:`resident` that no longer count there (removed lazily).
+        self._resident_stale = 0
         #: Messages copied forward out of sparse segments so far.
         self.rewritten = 0
         #: Logged messages whose bodies are in memory and counted in :attr:`resident_bytes`,
@@ -173,8 +179,9 @@ class Journal:
         queues = tuple(queues)
         message.wal_vhost = vhost
         message.wal_queues += queues
-        self._add(self._published_record(message, queues))
-        self._pending_messages.append((message, self.pending_bytes))
+        record = self._published_record(message, queues)
+        self._add(record)
+        self._pending_messages.append((message, self.pending_bytes, len(record)))
         return message_id
 
     def _published_record(self, message: Message, queues: tuple[str, ...]) -> bytes:
@@ -269,8 +276,9 @@ class Journal:
         for message in sorted(messages, key=lambda m: m.wal_id):
             self.live[segment] -= len(message.wal_queues)
             message.wal_segment = 0
-            self._add(self._published_record(message, tuple(message.wal_queues)))
-            self._pending_messages.append((message, self.pending_bytes))
+            record = self._published_record(message, tuple(message.wal_queues))
+            self._add(record)
+            self._pending_messages.append((message, self.pending_bytes, len(record)))
             for queue, count in (message.wal_counts or {}).items():
                 self._add(encode(DeliveryCounted(message.wal_vhost, queue, message.wal_id, count)))
         self.rewritten += len(messages)
@@ -410,8 +418,9 @@ class Journal:
         self._pending.clear()
         self.pending_bytes = 0
         resident = self.resident
-        for message, end in self._pending_messages:
+        for message, end, length in self._pending_messages:
             self._place(message, segment, len(message.wal_queues))
+            message.wal_start = base + end - length
             if read is not None and message.wal_queues:
                 # The body is the last field of the Published record that ends at ``end``.
                 message.wal_location = (read, segment, base + end - message.size)
@@ -483,9 +492,69 @@ class Journal:
 
     def sparse(self, segment: int) -> bool:
         """Whether ``segment`` still holds messages but at most 1/:data:`SPARSE_RATIO` of those written
-        to it: copying them forward is cheap next to what retiring it frees."""
+        to it, none of them spooled: copying them forward is cheap next to what retiring it frees."""
         live = self.live.get(segment, 0)
-        return live > 0 and live * SPARSE_RATIO <= self.written.get(segment, 0)
+        return live > 0 and live * SPARSE_RATIO <= self.written.get(segment, 0) and not self.spooled_refs.get(segment)
+
+    # -- spooled messages (``broker.core.spool``) -----------------------------------------------
+
+    def spooled(self, message: Message, queue: str) -> None:
+        """``queue`` holds ``message`` as a spool record now, not as an object; the record points
+        at its ``Published`` record, so the reference to that segment stays live."""
+        try:
+            message.wal_queues.remove(queue)
+        except ValueError:
+            return
+        segment = message.wal_segment
+        self.spooled_refs[segment] += 1
+        if message.wal_counts is not None:
+            message.wal_counts.pop(queue, None)
+        if not message.wal_queues:
+            if message.wal_counted:
+                message.wal_counted = False
+                self.resident_bytes -= message.size
+                self._resident_stale += 1
+                if self._resident_stale > max(1024, len(self.resident) // 2):
+                    self.resident = deque(kept for kept in self.resident if kept.wal_counted)
+                    self._resident_stale = 0
+            holders = self._by_segment.get(segment)
+            if holders is not None:
+                holders.discard(message)
+
+    def unspooled(self, message: Message, vhost: str, queue: str, segment: int, delivery_count: int) -> None:
+        """A spool record of ``queue`` was read back as ``message`` (its ``wal_location`` set)."""
+        self._unspool(segment)
+        message.wal_vhost = vhost
+        message.wal_queues.append(queue)
+        message.wal_segment = segment
+        message.wal_counted = True
+        self.resident_bytes += message.size
+        self.resident.append(message)
+        if delivery_count:
+            message.wal_counts = {queue: delivery_count}
+        holders = self._by_segment.get(segment)
+        if holders is None:
+            holders = self._by_segment[segment] = set()
+        holders.add(message)
+
+    def _unspool(self, segment: int) -> None:
+        left = self.spooled_refs[segment] - 1
+        if left:
+            self.spooled_refs[segment] = left
+        else:
+            del self.spooled_refs[segment]
+
+    def spool_removed(self, queue: WorkQueue, records: Iterable[SpoolRecord]) -> None:
+        """Spool records of ``queue`` left it for good (a purge), or with it (``queue.deleted``:
+        ``QueueDeleted`` says so, no record is needed)."""
+        ids = []
+        for record in records:
+            if record.flags & IN_LOG:
+                ids.append(record.message_id)
+                self._unspool(record.segment)
+                self.live[record.segment] -= 1
+        if ids and not queue.deleted:
+            self._add(encode(Removed(queue.vhost_name, queue.name, tuple(ids))))
 
     def retirable(self, segments: Iterable[int], active: int) -> list[int]:
         """The oldest segments, before ``active``, that hold no live message (a prefix only:

@@ -45,6 +45,7 @@ class Message:
         "_body",
         "size",
         "wal_location",
+        "wal_start",
         "flags",
         "_properties",
         "wal_id",
@@ -65,6 +66,9 @@ class Message:
         self.size = len(body)
         #: Where its body is in the log: ``(read, segment, offset)``, once written there.
         self.wal_location: tuple[Callable[[int, int, int], bytes], int, int] | None = None
+        #: Where its ``Published`` record starts in its log segment (0: not written there yet);
+        #: the record ends where its body does.
+        self.wal_start = 0
         #: The first property-flags word: which properties are present (bytes 12-13 of the header).
         self.flags = header[12] << 8 | header[13]
         self._properties: commands.Basic.Properties | None = None

@@ -48,10 +48,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from broker.amqp.codec import FLAG_EXPIRATION
 from broker.core.deadletter import DeadLetterReason, with_delivery_count
 from broker.core.message import Message
+from broker.core.spool import REDELIVERED, Spool, SpoolRecord
 
 if TYPE_CHECKING:
     from broker.core.journal import Journal
     from broker.core.vhost import Exchange
+    from broker.spooling import Spooler
 
 #: Most deliveries one dispatch makes before yielding. A consumer without a prefetch limit
 #: (or with no_ack) on a long queue would otherwise have the whole queue written into its
@@ -84,6 +86,7 @@ NEVER = 1 << 62
 READY = 0  # in the ready list (or about to be)
 UNACKED = 1  # delivered, waiting for an ack
 GONE = 2  # acked, dead-lettered, expired or dropped
+SPOOLED = 3  # waiting in the queue's spool (no timer looks at it)
 
 
 class Scheduler(Protocol):
@@ -407,6 +410,15 @@ class WorkQueue:
         #: which the queue asks it to look (:data:`NEVER` while it is watched or there is none).
         self.pager: BodyPager | None = None
         self.page_at = NEVER
+        #: A deep queue's spool (``broker.core.spool``): what arrived once :attr:`spool_at` ready
+        #: entries were in memory, as records on disk; ``None`` while everything is in memory.
+        self.spool: Spool | None = None
+        #: Makes the spool (``broker.spooling.Spooler``); ``None``: this queue never spools.
+        self.spooler: Spooler | None = None
+        #: Ready entries in memory past which what arrives is spooled (:data:`NEVER`: never), and
+        #: under which the spool refills them.
+        self.spool_at = NEVER
+        self._refill_at = 0
         #: Enqueue can take the short path: no TTL, no length limit, consumers of one priority.
         self._plain = True
         #: The consumers deliveries go to, next in turn first (with a single active consumer:
@@ -428,6 +440,10 @@ class WorkQueue:
         self.on_dead_letter: Callable[[WorkQueue, list[Entry], DeadLetterReason], None] | None = None
         #: Called when ``x-expires`` finds the queue unused (the vhost deletes it).
         self.on_expired: Callable[[WorkQueue], None] | None = None
+        #: Called with entries about to be spooled, on queues that hold dead letters.
+        self.on_spooled: Callable[[Iterable[Entry]], None] | None = None
+        #: Called when spooled messages could not be read back (the shell logs it; they stay).
+        self.on_spool_error: Callable[[WorkQueue, OSError], None] | None = None
         #: The write-ahead log's journal, for a durable queue on a broker with a log; else ``None``.
         self.journal: Journal | None = None
         #: Called with entries that left for good, on queues that hold dead letters (the
@@ -482,6 +498,7 @@ class WorkQueue:
             and settings.max_length is None
             and not self._track_bytes
             and self._levels is None
+            and self.spool is None
         )
 
     @property
@@ -492,7 +509,14 @@ class WorkQueue:
     @property
     def message_count(self) -> int:
         """Ready messages (as ``queue.declare-ok`` reports them: unacked ones are not counted)."""
-        return len(self._ready) - self._gone_in_ready
+        spool = self.spool
+        return len(self._ready) - self._gone_in_ready + (spool.count if spool is not None else 0)
+
+    @property
+    def queued_bytes(self) -> int:
+        """Body bytes of the ready messages, spooled ones included (``x-max-length-bytes``)."""
+        spool = self.spool
+        return self.ready_bytes + (spool.bytes if spool is not None else 0)
 
     @property
     def consumer_count(self) -> int:
@@ -578,10 +602,13 @@ class WorkQueue:
                 if consumer.can_accept():
                     consumer.channel.deliver_entries(consumer, (entry,))
                     return True
-        self._ready.append(entry)
+        ready = self._ready
+        ready.append(entry)
         self.ready_bytes += message.size
         if self.ready_bytes > self.page_at:
             self.pager.watch(self)  # type: ignore[union-attr]
+        if len(ready) >= self.spool_at:
+            self._start_spool()
         return True
 
     def _enqueue_sampled(self, message: Message) -> bool:
@@ -626,14 +653,20 @@ class WorkQueue:
                 self._dead_letter([entry], DeadLetterReason.EXPIRED)
                 return True
             if entry.state == READY:
-                self._append_ready(entry)
-                if fifo:
-                    self._ttl_fifo.append((entry.expires_at, entry))
-                    self._arm(entry.expires_at)
+                if self.spool is not None:
+                    self._spool_entry(entry)  # its expiry is looked at when it comes back
                 else:
-                    self._push(entry.expires_at, _EXPIRY, entry)
+                    self._append_ready(entry)
+                    if fifo:
+                        self._ttl_fifo.append((entry.expires_at, entry))
+                        self._arm(entry.expires_at)
+                    else:
+                        self._push(entry.expires_at, _EXPIRY, entry)
         elif not self._deliver_now(entry):
-            self._append_ready(entry)
+            if self.spool is not None:
+                self._spool_entry(entry)
+            else:
+                self._append_ready(entry)
         if settings.overflow is Overflow.DROP_HEAD and (settings.max_length is not None or self._track_bytes):
             self._drop_head_while_full()
         if self._consumers and self._ready:
@@ -678,22 +711,106 @@ class WorkQueue:
         return False
 
     def _append_ready(self, entry: Entry) -> None:
-        self._ready.append(entry)
+        ready = self._ready
+        ready.append(entry)
         self.ready_bytes += entry.message.size
         if self.ready_bytes > self.page_at:
             self.pager.watch(self)  # type: ignore[union-attr]
+        if len(ready) >= self.spool_at:
+            self._start_spool()
+
+    # -- the spool ----------------------------------------------------------------------------
+
+    def attach_spooler(self, spooler: Spooler) -> None:
+        """Let this queue spool what arrives behind ``spooler.window`` ready entries (not a
+        priority queue: its levels are kept in memory), and spool what is behind them now."""
+        if self.max_priority is not None:
+            return
+        self.spooler = spooler
+        self.spool_at = spooler.window
+        self._refill_at = spooler.window // 2
+        if len(self._ready) >= self.spool_at:
+            ready = self._ready
+            behind = [ready.pop() for _ in range(len(ready) - spooler.window)]
+            behind.reverse()
+            self._start_spool()
+            for entry in behind:
+                self.ready_bytes -= entry.message.size
+                if entry.paged:
+                    entry.paged = False
+                    self.paged_bytes -= entry.message.size
+                if entry.state == READY:
+                    self._spool_entry(entry)
+                else:
+                    self._gone_in_ready -= 1
+            # Their expiries are looked at when they come back: no timer holds them meanwhile.
+            self._ttl_fifo = deque(record for record in self._ttl_fifo if record[1].state != SPOOLED)
+            self._heap = [record for record in self._heap if record[3].state != SPOOLED]
+            heapq.heapify(self._heap)
+
+    def _start_spool(self) -> None:
+        if self.spool is None and self.spooler is not None:
+            self.spool = self.spooler.spool(self)
+            self._plain = False
+
+    def _spool_entry(self, entry: Entry) -> None:
+        entry.state = SPOOLED
+        message = entry.message
+        journal = self.journal
+        if journal is not None and message.wal_id and self.name in message.wal_queues and not journal.replaying:
+            position = journal.position  # its Published record ends there at most
+        else:
+            position = 0
+        self.spool.push(entry, position)  # type: ignore[union-attr]
+
+    def _refill(self) -> int:
+        """Bring spooled messages back into memory up to the window; returns how many came."""
+        spool = self.spool
+        if spool is None:
+            return 0
+        try:
+            entries = spool.take(self.spool_at - len(self._ready), self._unspooled)
+        except OSError as error:
+            if self.on_spool_error is not None:
+                self.on_spool_error(self, error)
+            return 0
+        ready = self._ready
+        for entry in entries:
+            # In spool order, after everything in memory (a return finds its place by it).
+            self.seq += 1
+            entry.seq = self.seq
+            entry.state = READY
+            ready.append(entry)
+            self.ready_bytes += entry.message.size
+            if entry.expires_at is not None:
+                self._push(entry.expires_at, _EXPIRY, entry)
+        if not spool.count:
+            spool.close()
+            self.spool = None
+            self._update_plain()
+        return len(entries)
+
+    def _unspooled(self, message: Message, record: SpoolRecord) -> Entry:
+        entry = Entry(message, self)
+        entry.redelivered = bool(record.flags & REDELIVERED)
+        entry.delivery_count = count = record.delivery_count
+        if count:
+            entry.header = with_delivery_count(message, count)
+        if record.expires_at:
+            entry.expires_at = record.expires_at
+        return entry
 
     def _full(self, extra: int = 0) -> bool:
         settings = self.settings
         if settings.max_length is not None and self.message_count >= settings.max_length:
             return True
-        return settings.max_length_bytes is not None and self.ready_bytes + extra > settings.max_length_bytes
+        return settings.max_length_bytes is not None and self.queued_bytes + extra > settings.max_length_bytes
 
     def _over(self) -> bool:
         settings = self.settings
         if settings.max_length is not None and self.message_count > settings.max_length:
             return True
-        return settings.max_length_bytes is not None and self.ready_bytes > settings.max_length_bytes
+        return settings.max_length_bytes is not None and self.queued_bytes > settings.max_length_bytes
 
     def _drop_head_while_full(self) -> None:
         dropped = []
@@ -709,7 +826,7 @@ class WorkQueue:
     def _pop_ready(self) -> Entry | None:
         """The next live ready entry, skipping expired ones; ``None`` when there is none."""
         ready = self._ready
-        while ready:
+        while ready or (self.spool is not None and self._refill()):
             entry = ready.popleft()
             if entry.state != READY:
                 self._gone_in_ready -= 1
@@ -810,6 +927,8 @@ class WorkQueue:
     def get(self) -> Entry | None:
         """Take the next ready entry for ``basic.get``, or ``None`` if there is none."""
         self.touch()
+        if self.spool is not None and len(self._ready) < self._refill_at:
+            self._refill()
         if self._gone_in_ready or self.paged_bytes:
             return self._pop_ready()
         if not self._ready:
@@ -825,7 +944,32 @@ class WorkQueue:
         self._ready.clear()
         self._gone_in_ready = 0
         self.ready_bytes = self.paged_bytes = 0
+        spool = self.spool
+        if spool is not None:
+            if self.on_settled is not None:
+                # Dead letters: the event log knows them by their headers, so they are read back.
+                self._purge_spool_read(spool)
+            else:
+                records = spool.drain_records()
+                if self.journal is not None:
+                    self.journal.spool_removed(self, records)
+            self.spool = None
+            self._update_plain()
+            self.settle(spool.close())
         return count
+
+    def _purge_spool_read(self, spool: Spool) -> None:
+        while spool.recorded_count:
+            try:
+                entries = spool.take(min(spool.recorded_count, 4 * self.spool_at), self._unspooled)
+            except OSError as error:  # unreadable: they go without their events
+                if self.on_spool_error is not None:
+                    self.on_spool_error(self, error)
+                records = spool.drain_records()
+                if self.journal is not None:
+                    self.journal.spool_removed(self, records)
+                return
+            self.settle(entries)
 
     # -- consumers ----------------------------------------------------------------------------
 
@@ -913,6 +1057,27 @@ class WorkQueue:
         and keeps its place. At most :data:`DISPATCH_BATCH` deliveries are made per call; when
         entries remain after that, :attr:`on_backlog` is called so the rest is dispatched later.
         """
+        if self.spool is None:
+            self._dispatch_window()
+            return
+        # Spooling: refill the window as it empties, until the consumers are full, the spool
+        # is empty or a batch's worth went out.
+        delivered = 0
+        while self._consumers and delivered < DISPATCH_BATCH:
+            if self.spool is not None and len(self._ready) < self._refill_at:
+                self._refill()
+            before = len(self._ready)
+            if not before:
+                return
+            self._dispatch_window()
+            if len(self._ready) == before:
+                return
+            delivered += before - len(self._ready)
+        if delivered >= DISPATCH_BATCH and self.message_count and self.on_backlog is not None:
+            self.on_backlog(self)
+
+    def _dispatch_window(self) -> None:
+        """:meth:`dispatch` over the ready entries in memory."""
         ready = self._ready
         consumers = self._consumers
         if not ready or not consumers:
@@ -1074,6 +1239,8 @@ class WorkQueue:
             if self._gone_in_ready == len(self._ready):
                 self._ready.clear()
                 self._gone_in_ready = 0
+            if self.spool is not None and len(self._ready) - self._gone_in_ready < self._refill_at:
+                self._refill()  # the spooled messages' expiries are looked at as they come back
         if taken:
             self.visibility_timeouts += len(taken)
             taken.sort(key=lambda entry: entry.deadline or 0.0)

@@ -135,7 +135,7 @@ class _Recovery:
     """Everything read from a log, in order."""
 
     numbers: list[int] = field(default_factory=list)
-    records: list[tuple[int, int, Record]] = field(default_factory=list)
+    records: list[tuple[int, int, int, Record]] = field(default_factory=list)
     segments: list[_Segment] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     skipped: int = 0
@@ -175,7 +175,7 @@ def _read_log(storage: ISegmentStorage, strict: bool) -> _Recovery:
             recovery.problems.append(f"segment {number}: cannot read: {err}")
             continue
         recovery.segments.append(segment)
-        recovery.records += [(number, end, record) for _, end, record in segment.records]
+        recovery.records += [(number, start, end, record) for start, end, record in segment.records]
         recovery.bytes += SEGMENT_HEADER_BYTES + sum(end - start for start, end in segment.spans)
         for offset, problem, resync in segment.damage:
             recovery.skipped += 1
@@ -317,7 +317,7 @@ class WriteAheadLog:
         self._synced = 0  # of those, bytes known durable
         self._unsynced: list[bytes] = []  # what was appended after _synced, to write again if need be
         self._damaged = False  # the file may differ from what we wrote past _synced
-        self._recovered: list[tuple[int, int, Record]] | None = None
+        self._recovered: list[tuple[int, int, int, Record]] | None = None
 
     @property
     def active(self) -> int:
@@ -403,10 +403,11 @@ class WriteAheadLog:
         :raises RuntimeError: the log is not open, or :meth:`forget` dropped the records (an
             empty answer would look like an empty log and lose every message on replay)
         """
-        return ((number, record) for number, _end, record in self.located_records())
+        return ((number, record) for number, _start, _end, record in self.located_records())
 
-    def located_records(self) -> Iterator[tuple[int, int, Record]]:
-        """``(segment number, end offset, record)`` for every record :meth:`open` read, in log order.
+    def located_records(self) -> Iterator[tuple[int, int, int, Record]]:
+        """``(segment number, start offset, end offset, record)`` for every record :meth:`open`
+        read, in log order.
 
         :raises RuntimeError: as :meth:`records`
         """

@@ -885,6 +885,23 @@ def _walk(data: bytes, start: int) -> Generator[tuple[int, int, Record], None, t
     return pos, None
 
 
+def record_at(data: bytes, pos: int, length: int) -> Record | None:
+    """The record that starts at ``pos`` in ``data`` and is ``length`` bytes long, header
+    included; ``None`` unless exactly such a valid record (CRC checked) is there."""
+    if pos < 0 or len(data) - pos < max(length, RECORD_HEADER_BYTES):
+        return None
+    size, crc, record_type = _RECORD_HEADER.unpack_from(data, pos)
+    if size != length - RECORD_HEADER_BYTES:
+        return None
+    payload = data[pos + RECORD_HEADER_BYTES : pos + length]
+    if zlib.crc32(payload, _TYPE_CRC[record_type]) != crc:
+        return None
+    try:
+        return decode(record_type, payload)
+    except WALCorruption:
+        return None
+
+
 def iter_records(data: _Buffer, start: int = 0) -> Iterator[tuple[int, int, Record]]:
     """Yield ``(offset, end_offset, record)`` for each valid record from ``start``.
 

@@ -38,6 +38,8 @@ class StoredMessage:
     segment: int = 0
     #: Where that record ends in the segment (its body ends there too); 0 when unknown.
     end: int = 0
+    #: Where it starts; 0 when unknown.
+    start: int = 0
 
 
 @dataclass
@@ -82,14 +84,15 @@ def replay(records: Iterable[object], snapshot: Snapshot | None = None) -> Snaps
 
 def replay_segments(records: Iterable[tuple[int, object]], snapshot: Snapshot | None = None) -> Snapshot:
     """:func:`replay` over ``(segment, record)`` pairs, remembering each message's segment."""
-    return replay_located(((segment, 0, record) for segment, record in records), snapshot)
+    return replay_located(((segment, 0, 0, record) for segment, record in records), snapshot)
 
 
-def replay_located(records: Iterable[tuple[int, int, object]], snapshot: Snapshot | None = None) -> Snapshot:
-    """:func:`replay` over ``(segment, end offset, record)``, remembering where each message's record is."""
+def replay_located(records: Iterable[tuple[int, int, int, object]], snapshot: Snapshot | None = None) -> Snapshot:
+    """:func:`replay` over ``(segment, start offset, end offset, record)``, remembering where each
+    message's record is."""
     state = snapshot or Snapshot()
     messages = state.messages
-    for segment, end, record in records:
+    for segment, start, end, record in records:
         kind = type(record)
         if kind is Published:
             assert isinstance(record, Published)
@@ -97,7 +100,7 @@ def replay_located(records: Iterable[tuple[int, int, object]], snapshot: Snapsho
             for queue in record.queues:
                 key = (record.vhost, queue)
                 if key in state.queues:
-                    messages.setdefault(key, {})[record.message_id] = StoredMessage(record, 0, segment, end)
+                    messages.setdefault(key, {})[record.message_id] = StoredMessage(record, 0, segment, end, start)
                 else:
                     state.orphans += 1
         elif kind is Removed:

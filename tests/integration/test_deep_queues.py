@@ -7,6 +7,7 @@ from pathlib import Path
 import pika
 import pytest
 
+from broker.spooling import SPOOL_DIR, SPOOL_WINDOW
 from tests.integration.test_crash import broker
 
 
@@ -44,3 +45,48 @@ def test_a_queue_of_several_budgets_is_consumed_in_order_with_every_body(tmp_pat
     assert "paged to disk" in text and "Traceback" not in text
     # Transient bodies went to the paging store; persistent ones were already in the log.
     assert bool(paged) == (mode == 1)
+
+
+@pytest.mark.parametrize("mode", [1, 2], ids=["transient", "persistent"])
+def test_a_queue_past_its_window_is_spooled_and_comes_back_whole_after_a_kill(tmp_path: Path, mode: int) -> None:
+    """Beyond the window, messages live as records on disk; persistent ones survive a SIGKILL."""
+    data = tmp_path / "data"
+    count = 3 * SPOOL_WINDOW
+    bodies = [b"%06d" % number + bytes([number % 256]) * 30 for number in range(count)]
+    with broker(data) as (_process, port):
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, socket_timeout=10))
+        channel = connection.channel()
+        channel.queue_declare("deep", durable=True)
+        channel.confirm_delivery()
+        for number, body in enumerate(bodies):
+            channel.basic_publish("", "deep", body, pika.BasicProperties(delivery_mode=mode, headers={"n": number}))
+        spooled = list((data / SPOOL_DIR).rglob("*.spool"))
+        assert spooled, "nothing was spooled"
+        if mode == 1:
+            received = _drain(channel, count)
+        connection.close()
+    if mode == 2:  # the broker was killed (the context ends with SIGKILL): start it again
+        with broker(data) as (_process, port):
+            connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, socket_timeout=10))
+            channel = connection.channel()
+            assert channel.queue_declare("deep", durable=True).method.message_count == count
+            received = _drain(channel, count)
+            connection.close()
+    assert received == bodies
+    text = (tmp_path / "broker.log").read_text()
+    assert "Traceback" not in text
+
+
+def _drain(channel: pika.adapters.blocking_connection.BlockingChannel, count: int) -> list[bytes]:
+    channel.basic_qos(prefetch_count=500)
+    received: list[bytes] = []
+    for method, properties, body in channel.consume("deep", inactivity_timeout=10):
+        assert method is not None, f"only {len(received)} of {count} came back"
+        assert properties.headers == {"n": len(received)}
+        received.append(body)
+        if len(received) % 100 == 0 or len(received) == count:
+            channel.basic_ack(method.delivery_tag, multiple=True)
+        if len(received) == count:
+            break
+    channel.cancel()
+    return received

@@ -1,0 +1,304 @@
+"""A deep queue's tail out of memory: its messages as fixed-size records on disk.
+
+A queue keeps its next messages to deliver in memory (its *window*: :class:`~broker.core.queue.Entry`
+objects). Once the window is full, what arrives behind it goes to the queue's :class:`Spool`:
+
+* first into :attr:`Spool.waiting` (entries still, in arrival order), because a persistent
+  message's content becomes readable from the write-ahead log only once the log is written
+  past its record;
+* then, in batches, each becomes a :data:`RECORD_BYTES`-byte record (:class:`SpoolRecord`) in
+  the queue's spool storage: where its content is (its ``Published`` record in the log, or for
+  any other message a copy in the page store), its size, delivery count and expiry. The
+  message object itself is dropped: a spooled message costs no memory.
+
+As the window empties, :meth:`Spool.take` gives back the oldest messages: records read back
+and loaded (content read, CRC checked, decoded) into new entries, then waiting entries as they
+are. Order is kept: records are older than anything waiting, and nothing is spooled while
+the spool is empty and the window has room.
+
+The content is read and written by a :class:`SpoolLocator` (the shell's: the log's and the page
+store's files); the records go to a :class:`SpoolStorage` (a file per queue, or memory in tests).
+Nothing here does I/O itself.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from broker.core.message import Message
+    from broker.core.queue import Entry
+
+__all__ = [
+    "IN_LOG",
+    "RECORD_BYTES",
+    "REDELIVERED",
+    "MemorySpoolStorage",
+    "Spool",
+    "SpoolLocator",
+    "SpoolRecord",
+    "SpoolStorage",
+]
+
+#: message id, content offset, content segment, content length, body size, delivery count,
+#: flags, expiry (seconds since the epoch; 0: none). Little-endian, no padding.
+_RECORD = struct.Struct("<QQIIIIId")
+RECORD_BYTES = _RECORD.size
+
+#: The content is the message's ``Published`` record in the write-ahead log (else: a copy in
+#: the page store).
+IN_LOG = 1
+#: The message was delivered before (recovered from the log after a restart).
+REDELIVERED = 2
+
+#: Records gathered before they are appended to storage (one write per this many), and read
+#: back at once.
+BATCH = 1024
+
+#: Body bytes of waiting entries past which they are recorded without waiting for a full batch.
+BATCH_BYTES = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolRecord:
+    """One spooled message: where its content is, and its state in the queue."""
+
+    message_id: int
+    segment: int
+    offset: int
+    length: int
+    size: int
+    delivery_count: int = 0
+    flags: int = 0
+    expires_at: float = 0.0
+
+    def pack(self) -> bytes:
+        return _RECORD.pack(
+            self.message_id,
+            self.offset,
+            self.segment,
+            self.length,
+            self.size,
+            self.delivery_count,
+            self.flags,
+            self.expires_at,
+        )
+
+    @classmethod
+    def unpack_from(cls, data: bytes, offset: int = 0) -> SpoolRecord:
+        message_id, content_offset, segment, length, size, count, flags, expires_at = _RECORD.unpack_from(data, offset)
+        return cls(message_id, segment, content_offset, length, size, count, flags, expires_at)
+
+
+class SpoolStorage(Protocol):
+    """Where one queue's records go: an append-only byte stream read from the front."""
+
+    def append(self, data: bytes) -> None:
+        """Append ``data`` at the end.
+
+        :raises OSError: it could not be written (nothing of it counts as written)
+        """
+
+    def read(self, offset: int, length: int) -> bytes:
+        """``length`` bytes from ``offset`` (counted from the first byte ever appended)."""
+
+    def release(self, offset: int) -> None:
+        """Nothing before ``offset`` will be read again: its space may be freed."""
+
+    def close(self) -> None:
+        """The spool is gone: free everything."""
+
+
+class SpoolLocator(Protocol):
+    """Reads and writes spooled messages' content (the shell's: the log and the page store)."""
+
+    def locatable(self, entry: Entry) -> bool:
+        """Whether ``entry``'s content can be recorded now (not while its log record is being
+        copied forward)."""
+
+    def locate(self, entries: list[Entry]) -> list[SpoolRecord]:
+        """Records for ``entries``, in order; those whose content is not in the log are copied
+        to the page store first (one write for all).
+
+        :raises OSError: the page store could not be written (no entry has been spooled)
+        """
+
+    def load(self, records: list[SpoolRecord]) -> list[Message]:
+        """The messages ``records`` point at, read back and decoded, in order.
+
+        :raises OSError: the content could not be read, or is damaged
+        """
+
+    def released(self, records: list[SpoolRecord]) -> None:
+        """These records' content will not be read again (they were loaded or purged)."""
+
+
+class Spool:
+    """One queue's spooled messages, oldest first (see the module).
+
+    :param storage: where the records go
+    :param locator: reads and writes the messages' content
+    :param synced: the log position written so far (the journal's), or ``None`` without a log
+    """
+
+    def __init__(self, storage: SpoolStorage, locator: SpoolLocator, synced: Callable[[], int] | None = None) -> None:
+        self.storage = storage
+        self.locator = locator
+        self._synced = synced
+        #: Entries not yet recorded, oldest first, with the log position their record ends at
+        #: (0: nothing to wait for).
+        self.waiting: deque[tuple[Entry, int]] = deque()
+        self._written = 0  # bytes appended to storage
+        self._read = 0  # bytes of storage taken back
+        self._buffer: list[bytes] = []  # packed records not yet appended
+        self._readahead: deque[SpoolRecord] = deque()
+        self._waiting_bytes = 0
+        #: Messages spooled (waiting or recorded) and their body bytes.
+        self.count = 0
+        self.bytes = 0
+        #: Records written so far (for metrics).
+        self.recorded = 0
+        #: Why the last batch could not be recorded (``None``: it was).
+        self.error: OSError | None = None
+
+    @property
+    def recorded_count(self) -> int:
+        """Messages held as records (in storage, the buffer or read ahead)."""
+        return self.count - len(self.waiting)
+
+    def push(self, entry: Entry, position: int = 0) -> None:
+        """Spool ``entry`` behind everything else; ``position``: where its log record ends
+        (its content is readable once the log is written that far)."""
+        self.waiting.append((entry, position))
+        self.count += 1
+        size = entry.message.size
+        self.bytes += size
+        self._waiting_bytes += size
+        if len(self.waiting) >= BATCH or self._waiting_bytes >= BATCH_BYTES:
+            try:
+                self.record()
+            except OSError as error:  # they stay waiting (or buffered); the next batch tries again
+                self.error = error
+            else:
+                self.error = None
+
+    def record(self) -> int:
+        """Turn the waiting entries whose content is readable into records; returns how many.
+
+        :raises OSError: writing their content or records failed; they stay waiting
+        """
+        waiting = self.waiting
+        synced = self._synced() if self._synced is not None else 0
+        ready = 0
+        locatable = self.locator.locatable
+        for entry, position in waiting:
+            if position > synced or not locatable(entry):
+                break
+            ready += 1
+        if not ready:
+            return 0
+        entries = [waiting[index][0] for index in range(ready)]
+        records = self.locator.locate(entries)
+        self._buffer += [record.pack() for record in records]
+        for _ in range(ready):
+            waiting.popleft()
+        self._waiting_bytes -= sum(record.size for record in records)
+        self.recorded += ready
+        if len(self._buffer) >= BATCH:
+            self._flush()
+        return ready
+
+    def _flush(self) -> None:
+        if self._buffer:
+            data = b"".join(self._buffer)
+            self.storage.append(data)
+            self._buffer.clear()
+            self._written += len(data)
+
+    def _next_records(self, count: int) -> list[SpoolRecord]:
+        readahead = self._readahead
+        if len(readahead) < count and self._read < self._written:
+            length = min(self._written - self._read, max(count, BATCH) * RECORD_BYTES)
+            data = self.storage.read(self._read, length)
+            if len(data) != length:
+                raise OSError(f"spool read cut short: {len(data)} of {length} bytes at {self._read}")
+            self._read += length
+            readahead.extend(SpoolRecord.unpack_from(data, start) for start in range(0, length, RECORD_BYTES))
+            self.storage.release(self._read)
+        if len(readahead) < count and self._buffer:
+            readahead.extend(SpoolRecord.unpack_from(packed) for packed in self._buffer)
+            self._buffer.clear()
+        return [readahead.popleft() for _ in range(min(count, len(readahead)))]
+
+    def take(self, count: int, make: Callable[[Message, SpoolRecord], Entry]) -> list[Entry]:
+        """Up to ``count`` of the oldest messages, as entries: records loaded with ``make``,
+        then waiting entries.
+
+        :raises OSError: a record or its content could not be read (nothing was taken)
+        """
+        taken: list[Entry] = []
+        if self.recorded_count:
+            records = self._next_records(count)
+            try:
+                messages = self.locator.load(records)
+            except OSError:
+                self._readahead.extendleft(reversed(records))
+                raise
+            self.locator.released(records)
+            taken = [make(message, record) for message, record in zip(messages, records, strict=True)]
+        while len(taken) < count and self.waiting:
+            entry = self.waiting.popleft()[0]
+            self._waiting_bytes -= entry.message.size
+            taken.append(entry)
+        self.count -= len(taken)
+        self.bytes -= sum(entry.message.size for entry in taken)
+        return taken
+
+    def drain_records(self) -> list[SpoolRecord]:
+        """Every record, oldest first, taken out of the spool (a purge); waiting entries stay."""
+        records = self._next_records(self.recorded_count)
+        self.locator.released(records)
+        self.count -= len(records)
+        self.bytes -= sum(record.size for record in records)
+        return records
+
+    def close(self) -> list[Entry]:
+        """The queue is gone: free the storage; returns the entries still waiting."""
+        entries = [entry for entry, _position in self.waiting]
+        records = self._next_records(self.recorded_count)
+        self.locator.released(records)
+        self.waiting.clear()
+        self.count = self.bytes = self._waiting_bytes = 0
+        self.storage.close()
+        return entries
+
+
+class MemorySpoolStorage:
+    """:class:`SpoolStorage` in memory (tests)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.base = 0  # offset of data[0]
+        self.closed = False
+        self.fail_appends = False
+
+    def append(self, data: bytes) -> None:
+        if self.fail_appends:
+            raise OSError("no space left on device")
+        self.data += data
+
+    def read(self, offset: int, length: int) -> bytes:
+        start = offset - self.base
+        return bytes(self.data[start : start + length])
+
+    def release(self, offset: int) -> None:
+        del self.data[: offset - self.base]
+        self.base = offset
+
+    def close(self) -> None:
+        self.closed = True
+        self.data.clear()

@@ -1,0 +1,290 @@
+"""Spooling deep queues to disk: the files behind :mod:`broker.core.spool`.
+
+Each spooling queue has a directory under ``<storage.dir>/spool`` holding its records in chunk
+files (:class:`FileSpoolStorage`), deleted as they are read back. The messages' content is
+where it already is for a persistent message in a durable queue (its record in the
+write-ahead log); any other message is copied, encoded as a log record, to the page store
+(``broker.paging.PageStore``) and read back from there (:class:`Locator`). Neither is fsynced:
+the log is what survives a restart, and it is recovered from the log.
+
+Whatever an earlier run left under ``spool`` is deleted at start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from broker.amqp.codec import shortstr
+from broker.core.message import Message
+from broker.core.spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
+from broker.wal.record import Published, encode_published, record_at
+
+if TYPE_CHECKING:
+    from broker.core.journal import Journal
+    from broker.core.queue import Entry, WorkQueue
+    from broker.paging import PageStore
+
+__all__ = ["CHUNK_BYTES", "SPOOL_DIR", "SPOOL_WINDOW", "FileSpoolStorage", "Locator", "Spooler"]
+
+#: Size at which a queue's spool starts a new chunk file (about 95,000 records).
+CHUNK_BYTES = 4 << 20
+
+#: The spools' directory under ``storage.dir``.
+SPOOL_DIR = "spool"
+
+#: Ready messages a queue keeps in memory before it spools what arrives (and refills to).
+SPOOL_WINDOW = 4096
+
+#: Most bytes read at once to bring spooled messages back: contents close together in a file
+#: come in one read (what lies between them is read too, and skipped).
+SPAN_BYTES = 256 << 10
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class FileSpoolStorage:
+    """One queue's spool records in chunk files under ``directory`` (see :class:`~broker.core.spool.SpoolStorage`)."""
+
+    def __init__(self, directory: str, chunk_bytes: int = CHUNK_BYTES) -> None:
+        self.directory = directory
+        self.chunk_bytes = chunk_bytes
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        #: ``[start offset, path, descriptor, size]`` of each chunk, oldest first.
+        self._chunks: deque[list[Any]] = deque()
+        self._end = 0
+        self._number = 0
+
+    def append(self, data: bytes) -> None:
+        chunks = self._chunks
+        if not chunks or chunks[-1][3] >= self.chunk_bytes:
+            self._number += 1
+            path = os.path.join(self.directory, f"{self._number:08d}.spool")
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            chunks.append([self._end, path, fd, 0])
+        chunk = chunks[-1]
+        try:
+            _write_all(chunk[2], data)
+        except OSError:
+            os.ftruncate(chunk[2], chunk[3])  # nothing of it counts as written
+            raise
+        chunk[3] += len(data)
+        self._end += len(data)
+
+    def read(self, offset: int, length: int) -> bytes:
+        parts = []
+        for start, _path, fd, size in self._chunks:
+            if length <= 0:
+                break
+            if offset >= start + size:
+                continue
+            part = os.pread(fd, min(length, start + size - offset), offset - start)
+            if not part:
+                break
+            parts.append(part)
+            offset += len(part)
+            length -= len(part)
+        return b"".join(parts)
+
+    def release(self, offset: int) -> None:
+        chunks = self._chunks
+        while chunks and chunks[0][0] + chunks[0][3] <= offset:  # read to its end (the last one too)
+            _start, path, fd, _size = chunks.popleft()
+            os.close(fd)
+            os.unlink(path)
+
+    def close(self) -> None:
+        for _start, _path, fd, _size in self._chunks:
+            os.close(fd)
+        self._chunks.clear()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class _Holds:
+    """Page store segments that spool records point into, with how many: a segment lives while held."""
+
+    def __init__(self) -> None:
+        self.segments: dict[int, list[Any]] = {}  # number -> [segment, records]
+
+    def hold(self, segment: Any, number: int) -> None:
+        held = self.segments.get(number)
+        if held is None:
+            self.segments[number] = [segment, 1]
+        else:
+            held[1] += 1
+
+    def read(self, number: int, offset: int, length: int) -> bytes:
+        return bytes(self.segments[number][0](number, offset, length))
+
+    def release(self, number: int) -> None:
+        held = self.segments[number]
+        held[1] -= 1
+        if not held[1]:
+            del self.segments[number]
+
+
+class Locator:
+    """Writes and reads one queue's spooled content (see :class:`~broker.core.spool.SpoolLocator`).
+
+    :param read_log: reads ``(segment, offset, length)`` of the write-ahead log (``None``: no log)
+    """
+
+    def __init__(
+        self,
+        queue: WorkQueue,
+        journal: Journal | None,
+        read_log: Callable[[int, int, int], bytes] | None,
+        store: PageStore,
+        holds: _Holds,
+    ) -> None:
+        self.queue = queue
+        self.journal = journal
+        self.read_log = read_log
+        self.store = store
+        self.holds = holds
+
+    def locatable(self, entry: Entry) -> bool:
+        message = entry.message
+        if message.wal_id and self.queue.journal is not None and self.queue.name in message.wal_queues:
+            return bool(message.wal_segment and message.wal_start)  # 0 while its record is rewritten
+        return True
+
+    def locate(self, entries: list[Entry]) -> list[SpoolRecord]:
+        queue = self.queue
+        journal = self.journal if queue.journal is not None else None
+        records: list[SpoolRecord] = []
+        copies: list[tuple[int, bytes]] = []
+        for entry in entries:
+            message = entry.message
+            flags = REDELIVERED if entry.redelivered else 0
+            if journal is not None and message.wal_id and queue.name in message.wal_queues:
+                _read, segment, body_at = message.wal_location  # type: ignore[misc]
+                length = body_at + message.size - message.wal_start
+                flags |= IN_LOG
+                message_id = message.wal_id
+            else:
+                content = encode_published(
+                    0, "", (), message.exchange, message.routing_key, 0.0, message.header, message.body
+                )
+                copies.append((len(records), content))
+                segment, length, message_id = 0, len(content), 0
+            records.append(
+                SpoolRecord(
+                    message_id,
+                    segment,
+                    message.wal_start if flags & IN_LOG else 0,
+                    length,
+                    message.size,
+                    entry.delivery_count,
+                    flags,
+                    entry.expires_at or 0.0,
+                )
+            )
+        if copies:
+            placed = self.store.append([content for _index, content in copies])
+            for (index, _content), (segment_object, number, offset) in zip(copies, placed, strict=True):
+                self.holds.hold(segment_object, number)
+                records[index] = dataclasses.replace(records[index], segment=number, offset=offset)
+        if journal is not None:
+            for entry, record in zip(entries, records, strict=True):
+                if record.flags & IN_LOG:
+                    journal.spooled(entry.message, queue.name)
+        if queue.on_spooled is not None:
+            queue.on_spooled(entries)
+        return records
+
+    def load(self, records: list[SpoolRecord]) -> list[Message]:
+        queue = self.queue
+        journal = self.journal
+        messages = []
+        for span, at, group in self._spans(records):
+            for record in group:
+                published = record_at(span, record.offset - at, record.length)
+                in_log = record.flags & IN_LOG
+                if type(published) is not Published:
+                    where = "log segment" if in_log else "page store segment"
+                    raise OSError(f"spooled message damaged: {where} {record.segment} at offset {record.offset}")
+                exchange, routing_key = published.exchange, published.routing_key
+                message = Message(
+                    exchange, routing_key, shortstr(exchange) + shortstr(routing_key), published.header, published.body
+                )
+                if in_log and journal is not None:
+                    message.wal_id = record.message_id
+                    message.wal_start = record.offset
+                    message.wal_location = (self.read_log, record.segment, record.offset + record.length - message.size)  # type: ignore[assignment]
+                    journal.unspooled(message, queue.vhost_name, queue.name, record.segment, record.delivery_count)
+                messages.append(message)
+        return messages
+
+    def _spans(self, records: list[SpoolRecord]) -> Iterator[tuple[bytes, int, list[SpoolRecord]]]:
+        """Records whose contents lie close together in one file, each group read at once:
+        ``(bytes read, their offset, the records)``. A deep queue's messages were mostly
+        written one after another."""
+        index = 0
+        while index < len(records):
+            first = records[index]
+            start, end = first.offset, first.offset + first.length
+            group = [first]
+            index += 1
+            while index < len(records):
+                record = records[index]
+                if (
+                    record.segment != first.segment
+                    or (record.flags ^ first.flags) & IN_LOG
+                    or record.offset < end
+                    or record.offset + record.length - start > SPAN_BYTES
+                ):
+                    break
+                group.append(record)
+                end = record.offset + record.length
+                index += 1
+            if first.flags & IN_LOG:
+                assert self.read_log is not None
+                data = self.read_log(first.segment, start, end - start)
+            else:
+                data = self.holds.read(first.segment, start, end - start)
+            yield data, start, group
+
+    def released(self, records: list[SpoolRecord]) -> None:
+        for record in records:
+            if not record.flags & IN_LOG:
+                self.holds.release(record.segment)
+
+
+class Spooler:
+    """Makes the spools of deep queues: their storage, under ``directory``, and their locators.
+
+    :param window: ready entries a queue keeps in memory before it spools what arrives
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        store: PageStore,
+        journal: Journal | None,
+        read_log: Callable[[int, int, int], bytes] | None,
+        window: int,
+    ) -> None:
+        self.directory = directory
+        shutil.rmtree(directory, ignore_errors=True)
+        self.store = store
+        self.journal = journal
+        self.read_log = read_log
+        self.window = window
+        self.holds = _Holds()
+        self._number = 0
+
+    def spool(self, queue: WorkQueue) -> Spool:
+        self._number += 1
+        storage = FileSpoolStorage(os.path.join(self.directory, f"{self._number:08d}"))
+        locator = Locator(queue, self.journal, self.read_log, self.store, self.holds)
+        journal = self.journal
+        return Spool(storage, locator, (lambda: journal.synced) if journal is not None else None)

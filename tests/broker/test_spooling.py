@@ -1,0 +1,328 @@
+"""Deep queues spool what is behind their window to disk, as records, and read it back in order."""
+
+from __future__ import annotations
+
+import gc
+import random
+from pathlib import Path
+
+import pytest
+from pamqp import commands
+from twisted.internet.task import Clock
+from twisted.logger import LogLevel, formatEvent, globalLogPublisher
+
+from broker.core.deadletter import DeadLetterReason
+from broker.core.deadlog import RUN_ID_BITS, DeadLetterLog
+from broker.core.journal import Journal
+from broker.core.message import Message
+from broker.core.node import Node
+from broker.core.queue import WorkQueue
+from broker.core.spool import BATCH, BATCH_BYTES, IN_LOG, MemorySpoolStorage, Spool, SpoolRecord
+from broker.paging import Pager, PageStore
+from broker.spooling import Spooler
+from broker.testing import Client, MemorySegmentStorage, publish_frames
+from broker.wal.log import WriteAheadLog
+from broker.wal.record import SEGMENT_HEADER_BYTES, DeadLetterSettled, Removed, iter_records
+
+PERSISTENT = commands.Basic.Properties(delivery_mode=2)
+WINDOW = 8
+#: Enough behind the window for records, not only waiting entries.
+COUNT = WINDOW + 2 * BATCH + 100
+
+
+def body(number: int) -> bytes:
+    return b"%06d" % number + bytes([number % 251]) * 50
+
+
+class Broker:
+    """A node whose queues spool behind a window of :data:`WINDOW`, with a write-ahead log in memory."""
+
+    def __init__(self, tmp_path: Path, logged: bool = True) -> None:
+        self.clock = Clock()
+        self.node = Node(rng=random.Random(3), clock=self.clock)
+        self.journal = Journal(1, self.clock.seconds) if logged else None
+        self.log = WriteAheadLog(MemorySegmentStorage())
+        self.log.open()
+        if self.journal is not None:
+            self.node.set_journal(self.journal)
+        self.store = PageStore(str(tmp_path / "paging"))
+        self.pager = Pager(self.store, 1 << 40, self.clock, self.journal)
+        self.spool_dir = tmp_path / "spool"
+        self.pager.spooler = Spooler(str(self.spool_dir), self.store, self.journal, self.log.storage.read_at, WINDOW)
+        self.node.set_pager(self.pager)
+        self.client = Client(self.node)
+        self.client.handshake()
+        self.client.open_channel(1)
+
+    def write(self) -> None:
+        """What the log's writer does: append what is pending and report it durable."""
+        assert self.journal is not None
+        data, position = self.journal.take(self.log.active, self.log.size, self.log.storage.read_at)
+        self.log.append(data)
+        self.journal.synced_to(position)
+
+    def publish(self, queue: str, bodies: list[bytes], properties: commands.Basic.Properties | None = None) -> None:
+        for n, data in enumerate(bodies):
+            self.client.send(publish_frames(1, "", queue, data, properties))
+            if self.journal is not None and n % 500 == 499:
+                self.write()
+        if self.journal is not None:
+            self.write()
+
+    def queue(self, name: str) -> WorkQueue:
+        return self.node.vhosts["/"].queues[name]
+
+    def get_all(self, queue: str, count: int, no_ack: bool = True) -> list[bytes]:
+        got = []
+        for _ in range(count):
+            frames = self.client.call(1, commands.Basic.Get(queue=queue, no_ack=no_ack))
+            assert isinstance(frames[0][1], commands.Basic.GetOk), frames[0]
+            got.append(frames[-1][1].value)
+        return got
+
+
+def test_a_deep_transient_queue_keeps_its_window_in_memory_and_the_rest_as_records(tmp_path: Path) -> None:
+    broker = Broker(tmp_path, logged=False)
+    broker.client.call(1, commands.Queue.Declare(queue="deep"))
+    bodies = [body(n) for n in range(COUNT)]
+    broker.publish("deep", bodies)
+    queue = broker.queue("deep")
+    spool = queue.spool
+    assert spool is not None
+    assert len(queue.ready_entries()) == WINDOW and queue.message_count == COUNT
+    assert spool.count == COUNT - WINDOW and spool.recorded_count >= 2 * BATCH
+    assert spool.bytes == sum(len(data) for data in bodies[WINDOW:])
+    assert list(broker.spool_dir.iterdir())  # the records are on disk
+    frames = broker.client.call(1, commands.Queue.Declare(queue="deep", passive=True))
+    assert frames[0][1].message_count == COUNT
+    assert broker.get_all("deep", COUNT) == bodies
+    assert queue.spool is None and queue.message_count == 0 and queue.ready_bytes == 0
+    assert list(broker.spool_dir.iterdir()) == []  # each queue's records went with its spool
+    gc.collect()
+    broker.store.close()
+    gc.collect()
+    assert list((tmp_path / "paging").iterdir()) == []  # and the copies of its content
+
+
+def test_persistent_messages_are_spooled_as_pointers_into_the_log_and_acked_there(tmp_path: Path) -> None:
+    broker = Broker(tmp_path)
+    journal = broker.journal
+    assert journal is not None
+    broker.client.call(1, commands.Queue.Declare(queue="durable", durable=True))
+    bodies = [body(n) for n in range(COUNT)]
+    broker.publish("durable", bodies, PERSISTENT)
+    queue = broker.queue("durable")
+    assert queue.spool is not None
+    recorded = queue.spool.recorded_count
+    assert recorded >= BATCH
+    assert sum(journal.spooled_refs.values()) == recorded
+    assert not (tmp_path / "paging").exists() or not list((tmp_path / "paging").iterdir())  # nothing copied
+    assert sum(journal.live.values()) == COUNT  # every message still holds its segment
+    assert not any(journal.sparse(segment) for segment in journal.live)
+    got = broker.get_all("durable", COUNT, no_ack=True)
+    assert got == bodies
+    broker.write()
+    assert sum(journal.live.values()) == 0 and not journal.spooled_refs
+    data = broker.log.storage.read(broker.log.active)
+    removed = [r for _s, _e, r in iter_records(data, SEGMENT_HEADER_BYTES) if type(r) is Removed]
+    assert sorted(i for r in removed for i in r.message_ids) == list(range(1, COUNT + 1))
+
+
+def test_a_message_whose_log_record_is_not_written_yet_waits_in_memory(tmp_path: Path) -> None:
+    broker = Broker(tmp_path)
+    broker.client.call(1, commands.Queue.Declare(queue="durable", durable=True))
+    for n in range(COUNT):  # nothing written to the log
+        broker.client.send(publish_frames(1, "", "durable", body(n), PERSISTENT))
+    spool = broker.queue("durable").spool
+    assert spool is not None and spool.recorded_count == 0 and len(spool.waiting) == COUNT - WINDOW
+    broker.write()
+    broker.client.send(publish_frames(1, "", "durable", body(COUNT), PERSISTENT))
+    assert spool.recorded_count == COUNT - WINDOW  # the next push records what the log now has
+    broker.write()
+    assert broker.get_all("durable", COUNT + 1) == [body(n) for n in range(COUNT + 1)]
+
+
+def test_length_limits_count_spooled_messages_and_drop_from_the_head(tmp_path: Path) -> None:
+    broker = Broker(tmp_path, logged=False)
+    limit = BATCH + 50
+    broker.client.call(1, commands.Queue.Declare(queue="capped", arguments={"x-max-length": limit}))
+    broker.client.call(1, commands.Queue.Declare(queue="bytes", arguments={"x-max-length-bytes": limit * len(body(0))}))
+    bodies = [body(n) for n in range(COUNT)]
+    broker.publish("capped", bodies)
+    broker.publish("bytes", bodies)
+    for name in ("capped", "bytes"):
+        assert broker.queue(name).message_count == limit
+        assert broker.get_all(name, limit) == bodies[-limit:]
+
+
+def test_spooled_messages_expire_when_they_come_back(tmp_path: Path) -> None:
+    broker = Broker(tmp_path, logged=False)
+    broker.client.call(1, commands.Queue.Declare(queue="ttl", arguments={"x-message-ttl": 1000}))
+    broker.publish("ttl", [body(n) for n in range(COUNT)])
+    queue = broker.queue("ttl")
+    broker.clock.advance(0.5)
+    broker.publish("ttl", [b"late"])
+    assert queue.message_count == COUNT + 1
+    for _ in range(COUNT):
+        broker.clock.advance(0.6)
+        if queue.message_count == 1:
+            break
+    assert queue.message_count == 1 and queue.dead_lettered
+    assert broker.get_all("ttl", 1) == [b"late"]
+
+
+@pytest.mark.parametrize("method", [commands.Queue.Purge, commands.Queue.Delete])
+def test_a_purge_or_delete_takes_the_spool_and_logs_the_removals(tmp_path: Path, method: type) -> None:
+    broker = Broker(tmp_path)
+    journal = broker.journal
+    assert journal is not None
+    broker.client.call(1, commands.Queue.Declare(queue="durable", durable=True))
+    broker.publish("durable", [body(n) for n in range(COUNT)], PERSISTENT)
+    queue = broker.queue("durable")
+    frames = broker.client.call(1, method(queue="durable"))
+    assert frames[0][1].message_count == COUNT
+    assert queue.spool is None and queue.message_count == 0
+    broker.write()
+    assert sum(journal.live.values()) == 0 and not journal.spooled_refs
+    assert list(broker.spool_dir.iterdir()) == []
+    if method is commands.Queue.Purge:
+        broker.publish("durable", [b"after"], PERSISTENT)
+        assert broker.get_all("durable", 1) == [b"after"]
+
+
+class _Entry:
+    def __init__(self, number: int) -> None:
+        self.message = type("M", (), {"size": 1})()
+        self.number = number
+
+
+def test_a_spool_whose_storage_fails_keeps_its_entries_and_loses_nothing() -> None:
+    storage = MemorySpoolStorage()
+    storage.fail_appends = True
+    records: list[SpoolRecord] = []
+
+    class Locator:
+        def locatable(self, _entry: object) -> bool:
+            return True
+
+        def locate(self, entries: list) -> list[SpoolRecord]:
+            made = [SpoolRecord(entry.number, 1, entry.number, 10, 1, 0, IN_LOG) for entry in entries]
+            records.extend(made)
+            return made
+
+        def load(self, loaded: list[SpoolRecord]) -> list:
+            return [_Entry(record.message_id) for record in loaded]
+
+        def released(self, _records: list[SpoolRecord]) -> None:
+            pass
+
+    spool = Spool(storage, Locator())  # type: ignore[arg-type]
+    entries = [_Entry(n) for n in range(3 * BATCH)]
+    for entry in entries:
+        try:
+            spool.push(entry)  # type: ignore[arg-type]
+        except OSError:
+            pytest.fail("a failed append must not reach the queue")
+    assert spool.count == 3 * BATCH
+    storage.fail_appends = False
+    taken = spool.take(3 * BATCH, lambda message, record: message)
+    assert [getattr(item, "number", item) for item in taken] == list(range(3 * BATCH))
+    assert spool.count == 0
+
+
+def test_dead_letters_spooled_in_their_queue_are_still_recorded_when_they_leave(tmp_path: Path) -> None:
+    broker = Broker(tmp_path, logged=False)
+    events = DeadLetterLog(3, broker.clock.seconds)
+    broker.node.vhosts["/"].dead_letters = events
+    c = broker.client
+    c.call(1, commands.Exchange.Declare(exchange="dlx", exchange_type="fanout"))
+    c.call(1, commands.Queue.Declare(queue="dlq"), commands.Queue.Declare(queue="audit"))
+    c.call(1, commands.Queue.Bind(queue="dlq", exchange="dlx"), commands.Queue.Bind(queue="audit", exchange="dlx"))
+    c.call(1, commands.Queue.Declare(queue="work", arguments={"x-dead-letter-exchange": "dlx", "x-message-ttl": 0}))
+    broker.publish("work", [body(n) for n in range(COUNT)])  # each dies at once, into both queues
+    assert broker.queue("dlq").spool is not None and broker.queue("dlq").spool.recorded_count >= BATCH
+    assert events.dead_lettered_count == COUNT and events.held() == 2 * COUNT
+    events.take()
+    assert len(broker.get_all("dlq", COUNT)) == COUNT
+    c.call(1, commands.Queue.Purge(queue="audit"))
+    settled = [record for _start, _end, record in iter_records(events.take()) if type(record) is DeadLetterSettled]
+    assert sorted((record.queue, record.dead_letter_id) for record in settled) == sorted(
+        (queue, (3 << RUN_ID_BITS) + n) for queue in ("dlq", "audit") for n in range(1, COUNT + 1)
+    )
+    assert events.held() == 0
+
+
+def test_deliveries_across_refills_go_back_in_their_order(tmp_path: Path) -> None:
+    broker = Broker(tmp_path, logged=False)
+    c = broker.client
+    c.call(1, commands.Queue.Declare(queue="work"))
+    bodies = [body(n) for n in range(COUNT)]
+    broker.publish("work", bodies)
+    c.call(1, commands.Basic.Qos(prefetch_count=5 * WINDOW))
+    frames = c.call(1, commands.Basic.Consume(queue="work", consumer_tag="c"))
+    tags = [frame.delivery_tag for _channel, frame in frames if isinstance(frame, commands.Basic.Deliver)]
+    assert len(tags) == 5 * WINDOW  # the window was refilled several times
+    c.call(1, commands.Basic.Cancel(consumer_tag="c"))
+    c.call(1, commands.Basic.Nack(delivery_tag=tags[-1], multiple=True, requeue=True))
+    # Every message out, records and entries still waiting alike, then all back at once.
+    assert broker.get_all("work", COUNT, no_ack=False) == bodies
+    c.call(1, commands.Basic.Recover(requeue=True))
+    assert broker.get_all("work", COUNT) == bodies
+
+
+def test_a_queue_recovered_deeper_than_its_window_spools_the_rest_and_expires_each_once(tmp_path: Path) -> None:
+    clock = Clock()
+    queue = WorkQueue("ttl", arguments={"x-message-ttl": 10_000}, clock=clock)
+    for n in range(COUNT):
+        queue.restore(Message.build("", "ttl", body(n)), 0, clock.seconds())
+    store = PageStore(str(tmp_path / "paging"))
+    queue.attach_spooler(Spooler(str(tmp_path / "spool"), store, None, None, WINDOW))
+    assert queue.spool is not None and queue.message_count == COUNT
+    assert queue.spool.count == COUNT - WINDOW
+    for _ in range(COUNT):
+        clock.advance(11)
+        if not queue.message_count:
+            break
+    assert queue.message_count == 0 and queue.spool is None
+    assert queue.dead_lettered == {DeadLetterReason.EXPIRED: COUNT}
+    assert queue.ready_bytes == 0
+
+
+def test_damaged_spooled_content_is_reported_and_kept_not_delivered_wrong(tmp_path: Path) -> None:
+    broker = Broker(tmp_path, logged=False)
+    errors: list[str] = []
+
+    def observe(event: dict) -> None:
+        if event.get("log_level") is LogLevel.error:
+            errors.append(formatEvent(event))
+
+    broker.client.call(1, commands.Queue.Declare(queue="deep"))
+    bodies = [body(n) for n in range(COUNT)]
+    broker.publish("deep", bodies)
+    for page in (tmp_path / "paging").glob("*.page"):
+        with open(page, "r+b") as file:
+            file.seek(40)
+            file.write(b"\xff" * 8)  # inside the first copied message
+    globalLogPublisher.addObserver(observe)
+    try:
+        got = broker.get_all("deep", WINDOW)
+        frames = broker.client.call(1, commands.Basic.Get(queue="deep", no_ack=True))
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    assert got == bodies[:WINDOW]
+    assert isinstance(frames[0][1], commands.Basic.GetEmpty)  # not a wrong body
+    assert broker.queue("deep").message_count == COUNT - WINDOW
+    assert errors and "cannot read spooled messages of queue 'deep' back" in errors[0]
+    assert "page store segment 1 at offset 0" in errors[0]
+
+
+def test_big_messages_are_recorded_without_waiting_for_a_full_batch(tmp_path: Path) -> None:
+    broker = Broker(tmp_path, logged=False)
+    broker.client.call(1, commands.Queue.Declare(queue="big"))
+    size = 120_000  # one body frame each
+    bodies = [bytes([n % 256]) * size for n in range(WINDOW + 60)]
+    broker.publish("big", bodies)
+    spool = broker.queue("big").spool
+    assert spool is not None and spool.count == 60
+    assert spool.recorded_count >= 60 - BATCH_BYTES // size  # at most 4 MiB of them still in memory
+    assert broker.get_all("big", WINDOW + 60) == bodies
