@@ -364,7 +364,13 @@ def make_broker_service(
             snapshot = replay_located(log.located_records())
             log.forget()
             journal = Journal(snapshot.max_message_id + 1, reactor.seconds)
-            node = node_from_config(config, reactor, journal, snapshot, log.storage.read_at, **extensions)
+            pager = Pager(
+                PageStore(str(Path(config.storage.dir) / "paging")), config.storage.memory_budget, reactor, journal
+            )
+            pager.spooler = Spooler(
+                str(Path(config.storage.dir) / SPOOL_DIR), pager.store, journal, log.storage.read_at, SPOOL_WINDOW
+            )
+            node = node_from_config(config, reactor, journal, snapshot, log.storage.read_at, pager=pager, **extensions)
             if plugins is not None:
                 plugins.node_ready(node, snapshot)
             paged = journal.page_out(config.storage.memory_budget)
@@ -386,13 +392,6 @@ def make_broker_service(
                 config.storage.memory_budget,
                 config.storage.max_backlog,
             )
-            pager = Pager(
-                PageStore(str(Path(config.storage.dir) / "paging")), config.storage.memory_budget, reactor, journal
-            )
-            pager.spooler = Spooler(
-                str(Path(config.storage.dir) / SPOOL_DIR), pager.store, journal, log.storage.read_at, SPOOL_WINDOW
-            )
-            node.set_pager(pager)
             _log.info(
                 "recovered {messages} message(s) in {queues} durable queue(s) from {segments} segment(s)"
                 " ({bytes} bytes, {records} records) in {seconds:.3f} s; torn tail: {truncated} bytes truncated;"

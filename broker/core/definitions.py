@@ -41,6 +41,7 @@ def node_from_config(
     registry: ExchangeTypeRegistry | None = None,
     hooks: HookChain | None = None,
     authenticators: Sequence[Any] = (),
+    pager: Any = None,
 ) -> Node:
     """A node with the configuration's limits, users and virtual hosts.
 
@@ -53,6 +54,8 @@ def node_from_config(
     :param registry: the exchange types, with those of the enabled plugins (built-ins only by default)
     :param hooks: the plugins' message hooks (``None``: none)
     :param authenticators: the plugins' authentication backends
+    :param pager: pages and spools deep queues (``broker.paging.Pager``), from before the
+        messages are restored: a queue recovered deeper than its window spools the rest
 
     :raises ConfigError: a definition was refused by the broker.
     """
@@ -90,6 +93,8 @@ def node_from_config(
     )
     if journal is not None:
         node.set_journal(journal)
+    if pager is not None:
+        node.set_pager(pager)
     if snapshot is not None:
         _check_exchange_types(node, snapshot, config.source)
         restore_policies(node, snapshot)
@@ -262,6 +267,12 @@ def restore_snapshot(node: Node, snapshot: Snapshot, read: Callable[[int, int, i
             if queue is None:
                 continue
             for message_id, item in sorted(stored.items()):
+                if queue.spool is not None and item.start and item.segment and journal is not None:
+                    # Behind the window: a record pointing at the log, no object.
+                    queue.restore_spooled(item, read)
+                    journal.restored_spooled(item.segment)
+                    restored += 1
+                    continue
                 message = messages.get(message_id)
                 if message is None:
                     record = item.record

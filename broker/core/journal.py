@@ -537,6 +537,13 @@ class Journal:
             holders = self._by_segment[segment] = set()
         holders.add(message)
 
+    def restored_spooled(self, segment: int) -> None:
+        """A message recovered from the log at start went straight to a spool, as a record
+        pointing into ``segment``."""
+        self.live[segment] += 1
+        self.written[segment] += 1
+        self.spooled_refs[segment] += 1
+
     def _unspool(self, segment: int) -> None:
         left = self.spooled_refs[segment] - 1
         if left:

@@ -48,12 +48,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from broker.amqp.codec import FLAG_EXPIRATION
 from broker.core.deadletter import DeadLetterReason, with_delivery_count
 from broker.core.message import Message
-from broker.core.spool import REDELIVERED, Spool, SpoolRecord
+from broker.core.spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
 
 if TYPE_CHECKING:
     from broker.core.journal import Journal
     from broker.core.vhost import Exchange
     from broker.spooling import Spooler
+    from broker.wal.recovery import StoredMessage
 
 #: Most deliveries one dispatch makes before yielding. A consumer without a prefetch limit
 #: (or with no_ack) on a long queue would otherwise have the whole queue written into its
@@ -691,6 +692,31 @@ class WorkQueue:
         if ttl is not None:
             entry.expires_at = published_at + ttl
             self._push(entry.expires_at, _EXPIRY, entry)
+
+    def restore_spooled(self, item: StoredMessage, read: Any) -> None:
+        """Put back a message recovered from the log straight into the spool (the window is
+        full): a record pointing at its ``Published`` record, with its TTL counted as
+        :meth:`restore` counts it."""
+        record = item.record
+        ttl = self.settings.message_ttl
+        flags = record.header[12] << 8 | record.header[13]
+        if flags & FLAG_EXPIRATION:
+            message = Message(record.exchange, record.routing_key, b"", record.header, b"")
+            per_message = _expiration(message)
+            if per_message is not None and (ttl is None or per_message < ttl):
+                ttl = per_message
+        self.spool.push_record(  # type: ignore[union-attr]
+            SpoolRecord(
+                record.message_id,
+                item.segment,
+                item.start,
+                item.end - item.start,
+                len(record.body),
+                item.delivery_count,
+                REDELIVERED | IN_LOG,
+                record.timestamp + ttl if ttl is not None else 0.0,
+            )
+        )
 
     def _deliver_now(self, entry: Entry) -> bool:
         """Deliver ``entry`` at once, to the next consumer in turn, if nothing is waiting and one can take it."""

@@ -186,6 +186,23 @@ class Spool:
             else:
                 self.error = None
 
+    def push_record(self, record: SpoolRecord) -> None:
+        """Spool a message already recorded (recovered from the log) behind everything else.
+
+        :raises RuntimeError: entries are waiting (they would be overtaken)
+        """
+        if self.waiting:
+            raise RuntimeError("a record cannot overtake waiting entries")
+        self._buffer.append(record.pack())
+        self.count += 1
+        self.bytes += record.size
+        self.recorded += 1
+        if len(self._buffer) >= BATCH:
+            try:
+                self._flush()
+            except OSError as error:  # they stay buffered; the next batch tries again
+                self.error = error
+
     def record(self) -> int:
         """Turn the waiting entries whose content is readable into records; returns how many.
 

@@ -13,6 +13,7 @@ from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 
 from broker.core.deadletter import DeadLetterReason
 from broker.core.deadlog import RUN_ID_BITS, DeadLetterLog
+from broker.core.definitions import node_from_config
 from broker.core.journal import Journal
 from broker.core.message import Message
 from broker.core.node import Node
@@ -23,6 +24,8 @@ from broker.spooling import Spooler
 from broker.testing import Client, MemorySegmentStorage, publish_frames
 from broker.wal.log import WriteAheadLog
 from broker.wal.record import SEGMENT_HEADER_BYTES, DeadLetterSettled, Removed, iter_records
+from broker.wal.recovery import Snapshot, replay_located
+from config.schema import BrokerConfig
 
 PERSISTENT = commands.Basic.Properties(delivery_mode=2)
 WINDOW = 8
@@ -37,19 +40,30 @@ def body(number: int) -> bytes:
 class Broker:
     """A node whose queues spool behind a window of :data:`WINDOW`, with a write-ahead log in memory."""
 
-    def __init__(self, tmp_path: Path, logged: bool = True) -> None:
+    def __init__(
+        self, tmp_path: Path, logged: bool = True, restore: tuple[Snapshot, WriteAheadLog] | None = None
+    ) -> None:
         self.clock = Clock()
-        self.node = Node(rng=random.Random(3), clock=self.clock)
-        self.journal = Journal(1, self.clock.seconds) if logged else None
-        self.log = WriteAheadLog(MemorySegmentStorage())
-        self.log.open()
-        if self.journal is not None:
-            self.node.set_journal(self.journal)
+        if restore is not None:
+            snapshot, self.log = restore
+            self.journal: Journal | None = Journal(snapshot.max_message_id + 1, self.clock.seconds)
+        else:
+            self.log = WriteAheadLog(MemorySegmentStorage())
+            self.log.open()
+            self.journal = Journal(1, self.clock.seconds) if logged else None
         self.store = PageStore(str(tmp_path / "paging"))
         self.pager = Pager(self.store, 1 << 40, self.clock, self.journal)
         self.spool_dir = tmp_path / "spool"
         self.pager.spooler = Spooler(str(self.spool_dir), self.store, self.journal, self.log.storage.read_at, WINDOW)
-        self.node.set_pager(self.pager)
+        if restore is not None:
+            self.node = node_from_config(
+                BrokerConfig(), self.clock, self.journal, restore[0], self.log.storage.read_at, pager=self.pager
+            )
+        else:
+            self.node = Node(rng=random.Random(3), clock=self.clock)
+            if self.journal is not None:
+                self.node.set_journal(self.journal)
+            self.node.set_pager(self.pager)
         self.client = Client(self.node)
         self.client.handshake()
         self.client.open_channel(1)
@@ -326,3 +340,38 @@ def test_big_messages_are_recorded_without_waiting_for_a_full_batch(tmp_path: Pa
     assert spool is not None and spool.count == 60
     assert spool.recorded_count >= 60 - BATCH_BYTES // size  # at most 4 MiB of them still in memory
     assert broker.get_all("big", WINDOW + 60) == bodies
+
+
+def test_a_queue_recovered_from_the_log_spools_behind_its_window_with_counts_and_ttls(tmp_path: Path) -> None:
+    before = Broker(tmp_path / "before")
+    c = before.client
+    c.call(1, commands.Queue.Declare(queue="durable", durable=True, arguments={"x-message-ttl": 60_000}))
+    bodies = [body(n) for n in range(COUNT)]
+    before.publish("durable", bodies, PERSISTENT)
+    before.get_all("durable", 20, no_ack=False)
+    c.call(1, commands.Basic.Recover(requeue=True))  # the first 20 were delivered once
+    before.write()
+    log = WriteAheadLog(before.log.storage)
+    log.open()
+    snapshot = replay_located(log.located_records())
+
+    after = Broker(tmp_path / "after", restore=(snapshot, log))
+    queue = after.queue("durable")
+    assert queue.spool is not None and queue.spool.count == COUNT - WINDOW == queue.spool.recorded_count
+    assert after.journal is not None and sum(after.journal.live.values()) == COUNT
+    got = []
+    for n in range(COUNT):
+        frames = after.client.call(1, commands.Basic.Get(queue="durable", no_ack=True))
+        get_ok, header, content = frames[0][1], frames[1][1], frames[-1][1]
+        assert get_ok.redelivered
+        assert (header.properties.headers or {}).get("x-delivery-count", 0) == (1 if n < 20 else 0), n
+        got.append(content.value)
+        if n == COUNT // 2:
+            after.clock.advance(61)  # the TTL counts from the first publish: the rest expire
+            break
+    assert got == bodies[: len(got)]
+    for _ in range(COUNT):
+        after.clock.advance(0.1)
+        if not queue.message_count:
+            break
+    assert queue.message_count == 0 and queue.dead_lettered == {DeadLetterReason.EXPIRED: COUNT - len(got)}
