@@ -12,17 +12,15 @@ Whatever an earlier run left under ``spool`` is deleted at start.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from broker.amqp.codec import shortstr
 from broker.core.message import Message
 from broker.core.spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
-from broker.wal.record import Published, encode_published, record_at
+from broker.wal.record import encode_published, published_content
 
 if TYPE_CHECKING:
     from broker.core.journal import Journal
@@ -160,68 +158,75 @@ class Locator:
     def locate(self, entries: list[Entry]) -> list[SpoolRecord]:
         queue = self.queue
         journal = self.journal if queue.journal is not None else None
-        records: list[SpoolRecord] = []
+        records: list[tuple[int, int, int, int, int, int, int, float]] = []
         copies: list[tuple[int, bytes]] = []
+        in_log: list[Message] = []
         for entry in entries:
             message = entry.message
             flags = REDELIVERED if entry.redelivered else 0
+            expires_at = entry.expires_at or 0.0
             if journal is not None and message.wal_id and queue.name in message.wal_queues:
                 _read, segment, body_at = message.wal_location  # type: ignore[misc]
-                length = body_at + message.size - message.wal_start
-                flags |= IN_LOG
-                message_id = message.wal_id
+                start = message.wal_start
+                records.append(
+                    (  # a SpoolRecord's fields
+                        message.wal_id,
+                        start,
+                        segment,
+                        body_at + message.size - start,
+                        message.size,
+                        entry.delivery_count,
+                        flags | IN_LOG,
+                        expires_at,
+                    )
+                )
+                in_log.append(message)
             else:
                 content = encode_published(
                     0, "", (), message.exchange, message.routing_key, 0.0, message.header, message.body
                 )
                 copies.append((len(records), content))
-                segment, length, message_id = 0, len(content), 0
-            records.append(
-                SpoolRecord(
-                    message_id,
-                    segment,
-                    message.wal_start if flags & IN_LOG else 0,
-                    length,
-                    message.size,
-                    entry.delivery_count,
-                    flags,
-                    entry.expires_at or 0.0,
-                )
-            )
+                records.append((0, 0, 0, len(content), message.size, entry.delivery_count, flags, expires_at))
         if copies:
             placed = self.store.append([content for _index, content in copies])
             for (index, _content), (segment_object, number, offset) in zip(copies, placed, strict=True):
                 self.holds.hold(segment_object, number)
-                records[index] = dataclasses.replace(records[index], segment=number, offset=offset)
-        if journal is not None:
-            for entry, record in zip(entries, records, strict=True):
-                if record.flags & IN_LOG:
-                    journal.spooled(entry.message, queue.name)
+                _id, _offset, _segment, length, size, count, flags, expires_at = records[index]
+                records[index] = (0, offset, number, length, size, count, flags, expires_at)
+        if in_log:
+            journal.spooled(in_log, queue.name)  # type: ignore[union-attr]
         if queue.on_spooled is not None:
             queue.on_spooled(entries)
-        return records
+        return records  # type: ignore[return-value]
 
     def load(self, records: list[SpoolRecord]) -> list[Message]:
         queue = self.queue
         journal = self.journal
+        read_log = self.read_log
+        vhost, name = queue.vhost_name, queue.name
         messages = []
+        append = messages.append
         for span, at, group in self._spans(records):
             for record in group:
-                published = record_at(span, record.offset - at, record.length)
-                in_log = record.flags & IN_LOG
-                if type(published) is not Published:
-                    where = "log segment" if in_log else "page store segment"
+                content = published_content(span, record.offset - at, record.length)
+                if content is None:
+                    where = "log segment" if record.flags & IN_LOG else "page store segment"
                     raise OSError(f"spooled message damaged: {where} {record.segment} at offset {record.offset}")
-                exchange, routing_key = published.exchange, published.routing_key
+                message_id, exchange, routing_key, header, body = content
                 message = Message(
-                    exchange, routing_key, shortstr(exchange) + shortstr(routing_key), published.header, published.body
+                    exchange.decode("utf-8", "surrogateescape"),
+                    routing_key.decode("utf-8", "surrogateescape"),
+                    bytes((len(exchange),)) + exchange + bytes((len(routing_key),)) + routing_key,
+                    header,
+                    body,
                 )
-                if in_log and journal is not None:
-                    message.wal_id = record.message_id
+                if record.flags & IN_LOG and journal is not None:
+                    segment = record.segment
+                    message.wal_id = message_id
                     message.wal_start = record.offset
-                    message.wal_location = (self.read_log, record.segment, record.offset + record.length - message.size)  # type: ignore[assignment]
-                    journal.unspooled(message, queue.vhost_name, queue.name, record.segment, record.delivery_count)
-                messages.append(message)
+                    message.wal_location = (read_log, segment, record.offset + record.length - message.size)  # type: ignore[assignment]
+                    journal.unspooled(message, vhost, name, segment, record.delivery_count)
+                append(message)
         return messages
 
     def _spans(self, records: list[SpoolRecord]) -> Iterator[tuple[bytes, int, list[SpoolRecord]]]:

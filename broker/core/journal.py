@@ -498,28 +498,32 @@ class Journal:
 
     # -- spooled messages (``broker.core.spool``) -----------------------------------------------
 
-    def spooled(self, message: Message, queue: str) -> None:
-        """``queue`` holds ``message`` as a spool record now, not as an object; the record points
+    def spooled(self, messages: Iterable[Message], queue: str) -> None:
+        """``queue`` holds ``messages`` as spool records now, not as objects; each record points
         at its ``Published`` record, so the reference to that segment stays live."""
-        try:
-            message.wal_queues.remove(queue)
-        except ValueError:
-            return
-        segment = message.wal_segment
-        self.spooled_refs[segment] += 1
-        if message.wal_counts is not None:
-            message.wal_counts.pop(queue, None)
-        if not message.wal_queues:
-            if message.wal_counted:
-                message.wal_counted = False
-                self.resident_bytes -= message.size
-                self._resident_stale += 1
-                if self._resident_stale > max(1024, len(self.resident) // 2):
-                    self.resident = deque(kept for kept in self.resident if kept.wal_counted)
-                    self._resident_stale = 0
-            holders = self._by_segment.get(segment)
-            if holders is not None:
-                holders.discard(message)
+        refs = self.spooled_refs
+        by_segment = self._by_segment
+        for message in messages:
+            queues = message.wal_queues
+            try:
+                queues.remove(queue)
+            except ValueError:
+                continue
+            segment = message.wal_segment
+            refs[segment] += 1
+            if message.wal_counts is not None:
+                message.wal_counts.pop(queue, None)
+            if not queues:
+                if message.wal_counted:
+                    message.wal_counted = False
+                    self.resident_bytes -= message.size
+                    self._resident_stale += 1
+                holders = by_segment.get(segment)
+                if holders is not None:
+                    holders.discard(message)
+        if self._resident_stale > max(1024, len(self.resident) // 2):
+            self.resident = deque(kept for kept in self.resident if kept.wal_counted)
+            self._resident_stale = 0
 
     def unspooled(self, message: Message, vhost: str, queue: str, segment: int, delivery_count: int) -> None:
         """A spool record of ``queue`` was read back as ``message`` (its ``wal_location`` set)."""

@@ -422,6 +422,8 @@ class WorkQueue:
         self._refill_at = 0
         #: Enqueue can take the short path: no TTL, no length limit, consumers of one priority.
         self._plain = True
+        #: The same while spooling: what arrives goes straight to the spool.
+        self._spool_plain = False
         #: The consumers deliveries go to, next in turn first (with a single active consumer:
         #: the active one only).
         self._consumers: deque[Consumer] = deque()
@@ -500,6 +502,13 @@ class WorkQueue:
             and not self._track_bytes
             and self._levels is None
             and self.spool is None
+        )
+        self._spool_plain = (
+            self.spool is not None
+            and settings.message_ttl is None
+            and settings.max_length is None
+            and not self._track_bytes
+            and self._levels is None
         )
 
     @property
@@ -591,6 +600,11 @@ class WorkQueue:
             self._until_sample = LATENCY_SAMPLE_EVERY
             return self._enqueue_sampled(message)
         if not self._plain or self._gone_in_ready or message.flags & FLAG_EXPIRATION:
+            if self._spool_plain and not message.flags & FLAG_EXPIRATION:
+                # Spooling, and nothing to check: straight behind the rest.
+                entry = Entry(message, self)
+                self._spool_entry(entry)
+                return True
             return self._enqueue_checked(message)
         entry = Entry(message, self)
         consumers = self._consumers
@@ -707,14 +721,14 @@ class WorkQueue:
                 ttl = per_message
         self.spool.push_record(  # type: ignore[union-attr]
             SpoolRecord(
-                record.message_id,
-                item.segment,
-                item.start,
-                item.end - item.start,
-                len(record.body),
-                item.delivery_count,
-                REDELIVERED | IN_LOG,
-                record.timestamp + ttl if ttl is not None else 0.0,
+                message_id=record.message_id,
+                offset=item.start,
+                segment=item.segment,
+                length=item.end - item.start,
+                size=len(record.body),
+                delivery_count=item.delivery_count,
+                flags=REDELIVERED | IN_LOG,
+                expires_at=record.timestamp + ttl if ttl is not None else 0.0,
             )
         )
 
@@ -777,7 +791,7 @@ class WorkQueue:
     def _start_spool(self) -> None:
         if self.spool is None and self.spooler is not None:
             self.spool = self.spooler.spool(self)
-            self._plain = False
+            self._update_plain()
 
     def _spool_entry(self, entry: Entry) -> None:
         entry.state = SPOOLED

@@ -26,8 +26,7 @@ from __future__ import annotations
 import struct
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from broker.core.message import Message
@@ -42,10 +41,11 @@ __all__ = [
     "SpoolLocator",
     "SpoolRecord",
     "SpoolStorage",
+    "unpack_records",
 ]
 
-#: message id, content offset, content segment, content length, body size, delivery count,
-#: flags, expiry (seconds since the epoch; 0: none). Little-endian, no padding.
+#: :class:`SpoolRecord`'s fields: message id, content offset, content segment, content length,
+#: body size, delivery count, flags, expiry (seconds since the epoch; 0: none). Little-endian.
 _RECORD = struct.Struct("<QQIIIIId")
 RECORD_BYTES = _RECORD.size
 
@@ -63,13 +63,13 @@ BATCH = 1024
 BATCH_BYTES = 4 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class SpoolRecord:
-    """One spooled message: where its content is, and its state in the queue."""
+class SpoolRecord(NamedTuple):
+    """One spooled message: where its content is, and its state in the queue (fields in their
+    on-disk order)."""
 
     message_id: int
-    segment: int
     offset: int
+    segment: int
     length: int
     size: int
     delivery_count: int = 0
@@ -77,21 +77,13 @@ class SpoolRecord:
     expires_at: float = 0.0
 
     def pack(self) -> bytes:
-        return _RECORD.pack(
-            self.message_id,
-            self.offset,
-            self.segment,
-            self.length,
-            self.size,
-            self.delivery_count,
-            self.flags,
-            self.expires_at,
-        )
+        return _RECORD.pack(*self)
 
-    @classmethod
-    def unpack_from(cls, data: bytes, offset: int = 0) -> SpoolRecord:
-        message_id, content_offset, segment, length, size, count, flags, expires_at = _RECORD.unpack_from(data, offset)
-        return cls(message_id, segment, content_offset, length, size, count, flags, expires_at)
+
+def unpack_records(data: bytes) -> list[SpoolRecord]:
+    """The records packed in ``data`` (a whole number of them)."""
+    make = SpoolRecord._make
+    return [make(fields) for fields in _RECORD.iter_unpack(data)]
 
 
 class SpoolStorage(Protocol):
@@ -121,8 +113,9 @@ class SpoolLocator(Protocol):
         copied forward)."""
 
     def locate(self, entries: list[Entry]) -> list[SpoolRecord]:
-        """Records for ``entries``, in order; those whose content is not in the log are copied
-        to the page store first (one write for all).
+        """Records for ``entries``, in order (:class:`SpoolRecord` or plain tuples of its
+        fields); those whose content is not in the log are copied to the page store first
+        (one write for all).
 
         :raises OSError: the page store could not be written (no entry has been spooled)
         """
@@ -220,10 +213,11 @@ class Spool:
             return 0
         entries = [waiting[index][0] for index in range(ready)]
         records = self.locator.locate(entries)
-        self._buffer += [record.pack() for record in records]
+        pack = _RECORD.pack
+        self._buffer += [pack(*record) for record in records]
         for _ in range(ready):
             waiting.popleft()
-        self._waiting_bytes -= sum(record.size for record in records)
+        self._waiting_bytes -= sum(entry.message.size for entry in entries)
         self.recorded += ready
         if len(self._buffer) >= BATCH:
             self._flush()
@@ -244,10 +238,10 @@ class Spool:
             if len(data) != length:
                 raise OSError(f"spool read cut short: {len(data)} of {length} bytes at {self._read}")
             self._read += length
-            readahead.extend(SpoolRecord.unpack_from(data, start) for start in range(0, length, RECORD_BYTES))
+            readahead.extend(unpack_records(data))
             self.storage.release(self._read)
         if len(readahead) < count and self._buffer:
-            readahead.extend(SpoolRecord.unpack_from(packed) for packed in self._buffer)
+            readahead.extend(unpack_records(b"".join(self._buffer)))
             self._buffer.clear()
         return [readahead.popleft() for _ in range(min(count, len(readahead)))]
 

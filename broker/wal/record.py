@@ -398,6 +398,8 @@ _ERRORS = "surrogateescape"
 # zlib.crc32 of each possible type byte: the CRC of a record is crc32(payload, _TYPE_CRC[type]),
 # which equals crc32(type byte + payload) without building that concatenation.
 _TYPE_CRC = [zlib.crc32(bytes((value,))) for value in range(256)]
+_PUBLISHED_TYPE = int(RecordType.PUBLISHED)
+_PUBLISHED_CRC = _TYPE_CRC[_PUBLISHED_TYPE]
 
 _Spec = tuple[tuple[str, int], ...]
 _SPECS: dict[type, _Spec] = {
@@ -885,21 +887,48 @@ def _walk(data: bytes, start: int) -> Generator[tuple[int, int, Record], None, t
     return pos, None
 
 
-def record_at(data: bytes, pos: int, length: int) -> Record | None:
-    """The record that starts at ``pos`` in ``data`` and is ``length`` bytes long, header
-    included; ``None`` unless exactly such a valid record (CRC checked) is there."""
-    if pos < 0 or len(data) - pos < max(length, RECORD_HEADER_BYTES):
+def published_content(data: bytes, pos: int, length: int) -> tuple[int, bytes, bytes, bytes, bytes] | None:
+    """What a delivery needs of the ``Published`` record that starts at ``pos`` in ``data`` and
+    is ``length`` bytes long: ``(message_id, exchange, routing_key, header, body)``, names as
+    UTF-8 bytes. ``None`` unless exactly such a valid record (CRC checked) is there.
+
+    Reads only those fields (the vhost and queue names are skipped, nothing is copied but the
+    results): bringing spooled messages back is a drain's hot path.
+    """
+    end = pos + length
+    if pos < 0 or len(data) < end or length < RECORD_HEADER_BYTES:
         return None
     size, crc, record_type = _RECORD_HEADER.unpack_from(data, pos)
-    if size != length - RECORD_HEADER_BYTES:
+    if size != length - RECORD_HEADER_BYTES or record_type != _PUBLISHED_TYPE:
         return None
-    payload = data[pos + RECORD_HEADER_BYTES : pos + length]
-    if zlib.crc32(payload, _TYPE_CRC[record_type]) != crc:
-        return None
+    at = pos + RECORD_HEADER_BYTES
+    # A small payload is cheaper to copy than to view.
+    payload = data[at:end] if size < 4096 else memoryview(data)[at:end]
     try:
-        return decode(record_type, payload)
-    except WALCorruption:
+        if zlib.crc32(payload, _PUBLISHED_CRC) != crc:
+            return None
+        message_id, skip = _PUBLISHED_HEAD.unpack_from(data, at)
+        at += 10 + skip
+        (count,) = _U16.unpack_from(data, at)
+        at += 2
+        for _ in range(count):
+            at += 2 + _U16.unpack_from(data, at)[0]
+        (skip,) = _U16.unpack_from(data, at)
+        exchange = data[at + 2 : at + 2 + skip]
+        at += 2 + skip
+        (skip,) = _U16.unpack_from(data, at)
+        routing_key = data[at + 2 : at + 2 + skip]
+        at += 2 + skip
+        (skip,) = _U32.unpack_from(data, at + 8)
+        header = data[at + 12 : at + 12 + skip]
+        at += 12 + skip
+        (skip,) = _U32.unpack_from(data, at)
+        at += 4
+    except struct.error:
         return None
+    if at + skip != end or len(exchange) > 255 or len(routing_key) > 255:
+        return None
+    return message_id, exchange, routing_key, header, data[at:end]
 
 
 def iter_records(data: _Buffer, start: int = 0) -> Iterator[tuple[int, int, Record]]:

@@ -220,7 +220,7 @@ def test_a_spool_whose_storage_fails_keeps_its_entries_and_loses_nothing() -> No
             return True
 
         def locate(self, entries: list) -> list[SpoolRecord]:
-            made = [SpoolRecord(entry.number, 1, entry.number, 10, 1, 0, IN_LOG) for entry in entries]
+            made = [SpoolRecord(entry.number, entry.number, 1, 10, 1, 0, IN_LOG) for entry in entries]
             records.extend(made)
             return made
 

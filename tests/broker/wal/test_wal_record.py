@@ -38,6 +38,7 @@ from broker.wal.record import (
     encode_published,
     iter_records,
     parse_segment_header,
+    published_content,
     scan,
     segment_header,
 )
@@ -504,3 +505,17 @@ def test_corruption_pickles_for_spark() -> None:
 def test_encode_published_matches_encode_of_the_record(message_id: int, queues: tuple[str, ...], body: bytes) -> None:
     record = Published(message_id, "/", queues, "ex", "rk", 1.5, b"h" * 14, body)
     assert encode_published(message_id, "/", queues, "ex", "rk", 1.5, b"h" * 14, body) == encode(record)
+
+
+@pytest.mark.parametrize("queues", [(), ("q",), ("a", "bb", "ccc")])
+def test_published_content_reads_what_a_delivery_needs_and_only_from_a_valid_record(queues: tuple[str, ...]) -> None:
+    header = b"\x00<\x00\x00" + bytes(8) + b"\x10\x00\x02"
+    record = encode_published(7, "/", queues, "ex\u00e9", "key", 1.5, header, b"body")
+    data = b"pad" + record + b"tail"
+    assert published_content(data, 3, len(record)) == (7, "ex\u00e9".encode(), b"key", header, b"body")
+    assert published_content(data, 3, len(record) - 1) is None  # not exactly that record
+    assert published_content(data, 4, len(record)) is None
+    damaged = data[:-10] + bytes([data[-10] ^ 1]) + data[-9:]  # a bit of the body
+    assert published_content(damaged, 3, len(record)) is None
+    other = encode(Removed("/", "q", (7,)))
+    assert published_content(other, 0, len(other)) is None
