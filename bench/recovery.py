@@ -2,7 +2,8 @@
 
 Writes a log with one durable queue holding N persistent messages (as the broker records
 them), then times what the broker does at start: open the log (every CRC checked), fold
-the records, and rebuild the queue. Prints disk bytes per live message too.
+the records, and rebuild the queue (its window in memory, the rest spooled as records).
+Prints disk bytes per live message too.
 
     python bench/recovery.py [--messages 1000000] [--size 1024] [--dir /tmp/postroom-recovery]
 """
@@ -22,7 +23,9 @@ from pamqp import commands
 from broker.core.definitions import node_from_config
 from broker.core.journal import Journal
 from broker.core.message import Message
+from broker.paging import Pager, PageStore
 from broker.service import release_memory
+from broker.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
 from broker.wal.files import DirectoryStorage
 from broker.wal.log import WriteAheadLog
 from broker.wal.record import QueueDeclared, encode
@@ -72,7 +75,9 @@ def main() -> None:
     log.forget()
     folded = time.perf_counter() - started
     journal = Journal(snapshot.max_message_id + 1)
-    node = node_from_config(BrokerConfig(), None, journal, snapshot, log.storage.read_at)
+    pager = Pager(PageStore(str(directory / "paging")), args.memory_budget, None, journal)
+    pager.spooler = Spooler(str(directory / SPOOL_DIR), pager.store, journal, log.storage.read_at, SPOOL_WINDOW)
+    node = node_from_config(BrokerConfig(), None, journal, snapshot, log.storage.read_at, pager=pager)
     paged = journal.page_out(args.memory_budget)
     total = time.perf_counter() - started
     del snapshot  # as the broker does once started: the records held every body
