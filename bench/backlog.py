@@ -40,6 +40,8 @@ from broker.client import connect  # noqa: E402
 from broker.testing import RABBITMQ_LAUNCHER, free_port, rabbitmq_environment  # noqa: E402
 
 QUEUE = "backlog"
+#: Longest a start may take, until every message is counted (10M messages replayed take minutes).
+START_SECONDS = 1800
 MIB = 2**20
 _sequence = struct.Struct(">Q")
 
@@ -148,14 +150,27 @@ def message_count(port: int) -> int | None:
             connection.close()
 
 
-def wait_ready(node: Node, started: float, count: int) -> tuple[float, float]:
-    """Seconds from ``started`` until the port accepts, and until every message is counted."""
+def wait_port(node: Node, started: float) -> float:
+    """Seconds from ``started`` until the node's port accepts.
+
+    :raises SystemExit: the node exited, or did not listen within :data:`START_SECONDS`
+    """
     while not accepts(node.port):
-        if node.process is None or node.process.poll() is not None:
-            raise SystemExit(f"{node.name} exited at start; see {node.home / 'output.log'}")
+        if time.monotonic() - started > START_SECONDS or node.process is None or node.process.poll() is not None:
+            raise SystemExit(f"{node.name} did not start; see {node.home / 'output.log'}")
         time.sleep(0.01)
-    port_at = time.monotonic() - started
-    while message_count(node.port) != count:
+    return time.monotonic() - started
+
+
+def wait_ready(node: Node, started: float, count: int) -> tuple[float, float]:
+    """Seconds from ``started`` until the port accepts, and until every message is counted.
+
+    :raises SystemExit: the count stayed short of ``count`` (messages lost)
+    """
+    port_at = wait_port(node, started)
+    while (counted := message_count(node.port)) != count:
+        if time.monotonic() - started > START_SECONDS:
+            raise SystemExit(f"{node.name} counts {counted} messages after its start, not {count:,}")
         time.sleep(0.05)
     return port_at, time.monotonic() - started
 
@@ -187,8 +202,7 @@ def drain(port: int, count: int, size: int) -> float:
 def run(node: Node, args: argparse.Namespace) -> dict[str, object]:
     result: dict[str, object] = {"broker": node.name, "messages": args.messages, "size": args.size}
     result["persistent"] = not args.transient
-    node.start()
-    wait_for(node)
+    wait_port(node, node.start())
     with connect(f"amqp://guest:guest@127.0.0.1:{node.port}/", heartbeat=0, reconnect=False) as connection:
         connection.declare_queue(QUEUE, durable=not args.transient)
     time.sleep(2)
@@ -226,14 +240,6 @@ def run(node: Node, args: argparse.Namespace) -> dict[str, object]:
     )
     node.stop(signal.SIGTERM)
     return result
-
-
-def wait_for(node: Node) -> None:
-    deadline = time.monotonic() + 120
-    while not accepts(node.port):
-        if time.monotonic() > deadline or node.process is None or node.process.poll() is not None:
-            raise SystemExit(f"{node.name} did not start; see {node.home / 'output.log'}")
-        time.sleep(0.05)
 
 
 def say(node: Node, text: str) -> None:

@@ -79,8 +79,8 @@ class _Segment:
         return data
 
 
-def _write_all(fd: int, buffers: list[bytes]) -> None:
-    """Write ``buffers`` in order with as few calls as the kernel allows."""
+def write_all(fd: int, buffers: list[bytes]) -> None:
+    """Write ``buffers`` in order with as few calls as the kernel allows (the list is consumed)."""
     while buffers:
         batch = buffers[:IOV_MAX]
         written = os.writev(fd, batch)
@@ -171,9 +171,9 @@ class PageStore:
                 offset += len(contents[end])
                 end += 1
             try:
-                _write_all(segment.fd, list(contents[start:end]))  # type: ignore[arg-type]  # the active one is open
+                write_all(segment.fd, contents[start:end])  # type: ignore[arg-type]  # the active one is open
             except OSError:
-                self.close()
+                self.close()  # what went out of this batch is not to be trusted
                 raise
             offset = segment.size
             for content in contents[start:end]:
@@ -230,11 +230,13 @@ class Pager(Service):
             queue.attach_spooler(self.spooler)
             queue.on_spool_error = self._spool_failed
 
-    def _spool_failed(self, queue: WorkQueue, error: OSError) -> None:
+    def _spool_failed(self, queue: WorkQueue, error: OSError, doing: str, then: str) -> None:
         self.log.error(
-            "cannot read spooled messages of queue {queue!r} back ({error}); they stay spooled",
+            "cannot {doing} for queue {queue!r} ({error}); {then}",
+            doing=doing,
             queue=queue.name,
             error=error.strerror or str(error),
+            then=then,
         )
 
     def look(self) -> None:

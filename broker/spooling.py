@@ -12,6 +12,7 @@ Whatever an earlier run left under ``spool`` is deleted at start.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections import deque
@@ -19,7 +20,9 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from broker.core.message import Message
+from broker.core.queue import WRITE
 from broker.core.spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
+from broker.paging import write_all
 from broker.wal.record import encode_published, published_content
 
 if TYPE_CHECKING:
@@ -43,12 +46,6 @@ SPOOL_WINDOW = 4096
 SPAN_BYTES = 256 << 10
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 class FileSpoolStorage:
     """One queue's spool records in chunk files under ``directory`` (see :class:`~broker.core.spool.SpoolStorage`)."""
 
@@ -70,7 +67,7 @@ class FileSpoolStorage:
             chunks.append([self._end, path, fd, 0])
         chunk = chunks[-1]
         try:
-            _write_all(chunk[2], data)
+            write_all(chunk[2], [data])
         except OSError:
             os.ftruncate(chunk[2], chunk[3])  # nothing of it counts as written
             raise
@@ -96,14 +93,21 @@ class FileSpoolStorage:
         chunks = self._chunks
         while chunks and chunks[0][0] + chunks[0][3] <= offset:  # read to its end (the last one too)
             _start, path, fd, _size = chunks.popleft()
-            os.close(fd)
-            os.unlink(path)
+            _close_and_delete(fd, path)
 
     def close(self) -> None:
-        for _start, _path, fd, _size in self._chunks:
-            os.close(fd)
-        self._chunks.clear()
+        while self._chunks:
+            _start, path, fd, _size = self._chunks.popleft()
+            _close_and_delete(fd, path)
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _close_and_delete(fd: int, path: str) -> None:
+    """A chunk read to its end: it goes; a file left behind (an error) is deleted at the next start."""
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 class _Holds:
@@ -120,7 +124,7 @@ class _Holds:
             held[1] += 1
 
     def read(self, number: int, offset: int, length: int) -> bytes:
-        return bytes(self.segments[number][0](number, offset, length))
+        return self.segments[number][0](number, offset, length)  # type: ignore[no-any-return]
 
     def release(self, number: int) -> None:
         held = self.segments[number]
@@ -292,4 +296,9 @@ class Spooler:
         storage = FileSpoolStorage(os.path.join(self.directory, f"{self._number:08d}"))
         locator = Locator(queue, self.journal, self.read_log, self.store, self.holds)
         journal = self.journal
-        return Spool(storage, locator, (lambda: journal.synced) if journal is not None else None)
+        return Spool(
+            storage,
+            locator,
+            (lambda: journal.synced) if journal is not None else None,
+            lambda error: queue.spool_failed(error, WRITE, "they stay in memory for now"),
+        )

@@ -269,7 +269,7 @@ def restore_snapshot(node: Node, snapshot: Snapshot, read: Callable[[int, int, i
             for message_id, item in sorted(stored.items()):
                 if queue.spool is not None and item.start and item.segment and journal is not None:
                     # Behind the window: a record pointing at the log, no object.
-                    queue.restore_spooled(item, read)
+                    queue.restore_spooled(item)
                     journal.restored_spooled(item.segment)
                     restored += 1
                     continue

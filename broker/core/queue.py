@@ -87,7 +87,10 @@ NEVER = 1 << 62
 READY = 0  # in the ready list (or about to be)
 UNACKED = 1  # delivered, waiting for an ack
 GONE = 2  # acked, dead-lettered, expired or dropped
-SPOOLED = 3  # waiting in the queue's spool (no timer looks at it)
+
+# What a queue was doing when its spool failed (:meth:`WorkQueue.spool_failed`).
+WRITE = "spool messages"
+READ_BACK = "read spooled messages back"
 
 
 class Scheduler(Protocol):
@@ -445,8 +448,9 @@ class WorkQueue:
         self.on_expired: Callable[[WorkQueue], None] | None = None
         #: Called with entries about to be spooled, on queues that hold dead letters.
         self.on_spooled: Callable[[Iterable[Entry]], None] | None = None
-        #: Called when spooled messages could not be read back (the shell logs it; they stay).
-        self.on_spool_error: Callable[[WorkQueue, OSError], None] | None = None
+        #: Called with the error, what was being done and what follows, when messages could not
+        #: be spooled or read back (:meth:`spool_failed`); the shell logs it.
+        self.on_spool_error: Callable[[WorkQueue, OSError, str, str], None] | None = None
         #: The write-ahead log's journal, for a durable queue on a broker with a log; else ``None``.
         self.journal: Journal | None = None
         #: Called with entries that left for good, on queues that hold dead letters (the
@@ -698,27 +702,24 @@ class WorkQueue:
         entry.delivery_count = delivery_count
         if delivery_count:
             entry.header = with_delivery_count(message, delivery_count)
-        ttl = self.settings.message_ttl
-        per_message = _expiration(message)
-        if per_message is not None and (ttl is None or per_message < ttl):
-            ttl = per_message
+        ttl = self._ttl(message)
         self._append_ready(entry)
         if ttl is not None:
             entry.expires_at = published_at + ttl
             self._push(entry.expires_at, _EXPIRY, entry)
 
-    def restore_spooled(self, item: StoredMessage, read: Any) -> None:
+    def _ttl(self, message: Message) -> float | None:
+        """The TTL of ``message`` here: the queue's, or its own ``expiration`` when shorter."""
+        ttl = self.settings.message_ttl
+        per_message = _expiration(message)
+        return per_message if per_message is not None and (ttl is None or per_message < ttl) else ttl
+
+    def restore_spooled(self, item: StoredMessage) -> None:
         """Put back a message recovered from the log straight into the spool (the window is
         full): a record pointing at its ``Published`` record, with its TTL counted as
         :meth:`restore` counts it."""
         record = item.record
-        ttl = self.settings.message_ttl
-        flags = record.header[12] << 8 | record.header[13]
-        if flags & FLAG_EXPIRATION:
-            message = Message(record.exchange, record.routing_key, b"", record.header, b"")
-            per_message = _expiration(message)
-            if per_message is not None and (ttl is None or per_message < ttl):
-                ttl = per_message
+        ttl = self._ttl(Message(record.exchange, record.routing_key, b"", record.header, b""))
         self.spool.push_record(  # type: ignore[union-attr]
             SpoolRecord(
                 message_id=record.message_id,
@@ -763,30 +764,14 @@ class WorkQueue:
 
     def attach_spooler(self, spooler: Spooler) -> None:
         """Let this queue spool what arrives behind ``spooler.window`` ready entries (not a
-        priority queue: its levels are kept in memory), and spool what is behind them now."""
+        priority queue: its levels are kept in memory). Entries already in memory stay there."""
         if self.max_priority is not None:
             return
         self.spooler = spooler
         self.spool_at = spooler.window
         self._refill_at = spooler.window // 2
         if len(self._ready) >= self.spool_at:
-            ready = self._ready
-            behind = [ready.pop() for _ in range(len(ready) - spooler.window)]
-            behind.reverse()
             self._start_spool()
-            for entry in behind:
-                self.ready_bytes -= entry.message.size
-                if entry.paged:
-                    entry.paged = False
-                    self.paged_bytes -= entry.message.size
-                if entry.state == READY:
-                    self._spool_entry(entry)
-                else:
-                    self._gone_in_ready -= 1
-            # Their expiries are looked at when they come back: no timer holds them meanwhile.
-            self._ttl_fifo = deque(record for record in self._ttl_fifo if record[1].state != SPOOLED)
-            self._heap = [record for record in self._heap if record[3].state != SPOOLED]
-            heapq.heapify(self._heap)
 
     def _start_spool(self) -> None:
         if self.spool is None and self.spooler is not None:
@@ -794,10 +779,9 @@ class WorkQueue:
             self._update_plain()
 
     def _spool_entry(self, entry: Entry) -> None:
-        entry.state = SPOOLED
         message = entry.message
         journal = self.journal
-        if journal is not None and message.wal_id and self.name in message.wal_queues and not journal.replaying:
+        if journal is not None and message.wal_id and self.name in message.wal_queues:
             position = journal.position  # its Published record ends there at most
         else:
             position = 0
@@ -811,15 +795,13 @@ class WorkQueue:
         try:
             entries = spool.take(self.spool_at - len(self._ready), self._unspooled)
         except OSError as error:
-            if self.on_spool_error is not None:
-                self.on_spool_error(self, error)
+            self.spool_failed(error, READ_BACK, "they stay spooled")
             return 0
         ready = self._ready
         for entry in entries:
             # In spool order, after everything in memory (a return finds its place by it).
             self.seq += 1
             entry.seq = self.seq
-            entry.state = READY
             ready.append(entry)
             self.ready_bytes += entry.message.size
             if entry.expires_at is not None:
@@ -829,6 +811,12 @@ class WorkQueue:
             self.spool = None
             self._update_plain()
         return len(entries)
+
+    def spool_failed(self, error: OSError, doing: str, then: str) -> None:
+        """Spooling failed while ``doing`` (:data:`WRITE`, :data:`READ_BACK`), with the
+        consequence ``then``: tell the shell."""
+        if self.on_spool_error is not None:
+            self.on_spool_error(self, error, doing, then)
 
     def _unspooled(self, message: Message, record: SpoolRecord) -> Entry:
         entry = Entry(message, self)
@@ -988,26 +976,26 @@ class WorkQueue:
         if spool is not None:
             if self.on_settled is not None:
                 # Dead letters: the event log knows them by their headers, so they are read back.
-                self._purge_spool_read(spool)
-            else:
-                records = spool.drain_records()
-                if self.journal is not None:
-                    self.journal.spool_removed(self, records)
+                self._settle_spooled(spool)
+            try:
+                records = spool.drain_records()  # (what could not be read goes without its events)
+            except OSError as error:
+                self.spool_failed(error, READ_BACK, "they are dropped (their files go at the next start)")
+                records = []
+            if self.journal is not None:
+                self.journal.spool_removed(self, records)
             self.spool = None
             self._update_plain()
             self.settle(spool.close())
         return count
 
-    def _purge_spool_read(self, spool: Spool) -> None:
+    def _settle_spooled(self, spool: Spool) -> None:
+        """Read every record back and settle it, until one cannot be read."""
         while spool.recorded_count:
             try:
                 entries = spool.take(min(spool.recorded_count, 4 * self.spool_at), self._unspooled)
-            except OSError as error:  # unreadable: they go without their events
-                if self.on_spool_error is not None:
-                    self.on_spool_error(self, error)
-                records = spool.drain_records()
-                if self.journal is not None:
-                    self.journal.spool_removed(self, records)
+            except OSError as error:
+                self.spool_failed(error, READ_BACK, "they go without their dead-letter events")
                 return
             self.settle(entries)
 

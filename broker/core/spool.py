@@ -136,12 +136,21 @@ class Spool:
     :param storage: where the records go
     :param locator: reads and writes the messages' content
     :param synced: the log position written so far (the journal's), or ``None`` without a log
+    :param on_error: called when a batch cannot be recorded, once until one can again (what
+        was not recorded stays in memory and is tried again with the next batch)
     """
 
-    def __init__(self, storage: SpoolStorage, locator: SpoolLocator, synced: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        storage: SpoolStorage,
+        locator: SpoolLocator,
+        synced: Callable[[], int] | None = None,
+        on_error: Callable[[OSError], None] | None = None,
+    ) -> None:
         self.storage = storage
         self.locator = locator
         self._synced = synced
+        self._on_error = on_error
         #: Entries not yet recorded, oldest first, with the log position their record ends at
         #: (0: nothing to wait for).
         self.waiting: deque[tuple[Entry, int]] = deque()
@@ -153,10 +162,10 @@ class Spool:
         #: Messages spooled (waiting or recorded) and their body bytes.
         self.count = 0
         self.bytes = 0
-        #: Records written so far (for metrics).
-        self.recorded = 0
         #: Why the last batch could not be recorded (``None``: it was).
         self.error: OSError | None = None
+        #: Waiting entries, and their body bytes, at which the next batch is recorded.
+        self._try_at, self._try_bytes = BATCH, BATCH_BYTES
 
     @property
     def recorded_count(self) -> int:
@@ -171,13 +180,8 @@ class Spool:
         size = entry.message.size
         self.bytes += size
         self._waiting_bytes += size
-        if len(self.waiting) >= BATCH or self._waiting_bytes >= BATCH_BYTES:
-            try:
-                self.record()
-            except OSError as error:  # they stay waiting (or buffered); the next batch tries again
-                self.error = error
-            else:
-                self.error = None
+        if len(self.waiting) >= self._try_at or self._waiting_bytes >= self._try_bytes:
+            self._attempt(self.record)
 
     def push_record(self, record: SpoolRecord) -> None:
         """Spool a message already recorded (recovered from the log) behind everything else.
@@ -189,12 +193,24 @@ class Spool:
         self._buffer.append(record.pack())
         self.count += 1
         self.bytes += record.size
-        self.recorded += 1
         if len(self._buffer) >= BATCH:
-            try:
-                self._flush()
-            except OSError as error:  # they stay buffered; the next batch tries again
-                self.error = error
+            self._attempt(self._flush)
+
+    def _attempt(self, write: Callable[[], object]) -> None:
+        """Run ``write``; on an error what it had not written stays waiting or buffered, and the
+        next batch tries again."""
+        try:
+            write()
+        except OSError as error:
+            if self.error is None and self._on_error is not None:
+                self._on_error(error)
+            self.error = error
+            # Not again at every push: once another batch has gathered.
+            self._try_at = len(self.waiting) + BATCH
+            self._try_bytes = self._waiting_bytes + BATCH_BYTES
+        else:
+            self.error = None
+            self._try_at, self._try_bytes = BATCH, BATCH_BYTES
 
     def record(self) -> int:
         """Turn the waiting entries whose content is readable into records; returns how many.
@@ -218,7 +234,6 @@ class Spool:
         for _ in range(ready):
             waiting.popleft()
         self._waiting_bytes -= sum(entry.message.size for entry in entries)
-        self.recorded += ready
         if len(self._buffer) >= BATCH:
             self._flush()
         return ready
@@ -270,8 +285,19 @@ class Spool:
         return taken
 
     def drain_records(self) -> list[SpoolRecord]:
-        """Every record, oldest first, taken out of the spool (a purge); waiting entries stay."""
-        records = self._next_records(self.recorded_count)
+        """Every record, oldest first, taken out of the spool (a purge); waiting entries stay.
+
+        :raises OSError: the records could not be read; they are taken out all the same (what
+            they point at stays where it is until the next start)
+        """
+        try:
+            records = self._next_records(self.recorded_count)
+        except OSError:
+            self._readahead.clear()
+            self._buffer.clear()
+            self._read = self._written
+            self.count, self.bytes = len(self.waiting), self._waiting_bytes
+            raise
         self.locator.released(records)
         self.count -= len(records)
         self.bytes -= sum(record.size for record in records)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import random
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,6 @@ from broker.core.deadletter import DeadLetterReason
 from broker.core.deadlog import RUN_ID_BITS, DeadLetterLog
 from broker.core.definitions import node_from_config
 from broker.core.journal import Journal
-from broker.core.message import Message
 from broker.core.node import Node
 from broker.core.queue import WorkQueue
 from broker.core.spool import BATCH, BATCH_BYTES, IN_LOG, MemorySpoolStorage, Spool, SpoolRecord
@@ -31,6 +33,22 @@ PERSISTENT = commands.Basic.Properties(delivery_mode=2)
 WINDOW = 8
 #: Enough behind the window for records, not only waiting entries.
 COUNT = WINDOW + 2 * BATCH + 100
+
+
+@contextlib.contextmanager
+def logged_errors() -> Iterator[list[str]]:
+    """The errors the broker logs meanwhile."""
+    errors: list[str] = []
+
+    def observe(event: dict) -> None:
+        if event.get("log_level") is LogLevel.error:
+            errors.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        yield errors
+    finally:
+        globalLogPublisher.removeObserver(observe)
 
 
 def body(number: int) -> bytes:
@@ -230,14 +248,12 @@ def test_a_spool_whose_storage_fails_keeps_its_entries_and_loses_nothing() -> No
         def released(self, _records: list[SpoolRecord]) -> None:
             pass
 
-    spool = Spool(storage, Locator())  # type: ignore[arg-type]
-    entries = [_Entry(n) for n in range(3 * BATCH)]
-    for entry in entries:
-        try:
-            spool.push(entry)  # type: ignore[arg-type]
-        except OSError:
-            pytest.fail("a failed append must not reach the queue")
+    errors: list[OSError] = []
+    spool = Spool(storage, Locator(), on_error=errors.append)  # type: ignore[arg-type]
+    for entry in [_Entry(n) for n in range(3 * BATCH)]:
+        spool.push(entry)  # type: ignore[arg-type]  # a failed append does not reach the queue
     assert spool.count == 3 * BATCH
+    assert [str(error) for error in errors] == ["no space left on device"]  # once, not per batch
     storage.fail_appends = False
     taken = spool.take(3 * BATCH, lambda message, record: message)
     assert [getattr(item, "number", item) for item in taken] == list(range(3 * BATCH))
@@ -284,32 +300,28 @@ def test_deliveries_across_refills_go_back_in_their_order(tmp_path: Path) -> Non
     assert broker.get_all("work", COUNT) == bodies
 
 
-def test_a_queue_recovered_deeper_than_its_window_spools_the_rest_and_expires_each_once(tmp_path: Path) -> None:
-    clock = Clock()
-    queue = WorkQueue("ttl", arguments={"x-message-ttl": 10_000}, clock=clock)
-    for n in range(COUNT):
-        queue.restore(Message.build("", "ttl", body(n)), 0, clock.seconds())
-    store = PageStore(str(tmp_path / "paging"))
-    queue.attach_spooler(Spooler(str(tmp_path / "spool"), store, None, None, WINDOW))
-    assert queue.spool is not None and queue.message_count == COUNT
-    assert queue.spool.count == COUNT - WINDOW
-    for _ in range(COUNT):
-        clock.advance(11)
-        if not queue.message_count:
-            break
-    assert queue.message_count == 0 and queue.spool is None
-    assert queue.dead_lettered == {DeadLetterReason.EXPIRED: COUNT}
-    assert queue.ready_bytes == 0
+def test_a_spool_that_cannot_be_written_says_so_once_and_keeps_the_messages(tmp_path: Path) -> None:
+    broker = Broker(tmp_path, logged=False)
+    broker.client.call(1, commands.Queue.Declare(queue="deep"))
+    shutil.rmtree(tmp_path / "paging")  # the copies of transient messages cannot be written
+    appends = []
+    append = broker.store.append
+    broker.store.append = lambda contents: appends.append(len(contents)) or append(contents)  # type: ignore[method-assign]
+    bodies = [body(n) for n in range(COUNT + BATCH)]
+    with logged_errors() as errors:
+        broker.publish("deep", bodies[:COUNT])
+        spool = broker.queue("deep").spool
+        assert spool is not None and spool.recorded_count == 0 and spool.error is not None
+        assert len(appends) == (COUNT - WINDOW) // BATCH  # tried once per batch gathered, not at every push
+        (tmp_path / "paging").mkdir()
+        broker.publish("deep", bodies[COUNT:])  # the next batch records them all
+    assert errors == ["cannot spool messages for queue 'deep' (No such file or directory); they stay in memory for now"]
+    assert spool.error is None and spool.recorded_count >= COUNT - WINDOW  # those that waited, too
+    assert broker.get_all("deep", COUNT + BATCH) == bodies
 
 
 def test_damaged_spooled_content_is_reported_and_kept_not_delivered_wrong(tmp_path: Path) -> None:
     broker = Broker(tmp_path, logged=False)
-    errors: list[str] = []
-
-    def observe(event: dict) -> None:
-        if event.get("log_level") is LogLevel.error:
-            errors.append(formatEvent(event))
-
     broker.client.call(1, commands.Queue.Declare(queue="deep"))
     bodies = [body(n) for n in range(COUNT)]
     broker.publish("deep", bodies)
@@ -317,16 +329,17 @@ def test_damaged_spooled_content_is_reported_and_kept_not_delivered_wrong(tmp_pa
         with open(page, "r+b") as file:
             file.seek(40)
             file.write(b"\xff" * 8)  # inside the first copied message
-    globalLogPublisher.addObserver(observe)
-    try:
+    with logged_errors() as errors:
         got = broker.get_all("deep", WINDOW)
         frames = broker.client.call(1, commands.Basic.Get(queue="deep", no_ack=True))
-    finally:
-        globalLogPublisher.removeObserver(observe)
     assert got == bodies[:WINDOW]
     assert isinstance(frames[0][1], commands.Basic.GetEmpty)  # not a wrong body
     assert broker.queue("deep").message_count == COUNT - WINDOW
-    assert errors and "cannot read spooled messages of queue 'deep' back" in errors[0]
+    assert (
+        errors
+        and "cannot read spooled messages back for queue 'deep'" in errors[0]
+        and "they stay spooled" in errors[0]
+    )
     assert "page store segment 1 at offset 0" in errors[0]
 
 
@@ -375,3 +388,25 @@ def test_a_queue_recovered_from_the_log_spools_behind_its_window_with_counts_and
         if not queue.message_count:
             break
     assert queue.message_count == 0 and queue.dead_lettered == {DeadLetterReason.EXPIRED: COUNT - len(got)}
+
+
+def test_a_queue_whose_spool_cannot_be_read_is_still_deleted(tmp_path: Path) -> None:
+    broker = Broker(tmp_path)
+    broker.client.call(1, commands.Queue.Declare(queue="durable", durable=True))
+    broker.publish("durable", [body(n) for n in range(COUNT)], PERSISTENT)
+    spool = broker.queue("durable").spool
+    assert spool is not None
+
+    def unreadable(_offset: int, _length: int) -> bytes:
+        raise OSError(5, "Input/output error")
+
+    spool.storage.read = unreadable  # type: ignore[method-assign]
+    with logged_errors() as errors:
+        frames = broker.client.call(1, commands.Queue.Delete(queue="durable"))
+    assert frames[0][1].message_count == COUNT
+    assert "durable" not in broker.node.vhosts["/"].queues and spool.count == 0
+    assert errors == [
+        "cannot read spooled messages back for queue 'durable' (Input/output error); "
+        "they are dropped (their files go at the next start)"
+    ]
+    assert list(broker.spool_dir.iterdir()) == []
