@@ -20,6 +20,16 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from broker.alarms import ResourceMonitor, memory_total, release_memory
+from broker.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    CheckpointRefused,
+    consume_checkpoint,
+    discard_checkpoint,
+    read_checkpoint,
+    restore_checkpoint,
+    write_checkpoint,
+)
 from broker.core.definitions import node_from_config
 from broker.core.histogram import Histogram
 from broker.core.journal import Journal
@@ -33,8 +43,8 @@ from broker.protocol import AMQPServerFactory
 from broker.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
 from broker.wal.files import DirectoryStorage, prune_archive
 from broker.wal.log import RecoveryReport, WriteAheadLog
-from broker.wal.record import SEGMENT_HEADER_BYTES
-from broker.wal.recovery import replay_located
+from broker.wal.record import SEGMENT_HEADER_BYTES, WALCorruption
+from broker.wal.recovery import Snapshot, replay_located
 from broker.writer import WorkerWriter
 from config.loader import ConfigError, Problem
 from config.schema import BrokerConfig
@@ -257,6 +267,7 @@ class BrokerService(MultiService):
         wal: WALService | None = None,
         sampler: RateSampler | None = None,
         dead_letters: Service | None = None,
+        data_dir: str | None = None,
     ) -> None:
         super().__init__()
         self.factory = factory
@@ -264,6 +275,8 @@ class BrokerService(MultiService):
         self.sampler = sampler
         #: Writes the dead-letter event stream (``broker.deadletters``), with a log directory.
         self.dead_letters = dead_letters
+        #: Where a clean stop writes its checkpoint (``broker.checkpoint``), with a log.
+        self.data_dir = data_dir
 
     def startService(self) -> None:
         """Listen first, then start the writers: a listener that cannot bind raises
@@ -301,6 +314,34 @@ class BrokerService(MultiService):
         # After the connections closed: their unacked dead letters went back to their queues.
         if self.dead_letters is not None:
             yield self.dead_letters.stopService()
+        if self.wal is not None and self.data_dir is not None:
+            self.checkpoint(self.wal, self.data_dir)
+
+    def checkpoint(self, wal: WALService, data_dir: str) -> None:
+        """Write the checkpoint of this clean stop (the log is flushed and closed), so that the
+        next start does not read the log; say why not when it cannot be written."""
+        if wal.alarm is not None:
+            self._log.info("no checkpoint: the write-ahead log failed; the next start reads it")
+            return
+        started = time.monotonic()
+        events = getattr(self.dead_letters, "events", None)
+        try:
+            queues, messages = write_checkpoint(
+                data_dir, wal.node.vhosts.values(), wal.journal, events, wal.wal.active, wal.wal.size
+            )
+        except CheckpointRefused as refused:
+            self._log.info("no checkpoint ({reason}); the next start reads the write-ahead log", reason=str(refused))
+        except OSError as error:
+            self._log.error(
+                "cannot write the checkpoint: {error}; the next start reads the write-ahead log", error=str(error)
+            )
+        else:
+            self._log.info(
+                "checkpoint written: {messages} message(s) in {queues} durable queue(s) in {seconds:.3f} s",
+                messages=messages,
+                queues=queues,
+                seconds=time.monotonic() - started,
+            )
 
 
 def archive_of(config: BrokerConfig) -> Archive | None:
@@ -311,17 +352,82 @@ def archive_of(config: BrokerConfig) -> Archive | None:
     return Archive(str(Path(config.storage.dir) / "archive"), archive.retention, archive.max_bytes)
 
 
-def open_log(config: BrokerConfig) -> tuple[WriteAheadLog, RecoveryReport, DirectoryStorage]:
+def open_log(
+    config: BrokerConfig, checkpoint: Checkpoint | None = None
+) -> tuple[WriteAheadLog, RecoveryReport, DirectoryStorage]:
     """Open the configuration's log directory, truncating a torn tail.
 
-    :raises WALCorruption: a record in the middle of the log is damaged (see ``postroom wal check``).
+    :param checkpoint: a clean stop's checkpoint: the log is opened where it says, not read
+    :raises WALCorruption: a record in the middle of the log is damaged (see ``postroom wal check``),
+        or the log is not as ``checkpoint`` says
     """
     storage = config.storage
     archive = archive_of(config)
     segments = DirectoryStorage(storage.dir, archive.path if archive is not None else None)
     log = WriteAheadLog(segments, storage.segment_bytes)
-    report = log.open()
+    if checkpoint is None:
+        report = log.open()
+    else:
+        report = log.open_at(checkpoint.segment, checkpoint.size)
+        missing = sorted(set(checkpoint.refs) - set(log.segments()))
+        if missing:
+            raise WALCorruption(f"segments {missing} are named by the checkpoint and missing", missing[0], 0)
     return log, report, segments
+
+
+@dataclass(slots=True)
+class _Recovered:
+    log: WriteAheadLog
+    report: RecoveryReport
+    journal: Journal
+    pager: Pager
+    node: Node
+    snapshot: Snapshot
+    messages: int
+    queues: int
+
+
+def _recover(
+    config: BrokerConfig, reactor: Any, extensions: dict[str, Any], checkpoint: Checkpoint | None
+) -> _Recovered:
+    """The node as the log (or a clean stop's ``checkpoint``) describes it.
+
+    :raises WALCorruption: see :func:`open_log`
+    :raises OSError: reading the checkpoint's files failed
+    """
+    log, report, _storage = open_log(config, checkpoint)
+    if checkpoint is None:
+        snapshot = replay_located(log.located_records())
+        next_id = snapshot.max_message_id + 1
+    else:
+        snapshot, next_id = checkpoint.topology, checkpoint.next_message_id
+    log.forget()
+    journal = Journal(next_id, reactor.seconds)
+    pager = Pager(PageStore(str(Path(config.storage.dir) / "paging")), config.storage.memory_budget, reactor, journal)
+    pager.spooler = Spooler(
+        str(Path(config.storage.dir) / SPOOL_DIR), pager.store, journal, log.storage.read_at, SPOOL_WINDOW
+    )
+    node = node_from_config(config, reactor, journal, snapshot, log.storage.read_at, pager=pager, **extensions)
+    messages, queues = snapshot.message_count, len(snapshot.queues)
+    if checkpoint is not None:
+        node.recovered_dead_letters = restore_checkpoint(checkpoint, node.vhosts, journal, pager.spooler)
+        messages = checkpoint.message_count
+        consume_checkpoint(checkpoint)
+    return _Recovered(log, report, journal, pager, node, snapshot, messages, queues)
+
+
+def _checkpoint(config: BrokerConfig) -> Checkpoint | None:
+    """The checkpoint of the last stop, if it was clean and left a usable one."""
+    try:
+        checkpoint = read_checkpoint(config.storage.dir)
+    except CheckpointError as error:
+        _log.warn(
+            "the checkpoint of the last stop is not used ({reason}); reading the write-ahead log", reason=str(error)
+        )
+        checkpoint = None
+    if checkpoint is None:
+        discard_checkpoint(config.storage.dir)
+    return checkpoint
 
 
 def make_broker_service(
@@ -360,22 +466,31 @@ def make_broker_service(
     if node is None:
         if persist:
             started = time.monotonic()
-            log, report, _storage = open_log(config)
-            snapshot = replay_located(log.located_records())
-            log.forget()
-            journal = Journal(snapshot.max_message_id + 1, reactor.seconds)
-            pager = Pager(
-                PageStore(str(Path(config.storage.dir) / "paging")), config.storage.memory_budget, reactor, journal
+            checkpoint = _checkpoint(config)
+            try:
+                recovered = _recover(config, reactor, extensions, checkpoint)
+            except (WALCorruption, OSError) as error:
+                if checkpoint is None:
+                    raise
+                _log.warn(
+                    "the checkpoint of the last stop is not used ({reason}); reading the write-ahead log",
+                    reason=str(error),
+                )
+                discard_checkpoint(config.storage.dir)
+                checkpoint = None
+                recovered = _recover(config, reactor, extensions, None)
+            log, report, journal, pager, node = (
+                recovered.log,
+                recovered.report,
+                recovered.journal,
+                recovered.pager,
+                recovered.node,
             )
-            pager.spooler = Spooler(
-                str(Path(config.storage.dir) / SPOOL_DIR), pager.store, journal, log.storage.read_at, SPOOL_WINDOW
-            )
-            node = node_from_config(config, reactor, journal, snapshot, log.storage.read_at, pager=pager, **extensions)
             if plugins is not None:
-                plugins.node_ready(node, snapshot)
+                plugins.node_ready(node, recovered.snapshot)
             paged = journal.page_out(config.storage.memory_budget)
-            recovered, durable_queues = snapshot.message_count, len(snapshot.queues)
-            del snapshot  # it held every record read from the log
+            messages, durable_queues = recovered.messages, recovered.queues
+            del recovered  # its snapshot held every record read from the log
             release_memory()
             stream = config.storage.deadletters
             dead_letters = open_dead_letters(
@@ -392,19 +507,30 @@ def make_broker_service(
                 config.storage.memory_budget,
                 config.storage.max_backlog,
             )
-            _log.info(
-                "recovered {messages} message(s) in {queues} durable queue(s) from {segments} segment(s)"
-                " ({bytes} bytes, {records} records) in {seconds:.3f} s; torn tail: {truncated} bytes truncated;"
-                " {paged} bodies left in the log (memory budget)",
-                messages=recovered,
-                queues=durable_queues,
-                segments=report.segments,
-                bytes=report.bytes,
-                records=report.records,
-                seconds=time.monotonic() - started,
-                truncated=report.truncated_bytes,
-                paged=paged,
-            )
+            if checkpoint is not None:
+                _log.info(
+                    "started from the checkpoint of a clean stop: {messages} message(s) in {queues} durable"
+                    " queue(s), {segments} segment(s) ({bytes} bytes) not read, in {seconds:.3f} s",
+                    messages=messages,
+                    queues=durable_queues,
+                    segments=report.segments,
+                    bytes=report.bytes,
+                    seconds=time.monotonic() - started,
+                )
+            else:
+                _log.info(
+                    "recovered {messages} message(s) in {queues} durable queue(s) from {segments} segment(s)"
+                    " ({bytes} bytes, {records} records) in {seconds:.3f} s; torn tail: {truncated} bytes truncated;"
+                    " {paged} bodies left in the log (memory budget)",
+                    messages=messages,
+                    queues=durable_queues,
+                    segments=report.segments,
+                    bytes=report.bytes,
+                    records=report.records,
+                    seconds=time.monotonic() - started,
+                    truncated=report.truncated_bytes,
+                    paged=paged,
+                )
         else:
             node = node_from_config(config, reactor, **extensions)
             if plugins is not None:
@@ -413,7 +539,7 @@ def make_broker_service(
         plugins.node_ready(node)
     factory = AMQPServerFactory(node, reactor)
     sampler = RateSampler(node, reactor) if config.listen.management else None
-    service = BrokerService(factory, wal, sampler, dead_letters)
+    service = BrokerService(factory, wal, sampler, dead_letters, config.storage.dir if wal is not None else None)
     if pager is not None:
         pager.setServiceParent(service)
     for plugin_service in plugins.services if plugins is not None else ():

@@ -16,7 +16,7 @@ import contextlib
 import os
 import shutil
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from broker.core.message import Message
@@ -47,24 +47,40 @@ SPAN_BYTES = 256 << 10
 
 
 class FileSpoolStorage:
-    """One queue's spool records in chunk files under ``directory`` (see :class:`~broker.core.spool.SpoolStorage`)."""
+    """One queue's spool records in chunk files under ``directory`` (see :class:`~broker.core.spool.SpoolStorage`).
 
-    def __init__(self, directory: str, chunk_bytes: int = CHUNK_BYTES) -> None:
+    :param adopted: files that already hold its first records (a checkpoint's), as ``(path,
+        bytes to skip at its start, bytes of records)``; they are read, never written, and
+        deleted once read, as chunks are
+    """
+
+    def __init__(
+        self, directory: str, chunk_bytes: int = CHUNK_BYTES, adopted: Sequence[tuple[str, int, int]] = ()
+    ) -> None:
         self.directory = directory
         self.chunk_bytes = chunk_bytes
         os.makedirs(directory, mode=0o700, exist_ok=True)
-        #: ``[start offset, path, descriptor, size]`` of each chunk, oldest first.
+        #: ``[start offset, path, descriptor, size, sealed]`` of each chunk, oldest first; the
+        #: start may be negative (an adopted file's skipped bytes come before offset 0).
         self._chunks: deque[list[Any]] = deque()
         self._end = 0
         self._number = 0
+        try:
+            for path, skip, length in adopted:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                self._chunks.append([self._end - skip, path, fd, skip + length, True])
+                self._end += length
+        except OSError:
+            self.close()
+            raise
 
     def append(self, data: bytes) -> None:
         chunks = self._chunks
-        if not chunks or chunks[-1][3] >= self.chunk_bytes:
+        if not chunks or chunks[-1][3] >= self.chunk_bytes or chunks[-1][4]:
             self._number += 1
             path = os.path.join(self.directory, f"{self._number:08d}.spool")
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            chunks.append([self._end, path, fd, 0])
+            chunks.append([self._end, path, fd, 0, False])
         chunk = chunks[-1]
         try:
             write_all(chunk[2], [data])
@@ -76,7 +92,7 @@ class FileSpoolStorage:
 
     def read(self, offset: int, length: int) -> bytes:
         parts = []
-        for start, _path, fd, size in self._chunks:
+        for start, _path, fd, size, _sealed in self._chunks:
             if length <= 0:
                 break
             if offset >= start + size:
@@ -89,21 +105,38 @@ class FileSpoolStorage:
             length -= len(part)
         return b"".join(parts)
 
+    def files(self, start: int, end: int) -> list[tuple[str, int, int]]:
+        """The files holding bytes ``start`` to ``end``, as ``(path, bytes to skip, bytes)``."""
+        found = []
+        for chunk_start, path, _fd, size, _sealed in self._chunks:
+            first, last = max(start, chunk_start), min(end, chunk_start + size)
+            if first < last:
+                found.append((path, first - chunk_start, last - first))
+        return found
+
+    def sync(self) -> None:
+        """Make every chunk durable.
+
+        :raises OSError: one could not be synced
+        """
+        for _start, _path, fd, _size, sealed in self._chunks:
+            if not sealed:
+                os.fsync(fd)
+
     def release(self, offset: int) -> None:
         chunks = self._chunks
         while chunks and chunks[0][0] + chunks[0][3] <= offset:  # read to its end (the last one too)
-            _start, path, fd, _size = chunks.popleft()
-            _close_and_delete(fd, path)
+            _close_and_delete(chunks.popleft())
 
     def close(self) -> None:
         while self._chunks:
-            _start, path, fd, _size = self._chunks.popleft()
-            _close_and_delete(fd, path)
+            _close_and_delete(self._chunks.popleft())
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _close_and_delete(fd: int, path: str) -> None:
+def _close_and_delete(chunk: list[Any]) -> None:
     """A chunk read to its end: it goes; a file left behind (an error) is deleted at the next start."""
+    _start, path, fd, _size, _sealed = chunk
     with contextlib.suppress(OSError):
         os.close(fd)
     with contextlib.suppress(OSError):
@@ -213,7 +246,7 @@ class Locator:
         for span, at, group in self._spans(records):
             for record in group:
                 content = published_content(span, record.offset - at, record.length)
-                if content is None:
+                if content is None or (record.flags & IN_LOG and content[0] != record.message_id):
                     where = "log segment" if record.flags & IN_LOG else "page store segment"
                     raise OSError(f"spooled message damaged: {where} {record.segment} at offset {record.offset}")
                 message_id, exchange, routing_key, header, body = content
@@ -291,10 +324,11 @@ class Spooler:
         self.holds = _Holds()
         self._number = 0
 
-    def spool(self, queue: WorkQueue) -> Spool:
-        self._number += 1
-        storage = FileSpoolStorage(os.path.join(self.directory, f"{self._number:08d}"))
-        locator = Locator(queue, self.journal, self.read_log, self.store, self.holds)
+    def spool(self, queue: WorkQueue, storage: FileSpoolStorage | None = None) -> Spool:
+        """A new spool for ``queue``, over ``storage`` (default: new files of its own)."""
+        if storage is None:
+            storage = self.storage()
+        locator = self.locator(queue)
         journal = self.journal
         return Spool(
             storage,
@@ -302,3 +336,15 @@ class Spooler:
             (lambda: journal.synced) if journal is not None else None,
             lambda error: queue.spool_failed(error, WRITE, "they stay in memory for now"),
         )
+
+    def locator(self, queue: WorkQueue) -> Locator:
+        """Reads and writes ``queue``'s spooled content."""
+        return Locator(queue, self.journal, self.read_log, self.store, self.holds)
+
+    def storage(self, adopted: Sequence[tuple[str, int, int]] = ()) -> FileSpoolStorage:
+        """Files for a new spool, starting with ``adopted`` ones (see :class:`FileSpoolStorage`).
+
+        :raises OSError: an adopted file cannot be opened
+        """
+        self._number += 1
+        return FileSpoolStorage(os.path.join(self.directory, f"{self._number:08d}"), adopted=adopted)

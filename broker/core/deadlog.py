@@ -23,13 +23,14 @@ dead-lettered, and the settle hook is attached only to queues that dead letters 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from broker.amqp.codec import FLAG_HEADERS
 from broker.amqp.content import MESSAGE_ID, property_value
 from broker.core.deadletter import DEAD_LETTER_ID_HEADER
+from broker.core.message import Message
 from broker.core.seal import SEAL_HEADER, Sealer
 from broker.wal.record import (
     DEAD_LETTER_HEADER_VALUE_BYTES,
@@ -41,10 +42,16 @@ from broker.wal.record import (
 
 if TYPE_CHECKING:
     from broker.core.deadletter import DeadLetterReason
-    from broker.core.message import Message
     from broker.core.queue import Entry, WorkQueue
 
-__all__ = ["DEAD_LETTER_ID_HEADER", "RUN_ID_BITS", "DeadLetterLog", "watch_dead_letter_queues"]
+__all__ = [
+    "DEAD_LETTER_ID_HEADER",
+    "RUN_ID_BITS",
+    "DeadLetterLog",
+    "dead_letter_id",
+    "header_dead_letter_id",
+    "watch_dead_letter_queues",
+]
 
 #: The header's name as a field table encodes it (a short string): a message whose raw
 #: content header lacks these bytes carries no dead-letter id, and is not decoded at start.
@@ -235,10 +242,8 @@ class DeadLetterLog:
         found = 0
         for entry in queue.ready_entries():
             message = entry.message
-            if not message.flags & FLAG_HEADERS or _ID_HEADER_NAME not in message.header:
-                continue
-            value = message.lenient_headers().get(DEAD_LETTER_ID_HEADER)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            value = dead_letter_id(message)
+            if value is None:
                 continue
             known = self._held.get(message)
             if known is None:
@@ -249,6 +254,22 @@ class DeadLetterLog:
         if found and queue.on_settled is None:
             self.watch(queue)
         return found
+
+    def pending(self) -> Iterator[tuple[int, set[str]]]:
+        """Every dead letter still in a dead-letter queue: its id, and those queues."""
+        yield from self._held.values()
+        yield from self._spooled.values()
+
+    def restore_pending(self, pending: Mapping[int, set[str]]) -> None:
+        """Dead letters of earlier runs that are in spools (not in memory), by id with their
+        queues: known when they are read back (by their header, as spooled ones of this run)."""
+        spooled = self._spooled
+        for dead_letter_id, queues in pending.items():
+            known = spooled.get(dead_letter_id)
+            if known is None:
+                spooled[dead_letter_id] = (dead_letter_id, set(queues))
+            else:
+                known[1].update(queues)
 
     def settled(self, queue: WorkQueue, entries: Iterable[Entry]) -> None:
         """Entries left ``queue`` for good: record it for those that are dead letters.
@@ -294,17 +315,46 @@ class DeadLetterLog:
         return sum(len(queues) for _id, queues in [*self._held.values(), *self._spooled.values()])
 
 
-def watch_dead_letter_queues(log: DeadLetterLog, vhosts: Iterable[Any]) -> int:
+def dead_letter_id(message: Message) -> int | None:
+    """The ``x-postroom-dead-letter-id`` a message carries (``None``: it carries none); its
+    headers are decoded only if its raw content header holds that name."""
+    if not message.flags & FLAG_HEADERS or _ID_HEADER_NAME not in message.header:
+        return None
+    value = message.lenient_headers().get(DEAD_LETTER_ID_HEADER)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        return None
+    return value
+
+
+def header_dead_letter_id(header: bytes) -> int | None:
+    """:func:`dead_letter_id` of a message with this raw content header."""
+    if _ID_HEADER_NAME not in header:
+        return None
+    return dead_letter_id(Message("", "", b"", header, b""))
+
+
+def watch_dead_letter_queues(
+    log: DeadLetterLog, vhosts: Iterable[Any], spooled: Mapping[int, set[str]] | None = None
+) -> int:
     """Hook every queue that holds dead letters recovered from the write-ahead log, so that
     they are recorded when they leave; returns how many queues.
 
     Every queue is looked at, not only those a dead-letter exchange routes to now: the
     queue that dead-lettered into one may have been deleted since, or reach it through an
     exchange-to-exchange binding. Queues that dead letters reach later are hooked then.
+
+    :param spooled: the recovered dead letters that are in spools, by id with their queues'
+        names (``Node.recovered_dead_letters``)
     """
+    names: set[str] = set()
+    if spooled:
+        log.restore_pending(spooled)
+        names = set().union(*spooled.values())
     watched = 0
     for vhost in vhosts:
         for queue in list(vhost.queues.values()):
-            if log.recovered(queue):
+            if log.recovered(queue) or queue.name in names:
+                if queue.on_settled is None:
+                    log.watch(queue)
                 watched += 1
     return watched

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.logger import Logger
 
 from broker.amqp.codec import decode_field_table, shortstr
+from broker.core.deadlog import header_dead_letter_id
 from broker.core.message import Message
 from broker.core.node import Limits, Node, Scheduler, User
 from broker.core.policy import Policy, PolicyRefused, from_value
@@ -272,6 +273,9 @@ def restore_snapshot(node: Node, snapshot: Snapshot, read: Callable[[int, int, i
                     queue.restore_spooled(item)
                     journal.restored_spooled(item.segment)
                     restored += 1
+                    dead_letter = header_dead_letter_id(item.record.header)
+                    if dead_letter is not None:  # known by its id when it comes back
+                        node.recovered_dead_letters.setdefault(dead_letter, set()).add(queue_name)
                     continue
                 message = messages.get(message_id)
                 if message is None:

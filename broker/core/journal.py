@@ -155,6 +155,11 @@ class Journal:
         #: Called when :attr:`pending_bytes` passes :attr:`max_backlog` (the shell pauses publishers).
         self.on_backlog: Callable[[], None] | None = None
 
+    @property
+    def next_message_id(self) -> int:
+        """The id the next message recorded gets."""
+        return self._next_id
+
     # -- recording ------------------------------------------------------------------------------
 
     def _add(self, data: bytes) -> None:
@@ -541,12 +546,12 @@ class Journal:
             holders = self._by_segment[segment] = set()
         holders.add(message)
 
-    def restored_spooled(self, segment: int) -> None:
-        """A message recovered from the log at start went straight to a spool, as a record
-        pointing into ``segment``."""
-        self.live[segment] += 1
-        self.written[segment] += 1
-        self.spooled_refs[segment] += 1
+    def restored_spooled(self, segment: int, count: int = 1) -> None:
+        """``count`` messages recovered at start went straight to a spool, as records pointing
+        into ``segment``."""
+        self.live[segment] += count
+        self.written[segment] += count
+        self.spooled_refs[segment] += count
 
     def _unspool(self, segment: int) -> None:
         left = self.spooled_refs[segment] - 1

@@ -201,6 +201,9 @@ class Node:
         self.journal: Journal | None = None
         #: What pages the bodies of deep queues to disk (``broker.paging.Pager``; ``None``: nothing).
         self.pager: Any = None
+        #: Dead letters of earlier runs recovered into spools (not as messages), by id, with
+        #: their queues: the dead-letter log knows them when they come back (``broker.core.deadlog``).
+        self.recovered_dead_letters: dict[int, set[str]] = {}
         self.vhosts: dict[str, VirtualHost] = {}
         for name in self.vhost_names:
             self.add_vhost(name)

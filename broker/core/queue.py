@@ -93,6 +93,31 @@ WRITE = "spool messages"
 READ_BACK = "read spooled messages back"
 
 
+class CheckpointRefused(Exception):
+    """A queue's messages cannot be written to a checkpoint as they stand; the reason says why."""
+
+
+@dataclass(slots=True)
+class QueueCheckpoint:
+    """A durable queue's logged messages in order, as spool records (:meth:`WorkQueue.checkpoint`):
+    ``head``, then the ``span`` ``(start, end)`` of its spool's storage, then ``tail``.
+
+    :ivar copies: records in the span that point at page-store copies (messages not logged
+        here): they are to be left out
+    :ivar span_bytes: body bytes of the span's messages (when it holds no copies)
+    :ivar made: the records of ``head`` and ``tail`` made from entries in memory (the others
+        were spool records already)
+    """
+
+    head: list[SpoolRecord]
+    spool: Spool | None
+    span: tuple[int, int]
+    copies: int
+    span_bytes: int
+    tail: list[SpoolRecord]
+    made: list[SpoolRecord]
+
+
 class Scheduler(Protocol):
     """The part of a reactor the queues use: what time it is, and a call later."""
 
@@ -732,6 +757,74 @@ class WorkQueue:
                 expires_at=record.timestamp + ttl if ttl is not None else 0.0,
             )
         )
+
+    def checkpoint(self) -> QueueCheckpoint:
+        """This durable queue's logged messages, in delivery order, as records pointing at the
+        log (a clean stop's checkpoint; see ``broker.checkpoint``). Changes nothing.
+
+        Messages that are not logged here (not persistent) are left out, as a restart from the
+        log leaves them out. Every one is marked redelivered, as recovery marks it.
+
+        :raises CheckpointRefused: some are unacknowledged (held by a plugin, say: only the log
+            says what becomes of them), or a logged one's place in the log is not known
+        """
+        if self.unacked_count:
+            raise CheckpointRefused(f"{self.unacked_count} message(s) are unacknowledged")
+        window = [self._logged_record(entry) for entry in self._ready if entry.state == READY]
+        made = [record for record in window if record is not None]
+        head, tail = list(made), []
+        spool = self.spool
+        span, copies, span_bytes = (0, 0), 0, 0
+        if spool is not None:
+            ahead, span, buffered, waiting = spool.checkpoint_parts()
+            spooled = [record for record in [*ahead, *buffered] if record.flags & IN_LOG]
+            head += [record for record in ahead if record.flags & IN_LOG]
+            tail = [record for record in buffered if record.flags & IN_LOG]
+            late = [self._logged_record(entry) for entry in waiting]
+            tail += [record for record in late if record is not None]
+            made += [record for record in late if record is not None]
+            copies = spool.copies - (len(ahead) + len(buffered) - len(spooled))
+            span_bytes = (
+                spool.bytes
+                - sum(record.size for record in [*ahead, *buffered])
+                - sum(entry.message.size for entry in waiting)
+            )
+        return QueueCheckpoint(head, spool, span, copies, span_bytes, tail, made)
+
+    def _logged_record(self, entry: Entry) -> SpoolRecord | None:
+        """``entry`` as a spool record pointing at its ``Published`` record (``None``: it is not logged here)."""
+        message = entry.message
+        if not message.wal_id or self.name not in message.wal_queues:
+            return None
+        location = message.wal_location
+        if location is None or not message.wal_segment or not message.wal_start:
+            raise CheckpointRefused(f"the place in the log of message {message.wal_id} is not known")
+        return SpoolRecord(
+            message.wal_id,
+            message.wal_start,
+            message.wal_segment,
+            location[2] + message.size - message.wal_start,
+            message.size,
+            entry.delivery_count,
+            IN_LOG | REDELIVERED,
+            entry.expires_at or 0.0,
+        )
+
+    def adopt_spool(self, length: int, count: int, size: int, storage: Any) -> None:
+        """Take ``storage`` (a checkpoint's records: ``length`` bytes for ``count`` messages of
+        ``size`` body bytes) as this empty queue's spool; they come into memory as it is consumed."""
+        assert self.spooler is not None and self.spool is None and not self._ready
+        self.spool = self.spooler.spool(self, storage)
+        self.spool.adopt(length, count, size)
+        self._update_plain()
+
+    def restore_loaded(self, message: Message, record: SpoolRecord) -> None:
+        """Put back at the tail a message a checkpoint's ``record`` described, read back as
+        ``message`` (a queue that does not spool: it holds every message in memory)."""
+        entry = self._unspooled(message, record)
+        self._append_ready(entry)
+        if entry.expires_at is not None:
+            self._push(entry.expires_at, _EXPIRY, entry)
 
     def _deliver_now(self, entry: Entry) -> bool:
         """Deliver ``entry`` at once, to the next consumer in turn, if nothing is waiting and one can take it."""

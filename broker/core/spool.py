@@ -158,10 +158,13 @@ class Spool:
         self._read = 0  # bytes of storage taken back
         self._buffer: list[bytes] = []  # packed records not yet appended
         self._readahead: deque[SpoolRecord] = deque()
+        self._adopted = 0  # bytes of storage adopted from a checkpoint
         self._waiting_bytes = 0
         #: Messages spooled (waiting or recorded) and their body bytes.
         self.count = 0
         self.bytes = 0
+        #: Recorded messages whose content is a copy in the page store (not in the log).
+        self.copies = 0
         #: Why the last batch could not be recorded (``None``: it was).
         self.error: OSError | None = None
         #: Waiting entries, and their body bytes, at which the next batch is recorded.
@@ -231,6 +234,7 @@ class Spool:
         records = self.locator.locate(entries)
         pack = _RECORD.pack
         self._buffer += [pack(*record) for record in records]
+        self.copies += _copies(records)
         for _ in range(ready):
             waiting.popleft()
         self._waiting_bytes -= sum(entry.message.size for entry in entries)
@@ -252,8 +256,13 @@ class Spool:
             data = self.storage.read(self._read, length)
             if len(data) != length:
                 raise OSError(f"spool read cut short: {len(data)} of {length} bytes at {self._read}")
+            records = unpack_records(data)
+            if self._read < self._adopted:
+                for index in range(min(len(records), (self._adopted - self._read) // RECORD_BYTES)):
+                    record = records[index]
+                    records[index] = record._replace(flags=record.flags | REDELIVERED)
             self._read += length
-            readahead.extend(unpack_records(data))
+            readahead.extend(records)
             self.storage.release(self._read)
         if len(readahead) < count and self._buffer:
             readahead.extend(unpack_records(b"".join(self._buffer)))
@@ -275,6 +284,7 @@ class Spool:
                 self._readahead.extendleft(reversed(records))
                 raise
             self.locator.released(records)
+            self.copies -= _copies(records)
             taken = [make(message, record) for message, record in zip(messages, records, strict=True)]
         while len(taken) < count and self.waiting:
             entry = self.waiting.popleft()[0]
@@ -297,8 +307,10 @@ class Spool:
             self._buffer.clear()
             self._read = self._written
             self.count, self.bytes = len(self.waiting), self._waiting_bytes
+            self.copies = 0
             raise
         self.locator.released(records)
+        self.copies -= _copies(records)
         self.count -= len(records)
         self.bytes -= sum(record.size for record in records)
         return records
@@ -309,9 +321,34 @@ class Spool:
         records = self._next_records(self.recorded_count)
         self.locator.released(records)
         self.waiting.clear()
-        self.count = self.bytes = self._waiting_bytes = 0
+        self.count = self.bytes = self._waiting_bytes = self.copies = 0
         self.storage.close()
         return entries
+
+    def checkpoint_parts(self) -> tuple[list[SpoolRecord], tuple[int, int], list[SpoolRecord], list[Entry]]:
+        """Everything spooled, oldest first, for a checkpoint, without changing anything: the
+        records read ahead, the range ``(start, end)`` of storage not read yet, the records not
+        appended yet, and the waiting entries."""
+        buffered = unpack_records(b"".join(self._buffer))
+        return list(self._readahead), (self._read, self._written), buffered, [entry for entry, _ in self.waiting]
+
+    def adopt(self, length: int, count: int, size: int) -> None:
+        """``storage`` already holds ``length`` bytes of records (a checkpoint's) for ``count``
+        messages of ``size`` body bytes, all in the log: take them as recorded. They were
+        recovered, so they come back marked redelivered, as recovery marks them.
+
+        :raises RuntimeError: the spool is not empty
+        """
+        if self.count or self._written:
+            raise RuntimeError("only an empty spool adopts records")
+        self._written = self._adopted = length
+        self.count = count
+        self.bytes = size
+
+
+def _copies(records: list[SpoolRecord]) -> int:
+    """How many of ``records`` point at a page-store copy (not at the log)."""
+    return sum(1 for record in records if not record[6] & IN_LOG)
 
 
 class MemorySpoolStorage:

@@ -375,6 +375,33 @@ class WriteAheadLog:
         self._recovered = recovery.records
         return _report(recovery, torn_at, truncated)
 
+    def open_at(self, segment: int, size: int) -> RecoveryReport:
+        """Open the log as a clean stop left it, without reading its records: ``segment`` must
+        be the last segment and hold exactly ``size`` bytes under a valid header (what the stop's
+        checkpoint recorded). Nothing is kept for :meth:`records` (a checkpoint holds the state).
+
+        :raises WALCorruption: the log is not as described (it was written to after the
+            checkpoint, or changed); the caller recovers with :meth:`open` instead, which reads it
+        :raises OSError: the storage failed
+        :raises RuntimeError: the log is already open
+        """
+        if self._active is not None:
+            raise RuntimeError("the write-ahead log is already open")
+        numbers = self._storage.list_segments()
+        if not numbers or numbers[-1] != segment:
+            raise WALCorruption(f"the checkpoint names segment {segment} as the last, the log ends at {numbers[-1:]}")
+        found = self._storage.size(segment)
+        if found != size:
+            raise WALCorruption(f"the checkpoint expects {size} bytes, the segment holds {found}", segment, 0)
+        if parse_segment_header(self._storage.read_at(segment, 0, SEGMENT_HEADER_BYTES)) != segment:
+            raise WALCorruption("its header names another segment", segment, 0)
+        self._numbers = numbers
+        self._active = segment
+        self._size = self._synced = size
+        self._recovered = []
+        total = sum(self._storage.size(number) for number in numbers)
+        return RecoveryReport(len(numbers), 0, total, 0, None, 0, ())
+
     @staticmethod
     def _repair_last(segment: _Segment, storage: ISegmentStorage) -> None:
         """Make the last segment hold only its header and valid records, in order."""

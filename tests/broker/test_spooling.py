@@ -14,6 +14,7 @@ from pamqp import commands
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 
+from broker.checkpoint import Checkpoint, restore_checkpoint
 from broker.core.deadletter import DeadLetterReason
 from broker.core.deadlog import RUN_ID_BITS, DeadLetterLog
 from broker.core.definitions import node_from_config
@@ -59,12 +60,19 @@ class Broker:
     """A node whose queues spool behind a window of :data:`WINDOW`, with a write-ahead log in memory."""
 
     def __init__(
-        self, tmp_path: Path, logged: bool = True, restore: tuple[Snapshot, WriteAheadLog] | None = None
+        self,
+        tmp_path: Path,
+        logged: bool = True,
+        restore: tuple[Snapshot, WriteAheadLog] | None = None,
+        checkpoint: Checkpoint | None = None,
     ) -> None:
+        """:param restore: start from this state and log (the log read, or a ``checkpoint``'s
+        topology with the log opened where it ends)"""
         self.clock = Clock()
         if restore is not None:
             snapshot, self.log = restore
-            self.journal: Journal | None = Journal(snapshot.max_message_id + 1, self.clock.seconds)
+            next_id = checkpoint.next_message_id if checkpoint is not None else snapshot.max_message_id + 1
+            self.journal: Journal | None = Journal(next_id, self.clock.seconds)
         else:
             self.log = WriteAheadLog(MemorySegmentStorage())
             self.log.open()
@@ -77,6 +85,11 @@ class Broker:
             self.node = node_from_config(
                 BrokerConfig(), self.clock, self.journal, restore[0], self.log.storage.read_at, pager=self.pager
             )
+            if checkpoint is not None:
+                assert self.journal is not None
+                self.node.recovered_dead_letters = restore_checkpoint(
+                    checkpoint, self.node.vhosts, self.journal, self.pager.spooler
+                )
         else:
             self.node = Node(rng=random.Random(3), clock=self.clock)
             if self.journal is not None:
