@@ -1,27 +1,33 @@
-"""A clean stop's checkpoint: what a start needs, so that it does not read the whole log.
+"""Checkpoints: what a start needs, so that it does not read the whole log.
 
-Once the connections are closed and the log is flushed and synced, the broker writes under
-``<storage.dir>/checkpoint``:
+A checkpoint describes the durable state at one position of the write-ahead log. It is written
+under ``<storage.dir>/checkpoint``:
 
-* each durable queue's logged messages in delivery order, as spool records
-  (:class:`~broker.core.spool.SpoolRecord`, 44 bytes each) pointing at their ``Published``
-  records in the log: the window and waiting entries are written out, and the spool files
-  already holding records are hard-linked in, not copied;
+* each durable queue's logged messages in delivery order (unacknowledged ones in their place),
+  as spool records (:class:`~broker.core.spool.SpoolRecord`, 44 bytes each) pointing at their
+  ``Published`` records in the log: the messages in memory are written out, and the spool
+  files already holding records are hard-linked in, not copied;
 * the topology (policies, durable exchanges, queues, bindings) as log records, the next
-  message id, the references each log segment holds, and the dead letters still pending;
-* last, ``manifest.json``, naming all of it and where the log ended (segment and size).
+  message id, the log segments each queue's records point into, and the pending dead letters;
+* last, ``manifest.json``, naming all of it and the log position.
 
-Everything is fsynced and the directory is renamed into place, so a checkpoint is whole or
-absent. A start that finds one opens the log without reading it
-(:meth:`~broker.wal.log.WriteAheadLog.open_at`), declares the topology and hands each queue its
-records as its spool: messages are read from the log as consumers take them. The manifest is
-deleted at once, before anything is written to the log: a crash later is recovered from the
-log, as without a checkpoint. A checkpoint that does not match the log (the log was written
-after it, or a file is missing) is discarded with a log line, and the log is read.
+The broker takes one while running, each time :data:`CHECKPOINT_BYTES` more of log have been
+written (:func:`capture` on the reactor thread, right after the journal hands the log writer
+its records; :meth:`Captured.commit` on the writer's thread, once those records are synced),
+and one at a clean stop. Files are fsynced and the directory renamed into place, after the old
+one's manifest is deleted: a crash at any point leaves the old checkpoint, the new one, or none
+(the start then reads the whole log).
 
-Not checkpointed (the next start reads the log): a stop with a durable queue holding
-unacknowledged messages (a plugin's: the delayed-message exchange holds what it schedules), or
-a write-ahead log that failed.
+A start with a checkpoint reads the log only from its position (:meth:`~broker.wal.log.WriteAheadLog.open`
+with ``start``; after a clean stop there is nothing to read). Messages published after it are
+restored as the log describes them, behind each queue's checkpointed records; removals and
+delivery counts of checkpointed messages are applied as their records are read back. The
+checkpoint's segments are not retired, nor its records' segments rewritten, until the next
+checkpoint replaces it (``Journal.protect``).
+
+A durable queue whose unacknowledged messages are not all held by channels (a plugin's: the
+delayed-message exchange holds what it schedules) cannot be checkpointed: then there is no
+checkpoint, and a start reads the whole log.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import shutil
 import struct
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,25 +53,32 @@ from broker.wal.recovery import Snapshot, replay
 if TYPE_CHECKING:
     from broker.core.deadlog import DeadLetterLog
     from broker.core.journal import Journal
+    from broker.core.node import Node
+    from broker.core.queue import Entry, WorkQueue
     from broker.core.vhost import VirtualHost
-    from broker.spooling import Locator, Spooler
+    from broker.spooling import Spooler
 
 __all__ = [
+    "CHECKPOINT_BYTES",
     "CHECKPOINT_DIR",
+    "Captured",
     "Checkpoint",
     "CheckpointError",
     "CheckpointRefused",
-    "consume_checkpoint",
+    "capture",
     "discard_checkpoint",
     "read_checkpoint",
     "restore_checkpoint",
-    "write_checkpoint",
 ]
 
-#: The checkpoint's directory under ``storage.dir`` (and, while one is written, with ``.new``).
+#: The checkpoint's directory under ``storage.dir`` (``.new`` while one is being written).
 CHECKPOINT_DIR = "checkpoint"
 MANIFEST = "manifest.json"
 VERSION = 1
+
+#: Bytes of log written after which the broker takes a checkpoint: a start after a crash reads
+#: at most about this much log (plus what a write carries), about 200,000 small messages.
+CHECKPOINT_BYTES = 16 << 20
 
 _DEAD_LETTER = struct.Struct("<QH")
 _NAME = struct.Struct("<H")
@@ -80,33 +93,39 @@ class CheckpointError(Exception):
 
 @dataclass(slots=True)
 class CheckpointedQueue:
-    """One queue's records: ``files`` as ``(path, bytes to skip, bytes of records)``, in order."""
+    """One queue's records: ``files`` as ``(path, bytes to skip, bytes of records)``, in order,
+    and how many records point into each log segment."""
 
     vhost: str
     name: str
     count: int
     bytes: int
     files: list[tuple[str, int, int]]
+    refs: dict[int, int]
+    #: Ids among the records that were removed, and delivery counts that changed, before this
+    #: checkpoint (it linked in records a start had adopted and not read yet).
+    removed: set[int] = field(default_factory=set)
+    counts: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
 class Checkpoint:
-    """What a clean stop wrote (see the module)."""
+    """A checkpoint as read back (see the module)."""
 
     directory: str
+    #: Where the log goes on after it: ``(segment, offset)``.
     segment: int
-    size: int
+    offset: int
     next_message_id: int
-    #: Message references per log segment (each record is one).
-    refs: dict[int, int]
     topology: Snapshot
     queues: list[CheckpointedQueue] = field(default_factory=list)
     #: Dead letters still pending: id, and the queues holding them.
     dead_letters: list[tuple[int, set[str]]] = field(default_factory=list)
 
     @property
-    def message_count(self) -> int:
-        return sum(queue.count for queue in self.queues)
+    def segments(self) -> set[int]:
+        """The log segments its records point into."""
+        return {number for queue in self.queues for number in queue.refs}
 
 
 def _write_file(path: str, parts: list[bytes]) -> None:
@@ -118,131 +137,206 @@ def _write_file(path: str, parts: list[bytes]) -> None:
         os.close(fd)
 
 
-def _pack(records: Iterable[SpoolRecord]) -> list[bytes]:
-    return [record.pack() for record in records]
-
-
-def write_checkpoint(
-    data_dir: str,
-    vhosts: Iterable[VirtualHost],
-    journal: Journal,
-    dead_letters: DeadLetterLog | None,
-    segment: int,
-    size: int,
-) -> tuple[int, int]:
-    """Write the checkpoint of a clean stop: the log ends at ``size`` bytes of ``segment``, and
-    nothing waits to be written to it. Returns ``(queues, messages)`` checkpointed.
-
-    :raises CheckpointRefused: the state cannot be checkpointed (nothing is left behind)
-    :raises OSError: writing failed (nothing is left behind that a start would use)
-    """
-    vhosts = list(vhosts)
-    if journal.has_pending or journal.synced < journal.position:
-        raise CheckpointRefused("records are waiting for the write-ahead log")
-    final = os.path.join(data_dir, CHECKPOINT_DIR)
-    new = final + ".new"
-    shutil.rmtree(new, ignore_errors=True)
-    os.makedirs(new, mode=0o700)
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        queues, refs = _write_queues(new, vhosts, journal)
-        live = Counter({number: count for number, count in journal.live.items() if count})
-        if +refs != live:
-            raise CheckpointRefused(
-                f"the log's reference counts disagree with the queues ({sum(live.values())} against"
-                f" {sum(refs.values())})"
-            )
-        topology = journal.topology(vhosts)
-        _write_file(os.path.join(new, "topology"), [topology])
-        durable = {queue.name for vhost in vhosts for queue in vhost.queues.values() if queue.journal is not None}
-        pending = _dead_letter_bytes(dead_letters, durable)
-        _write_file(os.path.join(new, "deadletters"), pending)
-        manifest = {
-            "version": VERSION,
-            "log": {"segment": segment, "size": size},
-            "next_message_id": journal.next_message_id,
-            "refs": {str(number): count for number, count in sorted(refs.items()) if count},
-            "topology_crc": zlib.crc32(topology),
-            "queues": [
-                {
-                    "vhost": queue.vhost,
-                    "name": queue.name,
-                    "count": queue.count,
-                    "bytes": queue.bytes,
-                    "files": [[os.path.basename(path), skip, length] for path, skip, length in queue.files],
-                }
-                for queue in queues
-            ],
-        }
-        _write_file(os.path.join(new, MANIFEST), [json.dumps(manifest).encode()])
-        _sync_directory(new)
-        shutil.rmtree(final, ignore_errors=True)
-        os.rename(new, final)
-        _sync_directory(data_dir)
-    except BaseException:
-        shutil.rmtree(new, ignore_errors=True)
-        raise
-    return len(queues), sum(queue.count for queue in queues)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class _QueueFiles:
-    """One queue's files in a checkpoint being written, in order."""
+    """One queue's part of a checkpoint being captured: records to write, files linked, in order."""
 
-    def __init__(self, directory: str, number: int) -> None:
+    def __init__(self, directory: str, number: int, vhost: str, name: str) -> None:
         self.prefix = os.path.join(directory, f"{number:08d}")
+        self.vhost, self.name = vhost, name
         self.files: list[tuple[str, int, int]] = []
+        #: Files still to write, with their records packed.
+        self.pending: list[tuple[str, list[bytes]]] = []
+        self.linked: list[str] = []
         self.count = self.bytes = 0
+        self.refs: Counter[int] = Counter()
+        self.removed: set[int] = set()
+        self.counts: dict[int, int] = {}
 
-    def write(self, suffix: str, records: list[SpoolRecord]) -> None:
+    def add(self, suffix: str, records: list[SpoolRecord]) -> None:
         if records:
             path = f"{self.prefix}.{suffix}"
-            _write_file(path, _pack(records))
+            self.pending.append((path, [record.pack() for record in records]))
             self.files.append((path, 0, len(records) * RECORD_BYTES))
             self.count += len(records)
             self.bytes += sum(record.size for record in records)
+            self.refs.update(record.segment for record in records)
 
     def link(self, storage: Any, start: int, end: int, size: int) -> None:
         """Link in the spool files holding bytes ``start`` to ``end`` of ``storage`` (``size``
-        body bytes), after making them durable."""
-        storage.sync()
+        body bytes); their references are counted by the caller."""
         for index, (source, skip, length) in enumerate(storage.files(start, end)):
             path = f"{self.prefix}.{index:06d}"
             os.link(source, path)
             self.files.append((path, skip, length))
+            self.linked.append(path)
         self.count += (end - start) // RECORD_BYTES
         self.bytes += size
 
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "vhost": self.vhost,
+            "name": self.name,
+            "count": self.count,
+            "bytes": self.bytes,
+            "files": [[os.path.basename(path), skip, length] for path, skip, length in self.files],
+            "refs": {str(number): count for number, count in sorted(self.refs.items()) if count},
+            "removed": sorted(self.removed),
+            "counts": {str(message_id): count for message_id, count in self.counts.items()},
+        }
 
-def _write_queues(
-    directory: str, vhosts: list[VirtualHost], journal: Journal
-) -> tuple[list[CheckpointedQueue], Counter[int]]:
-    """Each durable queue's records into ``directory``, and the references they make per segment."""
+
+@dataclass(slots=True)
+class Captured:
+    """A checkpoint captured, not yet written: :meth:`commit` writes it (any thread), once the
+    log is durable up to its position; :meth:`abandon` throws it away."""
+
+    data_dir: str
+    directory: str
+    queues: list[_QueueFiles]
+    topology: bytes
+    dead_letters: list[bytes]
+    manifest: dict[str, Any]
+
+    @property
+    def first(self) -> int:
+        """The segment the log is read from after it."""
+        return int(self.manifest["log"]["segment"])
+
+    @property
+    def segments(self) -> set[int]:
+        return {number for queue in self.queues for number in queue.refs}
+
+    @property
+    def messages(self) -> int:
+        return sum(queue.count for queue in self.queues)
+
+    def commit(self) -> None:
+        """Write the files, make them durable, and put the checkpoint in place of the last one.
+
+        :raises OSError: it could not be written (the last one may be gone: a start then
+            reads the whole log)
+        """
+        final = os.path.join(self.data_dir, CHECKPOINT_DIR)
+        try:
+            for queue in self.queues:
+                for path, parts in queue.pending:
+                    _write_file(path, parts)
+                for path in queue.linked:
+                    _fsync(path)
+            _write_file(os.path.join(self.directory, "topology"), [self.topology])
+            _write_file(os.path.join(self.directory, "deadletters"), self.dead_letters)
+            _write_file(os.path.join(self.directory, MANIFEST), [json.dumps(self.manifest).encode()])
+            _sync_directory(self.directory)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(final, MANIFEST))
+                _sync_directory(final)
+            shutil.rmtree(final, ignore_errors=True)
+            os.rename(self.directory, final)
+            _sync_directory(self.data_dir)
+        except BaseException:
+            self.abandon()
+            raise
+
+    def abandon(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def capture(
+    data_dir: str, node: Node, journal: Journal, dead_letters: DeadLetterLog | None, segment: int, offset: int
+) -> Captured:
+    """Capture the durable state as the journal has recorded it, for a checkpoint at log position
+    ``(segment, offset)``: where the records the journal handed out last end. Runs on the
+    reactor thread; links spool files into the new checkpoint's directory.
+
+    :raises CheckpointRefused: the state cannot be checkpointed (nothing is left behind)
+    :raises OSError: a file could not be linked (nothing is left behind)
+    """
+    if journal.has_pending:
+        raise CheckpointRefused("records are waiting for the write-ahead log")
+    vhosts = list(node.vhosts.values())
+    directory = os.path.join(data_dir, CHECKPOINT_DIR + ".new")
+    shutil.rmtree(directory, ignore_errors=True)
+    os.makedirs(directory, mode=0o700)
+    try:
+        unacked, gone = _unacked(node)
+        queues = _capture_queues(directory, vhosts, unacked)
+        refs = Counter[int](gone)
+        for queue in queues:
+            refs.update(queue.refs)
+        live = Counter({number: count for number, count in journal.live.items() if count})
+        if +refs != live:
+            outside = sum(live.values()) - sum(refs.values())
+            if outside > 0:
+                raise CheckpointRefused(f"{outside} logged message(s) are held outside queues and channels")
+            raise CheckpointRefused(f"the queues hold {-outside or 'other'} message(s) the log does not count")
+        topology = journal.topology(vhosts)
+        durable = {queue.name for vhost in vhosts for queue in vhost.queues.values() if queue.journal is not None}
+        manifest = {
+            "version": VERSION,
+            "log": {"segment": segment, "offset": offset},
+            "next_message_id": journal.next_message_id,
+            "topology_crc": zlib.crc32(topology),
+            "queues": [queue.manifest() for queue in queues],
+        }
+        return Captured(data_dir, directory, queues, topology, _dead_letter_bytes(dead_letters, durable), manifest)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+
+
+def _unacked(node: Node) -> tuple[dict[WorkQueue, list[Entry]], Counter[int]]:
+    """The deliveries the channels hold unacknowledged, by queue; and the log references of
+    those from durable queues deleted since, by segment (the log says they are gone, but they
+    count until the channel lets them go)."""
+    held: dict[WorkQueue, list[Entry]] = {}
+    gone: Counter[int] = Counter()
+    for connection in node.connections:
+        for channel in connection.channels.values():
+            for entry in channel.unacked_entries():
+                queue = entry.queue
+                if not queue.deleted:
+                    held.setdefault(queue, []).append(entry)
+                elif queue.journal is not None and entry.message.wal_id and queue.name in entry.message.wal_queues:
+                    gone[entry.message.wal_segment] += 1
+    return held, gone
+
+
+def _capture_queues(
+    directory: str, vhosts: list[VirtualHost], unacked: dict[WorkQueue, list[Entry]]
+) -> list[_QueueFiles]:
+    """Each durable queue's records (the spool files linked in, the rest to write)."""
     queues = []
-    # References held by spool records (in storage, read ahead or buffered): the records in
-    # storage are linked in unread, so only those made from entries are counted one by one.
-    refs: Counter[int] = Counter(journal.spooled_refs)
     number = 0
     for vhost in vhosts:
         for queue in list(vhost.queues.values()):
             if queue.journal is None or queue.deleted:
                 continue
-            state = queue.checkpoint()
-            for record in state.made:
-                refs[record.segment] += 1
+            state = queue.checkpoint(unacked.get(queue, []))
             number += 1
-            files = _QueueFiles(directory, number)
-            files.write("head", state.head)
+            files = _QueueFiles(directory, number, vhost.name, queue.name)
+            files.add("head", state.head)
             start, end = state.span
             if state.spool is not None and end > start:
                 storage: Any = state.spool.storage
                 if state.copies:
                     # Some point at page-store copies, gone at the next start: keep the others.
                     records = unpack_records(storage.read(start, end - start))
-                    files.write("spool", [record for record in records if record.flags & IN_LOG])
+                    files.add("spool", [record for record in records if record.flags & IN_LOG])
                 else:
                     files.link(storage, start, end, state.span_bytes)
-            files.write("tail", state.tail)
-            queues.append(CheckpointedQueue(vhost.name, queue.name, files.count, files.bytes, files.files))
-    return queues, refs
+                    files.refs.update(state.span_refs)
+            files.add("tail", state.tail)
+            files.removed, files.counts = state.removed, state.counts
+            queues.append(files)
+    return queues
 
 
 def _dead_letter_bytes(dead_letters: DeadLetterLog | None, durable: set[str]) -> list[bytes]:
@@ -270,17 +364,17 @@ def _unpack_dead_letters(data: bytes) -> Iterator[tuple[int, set[str]]]:
 
 
 def discard_checkpoint(data_dir: str) -> None:
-    """Delete any checkpoint (and any half-written one)."""
+    """Delete any checkpoint (and any half-written one): the next start reads the whole log."""
     final = os.path.join(data_dir, CHECKPOINT_DIR)
     shutil.rmtree(final + ".new", ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(final, MANIFEST))
+        _sync_directory(final)
     shutil.rmtree(final, ignore_errors=True)
 
 
 def read_checkpoint(data_dir: str) -> Checkpoint | None:
-    """The checkpoint a clean stop left in ``data_dir``, or ``None`` if there is none.
-
-    A half-written one (``checkpoint.new``) is deleted. The manifest is only read here: the
-    caller consumes it (:func:`consume_checkpoint`) once it has started from it.
+    """The checkpoint in ``data_dir``, or ``None`` if there is none (a half-written one is deleted).
 
     :raises CheckpointError: there is one, but it cannot be used (a file is missing, short or
         damaged, or of another version); the reason names what
@@ -318,13 +412,27 @@ def read_checkpoint(data_dir: str) -> Checkpoint | None:
                 files.append((path, skip, length))
             if sum(length for _path, _skip, length in files) != item["count"] * RECORD_BYTES:
                 raise CheckpointError(f"queue {item['name']!r}: its files do not hold {item['count']} records")
-            queues.append(CheckpointedQueue(item["vhost"], item["name"], item["count"], item["bytes"], files))
+            refs = {int(number): count for number, count in item["refs"].items()}
+            queues.append(
+                CheckpointedQueue(
+                    item["vhost"],
+                    item["name"],
+                    item["count"],
+                    item["bytes"],
+                    files,
+                    refs,
+                    set(item["removed"]),
+                    {int(message_id): count for message_id, count in item["counts"].items()},
+                )
+            )
+            if item["count"]:
+                snapshot.checkpointed.add((item["vhost"], item["name"]))
+        snapshot.max_message_id = manifest["next_message_id"] - 1
         return Checkpoint(
             directory,
             manifest["log"]["segment"],
-            manifest["log"]["size"],
+            manifest["log"]["offset"],
             manifest["next_message_id"],
-            {int(number): count for number, count in manifest["refs"].items()},
             snapshot,
             queues,
             dead_letters,
@@ -335,50 +443,62 @@ def read_checkpoint(data_dir: str) -> Checkpoint | None:
         raise CheckpointError(f"it is damaged or incomplete ({error})") from None
 
 
-def consume_checkpoint(checkpoint: Checkpoint) -> None:
-    """Delete the manifest: the broker started from the checkpoint, and will write to the log.
-
-    The record files stay until the queues have read them.
-
-    :raises OSError: it could not be deleted (the broker must not start: a later start would
-        take the checkpoint for the state)
-    """
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(checkpoint.directory, MANIFEST))
-    _sync_directory(checkpoint.directory)
-
-
 def restore_checkpoint(
-    checkpoint: Checkpoint, vhosts: dict[str, VirtualHost], journal: Journal, spooler: Spooler
+    checkpoint: Checkpoint, snapshot: Snapshot, vhosts: dict[str, VirtualHost], journal: Journal, spooler: Spooler
 ) -> dict[int, set[str]]:
-    """Give each checkpointed queue its records (the topology is declared already), and count
-    their references in the journal. Returns the pending dead letters, by id.
+    """Give each checkpointed queue its records (the topology is declared, no message restored
+    yet), with what ``snapshot`` (the log read after the checkpoint) removed and counted since,
+    and count their references in the journal. Returns the pending dead letters, by id.
 
-    A queue that spools adopts its files as its spool; one that does not (a priority queue)
-    reads its messages back into memory now.
+    A queue that spools takes links to its files as its spool (the checkpoint keeps its own);
+    one that does not (a priority queue) reads its messages back into memory now.
 
-    :raises OSError: a file could not be opened or read
+    :raises OSError: a file could not be linked, opened or read
     """
-    for number, count in checkpoint.refs.items():
-        journal.restored_spooled(number, count)
     for item in checkpoint.queues:
+        key = (item.vhost, item.name)
+        if key not in snapshot.checkpointed:
+            continue  # deleted after the checkpoint
         queue = vhosts[item.vhost].queues[item.name]
+        removed = item.removed | snapshot.removed_after.pop(key, set())
+        counts = {**item.counts, **snapshot.counts_after.pop(key, {})}
+        for number, count in item.refs.items():
+            journal.restored_spooled(number, count)
         if queue.spooler is not None and not queue.message_count:
-            storage = spooler.storage(item.files)
-            queue.adopt_spool(item.count * RECORD_BYTES, item.count, item.bytes, storage)
+            storage = spooler.storage()
+            links = []
+            for index, (path, skip, length) in enumerate(item.files):
+                link = os.path.join(storage.directory, f"checkpoint.{index:06d}")
+                os.link(path, link)
+                links.append((link, skip, length))
+            storage.adopt(links)
+            size = item.bytes
+            if removed and queue.settings.max_length_bytes is not None:
+                size -= sum(record.size for record in _records(item) if record.message_id in removed)
+            queue.adopt_spool(storage, item.count * RECORD_BYTES, item.count, size, item.refs, removed, counts)
             continue
-        locator: Locator = spooler.locator(queue)
-        for path, skip, length in item.files:
-            with open(path, "rb") as file:
-                file.seek(skip)
-                data = file.read(length)
-            if len(data) != length:
-                raise OSError(f"{path}: {len(data)} of {length} bytes")
-            records = unpack_records(data)
-            for at in range(0, len(records), _LOAD_BATCH):
-                batch = [record._replace(flags=record.flags | REDELIVERED) for record in records[at : at + _LOAD_BATCH]]
-                for message, record in zip(locator.load(batch), batch, strict=True):
-                    queue.restore_loaded(message, record)
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        locator = spooler.locator(queue)
+        records = [
+            record._replace(
+                flags=record.flags | REDELIVERED, delivery_count=counts.get(record.message_id, record.delivery_count)
+            )
+            for record in _records(item)
+        ]
+        journal.spool_dropped([record for record in records if record.message_id in removed])
+        records = [record for record in records if record.message_id not in removed]
+        for at in range(0, len(records), _LOAD_BATCH):
+            batch = records[at : at + _LOAD_BATCH]
+            for message, record in zip(locator.load(batch), batch, strict=True):
+                queue.restore_loaded(message, record)
     return {dead_letter_id: queues for dead_letter_id, queues in checkpoint.dead_letters}
+
+
+def _records(item: CheckpointedQueue) -> Iterator[SpoolRecord]:
+    """A checkpointed queue's records, read from its files."""
+    for path, skip, length in item.files:
+        with open(path, "rb") as file:
+            file.seek(skip)
+            data = file.read(length)
+        if len(data) != length:
+            raise OSError(f"{path}: {len(data)} of {length} bytes")
+        yield from unpack_records(data)

@@ -21,15 +21,17 @@ from zope.interface import implementer
 
 from broker.alarms import ResourceMonitor, memory_total, release_memory
 from broker.checkpoint import (
+    CHECKPOINT_BYTES,
+    Captured,
     Checkpoint,
     CheckpointError,
     CheckpointRefused,
-    consume_checkpoint,
+    capture,
     discard_checkpoint,
     read_checkpoint,
     restore_checkpoint,
-    write_checkpoint,
 )
+from broker.core.deadlog import DeadLetterLog
 from broker.core.definitions import node_from_config
 from broker.core.histogram import Histogram
 from broker.core.journal import Journal
@@ -54,6 +56,11 @@ from config.tls import TLSProblem, server_context
 #: allocated at 100k+/s and never form cycles; at the default (700) the collector would walk
 #: every queued message many times a second.
 GC_THRESHOLD = 100_000
+
+
+#: A checkpoint is captured on the reactor thread (each durable queue's messages in memory are
+#: turned into records): the next one waits at least this many times as long as the last took.
+CAPTURE_SHARE = 20
 
 
 def tune_gc() -> None:
@@ -86,6 +93,10 @@ class WALService(WorkerWriter):
     :param log: the opened write-ahead log (touched only from the worker thread from now on)
     :param fsync: ``always``, ``batch`` or ``never``
     :param interval: the group-commit window for ``batch``, in seconds
+    :param data_dir: where checkpoints go (``broker.checkpoint``): one is taken every
+        :data:`CHECKPOINT_BYTES` of log (less often if capturing them would take over
+        1/:data:`CAPTURE_SHARE` of the time), and one at a clean stop (:meth:`checkpoint`)
+    :param dead_letters: the dead-letter event log (its pending dead letters are checkpointed)
     """
 
     _log = Logger()
@@ -101,8 +112,19 @@ class WALService(WorkerWriter):
         archive: Archive | None = None,
         memory_budget: int = 256 << 20,
         max_backlog: int = 64 << 20,
+        data_dir: str | None = None,
+        dead_letters: DeadLetterLog | None = None,
     ) -> None:
         super().__init__("postroom-wal")
+        self.data_dir = data_dir
+        self.dead_letters = dead_letters
+        #: Log bytes between checkpoints, and written since the last one.
+        self.checkpoint_bytes = CHECKPOINT_BYTES
+        self._since_checkpoint = 0
+        self._next_checkpoint = 0.0
+        #: Checkpoints written so far; why the last one could not be taken (``None``: it was).
+        self.checkpoints = 0
+        self.checkpoint_problem: str | None = None
         self.archive = archive
         #: Bytes of logged message bodies kept in memory; past it, the newest are paged out.
         self.memory_budget = memory_budget
@@ -169,32 +191,83 @@ class WALService(WorkerWriter):
             self._segments.append(self._active)
         data, position = self.journal.take(self._active, self._filled, self._read)
         self._filled += len(data)
+        self._since_checkpoint += len(first) + len(data)
+        captured = None
+        if (
+            self.data_dir is not None
+            and self._since_checkpoint >= self.checkpoint_bytes
+            and time.monotonic() >= self._next_checkpoint
+        ):
+            self._since_checkpoint = 0
+            started = time.monotonic()
+            captured = self._capture()
+            # Capturing holds the reactor thread: at most 1/CAPTURE_SHARE of its time.
+            self._next_checkpoint = started + CAPTURE_SHARE * (time.monotonic() - started)
         retire = self.journal.retirable(self._segments, self._active)
         for number in retire:
             self._segments.remove(number)
             self._sealed_bytes.pop(number, None)
         self.retired += len(retire)
-        self._writing = deferToThreadPool(self.reactor, self._pool, self._append, data, first, retire)
+        self._writing = deferToThreadPool(self.reactor, self._pool, self._append, data, first, retire, captured)
         self._writing.addCallbacks(self._written, self._failed, callbackArgs=(position,), errbackArgs=(position,))
 
-    def _append(self, data: bytes, first: bytes, retire: list[int]) -> float:
-        """Worker thread: rotate first when asked (``first`` opens the new segment), append, fsync,
-        then retire the segments no live message needs (to the archive, when enabled).
+    def _capture(self) -> Captured | None:
+        """Capture a checkpoint at the end of what the journal just handed out (reactor thread).
 
-        Returns the seconds the append and fsync took.
+        When one cannot be taken, the last one is deleted: a start after a crash then reads the
+        whole log, and segments are retired as if there were none.
+        """
+        assert self.data_dir is not None
+        try:
+            captured = capture(self.data_dir, self.node, self.journal, self.dead_letters, self._active, self._filled)
+        except (CheckpointRefused, OSError) as problem:
+            if str(problem) != self.checkpoint_problem:
+                self._log.info(
+                    "no checkpoint ({reason}); a start after a crash reads the whole write-ahead log",
+                    reason=str(problem),
+                )
+            self.checkpoint_problem = str(problem)
+            discard_checkpoint(self.data_dir)
+            self.journal.protect(1 << 62, (), keep=False)
+            return None
+        if self.checkpoint_problem is not None:
+            self._log.info("checkpoints are taken again")
+            self.checkpoint_problem = None
+        self.journal.protect(captured.first, captured.segments)
+        return captured
+
+    def _append(
+        self, data: bytes, first: bytes, retire: list[int], captured: Captured | None = None
+    ) -> tuple[float, Captured | None, OSError | None]:
+        """Worker thread: rotate first when asked (``first`` opens the new segment), append, fsync,
+        write the checkpoint ``captured`` with them, then retire the segments no live message
+        needs (to the archive, when enabled).
+
+        Returns the seconds the append and fsync took, the checkpoint and why it failed.
         """
         started = time.monotonic()
-        if first:
-            self.wal.rotate(first)
-        self.wal.append(data)
-        if self.fsync != "never":
-            self.wal.sync()
+        try:
+            if first:
+                self.wal.rotate(first)
+            self.wal.append(data)
+            if self.fsync != "never":
+                self.wal.sync()
+        except BaseException:
+            if captured is not None:
+                captured.abandon()
+            raise
         took = time.monotonic() - started
+        problem = None
+        if captured is not None:
+            try:
+                captured.commit()
+            except OSError as error:
+                problem = error
         for number in retire:
             self.wal.retire(number)
         if retire and self.archive is not None:
             prune_archive(self.archive.path, self.archive.retention, self.archive.max_bytes, time.time())
-        return took
+        return took, captured, problem
 
     def _backlogged(self) -> None:
         """The records waiting for the writer passed :attr:`max_backlog`: pause publishers until
@@ -211,10 +284,13 @@ class WALService(WorkerWriter):
             self.node.set_alarm("log", False)
             self._log.info("publishers resumed: the write-ahead log caught up")
 
-    def _written(self, seconds: float, position: int) -> None:
+    def _written(self, result: tuple[float, Captured | None, OSError | None], position: int) -> None:
+        seconds, captured, problem = result
         self._writing = None
         self.writes += 1
         self.fsync_seconds.observe(seconds)
+        if captured is not None:
+            self._checkpointed(captured, problem)
         if self.journal.page_out(self.memory_budget) and not self._paging_logged:
             self._paging_logged = True
             self._log.info(
@@ -228,6 +304,32 @@ class WALService(WorkerWriter):
         self._caught_up()
         if self.journal.has_pending:
             self._call = self.reactor.callLater(0, self._write)
+
+    def _checkpointed(self, captured: Captured, problem: OSError | None) -> None:
+        if problem is None:
+            self.checkpoints += 1
+            # Only it is needed now (until then, so was the one before).
+            self.journal.protect(captured.first, captured.segments, keep=False)
+        elif str(problem) != self.checkpoint_problem:
+            self.checkpoint_problem = str(problem)
+            self._log.error("cannot write a checkpoint: {error}", error=str(problem))
+
+    def checkpoint(self) -> Captured | None:
+        """Write a checkpoint where the log ends (a clean stop: the log is flushed and its worker
+        stopped); ``None``, and a log line saying why, when none could be written."""
+        if self.alarm is not None:
+            self._log.info("no checkpoint: the write-ahead log failed; the next start reads all of it")
+            return None
+        self._since_checkpoint = 0
+        captured = self._capture()
+        if captured is not None:
+            try:
+                captured.commit()
+            except OSError as error:
+                self._checkpointed(captured, error)
+                return None
+            self._checkpointed(captured, None)
+        return captured
 
     @property
     def segments(self) -> int:
@@ -267,7 +369,6 @@ class BrokerService(MultiService):
         wal: WALService | None = None,
         sampler: RateSampler | None = None,
         dead_letters: Service | None = None,
-        data_dir: str | None = None,
     ) -> None:
         super().__init__()
         self.factory = factory
@@ -275,8 +376,6 @@ class BrokerService(MultiService):
         self.sampler = sampler
         #: Writes the dead-letter event stream (``broker.deadletters``), with a log directory.
         self.dead_letters = dead_letters
-        #: Where a clean stop writes its checkpoint (``broker.checkpoint``), with a log.
-        self.data_dir = data_dir
 
     def startService(self) -> None:
         """Listen first, then start the writers: a listener that cannot bind raises
@@ -314,34 +413,16 @@ class BrokerService(MultiService):
         # After the connections closed: their unacked dead letters went back to their queues.
         if self.dead_letters is not None:
             yield self.dead_letters.stopService()
-        if self.wal is not None and self.data_dir is not None:
-            self.checkpoint(self.wal, self.data_dir)
-
-    def checkpoint(self, wal: WALService, data_dir: str) -> None:
-        """Write the checkpoint of this clean stop (the log is flushed and closed), so that the
-        next start does not read the log; say why not when it cannot be written."""
-        if wal.alarm is not None:
-            self._log.info("no checkpoint: the write-ahead log failed; the next start reads it")
-            return
-        started = time.monotonic()
-        events = getattr(self.dead_letters, "events", None)
-        try:
-            queues, messages = write_checkpoint(
-                data_dir, wal.node.vhosts.values(), wal.journal, events, wal.wal.active, wal.wal.size
-            )
-        except CheckpointRefused as refused:
-            self._log.info("no checkpoint ({reason}); the next start reads the write-ahead log", reason=str(refused))
-        except OSError as error:
-            self._log.error(
-                "cannot write the checkpoint: {error}; the next start reads the write-ahead log", error=str(error)
-            )
-        else:
-            self._log.info(
-                "checkpoint written: {messages} message(s) in {queues} durable queue(s) in {seconds:.3f} s",
-                messages=messages,
-                queues=queues,
-                seconds=time.monotonic() - started,
-            )
+        if self.wal is not None and self.wal.data_dir is not None:
+            started = time.monotonic()
+            captured = self.wal.checkpoint()
+            if captured is not None:
+                self._log.info(
+                    "checkpoint written: {messages} message(s) in {queues} durable queue(s) in {seconds:.3f} s",
+                    messages=captured.messages,
+                    queues=len(captured.queues),
+                    seconds=time.monotonic() - started,
+                )
 
 
 def archive_of(config: BrokerConfig) -> Archive | None:
@@ -357,21 +438,25 @@ def open_log(
 ) -> tuple[WriteAheadLog, RecoveryReport, DirectoryStorage]:
     """Open the configuration's log directory, truncating a torn tail.
 
-    :param checkpoint: a clean stop's checkpoint: the log is opened where it says, not read
-    :raises WALCorruption: a record in the middle of the log is damaged (see ``postroom wal check``),
-        or the log is not as ``checkpoint`` says
+    :param checkpoint: the latest checkpoint: the log is read only after its position (not at
+        all when it ends there, as after a clean stop)
+    :raises WALCorruption: a record is damaged in the middle of what is read (see ``postroom wal
+        check``), or a segment ``checkpoint`` needs is missing
     """
     storage = config.storage
     archive = archive_of(config)
     segments = DirectoryStorage(storage.dir, archive.path if archive is not None else None)
     log = WriteAheadLog(segments, storage.segment_bytes)
     if checkpoint is None:
-        report = log.open()
+        return log, log.open(), segments
+    numbers = segments.list_segments()
+    missing = sorted(checkpoint.segments - set(numbers))
+    if missing:
+        raise WALCorruption(f"segments {missing} are named by the checkpoint and missing", missing[0], 0)
+    if numbers and numbers[-1] == checkpoint.segment and segments.size(checkpoint.segment) == checkpoint.offset:
+        report = log.open_at(checkpoint.segment, checkpoint.offset)
     else:
-        report = log.open_at(checkpoint.segment, checkpoint.size)
-        missing = sorted(set(checkpoint.refs) - set(log.segments()))
-        if missing:
-            raise WALCorruption(f"segments {missing} are named by the checkpoint and missing", missing[0], 0)
+        report = log.open(start=(checkpoint.segment, checkpoint.offset))
     return log, report, segments
 
 
@@ -390,40 +475,55 @@ class _Recovered:
 def _recover(
     config: BrokerConfig, reactor: Any, extensions: dict[str, Any], checkpoint: Checkpoint | None
 ) -> _Recovered:
-    """The node as the log (or a clean stop's ``checkpoint``) describes it.
+    """The node as the log describes it: all of it, or the latest ``checkpoint`` and the log after it.
 
     :raises WALCorruption: see :func:`open_log`
     :raises OSError: reading the checkpoint's files failed
     """
     log, report, _storage = open_log(config, checkpoint)
-    if checkpoint is None:
-        snapshot = replay_located(log.located_records())
-        next_id = snapshot.max_message_id + 1
-    else:
-        snapshot, next_id = checkpoint.topology, checkpoint.next_message_id
+    start = checkpoint.topology if checkpoint is not None else None
+    snapshot = replay_located(log.located_records(), start)
     log.forget()
-    journal = Journal(next_id, reactor.seconds)
+    journal = Journal(snapshot.max_message_id + 1, reactor.seconds)
     pager = Pager(PageStore(str(Path(config.storage.dir) / "paging")), config.storage.memory_budget, reactor, journal)
-    pager.spooler = Spooler(
+    pager.spooler = spooler = Spooler(
         str(Path(config.storage.dir) / SPOOL_DIR), pager.store, journal, log.storage.read_at, SPOOL_WINDOW
     )
-    node = node_from_config(config, reactor, journal, snapshot, log.storage.read_at, pager=pager, **extensions)
-    messages, queues = snapshot.message_count, len(snapshot.queues)
+    dead_letters: dict[int, set[str]] = {}
+
+    def adopt(node: Node) -> None:
+        dead_letters.update(restore_checkpoint(checkpoint, snapshot, node.vhosts, journal, spooler))  # type: ignore[arg-type]
+
+    node = node_from_config(
+        config,
+        reactor,
+        journal,
+        snapshot,
+        log.storage.read_at,
+        pager=pager,
+        before_messages=adopt if checkpoint is not None else None,
+        **extensions,
+    )
+    messages = snapshot.message_count
     if checkpoint is not None:
-        node.recovered_dead_letters = restore_checkpoint(checkpoint, node.vhosts, journal, pager.spooler)
-        messages = checkpoint.message_count
-        consume_checkpoint(checkpoint)
-    return _Recovered(log, report, journal, pager, node, snapshot, messages, queues)
+        journal.protect(checkpoint.segment, checkpoint.segments, keep=False)
+        for name, queues in dead_letters.items():
+            node.recovered_dead_letters.setdefault(name, set()).update(queues)
+        messages = sum(
+            queue.message_count + queue.unacked_count
+            for vhost in node.vhosts.values()
+            for queue in vhost.queues.values()
+            if queue.journal is not None
+        )
+    return _Recovered(log, report, journal, pager, node, snapshot, messages, len(snapshot.queues))
 
 
 def _checkpoint(config: BrokerConfig) -> Checkpoint | None:
-    """The checkpoint of the last stop, if it was clean and left a usable one."""
+    """The latest checkpoint, if there is a usable one (any other is deleted)."""
     try:
         checkpoint = read_checkpoint(config.storage.dir)
     except CheckpointError as error:
-        _log.warn(
-            "the checkpoint of the last stop is not used ({reason}); reading the write-ahead log", reason=str(error)
-        )
+        _log.warn("the checkpoint is not used ({reason}); reading the whole write-ahead log", reason=str(error))
         checkpoint = None
     if checkpoint is None:
         discard_checkpoint(config.storage.dir)
@@ -472,10 +572,7 @@ def make_broker_service(
             except (WALCorruption, OSError) as error:
                 if checkpoint is None:
                     raise
-                _log.warn(
-                    "the checkpoint of the last stop is not used ({reason}); reading the write-ahead log",
-                    reason=str(error),
-                )
+                _log.warn("the checkpoint is not used ({reason}); reading the whole write-ahead log", reason=str(error))
                 discard_checkpoint(config.storage.dir)
                 checkpoint = None
                 recovered = _recover(config, reactor, extensions, None)
@@ -506,16 +603,21 @@ def make_broker_service(
                 archive_of(config),
                 config.storage.memory_budget,
                 config.storage.max_backlog,
+                config.storage.dir,
+                dead_letters.events,
             )
             if checkpoint is not None:
                 _log.info(
-                    "started from the checkpoint of a clean stop: {messages} message(s) in {queues} durable"
-                    " queue(s), {segments} segment(s) ({bytes} bytes) not read, in {seconds:.3f} s",
+                    "recovered {messages} message(s) in {queues} durable queue(s) from the checkpoint at segment"
+                    " {segment} and the {records} record(s) ({bytes} bytes) logged after it, in {seconds:.3f} s;"
+                    " torn tail: {truncated} bytes truncated",
                     messages=messages,
                     queues=durable_queues,
-                    segments=report.segments,
+                    segment=checkpoint.segment,
+                    records=report.records,
                     bytes=report.bytes,
                     seconds=time.monotonic() - started,
+                    truncated=report.truncated_bytes,
                 )
             else:
                 _log.info(
@@ -539,7 +641,7 @@ def make_broker_service(
         plugins.node_ready(node)
     factory = AMQPServerFactory(node, reactor)
     sampler = RateSampler(node, reactor) if config.listen.management else None
-    service = BrokerService(factory, wal, sampler, dead_letters, config.storage.dir if wal is not None else None)
+    service = BrokerService(factory, wal, sampler, dead_letters)
     if pager is not None:
         pager.setServiceParent(service)
     for plugin_service in plugins.services if plugins is not None else ():

@@ -47,16 +47,9 @@ SPAN_BYTES = 256 << 10
 
 
 class FileSpoolStorage:
-    """One queue's spool records in chunk files under ``directory`` (see :class:`~broker.core.spool.SpoolStorage`).
+    """One queue's spool records in chunk files under ``directory`` (see :class:`~broker.core.spool.SpoolStorage`)."""
 
-    :param adopted: files that already hold its first records (a checkpoint's), as ``(path,
-        bytes to skip at its start, bytes of records)``; they are read, never written, and
-        deleted once read, as chunks are
-    """
-
-    def __init__(
-        self, directory: str, chunk_bytes: int = CHUNK_BYTES, adopted: Sequence[tuple[str, int, int]] = ()
-    ) -> None:
+    def __init__(self, directory: str, chunk_bytes: int = CHUNK_BYTES) -> None:
         self.directory = directory
         self.chunk_bytes = chunk_bytes
         os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -65,13 +58,23 @@ class FileSpoolStorage:
         self._chunks: deque[list[Any]] = deque()
         self._end = 0
         self._number = 0
+
+    def adopt(self, files: Sequence[tuple[str, int, int]]) -> None:
+        """Start with ``files`` (a checkpoint's), as ``(path, bytes to skip at its start, bytes
+        of records)``: they are read, never written, and deleted once read, as chunks are.
+
+        :raises OSError: one cannot be opened (none is adopted)
+        """
+        assert not self._chunks
         try:
-            for path, skip, length in adopted:
+            for path, skip, length in files:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
                 self._chunks.append([self._end - skip, path, fd, skip + length, True])
                 self._end += length
         except OSError:
-            self.close()
+            while self._chunks:
+                _close_and_delete(self._chunks.popleft())
+            self._end = 0
             raise
 
     def append(self, data: bytes) -> None:
@@ -300,6 +303,10 @@ class Locator:
             if not record.flags & IN_LOG:
                 self.holds.release(record.segment)
 
+    def dropped(self, records: list[SpoolRecord]) -> None:
+        if self.journal is not None:
+            self.journal.spool_dropped(records)
+
 
 class Spooler:
     """Makes the spools of deep queues: their storage, under ``directory``, and their locators.
@@ -341,10 +348,7 @@ class Spooler:
         """Reads and writes ``queue``'s spooled content."""
         return Locator(queue, self.journal, self.read_log, self.store, self.holds)
 
-    def storage(self, adopted: Sequence[tuple[str, int, int]] = ()) -> FileSpoolStorage:
-        """Files for a new spool, starting with ``adopted`` ones (see :class:`FileSpoolStorage`).
-
-        :raises OSError: an adopted file cannot be opened
-        """
+    def storage(self) -> FileSpoolStorage:
+        """Files for a new spool."""
         self._number += 1
-        return FileSpoolStorage(os.path.join(self.directory, f"{self._number:08d}"), adopted=adopted)
+        return FileSpoolStorage(os.path.join(self.directory, f"{self._number:08d}"))

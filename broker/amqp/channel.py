@@ -457,6 +457,10 @@ class ChannelState:
 
     # basic class: delivery
 
+    def unacked_entries(self) -> Iterable[Entry]:
+        """The deliveries this channel holds unacknowledged."""
+        return self._unacked.values()
+
     def deliver_entries(self, consumer: Consumer, entries: Iterable[Entry]) -> None:
         """Write a ``basic.deliver`` and the content of each entry for ``consumer``.
 

@@ -43,6 +43,7 @@ def node_from_config(
     hooks: HookChain | None = None,
     authenticators: Sequence[Any] = (),
     pager: Any = None,
+    before_messages: Callable[[Node], None] | None = None,
 ) -> Node:
     """A node with the configuration's limits, users and virtual hosts.
 
@@ -57,6 +58,8 @@ def node_from_config(
     :param authenticators: the plugins' authentication backends
     :param pager: pages and spools deep queues (``broker.paging.Pager``), from before the
         messages are restored: a queue recovered deeper than its window spools the rest
+    :param before_messages: called once the ``snapshot``'s topology is declared, before its
+        messages are restored (a checkpoint's queues take their records then)
 
     :raises ConfigError: a definition was refused by the broker.
     """
@@ -101,7 +104,7 @@ def node_from_config(
         restore_policies(node, snapshot)
     apply_policies(node, config)
     if snapshot is not None:
-        restore_snapshot(node, snapshot, read)
+        restore_snapshot(node, snapshot, read, before_messages)
     apply_definitions(node, config)
     return node
 
@@ -223,7 +226,12 @@ def restore_policies(node: Node, snapshot: Snapshot) -> None:
             journal.replaying = False
 
 
-def restore_snapshot(node: Node, snapshot: Snapshot, read: Callable[[int, int, int], bytes] | None = None) -> int:
+def restore_snapshot(
+    node: Node,
+    snapshot: Snapshot,
+    read: Callable[[int, int, int], bytes] | None = None,
+    before_messages: Callable[[Node], None] | None = None,
+) -> int:
     """Rebuild the durable state a log described: topology first, then each queue's messages.
 
     Nothing is recorded again while restoring. Recovered messages are marked redelivered
@@ -231,6 +239,7 @@ def restore_snapshot(node: Node, snapshot: Snapshot, read: Callable[[int, int, i
     their TTL counted from when they were first published.
 
     :param read: reads bytes back from a log segment, so recovered bodies can be paged out
+    :param before_messages: called once the topology is declared, before the messages
     :returns: the number of messages restored (one per queue holding it)
     """
     journal = node.journal
@@ -261,6 +270,8 @@ def restore_snapshot(node: Node, snapshot: Snapshot, read: Callable[[int, int, i
                 vhost.bind_queue(binding.destination, binding.source, binding.routing_key, arguments, None)
             else:
                 vhost.bind_exchange(binding.destination, binding.source, binding.routing_key, arguments)
+        if before_messages is not None:
+            before_messages(node)
         messages: dict[int, Message] = {}
         restored = 0
         for (vhost_name, queue_name), stored in snapshot.messages.items():

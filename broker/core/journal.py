@@ -126,6 +126,11 @@ class Journal:
         #: References per segment held by spool records (``broker.core.spool``), not by message
         #: objects: such a segment is not rewritten (the records point into it), only retired.
         self.spooled_refs: Counter[int] = Counter()
+        #: What the latest checkpoint needs (``broker.checkpoint``): the log from this segment
+        #: on (it is read from there after a crash), and these segments (its records point into
+        #: them, so they are never rewritten).
+        self.protected_from = 1 << 62
+        self.protected: frozenset[int] = frozenset()
         #: Messages in :attr:`resident` that no longer count there (removed lazily).
         self._resident_stale = 0
         #: Messages copied forward out of sparse segments so far.
@@ -497,9 +502,24 @@ class Journal:
 
     def sparse(self, segment: int) -> bool:
         """Whether ``segment`` still holds messages but at most 1/:data:`SPARSE_RATIO` of those written
-        to it, none of them spooled: copying them forward is cheap next to what retiring it frees."""
+        to it, none of them spooled or in a checkpoint: copying them forward is cheap next to
+        what retiring it frees."""
         live = self.live.get(segment, 0)
-        return live > 0 and live * SPARSE_RATIO <= self.written.get(segment, 0) and not self.spooled_refs.get(segment)
+        return (
+            live > 0
+            and live * SPARSE_RATIO <= self.written.get(segment, 0)
+            and not self.spooled_refs.get(segment)
+            and segment not in self.protected
+        )
+
+    def protect(self, first: int, segments: Iterable[int], keep: bool = True) -> None:
+        """A checkpoint needs the log from segment ``first`` on, and ``segments``; with ``keep``,
+        so does the one before it (until this one is written)."""
+        if keep:
+            self.protected_from = min(self.protected_from, first)
+            self.protected = self.protected.union(segments)
+        else:
+            self.protected_from, self.protected = first, frozenset(segments)
 
     # -- spooled messages (``broker.core.spool``) -----------------------------------------------
 
@@ -563,21 +583,29 @@ class Journal:
     def spool_removed(self, queue: WorkQueue, records: Iterable[SpoolRecord]) -> None:
         """Spool records of ``queue`` left it for good (a purge), or with it (``queue.deleted``:
         ``QueueDeleted`` says so, no record is needed)."""
-        ids = []
+        records = [record for record in records if record.flags & IN_LOG]
+        self.spool_dropped(records)
+        if records and not queue.deleted:
+            self._add(encode(Removed(queue.vhost_name, queue.name, tuple(record.message_id for record in records))))
+
+    def spool_dropped(self, records: Iterable[SpoolRecord]) -> None:
+        """Spool records that point into the log are gone (already recorded as removed)."""
         for record in records:
             if record.flags & IN_LOG:
-                ids.append(record.message_id)
                 self._unspool(record.segment)
                 self.live[record.segment] -= 1
-        if ids and not queue.deleted:
-            self._add(encode(Removed(queue.vhost_name, queue.name, tuple(ids))))
 
     def retirable(self, segments: Iterable[int], active: int) -> list[int]:
         """The oldest segments, before ``active``, that hold no live message (a prefix only:
         a later segment may record the removal of messages in an earlier one)."""
         result = []
         for segment in sorted(segments):
-            if segment >= active or self.live.get(segment, 0) > 0 or self._pinned(segment):
+            if (
+                segment >= active
+                or segment >= self.protected_from
+                or self.live.get(segment, 0) > 0
+                or self._pinned(segment)
+            ):
                 break
             result.append(segment)
         return result

@@ -39,8 +39,8 @@ import dataclasses
 import heapq
 import itertools
 import operator
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
@@ -105,8 +105,7 @@ class QueueCheckpoint:
     :ivar copies: records in the span that point at page-store copies (messages not logged
         here): they are to be left out
     :ivar span_bytes: body bytes of the span's messages (when it holds no copies)
-    :ivar made: the records of ``head`` and ``tail`` made from entries in memory (the others
-        were spool records already)
+    :ivar span_refs: how many of the span's records point into each log segment
     """
 
     head: list[SpoolRecord]
@@ -114,8 +113,11 @@ class QueueCheckpoint:
     span: tuple[int, int]
     copies: int
     span_bytes: int
+    span_refs: Counter[int]
     tail: list[SpoolRecord]
-    made: list[SpoolRecord]
+    #: Adopted records in the span removed since, and delivery counts changed since.
+    removed: set[int] = dataclasses.field(default_factory=set)
+    counts: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 class Scheduler(Protocol):
@@ -758,38 +760,44 @@ class WorkQueue:
             )
         )
 
-    def checkpoint(self) -> QueueCheckpoint:
+    def checkpoint(self, unacked: Sequence[Entry] = ()) -> QueueCheckpoint:
         """This durable queue's logged messages, in delivery order, as records pointing at the
-        log (a clean stop's checkpoint; see ``broker.checkpoint``). Changes nothing.
+        log (a checkpoint; see ``broker.checkpoint``). Changes nothing.
 
         Messages that are not logged here (not persistent) are left out, as a restart from the
         log leaves them out. Every one is marked redelivered, as recovery marks it.
 
-        :raises CheckpointRefused: some are unacknowledged (held by a plugin, say: only the log
-            says what becomes of them), or a logged one's place in the log is not known
+        :param unacked: its unacknowledged deliveries (they come back at a start, in their place)
+        :raises CheckpointRefused: some unacknowledged ones are not in ``unacked`` (held by a
+            plugin, say: only the log says what becomes of them), or a logged one's place in
+            the log is not known
         """
-        if self.unacked_count:
-            raise CheckpointRefused(f"{self.unacked_count} message(s) are unacknowledged")
-        window = [self._logged_record(entry) for entry in self._ready if entry.state == READY]
-        made = [record for record in window if record is not None]
-        head, tail = list(made), []
+        if len(unacked) != self.unacked_count:
+            held = self.unacked_count - len(unacked)
+            raise CheckpointRefused(f"queue {self.name!r} has {held} message(s) held by no channel")
+        entries = [entry for entry in self._ready if entry.state == READY]
+        if unacked:
+            entries = sorted([*entries, *unacked], key=_seq)
+        head = [record for record in map(self._logged_record, entries) if record is not None]
+        tail: list[SpoolRecord] = []
         spool = self.spool
-        span, copies, span_bytes = (0, 0), 0, 0
+        span, copies, span_bytes, span_refs = (0, 0), 0, 0, Counter[int]()
         if spool is not None:
             ahead, span, buffered, waiting = spool.checkpoint_parts()
-            spooled = [record for record in [*ahead, *buffered] if record.flags & IN_LOG]
+            recorded = [record for record in [*ahead, *buffered] if record.flags & IN_LOG]
             head += [record for record in ahead if record.flags & IN_LOG]
             tail = [record for record in buffered if record.flags & IN_LOG]
-            late = [self._logged_record(entry) for entry in waiting]
-            tail += [record for record in late if record is not None]
-            made += [record for record in late if record is not None]
-            copies = spool.copies - (len(ahead) + len(buffered) - len(spooled))
+            tail += [record for record in map(self._logged_record, waiting) if record is not None]
+            copies = spool.copies - (len(ahead) + len(buffered) - len(recorded))
             span_bytes = (
                 spool.bytes
                 - sum(record.size for record in [*ahead, *buffered])
                 - sum(entry.message.size for entry in waiting)
             )
-        return QueueCheckpoint(head, spool, span, copies, span_bytes, tail, made)
+            span_refs = +spool.refs
+            span_refs.subtract(record.segment for record in recorded)
+        removed, counts = spool.adopted_changes if spool is not None else (set(), {})
+        return QueueCheckpoint(head, spool, span, copies, span_bytes, +span_refs, tail, set(removed), dict(counts))
 
     def _logged_record(self, entry: Entry) -> SpoolRecord | None:
         """``entry`` as a spool record pointing at its ``Published`` record (``None``: it is not logged here)."""
@@ -810,12 +818,12 @@ class WorkQueue:
             entry.expires_at or 0.0,
         )
 
-    def adopt_spool(self, length: int, count: int, size: int, storage: Any) -> None:
-        """Take ``storage`` (a checkpoint's records: ``length`` bytes for ``count`` messages of
-        ``size`` body bytes) as this empty queue's spool; they come into memory as it is consumed."""
+    def adopt_spool(self, storage: Any, *adopted: Any) -> None:
+        """Take ``storage`` (a checkpoint's records) as this empty queue's spool; they come into
+        memory as it is consumed. ``adopted``: as :meth:`Spool.adopt` takes them."""
         assert self.spooler is not None and self.spool is None and not self._ready
         self.spool = self.spooler.spool(self, storage)
-        self.spool.adopt(length, count, size)
+        self.spool.adopt(*adopted)
         self._update_plain()
 
     def restore_loaded(self, message: Message, record: SpoolRecord) -> None:

@@ -24,8 +24,8 @@ Nothing here does I/O itself.
 from __future__ import annotations
 
 import struct
-from collections import deque
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
@@ -129,6 +129,9 @@ class SpoolLocator(Protocol):
     def released(self, records: list[SpoolRecord]) -> None:
         """These records' content will not be read again (they were loaded or purged)."""
 
+    def dropped(self, records: list[SpoolRecord]) -> None:
+        """These records (adopted from a checkpoint) were removed since: they are not loaded."""
+
 
 class Spool:
     """One queue's spooled messages, oldest first (see the module).
@@ -159,12 +162,16 @@ class Spool:
         self._buffer: list[bytes] = []  # packed records not yet appended
         self._readahead: deque[SpoolRecord] = deque()
         self._adopted = 0  # bytes of storage adopted from a checkpoint
+        self._removed: set[int] = set()  # ids among them removed since (see adopt)
+        self._counts: dict[int, int] = {}
         self._waiting_bytes = 0
         #: Messages spooled (waiting or recorded) and their body bytes.
         self.count = 0
         self.bytes = 0
         #: Recorded messages whose content is a copy in the page store (not in the log).
         self.copies = 0
+        #: Recorded messages whose content is in the log, by log segment.
+        self.refs: Counter[int] = Counter()
         #: Why the last batch could not be recorded (``None``: it was).
         self.error: OSError | None = None
         #: Waiting entries, and their body bytes, at which the next batch is recorded.
@@ -194,6 +201,7 @@ class Spool:
         if self.waiting:
             raise RuntimeError("a record cannot overtake waiting entries")
         self._buffer.append(record.pack())
+        self._count((record,), 1)
         self.count += 1
         self.bytes += record.size
         if len(self._buffer) >= BATCH:
@@ -234,7 +242,7 @@ class Spool:
         records = self.locator.locate(entries)
         pack = _RECORD.pack
         self._buffer += [pack(*record) for record in records]
-        self.copies += _copies(records)
+        self._count(records, 1)
         for _ in range(ready):
             waiting.popleft()
         self._waiting_bytes -= sum(entry.message.size for entry in entries)
@@ -250,17 +258,18 @@ class Spool:
             self._written += len(data)
 
     def _next_records(self, count: int) -> list[SpoolRecord]:
+        """Up to ``count`` records, oldest first (all of them when ``count`` is every recorded
+        one: adopted records removed since are read too, to be dropped)."""
         readahead = self._readahead
-        if len(readahead) < count and self._read < self._written:
+        everything = count >= self.recorded_count
+        while (len(readahead) < count or everything) and self._read < self._written:
             length = min(self._written - self._read, max(count, BATCH) * RECORD_BYTES)
             data = self.storage.read(self._read, length)
             if len(data) != length:
                 raise OSError(f"spool read cut short: {len(data)} of {length} bytes at {self._read}")
             records = unpack_records(data)
             if self._read < self._adopted:
-                for index in range(min(len(records), (self._adopted - self._read) // RECORD_BYTES)):
-                    record = records[index]
-                    records[index] = record._replace(flags=record.flags | REDELIVERED)
+                records = self._recovered(records, (self._adopted - self._read) // RECORD_BYTES)
             self._read += length
             readahead.extend(records)
             self.storage.release(self._read)
@@ -268,6 +277,26 @@ class Spool:
             readahead.extend(unpack_records(b"".join(self._buffer)))
             self._buffer.clear()
         return [readahead.popleft() for _ in range(min(count, len(readahead)))]
+
+    def _recovered(self, records: list[SpoolRecord], adopted: int) -> list[SpoolRecord]:
+        """The first ``adopted`` of ``records`` came from a checkpoint: marked redelivered, as
+        recovery marks messages, with the delivery counts logged after it, and without those
+        the log removed after it (they are dropped here)."""
+        removed, counts = self._removed, self._counts
+        kept, dropped = [], []
+        for record in records[:adopted]:
+            message_id = record.message_id
+            if message_id in removed:
+                removed.discard(message_id)
+                dropped.append(record)
+                continue
+            count = counts.pop(message_id, record.delivery_count) if counts else record.delivery_count
+            kept.append(record._replace(flags=record.flags | REDELIVERED, delivery_count=count))
+        if dropped:
+            self.bytes -= sum(record.size for record in dropped)
+            self._count(dropped, -1)
+            self.locator.dropped(dropped)
+        return kept + records[adopted:]
 
     def take(self, count: int, make: Callable[[Message, SpoolRecord], Entry]) -> list[Entry]:
         """Up to ``count`` of the oldest messages, as entries: records loaded with ``make``,
@@ -284,7 +313,7 @@ class Spool:
                 self._readahead.extendleft(reversed(records))
                 raise
             self.locator.released(records)
-            self.copies -= _copies(records)
+            self._count(records, -1)
             taken = [make(message, record) for message, record in zip(messages, records, strict=True)]
         while len(taken) < count and self.waiting:
             entry = self.waiting.popleft()[0]
@@ -308,9 +337,10 @@ class Spool:
             self._read = self._written
             self.count, self.bytes = len(self.waiting), self._waiting_bytes
             self.copies = 0
+            self.refs.clear()
             raise
         self.locator.released(records)
-        self.copies -= _copies(records)
+        self._count(records, -1)
         self.count -= len(records)
         self.bytes -= sum(record.size for record in records)
         return records
@@ -322,8 +352,24 @@ class Spool:
         self.locator.released(records)
         self.waiting.clear()
         self.count = self.bytes = self._waiting_bytes = self.copies = 0
+        self.refs.clear()
         self.storage.close()
         return entries
+
+    def _count(self, records: Sequence[SpoolRecord], sign: int) -> None:
+        """Count ``records`` in (``sign`` 1) or out (-1) of :attr:`copies` and :attr:`refs`."""
+        in_log = [record[2] for record in records if record[6] & IN_LOG]
+        self.copies += sign * (len(records) - len(in_log))
+        if sign > 0:
+            self.refs.update(in_log)
+        else:
+            self.refs.subtract(in_log)
+
+    @property
+    def adopted_changes(self) -> tuple[set[int], dict[int, int]]:
+        """Ids among the adopted records not read yet that were removed since, and their new
+        delivery counts (see :meth:`adopt`): a checkpoint that links those records carries them."""
+        return self._removed, self._counts
 
     def checkpoint_parts(self) -> tuple[list[SpoolRecord], tuple[int, int], list[SpoolRecord], list[Entry]]:
         """Everything spooled, oldest first, for a checkpoint, without changing anything: the
@@ -332,23 +378,33 @@ class Spool:
         buffered = unpack_records(b"".join(self._buffer))
         return list(self._readahead), (self._read, self._written), buffered, [entry for entry, _ in self.waiting]
 
-    def adopt(self, length: int, count: int, size: int) -> None:
+    def adopt(
+        self,
+        length: int,
+        count: int,
+        size: int,
+        refs: Mapping[int, int],
+        removed: set[int] | None = None,
+        counts: dict[int, int] | None = None,
+    ) -> None:
         """``storage`` already holds ``length`` bytes of records (a checkpoint's) for ``count``
         messages of ``size`` body bytes, all in the log: take them as recorded. They were
         recovered, so they come back marked redelivered, as recovery marks them.
 
+        :param refs: how many of them point into each log segment
+        :param removed: ids among them that the log removed after the checkpoint: they are
+            not counted, and are dropped when read (their body bytes count until then)
+        :param counts: delivery counts the log recorded after the checkpoint, by id
         :raises RuntimeError: the spool is not empty
         """
         if self.count or self._written:
             raise RuntimeError("only an empty spool adopts records")
         self._written = self._adopted = length
-        self.count = count
+        self._removed = removed or set()
+        self._counts = counts or {}
+        self.count = count - len(self._removed)
         self.bytes = size
-
-
-def _copies(records: list[SpoolRecord]) -> int:
-    """How many of ``records`` point at a page-store copy (not at the log)."""
-    return sum(1 for record in records if not record[6] & IN_LOG)
+        self.refs = Counter(refs)
 
 
 class MemorySpoolStorage:

@@ -85,12 +85,12 @@ class _Segment:
     torn_header: bool = False
 
 
-def _read_segment(number: int, data: bytes, last: bool) -> _Segment:
-    """Validate ``data`` as segment ``number`` and read its records past any damage.
+def _read_segment(number: int, data: bytes, last: bool, start: int = SEGMENT_HEADER_BYTES) -> _Segment:
+    """Validate ``data`` as segment ``number`` and read its records, from ``start``, past any damage.
 
     Cost O(size) (plus a resync search per damaged span, see :func:`broker.wal.record.scan`).
 
-    :raises WALCorruption: the header is not a valid header for ``number``
+    :raises WALCorruption: the header is not a valid header for ``number``, or ``start`` is past the end
     """
     segment = _Segment(number, len(data))
     if last and (
@@ -107,7 +107,9 @@ def _read_segment(number: int, data: bytes, last: bool) -> _Segment:
         raise WALCorruption(err.reason, number, 0) from None
     if found != number:
         raise WALCorruption(f"header says segment {found}", number, 0)
-    pos = SEGMENT_HEADER_BYTES
+    if start > len(data):
+        raise WALCorruption(f"the segment ends at {len(data)}, before {start}", number, start)
+    pos = start
     while True:
         result = scan(data, pos)
         segment.records += result.records
@@ -142,14 +144,14 @@ class _Recovery:
     bytes: int = 0
 
 
-def _read_log(storage: ISegmentStorage, strict: bool) -> _Recovery:
-    """Read every segment in order.
+def _read_log(storage: ISegmentStorage, strict: bool, start: tuple[int, int] | None = None) -> _Recovery:
+    """Read every segment in order (from ``start``, ``(segment, offset)``, when given).
 
     Damaged records always go into ``problems`` (the reader carries on past them).
 
     :param strict: raise for a bad segment header or a storage error (:meth:`WriteAheadLog.open`);
         otherwise note it in ``problems`` and skip that segment (:func:`check`)
-    :raises WALCorruption: only when ``strict``
+    :raises WALCorruption: only when ``strict`` (and when the ``start`` segment is missing)
     :raises OSError: only when ``strict``
     """
     recovery = _Recovery()
@@ -160,10 +162,15 @@ def _read_log(storage: ISegmentStorage, strict: bool) -> _Recovery:
             raise
         recovery.problems.append(f"cannot list segments: {err}")
         return recovery
+    if start is not None and start[0] not in recovery.numbers:
+        raise WALCorruption("the segment to start from is missing", start[0], start[1])
     for index, number in enumerate(recovery.numbers):
         last = index == len(recovery.numbers) - 1
+        if start is not None and number < start[0]:
+            continue
+        offset = start[1] if start is not None and number == start[0] else SEGMENT_HEADER_BYTES
         try:
-            segment = _read_segment(number, storage.read(number), last)
+            segment = _read_segment(number, storage.read(number), last, offset)
         except WALCorruption as err:
             if strict:
                 raise
@@ -334,10 +341,13 @@ class WriteAheadLog:
         """Bytes in the active segment (header included)."""
         return self._size
 
-    def open(self, repair: bool = False) -> RecoveryReport:
+    def open(self, repair: bool = False, start: tuple[int, int] | None = None) -> RecoveryReport:
         """Recover the log: read every segment, cut a torn tail, make the last segment active.
 
         Creates segment 1 if there is none. The records read are kept for :meth:`records`.
+
+        :param start: read only from this ``(segment, offset)`` on (a checkpoint's position:
+            what comes before is in the checkpoint); the segments before are kept, unread
 
         :param repair: skip damaged spans instead of raising, keeping the records after each
             (an operator's decision: the skipped bytes may have held confirmed messages).
@@ -350,7 +360,7 @@ class WriteAheadLog:
         """
         if self._active is not None:
             raise RuntimeError("the write-ahead log is already open")
-        recovery = _read_log(self._storage, strict=True)
+        recovery = _read_log(self._storage, strict=True, start=start)
         if not repair and recovery.problems:
             # _read_log(strict=True) raised for a bad header; damaged records come out here, and
             # the error names the first.
@@ -399,8 +409,7 @@ class WriteAheadLog:
         self._active = segment
         self._size = self._synced = size
         self._recovered = []
-        total = sum(self._storage.size(number) for number in numbers)
-        return RecoveryReport(len(numbers), 0, total, 0, None, 0, ())
+        return RecoveryReport(len(numbers), 0, 0, 0, None, 0, ())
 
     @staticmethod
     def _repair_last(segment: _Segment, storage: ISegmentStorage) -> None:

@@ -56,6 +56,13 @@ class Snapshot:
     #: Records that named something unknown (a removal of a message never published, say):
     #: expected after segments were retired, counted for the recovery report.
     orphans: int = 0
+    #: Queues whose messages at a checkpoint are in its files, not in :attr:`messages` (the log
+    #: is then read from the checkpoint on): removals and delivery counts of messages
+    #: unknown here are theirs, kept in :attr:`removed_after` and :attr:`counts_after`. A
+    #: queue deleted after the checkpoint leaves this set (its files are not used).
+    checkpointed: set[QueueKey] = field(default_factory=set)
+    removed_after: dict[QueueKey, set[int]] = field(default_factory=dict)
+    counts_after: dict[QueueKey, dict[int, int]] = field(default_factory=dict)
 
     @property
     def message_count(self) -> int:
@@ -105,17 +112,24 @@ def replay_located(records: Iterable[tuple[int, int, int, object]], snapshot: Sn
                     state.orphans += 1
         elif kind is Removed:
             assert isinstance(record, Removed)
-            stored = messages.get((record.vhost, record.queue))
+            key = (record.vhost, record.queue)
+            stored = messages.get(key)
             for message_id in record.message_ids:
                 if stored is None or stored.pop(message_id, None) is None:
-                    state.orphans += 1
+                    if key in state.checkpointed:
+                        state.removed_after.setdefault(key, set()).add(message_id)
+                    else:
+                        state.orphans += 1
         elif kind is DeliveryCounted:
             assert isinstance(record, DeliveryCounted)
-            message = messages.get((record.vhost, record.queue), {}).get(record.message_id)
-            if message is None:
-                state.orphans += 1
-            else:
+            key = (record.vhost, record.queue)
+            message = messages.get(key, {}).get(record.message_id)
+            if message is not None:
                 message.delivery_count = record.delivery_count
+            elif key in state.checkpointed:
+                state.counts_after.setdefault(key, {})[record.message_id] = record.delivery_count
+            else:
+                state.orphans += 1
         elif kind is QueueDeclared:
             assert isinstance(record, QueueDeclared)
             state.queues[(record.vhost, record.name)] = record
@@ -124,6 +138,9 @@ def replay_located(records: Iterable[tuple[int, int, int, object]], snapshot: Sn
             key = (record.vhost, record.name)
             state.queues.pop(key, None)
             messages.pop(key, None)
+            state.checkpointed.discard(key)
+            state.removed_after.pop(key, None)
+            state.counts_after.pop(key, None)
             for binding_key in [k for k in state.bindings if k[0] == record.vhost and k[3] and k[2] == record.name]:
                 del state.bindings[binding_key]
         elif kind is ExchangeDeclared:

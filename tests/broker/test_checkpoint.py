@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
-from broker.checkpoint import CHECKPOINT_DIR, MANIFEST, CheckpointRefused, read_checkpoint, write_checkpoint
+from broker.checkpoint import CHECKPOINT_DIR, MANIFEST, Captured, CheckpointRefused, capture, read_checkpoint
 from broker.core import spool
 from broker.core.deadlog import RUN_ID_BITS, DeadLetterLog, watch_dead_letter_queues
 from broker.core.spool import RECORD_BYTES
@@ -32,15 +32,21 @@ def declare(broker: Broker) -> None:
     broker.client.call(1, commands.Queue.Declare(queue="transient"))
 
 
-def stop(broker: Broker, data: Path) -> tuple[int, int]:
+def checkpoint(broker: Broker, data: Path, dead_letters: DeadLetterLog | None = None) -> Captured:
+    """What the log writer does every so often: write what is pending, then take a checkpoint there."""
+    broker.write()
+    assert broker.journal is not None
+    captured = capture(str(data), broker.node, broker.journal, dead_letters, broker.log.active, broker.log.size)
+    captured.commit()
+    broker.journal.protect(captured.first, captured.segments, keep=False)
+    return captured
+
+
+def stop(broker: Broker, data: Path, dead_letters: DeadLetterLog | None = None) -> Captured:
     """What a clean stop does: connections close (unacked messages go back), the log is written,
     then the checkpoint."""
     broker.client.connection.connection_lost()
-    broker.write()
-    assert broker.journal is not None
-    return write_checkpoint(
-        str(data), broker.node.vhosts.values(), broker.journal, None, broker.log.active, broker.log.size
-    )
+    return checkpoint(broker, data, dead_letters)
 
 
 def start_from_log(broker: Broker, tmp_path: Path) -> Broker:
@@ -50,11 +56,13 @@ def start_from_log(broker: Broker, tmp_path: Path) -> Broker:
 
 
 def start_from_checkpoint(broker: Broker, data: Path, tmp_path: Path) -> Broker:
-    checkpoint = read_checkpoint(str(data))
-    assert checkpoint is not None
+    """A start as the service makes it: the checkpoint, and the log after it."""
+    found = read_checkpoint(str(data))
+    assert found is not None
     log = WriteAheadLog(broker.log.storage)
-    log.open_at(checkpoint.segment, checkpoint.size)
-    return Broker(tmp_path, restore=(checkpoint.topology, log), checkpoint=checkpoint)
+    log.open(start=(found.segment, found.offset))
+    snapshot = replay_located(log.located_records(), found.topology)
+    return Broker(tmp_path, restore=(snapshot, log), checkpoint=found)
 
 
 def drain(broker: Broker, queue: str) -> list[tuple[bytes, bool, object, object]]:
@@ -80,43 +88,72 @@ OPERATIONS = st.lists(
         ),
         st.tuples(st.just("get"), st.sampled_from(sorted(QUEUES)), st.integers(0, 0), st.booleans()),
         st.tuples(st.sampled_from(["ack", "requeue", "reject"]), st.just(""), st.integers(0, 5), st.booleans()),
-        st.tuples(st.just("write"), st.just(""), st.integers(0, 0), st.booleans()),
+        st.tuples(st.sampled_from(["write", "checkpoint"]), st.just(""), st.integers(0, 0), st.booleans()),
         st.tuples(st.just("purge"), st.sampled_from(sorted(QUEUES)), st.integers(0, 0), st.booleans()),
+        st.tuples(st.just("delete"), st.sampled_from(sorted(QUEUES)), st.integers(0, 0), st.booleans()),
     ),
-    max_size=60,
+    min_size=3,
+    max_size=40,
 )
 
 
-def run(operations: list[tuple[str, str, int, bool]]) -> None:
+Operation = tuple[str, str, int, bool]
+
+
+def apply(broker: Broker, data: Path, operations: list[Operation], number: int) -> int:
+    """Apply ``operations`` through ``broker``'s client; returns the next message number."""
+    client, tags = broker.client, []
+    for operation, queue, argument, flag in operations:
+        if operation == "publish":
+            for _ in range(argument):
+                properties = commands.Basic.Properties(delivery_mode=2 if flag else 1, priority=number % 3)
+                client.send(publish_frames(1, "", queue, b"m%d" % number, properties))
+                number += 1
+        elif operation == "get":
+            frames = client.call(1, commands.Basic.Get(queue=queue, no_ack=flag))
+            if isinstance(frames[0][1], commands.Basic.GetOk) and not flag:
+                tags.append(frames[0][1].delivery_tag)
+        elif operation == "write":
+            broker.write()
+        elif operation == "checkpoint":
+            checkpoint(broker, data)
+        elif operation == "purge":
+            client.call(1, commands.Queue.Purge(queue=queue))
+        elif operation == "delete":
+            client.call(1, commands.Queue.Delete(queue=queue))
+            client.call(1, commands.Queue.Declare(queue=queue, durable=True, arguments=QUEUES[queue]))
+            tags = []  # deleting a queue drops its unacked deliveries
+        elif tags:
+            tag = tags.pop(argument % len(tags))
+            if operation == "ack":
+                client.call(1, commands.Basic.Ack(delivery_tag=tag))
+            else:
+                client.call(1, commands.Basic.Reject(delivery_tag=tag, requeue=operation == "requeue"))
+    return number
+
+
+def run(runs: list[tuple[list[Operation], list[Operation], bool]]) -> None:
+    """Each run applies its operations, takes a checkpoint, applies the later ones, writes the
+    log and stops (cleanly, or as a crash would); the next run starts from the checkpoint.
+    Last, a start from the log and one from the checkpoint must answer the same in every queue."""
     directory = Path(tempfile.mkdtemp(prefix="postroom-checkpoint-model-"))
+    data = directory / "data"
     batch, spool.BATCH = spool.BATCH, 2
     try:
-        before = Broker(directory / "before")
-        declare(before)
-        client, number, tags = before.client, 0, []
-        for operation, queue, argument, flag in operations:
-            if operation == "publish":
-                for _ in range(argument):
-                    properties = commands.Basic.Properties(delivery_mode=2 if flag else 1, priority=number % 3)
-                    client.send(publish_frames(1, "", queue, b"m%d" % number, properties))
-                    number += 1
-            elif operation == "get":
-                frames = client.call(1, commands.Basic.Get(queue=queue, no_ack=flag))
-                if isinstance(frames[0][1], commands.Basic.GetOk) and not flag:
-                    tags.append(frames[0][1].delivery_tag)
-            elif operation == "write":
-                before.write()
-            elif operation == "purge":
-                client.call(1, commands.Queue.Purge(queue=queue))
-            elif tags:
-                tag = tags.pop(argument % len(tags))
-                if operation == "ack":
-                    client.call(1, commands.Basic.Ack(delivery_tag=tag))
-                else:
-                    client.call(1, commands.Basic.Reject(delivery_tag=tag, requeue=operation == "requeue"))
-        stop(before, directory / "data")
-        from_log = start_from_log(before, directory / "log")
-        from_checkpoint = start_from_checkpoint(before, directory / "data", directory / "checkpoint")
+        broker = Broker(directory / "run0")
+        declare(broker)
+        checkpoint(broker, data)
+        number = 0
+        for index, (operations, later, clean) in enumerate(runs):
+            if index:
+                broker = start_from_checkpoint(broker, data, directory / f"run{index}")
+            number = apply(broker, data, [*operations, ("checkpoint", "", 0, False), *later], number)
+            if clean:
+                stop(broker, data)
+            else:
+                broker.write()
+        from_log = start_from_log(broker, directory / "log")
+        from_checkpoint = start_from_checkpoint(broker, data, directory / "checkpoint")
         for queue in QUEUES:
             expected = drain(from_log, queue)
             assert drain(from_checkpoint, queue) == expected, queue
@@ -127,12 +164,15 @@ def run(operations: list[tuple[str, str, int, bool]]) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-@settings(max_examples=150, deadline=None)
-@given(operations=OPERATIONS)
+RUNS = st.lists(st.tuples(OPERATIONS, OPERATIONS, st.booleans()), min_size=1, max_size=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(runs=RUNS)
 def test_a_start_from_the_checkpoint_answers_as_a_start_that_reads_the_log(
-    operations: list[tuple[str, str, int, bool]],
+    runs: list[tuple[list[Operation], list[Operation], bool]],
 ) -> None:
-    run(operations)
+    run(runs)
 
 
 def test_a_deep_queue_links_its_spool_files_into_the_checkpoint_and_writes_only_the_rest(tmp_path: Path) -> None:
@@ -143,51 +183,55 @@ def test_a_deep_queue_links_its_spool_files_into_the_checkpoint_and_writes_only_
     spool_files = list((tmp_path / "before" / "spool").rglob("*.spool"))
     assert spool_files
     data = tmp_path / "data"
-    assert stop(before, data) == (len(QUEUES), COUNT)
-    checkpoint = read_checkpoint(str(data))
-    assert checkpoint is not None
-    (deep,) = [queue for queue in checkpoint.queues if queue.count]
+    captured = stop(before, data)
+    assert len(captured.queues) == len(QUEUES) and captured.messages == COUNT
+    found = read_checkpoint(str(data))
+    assert found is not None
+    (deep,) = [queue for queue in found.queues if queue.count]
     assert deep.count == COUNT and deep.bytes == sum(map(len, bodies))
     linked = [path for path, _skip, _length in deep.files if os.stat(path).st_nlink == 2]
     assert len(linked) == len(spool_files)  # the same files, not copies
     assert sum(length for _path, _skip, length in deep.files) == COUNT * RECORD_BYTES
-    assert checkpoint.refs == {before.log.active: COUNT}
+    assert deep.refs == {before.log.active: COUNT}
     after = start_from_checkpoint(before, data, tmp_path / "after")
     queue = after.queue("q")
     assert queue.message_count == COUNT and not queue.ready_entries()  # nothing read yet
     assert drain(after, "q") == [(content, True, None, None) for content in bodies]  # all recovered: redelivered
-    assert not (data / CHECKPOINT_DIR).exists() or not any(
-        (data / CHECKPOINT_DIR).glob("00*")
-    )  # each file went once read
+    # The queue's links went as it read them; the checkpoint keeps its own until the next one.
+    assert not list((tmp_path / "after" / "spool").rglob("checkpoint.*"))
+    assert all(os.path.exists(path) for path, _skip, _length in deep.files)
 
 
-def test_unacknowledged_messages_or_unwritten_records_refuse_a_checkpoint(tmp_path: Path) -> None:
+def test_messages_held_by_no_channel_or_unwritten_records_refuse_a_checkpoint(tmp_path: Path) -> None:
     broker = Broker(tmp_path / "broker")
     declare(broker)
-    broker.publish("q", [b"a", b"b"], PERSISTENT)
+    broker.publish("q", [b"a", b"b", b"c"], PERSISTENT)
     data = tmp_path / "data"
-    broker.get_all("q", 1, no_ack=False)
     assert broker.journal is not None
-    with pytest.raises(CheckpointRefused, match="1 message"):
-        write_checkpoint(
-            str(data), broker.node.vhosts.values(), broker.journal, None, broker.log.active, broker.log.size
-        )
-    broker.client.call(1, commands.Basic.Recover(requeue=True))
-    broker.client.send(publish_frames(1, "", "q", b"c", PERSISTENT))  # not written yet
+    broker.get_all("q", 1, no_ack=False)  # held by the channel: in the checkpoint, in its place
+    held = broker.queue("q").get()  # held by no channel (as a plugin holds messages)
+    assert held is not None
+
+    def attempt() -> Captured:
+        assert broker.journal is not None
+        return capture(str(data), broker.node, broker.journal, None, broker.log.active, broker.log.size)
+
+    with pytest.raises(CheckpointRefused, match="1 logged message.s. are held outside queues and channels"):
+        attempt()
+    broker.queue("q").return_entries([held])
+    broker.client.send(publish_frames(1, "", "q", b"d", PERSISTENT))  # not written yet
     with pytest.raises(CheckpointRefused, match="waiting"):
-        write_checkpoint(
-            str(data), broker.node.vhosts.values(), broker.journal, None, broker.log.active, broker.log.size
-        )
+        attempt()
     broker.write()
     broker.journal.live[broker.log.active] += 1  # an account that does not add up
-    with pytest.raises(CheckpointRefused, match="disagree"):
-        write_checkpoint(
-            str(data), broker.node.vhosts.values(), broker.journal, None, broker.log.active, broker.log.size
-        )
+    with pytest.raises(CheckpointRefused, match="1 logged message.s. are held outside"):
+        attempt()
     assert not (data / CHECKPOINT_DIR).exists() and not (data / f"{CHECKPOINT_DIR}.new").exists()
     broker.journal.live[broker.log.active] -= 1
-    stop(broker, data)
+    attempt().commit()
     assert (data / CHECKPOINT_DIR / MANIFEST).exists()
+    after = start_from_checkpoint(broker, data, tmp_path / "after")
+    assert [content for content, *_ in drain(after, "q")] == [b"a", b"b", b"c", b"d"]
 
 
 @pytest.mark.parametrize("start", ["log", "checkpoint"])
@@ -206,10 +250,7 @@ def test_dead_letters_of_the_last_run_are_recorded_when_they_leave_after_a_start
     before.publish("work", [body(n) for n in range(count)], PERSISTENT)  # each dies at once, into both queues
     assert events.held() == 2 * count
     data = tmp_path / "data"
-    before.client.connection.connection_lost()
-    before.write()
-    assert before.journal is not None
-    write_checkpoint(str(data), before.node.vhosts.values(), before.journal, events, before.log.active, before.log.size)
+    stop(before, data, events)
     after = (
         start_from_log(before, tmp_path / "after")
         if start == "log"
@@ -226,3 +267,30 @@ def test_dead_letters_of_the_last_run_are_recorded_when_they_leave_after_a_start
         (queue, (3 << RUN_ID_BITS) + n) for queue in ("dlq", "audit") for n in range(1, count + 1)
     )
     assert later.held() == 0
+
+
+def test_removals_and_delivery_counts_after_a_checkpoint_hold_through_the_next_ones(tmp_path: Path) -> None:
+    """Acks and returns logged after a checkpoint apply to its records when they are read, and a
+    checkpoint taken before they are read carries them."""
+    first = Broker(tmp_path / "first")
+    declare(first)
+    bodies = [body(n) for n in range(COUNT)]
+    first.publish("q", bodies, PERSISTENT)
+    data = tmp_path / "data"
+    checkpoint(first, data)
+    first.get_all("q", 5, no_ack=False)  # tags 1 to 5
+    client = first.client
+    client.call(1, commands.Basic.Ack(delivery_tag=2), commands.Basic.Ack(delivery_tag=4))
+    client.call(1, commands.Basic.Reject(delivery_tag=1, requeue=True))
+    first.write()  # a crash: 3 and 5 stay unacked, once delivered, none returned yet
+    second = start_from_checkpoint(first, data, tmp_path / "second")
+    queue = second.queue("q")
+    assert queue.message_count == COUNT - 2 and not queue.ready_entries()
+    assert queue.spool is not None and queue.spool.adopted_changes == ({2, 4}, {1: 1})  # message ids
+    checkpoint(second, data)  # before anything was read: it carries the removals and the count
+    second.write()
+    third = start_from_checkpoint(second, data, tmp_path / "third")
+    expected = [(bodies[0], True, 1, None)] + [(content, True, None, None) for content in bodies[2:3] + bodies[4:]]
+    assert drain(third, "q") == expected
+    assert drain(start_from_log(second, tmp_path / "log"), "q") == expected
+    assert third.journal is not None and not +third.journal.live

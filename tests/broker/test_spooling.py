@@ -66,13 +66,12 @@ class Broker:
         restore: tuple[Snapshot, WriteAheadLog] | None = None,
         checkpoint: Checkpoint | None = None,
     ) -> None:
-        """:param restore: start from this state and log (the log read, or a ``checkpoint``'s
-        topology with the log opened where it ends)"""
+        """:param restore: start from this state and log (the log read, or the log read after
+        ``checkpoint`` folded into its topology)"""
         self.clock = Clock()
         if restore is not None:
             snapshot, self.log = restore
-            next_id = checkpoint.next_message_id if checkpoint is not None else snapshot.max_message_id + 1
-            self.journal: Journal | None = Journal(next_id, self.clock.seconds)
+            self.journal: Journal | None = Journal(snapshot.max_message_id + 1, self.clock.seconds)
         else:
             self.log = WriteAheadLog(MemorySegmentStorage())
             self.log.open()
@@ -82,14 +81,24 @@ class Broker:
         self.spool_dir = tmp_path / "spool"
         self.pager.spooler = Spooler(str(self.spool_dir), self.store, self.journal, self.log.storage.read_at, WINDOW)
         if restore is not None:
-            self.node = node_from_config(
-                BrokerConfig(), self.clock, self.journal, restore[0], self.log.storage.read_at, pager=self.pager
-            )
-            if checkpoint is not None:
-                assert self.journal is not None
-                self.node.recovered_dead_letters = restore_checkpoint(
-                    checkpoint, self.node.vhosts, self.journal, self.pager.spooler
+            dead_letters: dict[int, set[str]] = {}
+
+            def adopt(node: Node) -> None:
+                assert checkpoint is not None and self.journal is not None and self.pager.spooler is not None
+                dead_letters.update(
+                    restore_checkpoint(checkpoint, restore[0], node.vhosts, self.journal, self.pager.spooler)
                 )
+
+            self.node = node_from_config(
+                BrokerConfig(),
+                self.clock,
+                self.journal,
+                restore[0],
+                self.log.storage.read_at,
+                pager=self.pager,
+                before_messages=adopt if checkpoint is not None else None,
+            )
+            self.node.recovered_dead_letters.update(dead_letters)
         else:
             self.node = Node(rng=random.Random(3), clock=self.clock)
             if self.journal is not None:

@@ -611,3 +611,28 @@ def test_dump_quotes_names_that_are_not_plain() -> None:
         "segment 1 offset 16 BOUND vhost=/ source=amq.topic destination='my queue' destination_is_queue=false"
         " routing_key='a=b' arguments=3B"
     ]
+
+
+def test_a_log_opened_from_a_checkpoint_position_reads_only_what_follows_it() -> None:
+    storage = MemorySegmentStorage()
+    log, _ = opened(storage)
+    log.append(encode(published(1)) + encode(published(2)))
+    log.rotate()
+    log.append(encode(published(3)))
+    position = (log.active, log.size)
+    log.append(encode(published(4)) + encode(Removed("/", "q", (1,))))
+    log.sync()
+    after = WriteAheadLog(storage)
+    report = after.open(start=position)
+    assert [record for _, record in after.records()] == [published(4), Removed("/", "q", (1,))]
+    assert report.records == 2 and after.segments() == [1, 2] and after.active == 2
+    at_end = WriteAheadLog(storage)
+    assert at_end.open_at(2, storage.size(2)).records == 0 and list(at_end.records()) == []
+    with pytest.raises(WALCorruption, match="the checkpoint expects"):
+        WriteAheadLog(storage).open_at(2, position[1])  # written to after it
+    with pytest.raises(WALCorruption, match="names segment 1 as the last"):
+        WriteAheadLog(storage).open_at(1, storage.size(1))
+    with pytest.raises(WALCorruption, match="missing"):
+        WriteAheadLog(storage).open(start=(7, HEADER))
+    with pytest.raises(WALCorruption, match="before"):
+        WriteAheadLog(storage).open(start=(2, storage.size(2) + 1))
