@@ -22,6 +22,7 @@ also when heartbeats are answered (as in pika's ``BlockingConnection``).
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import time
@@ -753,7 +754,9 @@ class Connection:
         finally:
             if self._closed is None and tag in self._consumers:
                 self._consumers.pop(tag, None)
-                self._call(commands.Basic.Cancel(consumer_tag=tag), commands.Basic.CancelOk)
+                # Ending the loop must not raise for a connection that is already gone.
+                with contextlib.suppress(OSError, ConnectionClosed):
+                    self._call(commands.Basic.Cancel(consumer_tag=tag), commands.Basic.CancelOk)
 
     def _subscribe(self, queue: str, prefetch: int) -> str:
         self._call(commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)

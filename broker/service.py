@@ -94,7 +94,7 @@ class WALService(WorkerWriter):
     :param fsync: ``always``, ``batch`` or ``never``
     :param interval: the group-commit window for ``batch``, in seconds
     :param data_dir: where checkpoints go (``broker.checkpoint``): one is taken every
-        :data:`CHECKPOINT_BYTES` of log (less often if capturing them would take over
+        ``checkpoint_bytes`` of log (less often if capturing them would take over
         1/:data:`CAPTURE_SHARE` of the time), and one at a clean stop (:meth:`checkpoint`)
     :param dead_letters: the dead-letter event log (its pending dead letters are checkpointed)
     """
@@ -114,12 +114,13 @@ class WALService(WorkerWriter):
         max_backlog: int = 64 << 20,
         data_dir: str | None = None,
         dead_letters: DeadLetterLog | None = None,
+        checkpoint_bytes: int = CHECKPOINT_BYTES,
     ) -> None:
         super().__init__("postroom-wal")
         self.data_dir = data_dir
         self.dead_letters = dead_letters
         #: Log bytes between checkpoints, and written since the last one.
-        self.checkpoint_bytes = CHECKPOINT_BYTES
+        self.checkpoint_bytes = checkpoint_bytes
         self._since_checkpoint = 0
         self._next_checkpoint = 0.0
         #: Checkpoints written so far; why the last one could not be taken (``None``: it was).
@@ -605,6 +606,7 @@ def make_broker_service(
                 config.storage.max_backlog,
                 config.storage.dir,
                 dead_letters.events,
+                config.storage.checkpoint_bytes,
             )
             if checkpoint is not None:
                 _log.info(

@@ -58,6 +58,9 @@ STANDARD_EXCHANGES = frozenset({"", "amq.direct", "amq.fanout", "amq.topic", "am
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+#: The least ``storage.checkpoint_bytes``: checkpoints closer than that cost more than they save.
+MIN_CHECKPOINT_BYTES = 64 << 10
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|kB|KB|KiB|MB|MiB|GB|GiB|TB|TiB)?\s*$")
 _SIZE_UNITS = {
     None: 1,
@@ -303,6 +306,13 @@ class _Reader:
             return default
         return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
 
+    def checkpoint_bytes(self, value: Any, default: int) -> int:
+        size = self.size(value, "storage.checkpoint_bytes", default)
+        if size < MIN_CHECKPOINT_BYTES:
+            self.problem("storage.checkpoint_bytes", f"must be at least 64KiB, not {value!r}")
+            return default
+        return int(size)
+
     def table(self, value: Any, path: str) -> dict[str, Any]:
         result = self.typed(value, path, lambda v: isinstance(v, dict), "a mapping", {})
         return dict(result)
@@ -464,6 +474,7 @@ class _Reader:
                 "segment_bytes",
                 "memory_budget",
                 "max_backlog",
+                "checkpoint_bytes",
                 "archive",
                 "deadletters",
             },
@@ -486,6 +497,7 @@ class _Reader:
             segment_bytes=self.size(section.get("segment_bytes"), "storage.segment_bytes", default.segment_bytes),
             memory_budget=self.size(section.get("memory_budget"), "storage.memory_budget", default.memory_budget),
             max_backlog=self.size(section.get("max_backlog"), "storage.max_backlog", default.max_backlog),
+            checkpoint_bytes=self.checkpoint_bytes(section.get("checkpoint_bytes"), default.checkpoint_bytes),
             archive=ArchiveConfig(
                 enabled=self.boolean(archive.get("enabled"), "storage.archive.enabled", archive_default.enabled),
                 retention=self.duration(

@@ -73,6 +73,9 @@ class StorageConfig:
     #: Bytes of log records waiting for the writer (persistent publishes not confirmed yet)
     #: past which publishers are paused until a write brings them under half of it.
     max_backlog: int = 64 << 20
+    #: Bytes of log between checkpoints (``broker.checkpoint``): a start after a crash reads at
+    #: most about this much log.
+    checkpoint_bytes: int = 16 << 20
     archive: ArchiveConfig = field(default_factory=ArchiveConfig)
     deadletters: DeadLetterStreamConfig = field(default_factory=DeadLetterStreamConfig)
 

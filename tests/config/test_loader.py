@@ -251,6 +251,14 @@ def test_the_log_backlog_bound_is_a_size() -> None:
     ]
 
 
+def test_the_checkpoint_interval_is_a_size_of_at_least_64_kib() -> None:
+    assert loads("", "b.yaml").storage.checkpoint_bytes == 16 << 20
+    assert loads("storage: {checkpoint_bytes: 256KiB}", "b.yaml").storage.checkpoint_bytes == 256 << 10
+    assert problems("storage: {checkpoint_bytes: 4KiB}") == [
+        (1, "storage.checkpoint_bytes", "must be at least 64KiB, not '4KiB'")
+    ]
+
+
 def test_alarm_limits_are_relative_or_absolute_as_rabbitmq_has_them() -> None:
     default = loads("", "broker.yaml").limits
     assert (default.memory_limit(1000), default.disk_limit(1000)) == (400, 50_000_000)

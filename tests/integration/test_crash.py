@@ -24,6 +24,7 @@ from typing import Any
 import pika
 import pytest
 
+from broker.client import connect
 from broker.testing import free_port
 from broker.wal.record import SEGMENT_HEADER_BYTES, Snapshot, iter_records
 
@@ -34,7 +35,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @contextmanager
 def broker(
-    data: Path, segment_bytes: str = "64MiB", memory_budget: str = "256MiB", management: int = 0
+    data: Path,
+    segment_bytes: str = "64MiB",
+    memory_budget: str = "256MiB",
+    management: int = 0,
+    checkpoint_bytes: str = "16MiB",
 ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """``postroom serve`` over ``data``; with ``management``, its management API on that port."""
     port = free_port()
@@ -43,7 +48,7 @@ def broker(
     config.write_text(
         f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1", metrics: false, management: {api}}}\n'
         f'storage: {{dir: "{data}", fsync: batch, segment_bytes: {segment_bytes}, memory_budget: {memory_budget}, '
-        "archive: {enabled: true, retention: 7d, max_bytes: 1GiB}}\n"
+        f"checkpoint_bytes: {checkpoint_bytes}, archive: {{enabled: true, retention: 7d, max_bytes: 1GiB}}}}\n"
     )
     log = open(data.parent / "broker.log", "ab")
     process = subprocess.Popen(
@@ -271,3 +276,96 @@ def test_a_policy_set_from_the_command_line_outlives_kills_and_retired_segments(
         assert dead_letters(channel) == 2  # cleared: the next reject is dropped
         assert main(["policies", "clear", "DLX", "--url", url]) == 1
         assert "HTTP 404: Not Found" in capsys.readouterr().err
+
+
+def deep_body(number: int) -> bytes:
+    """Message ``number`` of the deep backlog: 16 bytes, its number and a byte that depends on it."""
+    return b"%09d" % number + bytes([number % 251]) * 7
+
+
+def publish_chunks(port: int, numbers: range, confirmed: list[int], stop: threading.Event) -> None:
+    """Publish ``numbers`` to ``deep`` in confirmed chunks of 500 until ``stop`` or the broker dies."""
+    try:
+        with connect(f"amqp://guest:guest@127.0.0.1:{port}/", heartbeat=0, timeout=10, reconnect=False) as connection:
+            for start in range(numbers.start, numbers.stop, 500):
+                if stop.is_set():
+                    return
+                chunk = range(start, min(start + 500, numbers.stop))
+                connection.publish_batch((("", "deep", deep_body(n)) for n in chunk), window=500, persistent=True)
+                confirmed.extend(chunk)  # publish_batch returned: every one of them is confirmed
+    except Exception:  # noqa: BLE001 - the broker was killed under the publisher
+        return
+
+
+def consume_some(port: int, acked: set[int], rng: random.Random, stop: threading.Event) -> None:
+    """Take messages from the head of ``deep``: ack most, return some (their delivery counts go up)."""
+    try:
+        with connect(f"amqp://guest:guest@127.0.0.1:{port}/", heartbeat=0, timeout=10, reconnect=False) as connection:
+            for message in connection.consume("deep", prefetch=200, timeout=5):
+                if stop.is_set():
+                    return
+                if rng.random() < 0.1:
+                    message.nack(requeue=True)
+                else:
+                    acked.add(int(message.body[:9]))  # before the ack: it may be gone once sent
+                    message.ack()
+    except Exception:  # noqa: BLE001 - the broker was killed under the consumer
+        return
+
+
+@pytest.mark.hang_timeout(900)
+def test_no_confirmed_message_is_lost_across_kills_during_checkpoints_with_a_million_queued(tmp_path: Path) -> None:
+    """20 SIGKILLs while a million messages are queued, publishers and consumers run, and
+    checkpoints are taken every 256 KiB of log; half of the kills land while a checkpoint is
+    being written. Every confirmed message is there at the end, with its bytes, unless a
+    consumer acked it."""
+    data = tmp_path / "data"
+    backlog = 1_000_000
+    rng = random.Random(20261126)
+    confirmed: list[int] = []
+    acked: set[int] = set()
+    with broker(data, checkpoint_bytes="256KiB") as (_process, port):
+        with connect(f"amqp://guest:guest@127.0.0.1:{port}/", heartbeat=0, timeout=120, reconnect=False) as connection:
+            connection.declare_queue("deep", durable=True)
+            connection.publish_batch((("", "deep", deep_body(n)) for n in range(backlog)), window=1000, persistent=True)
+        confirmed.extend(range(backlog))
+    during_checkpoint = 0
+    for cycle in range(20):
+        with broker(data, checkpoint_bytes="256KiB") as (process, port):
+            stop = threading.Event()
+            first = backlog + cycle * 1_000_000
+            workers = [
+                threading.Thread(target=publish_chunks, args=(port, range(first, first + 1_000_000), confirmed, stop)),
+                threading.Thread(target=consume_some, args=(port, acked, random.Random(cycle), stop)),
+            ]
+            for worker in workers:
+                worker.start()
+            deadline = time.monotonic() + rng.uniform(0.5, 2.0)
+            # Odd cycles: kill as soon as a checkpoint is being written (its directory exists).
+            while time.monotonic() < deadline and not (cycle % 2 and (data / "checkpoint.new").exists()):
+                time.sleep(0.0005 if cycle % 2 else 0.01)
+            process.send_signal(signal.SIGKILL)
+            process.wait(10)
+            stop.set()
+            for worker in workers:
+                worker.join(15)
+        during_checkpoint += (data / "checkpoint.new").exists()  # the kill found one half written
+    with broker(data, checkpoint_bytes="256KiB") as (_process, port):
+        found: list[int] = []
+        with connect(f"amqp://guest:guest@127.0.0.1:{port}/", heartbeat=0, timeout=120, reconnect=False) as connection:
+            for message in connection.consume("deep", prefetch=1000, timeout=10):
+                number = int(message.body[:9])
+                assert message.body == deep_body(number)
+                found.append(number)
+                message.ack()
+    log = (tmp_path / "broker.log").read_text()
+    missing = set(confirmed) - set(found) - acked
+    assert missing == set(), f"{len(missing)} confirmed messages lost, such as {sorted(missing)[:5]}"
+    assert len(set(confirmed)) >= backlog + 20_000 and len(acked) > 1000
+    assert during_checkpoint >= 3, during_checkpoint
+    assert log.count("from the checkpoint at segment") >= 20  # every start read a checkpoint and the log after it
+    assert "Traceback" not in log
+    print(
+        f"confirmed {len(set(confirmed))}, acked {len(acked)}, found {len(found)}, killed while a checkpoint was"
+        f" written: {during_checkpoint} of 20"
+    )
