@@ -108,6 +108,11 @@ class Postroom(Node):
         )
         return [sys.executable, "-m", "broker.cli", "serve", "--config", str(config)], dict(os.environ)
 
+    def recovery_line(self) -> str:
+        """What the broker logged about its last start's recovery (from ``recovered`` on)."""
+        lines = [line for line in (self.home / "output.log").read_text().splitlines() if "] recovered " in line]
+        return lines[-1].split("] ", 1)[1] if lines else "(no recovery line logged)"
+
 
 class RabbitMQ(Node):
     name = "rabbitmq"
@@ -229,6 +234,8 @@ def run(node: Node, args: argparse.Namespace) -> dict[str, object]:
             f"after SIG{restart.upper()}: port in {port_at:.1f} s, all ready in {ready_at:.1f} s; "
             f"RSS {after / MIB:,.0f} MiB (before the stop {before / MIB:,.0f} MiB)",
         )
+        if isinstance(node, Postroom):
+            say(node, "  " + node.recovery_line())
     seconds = drain(node.port, args.messages, args.size)
     result["drain_per_s"] = round(args.messages / seconds)
     time.sleep(2)

@@ -8,7 +8,8 @@ under ``<storage.dir>/checkpoint``:
   ``Published`` records in the log: the messages in memory are written out, and the spool
   files already holding records are hard-linked in, not copied;
 * the topology (policies, durable exchanges, queues, bindings) as log records, the next
-  message id, the log segments each queue's records point into, and the pending dead letters;
+  message id, the log segments each queue's records point into, and which queues hold dead
+  letters (one of their messages that leaves with a dead-letter id is then recorded as settled);
 * last, ``manifest.json``, naming all of it and the log position.
 
 The broker takes one while running, each time :data:`CHECKPOINT_BYTES` more of log have been
@@ -51,7 +52,6 @@ from broker.wal.record import scan
 from broker.wal.recovery import Snapshot, replay
 
 if TYPE_CHECKING:
-    from broker.core.deadlog import DeadLetterLog
     from broker.core.journal import Journal
     from broker.core.node import Node
     from broker.core.queue import Entry, WorkQueue
@@ -80,9 +80,6 @@ VERSION = 1
 #: at most about this much log (plus what a write carries), about 200,000 small messages.
 CHECKPOINT_BYTES = 16 << 20
 
-_DEAD_LETTER = struct.Struct("<QH")
-_NAME = struct.Struct("<H")
-
 #: Records read back at once when a queue that does not spool is restored.
 _LOAD_BATCH = 1024
 
@@ -98,10 +95,13 @@ class CheckpointedQueue:
 
     vhost: str
     name: str
+    #: Messages (the records of logged messages), and all records in the files (some may
+    #: be copies of messages that were not logged: they are skipped).
     count: int
     bytes: int
     files: list[tuple[str, int, int]]
     refs: dict[int, int]
+    records: int = 0
     #: Ids among the records that were removed, and delivery counts that changed, before this
     #: checkpoint (it linked in records a start had adopted and not read yet).
     removed: set[int] = field(default_factory=set)
@@ -119,8 +119,8 @@ class Checkpoint:
     next_message_id: int
     topology: Snapshot
     queues: list[CheckpointedQueue] = field(default_factory=list)
-    #: Dead letters still pending: id, and the queues holding them.
-    dead_letters: list[tuple[int, set[str]]] = field(default_factory=list)
+    #: Durable queues that held dead letters (``DeadLetterLog.recovered_queues``).
+    dead_letter_queues: set[str] = field(default_factory=set)
 
     @property
     def segments(self) -> set[int]:
@@ -155,7 +155,7 @@ class _QueueFiles:
         #: Files still to write, with their records packed.
         self.pending: list[tuple[str, list[bytes]]] = []
         self.linked: list[str] = []
-        self.count = self.bytes = 0
+        self.count = self.bytes = self.records = 0
         self.refs: Counter[int] = Counter()
         self.removed: set[int] = set()
         self.counts: dict[int, int] = {}
@@ -166,18 +166,22 @@ class _QueueFiles:
             self.pending.append((path, [record.pack() for record in records]))
             self.files.append((path, 0, len(records) * RECORD_BYTES))
             self.count += len(records)
+            self.records += len(records)
             self.bytes += sum(record.size for record in records)
             self.refs.update(record.segment for record in records)
 
-    def link(self, storage: Any, start: int, end: int, size: int) -> None:
-        """Link in the spool files holding bytes ``start`` to ``end`` of ``storage`` (``size``
-        body bytes); their references are counted by the caller."""
+    def link(self, storage: Any, start: int, end: int, copies: int, size: int) -> None:
+        """Link in the spool files holding bytes ``start`` to ``end`` of ``storage``: records of
+        which ``copies`` point at page-store copies, the others at ``size`` body bytes in the
+        log. Their references are counted by the caller."""
         for index, (source, skip, length) in enumerate(storage.files(start, end)):
             path = f"{self.prefix}.{index:06d}"
             os.link(source, path)
             self.files.append((path, skip, length))
             self.linked.append(path)
-        self.count += (end - start) // RECORD_BYTES
+        records = (end - start) // RECORD_BYTES
+        self.records += records
+        self.count += records - copies
         self.bytes += size
 
     def manifest(self) -> dict[str, Any]:
@@ -185,6 +189,7 @@ class _QueueFiles:
             "vhost": self.vhost,
             "name": self.name,
             "count": self.count,
+            "records": self.records,
             "bytes": self.bytes,
             "files": [[os.path.basename(path), skip, length] for path, skip, length in self.files],
             "refs": {str(number): count for number, count in sorted(self.refs.items()) if count},
@@ -202,7 +207,6 @@ class Captured:
     directory: str
     queues: list[_QueueFiles]
     topology: bytes
-    dead_letters: list[bytes]
     manifest: dict[str, Any]
 
     @property
@@ -232,7 +236,6 @@ class Captured:
                 for path in queue.linked:
                     _fsync(path)
             _write_file(os.path.join(self.directory, "topology"), [self.topology])
-            _write_file(os.path.join(self.directory, "deadletters"), self.dead_letters)
             _write_file(os.path.join(self.directory, MANIFEST), [json.dumps(self.manifest).encode()])
             _sync_directory(self.directory)
             with contextlib.suppress(FileNotFoundError):
@@ -249,9 +252,7 @@ class Captured:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def capture(
-    data_dir: str, node: Node, journal: Journal, dead_letters: DeadLetterLog | None, segment: int, offset: int
-) -> Captured:
+def capture(data_dir: str, node: Node, journal: Journal, segment: int, offset: int) -> Captured:
     """Capture the durable state as the journal has recorded it, for a checkpoint at log position
     ``(segment, offset)``: where the records the journal handed out last end. Runs on the
     reactor thread; links spool files into the new checkpoint's directory.
@@ -278,15 +279,21 @@ def capture(
                 raise CheckpointRefused(f"{outside} logged message(s) are held outside queues and channels")
             raise CheckpointRefused(f"the queues hold {-outside or 'other'} message(s) the log does not count")
         topology = journal.topology(vhosts)
-        durable = {queue.name for vhost in vhosts for queue in vhost.queues.values() if queue.journal is not None}
+        dead_letter_queues = {
+            queue.name
+            for vhost in vhosts
+            for queue in vhost.queues.values()
+            if queue.journal is not None and queue.on_settled is not None
+        }
         manifest = {
             "version": VERSION,
             "log": {"segment": segment, "offset": offset},
             "next_message_id": journal.next_message_id,
             "topology_crc": zlib.crc32(topology),
             "queues": [queue.manifest() for queue in queues],
+            "dead_letter_queues": sorted(dead_letter_queues),
         }
-        return Captured(data_dir, directory, queues, topology, _dead_letter_bytes(dead_letters, durable), manifest)
+        return Captured(data_dir, directory, queues, topology, manifest)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
@@ -325,42 +332,12 @@ def _capture_queues(
             files.add("head", state.head)
             start, end = state.span
             if state.spool is not None and end > start:
-                storage: Any = state.spool.storage
-                if state.copies:
-                    # Some point at page-store copies, gone at the next start: keep the others.
-                    records = unpack_records(storage.read(start, end - start))
-                    files.add("spool", [record for record in records if record.flags & IN_LOG])
-                else:
-                    files.link(storage, start, end, state.span_bytes)
-                    files.refs.update(state.span_refs)
+                files.link(state.spool.storage, start, end, state.copies, state.span_bytes)
+                files.refs.update(state.span_refs)
             files.add("tail", state.tail)
             files.removed, files.counts = state.removed, state.counts
             queues.append(files)
     return queues
-
-
-def _dead_letter_bytes(dead_letters: DeadLetterLog | None, durable: set[str]) -> list[bytes]:
-    """The pending dead letters in durable queues, packed: id, how many queues, their names."""
-    parts = []
-    for dead_letter_id, queues in dead_letters.pending() if dead_letters is not None else ():
-        names = [name.encode("utf-8", "surrogateescape") for name in sorted(queues & durable)]
-        if names:
-            parts.append(_DEAD_LETTER.pack(dead_letter_id, len(names)))
-            parts += [_NAME.pack(len(name)) + name for name in names]
-    return parts
-
-
-def _unpack_dead_letters(data: bytes) -> Iterator[tuple[int, set[str]]]:
-    at = 0
-    while at < len(data):
-        dead_letter_id, count = _DEAD_LETTER.unpack_from(data, at)
-        at += _DEAD_LETTER.size
-        names = set()
-        for _ in range(count):
-            (length,) = _NAME.unpack_from(data, at)
-            names.add(data[at + 2 : at + 2 + length].decode("utf-8", "surrogateescape"))
-            at += 2 + length
-        yield dead_letter_id, names
 
 
 def discard_checkpoint(data_dir: str) -> None:
@@ -400,8 +377,6 @@ def read_checkpoint(data_dir: str) -> Checkpoint | None:
         if found.problem is not None or found.end != len(topology):
             raise CheckpointError(f"its topology is damaged ({found.problem})")
         snapshot = replay(record for _start, _end, record in found.records)
-        with open(os.path.join(directory, "deadletters"), "rb") as file:
-            dead_letters = list(_unpack_dead_letters(file.read()))
         queues = []
         for item in manifest["queues"]:
             files = []
@@ -410,8 +385,8 @@ def read_checkpoint(data_dir: str) -> Checkpoint | None:
                 if os.stat(path).st_size < skip + length:
                     raise CheckpointError(f"{name} is shorter than its {skip + length} bytes")
                 files.append((path, skip, length))
-            if sum(length for _path, _skip, length in files) != item["count"] * RECORD_BYTES:
-                raise CheckpointError(f"queue {item['name']!r}: its files do not hold {item['count']} records")
+            if sum(length for _path, _skip, length in files) != item["records"] * RECORD_BYTES:
+                raise CheckpointError(f"queue {item['name']!r}: its files do not hold {item['records']} records")
             refs = {int(number): count for number, count in item["refs"].items()}
             queues.append(
                 CheckpointedQueue(
@@ -421,8 +396,9 @@ def read_checkpoint(data_dir: str) -> Checkpoint | None:
                     item["bytes"],
                     files,
                     refs,
-                    set(item["removed"]),
-                    {int(message_id): count for message_id, count in item["counts"].items()},
+                    records=item["records"],
+                    removed=set(item["removed"]),
+                    counts={int(message_id): count for message_id, count in item["counts"].items()},
                 )
             )
             if item["count"]:
@@ -435,7 +411,7 @@ def read_checkpoint(data_dir: str) -> Checkpoint | None:
             manifest["next_message_id"],
             snapshot,
             queues,
-            dead_letters,
+            set(manifest["dead_letter_queues"]),
         )
     except CheckpointError:
         raise
@@ -445,10 +421,10 @@ def read_checkpoint(data_dir: str) -> Checkpoint | None:
 
 def restore_checkpoint(
     checkpoint: Checkpoint, snapshot: Snapshot, vhosts: dict[str, VirtualHost], journal: Journal, spooler: Spooler
-) -> dict[int, set[str]]:
+) -> set[str]:
     """Give each checkpointed queue its records (the topology is declared, no message restored
     yet), with what ``snapshot`` (the log read after the checkpoint) removed and counted since,
-    and count their references in the journal. Returns the pending dead letters, by id.
+    and count their references in the journal. Returns the dead-letter queues among them.
 
     A queue that spools takes links to its files as its spool (the checkpoint keeps its own);
     one that does not (a priority queue) reads its messages back into memory now.
@@ -458,7 +434,7 @@ def restore_checkpoint(
     for item in checkpoint.queues:
         key = (item.vhost, item.name)
         if key not in snapshot.checkpointed:
-            continue  # deleted after the checkpoint
+            continue  # deleted after the checkpoint (or empty)
         queue = vhosts[item.vhost].queues[item.name]
         removed = item.removed | snapshot.removed_after.pop(key, set())
         counts = {**item.counts, **snapshot.counts_after.pop(key, {})}
@@ -475,7 +451,7 @@ def restore_checkpoint(
             size = item.bytes
             if removed and queue.settings.max_length_bytes is not None:
                 size -= sum(record.size for record in _records(item) if record.message_id in removed)
-            queue.adopt_spool(storage, item.count * RECORD_BYTES, item.count, size, item.refs, removed, counts)
+            queue.adopt_spool(storage, item.records * RECORD_BYTES, item.count, size, item.refs, removed, counts)
             continue
         locator = spooler.locator(queue)
         records = [
@@ -483,6 +459,7 @@ def restore_checkpoint(
                 flags=record.flags | REDELIVERED, delivery_count=counts.get(record.message_id, record.delivery_count)
             )
             for record in _records(item)
+            if record.flags & IN_LOG
         ]
         journal.spool_dropped([record for record in records if record.message_id in removed])
         records = [record for record in records if record.message_id not in removed]
@@ -490,7 +467,7 @@ def restore_checkpoint(
             batch = records[at : at + _LOAD_BATCH]
             for message, record in zip(locator.load(batch), batch, strict=True):
                 queue.restore_loaded(message, record)
-    return {dead_letter_id: queues for dead_letter_id, queues in checkpoint.dead_letters}
+    return {name for _vhost, name in snapshot.queues if name in checkpoint.dead_letter_queues}
 
 
 def _records(item: CheckpointedQueue) -> Iterator[SpoolRecord]:

@@ -173,6 +173,8 @@ def open_dead_letters(
     events = DeadLetterLog(run, reactor.seconds, Sealer.for_directory(data_dir))
     for vhost in node.vhosts.values():
         vhost.dead_letters = events
-    watch_dead_letter_queues(events, node.vhosts.values(), node.recovered_dead_letters)
+    watch_dead_letter_queues(
+        events, node.vhosts.values(), node.recovered_dead_letters, node.recovered_dead_letter_queues
+    )
     node.recovered_dead_letters = {}
     return DeadLetterService(events, stream, reactor, fsync, retention, max_bytes)

@@ -31,7 +31,6 @@ from broker.checkpoint import (
     read_checkpoint,
     restore_checkpoint,
 )
-from broker.core.deadlog import DeadLetterLog
 from broker.core.definitions import node_from_config
 from broker.core.histogram import Histogram
 from broker.core.journal import Journal
@@ -96,7 +95,6 @@ class WALService(WorkerWriter):
     :param data_dir: where checkpoints go (``broker.checkpoint``): one is taken every
         ``checkpoint_bytes`` of log (less often if capturing them would take over
         1/:data:`CAPTURE_SHARE` of the time), and one at a clean stop (:meth:`checkpoint`)
-    :param dead_letters: the dead-letter event log (its pending dead letters are checkpointed)
     """
 
     _log = Logger()
@@ -113,12 +111,10 @@ class WALService(WorkerWriter):
         memory_budget: int = 256 << 20,
         max_backlog: int = 64 << 20,
         data_dir: str | None = None,
-        dead_letters: DeadLetterLog | None = None,
         checkpoint_bytes: int = CHECKPOINT_BYTES,
     ) -> None:
         super().__init__("postroom-wal")
         self.data_dir = data_dir
-        self.dead_letters = dead_letters
         #: Log bytes between checkpoints, and written since the last one.
         self.checkpoint_bytes = checkpoint_bytes
         self._since_checkpoint = 0
@@ -220,7 +216,7 @@ class WALService(WorkerWriter):
         """
         assert self.data_dir is not None
         try:
-            captured = capture(self.data_dir, self.node, self.journal, self.dead_letters, self._active, self._filled)
+            captured = capture(self.data_dir, self.node, self.journal, self._active, self._filled)
         except (CheckpointRefused, OSError) as problem:
             if str(problem) != self.checkpoint_problem:
                 self._log.info(
@@ -490,10 +486,10 @@ def _recover(
     pager.spooler = spooler = Spooler(
         str(Path(config.storage.dir) / SPOOL_DIR), pager.store, journal, log.storage.read_at, SPOOL_WINDOW
     )
-    dead_letters: dict[int, set[str]] = {}
 
     def adopt(node: Node) -> None:
-        dead_letters.update(restore_checkpoint(checkpoint, snapshot, node.vhosts, journal, spooler))  # type: ignore[arg-type]
+        assert checkpoint is not None
+        node.recovered_dead_letter_queues = restore_checkpoint(checkpoint, snapshot, node.vhosts, journal, spooler)
 
     node = node_from_config(
         config,
@@ -508,8 +504,6 @@ def _recover(
     messages = snapshot.message_count
     if checkpoint is not None:
         journal.protect(checkpoint.segment, checkpoint.segments, keep=False)
-        for name, queues in dead_letters.items():
-            node.recovered_dead_letters.setdefault(name, set()).update(queues)
         messages = sum(
             queue.message_count + queue.unacked_count
             for vhost in node.vhosts.values()
@@ -605,7 +599,6 @@ def make_broker_service(
                 config.storage.memory_budget,
                 config.storage.max_backlog,
                 config.storage.dir,
-                dead_letters.events,
                 config.storage.checkpoint_bytes,
             )
             if checkpoint is not None:

@@ -23,7 +23,7 @@ dead-lettered, and the settle hook is attached only to queues that dead letters 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -132,6 +132,10 @@ class DeadLetterLog:
         #: The same for copies spooled out of memory (``broker.core.spool``), by id: one read
         #: back is a new object, known by its header.
         self._spooled: dict[int, tuple[int, set[str]]] = {}
+        #: Dead-letter queues restored from a checkpoint, which does not list their dead
+        #: letters: a message that leaves one carrying a dead-letter id not known here is one
+        #: of an earlier run (its header is decoded then).
+        self.recovered_queues: set[str] = set()
         #: Events recorded so far, by kind (for logs and tests).
         self.dead_lettered_count = 0
         self.settled_count = 0
@@ -255,11 +259,6 @@ class DeadLetterLog:
             self.watch(queue)
         return found
 
-    def pending(self) -> Iterator[tuple[int, set[str]]]:
-        """Every dead letter still in a dead-letter queue: its id, and those queues."""
-        yield from self._held.values()
-        yield from self._spooled.values()
-
     def restore_pending(self, pending: Mapping[int, set[str]]) -> None:
         """Dead letters of earlier runs that are in spools (not in memory), by id with their
         queues: known when they are read back (by their header, as spooled ones of this run)."""
@@ -285,6 +284,8 @@ class DeadLetterLog:
             if known is None:
                 known = self._known(message)
                 if known is None:
+                    if name in self.recovered_queues:
+                        self._settled_recovered(queue, message)
                     continue
             dead_letter_id, queues = known
             if name not in queues:
@@ -296,6 +297,14 @@ class DeadLetterLog:
             if now is None:
                 now = self._clock()
             self._add(encode(DeadLetterSettled(dead_letter_id, queue.vhost_name, name, now)))
+            self.settled_count += 1
+
+    def _settled_recovered(self, queue: WorkQueue, message: Message) -> None:
+        """A message not known here left ``queue``, restored from a checkpoint: record it if it
+        is a dead letter (of an earlier run)."""
+        recovered = dead_letter_id(message)
+        if recovered is not None:
+            self._add(encode(DeadLetterSettled(recovered, queue.vhost_name, queue.name, self._clock())))
             self.settled_count += 1
 
     @property
@@ -334,7 +343,10 @@ def header_dead_letter_id(header: bytes) -> int | None:
 
 
 def watch_dead_letter_queues(
-    log: DeadLetterLog, vhosts: Iterable[Any], spooled: Mapping[int, set[str]] | None = None
+    log: DeadLetterLog,
+    vhosts: Iterable[Any],
+    spooled: Mapping[int, set[str]] | None = None,
+    recovered_queues: Iterable[str] = (),
 ) -> int:
     """Hook every queue that holds dead letters recovered from the write-ahead log, so that
     they are recorded when they leave; returns how many queues.
@@ -345,11 +357,14 @@ def watch_dead_letter_queues(
 
     :param spooled: the recovered dead letters that are in spools, by id with their queues'
         names (``Node.recovered_dead_letters``)
+    :param recovered_queues: dead-letter queues restored from a checkpoint (see
+        :attr:`DeadLetterLog.recovered_queues`)
     """
-    names: set[str] = set()
+    log.recovered_queues.update(recovered_queues)
+    names = set(log.recovered_queues)
     if spooled:
         log.restore_pending(spooled)
-        names = set().union(*spooled.values())
+        names.update(*spooled.values())
     watched = 0
     for vhost in vhosts:
         for queue in list(vhost.queues.values()):

@@ -204,6 +204,8 @@ class Node:
         #: Dead letters of earlier runs recovered into spools (not as messages), by id, with
         #: their queues: the dead-letter log knows them when they come back (``broker.core.deadlog``).
         self.recovered_dead_letters: dict[int, set[str]] = {}
+        #: Dead-letter queues restored from a checkpoint (``DeadLetterLog.recovered_queues``).
+        self.recovered_dead_letter_queues: set[str] = set()
         self.vhosts: dict[str, VirtualHost] = {}
         for name in self.vhost_names:
             self.add_vhost(name)

@@ -103,8 +103,8 @@ class QueueCheckpoint:
     ``head``, then the ``span`` ``(start, end)`` of its spool's storage, then ``tail``.
 
     :ivar copies: records in the span that point at page-store copies (messages not logged
-        here): they are to be left out
-    :ivar span_bytes: body bytes of the span's messages (when it holds no copies)
+        here): a start leaves them out
+    :ivar span_bytes: body bytes of the span's other messages
     :ivar span_refs: how many of the span's records point into each log segment
     """
 
@@ -791,7 +791,8 @@ class WorkQueue:
             copies = spool.copies - (len(ahead) + len(buffered) - len(recorded))
             span_bytes = (
                 spool.bytes
-                - sum(record.size for record in [*ahead, *buffered])
+                - spool.copy_bytes
+                - sum(record.size for record in recorded)
                 - sum(entry.message.size for entry in waiting)
             )
             span_refs = +spool.refs

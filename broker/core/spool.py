@@ -168,8 +168,9 @@ class Spool:
         #: Messages spooled (waiting or recorded) and their body bytes.
         self.count = 0
         self.bytes = 0
-        #: Recorded messages whose content is a copy in the page store (not in the log).
-        self.copies = 0
+        #: Recorded messages whose content is a copy in the page store (not in the log), and
+        #: their body bytes.
+        self.copies = self.copy_bytes = 0
         #: Recorded messages whose content is in the log, by log segment.
         self.refs: Counter[int] = Counter()
         #: Why the last batch could not be recorded (``None``: it was).
@@ -281,10 +282,13 @@ class Spool:
     def _recovered(self, records: list[SpoolRecord], adopted: int) -> list[SpoolRecord]:
         """The first ``adopted`` of ``records`` came from a checkpoint: marked redelivered, as
         recovery marks messages, with the delivery counts logged after it, and without those
-        the log removed after it (they are dropped here)."""
+        the log removed after it (they are dropped here), nor copies of messages that were not
+        logged (their content went with the last run; they were never counted)."""
         removed, counts = self._removed, self._counts
         kept, dropped = [], []
         for record in records[:adopted]:
+            if not record.flags & IN_LOG:
+                continue
             message_id = record.message_id
             if message_id in removed:
                 removed.discard(message_id)
@@ -336,7 +340,7 @@ class Spool:
             self._buffer.clear()
             self._read = self._written
             self.count, self.bytes = len(self.waiting), self._waiting_bytes
-            self.copies = 0
+            self.copies = self.copy_bytes = 0
             self.refs.clear()
             raise
         self.locator.released(records)
@@ -351,7 +355,7 @@ class Spool:
         records = self._next_records(self.recorded_count)
         self.locator.released(records)
         self.waiting.clear()
-        self.count = self.bytes = self._waiting_bytes = self.copies = 0
+        self.count = self.bytes = self._waiting_bytes = self.copies = self.copy_bytes = 0
         self.refs.clear()
         self.storage.close()
         return entries
@@ -359,7 +363,9 @@ class Spool:
     def _count(self, records: Sequence[SpoolRecord], sign: int) -> None:
         """Count ``records`` in (``sign`` 1) or out (-1) of :attr:`copies` and :attr:`refs`."""
         in_log = [record[2] for record in records if record[6] & IN_LOG]
-        self.copies += sign * (len(records) - len(in_log))
+        if len(in_log) != len(records):
+            self.copies += sign * (len(records) - len(in_log))
+            self.copy_bytes += sign * sum(record[4] for record in records if not record[6] & IN_LOG)
         if sign > 0:
             self.refs.update(in_log)
         else:

@@ -81,12 +81,11 @@ class Broker:
         self.spool_dir = tmp_path / "spool"
         self.pager.spooler = Spooler(str(self.spool_dir), self.store, self.journal, self.log.storage.read_at, WINDOW)
         if restore is not None:
-            dead_letters: dict[int, set[str]] = {}
 
             def adopt(node: Node) -> None:
                 assert checkpoint is not None and self.journal is not None and self.pager.spooler is not None
-                dead_letters.update(
-                    restore_checkpoint(checkpoint, restore[0], node.vhosts, self.journal, self.pager.spooler)
+                node.recovered_dead_letter_queues = restore_checkpoint(
+                    checkpoint, restore[0], node.vhosts, self.journal, self.pager.spooler
                 )
 
             self.node = node_from_config(
@@ -98,7 +97,6 @@ class Broker:
                 pager=self.pager,
                 before_messages=adopt if checkpoint is not None else None,
             )
-            self.node.recovered_dead_letters.update(dead_letters)
         else:
             self.node = Node(rng=random.Random(3), clock=self.clock)
             if self.journal is not None:
