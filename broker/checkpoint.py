@@ -12,8 +12,8 @@ under ``<storage.dir>/checkpoint``:
   letters (one of their messages that leaves with a dead-letter id is then recorded as settled);
 * last, ``manifest.json``, naming all of it and the log position.
 
-The broker takes one while running, each time :data:`CHECKPOINT_BYTES` more of log have been
-written (:func:`capture` on the reactor thread, right after the journal hands the log writer
+The broker takes one while running, each time ``storage.checkpoint_bytes`` more of log have
+been written (:func:`capture` on the reactor thread, right after the journal hands the log writer
 its records; :meth:`Captured.commit` on the writer's thread, once those records are synced),
 and one at a clean stop. Files are fsynced and the directory renamed into place, after the old
 one's manifest is deleted: a crash at any point leaves the old checkpoint, the new one, or none
@@ -26,9 +26,9 @@ delivery counts of checkpointed messages are applied as their records are read b
 checkpoint's segments are not retired, nor its records' segments rewritten, until the next
 checkpoint replaces it (``Journal.protect``).
 
-A durable queue whose unacknowledged messages are not all held by channels (a plugin's: the
-delayed-message exchange holds what it schedules) cannot be checkpointed: then there is no
-checkpoint, and a start reads the whole log.
+While logged messages are held outside queues and channels (by a plugin: the delayed-message
+exchange holds what it schedules), no checkpoint can be taken: the last one is deleted, and a
+start reads the whole log.
 """
 
 from __future__ import annotations
