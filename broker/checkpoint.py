@@ -15,9 +15,9 @@ under ``<storage.dir>/checkpoint``:
 The broker takes one while running, each time ``storage.checkpoint_bytes`` more of log have
 been written (:func:`capture` on the reactor thread, right after the journal hands the log writer
 its records; :meth:`Captured.commit` on the writer's thread, once those records are synced),
-and one at a clean stop. Files are fsynced and the directory renamed into place, after the old
-one's manifest is deleted: a crash at any point leaves the old checkpoint, the new one, or none
-(the start then reads the whole log).
+and one at a clean stop. Files are fsynced, the manifest last, and the directory is swapped
+with the last one by two renames: a crash at any point leaves the old checkpoint or the new
+one whole (a start without one reads the whole log).
 
 A start with a checkpoint reads the log only from its position (:meth:`~broker.wal.log.WriteAheadLog.open`
 with ``start``; after a clean stop there is nothing to read). Messages published after it are
@@ -238,15 +238,16 @@ class Captured:
             _write_file(os.path.join(self.directory, "topology"), [self.topology])
             _write_file(os.path.join(self.directory, MANIFEST), [json.dumps(self.manifest).encode()])
             _sync_directory(self.directory)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(final, MANIFEST))
-                _sync_directory(final)
-            shutil.rmtree(final, ignore_errors=True)
+            # Both are whole now: swap them by renames, so that one always is in place.
+            shutil.rmtree(final + ".old", ignore_errors=True)
+            if os.path.exists(final):
+                os.rename(final, final + ".old")
             os.rename(self.directory, final)
             _sync_directory(self.data_dir)
         except BaseException:
             self.abandon()
             raise
+        shutil.rmtree(final + ".old", ignore_errors=True)
 
     def abandon(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -341,24 +342,42 @@ def _capture_queues(
 
 
 def discard_checkpoint(data_dir: str) -> None:
-    """Delete any checkpoint (and any half-written one): the next start reads the whole log."""
+    """Delete any checkpoint (and any half-written or replaced one): the next start reads the whole log."""
     final = os.path.join(data_dir, CHECKPOINT_DIR)
+    for directory in (final + ".new", final + ".old", final):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, MANIFEST))
+            _sync_directory(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _in_place(data_dir: str) -> str:
+    """The checkpoint directory, after a crash while one replaced another: the one in place if
+    it is whole, else the new one if it is whole (written after the log it follows was synced),
+    else the one it replaced (still whole, and kept until the new one was in place). The others
+    are deleted."""
+    final = os.path.join(data_dir, CHECKPOINT_DIR)
+    for candidate in (final, final + ".new", final + ".old"):
+        if os.path.exists(os.path.join(candidate, MANIFEST)):
+            if candidate != final:
+                shutil.rmtree(final, ignore_errors=True)
+                os.rename(candidate, final)
+                _sync_directory(data_dir)
+            break
     shutil.rmtree(final + ".new", ignore_errors=True)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(final, MANIFEST))
-        _sync_directory(final)
-    shutil.rmtree(final, ignore_errors=True)
+    shutil.rmtree(final + ".old", ignore_errors=True)
+    return final
 
 
 def read_checkpoint(data_dir: str) -> Checkpoint | None:
-    """The checkpoint in ``data_dir``, or ``None`` if there is none (a half-written one is deleted).
+    """The checkpoint in ``data_dir``, or ``None`` if there is none (a half-written one is deleted;
+    see :func:`_in_place` for one a crash left half replaced).
 
     :raises CheckpointError: there is one, but it cannot be used (a file is missing, short or
         damaged, or of another version); the reason names what
     """
-    directory = os.path.join(data_dir, CHECKPOINT_DIR)
-    shutil.rmtree(directory + ".new", ignore_errors=True)
     try:
+        directory = _in_place(data_dir)
         with open(os.path.join(directory, MANIFEST), "rb") as file:
             data = file.read()
     except FileNotFoundError:

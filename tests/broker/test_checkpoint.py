@@ -297,3 +297,36 @@ def test_removals_and_delivery_counts_after_a_checkpoint_hold_through_the_next_o
     assert drain(third, "q") == expected
     assert drain(start_from_log(second, tmp_path / "log"), "q") == expected
     assert third.journal is not None and not +third.journal.live
+
+
+def test_a_crash_while_a_checkpoint_replaces_the_last_leaves_one_to_start_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = Broker(tmp_path / "broker")
+    declare(broker)
+    broker.publish("q", [b"a", b"b", b"c"], PERSISTENT)
+    data = tmp_path / "data"
+    checkpoint(broker, data)
+    broker.publish("q", [b"d", b"e"], PERSISTENT)
+    assert broker.journal is not None
+    captured = capture(str(data), broker.node, broker.journal, broker.log.active, broker.log.size)
+    real_rename = os.rename
+    renamed: list[str] = []
+
+    def die_at_the_second(source: str, destination: str) -> None:
+        renamed.append(destination)
+        if len(renamed) == 2:
+            raise KeyboardInterrupt  # the process is killed here: nothing cleans up
+        real_rename(source, destination)
+
+    monkeypatch.setattr(os, "rename", die_at_the_second)
+    monkeypatch.setattr(Captured, "abandon", lambda self: None)
+    with pytest.raises(KeyboardInterrupt):
+        captured.commit()
+    monkeypatch.undo()
+    assert sorted(path.name for path in data.iterdir()) == ["checkpoint.new", "checkpoint.old"]
+    found = read_checkpoint(str(data))
+    assert found is not None and found.offset == broker.log.size  # the new one, whole
+    assert sorted(path.name for path in data.iterdir()) == [CHECKPOINT_DIR]
+    after = start_from_checkpoint(broker, data, tmp_path / "after")
+    assert [content for content, *_ in drain(after, "q")] == [b"a", b"b", b"c", b"d", b"e"]

@@ -55,7 +55,7 @@ def broker(
         [sys.executable, "-m", "broker.cli", "serve", "--config", str(config)], cwd=ROOT, stdout=log, stderr=log
     )
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # a start that reads a whole log of a million messages
         while True:
             with socket.socket() as sock:
                 if sock.connect_ex(("127.0.0.1", port)) == 0:
