@@ -225,8 +225,8 @@ class Captured:
     def commit(self) -> None:
         """Write the files, make them durable, and put the checkpoint in place of the last one.
 
-        :raises OSError: it could not be written (the last one may be gone: a start then
-            reads the whole log)
+        :raises OSError: it could not be written (the last one stays, in place or as
+            ``checkpoint.old``, which a start takes)
         """
         final = os.path.join(self.data_dir, CHECKPOINT_DIR)
         try:
