@@ -601,33 +601,22 @@ def make_broker_service(
                 config.storage.dir,
                 config.storage.checkpoint_bytes,
             )
-            if checkpoint is not None:
-                _log.info(
-                    "recovered {messages} message(s) in {queues} durable queue(s) from the checkpoint at segment"
-                    " {segment} and the {records} record(s) ({bytes} bytes) logged after it, in {seconds:.3f} s;"
-                    " torn tail: {truncated} bytes truncated",
-                    messages=messages,
-                    queues=durable_queues,
-                    segment=checkpoint.segment,
-                    records=report.records,
-                    bytes=report.bytes,
-                    seconds=time.monotonic() - started,
-                    truncated=report.truncated_bytes,
-                )
-            else:
-                _log.info(
-                    "recovered {messages} message(s) in {queues} durable queue(s) from {segments} segment(s)"
-                    " ({bytes} bytes, {records} records) in {seconds:.3f} s; torn tail: {truncated} bytes truncated;"
-                    " {paged} bodies left in the log (memory budget)",
-                    messages=messages,
-                    queues=durable_queues,
-                    segments=report.segments,
-                    bytes=report.bytes,
-                    records=report.records,
-                    seconds=time.monotonic() - started,
-                    truncated=report.truncated_bytes,
-                    paged=paged,
-                )
+            read = (
+                f"the checkpoint at segment {checkpoint.segment} and the {report.records} record(s)"
+                f" ({report.bytes} bytes) logged after it"
+                if checkpoint is not None
+                else f"{report.segments} segment(s) ({report.bytes} bytes, {report.records} records)"
+            )
+            _log.info(
+                "recovered {messages} message(s) in {queues} durable queue(s) from {read} in {seconds:.3f} s;"
+                " torn tail: {truncated} bytes truncated; {paged} bodies left in the log (memory budget)",
+                messages=messages,
+                queues=durable_queues,
+                read=read,
+                seconds=time.monotonic() - started,
+                truncated=report.truncated_bytes,
+                paged=paged,
+            )
         else:
             node = node_from_config(config, reactor, **extensions)
             if plugins is not None:
