@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from typing import Any
 
 from twisted.internet import defer
@@ -176,5 +177,5 @@ def open_dead_letters(
     watch_dead_letter_queues(
         events, node.vhosts.values(), node.recovered_dead_letters, node.recovered_dead_letter_queues
     )
-    node.recovered_dead_letters = {}
+    node.recovered_dead_letters = Counter()
     return DeadLetterService(events, stream, reactor, fsync, retention, max_bytes)

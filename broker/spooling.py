@@ -236,7 +236,7 @@ class Locator:
         if in_log:
             journal.spooled(in_log, queue.name)  # type: ignore[union-attr]
         if queue.on_spooled is not None:
-            queue.on_spooled(entries)
+            queue.on_spooled(queue, entries)
         return records  # type: ignore[return-value]
 
     def load(self, records: list[SpoolRecord]) -> list[Message]:

@@ -23,6 +23,7 @@ dead-lettered, and the settle hook is attached only to queues that dead letters 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -127,15 +128,17 @@ class DeadLetterLog:
         self.pending_bytes = 0
         #: Called when events become pending and none were before (the shell schedules a write).
         self.on_pending: Callable[[], None] | None = None
-        #: Dead-lettered copies of this run still in a dead-letter queue: id, and the queues.
+        #: Dead-lettered copies in memory in a dead-letter queue: id, and the queues.
         self._held: dict[Message, tuple[int, set[str]]] = {}
-        #: The same for copies spooled out of memory (``broker.core.spool``), by id: one read
-        #: back is a new object, known by its header.
-        self._spooled: dict[int, tuple[int, set[str]]] = {}
-        #: Dead-letter queues restored from a checkpoint, which does not list their dead
-        #: letters: a message that leaves one carrying a dead-letter id not known here is one
-        #: of an earlier run (its header is decoded then).
-        self.recovered_queues: set[str] = set()
+        #: Dead-letter queues whose dead letters are not all listed here: those spooled out
+        #: of memory (``broker.core.spool``; one read back is a new object) and those restored
+        #: from a checkpoint, which names the queues only. A message that leaves one carrying
+        #: a dead-letter id and is not in ``_held`` is recorded by that id (its header is
+        #: decoded then), so a deep dead-letter queue costs no memory per dead letter here.
+        self.unlisted_queues: set[str] = set()
+        #: How many unlisted dead letters each queue is known to hold (for :meth:`held`; not
+        #: known for those restored from a checkpoint).
+        self._unlisted: Counter[str] = Counter()
         #: Events recorded so far, by kind (for logs and tests).
         self.dead_lettered_count = 0
         self.settled_count = 0
@@ -158,22 +161,24 @@ class DeadLetterLog:
         queue.on_settled = self.settled
         queue.on_spooled = self.spooled
 
-    def spooled(self, entries: Iterable[Entry]) -> None:
-        """Entries went to a spool: their messages will come back as new objects, known by id."""
+    def spooled(self, queue: WorkQueue, entries: Iterable[Entry]) -> None:
+        """Entries of ``queue`` went to its spool: their messages will come back as new
+        objects, known by their headers."""
+        name = queue.name
         held = self._held
+        moved = 0
         for entry in entries:
-            known = held.pop(entry.message, None)
-            if known is not None:
-                self._spooled[known[0]] = known
-
-    def _known(self, message: Message) -> tuple[int, set[str]] | None:
-        """What is held for a message that is no key of ``_held``: one read back from a spool."""
-        if not self._spooled or not message.flags & FLAG_HEADERS or _ID_HEADER_NAME not in message.header:
-            return None
-        value = message.lenient_headers().get(DEAD_LETTER_ID_HEADER)
-        if not isinstance(value, int) or isinstance(value, bool):
-            return None
-        return self._spooled.get(value)
+            message = entry.message
+            known = held.get(message)
+            if known is None or name not in known[1]:
+                continue
+            known[1].discard(name)
+            if not known[1]:
+                del held[message]
+            moved += 1
+        if moved:
+            self.unlisted_queues.add(name)
+            self._unlisted[name] += moved
 
     def dead_lettered(
         self,
@@ -228,10 +233,17 @@ class DeadLetterLog:
         )
         self._add(encode(record))
         self.dead_lettered_count += 1
-        self._held[copy] = (dead_letter_id, set(queues))
+        listed: set[str] = set()
         for target in targets:
             if target.on_settled is None:
                 self.watch(target)
+            if target.spool is None:
+                listed.add(target.name)
+            else:  # behind a spool, maybe recorded already: known by its header when it leaves
+                self.unlisted_queues.add(target.name)
+                self._unlisted[target.name] += 1
+        if listed:
+            self._held[copy] = (dead_letter_id, listed)
 
     def recovered(self, queue: WorkQueue) -> int:
         """Note the dead letters of earlier runs in ``queue`` (recovered from the log, known by
@@ -259,52 +271,44 @@ class DeadLetterLog:
             self.watch(queue)
         return found
 
-    def restore_pending(self, pending: Mapping[int, set[str]]) -> None:
-        """Dead letters of earlier runs that are in spools (not in memory), by id with their
-        queues: known when they are read back (by their header, as spooled ones of this run)."""
-        spooled = self._spooled
-        for dead_letter_id, queues in pending.items():
-            known = spooled.get(dead_letter_id)
-            if known is None:
-                spooled[dead_letter_id] = (dead_letter_id, set(queues))
-            else:
-                known[1].update(queues)
+    def restore_unlisted(self, counts: Mapping[str, int]) -> None:
+        """Dead letters of earlier runs that are in spools (not in memory), counted by queue:
+        known when they are read back, by their header (as spooled ones of this run)."""
+        for name, count in counts.items():
+            if count:
+                self.unlisted_queues.add(name)
+                self._unlisted[name] += count
 
     def settled(self, queue: WorkQueue, entries: Iterable[Entry]) -> None:
         """Entries left ``queue`` for good: record it for those that are dead letters.
 
-        A dead letter is known by its message (a dict lookup per entry: nothing is decoded).
+        A dead letter in memory is known by its message (a dict lookup per entry: nothing is
+        decoded); in an unlisted queue, one that is not is known by its header.
         """
         name = queue.name
         held = self._held
+        unlisted = name in self.unlisted_queues
         now = None
         for entry in entries:
             message = entry.message
             known = held.get(message)
-            if known is None:
-                known = self._known(message)
-                if known is None:
-                    if name in self.recovered_queues:
-                        self._settled_recovered(queue, message)
+            if known is not None and name in known[1]:
+                dead_letter, queues = known
+                queues.discard(name)
+                if not queues:
+                    del held[message]
+            elif unlisted:
+                found = dead_letter_id(message)
+                if found is None:
                     continue
-            dead_letter_id, queues = known
-            if name not in queues:
+                dead_letter = found
+                if self._unlisted[name] > 0:
+                    self._unlisted[name] -= 1
+            else:
                 continue
-            queues.discard(name)
-            if not queues:
-                if held.pop(message, None) is None:
-                    del self._spooled[dead_letter_id]
             if now is None:
                 now = self._clock()
-            self._add(encode(DeadLetterSettled(dead_letter_id, queue.vhost_name, name, now)))
-            self.settled_count += 1
-
-    def _settled_recovered(self, queue: WorkQueue, message: Message) -> None:
-        """A message not known here left ``queue``, restored from a checkpoint: record it if it
-        is a dead letter (of an earlier run)."""
-        recovered = dead_letter_id(message)
-        if recovered is not None:
-            self._add(encode(DeadLetterSettled(recovered, queue.vhost_name, queue.name, self._clock())))
+            self._add(encode(DeadLetterSettled(dead_letter, queue.vhost_name, name, now)))
             self.settled_count += 1
 
     @property
@@ -320,8 +324,9 @@ class DeadLetterLog:
         return data
 
     def held(self) -> int:
-        """Dead-lettered copies of this run still in a dead-letter queue."""
-        return sum(len(queues) for _id, queues in [*self._held.values(), *self._spooled.values()])
+        """Dead-lettered copies still in a dead-letter queue, as far as they are known: those
+        in queues restored from a checkpoint are not counted."""
+        return sum(len(queues) for _id, queues in self._held.values()) + sum(self._unlisted.values())
 
 
 def dead_letter_id(message: Message) -> int | None:
@@ -345,7 +350,7 @@ def header_dead_letter_id(header: bytes) -> int | None:
 def watch_dead_letter_queues(
     log: DeadLetterLog,
     vhosts: Iterable[Any],
-    spooled: Mapping[int, set[str]] | None = None,
+    spooled: Mapping[str, int] | None = None,
     recovered_queues: Iterable[str] = (),
 ) -> int:
     """Hook every queue that holds dead letters recovered from the write-ahead log, so that
@@ -355,16 +360,15 @@ def watch_dead_letter_queues(
     queue that dead-lettered into one may have been deleted since, or reach it through an
     exchange-to-exchange binding. Queues that dead letters reach later are hooked then.
 
-    :param spooled: the recovered dead letters that are in spools, by id with their queues'
-        names (``Node.recovered_dead_letters``)
+    :param spooled: how many recovered dead letters each queue holds in its spool
+        (``Node.recovered_dead_letters``)
     :param recovered_queues: dead-letter queues restored from a checkpoint (see
-        :attr:`DeadLetterLog.recovered_queues`)
+        :attr:`DeadLetterLog.unlisted_queues`)
     """
-    log.recovered_queues.update(recovered_queues)
-    names = set(log.recovered_queues)
+    log.unlisted_queues.update(recovered_queues)
     if spooled:
-        log.restore_pending(spooled)
-        names.update(*spooled.values())
+        log.restore_unlisted(spooled)
+    names = set(log.unlisted_queues)
     watched = 0
     for vhost in vhosts:
         for queue in list(vhost.queues.values()):

@@ -286,7 +286,7 @@ def restore_snapshot(
                     restored += 1
                     dead_letter = header_dead_letter_id(item.record.header)
                     if dead_letter is not None:  # known by its id when it comes back
-                        node.recovered_dead_letters.setdefault(dead_letter, set()).add(queue_name)
+                        node.recovered_dead_letters[queue_name] += 1
                     continue
                 message = messages.get(message_id)
                 if message is None:

@@ -201,10 +201,11 @@ class Node:
         self.journal: Journal | None = None
         #: What pages the bodies of deep queues to disk (``broker.paging.Pager``; ``None``: nothing).
         self.pager: Any = None
-        #: Dead letters of earlier runs recovered into spools (not as messages), by id, with
-        #: their queues: the dead-letter log knows them when they come back (``broker.core.deadlog``).
-        self.recovered_dead_letters: dict[int, set[str]] = {}
-        #: Dead-letter queues restored from a checkpoint (``DeadLetterLog.recovered_queues``).
+        #: How many dead letters of earlier runs each queue holds in its spool (not as
+        #: messages): the dead-letter log knows them by their headers when they come back
+        #: (``broker.core.deadlog``).
+        self.recovered_dead_letters: Counter[str] = Counter()
+        #: Dead-letter queues restored from a checkpoint (``DeadLetterLog.unlisted_queues``).
         self.recovered_dead_letter_queues: set[str] = set()
         self.vhosts: dict[str, VirtualHost] = {}
         for name in self.vhost_names:

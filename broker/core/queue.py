@@ -474,7 +474,7 @@ class WorkQueue:
         #: Called when ``x-expires`` finds the queue unused (the vhost deletes it).
         self.on_expired: Callable[[WorkQueue], None] | None = None
         #: Called with entries about to be spooled, on queues that hold dead letters.
-        self.on_spooled: Callable[[Iterable[Entry]], None] | None = None
+        self.on_spooled: Callable[[WorkQueue, Iterable[Entry]], None] | None = None
         #: Called with the error, what was being done and what follows, when messages could not
         #: be spooled or read back (:meth:`spool_failed`); the shell logs it.
         self.on_spool_error: Callable[[WorkQueue, OSError, str, str], None] | None = None

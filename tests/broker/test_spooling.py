@@ -280,7 +280,8 @@ def test_a_spool_whose_storage_fails_keeps_its_entries_and_loses_nothing() -> No
     assert spool.count == 0
 
 
-def test_dead_letters_spooled_in_their_queue_are_still_recorded_when_they_leave(tmp_path: Path) -> None:
+def dead_letter_broker(tmp_path: Path) -> tuple[Broker, DeadLetterLog]:
+    """A broker whose queue "work" dead-letters at once into "dlq" and "audit", and its event log."""
     broker = Broker(tmp_path, logged=False)
     events = DeadLetterLog(3, broker.clock.seconds)
     broker.node.vhosts["/"].dead_letters = events
@@ -289,15 +290,36 @@ def test_dead_letters_spooled_in_their_queue_are_still_recorded_when_they_leave(
     c.call(1, commands.Queue.Declare(queue="dlq"), commands.Queue.Declare(queue="audit"))
     c.call(1, commands.Queue.Bind(queue="dlq", exchange="dlx"), commands.Queue.Bind(queue="audit", exchange="dlx"))
     c.call(1, commands.Queue.Declare(queue="work", arguments={"x-dead-letter-exchange": "dlx", "x-message-ttl": 0}))
+    return broker, events
+
+
+def test_dead_letters_spooled_in_their_queue_are_still_recorded_when_they_leave(tmp_path: Path) -> None:
+    broker, events = dead_letter_broker(tmp_path)
     broker.publish("work", [body(n) for n in range(COUNT)])  # each dies at once, into both queues
     assert broker.queue("dlq").spool is not None and broker.queue("dlq").spool.recorded_count >= BATCH
     assert events.dead_lettered_count == COUNT and events.held() == 2 * COUNT
+    assert len(events._held) <= WINDOW  # those behind the window cost no memory per dead letter
     events.take()
     assert len(broker.get_all("dlq", COUNT)) == COUNT
-    c.call(1, commands.Queue.Purge(queue="audit"))
+    broker.client.call(1, commands.Queue.Purge(queue="audit"))
     settled = [record for _start, _end, record in iter_records(events.take()) if type(record) is DeadLetterSettled]
     assert sorted((record.queue, record.dead_letter_id) for record in settled) == sorted(
         (queue, (3 << RUN_ID_BITS) + n) for queue in ("dlq", "audit") for n in range(1, COUNT + 1)
+    )
+    assert events.held() == 0
+
+
+def test_a_dead_letter_behind_one_queues_spool_and_in_anothers_memory_is_recorded_from_both(tmp_path: Path) -> None:
+    broker, events = dead_letter_broker(tmp_path)
+    broker.publish("dlq", [body(n) for n in range(WINDOW + 2)])  # "dlq" spools from now on; "audit" is empty
+    broker.publish("work", [body(n) for n in range(3)])  # the same copies, behind "dlq"'s spool and in "audit"
+    assert broker.queue("dlq").spool is not None and broker.queue("audit").spool is None
+    assert events.held() == 6
+    assert len(broker.get_all("dlq", WINDOW + 5)) == WINDOW + 5
+    assert len(broker.get_all("audit", 3)) == 3
+    settled = [record for _start, _end, record in iter_records(events.take()) if type(record) is DeadLetterSettled]
+    assert sorted((record.queue, record.dead_letter_id) for record in settled) == sorted(
+        (queue, (3 << RUN_ID_BITS) + n) for queue in ("dlq", "audit") for n in range(1, 4)
     )
     assert events.held() == 0
 
