@@ -11,8 +11,12 @@ counts every message, and its resident memory then. Last, one consumer (prefetch
 drains the queue, checking every body's bytes and their order, and the resident memory 2 s
 after the last ack is printed with the memory before the backlog.
 
+A broker that confirms nothing for ``--stall`` seconds while the publisher waits (RabbitMQ
+blocks publishers under its memory alarm) ends its run: what it holds then is printed, with
+the alarms its log shows.
+
     python bench/backlog.py [--messages 1000000] [--size 16] [--transient]
-        [--restarts term,kill] [--brokers postroom,rabbitmq]
+        [--restarts term,kill] [--brokers postroom,rabbitmq] [--stall 120]
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import pika
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.flood import rss  # noqa: E402
-from broker.client import connect  # noqa: E402
+from broker.client import Timeout, connect  # noqa: E402
 from broker.testing import RABBITMQ_LAUNCHER, free_port, rabbitmq_environment  # noqa: E402
 
 QUEUE = "backlog"
@@ -108,6 +112,10 @@ class Postroom(Node):
         )
         return [sys.executable, "-m", "broker.cli", "serve", "--config", str(config)], dict(os.environ)
 
+    def alarms(self) -> list[str]:
+        """The resource alarms its log shows (none: Postroom's are in its metrics)."""
+        return []
+
     def recovery_line(self) -> str:
         """What the broker logged about its last start's recovery (from ``recovered`` on)."""
         lines = [line for line in (self.home / "output.log").read_text().splitlines() if "] recovered " in line]
@@ -125,6 +133,15 @@ class RabbitMQ(Node):
     def command(self) -> tuple[list[str], dict[str, str]]:
         (self.home / "pid").unlink(missing_ok=True)
         return [str(RABBITMQ_LAUNCHER)], rabbitmq_environment(self.home, self.port, self.dist_port)
+
+    def alarms(self) -> list[str]:
+        """The resource alarm lines of its log."""
+        return [
+            line.strip()
+            for path in sorted(self.home.rglob("*.log"))
+            for line in path.read_text(errors="replace").splitlines()
+            if "alarm set" in line
+        ]
 
     @property
     def pid(self) -> int:
@@ -180,8 +197,12 @@ def wait_ready(node: Node, started: float, count: int) -> tuple[float, float]:
     return port_at, time.monotonic() - started
 
 
-def publish(port: int, count: int, size: int, persistent: bool) -> float:
-    with connect(f"amqp://guest:guest@127.0.0.1:{port}/", heartbeat=0, timeout=120, reconnect=False) as connection:
+def publish(port: int, count: int, size: int, persistent: bool, stall: float) -> float:
+    """Seconds it took.
+
+    :raises Timeout: no confirm came for ``stall`` seconds
+    """
+    with connect(f"amqp://guest:guest@127.0.0.1:{port}/", heartbeat=0, timeout=stall, reconnect=False) as connection:
         started = time.monotonic()
         connection.publish_batch(
             (("", QUEUE, body(number, size)) for number in range(count)), window=1000, persistent=persistent
@@ -212,7 +233,21 @@ def run(node: Node, args: argparse.Namespace) -> dict[str, object]:
         connection.declare_queue(QUEUE, durable=not args.transient)
     time.sleep(2)
     baseline = rss(node.pid)
-    seconds = publish(node.port, args.messages, args.size, not args.transient)
+    try:
+        seconds = publish(node.port, args.messages, args.size, not args.transient, args.stall)
+    except Timeout:
+        queued = message_count(node.port)
+        result["stalled_at"] = queued
+        result["stalled_rss_mib"] = round(rss(node.pid) / MIB)
+        say(
+            node,
+            f"publishing stalled: no confirm for {args.stall:.0f} s with {queued or 0:,} queued; "
+            f"RSS {result['stalled_rss_mib']:,} MiB (before the backlog {baseline / MIB:,.0f} MiB)",
+        )
+        for line in node.alarms():
+            say(node, "  " + line)
+        node.stop(signal.SIGKILL)
+        return result
     result["publish_per_s"] = round(args.messages / seconds)
     time.sleep(2)
     before = rss(node.pid)
@@ -272,6 +307,7 @@ def main() -> None:
     parser.add_argument("--transient", action="store_true", help="transient messages in a transient queue")
     parser.add_argument("--restarts", default="term,kill")
     parser.add_argument("--brokers", default="postroom,rabbitmq")
+    parser.add_argument("--stall", type=float, default=120, help="longest wait for a confirm, in seconds")
     parser.add_argument("--json", type=Path, default=None, help="append each broker's figures here, one per line")
     args = parser.parse_args()
     for node in nodes(args.brokers.split(",")):
