@@ -119,7 +119,7 @@ class Checkpoint:
     next_message_id: int
     topology: Snapshot
     queues: list[CheckpointedQueue] = field(default_factory=list)
-    #: Durable queues that held dead letters (``DeadLetterLog.unlisted_queues``).
+    #: Durable queues that held dead letters (``DeadLetterLog.unlisted``).
     dead_letter_queues: set[str] = field(default_factory=set)
 
     @property

@@ -135,10 +135,9 @@ class DeadLetterLog:
         #: from a checkpoint, which names the queues only. A message that leaves one carrying
         #: a dead-letter id and is not in ``_held`` is recorded by that id (its header is
         #: decoded then), so a deep dead-letter queue costs no memory per dead letter here.
-        self.unlisted_queues: set[str] = set()
-        #: How many unlisted dead letters each queue is known to hold (for :meth:`held`; not
-        #: known for those restored from a checkpoint).
-        self._unlisted: Counter[str] = Counter()
+        #: Each counts the unlisted dead letters it is known to hold (for :meth:`held`; 0 for
+        #: those restored from a checkpoint, whose count is not known).
+        self.unlisted: Counter[str] = Counter()
         #: Events recorded so far, by kind (for logs and tests).
         self.dead_lettered_count = 0
         self.settled_count = 0
@@ -177,8 +176,7 @@ class DeadLetterLog:
                 del held[message]
             moved += 1
         if moved:
-            self.unlisted_queues.add(name)
-            self._unlisted[name] += moved
+            self.unlisted[name] += moved
 
     def dead_lettered(
         self,
@@ -240,8 +238,7 @@ class DeadLetterLog:
             if target.spool is None:
                 listed.add(target.name)
             else:  # behind a spool, maybe recorded already: known by its header when it leaves
-                self.unlisted_queues.add(target.name)
-                self._unlisted[target.name] += 1
+                self.unlisted[target.name] += 1
         if listed:
             self._held[copy] = (dead_letter_id, listed)
 
@@ -271,14 +268,6 @@ class DeadLetterLog:
             self.watch(queue)
         return found
 
-    def restore_unlisted(self, counts: Mapping[str, int]) -> None:
-        """Dead letters of earlier runs that are in spools (not in memory), counted by queue:
-        known when they are read back, by their header (as spooled ones of this run)."""
-        for name, count in counts.items():
-            if count:
-                self.unlisted_queues.add(name)
-                self._unlisted[name] += count
-
     def settled(self, queue: WorkQueue, entries: Iterable[Entry]) -> None:
         """Entries left ``queue`` for good: record it for those that are dead letters.
 
@@ -287,7 +276,7 @@ class DeadLetterLog:
         """
         name = queue.name
         held = self._held
-        unlisted = name in self.unlisted_queues
+        unlisted = name in self.unlisted
         now = None
         for entry in entries:
             message = entry.message
@@ -302,8 +291,8 @@ class DeadLetterLog:
                 if found is None:
                     continue
                 dead_letter = found
-                if self._unlisted[name] > 0:
-                    self._unlisted[name] -= 1
+                if self.unlisted[name] > 0:
+                    self.unlisted[name] -= 1
             else:
                 continue
             if now is None:
@@ -326,7 +315,7 @@ class DeadLetterLog:
     def held(self) -> int:
         """Dead-lettered copies still in a dead-letter queue, as far as they are known: those
         in queues restored from a checkpoint are not counted."""
-        return sum(len(queues) for _id, queues in self._held.values()) + sum(self._unlisted.values())
+        return sum(len(queues) for _id, queues in self._held.values()) + sum(self.unlisted.values())
 
 
 def dead_letter_id(message: Message) -> int | None:
@@ -361,14 +350,15 @@ def watch_dead_letter_queues(
     exchange-to-exchange binding. Queues that dead letters reach later are hooked then.
 
     :param spooled: how many recovered dead letters each queue holds in its spool
-        (``Node.recovered_dead_letters``)
+        (``Node.recovered_dead_letters``): known by their headers when they come back
     :param recovered_queues: dead-letter queues restored from a checkpoint (see
-        :attr:`DeadLetterLog.unlisted_queues`)
+        :attr:`DeadLetterLog.unlisted`)
     """
-    log.unlisted_queues.update(recovered_queues)
+    for name in recovered_queues:
+        log.unlisted[name] += 0  # unlisted, how many not known
     if spooled:
-        log.restore_unlisted(spooled)
-    names = set(log.unlisted_queues)
+        log.unlisted.update(spooled)
+    names = set(log.unlisted)
     watched = 0
     for vhost in vhosts:
         for queue in list(vhost.queues.values()):

@@ -205,7 +205,7 @@ class Node:
         #: messages): the dead-letter log knows them by their headers when they come back
         #: (``broker.core.deadlog``).
         self.recovered_dead_letters: Counter[str] = Counter()
-        #: Dead-letter queues restored from a checkpoint (``DeadLetterLog.unlisted_queues``).
+        #: Dead-letter queues restored from a checkpoint (``DeadLetterLog.unlisted``).
         self.recovered_dead_letter_queues: set[str] = set()
         self.vhosts: dict[str, VirtualHost] = {}
         for name in self.vhost_names:
