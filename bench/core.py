@@ -4,21 +4,33 @@ Feeds one connection a stream of ``basic.publish`` frames (as the load generator
 while a consumer on a second connection receives and acks every 100 deliveries. Prints
 microseconds per message, to compare with the hot-path budget (9 µs).
 
-    python bench/core.py [--messages 200000] [--size 16] [--profile] [--limited]
+With ``--depth N`` the queue is kept N messages deep throughout (N published before the
+consumer starts): in memory, as under the memory budget, or with ``--spool`` through the spool
+(a budget of 0, so the queue spools behind its window of 4,096; files in a temporary
+directory). Instructions per message, counted exactly with callgrind, are the difference
+between two runs divided by the difference in messages:
+
+    python bench/core.py [--messages 200000] [--size 16] [--profile] [--limited] [--depth 20000 [--spool]]
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null python bench/core.py --messages 10000 --depth 20000 --spool
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
+import tempfile
 import time
 
 from pamqp import commands, frame, header
 from pamqp.body import ContentBody
+from twisted.internet.task import Clock
 
 from broker.amqp.connection import ServerConnection
 from broker.core.node import Node, User
+from broker.paging import Pager, PageStore
+from broker.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
 from config.schema import Permission
 
 
@@ -38,9 +50,19 @@ def _handshake(connection: ServerConnection) -> None:
 LIMITED = Permission(configure="^bench$", write="^(bench|amq\\.default)$", read="^bench$")
 
 
-def run(messages: int, size: int, profile: bool, limited: bool = False) -> float:
-    """Return microseconds per message through the whole path."""
+def run(
+    messages: int, size: int, profile: bool, limited: bool = False, depth: int = 0, spool: str | None = None
+) -> float:
+    """Return microseconds per message through the whole path.
+
+    :param depth: messages kept queued ahead of the consumer
+    :param spool: a directory: queues spool behind their window (memory is always short)
+    """
     node = Node(users=[User("guest", password="guest", permissions={"/": LIMITED})]) if limited else Node()
+    if spool is not None:
+        pager = Pager(PageStore(os.path.join(spool, "paging")), 0, Clock())
+        pager.spooler = Spooler(os.path.join(spool, SPOOL_DIR), pager.store, None, None, SPOOL_WINDOW)
+        node.set_pager(pager)
     publisher = ServerConnection(node)
     consumer = ServerConnection(node)
     _handshake(publisher)
@@ -48,7 +70,6 @@ def run(messages: int, size: int, profile: bool, limited: bool = False) -> float
     consumer.receive_data(
         frame.marshal(commands.Queue.Declare(queue="bench"), 1)
         + frame.marshal(commands.Basic.Qos(prefetch_count=1000), 1)
-        + frame.marshal(commands.Basic.Consume(queue="bench", consumer_tag="c"), 1)
     )
     consumer.data_to_send()
     body = b"x" * size
@@ -58,6 +79,11 @@ def run(messages: int, size: int, profile: bool, limited: bool = False) -> float
         + frame.marshal(ContentBody(body), 1)
     )
     batch = one * 100
+    for _ in range(depth // 100):
+        publisher.receive_data(batch)
+    publisher.data_to_send()
+    consumer.receive_data(frame.marshal(commands.Basic.Consume(queue="bench", consumer_tag="c"), 1))
+    consumer.data_to_send()
     acks = [
         frame.marshal(commands.Basic.Ack(delivery_tag=tag, multiple=True), 1) for tag in range(100, messages + 1, 100)
     ]
@@ -75,7 +101,9 @@ def run(messages: int, size: int, profile: bool, limited: bool = False) -> float
     elapsed = time.perf_counter() - start
     if profiler:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
-    assert node.vhosts["/"].queues["bench"].unacked_count == 0
+    queue = node.vhosts["/"].queues["bench"]
+    assert queue.unacked_count == min(depth, 1000) and queue.message_count == max(depth - 1000, 0)
+    assert (queue.spool is not None) == (spool is not None and depth > SPOOL_WINDOW + 1000)
     return elapsed / messages * 1e6
 
 
@@ -85,9 +113,13 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=16)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--limited", action="store_true", help="as a user with permission patterns to check")
+    parser.add_argument("--depth", type=int, default=0, help="messages kept queued ahead of the consumer")
+    parser.add_argument("--spool", action="store_true", help="the queue spools behind its window")
     args = parser.parse_args()
-    cost = run(args.messages, args.size, args.profile, args.limited)
-    print(f"{cost:.2f} us/message ({args.size} B{', limited user' if args.limited else ''})")
+    with tempfile.TemporaryDirectory(prefix="postroom-core-") as directory:
+        cost = run(args.messages, args.size, args.profile, args.limited, args.depth, directory if args.spool else None)
+    where = f", {args.depth:,} deep{' through the spool' if args.spool else ' in memory'}" if args.depth else ""
+    print(f"{cost:.2f} us/message ({args.size} B{', limited user' if args.limited else ''}{where})")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ running, then runs each scenario against one broker and straight after against t
 alternating which goes first, so both see the same machine noise. Writes the raw JSON
 lines and prints a markdown table of medians with the Postroom/RabbitMQ ratio.
 
-    python bench/run.py                                  # the README table (about 15 minutes)
+    python bench/run.py                                  # the README table (about 25 minutes)
     python bench/run.py --scenarios transient --sizes 16 --seconds 5 --runs 1   # a quick look
+    python bench/run.py --scenarios latency --rates 80000,120000                # the sweep's top
     python bench/run.py --no-rabbitmq                    # Postroom alone
 
 The load generator lives in ``../shared/bench`` (``--bench-dir``); it needs pamqp and pika.
@@ -40,6 +41,9 @@ MATRIX = [
     ("fanout", "16,1024", []),
     ("topic", "16,1024", []),
     ("latency", "16", []),
+    # The fixed-rate sweep: below, at and past each broker's capacity (a broker past it must
+    # not deliver less than at it).
+    *[("latency", "16", ["--rate", str(rate)]) for rate in (10_000, 30_000, 50_000, 80_000, 120_000)],
 ]
 
 
@@ -120,7 +124,11 @@ def table(records: list[dict]) -> str:
     """Markdown: median figure per broker, scenario and size, and the ratio."""
     cells: dict[tuple[str, int], dict[str, list[dict]]] = {}
     for record in records:
-        cells.setdefault((record["scenario"], record["size"]), {}).setdefault(record["broker"], []).append(record)
+        scenario = record["scenario"]
+        rate = (record.get("params") or {}).get("rate")
+        if rate:
+            scenario += f" @ {rate:,}/s"
+        cells.setdefault((scenario, record["size"]), {}).setdefault(record["broker"], []).append(record)
     lines = [
         "| scenario | size | Postroom deliveries/s | RabbitMQ deliveries/s | ratio "
         "| Postroom p50 / p99 ms | RabbitMQ p50 / p99 ms |",
@@ -147,6 +155,7 @@ def main() -> None:
     parser.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
     parser.add_argument("--scenarios", help="comma list (default: the README matrix)")
     parser.add_argument("--sizes", default=None, help="comma list of body sizes for --scenarios")
+    parser.add_argument("--rates", default=None, help="comma list of publish rates for --scenarios latency")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-rabbitmq", action="store_true")
@@ -155,6 +164,8 @@ def main() -> None:
     matrix = MATRIX
     if args.scenarios:
         matrix = [(name, args.sizes or "16", []) for name in args.scenarios.split(",")]
+        if args.rates:
+            matrix = [(name, sizes, ["--rate", rate]) for name, sizes, _ in matrix for rate in args.rates.split(",")]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     records: list[dict] = []
     starters = [("postroom", postroom)] + ([] if args.no_rabbitmq else [("rabbitmq", rabbitmq)])

@@ -1,9 +1,17 @@
-"""Deep queues on disk: the bodies of ready messages beyond ``storage.memory_budget`` leave memory.
+"""Deep queues on disk: ready messages beyond ``storage.memory_budget`` leave memory.
 
-A queue whose ready bodies pass a mark (:attr:`Pager.watch_at`) asks the :class:`Pager` to watch
-it. While the bodies of the watched queues that are still in memory exceed the budget, each
-watched queue keeps the first ``budget / watched`` bytes of them (the next to be delivered) and
-the bodies behind go to disk, last to be delivered first:
+Memory is the first tier: a queue holds its ready messages in memory while the broker's
+messages in memory fit the budget. A queue asks the :class:`Pager` to watch it once its window
+of ready messages is full (``spooling.SPOOL_WINDOW``) or its ready bodies pass a mark
+(:attr:`Pager.watch_at`). While the watched queues' messages in memory (:data:`ENTRY_BYTES` each,
+plus their bodies) exceed the budget, those that hold the most spool what is behind their
+window (``broker.core.spool``): the messages leave memory, as records on disk. Once memory is
+no longer short (under :data:`RESUME_AT` of the budget), spooling queues keep what arrives in
+memory again, and are back to memory alone once their records are read back.
+
+Priority queues do not spool; they, and spooling queues whose windows alone are over the
+budget, keep the first ``budget / watched`` bytes of their bodies (the next to be delivered)
+in memory and the bodies behind go to disk, last to be delivered first:
 
 * a body already in the write-ahead log (a persistent message in a durable queue) is only
   dropped from memory: the log has it;
@@ -43,6 +51,13 @@ IOV_MAX = 1024
 
 #: Seconds between looks at the watched queues while any is watched.
 INTERVAL = 0.05
+
+#: Memory a ready message takes besides its body (its entry, message object, properties and
+#: names; about 500 bytes measured with tracemalloc for a message with a few properties).
+ENTRY_BYTES = 512
+
+#: Fraction of the budget under which spooling queues keep what arrives in memory again.
+RESUME_AT = 0.5
 
 #: Seconds without paging after the store could not be written (a full disk).
 BACKOFF = 1.0
@@ -190,6 +205,12 @@ class PageStore:
             self._active = None
 
 
+def _in_memory(queue: WorkQueue) -> int:
+    """Estimated bytes of ``queue``'s ready messages in memory."""
+    count, size = queue.memory_use
+    return count * ENTRY_BYTES + size
+
+
 class Pager(Service):
     """Keeps the ready bodies of deep queues within ``budget`` bytes of memory (see the module).
 
@@ -214,13 +235,30 @@ class Pager(Service):
         self._call: Any = None
         self._paused_until = 0.0
         self._logged = False
+        self._spooling_logged = False
 
     def watch(self, queue: WorkQueue) -> None:
-        """``queue`` passed :attr:`watch_at`: watch it until it falls back under half of that."""
+        """``queue`` passed :attr:`watch_at` (or its window): watch it until it falls back under
+        half of both and spools nothing."""
         queue.page_at = NEVER
         self.watched.add(queue)
         if self._call is None and self.running:
             self._call = self.reactor.callLater(0, self.look)
+
+    def spool_now(self, queue: WorkQueue) -> int:
+        """``queue``'s window is full: 0 if memory is short (it is to spool now), else the ready
+        count at which it is to ask again (where it would have the rest of the budget to itself)."""
+        self.watch(queue)
+        used = self.memory_used()
+        if used > self.budget:
+            return 0
+        count, size = queue.memory_use
+        per_message = ENTRY_BYTES + size // max(count, 1)
+        return count + max(queue.spool_at, (self.budget - used) // per_message)
+
+    def memory_used(self) -> int:
+        """Estimated bytes of the watched queues' ready messages in memory."""
+        return sum(map(_in_memory, self.watched))
 
     def attach(self, queue: WorkQueue) -> None:
         """A new queue: let it ask to be watched, and spool what is behind its window."""
@@ -240,17 +278,22 @@ class Pager(Service):
         )
 
     def look(self) -> None:
-        """Page what is over the budget, and look again soon while any queue is watched."""
+        """Spool and page what is over the budget, and look again soon while any queue is watched."""
         self._call = None
         watched = self.watched
+        window = self.spooler.window if self.spooler is not None else NEVER
         for queue in list(watched):
-            if queue.deleted or queue.ready_bytes < self.watch_at // 2:
+            if queue.deleted:
                 watched.discard(queue)
-                if not queue.deleted:
-                    queue.page_at = self.watch_at
+            elif queue.spool is None and queue.ready_bytes < self.watch_at // 2 and queue.message_count < window // 2:
+                watched.discard(queue)
+                queue.page_at = self.watch_at
+                if queue.spooler is not None:
+                    queue.spool_at = window
         if not watched:
             self.store.close()  # its last segment goes too, with the last message using it
             return
+        self._spool()
         if self.reactor.seconds() >= self._paused_until:
             in_memory = {queue: queue.ready_bytes - queue.paged_bytes for queue in watched}
             if sum(in_memory.values()) > self.budget:
@@ -262,6 +305,37 @@ class Pager(Service):
                         break
         if self.running:
             self._call = self.reactor.callLater(self.interval, self.look)
+
+    def _spool(self) -> None:
+        """Over the budget: the queues that hold the most spool what is behind their windows.
+        Well under it: spooling queues keep what arrives in memory."""
+        if self.spooler is None:
+            return
+        costs = {queue: _in_memory(queue) for queue in self.watched}
+        used = sum(costs.values())
+        window = self.spooler.window
+        if used > self.budget:
+            for queue in sorted(costs, key=costs.__getitem__, reverse=True):
+                if used <= self.budget:
+                    break
+                if queue.spooler is None or (queue.spool is not None and queue.spool.recording):
+                    continue
+                if queue.spool is None and queue.memory_use[0] <= window:
+                    continue
+                queue.spool_behind(window)
+                used -= costs[queue] - _in_memory(queue)
+                if not self._spooling_logged:
+                    self._spooling_logged = True
+                    self.log.info(
+                        "queues over the memory budget ({budget} bytes) spool what is behind"
+                        " their {window} first ready messages to disk",
+                        budget=self.budget,
+                        window=window,
+                    )
+        elif used < self.budget * RESUME_AT:
+            for queue in costs:
+                if queue.spool is not None and queue.spool.recording:
+                    queue.hold_spool()
 
     def _page(self, queue: WorkQueue, window: int) -> bool:
         """Page ``queue``'s bodies behind its ``window``; ``False`` when the store failed."""

@@ -469,8 +469,19 @@ class _Recovered:
     queues: int
 
 
+def memory_budget(config: BrokerConfig, memory: int | None = None) -> int:
+    """The budget in force for queued messages in memory: ``storage.memory_budget``, but never
+    above half the memory alarm's watermark (RabbitMQ's paging ratio), so the broker spools
+    before it blocks publishers.
+
+    :param memory: the machine's memory in bytes (default: read it)
+    """
+    limit = config.limits.memory_limit(memory_total() if memory is None else memory)
+    return min(config.storage.memory_budget, limit // 2)
+
+
 def _recover(
-    config: BrokerConfig, reactor: Any, extensions: dict[str, Any], checkpoint: Checkpoint | None
+    config: BrokerConfig, reactor: Any, extensions: dict[str, Any], checkpoint: Checkpoint | None, budget: int
 ) -> _Recovered:
     """The node as the log describes it: all of it, or the latest ``checkpoint`` and the log after it.
 
@@ -482,7 +493,7 @@ def _recover(
     snapshot = replay_located(log.located_records(), start)
     log.forget()
     journal = Journal(snapshot.max_message_id + 1, reactor.seconds)
-    pager = Pager(PageStore(str(Path(config.storage.dir) / "paging")), config.storage.memory_budget, reactor, journal)
+    pager = Pager(PageStore(str(Path(config.storage.dir) / "paging")), budget, reactor, journal)
     pager.spooler = spooler = Spooler(
         str(Path(config.storage.dir) / SPOOL_DIR), pager.store, journal, log.storage.read_at, SPOOL_WINDOW
     )
@@ -561,16 +572,17 @@ def make_broker_service(
     if node is None:
         if persist:
             started = time.monotonic()
+            budget = memory_budget(config)
             checkpoint = _checkpoint(config)
             try:
-                recovered = _recover(config, reactor, extensions, checkpoint)
+                recovered = _recover(config, reactor, extensions, checkpoint, budget)
             except (WALCorruption, OSError) as error:
                 if checkpoint is None:
                     raise
                 _log.warn("the checkpoint is not used ({reason}); reading the whole write-ahead log", reason=str(error))
                 discard_checkpoint(config.storage.dir)
                 checkpoint = None
-                recovered = _recover(config, reactor, extensions, None)
+                recovered = _recover(config, reactor, extensions, None, budget)
             log, report, journal, pager, node = (
                 recovered.log,
                 recovered.report,
@@ -580,7 +592,7 @@ def make_broker_service(
             )
             if plugins is not None:
                 plugins.node_ready(node, recovered.snapshot)
-            paged = journal.page_out(config.storage.memory_budget)
+            paged = journal.page_out(budget)
             messages, durable_queues = recovered.messages, recovered.queues
             del recovered  # its snapshot held every record read from the log
             release_memory()
@@ -596,7 +608,7 @@ def make_broker_service(
                 config.storage.fsync_interval_ms / 1000,
                 node,
                 archive_of(config),
-                config.storage.memory_budget,
+                budget,
                 config.storage.max_backlog,
                 config.storage.dir,
                 config.storage.checkpoint_bytes,

@@ -67,8 +67,9 @@ class StorageConfig:
     #: (under load, writes follow one another at once and group what arrived meanwhile).
     fsync_interval_ms: int = 1
     segment_bytes: int = 64 << 20
-    #: Bytes of queued message bodies kept in memory; beyond it they wait on disk (the log, or the
-    #: paging store for bodies not in the log) and are read back when delivered.
+    #: Bytes of queued messages kept in memory (each counted as its body and 512 bytes besides);
+    #: beyond it deep queues spool to disk (``broker.paging``). The budget in force is at most
+    #: half the memory watermark (``broker.service.memory_budget``).
     memory_budget: int = 256 << 20
     #: Bytes of log records waiting for the writer (persistent publishes not confirmed yet)
     #: past which publishers are paused until a write brings them under half of it.

@@ -87,6 +87,7 @@ NEVER = 1 << 62
 READY = 0  # in the ready list (or about to be)
 UNACKED = 1  # delivered, waiting for an ack
 GONE = 2  # acked, dead-lettered, expired or dropped
+SPOOLED = 3  # moved from the ready list to the spool (its timer records no longer hold)
 
 # What a queue was doing when its spool failed (:meth:`WorkQueue.spool_failed`).
 WRITE = "spool messages"
@@ -202,10 +203,14 @@ class DeliverySink(Protocol):
 
 
 class BodyPager(Protocol):
-    """What keeps the bodies of deep queues on disk (``broker.paging.Pager``)."""
+    """What keeps the messages of deep queues within the memory budget (``broker.paging.Pager``)."""
 
     def watch(self, queue: WorkQueue) -> None:
         """``queue`` holds more ready bytes than its :attr:`WorkQueue.page_at`: look at it soon."""
+
+    def spool_now(self, queue: WorkQueue) -> int:
+        """``queue`` holds :attr:`WorkQueue.spool_at` ready messages: watch it, and say whether it
+        is to spool what is behind its window now (0), or else at how many ready messages to ask again."""
 
 
 class Entry:
@@ -446,8 +451,9 @@ class WorkQueue:
         self.spool: Spool | None = None
         #: Makes the spool (``broker.spooling.Spooler``); ``None``: this queue never spools.
         self.spooler: Spooler | None = None
-        #: Ready entries in memory past which what arrives is spooled (:data:`NEVER`: never), and
-        #: under which the spool refills them.
+        #: Ready entries in memory at which the queue asks its pager whether to spool (while it
+        #: does not: :meth:`_start_spool`), or past which what arrives is spooled and under which
+        #: the spool refills them (while it does); :data:`NEVER`: never.
         self.spool_at = NEVER
         self._refill_at = 0
         #: Enqueue can take the short path: no TTL, no length limit, consumers of one priority.
@@ -730,9 +736,13 @@ class WorkQueue:
         if delivery_count:
             entry.header = with_delivery_count(message, delivery_count)
         ttl = self._ttl(message)
-        self._append_ready(entry)
         if ttl is not None:
             entry.expires_at = published_at + ttl
+        if self.spool is not None:
+            self._spool_entry(entry)  # behind what is spooled; its expiry is looked at when it comes back
+            return
+        self._append_ready(entry)
+        if entry.expires_at is not None:
             self._push(entry.expires_at, _EXPIRY, entry)
 
     def _ttl(self, message: Message) -> float | None:
@@ -825,7 +835,11 @@ class WorkQueue:
         assert self.spooler is not None and self.spool is None and not self._ready
         self.spool = self.spooler.spool(self, storage)
         self.spool.adopt(*adopted)
+        self.spool_at = self.spooler.window
+        self._refill_at = self.spool_at // 2
         self._update_plain()
+        if self.pager is not None:
+            self.pager.watch(self)  # it holds what arrives in memory while memory allows
 
     def restore_loaded(self, message: Message, record: SpoolRecord) -> None:
         """Put back at the tail a message a checkpoint's ``record`` described, read back as
@@ -865,8 +879,9 @@ class WorkQueue:
     # -- the spool ----------------------------------------------------------------------------
 
     def attach_spooler(self, spooler: Spooler) -> None:
-        """Let this queue spool what arrives behind ``spooler.window`` ready entries (not a
-        priority queue: its levels are kept in memory). Entries already in memory stay there."""
+        """Let this queue spool what is behind ``spooler.window`` ready entries (not a priority
+        queue: its levels are kept in memory) when its pager finds memory short, or at once
+        without a pager."""
         if self.max_priority is not None:
             return
         self.spooler = spooler
@@ -876,9 +891,76 @@ class WorkQueue:
             self._start_spool()
 
     def _start_spool(self) -> None:
-        if self.spool is None and self.spooler is not None:
-            self.spool = self.spooler.spool(self)
-            self._update_plain()
+        """The window is full: spool what is behind it if the pager says memory is short (or
+        there is no pager); else go on in memory, and ask again at the count it names."""
+        if self.spool is not None or self.spooler is None:
+            return
+        if self.pager is not None:
+            again = self.pager.spool_now(self)
+            if again:
+                self.spool_at = again
+                return
+        self.spool_behind(self.spooler.window)
+
+    def spool_behind(self, keep: int) -> None:
+        """Spool the ready entries behind the first ``keep``, and what arrives from now on, until
+        the spool is empty again (or :meth:`Spool.hold` keeps arrivals in memory)."""
+        assert self.spooler is not None and not isinstance(self._ready, _PriorityReady)
+        self.spool_at = keep
+        self._refill_at = keep // 2
+        spool = self.spool
+        if spool is not None:  # what it holds is behind the ready entries: they stay
+            spool.resume()
+            return
+        spool = self.spool = self.spooler.spool(self)
+        self._update_plain()
+        ready = self._ready
+        moved: list[Entry] = []
+        while len(ready) - self._gone_in_ready > keep:
+            entry = ready.pop()
+            if entry.state != READY:
+                self._gone_in_ready -= 1
+                continue
+            entry.state = SPOOLED
+            self.ready_bytes -= entry.message.size
+            if entry.paged:
+                entry.paged = False
+                self.paged_bytes -= entry.message.size
+            moved.append(entry)
+        if moved:
+            if any(entry.expires_at is not None for entry in moved):
+                self._drop_spooled_timers()
+            spool.hold()  # one batch for all of them, recorded by resume()
+            for entry in reversed(moved):
+                self._spool_entry(entry)
+        spool.resume()
+
+    def _drop_spooled_timers(self) -> None:
+        """Forget the expiry records of entries moved to the spool (it looks at their expiries
+        when they come back), so they do not keep them in memory."""
+        self._ttl_fifo = deque(record for record in self._ttl_fifo if record[1].state != SPOOLED)
+        heap = [record for record in self._heap if record[3].state != SPOOLED]
+        if len(heap) != len(self._heap):
+            heapq.heapify(heap)
+            self._heap = heap
+
+    def hold_spool(self) -> None:
+        """Memory is not short: what arrives waits in memory behind the spool's records, and
+        once those are read back the queue is all in memory again (see :meth:`_refill`)."""
+        if self.spool is not None:
+            self.spool.hold()
+
+    @property
+    def memory_use(self) -> tuple[int, int]:
+        """Ready messages in memory (in the window and waiting behind the spool) and their body
+        bytes in memory."""
+        count = len(self._ready) - self._gone_in_ready
+        size = self.ready_bytes - self.paged_bytes
+        spool = self.spool
+        if spool is not None:
+            count += len(spool.waiting)
+            size += spool.waiting_bytes
+        return count, size
 
     def _spool_entry(self, entry: Entry) -> None:
         message = entry.message
@@ -894,8 +976,10 @@ class WorkQueue:
         spool = self.spool
         if spool is None:
             return 0
+        # Held in memory with no record left: all of it comes back, and the spool goes.
+        count = spool.count if not spool.recording and not spool.recorded_count else self.spool_at - len(self._ready)
         try:
-            entries = spool.take(self.spool_at - len(self._ready), self._unspooled)
+            entries = spool.take(count, self._unspooled)
         except OSError as error:
             self.spool_failed(error, READ_BACK, "they stay spooled")
             return 0
@@ -904,6 +988,7 @@ class WorkQueue:
             # In spool order, after everything in memory (a return finds its place by it).
             self.seq += 1
             entry.seq = self.seq
+            entry.state = READY
             ready.append(entry)
             self.ready_bytes += entry.message.size
             if entry.expires_at is not None:
@@ -912,6 +997,8 @@ class WorkQueue:
             spool.close()
             self.spool = None
             self._update_plain()
+            if self.ready_bytes > self.page_at:
+                self.pager.watch(self)  # type: ignore[union-attr]
         return len(entries)
 
     def spool_failed(self, error: OSError, doing: str, then: str) -> None:

@@ -177,11 +177,30 @@ class Spool:
         self.error: OSError | None = None
         #: Waiting entries, and their body bytes, at which the next batch is recorded.
         self._try_at, self._try_bytes = BATCH, BATCH_BYTES
+        #: Whether what waits is recorded as batches gather (see :meth:`hold`).
+        self.recording = True
 
     @property
     def recorded_count(self) -> int:
         """Messages held as records (in storage, the buffer or read ahead)."""
         return self.count - len(self.waiting)
+
+    @property
+    def waiting_bytes(self) -> int:
+        """Body bytes of the waiting entries (they are in memory)."""
+        return self._waiting_bytes
+
+    def hold(self) -> None:
+        """Keep what arrives in memory, as waiting entries, until :meth:`resume` (memory is not
+        short): only the records already written are read back from storage."""
+        self.recording = False
+
+    def resume(self) -> None:
+        """Record what waits, and what arrives from now on, as batches gather."""
+        self.recording = True
+        self._try_at, self._try_bytes = BATCH, BATCH_BYTES
+        if self.waiting:
+            self._attempt(self.record)
 
     def push(self, entry: Entry, position: int = 0) -> None:
         """Spool ``entry`` behind everything else; ``position``: where its log record ends
@@ -191,7 +210,7 @@ class Spool:
         size = entry.message.size
         self.bytes += size
         self._waiting_bytes += size
-        if len(self.waiting) >= self._try_at or self._waiting_bytes >= self._try_bytes:
+        if (len(self.waiting) >= self._try_at or self._waiting_bytes >= self._try_bytes) and self.recording:
             self._attempt(self.record)
 
     def push_record(self, record: SpoolRecord) -> None:

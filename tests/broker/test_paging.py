@@ -17,8 +17,10 @@ from broker.core.journal import Journal
 from broker.core.node import Node
 from broker.core.queue import NEVER
 from broker.paging import Pager, PageStore
+from broker.service import memory_budget
 from broker.testing import Client, MemorySegmentStorage, publish_frames
 from broker.wal.log import WriteAheadLog
+from config.schema import BrokerConfig, LimitsConfig, StorageConfig
 
 PERSISTENT = commands.Basic.Properties(delivery_mode=2)
 
@@ -267,3 +269,21 @@ def test_sealed_segments_are_opened_only_to_be_read_and_few_at_a_time(tmp_path: 
     store.close()
     gc.collect()
     assert list(tmp_path.iterdir()) == [] and open_here() == 0
+
+
+@pytest.mark.parametrize(
+    ("budget", "watermark", "memory", "in_force"),
+    [
+        (256 << 20, 150 << 20, 24 << 30, 75 << 20),  # an absolute watermark: half of it
+        (256 << 20, 0.4, 24 << 30, 256 << 20),  # 0.4 of 24 GiB: the budget
+        (256 << 20, 0.4, 1 << 30, int((1 << 30) * 0.4) // 2),  # 0.4 of 1 GiB: half of that
+        (64 << 20, 150 << 20, 24 << 30, 64 << 20),
+    ],
+)
+def test_the_budget_in_force_is_at_most_half_the_memory_watermark(
+    budget: int, watermark: float | int, memory: int, in_force: int
+) -> None:
+    config = BrokerConfig(
+        storage=StorageConfig(memory_budget=budget), limits=LimitsConfig(memory_high_watermark=watermark)
+    )
+    assert memory_budget(config, memory) == in_force

@@ -22,7 +22,7 @@ from broker.core.journal import Journal
 from broker.core.node import Node
 from broker.core.queue import WorkQueue
 from broker.core.spool import BATCH, BATCH_BYTES, IN_LOG, MemorySpoolStorage, Spool, SpoolRecord
-from broker.paging import Pager, PageStore
+from broker.paging import ENTRY_BYTES, Pager, PageStore
 from broker.spooling import Spooler
 from broker.testing import Client, MemorySegmentStorage, publish_frames
 from broker.wal.log import WriteAheadLog
@@ -65,9 +65,12 @@ class Broker:
         logged: bool = True,
         restore: tuple[Snapshot, WriteAheadLog] | None = None,
         checkpoint: Checkpoint | None = None,
+        budget: int = 0,
     ) -> None:
         """:param restore: start from this state and log (the log read, or the log read after
-        ``checkpoint`` folded into its topology)"""
+        ``checkpoint`` folded into its topology)
+        :param budget: the memory budget (0: memory is always short, so a queue spools behind
+            its window at once)"""
         self.clock = Clock()
         if restore is not None:
             snapshot, self.log = restore
@@ -77,7 +80,7 @@ class Broker:
             self.log.open()
             self.journal = Journal(1, self.clock.seconds) if logged else None
         self.store = PageStore(str(tmp_path / "paging"))
-        self.pager = Pager(self.store, 1 << 40, self.clock, self.journal)
+        self.pager = Pager(self.store, budget, self.clock, self.journal)
         self.spool_dir = tmp_path / "spool"
         self.pager.spooler = Spooler(str(self.spool_dir), self.store, self.journal, self.log.storage.read_at, WINDOW)
         if restore is not None:
@@ -154,6 +157,73 @@ def test_a_deep_transient_queue_keeps_its_window_in_memory_and_the_rest_as_recor
     broker.store.close()
     gc.collect()
     assert list((tmp_path / "paging").iterdir()) == []  # and the copies of its content
+
+
+def test_under_the_budget_a_queue_past_its_window_stays_in_memory(tmp_path: Path) -> None:
+    broker = Broker(tmp_path, logged=False, budget=1 << 30)
+    broker.client.call(1, commands.Queue.Declare(queue="deep"))
+    bodies = [body(n) for n in range(COUNT)]
+    broker.publish("deep", bodies)
+    queue = broker.queue("deep")
+    assert queue.spool is None and len(queue.ready_entries()) == COUNT
+    assert queue in broker.pager.watched and queue.spool_at > COUNT  # it asks again much later
+    assert not broker.spool_dir.exists() or not list(broker.spool_dir.iterdir())
+    assert broker.get_all("deep", COUNT) == bodies
+
+
+def test_over_the_budget_the_biggest_queue_spools_and_is_back_in_memory_once_memory_is_free(tmp_path: Path) -> None:
+    per_message = ENTRY_BYTES + len(body(0))
+    broker = Broker(tmp_path, logged=False, budget=(COUNT // 2) * per_message)
+    broker.pager.startService()
+    c = broker.client
+    c.call(1, commands.Queue.Declare(queue="big"))
+    c.call(1, commands.Queue.Declare(queue="small"))
+    bodies = [body(n) for n in range(COUNT)]
+    broker.publish("big", bodies)
+    big = broker.queue("big")
+    assert big.spool is not None and big.spool.recording
+    # It filled half the budget in memory, then its window was full with memory short.
+    assert len(big.ready_entries()) == WINDOW
+    assert big.spool.recorded_count >= COUNT // 2 and list(broker.spool_dir.iterdir())
+    broker.publish("small", [body(n) for n in range(3 * WINDOW)])
+    small = broker.queue("small")
+    assert small.spool is None and small.message_count == 3 * WINDOW  # memory is no longer short
+
+    broker.clock.advance(0)  # the pager looks: well under the budget now
+    assert not big.spool.recording
+    recorded = big.spool.recorded_count
+    late = [body(n) for n in range(COUNT, COUNT + 300)]
+    broker.publish("big", late)
+    assert big.spool.recorded_count == recorded and len(big.spool.waiting) >= 300  # kept in memory
+    got = broker.get_all("big", recorded + WINDOW)
+    assert big.spool is None and len(big.ready_entries()) == big.message_count  # all in memory again
+    got += broker.get_all("big", big.message_count)
+    assert got == bodies + late
+    assert broker.get_all("small", 3 * WINDOW) == [body(n) for n in range(3 * WINDOW)]
+    assert list(broker.spool_dir.iterdir()) == []
+
+
+def test_messages_moved_to_the_spool_keep_their_ttl_and_expire_once(tmp_path: Path) -> None:
+    broker = Broker(tmp_path, logged=False, budget=1 << 30)
+    broker.pager.startService()
+    broker.client.call(1, commands.Queue.Declare(queue="ttl", arguments={"x-message-ttl": 1000}))
+    broker.publish("ttl", [body(n) for n in range(COUNT)])
+    queue = broker.queue("ttl")
+    assert queue.spool is None
+    broker.pager.budget = 0
+    broker.clock.advance(0)  # memory is short: what is behind the window moves to the spool
+    assert queue.spool is not None and queue.spool.count == COUNT - WINDOW
+    assert len(queue._heap) + len(queue._ttl_fifo) == WINDOW  # the moved ones' timers are gone
+    broker.clock.advance(0.9)
+    broker.publish("ttl", [b"late"])
+    assert queue.message_count == COUNT + 1 and not queue.dead_lettered
+    for _ in range(COUNT):
+        broker.clock.advance(0.5)
+        if queue.message_count == 1:
+            break
+    assert queue.message_count == 1
+    assert queue.dead_lettered == {DeadLetterReason.EXPIRED: COUNT}  # each once
+    assert broker.get_all("ttl", 1) == [b"late"]
 
 
 def test_persistent_messages_are_spooled_as_pointers_into_the_log_and_acked_there(tmp_path: Path) -> None:

@@ -40,8 +40,10 @@ def broker(
     memory_budget: str = "256MiB",
     management: int = 0,
     checkpoint_bytes: str = "16MiB",
+    limits: str = "",
 ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """``postroom serve`` over ``data``; with ``management``, its management API on that port."""
+    """``postroom serve`` over ``data``; with ``management``, its management API on that port;
+    ``limits``: the ``limits:`` keys, such as ``memory_high_watermark: 150MiB``."""
     port = free_port()
     config = data.parent / f"broker-{port}.yaml"
     api = f'"tcp:{management}:interface=127.0.0.1"' if management else "false"
@@ -49,6 +51,7 @@ def broker(
         f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1", metrics: false, management: {api}}}\n'
         f'storage: {{dir: "{data}", fsync: batch, segment_bytes: {segment_bytes}, memory_budget: {memory_budget}, '
         f"checkpoint_bytes: {checkpoint_bytes}, archive: {{enabled: true, retention: 7d, max_bytes: 1GiB}}}}\n"
+        + (f"limits: {{{limits}}}\n" if limits else "")
     )
     log = open(data.parent / "broker.log", "ab")
     process = subprocess.Popen(

@@ -6,9 +6,12 @@ from pathlib import Path
 
 import pika
 import pytest
+from pamqp import commands
 
 from broker.spooling import SPOOL_DIR, SPOOL_WINDOW
+from broker.testing import publish_frames
 from tests.integration.test_crash import broker
+from tests.integration.test_frames import RawClient, handshake
 
 
 @pytest.mark.parametrize("mode", [1, 2], ids=["transient", "persistent"])
@@ -49,11 +52,12 @@ def test_a_queue_of_several_budgets_is_consumed_in_order_with_every_body(tmp_pat
 
 @pytest.mark.parametrize("mode", [1, 2], ids=["transient", "persistent"])
 def test_a_queue_past_its_window_is_spooled_and_comes_back_whole_after_a_kill(tmp_path: Path, mode: int) -> None:
-    """Beyond the window, messages live as records on disk; persistent ones survive a SIGKILL."""
+    """Over the memory budget, messages beyond the window live as records on disk; persistent
+    ones survive a SIGKILL."""
     data = tmp_path / "data"
     count = 3 * SPOOL_WINDOW
     bodies = [b"%06d" % number + bytes([number % 256]) * 30 for number in range(count)]
-    with broker(data) as (_process, port):
+    with broker(data, memory_budget="1MiB") as (_process, port):  # the window alone takes 2 MiB
         connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, socket_timeout=10))
         channel = connection.channel()
         channel.queue_declare("deep", durable=True)
@@ -66,7 +70,7 @@ def test_a_queue_past_its_window_is_spooled_and_comes_back_whole_after_a_kill(tm
             received = _drain(channel, count)
         connection.close()
     if mode == 2:  # the broker was killed (the context ends with SIGKILL): start it again
-        with broker(data) as (_process, port):
+        with broker(data, memory_budget="1MiB") as (_process, port):
             connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, socket_timeout=10))
             channel = connection.channel()
             assert channel.queue_declare("deep", durable=True).method.message_count == count
@@ -90,3 +94,30 @@ def _drain(channel: pika.adapters.blocking_connection.BlockingChannel, count: in
             break
     channel.cancel()
     return received
+
+
+def test_a_flood_into_one_queue_spools_before_the_memory_alarm(tmp_path: Path) -> None:
+    """With a 150 MiB watermark the budget in force is 75 MiB (not the default 256 MiB): the queue
+    spools past it, and publishers are never blocked by the memory alarm."""
+    data = tmp_path / "data"
+    count, size = 400_000, 200  # about 280 MiB in memory, were it all kept there
+    with broker(data, limits="memory_high_watermark: 150MiB") as (process, port):
+        client = handshake(RawClient(port, timeout=60))
+        client.send(1, commands.Queue.Declare(queue="flood"), commands.Confirm.Select())
+        client.expect(commands.Queue.DeclareOk, 1)
+        client.expect(commands.Confirm.SelectOk, 1)
+        frames = publish_frames(1, "", "flood", bytes(size))
+        for _ in range(count // 10_000):
+            client.send_raw(frames * 10_000)
+        confirmed = 0
+        while confirmed < count:
+            _channel, method = client.read()
+            assert isinstance(method, commands.Basic.Ack), method
+            confirmed = method.delivery_tag
+        client.send(1, commands.Queue.Declare(queue="flood", passive=True))
+        assert client.expect(commands.Queue.DeclareOk, 1).message_count == count
+        assert list((data / SPOOL_DIR).rglob("*.spool"))
+        client.close()
+    text = (tmp_path / "broker.log").read_text()
+    assert "spool what is behind" in text and "budget (78643200 bytes)" in text
+    assert "memory alarm set" not in text and "Traceback" not in text
