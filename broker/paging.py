@@ -3,11 +3,13 @@
 Memory is the first tier: a queue holds its ready messages in memory while the broker's
 messages in memory fit the budget. A queue asks the :class:`Pager` to watch it once its window
 of ready messages is full (``spooling.SPOOL_WINDOW``) or its ready bodies pass a mark
-(:attr:`Pager.watch_at`). While the watched queues' messages in memory (:data:`ENTRY_BYTES` each,
-plus their bodies) exceed the budget, those that hold the most spool what is behind their
-window (``broker.core.spool``): the messages leave memory, as records on disk. Once memory is
-no longer short (under :data:`RESUME_AT` of the budget), spooling queues keep what arrives in
-memory again, and are back to memory alone once their records are read back.
+(:attr:`Pager.watch_at`). While the watched queues' messages in memory (:data:`ENTRY_BYTES` per
+queue entry, :data:`MESSAGE_BYTES` and the body per message, shared by the queues a message was
+routed to; :data:`LOGGED_BYTES` more for a logged message) exceed the budget, those that hold the
+most spool what is behind their window (``broker.core.spool``): the messages leave memory, as
+records on disk. Once memory is no longer short (under :data:`RESUME_AT` of the budget),
+spooling queues keep what arrives in memory again, and are back to memory alone once their
+records are read back.
 
 Priority queues do not spool; they, and spooling queues whose windows alone are over the
 budget, keep the first ``budget / watched`` bytes of their bodies (the next to be delivered)
@@ -52,9 +54,19 @@ IOV_MAX = 1024
 #: Seconds between looks at the watched queues while any is watched.
 INTERVAL = 0.05
 
-#: Memory a ready message takes besides its body (its entry, message object, properties and
-#: names; about 500 bytes measured with tracemalloc for a message with a few properties).
-ENTRY_BYTES = 512
+#: Memory a ready message takes in each queue it waits in (its entry), and once besides its body
+#: (its message object, properties and names), measured with tracemalloc for a 16-byte message
+#: with a few properties (176 and 528 bytes with one queue).
+ENTRY_BYTES = 176
+MESSAGE_BYTES = 352
+
+#: What a logged message (persistent, in a durable queue) takes besides: its place in the log
+#: and the journal's accounting (about 850 bytes in all for a 16-byte message).
+LOGGED_BYTES = 320
+
+#: Newest entries of each watched queue looked at to tell how many queues share a message
+#: (fanout): the budget counts a shared message once. (Fewer with more than 16 watched queues.)
+SAMPLE = 256
 
 #: Fraction of the budget under which spooling queues keep what arrives in memory again.
 RESUME_AT = 0.5
@@ -205,10 +217,11 @@ class PageStore:
             self._active = None
 
 
-def _in_memory(queue: WorkQueue) -> int:
-    """Estimated bytes of ``queue``'s ready messages in memory."""
+def _in_memory(queue: WorkQueue, sharing: float) -> int:
+    """Estimated bytes of ``queue``'s ready messages in memory, each message shared by
+    ``sharing`` queues on average."""
     count, size = queue.memory_use
-    return count * ENTRY_BYTES + size
+    return int(count * ENTRY_BYTES + (count * MESSAGE_BYTES + size) / sharing)
 
 
 class Pager(Service):
@@ -253,12 +266,25 @@ class Pager(Service):
         if used > self.budget:
             return 0
         count, size = queue.memory_use
-        per_message = ENTRY_BYTES + size // max(count, 1)
-        return count + max(queue.spool_at, (self.budget - used) // per_message)
+        per_message = ENTRY_BYTES + MESSAGE_BYTES + size // max(count, 1)
+        window = self.spooler.window if self.spooler is not None else 1
+        # Its share of what is left, as if every watched queue grew as fast.
+        return count + max(window, (self.budget - used) // (per_message * len(self.watched)))
+
+    def sharing(self) -> float:
+        """How many of the watched queues hold each message, on average, among their newest entries."""
+        each = min(SAMPLE, max(8, SAMPLE * 16 // max(len(self.watched), 1)))
+        sampled = [id(entry.message) for queue in self.watched for entry in queue.newest(each)]
+        return len(sampled) / len(set(sampled)) if sampled else 1.0
 
     def memory_used(self) -> int:
-        """Estimated bytes of the watched queues' ready messages in memory."""
-        return sum(map(_in_memory, self.watched))
+        """Estimated bytes of the watched queues' ready messages in memory (with every logged
+        message in memory)."""
+        sharing = self.sharing()
+        return sum(_in_memory(queue, sharing) for queue in self.watched) + self._logged_bytes()
+
+    def _logged_bytes(self) -> int:
+        return self.journal.messages_in_memory * LOGGED_BYTES if self.journal is not None else 0
 
     def attach(self, queue: WorkQueue) -> None:
         """A new queue: let it ask to be watched, and spool what is behind its window."""
@@ -311,8 +337,9 @@ class Pager(Service):
         Well under it: spooling queues keep what arrives in memory."""
         if self.spooler is None:
             return
-        costs = {queue: _in_memory(queue) for queue in self.watched}
-        used = sum(costs.values())
+        sharing = self.sharing()
+        costs = {queue: _in_memory(queue, sharing) for queue in self.watched}
+        used = sum(costs.values()) + self._logged_bytes()
         window = self.spooler.window
         if used > self.budget:
             for queue in sorted(costs, key=costs.__getitem__, reverse=True):
@@ -323,7 +350,8 @@ class Pager(Service):
                 if queue.spool is None and queue.memory_use[0] <= window:
                     continue
                 queue.spool_behind(window)
-                used -= costs[queue] - _in_memory(queue)
+                costs[queue] = _in_memory(queue, sharing)
+                used = sum(costs.values()) + self._logged_bytes()
                 if not self._spooling_logged:
                     self._spooling_logged = True
                     self.log.info(

@@ -67,7 +67,7 @@ class StorageConfig:
     #: (under load, writes follow one another at once and group what arrived meanwhile).
     fsync_interval_ms: int = 1
     segment_bytes: int = 64 << 20
-    #: Bytes of queued messages kept in memory (each counted as its body and 512 bytes besides);
+    #: Bytes of queued messages kept in memory (each counted as its body and about 530 bytes);
     #: beyond it deep queues spool to disk (``broker.paging``). The budget in force is at most
     #: half the memory watermark (``broker.service.memory_budget``).
     memory_budget: int = 256 << 20

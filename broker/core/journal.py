@@ -523,6 +523,11 @@ class Journal:
 
     # -- spooled messages (``broker.core.spool``) -----------------------------------------------
 
+    @property
+    def messages_in_memory(self) -> int:
+        """Logged messages held as objects (in queues or unacknowledged), not as spool records."""
+        return sum(map(len, self._by_segment.values()))
+
     def spooled(self, messages: Iterable[Message], queue: str) -> None:
         """``queue`` holds ``messages`` as spool records now, not as objects; each record points
         at its ``Published`` record, so the reference to that segment stays live."""

@@ -615,6 +615,10 @@ class WorkQueue:
                 entry.paged = True
                 self.paged_bytes += entry.message.size
 
+    def newest(self, count: int) -> list[Entry]:
+        """The last ``count`` ready entries in memory (expired ones too), newest first."""
+        return list(itertools.islice(self.tail_first(), count))
+
     def peek(self, count: int) -> list[Entry]:
         """The first ``count`` ready entries, without taking them (the rest are not visited)."""
         return list(itertools.islice((entry for entry in self._ready if entry.state == READY), count))
