@@ -41,6 +41,9 @@ SPOOL_DIR = "spool"
 #: Ready messages a queue keeps in memory before it spools what arrives (and refills to).
 SPOOL_WINDOW = 4096
 
+#: Pairs of exchange and routing key a queue's locator keeps decoded.
+NAMES_KEPT = 256
+
 #: Most bytes read at once to bring spooled messages back: contents close together in a file
 #: come in one read (what lies between them is read too, and skipped).
 SPAN_BYTES = 256 << 10
@@ -188,6 +191,8 @@ class Locator:
         self.read_log = read_log
         self.store = store
         self.holds = holds
+        #: Exchange and routing key bytes read back -> as a message takes them (:meth:`_decode_names`).
+        self._names: dict[tuple[bytes, bytes], tuple[str, str, bytes]] = {}
 
     def locatable(self, entry: Entry) -> bool:
         message = entry.message
@@ -243,9 +248,10 @@ class Locator:
         queue = self.queue
         journal = self.journal
         read_log = self.read_log
-        vhost, name = queue.vhost_name, queue.name
+        names = self._names
         messages = []
         append = messages.append
+        logged = []
         for span, at, group in self._spans(records):
             for record in group:
                 content = published_content(span, record.offset - at, record.length)
@@ -253,21 +259,32 @@ class Locator:
                     where = "log segment" if record.flags & IN_LOG else "page store segment"
                     raise OSError(f"spooled message damaged: {where} {record.segment} at offset {record.offset}")
                 message_id, exchange, routing_key, header, body = content
-                message = Message(
-                    exchange.decode("utf-8", "surrogateescape"),
-                    routing_key.decode("utf-8", "surrogateescape"),
-                    bytes((len(exchange),)) + exchange + bytes((len(routing_key),)) + routing_key,
-                    header,
-                    body,
-                )
+                decoded = names.get((exchange, routing_key))
+                if decoded is None:
+                    decoded = self._decode_names(exchange, routing_key)
+                message = Message(*decoded, header, body)
                 if record.flags & IN_LOG and journal is not None:
-                    segment = record.segment
                     message.wal_id = message_id
-                    message.wal_start = record.offset
-                    message.wal_location = (read_log, segment, record.offset + record.length - message.size)  # type: ignore[assignment]
-                    journal.unspooled(message, vhost, name, segment, record.delivery_count)
+                    message.wal_start = offset = record.offset
+                    message.wal_location = (read_log, record.segment, offset + record.length - message.size)  # type: ignore[assignment]
+                    logged.append((message, record))
                 append(message)
+        if logged:
+            journal.unspooled_all(logged, queue.vhost_name, queue.name)  # type: ignore[union-attr]
         return messages
+
+    def _decode_names(self, exchange: bytes, routing_key: bytes) -> tuple[str, str, bytes]:
+        """The exchange and routing key as a :class:`Message` takes them, remembered: a deep
+        queue's messages mostly came the same way."""
+        names = self._names
+        if len(names) >= NAMES_KEPT:
+            names.clear()
+        decoded = names[exchange, routing_key] = (
+            exchange.decode("utf-8", "surrogateescape"),
+            routing_key.decode("utf-8", "surrogateescape"),
+            bytes((len(exchange),)) + exchange + bytes((len(routing_key),)) + routing_key,
+        )
+        return decoded
 
     def _spans(self, records: list[SpoolRecord]) -> Iterator[tuple[bytes, int, list[SpoolRecord]]]:
         """Records whose contents lie close together in one file, each group read at once:

@@ -555,21 +555,31 @@ class Journal:
             self.resident = deque(kept for kept in self.resident if kept.wal_counted)
             self._resident_stale = 0
 
-    def unspooled(self, message: Message, vhost: str, queue: str, segment: int, delivery_count: int) -> None:
-        """A spool record of ``queue`` was read back as ``message`` (its ``wal_location`` set)."""
-        self._unspool(segment)
-        message.wal_vhost = vhost
-        message.wal_queues.append(queue)
-        message.wal_segment = segment
-        message.wal_counted = True
-        self.resident_bytes += message.size
-        self.resident.append(message)
-        if delivery_count:
-            message.wal_counts = {queue: delivery_count}
-        holders = self._by_segment.get(segment)
-        if holders is None:
-            holders = self._by_segment[segment] = set()
-        holders.add(message)
+    def unspooled_all(self, loaded: list[tuple[Message, SpoolRecord]], vhost: str, queue: str) -> None:
+        """Spool records of ``queue`` were read back as these messages (their ``wal_location``
+        set): they are held as objects again, counted in :attr:`resident_bytes`."""
+        by_segment = self._by_segment
+        resident = self.resident
+        segments: Counter[int] = Counter()
+        size = 0
+        for message, record in loaded:
+            segment = record.segment
+            segments[segment] += 1
+            message.wal_vhost = vhost
+            message.wal_queues.append(queue)
+            message.wal_segment = segment
+            message.wal_counted = True
+            size += message.size
+            if record.delivery_count:
+                message.wal_counts = {queue: record.delivery_count}
+            holders = by_segment.get(segment)
+            if holders is None:
+                holders = by_segment[segment] = set()
+            holders.add(message)
+        resident.extend(message for message, _record in loaded)
+        self.resident_bytes += size
+        for segment, count in segments.items():
+            self._unspool(segment, count)
 
     def restored_spooled(self, segment: int, count: int = 1) -> None:
         """``count`` messages recovered at start went straight to a spool, as records pointing
@@ -578,8 +588,8 @@ class Journal:
         self.written[segment] += count
         self.spooled_refs[segment] += count
 
-    def _unspool(self, segment: int) -> None:
-        left = self.spooled_refs[segment] - 1
+    def _unspool(self, segment: int, count: int = 1) -> None:
+        left = self.spooled_refs[segment] - count
         if left:
             self.spooled_refs[segment] = left
         else:
