@@ -6,13 +6,13 @@ of ready messages is full (``spooling.SPOOL_WINDOW``) or its ready bodies pass a
 (:attr:`Pager.watch_at`). While the watched queues' messages in memory (:data:`ENTRY_BYTES` per
 queue entry, :data:`MESSAGE_BYTES` and the body per message, shared by the queues a message was
 routed to; :data:`LOGGED_BYTES` more for a logged message) exceed the budget, those that hold the
-most spool what is behind their window (``broker.core.spool``): the messages leave memory, as
-records on disk. Once memory is no longer short (under :data:`RESUME_AT` of the budget),
-spooling queues keep what arrives in memory again, and are back to memory alone once their
-records are read back.
+most spool what arrives from then on (``broker.core.spool``): those messages leave memory,
+as records on disk, while what the queue held stays. Once memory is no longer short (under
+:data:`RESUME_AT` of the budget), spooling queues keep what arrives in memory again, and are
+back to memory alone once their records are read back.
 
-Priority queues do not spool; they, and spooling queues whose windows alone are over the
-budget, keep the first ``budget / watched`` bytes of their bodies (the next to be delivered)
+Priority queues do not spool; they, and spooling queues whose bodies in memory are still over
+the budget, keep the first ``budget / watched`` bytes of their bodies (the next to be delivered)
 in memory and the bodies behind go to disk, last to be delivered first:
 
 * a body already in the write-ahead log (a persistent message in a durable queue) is only
@@ -264,6 +264,7 @@ class Pager(Service):
         self.watch(queue)
         used = self.memory_used()
         if used > self.budget:
+            self._spooling()
             return 0
         count, size = queue.memory_use
         per_message = ENTRY_BYTES + MESSAGE_BYTES + size // max(count, 1)
@@ -333,7 +334,7 @@ class Pager(Service):
             self._call = self.reactor.callLater(self.interval, self.look)
 
     def _spool(self) -> None:
-        """Over the budget: the queues that hold the most spool what is behind their windows.
+        """Over the budget: the queues that hold the most spool what arrives from now on.
         Well under it: spooling queues keep what arrives in memory."""
         if self.spooler is None:
             return
@@ -345,25 +346,32 @@ class Pager(Service):
             for queue in sorted(costs, key=costs.__getitem__, reverse=True):
                 if used <= self.budget:
                     break
-                if queue.spooler is None or (queue.spool is not None and queue.spool.recording):
+                if queue.spooler is None:
+                    continue
+                if queue.spool is not None and queue.spool.recording:
+                    queue.spool.record_batch()  # what waits, were no more to arrive
                     continue
                 if queue.spool is None and queue.memory_use[0] <= window:
                     continue
                 queue.spool_behind(window)
                 costs[queue] = _in_memory(queue, sharing)
                 used = sum(costs.values()) + self._logged_bytes()
-                if not self._spooling_logged:
-                    self._spooling_logged = True
-                    self.log.info(
-                        "queues over the memory budget ({budget} bytes) spool what is behind"
-                        " their {window} first ready messages to disk",
-                        budget=self.budget,
-                        window=window,
-                    )
+                self._spooling()
         elif used < self.budget * RESUME_AT:
             for queue in costs:
                 if queue.spool is not None and queue.spool.recording:
                     queue.hold_spool()
+
+    def _spooling(self) -> None:
+        """A queue starts to spool: say so the first time."""
+        if not self._spooling_logged and self.spooler is not None:
+            self._spooling_logged = True
+            self.log.info(
+                "queues over the memory budget ({budget} bytes) spool what arrives to disk,"
+                " and refill from there a window of {window} ready messages",
+                budget=self.budget,
+                window=self.spooler.window,
+            )
 
     def _page(self, queue: WorkQueue, window: int) -> bool:
         """Page ``queue``'s bodies behind its ``window``; ``False`` when the store failed."""

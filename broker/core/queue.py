@@ -87,7 +87,6 @@ NEVER = 1 << 62
 READY = 0  # in the ready list (or about to be)
 UNACKED = 1  # delivered, waiting for an ack
 GONE = 2  # acked, dead-lettered, expired or dropped
-SPOOLED = 3  # moved from the ready list to the spool (its timer records no longer hold)
 
 # What a queue was doing when its spool failed (:meth:`WorkQueue.spool_failed`).
 WRITE = "spool messages"
@@ -210,7 +209,7 @@ class BodyPager(Protocol):
 
     def spool_now(self, queue: WorkQueue) -> int:
         """``queue`` holds :attr:`WorkQueue.spool_at` ready messages: watch it, and say whether it
-        is to spool what is behind its window now (0), or else at how many ready messages to ask again."""
+        is to spool what arrives now (0), or else at how many ready messages to ask again."""
 
 
 class Entry:
@@ -895,7 +894,7 @@ class WorkQueue:
             self._start_spool()
 
     def _start_spool(self) -> None:
-        """The window is full: spool what is behind it if the pager says memory is short (or
+        """The window is full: spool what arrives if the pager says memory is short (or
         there is no pager); else go on in memory, and ask again at the count it names."""
         if self.spool is not None or self.spooler is None:
             return
@@ -907,46 +906,18 @@ class WorkQueue:
         self.spool_behind(self.spooler.window)
 
     def spool_behind(self, keep: int) -> None:
-        """Spool the ready entries behind the first ``keep``, and what arrives from now on, until
-        the spool is empty again (or :meth:`Spool.hold` keeps arrivals in memory)."""
+        """Spool what arrives from now on, behind the ready entries in memory (they stay: moving
+        them would hold the reactor for as long as they take to record), until the spool is
+        empty again (or :meth:`Spool.hold` keeps arrivals in memory); the spool refills the
+        window once fewer than ``keep / 2`` are ready."""
         assert self.spooler is not None and not isinstance(self._ready, _PriorityReady)
         self.spool_at = keep
         self._refill_at = keep // 2
-        spool = self.spool
-        if spool is not None:  # what it holds is behind the ready entries: they stay
-            spool.resume()
-            return
-        spool = self.spool = self.spooler.spool(self)
-        self._update_plain()
-        ready = self._ready
-        moved: list[Entry] = []
-        while len(ready) - self._gone_in_ready > keep:
-            entry = ready.pop()
-            if entry.state != READY:
-                self._gone_in_ready -= 1
-                continue
-            entry.state = SPOOLED
-            self.ready_bytes -= entry.message.size
-            if entry.paged:
-                entry.paged = False
-                self.paged_bytes -= entry.message.size
-            moved.append(entry)
-        if moved:
-            if any(entry.expires_at is not None for entry in moved):
-                self._drop_spooled_timers()
-            spool.hold()  # one batch for all of them, recorded by resume()
-            for entry in reversed(moved):
-                self._spool_entry(entry)
-        spool.resume()
-
-    def _drop_spooled_timers(self) -> None:
-        """Forget the expiry records of entries moved to the spool (it looks at their expiries
-        when they come back), so they do not keep them in memory."""
-        self._ttl_fifo = deque(record for record in self._ttl_fifo if record[1].state != SPOOLED)
-        heap = [record for record in self._heap if record[3].state != SPOOLED]
-        if len(heap) != len(self._heap):
-            heapq.heapify(heap)
-            self._heap = heap
+        if self.spool is None:
+            self.spool = self.spooler.spool(self)
+            self._update_plain()
+        else:
+            self.spool.resume()
 
     def hold_spool(self) -> None:
         """Memory is not short: what arrives waits in memory behind the spool's records, and
@@ -992,7 +963,6 @@ class WorkQueue:
             # In spool order, after everything in memory (a return finds its place by it).
             self.seq += 1
             entry.seq = self.seq
-            entry.state = READY
             ready.append(entry)
             self.ready_bytes += entry.message.size
             if entry.expires_at is not None:

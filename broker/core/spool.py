@@ -62,6 +62,9 @@ BATCH = 1024
 #: Body bytes of waiting entries past which they are recorded without waiting for a full batch.
 BATCH_BYTES = 4 << 20
 
+#: Most entries recorded at once (what waited in memory is recorded this many at a time).
+RECORD_MAX = 8 * BATCH
+
 
 class SpoolRecord(NamedTuple):
     """One spooled message: where its content is, and its state in the queue (fields in their
@@ -179,6 +182,8 @@ class Spool:
         self._try_at, self._try_bytes = BATCH, BATCH_BYTES
         #: Whether what waits is recorded as batches gather (see :meth:`hold`).
         self.recording = True
+        #: Whether the last :meth:`record` stopped at :data:`RECORD_MAX` with more ready.
+        self._backlog = False
 
     @property
     def recorded_count(self) -> int:
@@ -195,10 +200,15 @@ class Spool:
         short): only the records already written are read back from storage."""
         self.recording = False
 
+    def record_batch(self) -> None:
+        """Record a batch of what waits now, if a batch's worth does."""
+        if len(self.waiting) >= BATCH:
+            self._attempt(self.record)
+
     def resume(self) -> None:
-        """Record what waits, and what arrives from now on, as batches gather."""
+        """Record what waits (a batch now, the rest a batch at a time), and what arrives from now
+        on, as batches gather."""
         self.recording = True
-        self._try_at, self._try_bytes = BATCH, BATCH_BYTES
         if self.waiting:
             self._attempt(self.record)
 
@@ -241,34 +251,41 @@ class Spool:
             self._try_bytes = self._waiting_bytes + BATCH_BYTES
         else:
             self.error = None
-            self._try_at, self._try_bytes = BATCH, BATCH_BYTES
+            if self._backlog:
+                # More is ready than one call records (held in memory until now): the next
+                # batch once another has gathered, so the backlog goes between other work.
+                self._try_at = len(self.waiting) + BATCH
+                self._try_bytes = self._waiting_bytes + BATCH_BYTES
+            else:
+                self._try_at, self._try_bytes = BATCH, BATCH_BYTES
 
     def record(self) -> int:
-        """Turn the waiting entries whose content is readable into records; returns how many.
+        """Turn the oldest waiting entries whose content is readable, :data:`RECORD_MAX` at
+        most, into records; returns how many.
 
         :raises OSError: writing their content or records failed; they stay waiting
         """
         waiting = self.waiting
         synced = self._synced() if self._synced is not None else 0
-        ready = 0
+        entries = []
         locatable = self.locator.locatable
         for entry, position in waiting:
-            if position > synced or not locatable(entry):
+            if position > synced or not locatable(entry) or len(entries) == RECORD_MAX:
                 break
-            ready += 1
-        if not ready:
+            entries.append(entry)
+        self._backlog = len(entries) == RECORD_MAX
+        if not entries:
             return 0
-        entries = [waiting[index][0] for index in range(ready)]
         records = self.locator.locate(entries)
         pack = _RECORD.pack
         self._buffer += [pack(*record) for record in records]
         self._count(records, 1)
-        for _ in range(ready):
+        for _ in range(len(entries)):
             waiting.popleft()
         self._waiting_bytes -= sum(entry.message.size for entry in entries)
         if len(self._buffer) >= BATCH:
             self._flush()
-        return ready
+        return len(entries)
 
     def _flush(self) -> None:
         if self._buffer:

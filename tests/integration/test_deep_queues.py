@@ -119,5 +119,5 @@ def test_a_flood_into_one_queue_spools_before_the_memory_alarm(tmp_path: Path) -
         assert list((data / SPOOL_DIR).rglob("*.spool"))
         client.close()
     text = (tmp_path / "broker.log").read_text()
-    assert "spool what is behind" in text and "budget (78643200 bytes)" in text
+    assert "spool what arrives to disk" in text and "budget (78643200 bytes)" in text
     assert "memory alarm set" not in text and "Traceback" not in text
