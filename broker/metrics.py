@@ -310,6 +310,11 @@ class BrokerCollector:
         for kind in ("memory", "disk"):
             alarm.add_metric([kind], kind in self.node.alarms)
         yield alarm
+        yield GaugeMetricFamily(
+            "postroom_publishers_slowed",
+            "1 while a queue with consumers is far behind and publishers are read in smaller pieces (credit flow).",
+            value=self.node.flow,
+        )
         monitor = self.node.resource_monitor
         if monitor is not None:
             yield GaugeMetricFamily("postroom_memory_used_bytes", "Resident memory.", value=monitor.memory_used)

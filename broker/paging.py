@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from twisted.application.service import Service
@@ -70,6 +70,10 @@ SAMPLE = 256
 
 #: Fraction of the budget under which spooling queues keep what arrives in memory again.
 RESUME_AT = 0.5
+
+#: Ready messages past which a queue with consumers is behind: publishers are slowed
+#: (:attr:`Pager.flow`) while any watched queue is.
+FLOW_DEPTH = 65536
 
 #: Seconds without paging after the store could not be written (a full disk).
 BACKOFF = 1.0
@@ -249,6 +253,12 @@ class Pager(Service):
         self._paused_until = 0.0
         self._logged = False
         self._spooling_logged = False
+        #: Whether a watched queue with consumers holds more than :attr:`flow_depth` ready
+        #: messages; :attr:`on_flow` is called with each change.
+        self.flow = False
+        self.flow_depth = FLOW_DEPTH
+        self.on_flow: Callable[[bool], None] | None = None
+        self._flow_logged = False
 
     def watch(self, queue: WorkQueue) -> None:
         """``queue`` passed :attr:`watch_at` (or its window): watch it until it falls back under
@@ -317,6 +327,7 @@ class Pager(Service):
                 queue.page_at = self.watch_at
                 if queue.spooler is not None:
                     queue.spool_at = window
+        self._follow_flow()
         if not watched:
             self.store.close()  # its last segment goes too, with the last message using it
             return
@@ -361,6 +372,27 @@ class Pager(Service):
             for queue in costs:
                 if queue.spool is not None and queue.spool.recording:
                     queue.hold_spool()
+
+    def _follow_flow(self) -> None:
+        """Publishers are slowed while a queue with consumers falls far behind what arrives:
+        past the broker's capacity, deliveries keep their pace instead of ceding the reactor to
+        reading more publishes (RabbitMQ's credit flow)."""
+        behind = [
+            queue for queue in self.watched if queue.message_count > self.flow_depth and queue.consumer_count
+        ]
+        flow = bool(behind)
+        if flow == self.flow:
+            return
+        self.flow = flow
+        if flow and not self._flow_logged:
+            self._flow_logged = True
+            self.log.info(
+                "publishers are slowed while queue {queue!r} with consumers has more than {depth} ready messages",
+                queue=behind[0].name,
+                depth=self.flow_depth,
+            )
+        if self.on_flow is not None:
+            self.on_flow(flow)
 
     def _spooling(self) -> None:
         """A queue starts to spool: say so the first time."""

@@ -44,6 +44,12 @@ from broker.text import printable
 #: ``basic.recover`` on a large message, unroutable mandatory publishes), so their sum is bounded.
 OUTPUT_BOUND = 8 << 20
 
+#: Bytes read from a client at a time: Twisted's default, and while the node is in flow
+#: (``Node.flow``: a queue with consumers is far behind), a sixteenth of it, so that reading
+#: publishes cedes the reactor to deliveries and acks.
+READ_BYTES = 65536
+FLOW_READ_BYTES = 4096
+
 #: Seconds a client has to finish the handshake (RabbitMQ's handshake_timeout is 10 s).
 HANDSHAKE_TIMEOUT = 10.0
 #: Seconds we wait for connection.close-ok after sending connection.close before dropping the socket,
@@ -138,6 +144,9 @@ class AMQPServerProtocol(Protocol):
             factory.in_io = False
         factory.flush()
         self.flush()
+        size = FLOW_READ_BYTES if factory.node.flow else READ_BYTES
+        if getattr(self.transport, "bufferSize", size) != size:
+            self.transport.bufferSize = size
 
     def flush(self) -> None:
         """Write what the connection has queued, and close the socket if the connection is over."""

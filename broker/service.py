@@ -512,6 +512,7 @@ def _recover(
         before_messages=adopt if checkpoint is not None else None,
         **extensions,
     )
+    pager.on_flow = node.set_flow
     messages = snapshot.message_count
     if checkpoint is not None:
         journal.protect(checkpoint.segment, checkpoint.segments, keep=False)

@@ -226,6 +226,10 @@ class Node:
         #: the write-ahead log's backlog is over its bound. While any is, a connection that
         #: publishes is blocked (see :meth:`set_alarm`). Always this one set object.
         self.alarms: set[str] = set()
+        #: Whether a queue with consumers is far behind what arrives (``broker.paging.Pager``
+        #: says so): the shell then reads less from each client at a time, so publishers are
+        #: slowed to the pace of deliveries, as RabbitMQ's credit flow slows them.
+        self.flow = False
         #: What watches memory and disk for it (``broker.alarms.ResourceMonitor``), for its
         #: readings in metrics and the management API; ``None`` without one.
         self.resource_monitor: Any = None
@@ -248,6 +252,10 @@ class Node:
         for connection in list(self.connections):
             connection.alarm_changed()
         return True
+
+    def set_flow(self, flow: bool) -> None:
+        """Slow publishers down (``True``) or let them go at their own pace: see :attr:`flow`."""
+        self.flow = flow
 
     def alarm_text(self) -> str:
         """``connection.blocked``'s reason, in RabbitMQ's words (``low on memory & disk``)."""

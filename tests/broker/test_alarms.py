@@ -182,4 +182,8 @@ def test_alarms_and_readings_are_exported() -> None:
     assert "rabbitmq_alarms_free_disk_space_watermark 1.0" in text
     assert "rabbitmq_alarms_memory_used_watermark 0.0" in text
     assert "rabbitmq_resident_memory_limit_bytes 200.0" in text
+    assert "postroom_publishers_slowed 0.0" in text
+    n.set_flow(True)
+    text = generate_latest(make_registry(BrokerCollector(n, rabbitmq_compatible=True))).decode()
+    assert "postroom_publishers_slowed 1.0" in text
     watcher.stopService()

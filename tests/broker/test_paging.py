@@ -18,7 +18,7 @@ from broker.core.node import Node
 from broker.core.queue import NEVER
 from broker.paging import Pager, PageStore
 from broker.service import memory_budget
-from broker.testing import Client, MemorySegmentStorage, publish_frames
+from broker.testing import Client, MemorySegmentStorage, encode, publish_frames
 from broker.wal.log import WriteAheadLog
 from config.schema import BrokerConfig, LimitsConfig, StorageConfig
 
@@ -287,3 +287,28 @@ def test_the_budget_in_force_is_at_most_half_the_memory_watermark(
         storage=StorageConfig(memory_budget=budget), limits=LimitsConfig(memory_high_watermark=watermark)
     )
     assert memory_budget(config, memory) == in_force
+
+
+def test_publishers_are_slowed_while_a_queue_with_consumers_is_far_behind(tmp_path: Path) -> None:
+    node, pager, clock = paged_node(tmp_path, budget=1 << 30)
+    pager.watch_at = 4096
+    pager.flow_depth = 50
+    pager.on_flow = node.set_flow
+    c = client(node)
+    c.call(1, commands.Queue.Declare(queue="behind"), commands.Queue.Declare(queue="unconsumed"))
+    for n in range(100):
+        c.send(publish_frames(1, "", "unconsumed", body(n)))
+    clock.advance(1)
+    assert not node.flow  # a backlog nobody consumes yet is not a reason to slow anyone
+    c.call(1, commands.Basic.Qos(prefetch_count=1))
+    c.call(1, commands.Basic.Consume(queue="behind", consumer_tag="slow"))
+    for n in range(100):
+        c.send(publish_frames(1, "", "behind", body(n)))
+    clock.advance(1)
+    assert node.flow and pager.flow
+    queue = node.vhosts["/"].queues["behind"]
+    for tag in range(1, 60):
+        c.send(encode(1, commands.Basic.Ack(delivery_tag=tag)))
+    assert queue.message_count < 50
+    clock.advance(1)
+    assert not node.flow

@@ -9,7 +9,15 @@ from twisted.internet.testing import StringTransport
 
 from broker.amqp.codec import PROTOCOL_HEADER
 from broker.core.node import Node
-from broker.protocol import CLOSE_TIMEOUT, HANDSHAKE_TIMEOUT, AMQPServerFactory, AMQPServerProtocol, is_loopback
+from broker.protocol import (
+    CLOSE_TIMEOUT,
+    FLOW_READ_BYTES,
+    HANDSHAKE_TIMEOUT,
+    READ_BYTES,
+    AMQPServerFactory,
+    AMQPServerProtocol,
+    is_loopback,
+)
 from broker.testing import FramePump, described, encode, publish_frames
 
 
@@ -166,3 +174,20 @@ def test_connection_lost_requeues_unacked_for_other_consumers() -> None:
     frames = [f for _, f in FramePump().feed(second_transport.value())]
     assert [(f.delivery_tag, f.redelivered) for f in frames[::3]] == [(2, True)]
     assert frames[2].value == b"one"
+
+
+def test_a_client_is_read_in_smaller_pieces_while_the_node_is_in_flow() -> None:
+    """Past the broker's capacity (a queue with consumers far behind), each read takes less, so
+    reading publishes cedes the reactor to deliveries and acks."""
+    node = Node()
+    factory = AMQPServerFactory(node, Clock())
+    protocol, transport = connect(factory)
+    transport.bufferSize = READ_BYTES  # as a TCP transport has it
+    handshake(protocol)
+    assert transport.bufferSize == READ_BYTES
+    node.set_flow(True)
+    protocol.dataReceived(publish_frames(1, "", "nowhere", b"x"))
+    assert transport.bufferSize == FLOW_READ_BYTES
+    node.set_flow(False)
+    protocol.dataReceived(publish_frames(1, "", "nowhere", b"x"))
+    assert transport.bufferSize == READ_BYTES
