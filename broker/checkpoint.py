@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from broker.core.queue import CheckpointRefused
-from broker.core.spool import IN_LOG, RECORD_BYTES, REDELIVERED, SpoolRecord, unpack_records
+from broker.core.spool import IN_LOG, RECORD_BYTES, REDELIVERED, SpoolRecord, pack_record, unpack_records
 from broker.paging import write_all
 from broker.wal.files import _sync_directory
 from broker.wal.record import scan
@@ -163,12 +163,12 @@ class _QueueFiles:
     def add(self, suffix: str, records: list[SpoolRecord]) -> None:
         if records:
             path = f"{self.prefix}.{suffix}"
-            self.pending.append((path, [record.pack() for record in records]))
+            self.pending.append((path, [pack_record(*record) for record in records]))
             self.files.append((path, 0, len(records) * RECORD_BYTES))
             self.count += len(records)
             self.records += len(records)
-            self.bytes += sum(record.size for record in records)
-            self.refs.update(record.segment for record in records)
+            self.bytes += sum([record[4] for record in records])  # SpoolRecord.size
+            self.refs.update([record[2] for record in records])  # SpoolRecord.segment
 
     def link(self, storage: Any, start: int, end: int, copies: int, size: int) -> None:
         """Link in the spool files holding bytes ``start`` to ``end`` of ``storage``: records of

@@ -791,7 +791,7 @@ class WorkQueue:
         entries = [entry for entry in self._ready if entry.state == READY]
         if unacked:
             entries = sorted([*entries, *unacked], key=_seq)
-        head = [record for record in map(self._logged_record, entries) if record is not None]
+        head = self._logged_records(entries)
         tail: list[SpoolRecord] = []
         spool = self.spool
         span, copies, span_bytes, span_refs = (0, 0), 0, 0, Counter[int]()
@@ -800,7 +800,7 @@ class WorkQueue:
             recorded = [record for record in [*ahead, *buffered] if record.flags & IN_LOG]
             head += [record for record in ahead if record.flags & IN_LOG]
             tail = [record for record in buffered if record.flags & IN_LOG]
-            tail += [record for record in map(self._logged_record, waiting) if record is not None]
+            tail += self._logged_records(waiting)
             copies = spool.copies - (len(ahead) + len(buffered) - len(recorded))
             span_bytes = (
                 spool.bytes
@@ -813,24 +813,36 @@ class WorkQueue:
         removed, counts = spool.adopted_changes if spool is not None else (set(), {})
         return QueueCheckpoint(head, spool, span, copies, span_bytes, +span_refs, tail, set(removed), dict(counts))
 
-    def _logged_record(self, entry: Entry) -> SpoolRecord | None:
-        """``entry`` as a spool record pointing at its ``Published`` record (``None``: it is not logged here)."""
-        message = entry.message
-        if not message.wal_id or self.name not in message.wal_queues:
-            return None
-        location = message.wal_location
-        if location is None or not message.wal_segment or not message.wal_start:
-            raise CheckpointRefused(f"the place in the log of message {message.wal_id} is not known")
-        return SpoolRecord(
-            message.wal_id,
-            message.wal_start,
-            message.wal_segment,
-            location[2] + message.size - message.wal_start,
-            message.size,
-            entry.delivery_count,
-            IN_LOG | REDELIVERED,
-            entry.expires_at or 0.0,
-        )
+    def _logged_records(self, entries: Iterable[Entry]) -> list[SpoolRecord]:
+        """Those of ``entries`` logged here, as spool records pointing at their ``Published``
+        records (plain tuples of a :class:`SpoolRecord`'s fields: a checkpoint makes one for
+        every message in memory, on the reactor thread)."""
+        name = self.name
+        flags = IN_LOG | REDELIVERED
+        records: list[Any] = []
+        append = records.append
+        for entry in entries:
+            message = entry.message
+            if not message.wal_id or name not in message.wal_queues:
+                continue
+            location = message.wal_location
+            start = message.wal_start
+            if location is None or not message.wal_segment or not start:
+                raise CheckpointRefused(f"the place in the log of message {message.wal_id} is not known")
+            size = message.size
+            append(
+                (
+                    message.wal_id,
+                    start,
+                    message.wal_segment,
+                    location[2] + size - start,
+                    size,
+                    entry.delivery_count,
+                    flags,
+                    entry.expires_at or 0.0,
+                )
+            )
+        return records
 
     def adopt_spool(self, storage: Any, *adopted: Any) -> None:
         """Take ``storage`` (a checkpoint's records) as this empty queue's spool; they come into

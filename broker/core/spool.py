@@ -41,6 +41,7 @@ __all__ = [
     "SpoolLocator",
     "SpoolRecord",
     "SpoolStorage",
+    "pack_record",
     "unpack_records",
 ]
 
@@ -48,6 +49,8 @@ __all__ = [
 #: body size, delivery count, flags, expiry (seconds since the epoch; 0: none). Little-endian.
 _RECORD = struct.Struct("<QQIIIIId")
 RECORD_BYTES = _RECORD.size
+#: Packs a record's fields (a :class:`SpoolRecord`, or a plain tuple of its fields).
+pack_record = _RECORD.pack
 
 #: The content is the message's ``Published`` record in the write-ahead log (else: a copy in
 #: the page store).
