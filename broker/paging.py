@@ -270,7 +270,7 @@ class Pager(Service):
 
     def spool_now(self, queue: WorkQueue) -> int:
         """``queue``'s window is full: 0 if memory is short (it is to spool now), else the ready
-        count at which it is to ask again (where it would have the rest of the budget to itself)."""
+        count at which it is to ask again (once it could have taken its share of what is left)."""
         self.watch(queue)
         used = self.memory_used()
         if used > self.budget:
@@ -345,8 +345,10 @@ class Pager(Service):
             self._call = self.reactor.callLater(self.interval, self.look)
 
     def _spool(self) -> None:
-        """Over the budget: the queues that hold the most spool what arrives from now on.
-        Well under it: spooling queues keep what arrives in memory."""
+        """Over the budget: the queues that hold the most spool what arrives from now on, until
+        those that do not spool hold at most :data:`RESUME_AT` of the budget (what a queue
+        holds stays in memory: spooling stops its growth). Well under it: spooling queues keep
+        what arrives in memory."""
         if self.spooler is None:
             return
         sharing = self.sharing()
@@ -354,19 +356,19 @@ class Pager(Service):
         used = sum(costs.values()) + self._logged_bytes()
         window = self.spooler.window
         if used > self.budget:
+            spooling = {queue for queue in costs if queue.spool is not None and queue.spool.recording}
+            for queue in spooling:
+                queue.spool.record_batch()  # type: ignore[union-attr]  # what waits, were no more to arrive
+            growing = sum(cost for queue, cost in costs.items() if queue not in spooling)
             for queue in sorted(costs, key=costs.__getitem__, reverse=True):
-                if used <= self.budget:
+                if growing <= self.budget * RESUME_AT:
                     break
-                if queue.spooler is None:
-                    continue
-                if queue.spool is not None and queue.spool.recording:
-                    queue.spool.record_batch()  # what waits, were no more to arrive
+                if queue in spooling or queue.spooler is None:
                     continue
                 if queue.spool is None and queue.memory_use[0] <= window:
                     continue
                 queue.spool_behind(window)
-                costs[queue] = _in_memory(queue, sharing)
-                used = sum(costs.values()) + self._logged_bytes()
+                growing -= costs[queue]
                 self._spooling()
         elif used < self.budget * RESUME_AT:
             for queue in costs:

@@ -279,7 +279,8 @@ def restore_snapshot(
             if queue is None:
                 continue
             for message_id, item in sorted(stored.items()):
-                if queue.spool is not None and item.start and item.segment and journal is not None:
+                spool = queue.spool
+                if spool is not None and not spool.waiting and item.start and item.segment and journal is not None:
                     # Behind the window: a record pointing at the log, no object.
                     queue.restore_spooled(item)
                     journal.restored_spooled(item.segment)

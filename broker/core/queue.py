@@ -894,9 +894,9 @@ class WorkQueue:
     # -- the spool ----------------------------------------------------------------------------
 
     def attach_spooler(self, spooler: Spooler) -> None:
-        """Let this queue spool what is behind ``spooler.window`` ready entries (not a priority
-        queue: its levels are kept in memory) when its pager finds memory short, or at once
-        without a pager."""
+        """Let this queue spool what arrives once ``spooler.window`` ready entries are in memory
+        and its pager finds memory short, or at once without a pager (not a priority queue: its
+        levels are kept in memory)."""
         if self.max_priority is not None:
             return
         self.spooler = spooler

@@ -208,6 +208,29 @@ def test_over_the_budget_the_biggest_queue_spools_and_is_back_in_memory_once_mem
     assert list(broker.spool_dir.iterdir()) == []
 
 
+def test_over_the_budget_the_queues_that_hold_the_most_spool_until_the_others_fit_half_of_it(tmp_path: Path) -> None:
+    per_message = ENTRY_BYTES + MESSAGE_BYTES + len(body(0))
+    broker = Broker(tmp_path, logged=False, budget=1 << 30)
+    broker.pager.startService()
+    sizes = {"a": 1000, "b": 400, "c": 100}
+    for name, count in sizes.items():
+        broker.client.call(1, commands.Queue.Declare(queue=name))
+        broker.publish(name, [body(n) for n in range(count)])
+    queues = {name: broker.queue(name) for name in sizes}
+    assert all(queue.spool is None for queue in queues.values())
+    broker.pager.budget = 1200 * per_message  # 1,500 held: over it, and "b" and "c" fit half of it
+    broker.clock.advance(1)
+    assert [name for name, queue in queues.items() if queue.spool is not None] == ["a"]
+    broker.pager.budget = 800 * per_message  # "b" and "c" do not fit half of it; "c" does
+    broker.clock.advance(1)
+    assert [name for name, queue in queues.items() if queue.spool is not None] == ["a", "b"]
+    broker.publish("a", [b"late"])
+    assert queues["a"].message_count == 1001 and queues["a"].spool.count == 1  # type: ignore[union-attr]
+    for name, count in sizes.items():
+        assert broker.get_all(name, count)[:2] == [body(0), body(1)]
+    assert broker.get_all("a", 1) == [b"late"]
+
+
 def test_a_message_routed_to_several_queues_counts_once_against_the_budget(tmp_path: Path) -> None:
     queues = [f"q{n}" for n in range(10)]
     shared = ENTRY_BYTES * len(queues) + MESSAGE_BYTES + len(body(0))  # each message, once
