@@ -97,6 +97,8 @@ class AMQPServerProtocol(Protocol):
         self._written_while_full = 0
         self._reading_held = False
         self._reading = True
+        #: What reads the socket, with its ``bufferSize`` (``None``: nothing to set).
+        self._reader: Any = None
 
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()
@@ -108,6 +110,12 @@ class AMQPServerProtocol(Protocol):
             certificate_name=self._certificate_name if ISSLTransport.providedBy(self.transport) else None,
         )
         self.factory.protocols[self.connection] = self
+        # What reads the socket (under TLS, the transport beneath it): its bufferSize is the
+        # most one read takes (see READ_BYTES).
+        reader = self.transport
+        while not hasattr(reader, "bufferSize") and hasattr(reader, "transport"):
+            reader = reader.transport
+        self._reader = reader if hasattr(reader, "bufferSize") else None
         if hasattr(self.transport, "setTcpNoDelay"):
             # Deliveries and confirms are latency-bound small writes: never wait for Nagle.
             self.transport.setTcpNoDelay(True)
@@ -144,9 +152,11 @@ class AMQPServerProtocol(Protocol):
             factory.in_io = False
         factory.flush()
         self.flush()
-        size = FLOW_READ_BYTES if factory.node.flow else READ_BYTES
-        if getattr(self.transport, "bufferSize", size) != size:
-            self.transport.bufferSize = size
+        reader = self._reader
+        if reader is not None:
+            size = FLOW_READ_BYTES if factory.node.flow else READ_BYTES
+            if reader.bufferSize != size:
+                reader.bufferSize = size
 
     def flush(self) -> None:
         """Write what the connection has queued, and close the socket if the connection is over."""

@@ -181,8 +181,10 @@ def test_a_client_is_read_in_smaller_pieces_while_the_node_is_in_flow() -> None:
     reading publishes cedes the reactor to deliveries and acks."""
     node = Node()
     factory = AMQPServerFactory(node, Clock())
-    protocol, transport = connect(factory)
-    transport.bufferSize = READ_BYTES  # as a TCP transport has it
+    protocol = factory.buildProtocol(None)
+    transport = CountingTransport()
+    transport.bufferSize = READ_BYTES  # type: ignore[attr-defined]  # as a TCP transport has it
+    protocol.makeConnection(transport)
     handshake(protocol)
     assert transport.bufferSize == READ_BYTES
     node.set_flow(True)
@@ -191,3 +193,20 @@ def test_a_client_is_read_in_smaller_pieces_while_the_node_is_in_flow() -> None:
     node.set_flow(False)
     protocol.dataReceived(publish_frames(1, "", "nowhere", b"x"))
     assert transport.bufferSize == READ_BYTES
+
+
+def test_under_tls_the_transport_that_reads_the_socket_is_the_one_slowed() -> None:
+    class Socket:
+        bufferSize = READ_BYTES
+
+    class Wrapped(CountingTransport):  # as TLS wraps a TCP transport
+        transport = Socket()
+
+    node = Node()
+    protocol = AMQPServerFactory(node, Clock()).buildProtocol(None)
+    transport = Wrapped()
+    protocol.makeConnection(transport)
+    handshake(protocol)
+    node.set_flow(True)
+    protocol.dataReceived(publish_frames(1, "", "nowhere", b"x"))
+    assert transport.transport.bufferSize == FLOW_READ_BYTES and not hasattr(transport, "bufferSize")
