@@ -59,6 +59,9 @@ _frame_head = struct.Struct(">BHI")
 _method_index = struct.Struct(">I")
 _deliver_tail = struct.Struct(">QB")
 _publish_head = struct.Struct(">BHIIH")  # frame header, method index, reserved ticket
+_ack_frame = struct.Struct(">BHIIQBB")  # frame header, method index, delivery tag, multiple, frame end
+#: An ack's frame header and method index on channel 1 (``basic.ack``: class 60, method 80).
+_ACK_HEAD = (FRAME_METHOD, 1, 13, (60 << 16) | 80)
 
 
 def parse_deliver(payload: bytes) -> tuple[str, int, bool, str, str]:
@@ -236,7 +239,7 @@ class Message:
         redelivered: bool,
         exchange: str,
         routing_key: str,
-        properties: commands.Basic.Properties,
+        properties: commands.Basic.Properties | bytes,
         body: bytes,
     ) -> None:
         self._connection: Any = connection  # a Connection or a broker.txclient.TwistedConnection
@@ -247,10 +250,20 @@ class Message:
         self.redelivered = redelivered
         self.exchange = exchange
         self.routing_key = routing_key
-        self.properties = properties
+        #: The properties, or the content header's bytes until they are first read.
+        self._properties = properties
         self.body = body
         #: From :meth:`Connection.get`: how many messages the queue held after this one.
         self.remaining: int | None = None
+
+    @property
+    def properties(self) -> commands.Basic.Properties:
+        """The message's properties (decoded when first read: a consumer that reads only the
+        body does not pay for them)."""
+        properties = self._properties
+        if isinstance(properties, bytes):
+            properties = self._properties = decode_properties(properties)
+        return properties
 
     @property
     def headers(self) -> dict[str, Any]:
@@ -273,7 +286,7 @@ class Message:
 
     def ack(self) -> None:
         """Acknowledge: the broker forgets the message."""
-        self._settle(commands.Basic.Ack(delivery_tag=self.delivery_tag))
+        self._connection._settle(self._generation, _ack_frame.pack(*_ACK_HEAD, self.delivery_tag, 0, FRAME_END))
 
     def nack(self, requeue: bool = True) -> None:
         """Refuse: back to the queue (``requeue``) or to the dead-letter exchange."""
@@ -334,6 +347,8 @@ class Connection:
         self.timeout = timeout
         self._heartbeat = heartbeat
         self._buffer = b""
+        #: Where the next frame starts in :attr:`_buffer`.
+        self._at = 0
         self._deliveries: deque[Message] = deque()
         self._publish_seq = 0
         #: Every publish up to this tag is confirmed or refused.
@@ -359,6 +374,8 @@ class Connection:
 
     def _open(self) -> None:
         self._buffer = b""
+        #: Where the next frame starts in :attr:`_buffer`.
+        self._at = 0
         self._closed = None
         self._publish_seq = 0
         self._confirmed = 0
@@ -421,22 +438,24 @@ class Connection:
             if not data:
                 self._closed = ConnectionClosed(320, "the broker closed the socket")
                 raise self._closed
-            self._buffer += data
+            self._buffer = self._buffer[self._at :] + data if self._at else self._buffer + data
+            self._at = 0
             return
 
     def _frame(self, deadline: float) -> tuple[int, int, bytes]:
         """The next frame ``(type, channel, payload)``."""
         while True:
             buffer = self._buffer
-            if len(buffer) >= FRAME_OVERHEAD:
-                frame_type, channel, size = _frame_head.unpack_from(buffer)
-                end = 7 + size
+            at = self._at
+            if len(buffer) - at >= FRAME_OVERHEAD:
+                frame_type, channel, size = _frame_head.unpack_from(buffer, at)
+                end = at + 7 + size
                 if len(buffer) > end:
                     if buffer[end] != FRAME_END:
                         self._closed = ConnectionClosed(501, "bad frame end from the broker")
                         raise self._closed
-                    self._buffer = buffer[end + 1 :]
-                    return frame_type, channel, buffer[7:end]
+                    self._at = end + 1  # the bytes read are left behind until the next read
+                    return frame_type, channel, buffer[at + 7 : end]
             self._fill(deadline)
 
     def _method(self, deadline: float) -> Frame:
@@ -484,7 +503,8 @@ class Connection:
             return method
         return None
 
-    def _content(self, deadline: float) -> tuple[commands.Basic.Properties, bytes]:
+    def _content(self, deadline: float) -> tuple[bytes, bytes]:
+        """The content header's payload (see :attr:`Message.properties`) and the body."""
         _type, _channel, header = self._frame(deadline)
         _class, _weight, size = content_body_size(header)
         parts = []
@@ -493,19 +513,19 @@ class Connection:
             _type, _channel, piece = self._frame(deadline)
             parts.append(piece)
             received += len(piece)
-        return decode_properties(header), b"".join(parts)
+        return header, b"".join(parts)
 
     def _delivery(self, payload: bytes, deadline: float) -> None:
         _consumer_tag, delivery_tag, redelivered, exchange, routing_key = parse_deliver(payload)
         properties, body = self._content(deadline)
         self._deliveries.append(Message(self, delivery_tag, redelivered, exchange, routing_key, properties, body))
 
-    def _settle(self, generation: int, method: Frame) -> None:
-        """Send an ack, nack or reject of a delivery made in connection ``generation``."""
+    def _settle(self, generation: int, method: Frame | bytes) -> None:
+        """Send an ack, nack or reject (or its frame) of a delivery made in connection ``generation``."""
         if generation != self._generation:
             return  # delivered before a reconnect: the broker already put it back
         try:
-            self._send(encode_method(1, method))
+            self._send(method if isinstance(method, bytes) else encode_method(1, method))
         except (OSError, ConnectionClosed):
             if not self.reconnect:
                 raise

@@ -23,7 +23,7 @@ from broker.core.message import Message
 from broker.core.queue import WRITE
 from broker.core.spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
 from broker.paging import write_all
-from broker.wal.record import encode_published, published_content
+from broker.wal.record import encode_published, published_contents
 
 if TYPE_CHECKING:
     from broker.core.journal import Journal
@@ -252,21 +252,22 @@ class Locator:
         messages = []
         append = messages.append
         logged = []
+        exchange = routing_key = decoded = None
         for span, at, group in self._spans(records):
-            for record in group:
-                content = published_content(span, record.offset - at, record.length)
-                if content is None or (record.flags & IN_LOG and content[0] != record.message_id):
-                    where = "log segment" if record.flags & IN_LOG else "page store segment"
+            for record, content in zip(group, published_contents(span, at, group), strict=True):
+                flags = record[6]
+                if content is None or (flags & IN_LOG and content[0] != record[0]):
+                    where = "log segment" if flags & IN_LOG else "page store segment"
                     raise OSError(f"spooled message damaged: {where} {record.segment} at offset {record.offset}")
-                message_id, exchange, routing_key, header, body = content
-                decoded = names.get((exchange, routing_key))
-                if decoded is None:
-                    decoded = self._decode_names(exchange, routing_key)
-                message = Message(*decoded, header, body)
-                if record.flags & IN_LOG and journal is not None:
-                    message.wal_id = message_id
-                    message.wal_start = offset = record.offset
-                    message.wal_location = (read_log, record.segment, offset + record.length - message.size)  # type: ignore[assignment]
+                if content[1] is not exchange or content[2] is not routing_key:
+                    # (Records read alike share their names' bytes.)
+                    exchange, routing_key = content[1], content[2]
+                    decoded = names.get((exchange, routing_key)) or self._decode_names(exchange, routing_key)
+                message = Message(*decoded, content[3], content[4])  # type: ignore[misc]
+                if flags & IN_LOG and journal is not None:
+                    message.wal_id = record[0]
+                    message.wal_start = offset = record[1]
+                    message.wal_location = (read_log, record[2], offset + record[3] - message.size)  # type: ignore[assignment]
                     logged.append((message, record))
                 append(message)
         if logged:

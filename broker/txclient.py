@@ -473,12 +473,12 @@ class TwistedConnection(Protocol):
         self._send(encode_method(1, method))
         return deferred
 
-    def _settle(self, generation: int, method: Frame) -> None:
-        """Send an ack, nack or reject of a delivery made in connection ``generation``
-        (called by :class:`broker.client.Message`)."""
+    def _settle(self, generation: int, method: Frame | bytes) -> None:
+        """Send an ack, nack or reject (or its frame) of a delivery made in connection
+        ``generation`` (called by :class:`broker.client.Message`)."""
         if generation != self._generation:
             return  # delivered before a drop: the broker put it back, it comes again
-        self._send(encode_method(1, method))
+        self._send(method if isinstance(method, bytes) else encode_method(1, method))
 
     def _send_publish(self, publish: _Publish) -> None:
         self._publish_seq += 1

@@ -16,8 +16,9 @@ Invariants:
 from __future__ import annotations
 
 import struct
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
@@ -74,6 +75,8 @@ MAX_STALE_TAGS = 1_000_000
 
 _deliver_head = struct.Struct(">BHII")  # frame header and method index of basic.deliver
 _tag_redelivered = struct.Struct(">QB")
+_queue_of = attrgetter("queue")
+_consumer_of = attrgetter("consumer")
 _frame_end_then_header = struct.Struct(">BBHI")  # frame-end octet, then the next frame's header
 
 
@@ -149,6 +152,8 @@ class ChannelState:
         self._max_message_bytes = connection.node.limits.max_message_bytes
         #: Plugins' message hooks; ``None`` (the usual case) costs the hot path one test.
         self._hooks = connection.node.hooks
+        #: Deliveries acked in the read being handled, not settled yet (see :meth:`hold_ack`).
+        self._held_acks: list[Entry] = []
 
     # -- state --------------------------------------------------------------------------------
 
@@ -577,16 +582,17 @@ class ChannelState:
         """
         unacked = self._unacked
         if multiple:
-            taken = []
             if delivery_tag == 0:
                 delivery_tag = self._delivery_tag
             elif delivery_tag not in unacked and not self._is_stale(delivery_tag):
                 raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
-            while unacked:
-                tag = next(iter(unacked))
+            count = 0
+            for tag in unacked:  # in delivery order
                 if tag > delivery_tag:
                     break
-                taken.append(unacked.popitem(last=False)[1])
+                count += 1
+            pop = unacked.popitem
+            taken = [pop(False)[1] for _ in range(count)]
         else:
             entry = unacked.pop(delivery_tag, None)
             if entry is None:
@@ -595,11 +601,17 @@ class ChannelState:
                 raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
             taken = [entry]
         self.unacked_count -= len(taken)
-        for entry in taken:
+        if len(taken) == 1:
+            entry = taken[0]
             entry.queue.unacked_count -= 1
-            consumer = entry.consumer
+            if entry.consumer is not None:
+                entry.consumer.unacked -= 1
+            return taken
+        for queue, count in Counter(map(_queue_of, taken)).items():
+            queue.unacked_count -= count
+        for consumer, count in Counter(map(_consumer_of, taken)).items():
             if consumer is not None:
-                consumer.unacked -= 1
+                consumer.unacked -= count
         return taken
 
     def _is_stale(self, delivery_tag: int) -> bool:
@@ -635,6 +647,27 @@ class ChannelState:
             self._tx_ops.append(lambda: self._acked(entries))
             return
         self._acked(entries)
+
+    def hold_ack(self, delivery_tag: int) -> bool:
+        """A single ``basic.ack`` (not transactional) among others of one read: its delivery is
+        taken now (an unknown tag fails here, in order), and settled with the others by
+        :meth:`settle_held` before the connection handles any other frame. Returns whether it
+        is the first one held.
+
+        :raises ChannelException: as :meth:`_take`
+        """
+        taken = self._take(delivery_tag, False)
+        held = self._held_acks
+        held += taken
+        return len(held) == len(taken) > 0
+
+    def settle_held(self) -> None:
+        """Settle the acks :meth:`hold_ack` took: each queue settles its share and dispatches
+        once, as for one ``multiple`` ack."""
+        entries = self._held_acks
+        if entries:
+            self._held_acks = []
+            self._acked(entries)
 
     def _acked(self, entries: list[Entry]) -> None:
         if not entries:

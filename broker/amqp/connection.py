@@ -88,6 +88,8 @@ _frame_head = struct.Struct(">BHI")
 _method_index = struct.Struct(">I")
 _body_size = struct.Struct(">Q")
 _PUBLISH_ID = _method_index.pack(BASIC_PUBLISH)
+_ACK_ID = _method_index.pack(BASIC_ACK)
+_ack_args = struct.Struct(">QB")  # basic.ack: delivery tag, multiple
 _CLOSE_ID = _method_index.pack(0x000A0032)  # connection.close
 _CLOSE_OK_ID = _method_index.pack(0x000A0033)  # connection.close-ok
 _CLOSE_OK = encode_method(0, commands.Connection.CloseOk())
@@ -291,7 +293,9 @@ class ServerConnection:
         The common case, a ``basic.publish`` followed by its content header and a single body
         frame all present in the buffer, is recognised and handled in one step without
         building intermediate objects; everything else goes frame by frame through
-        :meth:`_frame`.
+        :meth:`_frame`. So is a single ``basic.ack`` (a consumer acking one message at a time):
+        its delivery is taken at once, and the acks of one read are settled together, before
+        any other frame is handled and before this returns (see :meth:`ChannelState.hold_ack`).
         """
         if self.closed:
             if self.state is State.LINGERING:
@@ -324,6 +328,7 @@ class ServerConnection:
         unpack = _frame_head.unpack_from
         names_cache = self._names_cache
         alarms = self._alarms
+        holding: list[ChannelState] = []  # channels holding acks of this read (see ChannelState.hold_ack)
         try:
             while total - pos >= FRAME_OVERHEAD:
                 frame_type, channel_id, size = unpack(data, pos)
@@ -338,6 +343,26 @@ class ServerConnection:
                     raise _LostSync(
                         f"{_frame_text(frame_type, data[pos + 7 : end])}: {{invalid_frame_end_marker,{data[end]}}}"
                     )
+                if frame_type == FRAME_METHOD and size == 13 and data.startswith(_ACK_ID, pos + 7):
+                    # -- fast path: a single basic.ack (a consumer's acks come one per message) --
+                    channel = self.channels.get(channel_id)
+                    if channel is not None and channel._publish is None and not channel.transactional:
+                        tag, bits = _ack_args.unpack_from(data, pos + 11)
+                        if not bits:
+                            pos = end + 1
+                            try:
+                                if channel.hold_ack(tag):
+                                    holding.append(channel)
+                            except ChannelException as error:
+                                self._settle_held(holding)
+                                if not error.class_id:
+                                    error.class_id, error.method_id = BASIC_CLASS, BASIC_ACK & 0xFFFF
+                                self._channel_error(channel_id, error)
+                            if self.closed:
+                                break
+                            continue
+                if holding:  # any other frame sees the acks before it settled
+                    self._settle_held(holding)
                 # (During an alarm, publishes go frame by frame: RabbitMQ blocks after the header.)
                 if frame_type == FRAME_METHOD and not alarms and data.startswith(_PUBLISH_ID, pos + 7):
                     channel = self.channels.get(channel_id)
@@ -404,14 +429,18 @@ class ServerConnection:
                 if self.replied_bytes > REPLY_BOUND:
                     self.replies_held = True
                     break
+            if holding:
+                self._settle_held(holding)
         except _LostSync as error:
             # The next frame cannot be found: RabbitMQ sends its close, reads nothing more and
             # closes the socket after its silent-close delay.
+            self._settle_held(holding)
             self._fail(error)
             self._finish()
             self.silent_close_delay = SILENT_CLOSE_DELAY
             return
         except ConnectionException as error:
+            self._settle_held(holding)
             self._fail(error)
         if self.state is State.LINGERING:
             if pos < total:  # what came after the client's connection.close, in the same read
@@ -423,6 +452,13 @@ class ServerConnection:
             self._hold(data[pos:])
         elif pos < total:
             self._pending = data[pos:]
+
+    @staticmethod
+    def _settle_held(holding: list[ChannelState]) -> None:
+        """Settle the acks the channels of ``holding`` took since the last settlement."""
+        for channel in holding:
+            channel.settle_held()
+        holding.clear()
 
     def _hold(self, data: bytes) -> None:
         """Keep what arrives while the login is checked, up to a frame's worth (a client has

@@ -51,6 +51,9 @@ if TYPE_CHECKING:
 #: message references written to it are still live: at most a third more writing, to free it.
 SPARSE_RATIO = 4
 
+#: Ids gathered into one ``Removed`` record at most.
+REMOVAL_IDS = 4096
+
 
 class _Pin:
     """Reads a log segment for messages whose bodies are on disk there and that no durable queue
@@ -115,8 +118,13 @@ class Journal:
         self._pending: list[bytes] = []
         #: Messages recorded in the pending data, with where their record ends in it.
         self._pending_messages: list[tuple[Message, int, int]] = []
-        #: Bytes waiting in :meth:`take`.
-        self.pending_bytes = 0
+        #: Bytes waiting in :meth:`take` (:attr:`pending_bytes` with the open removal).
+        self._pending_bytes = 0
+        #: The removal being gathered: ``(vhost, queue)`` and the ids acked since, encoded as one
+        #: ``Removed`` record when another record comes, or when anything reads the position or
+        #: what is pending (a consumer's acks one at a time cost one record per write).
+        self._removing: tuple[str, str] | None = None
+        self._removing_ids: list[int] = []
         #: Live message references per log segment (a message in two queues counts twice).
         #: A segment whose count is 0, with every older one at 0 too, can be retired.
         self.live: Counter[int] = Counter()
@@ -145,8 +153,8 @@ class Journal:
         self._pins: dict[int, weakref.ref[_Pin]] = {}
         self._next_id = next_message_id
         self._clock = clock or (lambda: 0.0)
-        #: Bytes encoded so far: a publish is durable once :attr:`synced` reaches its position.
-        self.position = 0
+        #: Bytes encoded so far (:attr:`position` with the open removal).
+        self._position = 0
         #: Position the writer has made durable (or written, with ``fsync: never``).
         self.synced = 0
         #: Called when records become pending and none were before (the shell schedules a write).
@@ -167,16 +175,37 @@ class Journal:
 
     # -- recording ------------------------------------------------------------------------------
 
+    @property
+    def position(self) -> int:
+        """Bytes encoded so far: a publish is durable once :attr:`synced` reaches its position."""
+        if self._removing is not None:
+            self._close_removal()
+        return self._position
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of records waiting for :meth:`take`."""
+        if self._removing is not None:
+            self._close_removal()
+        return self._pending_bytes
+
+    def _close_removal(self) -> None:
+        (vhost, queue), ids = self._removing, self._removing_ids  # type: ignore[misc]
+        self._removing, self._removing_ids = None, []
+        self._add(encode(Removed(vhost, queue, tuple(ids))))
+
     def _add(self, data: bytes) -> None:
         if self.replaying:
             return
+        if self._removing is not None:
+            self._close_removal()
         first = not self._pending
         self._pending.append(data)
-        self.pending_bytes += len(data)
-        self.position += len(data)
+        self._pending_bytes += len(data)
+        self._position += len(data)
         if first and self.on_pending is not None:
             self.on_pending()
-        if self.pending_bytes > self.max_backlog and self.on_backlog is not None:
+        if self._pending_bytes > self.max_backlog and self.on_backlog is not None:
             self.on_backlog()
 
     def published(self, message: Message, vhost: str, queues: Iterable[str]) -> int:
@@ -191,7 +220,7 @@ class Journal:
         message.wal_queues += queues
         record = self._published_record(message, queues)
         self._add(record)
-        self._pending_messages.append((message, self.pending_bytes, len(record)))
+        self._pending_messages.append((message, self._pending_bytes, len(record)))
         return message_id
 
     def _published_record(self, message: Message, queues: tuple[str, ...]) -> bytes:
@@ -214,8 +243,19 @@ class Journal:
             if message.wal_id:
                 ids.append(message.wal_id)
                 self._release(message, queue.name)
-        if ids:
-            self._add(encode(Removed(queue.vhost_name, queue.name, tuple(ids))))
+        if ids and not self.replaying:
+            key = (queue.vhost_name, queue.name)
+            if self._removing == key:
+                self._removing_ids += ids
+                if len(self._removing_ids) >= REMOVAL_IDS:
+                    self._close_removal()
+            else:
+                if self._removing is not None:
+                    self._close_removal()
+                first = not self._pending
+                self._removing, self._removing_ids = key, ids
+                if first and self.on_pending is not None:
+                    self.on_pending()  # the shell schedules a write, which closes it
 
     def refused(self, queue: WorkQueue, message: Message) -> None:
         """Record that ``queue`` refused a message already recorded as entering it (it was full)."""
@@ -288,7 +328,7 @@ class Journal:
             message.wal_segment = 0
             record = self._published_record(message, tuple(message.wal_queues))
             self._add(record)
-            self._pending_messages.append((message, self.pending_bytes, len(record)))
+            self._pending_messages.append((message, self._pending_bytes, len(record)))
             for queue, count in (message.wal_counts or {}).items():
                 self._add(encode(DeliveryCounted(message.wal_vhost, queue, message.wal_id, count)))
         self.rewritten += len(messages)
@@ -411,7 +451,7 @@ class Journal:
     @property
     def has_pending(self) -> bool:
         """Whether records wait to be written."""
-        return bool(self._pending)
+        return bool(self._pending) or self._removing is not None
 
     def take(
         self, segment: int = 0, base: int = 0, read: Callable[[int, int, int], bytes] | None = None
@@ -424,9 +464,11 @@ class Journal:
         :param read: reads bytes back from a segment; given, the bodies written here may be
             paged out later (:meth:`page_out`)
         """
+        if self._removing is not None:
+            self._close_removal()
         data = b"".join(self._pending)
         self._pending.clear()
-        self.pending_bytes = 0
+        self._pending_bytes = 0
         resident = self.resident
         for message, end, length in self._pending_messages:
             self._place(message, segment, len(message.wal_queues))
@@ -444,7 +486,7 @@ class Journal:
             if gone.wal_counted:
                 gone.wal_counted = False
                 self.resident_bytes -= gone.size
-        return data, self.position
+        return data, self._position
 
     def page_out(self, budget: int) -> int:
         """Drop bodies of logged messages from memory, newest first, until at most ``budget``
@@ -559,26 +601,27 @@ class Journal:
         """Spool records of ``queue`` were read back as these messages (their ``wal_location``
         set): they are held as objects again, counted in :attr:`resident_bytes`."""
         by_segment = self._by_segment
-        resident = self.resident
-        segments: Counter[int] = Counter()
         size = 0
+        last = -1
+        holders: set[Message] = set()
         for message, record in loaded:
-            segment = record.segment
-            segments[segment] += 1
+            segment = record[2]  # SpoolRecord.segment
             message.wal_vhost = vhost
             message.wal_queues.append(queue)
             message.wal_segment = segment
             message.wal_counted = True
             size += message.size
-            if record.delivery_count:
-                message.wal_counts = {queue: record.delivery_count}
-            holders = by_segment.get(segment)
-            if holders is None:
-                holders = by_segment[segment] = set()
+            if record[5]:  # SpoolRecord.delivery_count
+                message.wal_counts = {queue: record[5]}
+            if segment != last:  # (records read back at once mostly point into one segment)
+                last = segment
+                holders = by_segment.get(segment)  # type: ignore[assignment]
+                if holders is None:
+                    holders = by_segment[segment] = set()
             holders.add(message)
-        resident.extend(message for message, _record in loaded)
+        self.resident.extend([message for message, _record in loaded])
         self.resident_bytes += size
-        for segment, count in segments.items():
+        for segment, count in Counter([record[2] for _message, record in loaded]).items():
             self._unspool(segment, count)
 
     def restored_spooled(self, segment: int, count: int = 1) -> None:

@@ -759,17 +759,21 @@ class WorkQueue:
         full): a record pointing at its ``Published`` record, with its TTL counted as
         :meth:`restore` counts it."""
         record = item.record
-        ttl = self._ttl(Message(record.exchange, record.routing_key, b"", record.header, b""))
+        header = record.header
+        if header[12] & (FLAG_EXPIRATION >> 8):  # (the property flags' first octet)
+            ttl = self._ttl(Message(record.exchange, record.routing_key, b"", header, b""))
+        else:
+            ttl = self.settings.message_ttl
         self.spool.push_record(  # type: ignore[union-attr]
             SpoolRecord(
-                message_id=record.message_id,
-                offset=item.start,
-                segment=item.segment,
-                length=item.end - item.start,
-                size=len(record.body),
-                delivery_count=item.delivery_count,
-                flags=REDELIVERED | IN_LOG,
-                expires_at=record.timestamp + ttl if ttl is not None else 0.0,
+                record.message_id,
+                item.start,
+                item.segment,
+                item.end - item.start,
+                len(record.body),
+                item.delivery_count,
+                REDELIVERED | IN_LOG,
+                record.timestamp + ttl if ttl is not None else 0.0,
             )
         )
 

@@ -23,10 +23,11 @@ Nothing here does I/O itself.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from broker.core.message import Message
@@ -86,10 +87,14 @@ class SpoolRecord(NamedTuple):
         return _RECORD.pack(*self)
 
 
+#: Makes a :class:`SpoolRecord` of a tuple of its fields, without checking their number
+#: (``SpoolRecord._make`` without its cost: records are read back by the thousand).
+_make_record: Callable[[tuple[Any, ...]], SpoolRecord] = functools.partial(tuple.__new__, SpoolRecord)  # type: ignore[assignment]
+
+
 def unpack_records(data: bytes) -> list[SpoolRecord]:
     """The records packed in ``data`` (a whole number of them)."""
-    make = SpoolRecord._make
-    return [make(fields) for fields in _RECORD.iter_unpack(data)]
+    return list(map(_make_record, _RECORD.iter_unpack(data)))
 
 
 class SpoolStorage(Protocol):
@@ -233,8 +238,11 @@ class Spool:
         """
         if self.waiting:
             raise RuntimeError("a record cannot overtake waiting entries")
-        self._buffer.append(record.pack())
-        self._count((record,), 1)
+        self._buffer.append(_RECORD.pack(*record))
+        if record[6] & IN_LOG:
+            self.refs[record[2]] += 1
+        else:
+            self._count((record,), 1)
         self.count += 1
         self.bytes += record.size
         if len(self._buffer) >= BATCH:
@@ -324,6 +332,7 @@ class Spool:
         the log removed after it (they are dropped here), nor copies of messages that were not
         logged (their content went with the last run; they were never counted)."""
         removed, counts = self._removed, self._counts
+        make = _make_record
         kept, dropped = [], []
         for record in records[:adopted]:
             if not record.flags & IN_LOG:
@@ -333,8 +342,8 @@ class Spool:
                 removed.discard(message_id)
                 dropped.append(record)
                 continue
-            count = counts.pop(message_id, record.delivery_count) if counts else record.delivery_count
-            kept.append(record._replace(flags=record.flags | REDELIVERED, delivery_count=count))
+            count = counts.pop(message_id, record[5]) if counts else record[5]
+            kept.append(make((message_id, *record[1:5], count, record[6] | REDELIVERED, record[7])))
         if dropped:
             self.bytes -= sum(record.size for record in dropped)
             self._count(dropped, -1)
@@ -401,9 +410,10 @@ class Spool:
 
     def _count(self, records: Sequence[SpoolRecord], sign: int) -> None:
         """Count ``records`` in (``sign`` 1) or out (-1) of :attr:`copies` and :attr:`refs`."""
-        in_log = [record[2] for record in records if record[6] & IN_LOG]
-        if len(in_log) != len(records):
-            self.copies += sign * (len(records) - len(in_log))
+        in_log = Counter([record[2] for record in records if record[6] & IN_LOG])
+        logged = in_log.total()
+        if logged != len(records):
+            self.copies += sign * (len(records) - logged)
             self.copy_bytes += sign * sum(record[4] for record in records if not record[6] & IN_LOG)
         if sign > 0:
             self.refs.update(in_log)

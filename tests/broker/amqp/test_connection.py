@@ -455,6 +455,42 @@ def test_prefetch_limits_unacked_deliveries_and_an_ack_releases_more() -> None:
     assert n.vhosts["/"].queues["q"].message_count == 5
 
 
+def consuming(messages: int, prefetch: int) -> tuple[Node, Client, list]:
+    """A node with ``messages`` in queue ``q`` and a consumer on it; the consumer's first frames."""
+    n = node()
+    consumer = opened(n)
+    consumer_on(consumer, "q", prefetch=prefetch)
+    opened(n).send(b"".join(publish_frames(1, "", "q", b"%d" % i) for i in range(messages)))
+    return n, consumer, methods(consumer.read())
+
+
+def test_single_acks_in_one_read_settle_together_before_the_next_frame() -> None:
+    n, consumer, delivered = consuming(5, prefetch=2)
+    assert [f.delivery_tag for f in delivered if isinstance(f, commands.Basic.Deliver)] == [1, 2]
+    acks = encode(1, commands.Basic.Ack(delivery_tag=1), commands.Basic.Ack(delivery_tag=2))
+    frames = methods(consumer.send(acks + encode(1, commands.Basic.Get(queue="q"))))
+    assert [type(f).__name__ for f in frames if not isinstance(f, ContentHeader)] == [
+        "Deliver",
+        "ContentBody",
+        "Deliver",
+        "ContentBody",
+        "GetOk",
+        "ContentBody",
+    ]
+    assert [f.value for f in frames if isinstance(f, ContentBody)] == [b"2", b"3", b"4"]
+    queue = n.vhosts["/"].queues["q"]
+    assert (queue.message_count, queue.unacked_count, queue.acked) == (0, 3, 2)
+
+
+def test_an_unknown_tag_among_single_acks_closes_the_channel_after_settling_those_before_it() -> None:
+    n, consumer, _delivered = consuming(3, prefetch=3)
+    acks = encode(1, *(commands.Basic.Ack(delivery_tag=tag) for tag in (1, 9, 2)))
+    close = close_of(consumer.send(acks))
+    assert (close.reply_code, close.class_id, close.method_id) == (406, 60, 80)
+    queue = n.vhosts["/"].queues["q"]
+    assert (queue.acked, queue.message_count, queue.unacked_count) == (1, 2, 0)  # 2 and 3 back in the queue
+
+
 def test_nack_with_requeue_redelivers_to_the_head_in_order() -> None:
     n = node()
     consumer = opened(n)

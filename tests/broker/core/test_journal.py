@@ -154,6 +154,38 @@ def test_acks_returns_and_topology_are_logged_and_replay_rebuilds_the_broker() -
     assert clock.getDelayedCalls() == []
 
 
+def test_acks_one_at_a_time_are_logged_as_one_removal_until_another_record_comes() -> None:
+    node, journal, _ = durable_node()
+    c = client(node)
+    c.call(1, *(commands.Queue.Declare(queue=name, durable=True) for name in ("a", "b")))
+    for i in range(6):
+        c.send(publish_frames(1, "", "a" if i < 4 else "b", b"m%d" % i, PERSISTENT))
+    journal.take()
+
+    def ack_next(queue: str) -> None:
+        got = [v for _, v in c.call(1, commands.Basic.Get(queue=queue)) if v.name == "Basic.GetOk"][0]
+        c.call(1, commands.Basic.Ack(delivery_tag=got.delivery_tag))
+
+    ack_next("a")
+    ack_next("a")
+    before = journal.position  # reading the position closes the removal it counts
+    ack_next("a")
+    ack_next("b")  # another queue: a record of its own
+    c.send(publish_frames(1, "", "b", b"later", PERSISTENT))  # comes after the removals
+    ack_next("a")
+    data, position = journal.take()
+    assert before < position
+    logged = [record for _offset, _end, record in iter_records(data)]
+    assert [record if not isinstance(record, Published) else "published" for record in logged] == [
+        Removed("/", "a", (1, 2)),
+        Removed("/", "a", (3,)),
+        Removed("/", "b", (5,)),
+        "published",
+        Removed("/", "a", (4,)),
+    ]
+    assert not journal.has_pending
+
+
 def test_the_topology_snapshot_replays_to_the_same_durable_topology() -> None:
     node, journal, _ = durable_node()
     c = client(node)

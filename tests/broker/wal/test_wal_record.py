@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 import struct
 import zlib
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -39,6 +40,7 @@ from broker.wal.record import (
     iter_records,
     parse_segment_header,
     published_content,
+    published_contents,
     scan,
     segment_header,
 )
@@ -519,3 +521,43 @@ def test_published_content_reads_what_a_delivery_needs_and_only_from_a_valid_rec
     assert published_content(damaged, 3, len(record)) is None
     other = encode(Removed("/", "q", (7,)))
     assert published_content(other, 0, len(other)) is None
+
+
+@given(
+    routes=st.lists(
+        st.tuples(
+            st.sampled_from([("q",), ("q", "r"), ("qq",)]), st.sampled_from(["", "ex"]), st.sampled_from(["k", "kk"])
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    damaged=st.integers(min_value=-1, max_value=11),
+)
+def test_published_contents_of_a_span_read_each_record_as_published_content_does(
+    routes: list[tuple[tuple[str, ...], str, str]], damaged: int
+) -> None:
+    """Records read alike skip their names; one that differs, or is damaged, is read on its own."""
+    headers = [b"\x00<\x00\x00" + bytes(8) + b"\x10\x00" + bytes([n]) * (1 + n % 3) for n in range(len(routes))]
+    records = [
+        encode_published(n + 1, "/", queues, exchange, key, 1.5, headers[n], b"b%d" % n)
+        for n, (queues, exchange, key) in enumerate(routes)
+    ]
+    data = bytearray(b"pad" + b"".join(records))
+    places, offset = [], 103
+    for encoded in records:
+        places.append(SimpleNamespace(offset=offset, length=len(encoded)))
+        offset += len(encoded)
+    if 0 <= damaged < len(records):
+        data[places[damaged].offset - 100 + RECORD_HEADER_BYTES + 9] ^= 1  # a byte of its names
+    contents = published_contents(bytes(data), 100, places)
+    expected = [published_content(bytes(data), place.offset - 100, place.length) for place in places]
+    assert contents == expected
+    assert [content is None for content in contents] == [n == damaged for n in range(len(records))]
+
+
+def test_decoding_published_records_that_came_different_ways_keeps_each_ones_names() -> None:
+    first = Published(1, "/", ("a",), "ex", "k", 1.0, b"h" * 14, b"x")
+    longer = Published(2, "/", ("a", "b"), "ex", "k", 1.0, b"h" * 14, b"y")
+    other = Published(3, "v", ("a",), "ex", "k", 1.0, b"h" * 14, b"z")
+    for published in [first, first, longer, first, other, other, longer]:
+        assert decode(RecordType.PUBLISHED, encode(published)[RECORD_HEADER_BYTES:]) == published
