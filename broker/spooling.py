@@ -23,7 +23,7 @@ from broker.core.message import Message
 from broker.core.queue import WRITE
 from broker.core.spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
 from broker.paging import write_all
-from broker.wal.record import encode_published, published_contents
+from broker.wal.record import encode_published_after, published_contents, published_prefix
 
 if TYPE_CHECKING:
     from broker.core.journal import Journal
@@ -193,6 +193,8 @@ class Locator:
         self.holds = holds
         #: Exchange and routing key bytes read back -> as a message takes them (:meth:`_decode_names`).
         self._names: dict[tuple[bytes, bytes], tuple[str, str, bytes]] = {}
+        #: A message's names -> the start of its copy's record (:func:`published_prefix`).
+        self._prefixes: dict[bytes, bytes] = {}
 
     def locatable(self, entry: Entry) -> bool:
         message = entry.message
@@ -206,6 +208,7 @@ class Locator:
         records: list[tuple[int, int, int, int, int, int, int, float]] = []
         copies: list[tuple[int, bytes]] = []
         in_log: list[Message] = []
+        prefixes = self._prefixes
         for entry in entries:
             message = entry.message
             flags = REDELIVERED if entry.redelivered else 0
@@ -227,9 +230,13 @@ class Locator:
                 )
                 in_log.append(message)
             else:
-                content = encode_published(
-                    0, "", (), message.exchange, message.routing_key, 0.0, message.header, message.body
-                )
+                names = message.names
+                prefix = prefixes.get(names)
+                if prefix is None:
+                    if len(prefixes) >= NAMES_KEPT:
+                        prefixes.clear()
+                    prefix = prefixes[names] = published_prefix(0, "", (), message.exchange, message.routing_key)
+                content = encode_published_after(prefix, 0.0, message.header, message.body)
                 copies.append((len(records), content))
                 records.append((0, 0, 0, len(content), message.size, entry.delivery_count, flags, expires_at))
         if copies:

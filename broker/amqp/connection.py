@@ -343,26 +343,6 @@ class ServerConnection:
                     raise _LostSync(
                         f"{_frame_text(frame_type, data[pos + 7 : end])}: {{invalid_frame_end_marker,{data[end]}}}"
                     )
-                if frame_type == FRAME_METHOD and size == 13 and data.startswith(_ACK_ID, pos + 7):
-                    # -- fast path: a single basic.ack (a consumer's acks come one per message) --
-                    channel = self.channels.get(channel_id)
-                    if channel is not None and channel._publish is None and not channel.transactional:
-                        tag, bits = _ack_args.unpack_from(data, pos + 11)
-                        if not bits:
-                            pos = end + 1
-                            try:
-                                if channel.hold_ack(tag):
-                                    holding.append(channel)
-                            except ChannelException as error:
-                                self._settle_held(holding)
-                                if not error.class_id:
-                                    error.class_id, error.method_id = BASIC_CLASS, BASIC_ACK & 0xFFFF
-                                self._channel_error(channel_id, error)
-                            if self.closed:
-                                break
-                            continue
-                if holding:  # any other frame sees the acks before it settled
-                    self._settle_held(holding)
                 # (During an alarm, publishes go frame by frame: RabbitMQ blocks after the header.)
                 if frame_type == FRAME_METHOD and not alarms and data.startswith(_PUBLISH_ID, pos + 7):
                     channel = self.channels.get(channel_id)
@@ -408,6 +388,8 @@ class ServerConnection:
                                     if decoded is None:
                                         decoded = self._decode_names(names)
                                     pos = next_pos
+                                    if holding:  # the acks before it settle first
+                                        self._settle_held(holding)
                                     try:
                                         channel.publish(decoded[0], decoded[1], data[names_end], names, header, body)
                                     except ChannelException as error:
@@ -418,6 +400,26 @@ class ServerConnection:
                                         self.replies_held = True
                                         break
                                     continue
+                if frame_type == FRAME_METHOD and size == 13 and data.startswith(_ACK_ID, pos + 7):
+                    # -- fast path: a single basic.ack (a consumer's acks come one per message) --
+                    channel = self.channels.get(channel_id)
+                    if channel is not None and channel._publish is None and not channel.transactional:
+                        tag, bits = _ack_args.unpack_from(data, pos + 11)
+                        if not bits:
+                            pos = end + 1
+                            try:
+                                if channel.hold_ack(tag):
+                                    holding.append(channel)
+                            except ChannelException as error:
+                                self._settle_held(holding)
+                                if not error.class_id:
+                                    error.class_id, error.method_id = BASIC_CLASS, BASIC_ACK & 0xFFFF
+                                self._channel_error(channel_id, error)
+                            if self.closed:
+                                break
+                            continue
+                if holding:  # any other frame comes after the acks settle
+                    self._settle_held(holding)
                 payload = data[pos + 7 : end]
                 pos = end + 1
                 self._frame(frame_type, channel_id, payload)

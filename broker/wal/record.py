@@ -505,6 +505,27 @@ def published_payload(
     return b"".join(parts)
 
 
+def published_prefix(message_id: int, vhost: str, queues: tuple[str, ...], exchange: str, routing_key: str) -> bytes:
+    """The start of a :class:`Published` payload, up to its timestamp: what records of messages
+    that came the same way share (see :func:`encode_published_after`)."""
+    return published_payload(message_id, vhost, queues, exchange, routing_key, 0.0, b"", b"")[:-16]
+
+
+def encode_published_after(prefix: bytes, timestamp: float, header: bytes, body: bytes) -> bytes:
+    """:func:`encode_published` of a record whose payload starts with ``prefix``
+    (:func:`published_prefix`), without encoding its names again.
+
+    :raises ValueError: as :func:`encode`
+    """
+    try:
+        payload = b"".join((prefix, _F64_U32.pack(timestamp, len(header)), header, _U32.pack(len(body)), body))
+    except struct.error as err:
+        raise ValueError(f"Published does not fit the WAL format: {err}") from err
+    if len(payload) > MAX_RECORD_BYTES:
+        raise ValueError(f"Published payload of {len(payload)} bytes is over {MAX_RECORD_BYTES}")
+    return _RECORD_HEADER.pack(len(payload), zlib.crc32(payload, _PUBLISHED_CRC), _PUBLISHED_TYPE) + payload
+
+
 def encode_published(
     message_id: int,
     vhost: str,
