@@ -596,9 +596,8 @@ class ChannelState:
         else:
             entry = unacked.pop(delivery_tag, None)
             if entry is None:
-                if self._is_stale(delivery_tag):
-                    return []
-                raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
+                self._unacked_miss(delivery_tag)
+                return []
             taken = [entry]
         self.unacked_count -= len(taken)
         if len(taken) == 1:
@@ -613,6 +612,14 @@ class ChannelState:
             if consumer is not None:
                 consumer.unacked -= count
         return taken
+
+    def _unacked_miss(self, delivery_tag: int) -> None:
+        """A single ack, nack or reject named a tag that is not unacknowledged here.
+
+        :raises ChannelException: 406 PRECONDITION_FAILED unless it was taken back (stale)
+        """
+        if not self._is_stale(delivery_tag):
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
 
     def _is_stale(self, delivery_tag: int) -> bool:
         """Whether ``delivery_tag`` was taken back (counted once as a stale ack)."""
@@ -656,10 +663,17 @@ class ChannelState:
 
         :raises ChannelException: as :meth:`_take`
         """
-        taken = self._take(delivery_tag, False)
+        entry = self._unacked.pop(delivery_tag, None)
+        if entry is None:
+            self._unacked_miss(delivery_tag)  # stale (nothing taken) or unknown (raises)
+            return False
+        self.unacked_count -= 1
+        entry.queue.unacked_count -= 1
+        if entry.consumer is not None:
+            entry.consumer.unacked -= 1
         held = self._held_acks
-        held += taken
-        return len(held) == len(taken) > 0
+        held.append(entry)
+        return len(held) == 1
 
     def settle_held(self) -> None:
         """Settle the acks :meth:`hold_ack` took: each queue settles its share and dispatches

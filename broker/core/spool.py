@@ -333,6 +333,13 @@ class Spool:
         logged (their content went with the last run; they were never counted)."""
         removed, counts = self._removed, self._counts
         make = _make_record
+        if not removed and not counts:  # (the usual case: nothing changed since the checkpoint)
+            kept = [
+                make((r[0], r[1], r[2], r[3], r[4], r[5], r[6] | REDELIVERED, r[7]))  # r: a SpoolRecord
+                for r in records[:adopted]
+                if r[6] & IN_LOG
+            ]
+            return kept + records[adopted:]
         kept, dropped = [], []
         for record in records[:adopted]:
             if not record.flags & IN_LOG:

@@ -17,6 +17,7 @@ scanning forward for the next place where a header, a sane length and a matching
 
 from __future__ import annotations
 
+import functools
 import re
 import struct
 import zlib
@@ -450,6 +451,8 @@ def _encode_fields(record: object, spec: _Spec) -> bytes:
 _PUBLISHED_HEAD = struct.Struct(">QH")  # message_id, len(vhost)
 _U16_U16 = struct.Struct(">HH")  # count of queues, len(first queue)
 _F64_U32 = struct.Struct(">dI")  # timestamp, len(header)
+#: A record's header (length, CRC, type) and, for a ``Published`` one, its message id.
+_HEAD_AND_ID = struct.Struct(">IIBQ")
 
 
 def _encode_published(record: Published) -> bytes:
@@ -977,6 +980,13 @@ class _Placed(Protocol):
     length: int
 
 
+@functools.lru_cache(maxsize=64)
+def _tail(header_size: int) -> Callable[[bytes, int], tuple[float, int, bytes, int]]:
+    """Unpacks what follows a ``Published`` payload's names when its header is ``header_size``
+    bytes long: timestamp, header length, header, body length."""
+    return struct.Struct(f">dI{header_size}sI").unpack_from  # type: ignore[return-value]
+
+
 def published_contents(
     data: bytes, base: int, places: Iterable[_Placed]
 ) -> list[tuple[int, bytes, bytes, bytes, bytes] | None]:
@@ -990,20 +1000,21 @@ def published_contents(
     """
     contents: list[tuple[int, bytes, bytes, bytes, bytes] | None] = []
     append = contents.append
-    unpack_header = _RECORD_HEADER.unpack_from
-    unpack_u32 = _U32.unpack_from
-    unpack_u64 = _U64.unpack_from
+    unpack_head = _HEAD_AND_ID.unpack_from
     crc32 = zlib.crc32
     names = b""
     exchange = routing_key = b""
+    # The timestamp, header and body length of records whose header has the last one's length.
+    header_size = 0
+    unpack_tail = _tail(0)
     for place in places:
         pos = place.offset - base
         length = place.length
         end = pos + length
-        if pos < 0 or len(data) < end or length < RECORD_HEADER_BYTES:
+        if pos < 0 or len(data) < end or length < _HEAD_AND_ID.size:
             append(None)
             continue
-        size, crc, record_type = unpack_header(data, pos)
+        size, crc, record_type, message_id = unpack_head(data, pos)
         at = pos + RECORD_HEADER_BYTES
         if (
             size != length - RECORD_HEADER_BYTES
@@ -1020,23 +1031,27 @@ def published_contents(
                 if content is None:
                     append(None)
                     continue
-                _id, exchange, routing_key, header, body = content
+                _id, exchange, routing_key, _header, body = content
                 # The names end where the timestamp, the header's length and the header start.
-                names_end = end - len(body) - 16 - len(header)
+                names_end = end - len(body) - 16 - len(_header)
                 names = data[at + 8 : names_end]
                 at = names_end
-            (header_size,) = unpack_u32(data, at + 8)
-            header = data[at + 12 : at + 12 + header_size]
-            at += 12 + header_size
-            (body_size,) = unpack_u32(data, at)
-            at += 4
+            try:
+                _timestamp, found, header, body_size = unpack_tail(data, at)
+            except struct.error:  # (the data ends before a header of the last one's length would)
+                found = -1
+            if found != header_size:
+                (header_size,) = _U32.unpack_from(data, at + 8)
+                unpack_tail = _tail(header_size)
+                _timestamp, _found, header, body_size = unpack_tail(data, at)
+            at += 16 + header_size
         except struct.error:
             append(None)
             continue
         if at + body_size != end:
             append(None)
             continue
-        append((unpack_u64(data, pos + RECORD_HEADER_BYTES)[0], exchange, routing_key, header, data[at:end]))
+        append((message_id, exchange, routing_key, header, data[at:end]))
     return contents
 
 
