@@ -79,6 +79,21 @@ _queue_of = attrgetter("queue")
 _consumer_of = attrgetter("consumer")
 _frame_end_then_header = struct.Struct(">BBHI")  # frame-end octet, then the next frame's header
 
+#: Bodies up to this size are delivered with their frames packed in one piece (copied once
+#: more than a larger body, which goes to the socket as it is).
+SMALL_BODY = 16 << 10
+#: Packs of a delivery's three frames, by (consumer tag, names, header, body) lengths.
+_DELIVERY_PACKS: dict[tuple[int, int, int, int], Callable[..., bytes]] = {}
+
+
+def _delivery_pack(shape: tuple[int, int, int, int]) -> Callable[..., bytes]:
+    """Packs ``basic.deliver``, its content header and its one body frame of these lengths."""
+    if len(_DELIVERY_PACKS) >= 4096:
+        _DELIVERY_PACKS.clear()
+    tag, names, header, body = shape
+    pack = _DELIVERY_PACKS[shape] = struct.Struct(f">BHII{tag}sQB{names}sBBHI{header}sBBHI{body}sB").pack
+    return pack
+
 
 #: Methods that carry content (AMQP 0-9-1 §4.2.6).
 CONTENT_METHODS = frozenset(
@@ -469,8 +484,10 @@ class ChannelState:
     def deliver_entries(self, consumer: Consumer, entries: Iterable[Entry]) -> None:
         """Write a ``basic.deliver`` and the content of each entry for ``consumer``.
 
-        The caller has checked the consumer's credit. Frames are built from the stored bytes
-        with four ``struct`` packs per message (see :func:`broker.amqp.codec.deliver_frames`).
+        The caller has checked the consumer's credit. Frames are built from the stored bytes:
+        a small message's three frames with one ``struct`` pack (one per shape: consumer tag,
+        names, header and body lengths), a larger one's with four packs, its body not copied
+        (see :func:`broker.amqp.codec.deliver_frames`).
         """
         connection = self.connection
         out = connection.out
@@ -484,6 +501,7 @@ class ChannelState:
         count = 0
         queue = consumer.queue
         sampled = queue.latency_samples
+        packs = _DELIVERY_PACKS
         for entry in entries:
             tag += 1
             count += 1
@@ -494,7 +512,35 @@ class ChannelState:
             if body is None:  # paged out to the log
                 body = message.body
             header = message.header if entry.header is None else entry.header
-            if 0 < len(body) <= single_frame:
+            size = len(body)
+            if 0 < size <= SMALL_BODY and size <= single_frame:
+                names = message.names
+                shape = (len(consumer_tag), len(names), len(header), size)
+                pack = packs.get(shape) or _delivery_pack(shape)
+                out.append(
+                    pack(
+                        FRAME_METHOD,
+                        channel_id,
+                        tag_length + len(names),
+                        BASIC_DELIVER,
+                        consumer_tag,
+                        tag,
+                        entry.redelivered,
+                        names,
+                        FRAME_END,
+                        FRAME_HEADER,
+                        channel_id,
+                        len(header),
+                        header,
+                        FRAME_END,
+                        FRAME_BODY,
+                        channel_id,
+                        size,
+                        body,
+                        FRAME_END,
+                    )
+                )
+            elif 0 < size <= single_frame:
                 names = message.names
                 out += (
                     _deliver_head.pack(FRAME_METHOD, channel_id, tag_length + len(names), BASIC_DELIVER),

@@ -191,6 +191,11 @@ class ServerConnection:
         self.writable = True
         self._pending = b""
         self._names_cache: dict[bytes, tuple[str, str]] = {}
+        #: The last publish read by the fast path, when a body frame followed: its method and
+        #: content header frames' bytes, the body frame's header, and what was read of them
+        #: (names, decoded names, bits, header, body size). A publish whose bytes start the
+        #: same is read without parsing them again.
+        self._last_publish: tuple[bytes, bytes, bytes, tuple[str, str], int, bytes, int] | None = None
         limits = node.limits
         self.frame_max = limits.frame_max
         self.channel_max = limits.channel_max
@@ -348,8 +353,19 @@ class ServerConnection:
                     channel = self.channels.get(channel_id)
                     if channel is not None and channel._publish is None:
                         # -- fast path: publish + header + one body frame, all in the buffer --
+                        body: bytes | None = None
+                        last = self._last_publish
+                        if last is not None and data.startswith(last[0], pos):
+                            # The same method and content header as the last publish read here:
+                            # only the body frame is new (and the header's bytes are shared).
+                            prefix, body_head, names, decoded, bits, header, body_size = last
+                            next_pos = pos + len(prefix)
+                            b_end = next_pos + 7 + body_size
+                            if b_end < total and data.startswith(body_head, next_pos) and data[b_end] == FRAME_END:
+                                body = data[next_pos + 7 : b_end]
+                                next_pos = b_end + 1
                         h_pos = end + 1
-                        if total - h_pos >= FRAME_OVERHEAD:
+                        if body is None and total - h_pos >= FRAME_OVERHEAD:
                             h_type, h_channel, h_size = unpack(data, h_pos)
                             h_end = h_pos + 7 + h_size
                             if (
@@ -363,7 +379,6 @@ class ServerConnection:
                             ):
                                 header = data[h_pos + 7 : h_end]
                                 body_size = _body_size.unpack_from(header, 4)[0]
-                                body: bytes | None = None
                                 next_pos = h_end + 1
                                 if body_size == 0:
                                     body = b""
@@ -384,22 +399,36 @@ class ServerConnection:
                                 if body is not None and names_end < end and names_end + 2 + data[names_end] == end:
                                     names_end += 1 + data[names_end]
                                     names = data[pos + 13 : names_end]
+                                    bits = data[names_end]
                                     decoded = names_cache.get(names)
                                     if decoded is None:
                                         decoded = self._decode_names(names)
-                                    pos = next_pos
-                                    if holding:  # the acks before it settle first
-                                        self._settle_held(holding)
-                                    try:
-                                        channel.publish(decoded[0], decoded[1], data[names_end], names, header, body)
-                                    except ChannelException as error:
-                                        self._channel_error(channel_id, error)
-                                    if self.closed:
-                                        break
-                                    if self.replied_bytes > REPLY_BOUND:  # mandatory returns
-                                        self.replies_held = True
-                                        break
-                                    continue
+                                    if body_size:
+                                        self._last_publish = (
+                                            data[pos : h_end + 1],
+                                            data[h_end + 1 : h_end + 8],
+                                            names,
+                                            decoded,
+                                            bits,
+                                            header,
+                                            body_size,
+                                        )
+                                else:
+                                    body = None
+                        if body is not None:
+                            pos = next_pos
+                            if holding:  # the acks before it settle first
+                                self._settle_held(holding)
+                            try:
+                                channel.publish(decoded[0], decoded[1], bits, names, header, body)
+                            except ChannelException as error:
+                                self._channel_error(channel_id, error)
+                            if self.closed:
+                                break
+                            if self.replied_bytes > REPLY_BOUND:  # mandatory returns
+                                self.replies_held = True
+                                break
+                            continue
                 if frame_type == FRAME_METHOD and size == 13 and data.startswith(_ACK_ID, pos + 7):
                     # -- fast path: a single basic.ack (a consumer's acks come one per message) --
                     channel = self.channels.get(channel_id)

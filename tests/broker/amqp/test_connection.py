@@ -13,7 +13,7 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 from pamqp.heartbeat import Heartbeat
 
-from broker.amqp.codec import HEARTBEAT_FRAME, PROTOCOL_HEADER
+from broker.amqp.codec import HEARTBEAT_FRAME, PROTOCOL_HEADER, decode_properties
 from broker.amqp.connection import CAPABILITIES, ServerConnection, State
 from broker.core.node import Limits, Node, User
 from broker.errors import ReplyCode
@@ -339,6 +339,28 @@ def test_delivery_reuses_the_publishers_header_bytes_exactly() -> None:
         + frame.marshal(ContentBody(b'{"x": 1}'), 1)
     )
     assert wire == expected
+
+
+def test_publishes_that_start_alike_are_read_whole_and_share_their_header() -> None:
+    n = node()
+    consumer = opened(n)
+    consumer.call(1, commands.Queue.Declare(queue="jobs"), commands.Queue.Declare(queue="other"))
+    publisher = opened(n)
+    properties = commands.Basic.Properties(content_type="text/plain", delivery_mode=1)
+    wire = b"".join(publish_frames(1, "", "jobs", b"body-%d" % i, properties) for i in range(3))
+    wire += publish_frames(1, "", "jobs", b"longer body", properties)  # another size: another header
+    wire += publish_frames(1, "", "other", b"body-9", properties)  # another routing key
+    split = publish_frames(1, "", "other", b"body-8", properties)
+    publisher.send(wire + split[:-3])  # the last body frame arrives in the next read
+    publisher.send(split[-3:])
+    jobs, other = (list(n.vhosts["/"].queues[name].ready_entries()) for name in ("jobs", "other"))
+    assert [entry.message.body for entry in jobs] == [b"body-0", b"body-1", b"body-2", b"longer body"]
+    assert [entry.message.body for entry in other] == [b"body-9", b"body-8"]
+    assert jobs[1].message.header is jobs[0].message.header  # read once, kept once
+    assert jobs[3].message.header != jobs[0].message.header
+    assert [(entry.message.exchange, entry.message.routing_key) for entry in other] == [("", "other")] * 2
+    for entry in jobs + other:
+        assert decode_properties(entry.message.header) == properties
 
 
 def test_bodies_larger_than_frame_max_are_split_on_delivery() -> None:
