@@ -627,37 +627,39 @@ class ChannelState:
         :raises ChannelException: 406 PRECONDITION_FAILED for an unknown delivery tag.
         """
         unacked = self._unacked
-        if multiple:
-            if delivery_tag == 0:
-                delivery_tag = self._delivery_tag
-            elif delivery_tag not in unacked and not self._is_stale(delivery_tag):
-                raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
-            count = 0
-            for tag in unacked:  # in delivery order
-                if tag > delivery_tag:
-                    break
-                count += 1
-            pop = unacked.popitem
-            taken = [pop(False)[1] for _ in range(count)]
-        else:
+        if not multiple:
             entry = unacked.pop(delivery_tag, None)
             if entry is None:
                 self._unacked_miss(delivery_tag)
                 return []
-            taken = [entry]
+            self._uncount(entry)
+            return [entry]
+        if delivery_tag == 0:
+            delivery_tag = self._delivery_tag
+        elif delivery_tag not in unacked and not self._is_stale(delivery_tag):
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
+        count = 0
+        for tag in unacked:  # in delivery order
+            if tag > delivery_tag:
+                break
+            count += 1
+        pop = unacked.popitem
+        taken = [pop(False)[1] for _ in range(count)]
         self.unacked_count -= len(taken)
-        if len(taken) == 1:
-            entry = taken[0]
-            entry.queue.unacked_count -= 1
-            if entry.consumer is not None:
-                entry.consumer.unacked -= 1
-            return taken
         for queue, count in Counter(map(_queue_of, taken)).items():
             queue.unacked_count -= count
         for consumer, count in Counter(map(_consumer_of, taken)).items():
             if consumer is not None:
                 consumer.unacked -= count
         return taken
+
+    def _uncount(self, entry: Entry) -> None:
+        """``entry`` is no longer unacknowledged here: count it out of the channel, its queue
+        and its consumer."""
+        self.unacked_count -= 1
+        entry.queue.unacked_count -= 1
+        if entry.consumer is not None:
+            entry.consumer.unacked -= 1
 
     def _unacked_miss(self, delivery_tag: int) -> None:
         """A single ack, nack or reject named a tag that is not unacknowledged here.
@@ -682,10 +684,7 @@ class ChannelState:
         """
         if self._unacked.pop(entry.tag, None) is None:
             return False
-        self.unacked_count -= 1
-        entry.queue.unacked_count -= 1
-        if entry.consumer is not None:
-            entry.consumer.unacked -= 1
+        self._uncount(entry)
         stale = self._stale
         stale[entry.tag] = True
         if len(stale) > MAX_STALE_TAGS:
@@ -713,10 +712,7 @@ class ChannelState:
         if entry is None:
             self._unacked_miss(delivery_tag)  # stale (nothing taken) or unknown (raises)
             return False
-        self.unacked_count -= 1
-        entry.queue.unacked_count -= 1
-        if entry.consumer is not None:
-            entry.consumer.unacked -= 1
+        self._uncount(entry)
         held = self._held_acks
         held.append(entry)
         return len(held) == 1

@@ -465,14 +465,18 @@ class ServerConnection:
         except _LostSync as error:
             # The next frame cannot be found: RabbitMQ sends its close, reads nothing more and
             # closes the socket after its silent-close delay.
-            self._settle_held(holding)
-            self._fail(error)
-            self._finish()
+            try:
+                self._settle_held(holding)
+            finally:  # the connection fails whatever settling met
+                self._fail(error)
+                self._finish()
             self.silent_close_delay = SILENT_CLOSE_DELAY
             return
         except ConnectionException as error:
-            self._settle_held(holding)
-            self._fail(error)
+            try:
+                self._settle_held(holding)
+            finally:
+                self._fail(error)
         if self.state is State.LINGERING:
             if pos < total:  # what came after the client's connection.close, in the same read
                 self._linger(data[pos:])

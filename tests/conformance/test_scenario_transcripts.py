@@ -445,6 +445,35 @@ def reused_tag_on_a_missing_queue(port: int, prefix: str) -> list[Entry]:
     return transcript.normalized()
 
 
+def single_acks_in_one_write(port: int, prefix: str) -> list[Entry]:
+    """A consumer's single acks sent together: each frees its slot, and an unknown tag among
+    them closes the channel with those before it acked and the rest given back."""
+    queue = f"{prefix}-acks"
+    transcript = Transcript()
+    try:
+        with transcript.connect(port) as client:
+            open_connection(client, 1)
+            declare_queue(client, queue)
+            for number in range(5):
+                client.send(method(1, commands.Basic.Publish, routing_key=queue) + content_frames(1, b"%d" % number))
+            client.send(frames(1, commands.Basic.Qos(prefetch_count=3)))
+            client.read(until("Basic.QosOk"))
+            client.send(frames(1, commands.Basic.Consume(queue=queue, consumer_tag="c")))
+            client.read(until("Basic.ConsumeOk"))
+            client.read(quiet(0.5))
+            client.send(frames(1, commands.Basic.Ack(delivery_tag=1), commands.Basic.Ack(delivery_tag=2)))
+            client.read(quiet(0.5))
+            client.send(frames(1, *(commands.Basic.Ack(delivery_tag=tag) for tag in (3, 99, 4))))
+            client.read(until("Channel.Close"))
+            client.send(frames(1, commands.Channel.CloseOk()))
+            client.send(frames(2, commands.Channel.Open(), commands.Queue.Declare(queue=queue, passive=True)))
+            client.read(until("Queue.DeclareOk", channel=2))
+            close_connection(client)
+    finally:
+        delete_queues(port, queue)
+    return transcript.normalized()
+
+
 SCENARIOS: dict[str, Scenario] = {
     "exclusive-queue-life": exclusive_life,
     "auto-delete-queue-life": auto_delete_life,
@@ -456,6 +485,7 @@ SCENARIOS: dict[str, Scenario] = {
     "confirms-with-mandatory-returns": confirms_with_returns,
     "consumer-cancel-notification": cancel_notification,
     "consumer-tag-reused-on-a-missing-queue": reused_tag_on_a_missing_queue,
+    "single-acks-in-one-write": single_acks_in_one_write,
 }
 
 
