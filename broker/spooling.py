@@ -256,29 +256,38 @@ class Locator:
         journal = self.journal
         read_log = self.read_log
         names = self._names
-        messages = []
+        messages: list[Message] = []
         append = messages.append
-        logged = []
-        exchange = routing_key = decoded = None
+        logged: list[SpoolRecord] = []
+        logged_messages: list[Message] = []
+        exchange: bytes | None = None
+        routing_key: bytes | None = None
+        decoded_exchange = decoded_key = ""
+        encoded = b""
         for span, at, group in self._spans(records):
+            # (A span's records are all in the log, or all in the page store.)
+            in_log = group[0][6] & IN_LOG
+            logging = in_log and journal is not None
+            first = len(messages)
             for record, content in zip(group, published_contents(span, at, group), strict=True):
-                flags = record[6]
-                if content is None or (flags & IN_LOG and content[0] != record[0]):
-                    where = "log segment" if flags & IN_LOG else "page store segment"
+                if content is None or (in_log and content[0] != record[0]):
+                    where = "log segment" if in_log else "page store segment"
                     raise OSError(f"spooled message damaged: {where} {record.segment} at offset {record.offset}")
                 if content[1] is not exchange or content[2] is not routing_key:
                     # (Records read alike share their names' bytes.)
-                    exchange, routing_key = content[1], content[2]
-                    decoded = names.get((exchange, routing_key)) or self._decode_names(exchange, routing_key)
-                message = Message(*decoded, content[3], content[4])  # type: ignore[misc]
-                if flags & IN_LOG and journal is not None:
+                    exchange, routing_key = found = content[1], content[2]
+                    decoded_exchange, decoded_key, encoded = names.get(found) or self._decode_names(*found)
+                message = Message(decoded_exchange, decoded_key, encoded, content[3], content[4])
+                if logging:
                     message.wal_id = record[0]
                     message.wal_start = offset = record[1]
                     message.wal_location = (read_log, record[2], offset + record[3] - message.size)  # type: ignore[assignment]
-                    logged.append((message, record))
                 append(message)
+            if logging:
+                logged += group
+                logged_messages += messages[first:]
         if logged:
-            journal.unspooled_all(logged, queue.vhost_name, queue.name)  # type: ignore[union-attr]
+            journal.unspooled_all(logged_messages, logged, queue.vhost_name, queue.name)  # type: ignore[union-attr]
         return messages
 
     def _decode_names(self, exchange: bytes, routing_key: bytes) -> tuple[str, str, bytes]:

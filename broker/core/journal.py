@@ -19,6 +19,7 @@ import json
 import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.amqp.codec import encode_table
@@ -53,6 +54,9 @@ SPARSE_RATIO = 4
 
 #: Ids gathered into one ``Removed`` record at most.
 REMOVAL_IDS = 4096
+
+#: A :class:`SpoolRecord`'s log segment.
+_SEGMENT = itemgetter(2)
 
 
 class _Pin:
@@ -597,14 +601,14 @@ class Journal:
             self.resident = deque(kept for kept in self.resident if kept.wal_counted)
             self._resident_stale = 0
 
-    def unspooled_all(self, loaded: list[tuple[Message, SpoolRecord]], vhost: str, queue: str) -> None:
-        """Spool records of ``queue`` were read back as these messages (their ``wal_location``
+    def unspooled_all(self, messages: list[Message], records: list[SpoolRecord], vhost: str, queue: str) -> None:
+        """Spool records of ``queue`` were read back as ``messages`` (their ``wal_location``
         set): they are held as objects again, counted in :attr:`resident_bytes`."""
         by_segment = self._by_segment
         size = 0
         last = -1
         holders: set[Message] = set()
-        for message, record in loaded:
+        for message, record in zip(messages, records, strict=True):
             segment = record[2]  # SpoolRecord.segment
             message.wal_vhost = vhost
             message.wal_queues.append(queue)
@@ -619,9 +623,9 @@ class Journal:
                 if holders is None:
                     holders = by_segment[segment] = set()
             holders.add(message)
-        self.resident.extend([message for message, _record in loaded])
+        self.resident.extend(messages)
         self.resident_bytes += size
-        for segment, count in Counter([record[2] for _message, record in loaded]).items():
+        for segment, count in Counter(map(_SEGMENT, records)).items():
             self._unspool(segment, count)
 
     def restored_spooled(self, segment: int, count: int = 1) -> None:

@@ -92,7 +92,14 @@ class SpoolRecord(NamedTuple):
 _make_record: Callable[[tuple[Any, ...]], SpoolRecord] = functools.partial(tuple.__new__, SpoolRecord)  # type: ignore[assignment]
 
 
-def unpack_records(data: bytes) -> list[SpoolRecord]:
+#: Where a packed record's flags start (their low byte holds :data:`IN_LOG` and :data:`REDELIVERED`).
+_FLAGS_AT = struct.calcsize("<QQIIII")
+#: Byte translations of that low byte: to its :data:`IN_LOG` bit; with :data:`REDELIVERED` set.
+_IN_LOG_BIT = bytes(value & IN_LOG for value in range(256))
+_WITH_REDELIVERED = bytes(value | REDELIVERED for value in range(256))
+
+
+def unpack_records(data: bytes | bytearray) -> list[SpoolRecord]:
     """The records packed in ``data`` (a whole number of them)."""
     return list(map(_make_record, _RECORD.iter_unpack(data)))
 
@@ -315,9 +322,10 @@ class Spool:
             data = self.storage.read(self._read, length)
             if len(data) != length:
                 raise OSError(f"spool read cut short: {len(data)} of {length} bytes at {self._read}")
-            records = unpack_records(data)
             if self._read < self._adopted:
-                records = self._recovered(records, (self._adopted - self._read) // RECORD_BYTES)
+                records = self._recovered(data, (self._adopted - self._read) // RECORD_BYTES)
+            else:
+                records = unpack_records(data)
             self._read += length
             readahead.extend(records)
             self.storage.release(self._read)
@@ -326,20 +334,21 @@ class Spool:
             self._buffer.clear()
         return [readahead.popleft() for _ in range(min(count, len(readahead)))]
 
-    def _recovered(self, records: list[SpoolRecord], adopted: int) -> list[SpoolRecord]:
-        """The first ``adopted`` of ``records`` came from a checkpoint: marked redelivered, as
-        recovery marks messages, with the delivery counts logged after it, and without those
-        the log removed after it (they are dropped here), nor copies of messages that were not
-        logged (their content went with the last run; they were never counted)."""
+    def _recovered(self, data: bytes, adopted: int) -> list[SpoolRecord]:
+        """The records in ``data``, whose first ``adopted`` came from a checkpoint: those marked
+        redelivered, as recovery marks messages, with the delivery counts logged after it, and
+        without those the log removed after it (they are dropped here), nor copies of messages
+        that were not logged (their content went with the last run; they were never counted)."""
         removed, counts = self._removed, self._counts
-        make = _make_record
+        head = adopted * RECORD_BYTES
         if not removed and not counts:  # (the usual case: nothing changed since the checkpoint)
-            kept = [
-                make((r[0], r[1], r[2], r[3], r[4], r[5], r[6] | REDELIVERED, r[7]))  # r: a SpoolRecord
-                for r in records[:adopted]
-                if r[6] & IN_LOG
-            ]
-            return kept + records[adopted:]
+            packed = bytearray(data)
+            flags = packed[_FLAGS_AT:head:RECORD_BYTES]  # (the low byte of each one's flags)
+            if 0 not in flags.translate(_IN_LOG_BIT):  # every one is logged: marked in place
+                packed[_FLAGS_AT:head:RECORD_BYTES] = flags.translate(_WITH_REDELIVERED)
+                return unpack_records(packed)
+        records = unpack_records(data)
+        make = _make_record
         kept, dropped = [], []
         for record in records[:adopted]:
             if not record.flags & IN_LOG:
@@ -379,7 +388,7 @@ class Spool:
             self._waiting_bytes -= entry.message.size
             taken.append(entry)
         self.count -= len(taken)
-        self.bytes -= sum(entry.message.size for entry in taken)
+        self.bytes -= sum([entry.message.size for entry in taken])
         return taken
 
     def drain_records(self) -> list[SpoolRecord]:

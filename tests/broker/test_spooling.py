@@ -21,7 +21,16 @@ from broker.core.definitions import node_from_config
 from broker.core.journal import Journal
 from broker.core.node import Node
 from broker.core.queue import WorkQueue
-from broker.core.spool import BATCH, BATCH_BYTES, IN_LOG, RECORD_MAX, MemorySpoolStorage, Spool, SpoolRecord
+from broker.core.spool import (
+    BATCH,
+    BATCH_BYTES,
+    IN_LOG,
+    RECORD_MAX,
+    REDELIVERED,
+    MemorySpoolStorage,
+    Spool,
+    SpoolRecord,
+)
 from broker.paging import ENTRY_BYTES, MESSAGE_BYTES, Pager, PageStore
 from broker.spooling import Spooler
 from broker.testing import Client, MemorySegmentStorage, publish_frames
@@ -344,6 +353,15 @@ class _Entry:
         self.number = number
 
 
+class _Taken:
+    """What a test's spool makes of a loaded record: the record, with a size."""
+
+    def __init__(self, record: SpoolRecord) -> None:
+        self.record = record
+        self.message = self
+        self.size = 1
+
+
 def test_a_spool_whose_storage_fails_keeps_its_entries_and_loses_nothing() -> None:
     storage = MemorySpoolStorage()
     storage.fail_appends = True
@@ -373,6 +391,61 @@ def test_a_spool_whose_storage_fails_keeps_its_entries_and_loses_nothing() -> No
     storage.fail_appends = False
     taken = spool.take(3 * BATCH, lambda message, record: message)
     assert [getattr(item, "number", item) for item in taken] == list(range(3 * BATCH))
+    assert spool.count == 0
+
+
+class _RecordsLocator:
+    """Records pushed entries as logged (their number as message id); loads records as they are."""
+
+    def __init__(self) -> None:
+        self.dropped_ids: list[int] = []
+
+    def locatable(self, _entry: object) -> bool:
+        return True
+
+    def locate(self, entries: list) -> list[SpoolRecord]:
+        return [SpoolRecord(entry.number, 64 * entry.number, 7, 60, 1, 0, IN_LOG) for entry in entries]
+
+    def load(self, loaded: list[SpoolRecord]) -> list[SpoolRecord]:
+        return loaded
+
+    def released(self, _records: list[SpoolRecord]) -> None:
+        pass
+
+    def dropped(self, records: list[SpoolRecord]) -> None:
+        self.dropped_ids += [record.message_id for record in records]
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_records_adopted_from_a_checkpoint_come_back_redelivered_and_what_arrived_after_does_not(
+    changed: bool,
+) -> None:
+    """Adopted records are marked redelivered as they are read, copies among them (their content
+    went with the last run) are left out, and with removals and delivery counts logged after the
+    checkpoint those apply; records spooled after the start, read in the same batch, stay as
+    they were recorded."""
+    adopted = [
+        SpoolRecord(1, 100, 3, 60, 1, 0, IN_LOG, 0.0),
+        SpoolRecord(2, 200, 3, 60, 1, 2, IN_LOG, 1.5),
+        SpoolRecord(3, 0, 9, 60, 1, 0, 0, 0.0),  # a copy in the last run's page store
+        SpoolRecord(4, 300, 4, 60, 1, 1, IN_LOG | REDELIVERED, 0.0),
+    ]
+    storage = MemorySpoolStorage()
+    storage.append(b"".join(record.pack() for record in adopted))
+    locator = _RecordsLocator()
+    spool = Spool(storage, locator)  # type: ignore[arg-type]
+    removed, counts = ({2}, {4: 5}) if changed else (set(), {})
+    spool.adopt(len(storage.data), 3, 3, {3: 2, 4: 1}, set(removed), dict(counts))
+    for number in range(10, 10 + BATCH):
+        spool.push(_Entry(number))  # type: ignore[arg-type]
+    taken = [item.record for item in spool.take(BATCH + 10, lambda record, _record: _Taken(record))]  # type: ignore[arg-type]
+    expected = [record._replace(flags=record.flags | REDELIVERED) for record in adopted if record.flags & IN_LOG]
+    if changed:
+        expected = [record for record in expected if record.message_id not in removed]
+        expected = [record._replace(delivery_count=counts.get(record.message_id, record[5])) for record in expected]
+    assert taken[: len(expected)] == expected
+    assert taken[len(expected) :] == locator.locate([_Entry(number) for number in range(10, 10 + BATCH)])
+    assert locator.dropped_ids == sorted(removed)
     assert spool.count == 0
 
 
