@@ -90,6 +90,8 @@ _body_size = struct.Struct(">Q")
 _PUBLISH_ID = _method_index.pack(BASIC_PUBLISH)
 _ACK_ID = _method_index.pack(BASIC_ACK)
 _ack_args = struct.Struct(">QB")  # basic.ack: delivery tag, multiple
+#: A ``basic.ack`` frame's length: frame head, method id, its arguments, frame end.
+_ACK_FRAME_BYTES = 7 + 4 + _ack_args.size + 1
 _CLOSE_ID = _method_index.pack(0x000A0032)  # connection.close
 _CLOSE_OK_ID = _method_index.pack(0x000A0033)  # connection.close-ok
 _CLOSE_OK = encode_method(0, commands.Connection.CloseOk())
@@ -435,10 +437,20 @@ class ServerConnection:
                     if channel is not None and channel._publish is None and not channel.transactional:
                         tag, bits = _ack_args.unpack_from(data, pos + 11)
                         if not bits:
+                            head = data[pos : pos + 11]  # its frame's head and method: the next acks' too
+                            hold = channel.hold_ack
                             pos = end + 1
                             try:
-                                if channel.hold_ack(tag):
+                                if hold(tag):
                                     holding.append(channel)
+                                # The same channel's single acks right behind it are taken here.
+                                while data.startswith(head, pos) and pos + _ACK_FRAME_BYTES <= total:
+                                    tag, bits = _ack_args.unpack_from(data, pos + 11)
+                                    if bits or data[pos + _ACK_FRAME_BYTES - 1] != FRAME_END:
+                                        break  # (the outer loop reads it as any other frame)
+                                    pos += _ACK_FRAME_BYTES
+                                    if hold(tag):
+                                        holding.append(channel)
                             except ChannelException as error:
                                 self._settle_held(holding)
                                 if not error.class_id:

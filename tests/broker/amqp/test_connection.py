@@ -513,6 +513,31 @@ def test_an_unknown_tag_among_single_acks_closes_the_channel_after_settling_thos
     assert (queue.acked, queue.message_count, queue.unacked_count) == (1, 2, 0)  # 2 and 3 back in the queue
 
 
+def test_runs_of_single_acks_end_at_a_multiple_ack_another_channel_or_the_end_of_a_read() -> None:
+    """Single acks read together are taken in a run while the next frame is one for the same
+    channel; a multiple ack, another channel's ack and a frame cut by the read end the run and
+    are read as any frame."""
+    n = node()
+    first = opened(n)
+    first.open_channel(2)
+    for channel, queue in ((1, "a"), (2, "b")):
+        first.call(channel, commands.Queue.Declare(queue=queue))
+        first.call(channel, commands.Basic.Consume(queue=queue, consumer_tag=queue))
+    publisher = opened(n)
+    publisher.send(b"".join(publish_frames(1, "", queue, b"%d" % i) for queue in "ab" for i in range(6)))
+    first.read()
+    acks = encode(1, *(commands.Basic.Ack(delivery_tag=tag) for tag in (1, 2)))
+    acks += encode(1, commands.Basic.Ack(delivery_tag=4, multiple=True))
+    acks += encode(2, commands.Basic.Ack(delivery_tag=1)) + encode(1, commands.Basic.Ack(delivery_tag=5))
+    acks += encode(2, *(commands.Basic.Ack(delivery_tag=tag) for tag in (2, 3)))
+    cut = len(acks) - 5  # the last ack's frame ends in the next read
+    assert first.send(acks[:cut]) == []
+    a, b = n.vhosts["/"].queues["a"], n.vhosts["/"].queues["b"]
+    assert (a.acked, a.unacked_count, b.acked, b.unacked_count) == (5, 1, 2, 4)
+    assert first.send(acks[cut:]) == []
+    assert (a.acked, a.unacked_count, b.acked, b.unacked_count) == (5, 1, 3, 3)
+
+
 def test_nack_with_requeue_redelivers_to_the_head_in_order() -> None:
     n = node()
     consumer = opened(n)

@@ -13,7 +13,7 @@ from twisted.internet.task import Clock
 
 from broker.core.node import Node
 from broker.errors import ReplyCode
-from broker.testing import Client, publish_frames
+from broker.testing import Client, encode, publish_frames
 
 
 def setup(clock: Clock | None = None) -> tuple[Node, Clock]:
@@ -112,6 +112,24 @@ def test_ack_of_a_stale_tag_is_ignored_and_counted_and_later_acks_work() -> None
     assert (queue.message_count, queue.unacked_count) == (0, 0)
     clock.advance(5)
     assert deliveries(c.read()) == []
+
+
+def test_a_stale_tag_first_among_single_acks_read_together_leaves_the_others_acked() -> None:
+    node, clock = setup()
+    c = client(node)
+    declare(c, "work", **{"x-visibility-timeout": 1_000})
+    consume(c, "work", prefetch=1)
+    publish(c, "work", b"job")
+    clock.advance(1.0)  # tag 1 is stale; the message comes back as tag 2
+    c.read()
+    for number in range(2):
+        publish(c, "work", b"more %d" % number)
+    acks = encode(1, *(commands.Basic.Ack(delivery_tag=tag) for tag in (1, 2)))
+    got = deliveries(c.send(acks))  # the slot tag 2 held goes to the next message
+    assert [(d.delivery_tag, body) for d, _, body in got] == [(3, b"more 0")]
+    assert node.counters["stale_acks"] == 1
+    queue = node.vhosts["/"].queues["work"]
+    assert (queue.acked, queue.message_count, queue.unacked_count) == (1, 1, 1)
 
 
 def test_a_twice_acked_tag_is_still_an_error() -> None:
