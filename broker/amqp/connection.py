@@ -336,6 +336,7 @@ class ServerConnection:
         names_cache = self._names_cache
         alarms = self._alarms
         holding: list[ChannelState] = []  # channels holding acks of this read (see ChannelState.hold_ack)
+        not_open: _NotOpen | None = None  # a method on a channel not open, failing at the end (see _NotOpen)
         try:
             while total - pos >= FRAME_OVERHEAD:
                 frame_type, channel_id, size = unpack(data, pos)
@@ -463,7 +464,14 @@ class ServerConnection:
                     self._settle_held(holding)
                 payload = data[pos + 7 : end]
                 pos = end + 1
-                self._frame(frame_type, channel_id, payload)
+                if not_open is not None and channel_id == not_open.channel_id:
+                    continue  # (that channel's next frames go where its first did)
+                try:
+                    self._frame(frame_type, channel_id, payload)
+                except _NotOpen as error:
+                    if not_open is None:
+                        error.channel_id, not_open = channel_id, error
+                    continue
                 if self.closed or self.state is State.AUTHENTICATING:
                     break
                 if alarms and channel_id and (frame_type == FRAME_HEADER or frame_type == FRAME_BODY):
@@ -474,6 +482,8 @@ class ServerConnection:
                     break
             if holding:
                 self._settle_held(holding)
+            if not_open is not None:
+                raise not_open
         except _LostSync as error:
             # The next frame cannot be found: RabbitMQ sends its close, reads nothing more and
             # closes the socket after its silent-close delay.
@@ -679,7 +689,7 @@ class ServerConnection:
                 refusal = ChannelException(ReplyCode.NOT_FOUND, "no previously declared queue", *ids)
                 self._close_channel(channel_id, refusal)
                 return
-            raise ConnectionException(ReplyCode.CHANNEL_ERROR, "expected 'channel.open'", *ids)
+            raise _NotOpen(*ids)
         # channel_max bounds how many channels are open, not their numbers (RabbitMQ: aiormq opens 65535).
         if len(self.channels) + len(self._closing_channels) >= self.channel_max:
             raise ConnectionException(
@@ -1092,6 +1102,17 @@ def _negotiated(field: str, value: int, minimum: int, maximum: int) -> None:
             10,
             31,
         )
+
+
+class _NotOpen(ConnectionException):
+    """A method on a channel that is not open (504 "expected 'channel.open'"). RabbitMQ gives
+    it to a new channel process, whose refusal reaches the connection after the frames already
+    read behind it: the connection fails once the rest of the read is handled."""
+
+    def __init__(self, class_id: int, method_id: int) -> None:
+        super().__init__(ReplyCode.CHANNEL_ERROR, "expected 'channel.open'", class_id, method_id)
+        #: The channel it came on.
+        self.channel_id = 0
 
 
 class _LostSync(ConnectionException):

@@ -7,11 +7,13 @@ Three rules, each against a way a client could hurt the broker or learn from it:
 * **Equal cost.** A name that is not a user costs what a wrong password costs: a dummy check
   of the kind the configured users' hashes are (scrypt with their parameters when any has
   one), so timing does not tell which users exist.
-* **Failures slow their source.** After :data:`FREE_FAILURES` failed logins from one host
-  within :data:`FAILURE_WINDOW` seconds, that host's further attempts are checked one at a
-  time, :data:`PENALTY` seconds apart, until the window has passed without failures. A
-  success does not clear the count: a client holding one valid login could otherwise
-  interleave it with its guesses.
+* **A refusal is slowed, never a login.** Every login is checked at once. After
+  :data:`FREE_FAILURES` failed logins for one user name from one host within
+  :data:`FAILURE_WINDOW` seconds, each further refusal for that name from that host is
+  answered :data:`PENALTY` seconds after the one before (about 2 a second), until the window
+  has passed without failures. A correct login is answered at once, whatever failed before it
+  from the same address: many clients share one behind a NAT or a Kubernetes node, and one
+  of them retrying a stale password must not hold up the others.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from broker.core.node import User
 
-#: Failed logins a host may have within :data:`FAILURE_WINDOW` before it is slowed down.
+#: Failed logins for one name from one host within :data:`FAILURE_WINDOW` before their
+#: refusals are slowed.
 FREE_FAILURES = 10
 #: Seconds over which failures are counted.
 FAILURE_WINDOW = 60.0
-#: Seconds between two checks for a host over its free failures (about 2 attempts a second).
+#: Seconds between two slowed refusals for one name from one host (about 2 a second).
 PENALTY = 0.5
 
 
@@ -52,48 +55,46 @@ def decoy_hash(users: Iterable[User]) -> str | None:
 
 
 class LoginThrottle:
-    """Per-host failed-login bookkeeping (see the module's third rule).
+    """Failed logins by host and user name (see the module's third rule).
 
     :param now: the current time in seconds (the node's clock)
     """
 
     def __init__(self, now: Callable[[], float]) -> None:
         self._now = now
-        self._failures: dict[str, deque[float]] = {}
-        self._next_check: dict[str, float] = {}
+        self._failures: dict[tuple[str, str], deque[float]] = {}
+        self._next_refusal: dict[tuple[str, str], float] = {}
 
-    def delay(self, host: str) -> float:
-        """Seconds to wait before checking the next login from ``host`` (0: at once)."""
-        failures = self._recent(host)
-        if failures is None or len(failures) < FREE_FAILURES:
-            return 0.0
+    def failed(self, host: str, username: str) -> float:
+        """A login for ``username`` from ``host`` failed: returns the seconds to wait before
+        refusing it (0: at once)."""
+        key = (host, username)
+        failures = self._recent(key)
+        if failures is None:
+            failures = self._failures[key] = deque()
+            if len(self._failures) > 4096:
+                self._forget_quiet()
         now = self._now()
-        at = max(now, self._next_check.get(host, now))
-        self._next_check[host] = at + PENALTY
+        failures.append(now)
+        if len(failures) <= FREE_FAILURES:
+            return 0.0
+        at = max(now, self._next_refusal.get(key, now))
+        self._next_refusal[key] = at + PENALTY
         return at - now
 
-    def failed(self, host: str) -> None:
-        """A login from ``host`` failed."""
-        failures = self._failures.get(host)
-        if failures is None:
-            failures = self._failures[host] = deque()
-        failures.append(self._now())
-        if len(self._failures) > 4096:
-            self._forget_quiet_hosts()
-
-    def _recent(self, host: str) -> deque[float] | None:
-        failures = self._failures.get(host)
+    def _recent(self, key: tuple[str, str]) -> deque[float] | None:
+        failures = self._failures.get(key)
         if failures is None:
             return None
         horizon = self._now() - FAILURE_WINDOW
         while failures and failures[0] < horizon:
             failures.popleft()
         if not failures:
-            del self._failures[host]
-            self._next_check.pop(host, None)
+            del self._failures[key]
+            self._next_refusal.pop(key, None)
             return None
         return failures
 
-    def _forget_quiet_hosts(self) -> None:
-        for host in list(self._failures):
-            self._recent(host)
+    def _forget_quiet(self) -> None:
+        for key in list(self._failures):
+            self._recent(key)

@@ -330,42 +330,39 @@ class Node:
     ) -> None:
         """Check a connection's login and call ``done(user, "")``, or ``done(None, reason)``
         with the reason for the log, now or later (see :mod:`broker.core.login`: expensive
-        hashes are checked through :attr:`run_blocking`, and a host with many recent failures
-        waits its turn).
+        hashes are checked through :attr:`run_blocking`, and a name with many recent failures
+        from one host has its refusals slowed).
 
         :param password: ``None`` for ``EXTERNAL``: ``username`` comes from a verified client
             certificate and no password is asked
-        :param host: the peer's address, whose failures are counted
+        :param host: the peer's address (failures are counted by address and name)
         """
         self.counters["auth_attempts"] += 1
         user = self.users_by_name.get(username)
 
         def finish(ok: bool) -> None:
             accepted, reason = self._accepted(user, ok, username, password, loopback)
-            if accepted is None:
-                self.counters["auth_failures"] += 1
-                self.login_throttle.failed(host)
-            else:
+            if accepted is not None:
                 self.counters["auth_successes"] += 1
-            done(accepted, reason)
-
-        def check() -> None:
-            if password is None:
-                finish(user is not None)
+                done(accepted, reason)
                 return
-            stored = user.password_hash if user is not None else self._decoy_hash
-            if is_expensive(stored):
-                # An unknown name is checked against the decoy, at the same cost.
-                target = user if user is not None else User("", password_hash=stored)
-                self.run_blocking(lambda: target.check_password(password), finish)
+            self.counters["auth_failures"] += 1
+            delay = self.login_throttle.failed(host, username)
+            if delay and self.clock is not None:
+                self.clock.callLater(delay, done, None, reason)
             else:
-                finish(user is not None and user.check_password(password))
+                done(None, reason)
 
-        delay = self.login_throttle.delay(host)
-        if delay and self.clock is not None:
-            self.clock.callLater(delay, check)
+        if password is None:
+            finish(user is not None)
+            return
+        stored = user.password_hash if user is not None else self._decoy_hash
+        if is_expensive(stored):
+            # An unknown name is checked against the decoy, at the same cost.
+            target = user if user is not None else User("", password_hash=stored)
+            self.run_blocking(lambda: target.check_password(password), finish)
         else:
-            check()
+            finish(user is not None and user.check_password(password))
 
     def _accepted(
         self, user: User | None, ok: bool, username: str, password: str | None, loopback: bool

@@ -591,8 +591,9 @@ class VirtualHost:
 
         :param name: the name; ``""`` asks for a server-generated one
         :param connection: the declaring connection (owner of an exclusive queue)
-        :raises ChannelException: 404 (passive, missing), 403 (``amq.`` prefix), 405 (another
-            connection's exclusive queue), 406 (inequivalent redeclaration, bad arguments).
+        :raises ChannelException: 404 (passive, missing), 403 (``amq.`` prefix), 405 (an exclusive
+            queue declared by another connection or without ``exclusive``, or a shared one
+            declared with it), 406 (inequivalent redeclaration, bad arguments).
         """
         arguments = arguments or {}
         if passive:
@@ -607,12 +608,15 @@ class VirtualHost:
             name = self.new_queue_name()
         if access is not None:
             access.check("configure", "queue", name)
+        # As RabbitMQ's: an exclusive queue is never durable, whatever the declare says.
+        durable = durable and not exclusive
         existing = self.queues.get(name)
         if existing is not None:
-            self.queue(name, connection)  # exclusivity check
-            if exclusive and existing.owner is not connection:
+            # RabbitMQ checks exclusive access first, strictly: the queue's owner must be the
+            # one this declare names (this connection if exclusive, else none).
+            if existing.owner is not (connection if exclusive else None):
                 raise self._locked(name)
-            self._check_equivalent(existing, durable, exclusive, auto_delete, arguments)
+            self._check_equivalent(existing, durable, auto_delete, arguments)
             existing.touch()
             return existing
         # RabbitMQ checks the limit for new queues only, before their arguments.
@@ -651,11 +655,10 @@ class VirtualHost:
         return queue
 
     def _check_equivalent(
-        self, queue: WorkQueue, durable: bool, exclusive: bool, auto_delete: bool, arguments: Mapping[str, Any]
+        self, queue: WorkQueue, durable: bool, auto_delete: bool, arguments: Mapping[str, Any]
     ) -> None:
         checks: list[tuple[str, object, object]] = [
             ("durable", queue.durable, durable),
-            ("exclusive", queue.exclusive, exclusive),
             ("auto_delete", queue.auto_delete, auto_delete),
         ]
         checks += [(key, queue.arguments.get(key), arguments.get(key)) for key in QUEUE_ARGUMENTS]

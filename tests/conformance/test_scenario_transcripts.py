@@ -474,6 +474,74 @@ def single_acks_in_one_write(port: int, prefix: str) -> list[Entry]:
     return transcript.normalized()
 
 
+def exclusive_redeclares(port: int, prefix: str) -> list[Entry]:
+    """Redeclares of an exclusive queue (declared durable) and of a shared one, with and
+    without ``exclusive``, from the owning connection and from another, each with an
+    argument that matches or not: which is checked first, and what a declare's ``durable``
+    means for an exclusive queue."""
+    queue, shared = f"{prefix}-mine", f"{prefix}-shared"
+    transcript = Transcript()
+    limit = {"x-max-length": 5}
+    try:
+        with transcript.connect(port) as owner, transcript.connect(port) as other:
+            open_connection(owner, 1)
+            declare_queue(owner, queue, exclusive=True, durable=True)
+            declare_queue(owner, shared)
+            open_connection(other)
+            attempts = [
+                (owner, commands.Queue.Declare(queue=queue)),
+                (owner, commands.Queue.Declare(queue=queue, durable=True)),
+                (owner, commands.Queue.Declare(queue=queue, exclusive=True)),
+                (owner, commands.Queue.Declare(queue=queue, exclusive=True, durable=True)),
+                (owner, commands.Queue.Declare(queue=queue, exclusive=True, auto_delete=True)),
+                (owner, commands.Queue.Declare(queue=queue, exclusive=True, arguments=limit)),
+                (owner, commands.Queue.Declare(queue=queue, arguments=limit)),
+                (owner, commands.Queue.Declare(queue=shared, exclusive=True)),
+                (owner, commands.Queue.Declare(queue=shared, exclusive=True, durable=True, arguments=limit)),
+                (owner, commands.Queue.Declare(queue=shared, durable=True)),
+                (other, commands.Queue.Declare(queue=queue)),
+                (other, commands.Queue.Declare(queue=queue, exclusive=True)),
+                (other, commands.Queue.Declare(queue=queue, exclusive=True, arguments=limit)),
+                (other, commands.Queue.Declare(queue=shared, exclusive=True)),
+                (other, commands.Queue.Declare(queue=shared, exclusive=True, auto_delete=True)),
+            ]
+            for channel, (client, attempt) in enumerate(attempts, start=2):
+                client.send(frames(channel, commands.Channel.Open(), attempt))
+                client.read(until("Channel.Close", "Queue.DeclareOk", channel=channel))
+            close_connection(other)
+            close_connection(owner)
+    finally:
+        delete_queues(port, queue, shared)
+    return transcript.normalized()
+
+
+def ack_after_a_closed_channel(port: int, prefix: str) -> list[Entry]:
+    """The broker closes a consumer's channel (an unknown tag); once the close handshake is
+    done an ack for an earlier delivery arrives on that channel number, as a threaded
+    consumer's ack can: what becomes of it, and of the connection's other channel."""
+    queue = f"{prefix}-late"
+    transcript = Transcript()
+    try:
+        with transcript.connect(port) as client:
+            open_connection(client, 1, 2)
+            declare_queue(client, queue)
+            for number in range(2):
+                client.send(method(1, commands.Basic.Publish, routing_key=queue) + content_frames(1, b"%d" % number))
+            client.send(frames(1, commands.Basic.Consume(queue=queue, consumer_tag="c")))
+            client.read(until("Basic.ConsumeOk"))
+            client.read(quiet(0.5))
+            client.send(frames(1, commands.Basic.Ack(delivery_tag=99)))
+            client.read(until("Channel.Close"))
+            client.send(frames(1, commands.Channel.CloseOk()))
+            client.send(frames(1, commands.Basic.Ack(delivery_tag=1)))
+            client.send(frames(2, commands.Queue.Declare(queue=queue, passive=True)))
+            client.read(until("Queue.DeclareOk", "Connection.Close", channel=None))
+            client.read(quiet(0.5))
+    finally:
+        delete_queues(port, queue)
+    return transcript.normalized()
+
+
 SCENARIOS: dict[str, Scenario] = {
     "exclusive-queue-life": exclusive_life,
     "auto-delete-queue-life": auto_delete_life,
@@ -486,6 +554,8 @@ SCENARIOS: dict[str, Scenario] = {
     "consumer-cancel-notification": cancel_notification,
     "consumer-tag-reused-on-a-missing-queue": reused_tag_on_a_missing_queue,
     "single-acks-in-one-write": single_acks_in_one_write,
+    "exclusive-redeclares": exclusive_redeclares,
+    "ack-after-a-closed-channel": ack_after_a_closed_channel,
 }
 
 

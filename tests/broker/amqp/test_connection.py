@@ -260,6 +260,31 @@ def test_method_on_an_unopened_channel_is_a_channel_error() -> None:
     assert close.reply_code == ReplyCode.CHANNEL_ERROR
 
 
+def test_a_method_on_a_channel_not_open_fails_the_connection_after_the_rest_of_its_read() -> None:
+    """A late ack on a channel the broker closed: the frames read behind it are handled first
+    (RabbitMQ refuses it from a new channel process, after its reader went on), except that
+    channel's own, then the connection closes with 504."""
+    n = node()
+    client = opened(n)
+    client.open_channel(2)
+    consumer_on(client, "q")
+    opened(n).send(publish_frames(1, "", "q", b"job"))
+    client.read()
+    assert close_of(client.call(1, commands.Basic.Ack(delivery_tag=99))).reply_code == 406
+    client.call(1, commands.Channel.CloseOk())
+    late = encode(1, commands.Basic.Ack(delivery_tag=1), commands.Channel.Open())
+    frames = client.send(late + encode(2, commands.Queue.Declare(queue="q", passive=True)))
+    assert [type(value).__name__ for _channel, value in frames] == ["DeclareOk", "Close"]
+    close = close_of(frames)
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
+        504,
+        "CHANNEL_ERROR - expected 'channel.open'",
+        60,
+        80,
+    )
+    assert 1 not in client.connection.channels
+
+
 def test_a_publish_on_an_unopened_channel_is_refused_once_its_content_is_in() -> None:
     # RabbitMQ assembles the content on the new channel, then refuses the publish with 504.
     n = node()
@@ -574,6 +599,29 @@ def test_exclusive_queue_is_removed_with_its_connection() -> None:
     assert close.reply_code == ReplyCode.RESOURCE_LOCKED
     client.connection.connection_lost()
     assert "mine" not in n.vhosts["/"].queues
+
+
+def test_exclusive_access_is_checked_before_equivalence_and_an_exclusive_queue_is_never_durable() -> None:
+    n = node()
+    owner = opened(n)
+    owner.call(1, commands.Queue.Declare(queue="mine", exclusive=True, durable=True))
+    owner.call(1, commands.Queue.Declare(queue="shared"))
+    assert not n.vhosts["/"].queues["mine"].durable
+    for durable in (False, True):  # the owner's exclusive redeclares match, durable or not
+        assert methods(owner.call(1, commands.Queue.Declare(queue="mine", exclusive=True, durable=durable)))
+    other = opened(n)
+    attempts = [
+        (owner, commands.Queue.Declare(queue="mine")),
+        (owner, commands.Queue.Declare(queue="shared", exclusive=True, arguments={"x-max-length": 1})),
+        (other, commands.Queue.Declare(queue="mine", exclusive=True, auto_delete=True)),
+    ]
+    for number, (client, declare) in enumerate(attempts, start=2):
+        client.open_channel(number)
+        close = close_of(client.call(number, declare))
+        assert (close.reply_code, close.reply_text.split(" - ")[0]) == (405, "RESOURCE_LOCKED")
+    owner.open_channel(9)
+    close = close_of(owner.call(9, commands.Queue.Declare(queue="mine", exclusive=True, auto_delete=True)))
+    assert close.reply_text.startswith("PRECONDITION_FAILED - inequivalent arg 'auto_delete'")
 
 
 def test_server_named_queue_is_generated_and_becomes_the_current_queue() -> None:

@@ -113,36 +113,36 @@ def test_the_decoy_has_the_cost_parameters_of_the_first_scrypt_user() -> None:
     assert decoy_hash([User("a", "clear")]) is None
 
 
-def test_a_host_over_its_free_failures_is_checked_once_per_penalty() -> None:
+def test_refusals_over_the_free_failures_of_a_name_from_a_host_come_once_per_penalty() -> None:
     clock = Clock()
     throttle = LoginThrottle(clock.seconds)
-    for _ in range(FREE_FAILURES):
-        assert throttle.delay("10.0.0.1") == 0.0
-        throttle.failed("10.0.0.1")
+    assert [throttle.failed("10.0.0.1", "app") for _ in range(FREE_FAILURES)] == [0.0] * FREE_FAILURES
 
-    assert [throttle.delay("10.0.0.1") for _ in range(3)] == [0.0, PENALTY, 2 * PENALTY]
-    assert throttle.delay("10.0.0.2") == 0.0  # other hosts are not slowed
+    assert [throttle.failed("10.0.0.1", "app") for _ in range(3)] == [0.0, PENALTY, 2 * PENALTY]
+    assert throttle.failed("10.0.0.2", "app") == 0.0  # other hosts are not slowed
+    assert throttle.failed("10.0.0.1", "guest") == 0.0  # nor other names from this one
     clock.advance(FAILURE_WINDOW + 1)
-    assert throttle.delay("10.0.0.1") == 0.0  # the window passed without failures
+    assert throttle.failed("10.0.0.1", "app") == 0.0  # the window passed without failures
 
 
-def test_logins_from_a_throttled_host_wait_for_the_clock() -> None:
+def test_a_good_login_from_a_host_with_many_refused_ones_is_answered_at_once() -> None:
+    """100 refused logins for guest from the test client's host (a client retrying a stale
+    password): a correct login is answered without the clock moving; refusals wait their turn."""
     node, held, clock = scrypt_node()
-    for _ in range(FREE_FAILURES):
-        node.login_throttle.failed("")  # the test client's host
-    clients = [Client(node) for _ in range(3)]
-    replies = []
-    for client in clients:
+    for _ in range(100):
+        node.login_throttle.failed("", "guest")
+    queued = (100 - FREE_FAILURES) * PENALTY  # when the next refusal is due
+    good = [Client(node) for _ in range(3)]
+    bad = [Client(node) for _ in range(3)]
+    for client in good + bad:
         client.send(PROTOCOL_HEADER)
-        replies.append(methods(client.call(0, start_ok("guest", "guest"))))
-
-    # The first is checked at once, each next one PENALTY seconds after the one before;
-    # successes do not clear the failures.
-    assert [[type(m) for m in r] for r in replies] == [[commands.Connection.Tune], [], []]
-    clock.advance(PENALTY)
-    assert [[type(m) for m in methods(c.read())] for c in clients[1:]] == [[commands.Connection.Tune], []]
-    clock.advance(PENALTY)
-    assert [type(m) for m in methods(clients[2].read())] == [commands.Connection.Tune]
+    answers = [methods(client.call(0, start_ok("guest", "guest"))) for client in good]
+    assert [[type(m) for m in answer] for answer in answers] == [[commands.Connection.Tune]] * 3
+    assert [methods(client.call(0, start_ok("guest", "wrong"))) for client in bad] == [[], [], []]
+    clock.advance(queued)
+    assert [[type(m) for m in methods(client.read())] for client in bad] == [[commands.Connection.Close], [], []]
+    clock.advance(2 * PENALTY)
+    assert [len(methods(client.read())) for client in bad] == [0, 1, 1]
     assert held.held == []
 
 
