@@ -35,6 +35,7 @@ from broker.amqp.connection import ServerConnection
 from broker.core.journal import Journal
 from broker.core.node import Node, User
 from broker.paging import Pager, PageStore
+from broker.service import tune_gc
 from broker.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
 from broker.testing import MemorySegmentStorage
 from broker.wal.log import WriteAheadLog
@@ -159,6 +160,7 @@ def main() -> None:
     parser.add_argument("--persistent", action="store_true", help="persistent messages, logged (the log in memory)")
     parser.add_argument("--single-acks", action="store_true", help="each delivery acked on its own")
     args = parser.parse_args()
+    tune_gc()  # as the broker runs (else collections of the deep queue's objects blur the counts)
     with tempfile.TemporaryDirectory(prefix="postroom-core-") as directory:
         cost = run(
             args.messages,
