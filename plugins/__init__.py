@@ -1,9 +1,8 @@
 """Bundled Postroom plugins; every module here is imported by discovery.
 
-This is a ``twisted.plugin`` package: installed packages may add modules to it.
+Only this folder is: other plugins come from ``postroom.plugins`` entry points or dotted module
+paths named in the configuration, never from folders of this name elsewhere on ``sys.path``
+(another distribution's top-level ``plugins/`` is none of Postroom's business).
 """
 
-from twisted.plugin import pluginPackagePaths
-
-__path__.extend(pluginPackagePaths(__name__))
 __all__: list[str] = []

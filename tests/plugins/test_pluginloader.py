@@ -313,3 +313,26 @@ def test_plugin_services_start_before_the_listeners_and_stop_with_the_broker(mod
     assert [port for port, *_ in reactor.tcpServers] == [5673]
     service.stopService()
     assert not plugin.service.running
+
+
+def test_discovery_imports_no_plugins_folder_of_another_distribution(tmp_path: Path) -> None:
+    """A top-level ``plugins/`` folder elsewhere on sys.path (no ``__init__.py``, as a namespace
+    or Twisted plugin folder has none) is never scanned: its modules are not imported."""
+    foreign = tmp_path / "plugins"
+    foreign.mkdir()
+    marker = tmp_path / "imported"
+    (foreign / "someone_elses.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.append({str(tmp_path)!r})
+        from broker.pluginloader import available_plugins, find_plugin
+        names = [plugin.name for plugin in available_plugins()]
+        find_plugin("delayed_message")
+        print(names)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "delayed_message" in result.stdout and "consistent_hash" in result.stdout
+    assert not marker.exists()
