@@ -1,4 +1,4 @@
-"""Segment storage: the one module of Postroom that touches the disk.
+"""Segment storage: the one module of the write-ahead log that touches the disk.
 
 :class:`ISegmentStorage` is the seam between the write-ahead log and the file system;
 :class:`DirectoryStorage` implements it over one directory of segment files with ``os.open``,
