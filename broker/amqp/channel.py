@@ -1265,6 +1265,10 @@ class ChannelState:
             self.flush_confirms()
         except Exception as error:
             errors.append(error)
+        try:
+            self.settle_held()  # acks taken and left unsettled (another channel's settlement raised)
+        except Exception as error:
+            errors.append(error)
         if self in self.connection.confirming:
             self.connection.confirming.remove(self)
         if self._confirm_waits and self.vhost.journal is not None:

@@ -71,9 +71,9 @@ class LoginThrottle:
         key = (host, username)
         failures = self._recent(key)
         if failures is None:
+            if len(self._failures) >= 4096:
+                self._forget_quiet()  # (before this one is added: an empty one would go too)
             failures = self._failures[key] = deque()
-            if len(self._failures) > 4096:
-                self._forget_quiet()
         now = self._now()
         failures.append(now)
         if len(failures) <= FREE_FAILURES:

@@ -649,7 +649,7 @@ class VirtualHost:
             self.pager.attach(queue)
         self.queues_created += 1
         self.queues[name] = queue
-        if durable and not exclusive and self.journal is not None:
+        if durable and self.journal is not None:
             queue.journal = self.journal
             self.journal.queue_declared(self.name, name, auto_delete, arguments)
         return queue

@@ -1007,11 +1007,6 @@ def published_contents(
     # The timestamp, header and body length of records whose header has the last one's length.
     header_size = 0
     unpack_tail = _tail(0)
-    # The last header with its length before it: a record whose bytes there are the same
-    # shares the header (a deep queue's messages mostly have the same properties).
-    header = b""
-    sized_header = b""
-    read_size = _U32.unpack_from
     for place in places:
         pos = place.offset - base
         length = place.length
@@ -1041,21 +1036,15 @@ def published_contents(
                 names_end = end - len(body) - 16 - len(_header)
                 names = data[at + 8 : names_end]
                 at = names_end
-            if sized_header and data.startswith(sized_header, at + 8):
-                at += 8 + len(sized_header)
-                (body_size,) = read_size(data, at)
-                at += 4
-            else:
-                try:
-                    _timestamp, found, read_header, body_size = unpack_tail(data, at)
-                except struct.error:  # (the data ends before a header of the last one's length would)
-                    found = -1
-                if found != header_size:
-                    (header_size,) = read_size(data, at + 8)
-                    unpack_tail = _tail(header_size)
-                    _timestamp, _found, read_header, body_size = unpack_tail(data, at)
-                header, sized_header = read_header, data[at + 8 : at + 12 + header_size]
-                at += 16 + header_size
+            try:
+                _timestamp, found, header, body_size = unpack_tail(data, at)
+            except struct.error:  # (the data ends before a header of the last one's length would)
+                found = -1
+            if found != header_size:
+                (header_size,) = _U32.unpack_from(data, at + 8)
+                unpack_tail = _tail(header_size)
+                _timestamp, _found, header, body_size = unpack_tail(data, at)
+            at += 16 + header_size
         except struct.error:
             append(None)
             continue

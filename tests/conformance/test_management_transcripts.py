@@ -413,7 +413,7 @@ def declare_exported(amqp_port: int) -> pika.BlockingConnection:
     arguments = {"x-message-ttl": 1000, "x-dead-letter-exchange": "def.orders", "x-max-length": 5}
     channel.queue_declare("def.kept", durable=True, arguments=arguments)
     channel.queue_declare("def.memory")
-    channel.queue_declare("def.excl", exclusive=True)
+    channel.queue_declare("def.excl", exclusive=True, durable=True)  # no durable queue for all that
     channel.queue_bind("def.kept", "def.orders", "a.#")
     channel.queue_bind("def.memory", "amq.topic", "b.*")
     channel.queue_bind("def.kept", "def.headers", "", arguments={"x-match": "all", "k": "v"})
@@ -465,6 +465,7 @@ def test_the_definitions_export_holds_what_rabbitmqs_holds_and_rabbitmq_imports_
         broker.reactor, vhost.set_policy, Policy("def-cap", r"^def\.", {"max-length": 100}), True
     )
     answers: dict[str, list[tuple[int, Any]]] = {}
+    exclusive: dict[str, tuple[Any, ...]] = {}  # the exclusive queue, declared durable, as the API shows it
     try:
         for name, (amqp, http) in (("rabbitmq", rabbitmq_management), ("postroom", postroom_management)):
             holder = declare_exported(amqp)
@@ -474,6 +475,8 @@ def test_the_definitions_export_holds_what_rabbitmqs_holds_and_rabbitmq_imports_
                 api(http, "guest", "definitions/mg-missing"),
                 api(http, "mg-pol", "definitions"),
             ]
+            status, shown = api(http, "guest", "queues/%2F/def.excl")
+            exclusive[name] = (status, shown.get("durable"), shown.get("exclusive"), shown.get("auto_delete"))
             holder.close()
         # The way out: Postroom's export of a vhost, imported into a fresh vhost of RabbitMQ.
         rabbitmqctl(amqp_port, "add_vhost", "def-import")
@@ -502,6 +505,7 @@ def test_the_definitions_export_holds_what_rabbitmqs_holds_and_rabbitmq_imports_
     assert missing == (400, {"error": "bad_request", "reason": "vhost_not_found"})
     assert refused == (401, {"error": "not_authorised", "reason": "Not administrator user"})
     assert [q["name"] for q in exported(rabbitmq_all)["queues"]] == ["def.kept", "def.memory"]  # no exclusive one
+    assert exclusive["postroom"] == exclusive["rabbitmq"] == (200, False, True, False)
     (_, postroom_all), (_, postroom_one), *refusals = answers["postroom"]
     assert refusals == [missing, refused]
     assert exported(postroom_all) == exported(rabbitmq_all)

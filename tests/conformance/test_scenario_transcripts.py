@@ -445,6 +445,20 @@ def reused_tag_on_a_missing_queue(port: int, prefix: str) -> list[Entry]:
     return transcript.normalized()
 
 
+def consume_published(client: Client, queue: str, count: int, prefetch: int = 0) -> None:
+    """Declare ``queue`` on channel 1, publish ``count`` bodies (``b"0"``, ``b"1"``, …) to it,
+    then consume it as ``c`` (with ``prefetch``, if any) and read the deliveries."""
+    declare_queue(client, queue)
+    for number in range(count):
+        client.send(method(1, commands.Basic.Publish, routing_key=queue) + content_frames(1, b"%d" % number))
+    if prefetch:
+        client.send(frames(1, commands.Basic.Qos(prefetch_count=prefetch)))
+        client.read(until("Basic.QosOk"))
+    client.send(frames(1, commands.Basic.Consume(queue=queue, consumer_tag="c")))
+    client.read(until("Basic.ConsumeOk"))
+    client.read(quiet(0.5))
+
+
 def single_acks_in_one_write(port: int, prefix: str) -> list[Entry]:
     """A consumer's single acks sent together: each frees its slot, and an unknown tag among
     them closes the channel with those before it acked and the rest given back."""
@@ -453,14 +467,7 @@ def single_acks_in_one_write(port: int, prefix: str) -> list[Entry]:
     try:
         with transcript.connect(port) as client:
             open_connection(client, 1)
-            declare_queue(client, queue)
-            for number in range(5):
-                client.send(method(1, commands.Basic.Publish, routing_key=queue) + content_frames(1, b"%d" % number))
-            client.send(frames(1, commands.Basic.Qos(prefetch_count=3)))
-            client.read(until("Basic.QosOk"))
-            client.send(frames(1, commands.Basic.Consume(queue=queue, consumer_tag="c")))
-            client.read(until("Basic.ConsumeOk"))
-            client.read(quiet(0.5))
+            consume_published(client, queue, 5, prefetch=3)
             client.send(frames(1, commands.Basic.Ack(delivery_tag=1), commands.Basic.Ack(delivery_tag=2)))
             client.read(quiet(0.5))
             client.send(frames(1, *(commands.Basic.Ack(delivery_tag=tag) for tag in (3, 99, 4))))
@@ -524,12 +531,7 @@ def ack_after_a_closed_channel(port: int, prefix: str) -> list[Entry]:
     try:
         with transcript.connect(port) as client:
             open_connection(client, 1, 2)
-            declare_queue(client, queue)
-            for number in range(2):
-                client.send(method(1, commands.Basic.Publish, routing_key=queue) + content_frames(1, b"%d" % number))
-            client.send(frames(1, commands.Basic.Consume(queue=queue, consumer_tag="c")))
-            client.read(until("Basic.ConsumeOk"))
-            client.read(quiet(0.5))
+            consume_published(client, queue, 2)
             client.send(frames(1, commands.Basic.Ack(delivery_tag=99)))
             client.read(until("Channel.Close"))
             client.send(frames(1, commands.Channel.CloseOk()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -538,29 +539,52 @@ def test_an_unknown_tag_among_single_acks_closes_the_channel_after_settling_thos
     assert (queue.acked, queue.message_count, queue.unacked_count) == (1, 2, 0)  # 2 and 3 back in the queue
 
 
+def consuming_on_two_channels(messages: int) -> tuple[Client, Any, Any]:
+    """A client consuming queue ``a`` on channel 1 and ``b`` on channel 2, each holding
+    ``messages`` deliveries (bodies ``b"0"``, ``b"1"``, …); the client and the two queues."""
+    n = node()
+    client = opened(n)
+    client.open_channel(2)
+    for channel, queue in ((1, "a"), (2, "b")):
+        client.call(channel, commands.Queue.Declare(queue=queue))
+        client.call(channel, commands.Basic.Consume(queue=queue, consumer_tag=queue))
+    opened(n).send(b"".join(publish_frames(1, "", queue, b"%d" % i) for queue in "ab" for i in range(messages)))
+    client.read()
+    return client, n.vhosts["/"].queues["a"], n.vhosts["/"].queues["b"]
+
+
 def test_runs_of_single_acks_end_at_a_multiple_ack_another_channel_or_the_end_of_a_read() -> None:
     """Single acks read together are taken in a run while the next frame is one for the same
     channel; a multiple ack, another channel's ack and a frame cut by the read end the run and
     are read as any frame."""
-    n = node()
-    first = opened(n)
-    first.open_channel(2)
-    for channel, queue in ((1, "a"), (2, "b")):
-        first.call(channel, commands.Queue.Declare(queue=queue))
-        first.call(channel, commands.Basic.Consume(queue=queue, consumer_tag=queue))
-    publisher = opened(n)
-    publisher.send(b"".join(publish_frames(1, "", queue, b"%d" % i) for queue in "ab" for i in range(6)))
-    first.read()
+    first, a, b = consuming_on_two_channels(6)
     acks = encode(1, *(commands.Basic.Ack(delivery_tag=tag) for tag in (1, 2)))
     acks += encode(1, commands.Basic.Ack(delivery_tag=4, multiple=True))
     acks += encode(2, commands.Basic.Ack(delivery_tag=1)) + encode(1, commands.Basic.Ack(delivery_tag=5))
     acks += encode(2, *(commands.Basic.Ack(delivery_tag=tag) for tag in (2, 3)))
     cut = len(acks) - 5  # the last ack's frame ends in the next read
     assert first.send(acks[:cut]) == []
-    a, b = n.vhosts["/"].queues["a"], n.vhosts["/"].queues["b"]
     assert (a.acked, a.unacked_count, b.acked, b.unacked_count) == (5, 1, 2, 4)
     assert first.send(acks[cut:]) == []
     assert (a.acked, a.unacked_count, b.acked, b.unacked_count) == (5, 1, 3, 3)
+
+
+def test_acks_held_by_a_channel_are_settled_when_another_channels_settlement_raises(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Acks of one read are taken from their channels before they settle: when one channel's
+    settlement raises (a bug), the others' are settled as the connection ends, not lost."""
+    client, a, b = consuming_on_two_channels(1)
+
+    def broken(entries: list) -> None:
+        raise RuntimeError("a bug in settling")
+
+    monkeypatch.setattr(a, "settle", broken)
+    with pytest.raises(RuntimeError):
+        client.send(encode(1, commands.Basic.Ack(delivery_tag=1)) + encode(2, commands.Basic.Ack(delivery_tag=1)))
+    client.connection.connection_lost()
+    assert (b.acked, b.message_count, b.unacked_count) == (1, 0, 0)
+    assert [type(error) for error in client.connection.teardown_errors] == []
 
 
 def test_nack_with_requeue_redelivers_to_the_head_in_order() -> None:
@@ -608,7 +632,8 @@ def test_exclusive_access_is_checked_before_equivalence_and_an_exclusive_queue_i
     owner.call(1, commands.Queue.Declare(queue="shared"))
     assert not n.vhosts["/"].queues["mine"].durable
     for durable in (False, True):  # the owner's exclusive redeclares match, durable or not
-        assert methods(owner.call(1, commands.Queue.Declare(queue="mine", exclusive=True, durable=durable)))
+        (declare_ok,) = methods(owner.call(1, commands.Queue.Declare(queue="mine", exclusive=True, durable=durable)))
+        assert isinstance(declare_ok, commands.Queue.DeclareOk)
     other = opened(n)
     attempts = [
         (owner, commands.Queue.Declare(queue="mine")),

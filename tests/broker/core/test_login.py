@@ -125,6 +125,18 @@ def test_refusals_over_the_free_failures_of_a_name_from_a_host_come_once_per_pen
     assert throttle.failed("10.0.0.1", "app") == 0.0  # the window passed without failures
 
 
+def test_a_name_first_failing_when_many_are_counted_is_counted_too() -> None:
+    """Past 4,096 names and hosts counted, the quiet ones are forgotten as a new one comes:
+    the new one's failures are kept."""
+    clock = Clock()
+    throttle = LoginThrottle(clock.seconds)
+    for number in range(4096):
+        throttle.failed(f"10.0.{number // 256}.{number % 256}", "app")
+    clock.advance(FAILURE_WINDOW + 1)  # all of them quiet now
+    delays = [throttle.failed("10.1.0.1", "app") for _ in range(FREE_FAILURES + 2)]
+    assert delays[-2:] == [0.0, PENALTY]
+
+
 def test_a_good_login_from_a_host_with_many_refused_ones_is_answered_at_once() -> None:
     """100 refused logins for guest from the test client's host (a client retrying a stale
     password): a correct login is answered without the clock moving; refusals wait their turn."""

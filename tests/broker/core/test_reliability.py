@@ -96,14 +96,20 @@ def test_unacked_message_goes_to_the_next_consumer_after_its_visibility_timeout(
     assert node.vhosts["/"].queues["work"].visibility_timeouts == 1
 
 
-def test_ack_of_a_stale_tag_is_ignored_and_counted_and_later_acks_work() -> None:
+def stale_first_tag() -> tuple[Node, Clock, Client, list[tuple[Any, ContentHeader, bytes]]]:
+    """A consumer (prefetch 1) whose first delivery's visibility timeout ran out: tag 1 is
+    stale and the message came back as tag 2 (those deliveries are returned)."""
     node, clock = setup()
     c = client(node)
     declare(c, "work", **{"x-visibility-timeout": 1_000})
     consume(c, "work", prefetch=1)
     publish(c, "work", b"job")
     clock.advance(1.0)
-    redelivered = deliveries(c.read())
+    return node, clock, c, deliveries(c.read())
+
+
+def test_ack_of_a_stale_tag_is_ignored_and_counted_and_later_acks_work() -> None:
+    node, clock, c, redelivered = stale_first_tag()
     assert [(d.delivery_tag, d.redelivered) for d, _, _ in redelivered] == [(2, True)]
     assert c.call(1, commands.Basic.Ack(delivery_tag=1)) == []  # stale: no channel.close
     assert node.counters["stale_acks"] == 1
@@ -115,13 +121,7 @@ def test_ack_of_a_stale_tag_is_ignored_and_counted_and_later_acks_work() -> None
 
 
 def test_a_stale_tag_first_among_single_acks_read_together_leaves_the_others_acked() -> None:
-    node, clock = setup()
-    c = client(node)
-    declare(c, "work", **{"x-visibility-timeout": 1_000})
-    consume(c, "work", prefetch=1)
-    publish(c, "work", b"job")
-    clock.advance(1.0)  # tag 1 is stale; the message comes back as tag 2
-    c.read()
+    node, _clock, c, _redelivered = stale_first_tag()
     for number in range(2):
         publish(c, "work", b"more %d" % number)
     acks = encode(1, *(commands.Basic.Ack(delivery_tag=tag) for tag in (1, 2)))

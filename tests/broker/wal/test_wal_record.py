@@ -537,7 +537,7 @@ def test_published_content_reads_what_a_delivery_needs_and_only_from_a_valid_rec
 def test_published_contents_of_a_span_read_each_record_as_published_content_does(
     routes: list[tuple[tuple[str, ...], str, str]], damaged: int, kinds: list[int]
 ) -> None:
-    """Records read alike skip their names, and share their header when it is the same; one
+    """Records read alike skip their names (headers repeat or not, of several lengths); one
     that differs, or is damaged, is read on its own."""
     headers = [b"\x00<\x00\x00" + bytes(8) + b"\x10\x00" + bytes([kind]) * (1 + kind % 3) for kind in kinds]
     records = [
