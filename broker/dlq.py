@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.client import Connection, Message, PublishNacked
-from broker.core.deadletter import DEAD_LETTER_ID_HEADER
-from broker.core.seal import SEAL_HEADER
+from broker.core.seal import DEAD_LETTER_ID_HEADER, SEAL_HEADER
 from broker.core.vhost import REDRIVE_EXCHANGE
 
 

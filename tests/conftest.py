@@ -40,6 +40,30 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 #: Seconds after which a hung integration test dumps every thread's stack and ends the run.
 HANG_TIMEOUT = 60
+#: Under ``CI=true`` nothing may be skipped: a test that cannot run (RabbitMQ, Node, Prometheus
+#: or Java missing, a port taken, a fetch refused) fails, saying why, so a green run means that
+#: every comparison it claims was made.
+SKIPS_FAIL = os.environ.get("CI", "").lower() == "true"
+
+
+def _failed_for_a_skip(report: pytest.CollectReport | pytest.TestReport) -> None:
+    if SKIPS_FAIL and report.skipped and not hasattr(report, "wasxfail"):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped, and under CI=true nothing may be: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    _failed_for_a_skip(outcome.get_result())  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    outcome = yield
+    _failed_for_a_skip(outcome.get_result())  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")

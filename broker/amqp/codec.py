@@ -113,7 +113,7 @@ def decode_method(payload: bytes, channel: int = 1) -> Frame:
             ReplyCode.FRAME_ERROR, f"type 1, all octets = {erlang_binary(payload)}: unknown_frame"
         )
     (index,) = _method_ids.unpack_from(payload)
-    method_class = commands.INDEX_MAPPING.get(index)
+    method_class: type[Frame] | None = commands.INDEX_MAPPING.get(index)
     if method_class is None:
         # RabbitMQ's reader cannot name an unknown method and drops the connection.
         raise ConnectionDropped(ReplyCode.COMMAND_INVALID, f"unknown method {index >> 16}/{index & 0xFFFF}")

@@ -775,14 +775,14 @@ class ServerConnection:
                 commands.Connection.Start(
                     version_major=0,
                     version_minor=9,
-                    server_properties={
+                    server_properties={  # in RabbitMQ's order
+                        "capabilities": dict(CAPABILITIES),
+                        "cluster_name": "postroom",
+                        "copyright": "Postroom authors",
+                        "information": "Postroom: an AMQP 0-9-1 routing broker",
+                        "platform": "Python/Twisted",
                         "product": node.product,
                         "version": node.version,
-                        "platform": "Python/Twisted",
-                        "information": "Postroom: an AMQP 0-9-1 routing broker",
-                        "copyright": "Postroom authors",
-                        "cluster_name": "postroom",
-                        "capabilities": dict(CAPABILITIES),
                     },
                     mechanisms=node.mechanisms(tls=self.certificate_name is not None),
                     locales="en_US",

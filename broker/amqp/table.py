@@ -258,7 +258,7 @@ def decode_value(data: bytes, tag: int, pos: int, end: int, depth: int = 0) -> A
         else:
             value = _scalar(data, value_tag, value_start, value_stop)
         if type(container) is dict:
-            container[key] = value  # type: ignore[call-overload]
+            container[key] = value
         else:
             container.append(value)  # type: ignore[union-attr]
     return root

@@ -42,16 +42,24 @@ DEFAULT_EXCHANGE = "amq.default"
 class Patterns(Protocol):
     """The three patterns of one user on one vhost (``config.schema.Permission``)."""
 
-    configure: str
-    write: str
-    read: str
+    @property
+    def configure(self) -> str: ...
+
+    @property
+    def write(self) -> str: ...
+
+    @property
+    def read(self) -> str: ...
 
 
 class TopicPatterns(Protocol):
     """The topic permissions of one user on one exchange (``config.schema.TopicPermission``)."""
 
-    write: str
-    read: str
+    @property
+    def write(self) -> str: ...
+
+    @property
+    def read(self) -> str: ...
 
 
 class Access:

@@ -230,8 +230,8 @@ def dead_lettered(
             new_header = with_headers_content(new_header, b"".join(entry for _, entry in entries))
     except ContentError:
         new_header = header
-    key = message.routing_key if routing_key is None else routing_key
-    return Message(exchange, key, shortstr(exchange) + shortstr(key), new_header, message.body)
+    dead_key = message.routing_key if routing_key is None else routing_key
+    return Message(exchange, dead_key, shortstr(exchange) + shortstr(dead_key), new_header, message.body)
 
 
 def _table(fields: list[tuple[str, Any]]) -> bytes:

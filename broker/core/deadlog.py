@@ -30,9 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from broker.amqp.codec import FLAG_HEADERS
 from broker.amqp.content import MESSAGE_ID, property_value
-from broker.core.deadletter import DEAD_LETTER_ID_HEADER
 from broker.core.message import Message
-from broker.core.seal import SEAL_HEADER, Sealer
+from broker.core.seal import DEAD_LETTER_ID_HEADER, SEAL_HEADER, Sealer
 from broker.wal.record import (
     DEAD_LETTER_HEADER_VALUE_BYTES,
     DEAD_LETTER_PREVIEW_BYTES,

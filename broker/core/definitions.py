@@ -17,8 +17,9 @@ from twisted.logger import Logger
 from broker.amqp.codec import decode_field_table, shortstr
 from broker.core.deadlog import header_dead_letter_id
 from broker.core.message import Message
-from broker.core.node import Limits, Node, Scheduler, User
+from broker.core.node import Limits, Node, User
 from broker.core.policy import Policy, PolicyRefused, from_value
+from broker.core.queue import Scheduler
 from broker.core.vhost import VirtualHost
 from broker.errors import AMQPError
 from broker.wal.recovery import Snapshot
@@ -275,14 +276,14 @@ def restore_snapshot(
         messages: dict[int, Message] = {}
         restored = 0
         for (vhost_name, queue_name), stored in snapshot.messages.items():
-            queue = _vhost(node, vhost_name).queues.get(queue_name)
-            if queue is None:
+            into = _vhost(node, vhost_name).queues.get(queue_name)
+            if into is None:
                 continue
             for message_id, item in sorted(stored.items()):
-                spool = queue.spool
+                spool = into.spool
                 if spool is not None and not spool.waiting and item.start and item.segment and journal is not None:
                     # Behind the window: a record pointing at the log, no object.
-                    queue.restore_spooled(item)
+                    into.restore_spooled(item)
                     journal.restored_spooled(item.segment)
                     restored += 1
                     dead_letter = header_dead_letter_id(item.record.header)
@@ -311,7 +312,7 @@ def restore_snapshot(
                         item.delivery_count,
                         (read, item.end) if read is not None else None,
                     )
-                queue.restore(message, item.delivery_count, item.record.timestamp)
+                into.restore(message, item.delivery_count, item.record.timestamp)
                 restored += 1
         return restored
     finally:

@@ -45,8 +45,9 @@ def decoy_hash(users: Iterable[User]) -> str | None:
     """A hash to check unknown names against, costing what the configured users' do: scrypt
     with the first scrypt user's parameters; ``None`` when no user has an expensive hash."""
     for user in users:
-        if is_expensive(user.password_hash):
-            _scheme, n, r, p, _salt, digest = user.password_hash.split("$")
+        password_hash = user.password_hash
+        if password_hash is not None and is_expensive(password_hash):
+            _scheme, n, r, p, _salt, digest = password_hash.split("$")
             salt = base64.b64encode(b"postroom-decoy-salt").decode()
             length = len(base64.b64decode(digest))
             fake = base64.b64encode(hashlib.sha256(b"decoy").digest()[:length].ljust(length, b"\0")).decode()

@@ -590,7 +590,7 @@ class WorkQueue:
             for level in ready.levels:
                 yield from reversed(level)
         else:
-            yield from reversed(ready)  # type: ignore[call-overload]
+            yield from reversed(ready)  # type: ignore[arg-type]
 
     def to_page(self, window: int) -> list[Entry]:
         """Ready entries whose bodies should go to disk, last to be delivered first: those behind
@@ -1205,7 +1205,7 @@ class WorkQueue:
         """Remove a consumer (its unacked deliveries stay with its channel). With
         ``x-single-active-consumer``, when the active one goes the waiting one of the highest
         priority (the first subscribed among equals) becomes active and is delivered to at
-        once, ready messages included (RabbitMQ 3.10.8 stalls there, see the README)."""
+        once, ready messages included (RabbitMQ 3.10.8 stalls there, see docs/rabbitmq-compatibility.md)."""
         try:
             self._consumers.remove(consumer)
         except ValueError:  # a waiting one (or one already gone): nothing else changes
@@ -1296,7 +1296,7 @@ class WorkQueue:
             if count <= 0:
                 return
             if slow:
-                batch = []
+                batch: list[Entry] = []
                 while len(batch) < count:
                     entry = self._pop_ready()
                     if entry is None:
@@ -1472,9 +1472,9 @@ class WorkQueue:
             if self.on_expired is not None:
                 self.on_expired(self)
             return
-        deadline = self._next_deadline()
-        if deadline is not None and not self.deleted:
-            self._arm(max(deadline, now + TIMER_SLACK))
+        next_deadline = self._next_deadline()
+        if next_deadline is not None and not self.deleted:
+            self._arm(max(next_deadline, now + TIMER_SLACK))
 
     def __repr__(self) -> str:
         return f"<WorkQueue {self.name!r} ready={self.message_count} unacked={self.unacked_count}>"

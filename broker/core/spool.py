@@ -89,7 +89,7 @@ class SpoolRecord(NamedTuple):
 
 #: Makes a :class:`SpoolRecord` of a tuple of its fields, without checking their number
 #: (``SpoolRecord._make`` without its cost: records are read back by the thousand).
-_make_record: Callable[[tuple[Any, ...]], SpoolRecord] = functools.partial(tuple.__new__, SpoolRecord)  # type: ignore[assignment]
+_make_record: Callable[[tuple[Any, ...]], SpoolRecord] = functools.partial(tuple.__new__, SpoolRecord)
 
 
 #: Where a packed record's flags start (their low byte holds :data:`IN_LOG` and :data:`REDELIVERED`).
@@ -285,7 +285,7 @@ class Spool:
         """
         waiting = self.waiting
         synced = self._synced() if self._synced is not None else 0
-        entries = []
+        entries: list[Entry] = []
         locatable = self.locator.locatable
         for entry, position in waiting:
             if position > synced or not locatable(entry) or len(entries) == RECORD_MAX:

@@ -10,7 +10,7 @@ import random
 from collections.abc import Callable, Hashable, Mapping
 from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from broker.amqp.table import Float32, Int8, Int16, Int64, UInt8, UInt16, UInt32
 from broker.core.access import Access
@@ -119,7 +119,52 @@ def _field_type(value: object) -> str:
             return name
     if value is None:
         return "void"
-    return "binary" if type(value) is bytes else "longstr"
+    return "binary" if isinstance(value, (bytes, bytearray)) else "longstr"
+
+
+def _term(value: object) -> object:
+    """``value`` as RabbitMQ compares a redeclared queue's argument with the queue's own
+    (``rabbit_misc:assert_args_equivalence``): equal when of one type class (every integer type
+    is one, both float types another) with equal values, or as Erlang terms (a ``longstr`` and
+    a ``binary`` of the same bytes are; ``1000`` and ``1000.0`` are not)."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return ("int", int(value))
+    if isinstance(value, float):
+        return ("float", float(value))
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    if isinstance(value, dict):
+        return tuple((_term(key), _term(item)) for key, item in value.items())
+    if isinstance(value, list):
+        return tuple(_term(item) for item in value)
+    return value
+
+
+def _erlang_float(value: float) -> str:
+    """``value`` as Erlang's ``~p`` writes it: the shortest digits that read back as ``value``,
+    in plain or scientific notation, whichever is shorter (plain on a tie): ``10.0``, ``1.0e3``."""
+    text = repr(value)
+    if not text[-1].isdigit():  # inf, nan
+        return text
+    sign = "-" if text.startswith("-") else ""
+    mantissa, _, exponent_text = text.lstrip("-").partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    combined = whole + fraction
+    digits = combined.lstrip("0").rstrip("0")
+    if not digits:
+        return f"{sign}0.0"
+    exponent = int(exponent_text or 0) + len(whole) - 1 - (len(combined) - len(combined.lstrip("0")))
+    scientific = f"{digits[0]}.{digits[1:] or '0'}e{exponent}"
+    if exponent >= 0:
+        padded = digits.ljust(exponent + 1, "0")
+        plain = f"{padded[: exponent + 1]}.{padded[exponent + 1 :] or '0'}"
+    else:
+        plain = f"0.{'0' * (-exponent - 1)}{digits}"
+    return sign + (plain if len(plain) <= len(scientific) else scientific)
 
 
 #: RabbitMQ's largest TTL and expiry (``rabbit_misc:check_expiry``), in milliseconds.
@@ -198,9 +243,38 @@ QUEUE_ARGUMENTS: dict[str, Callable[[object], str | None]] = {
 }
 
 
+#: The arguments a queue's redeclaration must repeat, in the order RabbitMQ 3.10 compares a
+#: classic queue's (``rabbit_classic_queue:capabilities/0``), then Postroom's own.
+#: ``x-queue-mode``, ``x-queue-version`` and ``x-queue-master-locator`` change nothing in
+#: Postroom, but RabbitMQ holds a redeclaration to them, so Postroom does too.
+EQUIVALENT_ARGUMENTS = (
+    "x-expires",
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-priority",
+    "x-overflow",
+    "x-queue-mode",
+    "x-queue-version",
+    "x-single-active-consumer",
+    "x-queue-type",
+    "x-queue-master-locator",
+    "x-delivery-limit",
+    "x-visibility-timeout",
+)
+
+
 def _describe(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, float):
+        return _erlang_float(value)
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("latin-1")
     return repr(value) if not isinstance(value, str) else value
 
 
@@ -574,7 +648,7 @@ class VirtualHost:
                 ReplyCode.PRECONDITION_FAILED,
                 f"invalid arg 'x-priority' for queue '{queue.name}' {self._where()}: {_integer(priority)}",
             )
-        return priority  # type: ignore[return-value]
+        return cast(int, priority)
 
     def declare_queue(
         self,
@@ -661,9 +735,9 @@ class VirtualHost:
             ("durable", queue.durable, durable),
             ("auto_delete", queue.auto_delete, auto_delete),
         ]
-        checks += [(key, queue.arguments.get(key), arguments.get(key)) for key in QUEUE_ARGUMENTS]
+        checks += [(key, queue.arguments.get(key), arguments.get(key)) for key in EQUIVALENT_ARGUMENTS]
         for field, current, received in checks:
-            if current != received or type(current) is not type(received):
+            if _term(current) != _term(received):
                 if field == "x-queue-type" and {current, received} <= {None, "classic"}:
                     continue
                 if current is None or received is None:  # RabbitMQ then names the type too

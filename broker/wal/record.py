@@ -984,7 +984,7 @@ class _Placed(Protocol):
 def _tail(header_size: int) -> Callable[[bytes, int], tuple[float, int, bytes, int]]:
     """Unpacks what follows a ``Published`` payload's names when its header is ``header_size``
     bytes long: timestamp, header length, header, body length."""
-    return struct.Struct(f">dI{header_size}sI").unpack_from  # type: ignore[return-value]
+    return struct.Struct(f">dI{header_size}sI").unpack_from
 
 
 def published_contents(
@@ -1106,7 +1106,7 @@ def _resync(data: bytes, bad: int) -> int | None:
     """
     size = len(data)
     if size - bad >= RECORD_HEADER_BYTES:
-        (length,) = _U32.unpack_from(data, bad)
+        length: int = _U32.unpack_from(data, bad)[0]
         claimed = bad + RECORD_HEADER_BYTES + length
         if length <= MAX_RECORD_BYTES and claimed < size and _is_record_at(data, claimed):
             return claimed

@@ -15,7 +15,11 @@ from one of these families:
   array) and unknown type octets;
 * ``frame``: frame-level violations (the end octet, unknown frame types, a size over the
   negotiated maximum and at its boundaries, a heartbeat with a payload);
-* ``content``: content sequences out of order or with the wrong sizes.
+* ``content``: content sequences out of order or with the wrong sizes;
+* ``declare``: a ``queue.declare`` that differs from the queue's first declaration in one
+  property or one argument (absent on either side, another value, the same value as another
+  field type), or not at all, actively and passively, from the connection that declared the
+  queue and from another one, for an exclusive and a shared queue.
 
 Each :class:`Case` says what the connection must have done before (``setup``) and the bytes;
 :func:`all_cases` is the whole set, named ``family/what``.
@@ -90,11 +94,16 @@ class Case:
         ``close-ok`` not sent) or ``content`` (a ``basic.publish`` and its content header on
         channel 1 sent, the body not)
     :ivar data: the bytes sent then, in one write
+    :ivar other: bytes sent first on another connection (channel 1 open), whose answer is read
+        and not recorded; that connection stays open until the case ends
+    :ivar cleanup: queues deleted after the case (over a connection of their own)
     """
 
     name: str
     setup: str
     data: bytes
+    other: bytes = b""
+    cleanup: tuple[str, ...] = ()
 
     @property
     def family(self) -> str:
@@ -298,9 +307,118 @@ def content_cases() -> Iterator[Case]:
         yield Case(f"content/{name}", "open", data)
 
 
+def _int(value: int) -> tuple[str, bytes]:
+    return "I", struct.pack(">i", value)
+
+
+def _longstr(value: str) -> tuple[str, bytes]:
+    return "S", struct.pack(">I", len(value)) + value.encode()
+
+
+#: The arguments RabbitMQ 3.10 compares when a classic queue is declared again (its
+#: ``queue_arguments``), and one it does not: each with a valid value, another valid value, and
+#: the first value as other field types (``l`` is an integer as ``I`` is, so equivalent; the
+#: others are not). ``x-dead-letter-routing-key`` is declared beside a dead-letter exchange.
+DECLARE_ARGUMENTS: dict[str, tuple[tuple[str, bytes], tuple[str, bytes], dict[str, tuple[str, bytes]]]] = {
+    "x-expires": (_int(60000), _int(120000), {"l": ("l", struct.pack(">q", 60000)), "S": _longstr("60000")}),
+    "x-message-ttl": (
+        _int(1000),
+        _int(2000),
+        {"l": ("l", struct.pack(">q", 1000)), "d": ("d", struct.pack(">d", 1e3))},
+    ),
+    "x-dead-letter-exchange": (_longstr("dlx-a"), _longstr("dlx-b"), {"x": ("x", struct.pack(">I", 5) + b"dlx-a")}),
+    "x-dead-letter-routing-key": (_longstr("dead-a"), _longstr("dead-b"), {}),
+    "x-max-length": (_int(10), _int(20), {"b": ("b", b"\x0a"), "d": ("d", struct.pack(">d", 10.0))}),
+    "x-max-length-bytes": (_int(1000), _int(2000), {"l": ("l", struct.pack(">q", 1000))}),
+    "x-max-priority": (_int(5), _int(9), {"b": ("b", b"\x05"), "S": _longstr("5")}),
+    "x-overflow": (_longstr("drop-head"), _longstr("reject-publish"), {}),
+    "x-single-active-consumer": (("t", b"\x01"), ("t", b"\x00"), {"b": ("b", b"\x01")}),
+    "x-queue-type": (_longstr("classic"), _longstr("quorum"), {}),
+    "x-queue-mode": (_longstr("lazy"), _longstr("default"), {}),
+    "x-queue-version": (_int(1), _int(2), {}),
+    "x-queue-master-locator": (_longstr("min-masters"), _longstr("client-local"), {}),
+    "x-not-compared": (_int(1), _int(2), {}),
+}
+
+
+def _declare_arguments(arguments: dict[str, tuple[str, bytes]]) -> bytes:
+    return table(*(field(key, type_char, raw) for key, (type_char, raw) in arguments.items()))
+
+
+def _declare_variants() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """``(what, first, again)``: the first declaration's properties and arguments and the
+    redeclaration's, which differ in one place (or not at all)."""
+    plain: dict[str, Any] = {"durable": False, "auto_delete": False, "arguments": {}}
+    yield "same", plain, plain
+    for flag in ("durable", "auto_delete"):
+        yield f"{flag.replace('_', '-')}", plain, {**plain, flag: True}
+    for key, (value, other, as_types) in DECLARE_ARGUMENTS.items():
+        base = {"x-dead-letter-exchange": _longstr("dlx-a")} if key == "x-dead-letter-routing-key" else {}
+
+        def declared(*entries: tuple[str, tuple[str, bytes]], base: dict[str, Any] = base) -> dict[str, Any]:
+            return {**plain, "arguments": {**base, **dict(entries)}}
+
+        yield f"{key}/absent-then-set", declared(), declared((key, value))
+        yield f"{key}/set-then-absent", declared((key, value)), declared()
+        yield f"{key}/other-value", declared((key, value)), declared((key, other))
+        yield f"{key}/same-value", declared((key, value)), declared((key, value))
+        for type_char, typed in as_types.items():
+            yield f"{key}/as-type-{type_char}", declared((key, value)), declared((key, typed))
+
+
+def declare_cases() -> Iterator[Case]:
+    """Every way a ``queue.declare`` can differ from the queue's first declaration, from the
+    connection that made it and from another, for an exclusive and a shared queue."""
+    number = 0
+    for what, first, again in _declare_variants():
+        for exclusive in (True, False):
+            for where in ("here", "elsewhere"):
+                for passive in (False, True):
+                    if passive and what != "same" and not what.endswith("/other-value") and what != "durable":
+                        continue  # a passive declare compares nothing: one per kind of difference shows it
+                    number += 1
+                    name = f"{NAME}-declare-{number}"
+                    original = method(
+                        1,
+                        commands.Queue.Declare,
+                        queue=name,
+                        durable=first["durable"],
+                        exclusive=exclusive,
+                        auto_delete=first["auto_delete"],
+                        arguments=_declare_arguments(first["arguments"]),
+                    )
+                    redeclare = method(
+                        1,
+                        commands.Queue.Declare,
+                        queue=name,
+                        passive=passive,
+                        durable=again["durable"],
+                        exclusive=exclusive,
+                        auto_delete=again["auto_delete"],
+                        arguments=_declare_arguments(again["arguments"]),
+                    )
+                    kind = "exclusive" if exclusive else "shared"
+                    label = f"declare/{kind}-declared-{where}/{'passive/' if passive else ''}{what}"
+                    if where == "here":
+                        yield Case(label, "open", original + redeclare, cleanup=(name,))
+                    else:
+                        yield Case(label, "open", redeclare, other=original, cleanup=(name,))
+    for where in ("here", "elsewhere"):
+        for exclusive in (True, False):
+            number += 1
+            name = f"{NAME}-declare-{number}"
+            original = method(1, commands.Queue.Declare, queue=name, exclusive=exclusive)
+            redeclare = method(1, commands.Queue.Declare, queue=name, exclusive=not exclusive)
+            label = f"declare/{'exclusive' if exclusive else 'shared'}-declared-{where}/exclusive-flipped"
+            if where == "here":
+                yield Case(label, "open", original + redeclare, cleanup=(name,))
+            else:
+                yield Case(label, "open", redeclare, other=original, cleanup=(name,))
+
+
 def all_cases() -> list[Case]:
     """Every generated case, names unique."""
-    cases = [*place_cases(), *truncated_cases(), *table_cases(), *frame_cases(), *content_cases()]
+    cases = [*place_cases(), *truncated_cases(), *table_cases(), *frame_cases(), *content_cases(), *declare_cases()]
     names = [case.name for case in cases]
     assert len(names) == len(set(names)), "generated case names must be unique"
     return cases

@@ -18,7 +18,7 @@ from transcript import (
     Transcript,
     assert_same_transcript,
     frames,
-    loose_reply_text,
+    loose_erlang_text,
     open_connection,
     publish,
     quiet,
@@ -61,7 +61,7 @@ def wrong(name: str) -> Any:
             open_connection(client, 1)
             client.send(CASES[name])
             client.read(quiet(1.0))
-        return [loose_reply_text(entry) for entry in transcript.normalized()]
+        return [loose_erlang_text(entry) for entry in transcript.normalized()]
 
     return run
 

@@ -7,12 +7,13 @@ is decoded here, without pamqp's validation or its lossy conversions, into an :c
 so that the same scenario run against RabbitMQ and against Postroom gives two lists that
 compare by value, and :func:`assert_same_transcript` shows a readable diff when they do not.
 
-What must legitimately differ between two brokers is normalized and nothing else:
-``server_properties`` in ``connection.start``, server-generated queue names and consumer tags
-(``amq.gen-…``, ``amq.ctag-…``: numbered by first appearance, so "the same tag again" still
-shows), and, only where a scenario asks for it, the text after the reply code's name in a
-``reply-text``. Content header tables are shown entry by entry as ``(key, type, raw hex)``
-so that a broker re-encoding ``I`` as ``l`` or a float as a double is visible.
+What must legitimately differ between two brokers is normalized and nothing else: the values in
+``connection.start``'s ``server_properties`` that name the server (:data:`SERVER_NAMING`; their
+keys, types and order, and the whole ``capabilities`` table, are compared), server-generated
+queue names and consumer tags (``amq.gen-…``, ``amq.ctag-…``: numbered by first appearance, so
+"the same tag again" still shows), and, only where a scenario asks for it, the text after the
+reply code's name in a ``reply-text``. Content header tables are shown entry by entry as ``(key,
+type, raw hex)`` so that a broker re-encoding ``I`` as ``l`` or a float as a double is visible.
 
 Field types are RabbitMQ's (the AMQP 0-9-1 errata, https://www.rabbitmq.com/amqp-0-9-1-errata.html):
 ``s`` is a signed 16-bit integer, not a short string, and ``x`` is a byte array.
@@ -526,10 +527,25 @@ def _decode_content_header(channel: int, payload: bytes) -> Entry:
 # -- normalizing -------------------------------------------------------------------------------
 
 
+#: ``server_properties`` entries whose values name the server, so differ by right: a broker
+#: is not RabbitMQ, is not VMware's, and does not run on Erlang/OTP.
+SERVER_NAMING = frozenset({"product", "version", "cluster_name", "platform", "copyright", "information"})
+
+
+def _server_properties(table: Any) -> Any:
+    """``table`` with the values of :data:`SERVER_NAMING` replaced by ``'<names the server>'``."""
+    if not isinstance(table, tuple):
+        return table
+    return tuple(
+        (key, type_char, "<names the server>" if key in SERVER_NAMING else raw) for key, type_char, raw in table
+    )
+
+
 def normalize(entries: Iterable[Entry]) -> list[Entry]:
     """What differs between brokers by right, made equal.
 
-    ``server_properties`` in ``connection.start`` becomes ``'<server-properties>'``, and each
+    In ``connection.start``'s ``server_properties`` the values of :data:`SERVER_NAMING` become
+    ``'<names the server>'`` (keys, types, order and the capabilities stay), and each
     server-generated name (``amq.gen-…``, ``amq.ctag-…``), wherever it appears in a string,
     becomes ``amq.gen-<n>``/``amq.ctag-<n>`` numbered by first appearance in the transcript.
     """
@@ -554,7 +570,7 @@ def normalize(entries: Iterable[Entry]) -> list[Entry]:
         fields = tuple((name, value(field_value)) for name, field_value in entry.fields)
         if entry.kind == "Connection.Start":
             fields = tuple(
-                (name, "<server-properties>" if name == "server_properties" else field_value)
+                (name, _server_properties(field_value) if name == "server_properties" else field_value)
                 for name, field_value in fields
             )
         normalized.append(replace(entry, fields=fields))
@@ -574,6 +590,23 @@ def loose_reply_text(entry: Entry) -> Entry:
         text = text.decode("utf-8", "replace")
     name = text.split(" - ", 1)[0]
     return replace(entry, fields=tuple((k, f"{name} - …" if k == "reply_text" else v) for k, v in entry.fields))
+
+
+#: Reply-code names whose texts in RabbitMQ quote Erlang terms or an internal reason
+#: (``FRAME_ERROR - type 2, all octets = <<>>: {frame_too_short,…}``).
+ERLANG_TEXTS = frozenset({"FRAME_ERROR", "SYNTAX_ERROR", "COMMAND_INVALID", "UNEXPECTED_FRAME", "INTERNAL_ERROR"})
+
+
+def loose_erlang_text(entry: Entry) -> Entry:
+    """``entry`` loosened as :func:`loose_reply_text` does when it is a close whose code is one of
+    :data:`ERLANG_TEXTS`; any other entry (every other reply text, whole) unchanged."""
+    if entry.kind in CLOSES:
+        text = entry.get("reply_text")
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        if text.split(" - ", 1)[0] in ERLANG_TEXTS:
+            return loose_reply_text(entry)
+    return entry
 
 
 def without_header(entries: Iterable[Entry], key: str, drop_emptied: bool = False) -> list[Entry]:

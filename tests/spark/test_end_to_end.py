@@ -28,7 +28,7 @@ pytest.importorskip("pyarrow")
 pytest.importorskip("pyspark")
 pika = pytest.importorskip("pika")
 
-from broker.core.deadlog import DEAD_LETTER_ID_HEADER  # noqa: E402
+from broker.core.seal import DEAD_LETTER_ID_HEADER  # noqa: E402
 from broker.testing import free_port  # noqa: E402
 from spark.export import export  # noqa: E402
 from spark.job import run  # noqa: E402

@@ -6,9 +6,10 @@ from typing import Any
 
 from pamqp import commands
 
-from broker.core.deadlog import DEAD_LETTER_ID_HEADER, RUN_ID_BITS, DeadLetterLog, watch_dead_letter_queues
+from broker.core.deadlog import RUN_ID_BITS, DeadLetterLog, watch_dead_letter_queues
 from broker.core.message import Message
 from broker.core.node import Node
+from broker.core.seal import DEAD_LETTER_ID_HEADER
 from broker.wal.record import DEAD_LETTER_PREVIEW_BYTES, DeadLettered, DeadLetterSettled, iter_records
 from tests.broker.core.test_reliability import (
     client,
