@@ -34,10 +34,10 @@ from twisted.internet.task import Clock
 from broker.amqp.connection import ServerConnection
 from broker.core.journal import Journal
 from broker.core.node import Node, User
-from broker.paging import Pager, PageStore
-from broker.service import tune_gc
-from broker.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
-from broker.testing import MemorySegmentStorage
+from broker.server.service import tune_gc
+from broker.storage.paging import Pager, PageStore
+from broker.storage.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
+from broker.tools.testing import MemorySegmentStorage
 from broker.wal.log import WriteAheadLog
 from config.schema import Permission
 

@@ -9,8 +9,8 @@ records per second). The export runs with one worker process, then one per CPU. 
 scales with executors); the job over Parquet is timed first in a new session (with the JVM's
 warm-up), again, and with ``--rows``.
 
-With ``--submit MASTERS`` the Spark stages run instead as the README's ``spark-submit``
-command, once per master and input, timed from launch to exit; ``standalone`` starts a
+With ``--submit MASTERS`` the Spark stages run instead as the ``spark-submit``
+command of docs/dead-letter-analysis.md, once per master and input, timed from launch to exit; ``standalone`` starts a
 standalone cluster of ``--workers`` one-core workers here (``spark.standalone``) and ships the
 executors' environment packed by ``scripts/pack-spark-env``.
 
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.core.deadlog import DeadLetterLog
-from broker.deadletters import DEAD_LETTER_SEGMENT_BYTES
+from broker.storage.deadletters import DEAD_LETTER_SEGMENT_BYTES
 from broker.wal.files import DirectoryStorage
 from broker.wal.record import (
     DEAD_LETTER_PREVIEW_BYTES,
@@ -49,7 +49,7 @@ from broker.wal.stream import SegmentStream
 ROOT = Path(__file__).resolve().parents[1]
 REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
 #: Events per append: about what a broker dead-lettering 5,000 messages a second gathers in
-#: one write interval (``broker.deadletters.WRITE_INTERVAL``).
+#: one write interval (``broker.storage.deadletters.WRITE_INTERVAL``).
 BATCH = 1000
 
 
@@ -180,7 +180,7 @@ def main() -> None:
         "--submit",
         default=None,
         help="comma-separated masters (standalone: a cluster of --workers one-core workers started "
-        "here): the parquet and raw stages run as the README's spark-submit command, timed from "
+        "here): the parquet and raw stages run as the spark-submit command of docs/dead-letter-analysis.md, timed from "
         "launch to exit, instead of in one session",
     )
     parser.add_argument("--workers", type=int, default=2)

@@ -1,10 +1,10 @@
 """Coverage-guided fuzzing of the sans-IO core with atheris (``pip install atheris``).
 
-Each input goes through :func:`broker.fuzzing.run_once`: a fresh connection, optionally after a
+Each input goes through :func:`broker.tools.fuzzing.run_once`: a fresh connection, optionally after a
 valid session start, fed in pieces; anything that escapes the core, a 541 INTERNAL_ERROR or a
 connection not released is a crash, saved by atheris as ``crash-*`` for replay.
 
-    python bench/fuzz_core.py -atheris_runs=1000000          # the README's run
+    python bench/fuzz_core.py -atheris_runs=1000000          # the run in docs/rabbitmq-compatibility.md
     python bench/fuzz_core.py crash-1234                     # replay one input
     python bench/fuzz_core.py -max_total_time=600 CORPUS/    # ten minutes, keeping a corpus
 
@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT))
 import atheris  # noqa: E402
 
 with atheris.instrument_imports(include=["broker"]):
-    from broker.fuzzing import run_once
+    from broker.tools.fuzzing import run_once
 
-from broker.testing import publish_frames  # noqa: E402
+from broker.tools.testing import publish_frames  # noqa: E402
 
 #: Seeds, written to a corpus directory when one is given and it is empty.
 SEEDS = [

@@ -19,7 +19,7 @@ from pamqp import commands
 from twisted.internet.task import Clock
 
 from broker.core.node import Node
-from broker.testing import Client, encode, publish_frames
+from broker.tools.testing import Client, encode, publish_frames
 
 
 def peak_rss_mb() -> float:

@@ -23,9 +23,9 @@ from pamqp import commands
 from broker.core.definitions import node_from_config
 from broker.core.journal import Journal
 from broker.core.message import Message
-from broker.paging import Pager, PageStore
-from broker.service import release_memory
-from broker.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
+from broker.server.service import release_memory
+from broker.storage.paging import Pager, PageStore
+from broker.storage.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
 from broker.wal.files import DirectoryStorage
 from broker.wal.log import WriteAheadLog
 from broker.wal.record import QueueDeclared, encode
@@ -78,7 +78,7 @@ def main() -> None:
     pager = Pager(PageStore(str(directory / "paging")), args.memory_budget, None, journal)
     pager.spooler = Spooler(str(directory / SPOOL_DIR), pager.store, journal, log.storage.read_at, SPOOL_WINDOW)
     node = node_from_config(BrokerConfig(), None, journal, snapshot, log.storage.read_at, pager=pager)
-    paged = journal.page_out(args.memory_budget)
+    paged = pager.page_logged()
     total = time.perf_counter() - started
     del snapshot  # as the broker does once started: the records held every body
     gc.collect()

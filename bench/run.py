@@ -1,12 +1,12 @@
 """Benchmark Postroom and RabbitMQ back to back with the shared load generator.
 
-Starts Postroom (``python -m broker.cli serve``) and, unless ``--no-rabbitmq``, a private
+Starts Postroom (``python -m broker.tools.cli serve``) and, unless ``--no-rabbitmq``, a private
 RabbitMQ node (the Debian ``rabbitmq-server`` package) on free loopback ports, keeps both
 running, then runs each scenario against one broker and straight after against the other,
 alternating which goes first, so both see the same machine noise. Writes the raw JSON
 lines and prints a markdown table of medians with the Postroom/RabbitMQ ratio.
 
-    python bench/run.py                                  # the README table (about 25 minutes)
+    python bench/run.py                                  # the table in docs/benchmarks.md (about 25 minutes)
     python bench/run.py --scenarios transient --sizes 16 --seconds 5 --runs 1   # a quick look
     python bench/run.py --scenarios latency --rates 80000,120000                # the sweep's top
     python bench/run.py --no-rabbitmq                    # Postroom alone
@@ -31,10 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from broker.testing import free_port, wait_for_port  # noqa: E402
-from broker.testing import rabbitmq_node as rabbitmq  # noqa: E402
+from broker.tools.testing import free_port, wait_for_port  # noqa: E402
+from broker.tools.testing import rabbitmq_node as rabbitmq  # noqa: E402
 
-#: (scenario, sizes, extra generator arguments) of the README table.
+#: (scenario, sizes, extra generator arguments) of the table in docs/benchmarks.md.
 MATRIX = [
     ("transient", "16,1024", []),
     ("persistent", "16,1024", []),
@@ -68,7 +68,7 @@ def postroom(extra_yaml: str = "", storage: str = "", listen: str = "") -> Itera
     listen = f'amqp: "tcp:{port}:interface=127.0.0.1"' + (f", {listen}" if listen else "")
     config.write_text(f"listen: {{{listen}}}\nstorage: {{{storage}}}\n" + extra_yaml)
     process = subprocess.Popen(
-        [sys.executable, "-m", "broker.cli", "serve", "--config", str(config)], cwd=ROOT, stdout=log, stderr=log
+        [sys.executable, "-m", "broker.tools.cli", "serve", "--config", str(config)], cwd=ROOT, stdout=log, stderr=log
     )
     try:
         wait_for_port(port, 15)
@@ -153,7 +153,7 @@ def table(records: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
-    parser.add_argument("--scenarios", help="comma list (default: the README matrix)")
+    parser.add_argument("--scenarios", help="comma list (default: the matrix in docs/benchmarks.md)")
     parser.add_argument("--sizes", default=None, help="comma list of body sizes for --scenarios")
     parser.add_argument("--rates", default=None, help="comma list of publish rates for --scenarios latency")
     parser.add_argument("--seconds", type=float, default=10.0)

@@ -1,6 +1,6 @@
 """The seams a plugin plugs into: the plugin itself, message hooks and authentication backends.
 
-A plugin (:class:`IBrokerPlugin`) is found by the loader (``broker.pluginloader``), its
+A plugin (:class:`IBrokerPlugin`) is found by the loader (``broker.server.pluginloader``), its
 settings are checked, then :meth:`IBrokerPlugin.install` is called with a
 :class:`IPluginContext` through which it adds what it brings: exchange types
 (``exchanges.interfaces.IExchangeType``), message hooks (:class:`IMessageHook`),

@@ -257,6 +257,26 @@ class _Reader:
             return default
         return self.typed(value, path, lambda v: isinstance(v, str), "a string", default)
 
+    def patterns(
+        self,
+        section: Mapping[str, Any],
+        path: str,
+        keys: tuple[str, ...],
+        default: str,
+        refusal: str = "not a valid regular expression",
+    ) -> dict[str, str]:
+        """The regular expressions under ``keys`` of a permission's ``section`` (``default`` for
+        one left out), each checked to compile; one that does not is a problem, ``refusal: why``."""
+        values = {}
+        for key in keys:
+            pattern = self.string(section.get(key), f"{path}.{key}", default)
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                self.problem(f"{path}.{key}", f"{refusal}: {err}")
+            values[key] = pattern
+        return values
+
     def optional_listener(self, value: Any, path: str, default: str | None) -> str | None:
         """An endpoint string, or ``false`` for no listener at all."""
         if value is False:
@@ -413,7 +433,7 @@ class _Reader:
         """``plugins:``: names, or ``{name, settings}`` mappings; a plugin listed twice is refused.
 
         Whether a name resolves, and whether its settings are right, is for the plugin loader
-        (``broker.pluginloader``) to say: this module does not import plugins.
+        (``broker.server.pluginloader``) to say: this module does not import plugins.
         """
         result = []
         seen: set[str] = set()
@@ -625,15 +645,8 @@ class _Reader:
                     if vhost not in vhosts:
                         self.problem(where, f"no vhost '{vhost}' is declared")
                     section = self.mapping(perms, where, {"configure", "write", "read"})
-                    values = {}
-                    for key in ("configure", "write", "read"):
-                        pattern = self.string(section.get(key), f"{where}.{key}", ".*")
-                        try:
-                            re.compile(pattern)
-                        except re.error as err:
-                            self.problem(f"{where}.{key}", f"not a valid regular expression: {err}")
-                        values[key] = pattern
-                    permissions[vhost] = Permission(**values)
+                    patterns = self.patterns(section, where, ("configure", "write", "read"), ".*")
+                    permissions[vhost] = Permission(**patterns)
             users.append(
                 UserConfig(
                     name,
@@ -665,15 +678,7 @@ class _Reader:
             for exchange, perms in self.table(exchanges, where).items():
                 at = f"{where}.{exchange}"
                 section = self.mapping(perms, at, {"write", "read"})
-                values = {}
-                for key in ("write", "read"):
-                    pattern = self.string(section.get(key), f"{at}.{key}", ".*")
-                    try:
-                        re.compile(pattern)
-                    except re.error as err:
-                        self.problem(f"{at}.{key}", f"not a valid regular expression: {err}")
-                    values[key] = pattern
-                result[vhost][exchange] = TopicPermission(**values)
+                result[vhost][exchange] = TopicPermission(**self.patterns(section, at, ("write", "read"), ".*"))
         return result
 
     def tags(self, value: Any, path: str) -> tuple[str, ...]:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import re
 from typing import Any
 
 from config.loader import BUILTIN_EXCHANGE_TYPES, STANDARD_EXCHANGES, ConfigError, Problem, _is_list, _Reader
@@ -64,6 +63,8 @@ HASHING_ALGORITHMS = {
 }
 #: Exchange types of Postroom's bundled plugins (the broker needs the plugin enabled).
 PLUGIN_EXCHANGE_TYPES = frozenset({"x-delayed-message", "x-consistent-hash"})
+#: What a permission pattern that Python's ``re`` cannot compile is refused with.
+_UNUSABLE_PATTERN = "not a regular expression Postroom can use"
 #: Top-level keys of an export that say which broker wrote it and mean nothing to apply.
 _INFORMATIVE = frozenset({"rabbit_version", "rabbitmq_version", "product_name", "product_version"})
 #: Queue arguments with no equivalent, and why (anything else unknown gets a generic reason).
@@ -207,14 +208,7 @@ class _Definitions:
             if vhost not in self.vhosts:
                 read.problem(f"{path}.vhost", f"no vhost '{vhost}' is in this file")
                 continue
-            patterns = {}
-            for key in ("configure", "write", "read"):
-                pattern = read.string(item.get(key), f"{path}.{key}", "")
-                try:
-                    re.compile(pattern)
-                except re.error as err:
-                    read.problem(f"{path}.{key}", f"not a regular expression Postroom can use: {err}")
-                patterns[key] = pattern
+            patterns = read.patterns(item, path, ("configure", "write", "read"), "", _UNUSABLE_PATTERN)
             entries[user]["permissions"][vhost] = Permission(**patterns)
         for path, item in self.items(document, "topic_permissions"):
             user = read.name(item.get("user"), f"{path}.user")
@@ -227,14 +221,7 @@ class _Definitions:
             if vhost not in self.vhosts:
                 read.problem(f"{path}.vhost", f"no vhost '{vhost}' is in this file")
                 continue
-            patterns = {}
-            for key in ("write", "read"):
-                pattern = read.string(item.get(key), f"{path}.{key}", "")
-                try:
-                    re.compile(pattern)
-                except re.error as err:
-                    read.problem(f"{path}.{key}", f"not a regular expression Postroom can use: {err}")
-                patterns[key] = pattern
+            patterns = read.patterns(item, path, ("write", "read"), "", _UNUSABLE_PATTERN)
             topics = entries[user].setdefault("topic_permissions", {})
             topics.setdefault(vhost, {})[exchange] = TopicPermission(**patterns)
         return tuple(UserConfig(**entry) for entry in entries.values())

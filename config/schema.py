@@ -15,9 +15,13 @@ from typing import Any
 class ListenConfig:
     """Twisted endpoint strings for each listener (``None``: not listening; ``false`` in YAML)."""
 
+    #: The AMQP listener; ``postroom serve --listen ENDPOINT`` (repeatable) replaces it.
     amqp: str = "tcp:5672:interface=127.0.0.1"
+    #: AMQP over TLS (RabbitMQ's port is 5671), with the ``tls:`` section.
     amqps: str | None = None
+    #: ``GET /metrics`` for Prometheus.
     metrics: str | None = "tcp:15692:interface=127.0.0.1"
+    #: The JSON management API under ``/api/``.
     management: str | None = "tcp:15672:interface=127.0.0.1"
 
 
@@ -31,11 +35,17 @@ class TLSConfig:
     ``ca`` files vouches for; ``fail_if_no_peer_cert`` also refuses a client that presents none.
     """
 
+    #: The server certificate (PEM), then any intermediate certificates.
     certificate: str
+    #: The server's private key (PEM, without a passphrase).
     key: str
+    #: CA certificates (PEM): a client certificate signed by any of them is trusted.
     ca: tuple[str, ...] = ()
+    #: ``none`` or ``peer`` (ask every client for a certificate and check it against ``ca``).
     verify: str = "none"
+    #: With ``verify: peer``, also refuse a client that presents no certificate.
     fail_if_no_peer_cert: bool = False
+    #: Serve the metrics and management listeners over HTTPS too.
     http: bool = False
 
 
@@ -43,8 +53,11 @@ class TLSConfig:
 class ArchiveConfig:
     """Where retired log segments go for the Spark job, and for how long."""
 
+    #: Keep retired segments in ``<storage.dir>/archive``.
     enabled: bool = False
+    #: Archived segments older than this are deleted.
     retention: float = 7 * 86400.0
+    #: Past this many bytes of archive the oldest segments are deleted (never the newest).
     max_bytes: int = 1 << 30
 
 
@@ -53,7 +66,9 @@ class DeadLetterStreamConfig:
     """How long the broker keeps the dead-letter event stream's sealed segments
     (``<storage.dir>/deadletters``), whether or not ``postroom dlq export`` has read them."""
 
+    #: Sealed segments older than this are deleted.
     retention: float = 30 * 86400.0
+    #: Past this many bytes of sealed segments the oldest are deleted.
     max_bytes: int = 4 << 30
 
 
@@ -61,23 +76,31 @@ class DeadLetterStreamConfig:
 class StorageConfig:
     """The write-ahead log."""
 
+    #: The data directory: the write-ahead log and what goes beside it (checkpoints, spool,
+    #: paging store, dead-letter events). A relative path is relative to the working directory.
     dir: str = "./data"
+    #: ``batch`` (a group commit: confirms go out after the fsync), ``always`` (write and sync
+    #: at the end of every reactor turn) or ``never`` (confirm once written).
     fsync: str = "batch"
     #: With ``fsync: batch``, how long the first record after a quiet spell waits for others
     #: (under load, writes follow one another at once and group what arrived meanwhile).
     fsync_interval_ms: int = 1
+    #: The size of a log segment file.
     segment_bytes: int = 64 << 20
-    #: Bytes of queued messages kept in memory (each counted as its body and about 530 bytes);
-    #: beyond it deep queues spool to disk (``broker.paging``). The budget in force is at most
-    #: half the memory watermark (``broker.service.memory_budget``).
+    #: Bytes of queued messages kept in memory (each counted as its body and 412 bytes, plus 176
+    #: per queue holding it and 252 more if it is logged); beyond it deep queues spool to disk
+    #: (``broker.storage.paging``). The budget in force is at most half the memory watermark
+    #: (``broker.server.service.memory_budget``).
     memory_budget: int = 256 << 20
     #: Bytes of log records waiting for the writer (persistent publishes not confirmed yet)
     #: past which publishers are paused until a write brings them under half of it.
     max_backlog: int = 64 << 20
-    #: Bytes of log between checkpoints (``broker.checkpoint``): a start after a crash reads at
-    #: most about this much log.
+    #: Bytes of log between checkpoints (``broker.storage.checkpoint``): a start after a crash reads at
+    #: most about this much log. At least 64KiB.
     checkpoint_bytes: int = 16 << 20
+    #: Retired log segments kept for the Spark job.
     archive: ArchiveConfig = field(default_factory=ArchiveConfig)
+    #: The dead-letter event stream (``<storage.dir>/deadletters``).
     deadletters: DeadLetterStreamConfig = field(default_factory=DeadLetterStreamConfig)
 
 
@@ -85,12 +108,19 @@ class StorageConfig:
 class LimitsConfig:
     """Limits a peer can push on (see ``broker.core.node`` for the reasons behind the defaults)."""
 
+    #: The largest frame a client may send or receive, offered in ``connection.tune``.
     frame_max: int = 131072
-    max_message_bytes: int = 128 << 20  # RabbitMQ 3.x's max_message_size
+    #: The largest message body, as RabbitMQ 3.x's ``max_message_size``; a body is held in
+    #: memory whole.
+    max_message_bytes: int = 128 << 20
+    #: Open connections at once; one more is refused at ``connection.open`` with 530.
     max_connections: int = 10000
+    #: The most channels on one connection, offered in ``connection.tune``.
     channel_max: int = 2047
+    #: The heartbeat interval proposed to clients, in seconds; 0 turns heartbeats off.
     heartbeat: int = 60
-    #: Consumers on one channel (``None``: no limit, RabbitMQ's default).
+    #: Consumers on one channel (``None``, ``infinity`` in YAML: no limit, RabbitMQ's
+    #: default); one more closes the connection with 530.
     consumer_max_per_channel: int | None = 10_000
     #: The memory alarm's watermark: a fraction of the memory the broker may use (a float), or
     #: bytes (an int), as RabbitMQ's ``vm_memory_high_watermark.relative`` / ``.absolute``.
@@ -99,6 +129,7 @@ class LimitsConfig:
     #: ``disk_free_limit_mem_relative`` is set, that many times the memory (RabbitMQ's
     #: ``disk_free_limit.absolute`` / ``.relative``).
     disk_free_limit: int = 50_000_000
+    #: The disk alarm's limit as that many times the memory (``disk_free_limit: {mem_relative: 1.0}``).
     disk_free_limit_mem_relative: float | None = None
 
     def memory_limit(self, total: int) -> int:
@@ -118,8 +149,11 @@ class LimitsConfig:
 class Permission:
     """RabbitMQ-style permissions of one user on one vhost (regular expressions)."""
 
+    #: Names of the queues and exchanges the user may declare (not passively) and delete.
     configure: str = ".*"
+    #: Names of the exchanges the user may publish to, and of a binding's destination.
     write: str = ".*"
+    #: Names of the queues the user may get from, consume from and purge, and of a binding's source.
     read: str = ".*"
 
 
@@ -128,15 +162,20 @@ class TopicPermission:
     """RabbitMQ-style topic permissions of one user on one topic exchange: regular
     expressions over routing keys, with ``{username}`` and ``{vhost}`` put in."""
 
+    #: Routing keys the user may publish with.
     write: str = ".*"
+    #: Routing keys of the bindings the user may make, where this exchange is the source.
     read: str = ".*"
 
 
 @dataclass(frozen=True, slots=True)
 class UserLimits:
-    """RabbitMQ's user limits (``max-connections``, ``max-channels``); ``None``: no limit."""
+    """RabbitMQ's user limits (``max-connections``, ``max-channels``); ``None``: no limit
+    (in YAML a negative number is no limit, and 0 allows none)."""
 
+    #: Connections of this user, over all its connections.
     max_connections: int | None = None
+    #: Channels of this user, over all its connections.
     max_channels: int | None = None
 
 
@@ -149,14 +188,23 @@ class UserConfig:
     RabbitMQ hash as exported, prefixed: ``rabbitmq-sha256$...`` (also ``-sha512``, ``-md5``).
     """
 
+    #: The user name.
     name: str
+    #: The password, in clear.
     password: str | None = None
+    #: The password's hash (see above).
     password_hash: str | None = None
+    #: The user may connect only from a loopback address (RabbitMQ's rule for guest).
     loopback_only: bool = False
+    #: Per vhost; a user with them may open only the vhosts listed, a user without them every
+    #: vhost with full rights.
     permissions: dict[str, Permission] | None = None
+    #: RabbitMQ's user tags, for the management API: ``administrator``, ``monitoring``,
+    #: ``policymaker``, ``management``.
     tags: tuple[str, ...] = ()
     #: Per vhost, per topic exchange.
     topic_permissions: dict[str, dict[str, TopicPermission]] | None = None
+    #: RabbitMQ's user limits.
     limits: UserLimits = field(default_factory=UserLimits)
 
 
@@ -164,11 +212,17 @@ class UserConfig:
 class ExchangeConfig:
     """An exchange to declare."""
 
+    #: The exchange's name (not ``amq.`` nor empty: those are reserved).
     name: str
+    #: ``direct``, ``fanout``, ``topic``, ``headers``, or a plugin's type (``x-...``).
     type: str = "direct"
+    #: Kept across restarts (recorded in the write-ahead log).
     durable: bool = True
+    #: Deleted once the last binding from it is removed.
     auto_delete: bool = False
+    #: Clients may not publish to it (403); messages reach it through exchange-to-exchange bindings.
     internal: bool = False
+    #: Declare arguments (``alternate-exchange``, a plugin type's arguments).
     arguments: dict[str, Any] = field(default_factory=dict)
 
 
@@ -176,7 +230,9 @@ class ExchangeConfig:
 class DeadLetterConfig:
     """Where a queue's dead letters go."""
 
+    #: The dead-letter exchange (``x-dead-letter-exchange``).
     exchange: str
+    #: The routing key dead letters get (``x-dead-letter-routing-key``); their own when not set.
     routing_key: str | None = None
 
 
@@ -184,19 +240,34 @@ class DeadLetterConfig:
 class QueueConfig:
     """A queue to declare, with the reliability settings spelled as YAML keys."""
 
+    #: The queue's name (not ``amq.`` nor empty: those are reserved).
     name: str
+    #: Kept across restarts, with its persistent messages (recorded in the write-ahead log).
     durable: bool = True
+    #: Deleted once its last consumer is cancelled.
     auto_delete: bool = False
+    #: Unacknowledged deliveries come back to the queue after this (SQS-style).
     visibility_timeout: float | None = None
+    #: A message returned (nacked or rejected with requeue, timed out ...) more times than this
+    #: is dead-lettered with reason ``delivery_limit``.
     max_deliveries: int | None = None
+    #: Where dead letters go.
     dead_letter: DeadLetterConfig | None = None
+    #: How long a message may wait in the queue.
     message_ttl: float | None = None
+    #: Ready messages the queue holds at most.
     max_length: int | None = None
+    #: Bytes of ready message bodies the queue holds at most.
     max_length_bytes: int | None = None
+    #: What a full queue does: ``drop-head``, ``reject-publish`` or ``reject-publish-dlx``.
     overflow: str | None = None
+    #: A priority queue, with priorities 0 to this.
     max_priority: int | None = None
+    #: The queue is deleted after it has been unused this long.
     expires: float | None = None
+    #: Deliver to one consumer at a time; the others wait.
     single_active_consumer: bool = False
+    #: Any other queue arguments, as a client would declare them.
     arguments: dict[str, Any] = field(default_factory=dict)
 
     def queue_arguments(self) -> dict[str, Any]:
@@ -233,20 +304,29 @@ class QueueConfig:
 
 @dataclass(frozen=True, slots=True)
 class BindingConfig:
-    """A binding from an exchange to a queue or to another exchange."""
+    """A binding from an exchange to a queue or to another exchange (exactly one of ``queue``
+    and ``destination_exchange``)."""
 
+    #: The source exchange.
     exchange: str
+    #: The queue bound to it.
     queue: str | None = None
+    #: The exchange bound to it.
     destination_exchange: str | None = None
+    #: The binding key.
     routing_key: str = ""
+    #: Binding arguments (``x-match`` and the headers of a headers exchange).
     arguments: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class VhostLimits:
-    """RabbitMQ's vhost limits (``max-connections``, ``max-queues``); ``None``: no limit."""
+    """RabbitMQ's vhost limits (``max-connections``, ``max-queues``); ``None``: no limit
+    (in YAML a negative number is no limit, and 0 allows none)."""
 
+    #: Connections open to the vhost.
     max_connections: int | None = None
+    #: Queues in the vhost.
     max_queues: int | None = None
 
 
@@ -254,11 +334,17 @@ class VhostLimits:
 class VhostConfig:
     """The definitions of one virtual host."""
 
+    #: Exchanges to declare.
     exchanges: tuple[ExchangeConfig, ...] = ()
+    #: Queues to declare.
     queues: tuple[QueueConfig, ...] = ()
+    #: Bindings to declare, between the vhost's exchanges and queues.
     bindings: tuple[BindingConfig, ...] = ()
+    #: RabbitMQ's vhost limits.
     limits: VhostLimits = field(default_factory=VhostLimits)
+    #: Policies by name pattern, as RabbitMQ's.
     policies: tuple[PolicyConfig, ...] = ()
+    #: Operator policies: they may set limits only, and where a policy sets one too the lower applies.
     operator_policies: tuple[PolicyConfig, ...] = ()
 
 
@@ -267,10 +353,15 @@ class PolicyConfig:
     """A policy (``broker.core.policy``): its definition uses RabbitMQ's keys and units
     (``message-ttl`` in milliseconds), as ``rabbitmqctl set_policy`` and definitions.json do."""
 
+    #: The policy's name, unique in its vhost.
     name: str
+    #: A regular expression searched for (not anchored) in a queue's or exchange's name.
     pattern: str
+    #: The policy's keys and values (``dead-letter-exchange``, ``message-ttl``, ``max-length`` ...).
     definition: Mapping[str, Any]
+    #: Of the policies that match, the highest priority applies.
     priority: int | float = 0
+    #: ``queues``, ``exchanges`` or ``all``.
     apply_to: str = "all"
 
 
@@ -291,7 +382,9 @@ class PluginConfig:
     both give one of these; the plugin itself checks ``settings`` when it is loaded.
     """
 
+    #: The bundled short name, dotted module path or entry point name.
     name: str
+    #: The plugin's own settings.
     settings: dict[str, Any] = field(default_factory=dict)
     #: The line of the entry in the configuration file (for error messages), when known.
     line: int | None = field(default=None, compare=False)
@@ -301,16 +394,24 @@ class PluginConfig:
 class BrokerConfig:
     """Everything the broker is configured with."""
 
+    #: Where the broker listens.
     listen: ListenConfig = field(default_factory=ListenConfig)
+    #: The write-ahead log and the data directory.
     storage: StorageConfig = field(default_factory=StorageConfig)
+    #: Limits on what clients may do, and the resource alarms.
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    #: The users; given, they replace the embedded guest.
     users: tuple[UserConfig, ...] = (
         UserConfig("guest", password="guest", loopback_only=True, tags=("administrator",)),
     )
+    #: Plugins to load, in load order.
     plugins: tuple[PluginConfig, ...] = ()
+    #: The virtual hosts, each with its definitions.
     vhosts: dict[str, VhostConfig] = field(default_factory=lambda: {"/": VhostConfig()})
     source: str = "<embedded default>"
+    #: What ``/metrics`` exports.
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    #: TLS for ``listen.amqps`` and, with ``http``, the HTTP listeners.
     tls: TLSConfig | None = None
     #: The SASL mechanisms clients may log in with (RabbitMQ's ``auth_mechanisms``): ``PLAIN``,
     #: ``AMQPLAIN``, and ``EXTERNAL`` (the verified client certificate's common name, on TLS).

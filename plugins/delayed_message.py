@@ -44,11 +44,11 @@ from typing import Any
 from twisted.plugin import IPlugin
 from zope.interface import implementer
 
-from broker.amqp.content import with_header_entry
-from broker.amqp.table import Int32, Int64
 from broker.core.message import Message
 from broker.core.queue import Entry, WorkQueue
 from broker.interfaces import IBrokerPlugin, IPluginContext, PluginSettingsInvalid
+from broker.wire.content import with_header_entry
+from broker.wire.table import Int32, Int64
 from exchanges.interfaces import BindingInvalid, IExchangeType, IInterceptingRouter, IRouter
 from exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType
 

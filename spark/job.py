@@ -292,7 +292,7 @@ def _write(spark: Any, path: str, data: bytes, local: bool) -> None:
         stream.close()
 
 
-#: What to do when the executors' Python cannot run the job (see the README, "Or on a cluster").
+#: What to do when the executors' Python cannot run the job (docs/dead-letter-analysis.md, "On a cluster").
 SHIP_AN_ENVIRONMENT = (
     "ship one that has it: scripts/pack-spark-env env.tar.gz, then PYSPARK_DRIVER_PYTHON=python "
     "PYSPARK_PYTHON=./environment/bin/python spark-submit --archives env.tar.gz#environment ..."

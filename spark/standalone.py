@@ -2,8 +2,8 @@
 cluster path, its tests and its benchmark.
 
 A master and ``workers`` workers are started with pyspark's own ``bin/spark-class``, bound to
-loopback, and stopped by pid when the context ends; nothing is downloaded. The README's
-cluster command then runs against the URL it yields::
+loopback, and stopped by pid when the context ends; nothing is downloaded. The
+cluster command of docs/dead-letter-analysis.md then runs against the URL it yields::
 
     with standalone_cluster(Path("cluster")) as master:
         subprocess.run(submit_command(master, archive, ["--segments", ..., "--out", ...]), env=submit_environment())
@@ -27,7 +27,7 @@ import pyspark
 __all__ = ["JOB", "SPARK_HOME", "standalone_cluster", "submit_command", "submit_environment"]
 
 SPARK_HOME = Path(pyspark.__file__).parent
-#: The job's entry point, as the README's spark-submit command names it.
+#: The job's entry point, as the spark-submit command of docs/dead-letter-analysis.md names it.
 JOB = Path(__file__).resolve().parent / "dlq_job.py"
 
 
@@ -105,7 +105,7 @@ def _wait_for_workers(
 def submit_command(
     master: str, archive: Path | None, arguments: list[str], conf: dict[str, str] | None = None
 ) -> list[str]:
-    """The README's cluster command: spark-submit's own ``--master``, the executors' environment
+    """The cluster command of docs/dead-letter-analysis.md: spark-submit's own ``--master``, the executors' environment
     (``scripts/pack-spark-env``'s archive) shipped with ``--archives`` (``None``: a local master,
     whose Python workers run on the driver's Python), then the job's arguments."""
     settings = {"spark.driver.host": "127.0.0.1", **(conf or {})}
@@ -120,7 +120,7 @@ def submit_command(
 
 
 def submit_environment(python: str = "./environment/bin/python") -> dict[str, str]:
-    """The environment the README's command runs in: the driver on this Python, the executors on
+    """The environment the command of docs/dead-letter-analysis.md runs in: the driver on this Python, the executors on
     the shipped one, and no ``PYTHONPATH`` (the job ships the project's code itself)."""
     environment = dict(_environment(), PYSPARK_DRIVER_PYTHON=sys.executable, PYSPARK_PYTHON=python)
     environment.pop("PYTHONPATH", None)

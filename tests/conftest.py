@@ -29,7 +29,7 @@ from twisted.internet.selectreactor import SelectReactor
 from twisted.logger import formatEventAsClassicLogText, globalLogPublisher
 
 from broker.core.node import Node
-from broker.protocol import AMQPServerFactory
+from broker.server.protocol import AMQPServerFactory
 
 T = TypeVar("T")
 

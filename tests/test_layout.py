@@ -20,7 +20,7 @@ def test_top_level_package_resolves_inside_this_project(package: str) -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["broker.amqp.connection", "broker.core.vhost", "broker.core.node", "exchanges.registry", "broker.testing"],
+    ["broker.amqp.connection", "broker.core.vhost", "broker.core.node", "exchanges.registry", "broker.tools.testing"],
 )
 def test_pure_modules_import_no_reactor_metrics_or_spark(module: str) -> None:
     code = (

@@ -34,7 +34,7 @@ FRAME_END = 0xCE
 #: Frame header (type, channel, payload size) and frame-end around every payload.
 FRAME_OVERHEAD = 8
 FRAME_HEAD = struct.Struct(">BHI")
-#: The broker's default ``frame_max`` (README, "Configuration"); the clients here tune to it.
+#: The broker's default ``frame_max`` (docs/configuration.md); the clients here tune to it.
 FRAME_MAX = 131072
 
 #: Field-value type tags RabbitMQ accepts (its ``rabbit_binary_parser``), with fixed widths.

@@ -1,6 +1,7 @@
-"""The sans-IO AMQP 0-9-1 core: bytes in, method calls on the broker model, bytes out.
+"""The sans-IO AMQP 0-9-1 state machines: bytes in, method calls on the broker model, bytes out.
 
-Nothing in this package imports Twisted or touches a socket.
+``connection`` and ``channel`` sit above the model (``broker.core``) and the wire format
+(``broker.wire``). Nothing in this package imports Twisted or touches a socket.
 """
 
 __all__: list[str] = []

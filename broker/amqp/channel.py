@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 from pamqp.base import Frame
 
-from broker.amqp.codec import (
+from broker.core.message import Message
+from broker.core.queue import UNACKED, Consumer, Entry, WorkQueue
+from broker.core.replyto import PREFIX, PSEUDO_QUEUE, ReplyConsumer
+from broker.core.seal import DEAD_LETTER_ID_HEADER, SEAL_HEADER, UNSEALED, without_entries
+from broker.core.vhost import EXTEND_EXCHANGE, REDRIVE_EXCHANGE
+from broker.errors import AMQPError, ChannelException, ConnectionException, ReplyCode
+from broker.wire.codec import (
     BASIC_CLASS,
     BASIC_DELIVER,
     FLAG_DELIVERY_MODE,
@@ -47,7 +53,7 @@ from broker.amqp.codec import (
     return_method,
     shortstr,
 )
-from broker.amqp.content import (
+from broker.wire.content import (
     FIXED_LENGTHS,
     REPLY_TO,
     ContentError,
@@ -55,12 +61,6 @@ from broker.amqp.content import (
     property_value,
     replace_property,
 )
-from broker.core.message import Message
-from broker.core.queue import UNACKED, Consumer, Entry, WorkQueue
-from broker.core.replyto import PREFIX, PSEUDO_QUEUE, ReplyConsumer
-from broker.core.seal import DEAD_LETTER_ID_HEADER, SEAL_HEADER, UNSEALED, without_entries
-from broker.core.vhost import EXTEND_EXCHANGE, REDRIVE_EXCHANGE
-from broker.errors import AMQPError, ChannelException, ConnectionException, ReplyCode
 
 if TYPE_CHECKING:
     from broker.amqp.connection import ServerConnection
@@ -487,7 +487,7 @@ class ChannelState:
         The caller has checked the consumer's credit. Frames are built from the stored bytes:
         a small message's three frames with one ``struct`` pack (one per shape: consumer tag,
         names, header and body lengths), a larger one's with four packs, its body not copied
-        (see :func:`broker.amqp.codec.deliver_frames`).
+        (see :func:`broker.wire.codec.deliver_frames`).
         """
         connection = self.connection
         out = connection.out

@@ -2,7 +2,7 @@
 
 :meth:`ServerConnection.receive_data` takes bytes from the peer; :meth:`ServerConnection.data_to_send`
 returns the bytes to write. In between, frames are split, methods decoded and carried out on
-the node's virtual hosts. The shell (``broker.protocol``) moves bytes and runs timers; it
+the node's virtual hosts. The shell (``broker.server.protocol``) moves bytes and runs timers; it
 calls :meth:`ServerConnection.tick` for heartbeats and :meth:`ServerConnection.connection_lost`
 when the socket goes.
 
@@ -38,7 +38,12 @@ from pamqp import commands
 from pamqp.base import Frame
 
 from broker.amqp.channel import CONTENT_METHODS, QUEUE_SHORTCUT_METHODS, ChannelState
-from broker.amqp.codec import (
+from broker.core.access import Access
+from broker.core.node import RESOURCE_ALARMS, Node
+from broker.core.queue import WorkQueue
+from broker.core.vhost import VirtualHost
+from broker.errors import AMQPError, ChannelException, ConnectionDropped, ConnectionException, ReplyCode
+from broker.wire.codec import (
     BASIC_ACK,
     BASIC_CLASS,
     BASIC_NACK,
@@ -61,11 +66,6 @@ from broker.amqp.codec import (
     encode_method,
     erlang_binary,
 )
-from broker.core.access import Access
-from broker.core.node import RESOURCE_ALARMS, Node
-from broker.core.queue import WorkQueue
-from broker.core.vhost import VirtualHost
-from broker.errors import AMQPError, ChannelException, ConnectionDropped, ConnectionException, ReplyCode
 
 #: Reply codes that close the connection rather than the channel (AMQP 0-9-1 §1.2).
 HARD_ERRORS = frozenset(

@@ -15,7 +15,7 @@ A dead-lettered message is republished to its queue's dead-letter exchange with
   expire again in the dead-letter queue), and no ``x-delivery-count`` (the next queue counts
   its own returns).
 
-Everything is done on the publisher's bytes (:mod:`broker.amqp.content`): its entries are moved
+Everything is done on the publisher's bytes (:mod:`broker.wire.content`): its entries are moved
 whole, never decoded and encoded again, so whatever types they hold they keep. Only the
 ``x-death`` table of a repeated death is decoded, with the exact codec, to raise its count.
 
@@ -29,8 +29,10 @@ from collections.abc import Iterator
 from enum import Enum
 from typing import Any
 
-from broker.amqp.codec import shortstr
-from broker.amqp.content import (
+from broker.core.message import Message
+from broker.core.seal import DEAD_LETTER_ID_HEADER, SEAL_HEADER, Sealer
+from broker.wire.codec import shortstr
+from broker.wire.content import (
     EXPIRATION,
     HEADERS,
     ContentError,
@@ -39,9 +41,7 @@ from broker.amqp.content import (
     with_header_entry,
     with_headers_content,
 )
-from broker.amqp.table import Int64, Raw, TableError, decode_value, encode_entry, iter_table, value_end
-from broker.core.message import Message
-from broker.core.seal import DEAD_LETTER_ID_HEADER, SEAL_HEADER, Sealer
+from broker.wire.table import Int64, Raw, TableError, decode_value, encode_entry, iter_table, value_end
 
 #: The header Postroom adds to redeliveries (see ``x-delivery-limit``).
 DELIVERY_COUNT_HEADER = "x-delivery-count"

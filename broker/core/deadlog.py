@@ -28,8 +28,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from broker.amqp.codec import FLAG_HEADERS
-from broker.amqp.content import MESSAGE_ID, property_value
 from broker.core.message import Message
 from broker.core.seal import DEAD_LETTER_ID_HEADER, SEAL_HEADER, Sealer
 from broker.wal.record import (
@@ -39,6 +37,8 @@ from broker.wal.record import (
     DeadLetterSettled,
     encode,
 )
+from broker.wire.codec import FLAG_HEADERS
+from broker.wire.content import MESSAGE_ID, property_value
 
 if TYPE_CHECKING:
     from broker.core.deadletter import DeadLetterReason

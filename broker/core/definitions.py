@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
-from broker.amqp.codec import decode_field_table, shortstr
 from broker.core.deadlog import header_dead_letter_id
 from broker.core.message import Message
 from broker.core.node import Limits, Node, User
@@ -23,6 +22,7 @@ from broker.core.queue import Scheduler
 from broker.core.vhost import VirtualHost
 from broker.errors import AMQPError
 from broker.wal.recovery import Snapshot
+from broker.wire.codec import decode_field_table, shortstr
 from config.loader import ConfigError, Problem
 from config.schema import BrokerConfig, VhostConfig
 from exchanges.registry import ExchangeTypeRegistry, default_registry
@@ -57,7 +57,7 @@ def node_from_config(
     :param registry: the exchange types, with those of the enabled plugins (built-ins only by default)
     :param hooks: the plugins' message hooks (``None``: none)
     :param authenticators: the plugins' authentication backends
-    :param pager: pages and spools deep queues (``broker.paging.Pager``), from before the
+    :param pager: pages and spools deep queues (``broker.storage.paging.Pager``), from before the
         messages are restored: a queue recovered deeper than its window spools the rest
     :param before_messages: called once the ``snapshot``'s topology is declared, before its
         messages are restored (a checkpoint's queues take their records then)

@@ -1,6 +1,6 @@
 """A fixed-bucket histogram for the broker's own timings (no dependency on a metrics library).
 
-The core records into it; ``broker.metrics`` reads it at scrape time and exports it in
+The core records into it; ``broker.server.metrics`` reads it at scrape time and exports it in
 Prometheus's form (cumulative buckets, sum, count). Observing is a binary search and two adds.
 """
 

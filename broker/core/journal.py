@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterable, Mapping
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.amqp.codec import encode_table
 from broker.core.queue import WorkQueue
 from broker.core.spool import IN_LOG, SpoolRecord
 from broker.wal.record import (
@@ -40,6 +39,7 @@ from broker.wal.record import (
     encode,
     encode_published,
 )
+from broker.wire.codec import encode_table
 
 if TYPE_CHECKING:
     from broker.core.message import Message
@@ -138,7 +138,7 @@ class Journal:
         #: References per segment held by spool records (``broker.core.spool``), not by message
         #: objects: such a segment is not rewritten (the records point into it), only retired.
         self.spooled_refs: Counter[int] = Counter()
-        #: What the latest checkpoint needs (``broker.checkpoint``): the log from this segment
+        #: What the latest checkpoint needs (``broker.storage.checkpoint``): the log from this segment
         #: on (it is read from there after a crash), and these segments (its records point into
         #: them, so they are never rewritten).
         self.protected_from = 1 << 62
@@ -315,7 +315,7 @@ class Journal:
         return True
 
     def uncount(self, message: Message) -> None:
-        """The body of a logged message left memory another way (``broker.paging``)."""
+        """The body of a logged message left memory another way (``broker.storage.paging``)."""
         if message.wal_counted:
             message.wal_counted = False
             self.resident_bytes -= message.size

@@ -22,10 +22,14 @@ import base64
 import hashlib
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from broker.core.node import User
+
+class HashedUser(Protocol):
+    """What :func:`decoy_hash` reads of a user (``broker.core.node.User``)."""
+
+    @property
+    def password_hash(self) -> str | None: ...
 
 #: Failed logins for one name from one host within :data:`FAILURE_WINDOW` before their
 #: refusals are slowed.
@@ -41,7 +45,7 @@ def is_expensive(password_hash: str | None) -> bool:
     return password_hash is not None and password_hash.startswith("scrypt$")
 
 
-def decoy_hash(users: Iterable[User]) -> str | None:
+def decoy_hash(users: Iterable[HashedUser]) -> str | None:
     """A hash to check unknown names against, costing what the configured users' do: scrypt
     with the first scrypt user's parameters; ``None`` when no user has an expensive hash."""
     for user in users:

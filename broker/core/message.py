@@ -13,7 +13,8 @@ from typing import Any
 
 from pamqp import commands
 
-from broker.amqp.codec import (
+from broker.errors import AMQPError
+from broker.wire.codec import (
     FLAG_DELIVERY_MODE,
     FLAG_EXPIRATION,
     FLAG_HEADERS,
@@ -23,8 +24,7 @@ from broker.amqp.codec import (
     encode_content_header,
     shortstr,
 )
-from broker.amqp.content import EXPIRATION, PRIORITY, property_value
-from broker.errors import AMQPError
+from broker.wire.content import EXPIRATION, PRIORITY, property_value
 
 
 class Message:

@@ -71,7 +71,7 @@ class User:
     max_connections: int | None = None
     max_channels: int | None = None
     #: RabbitMQ's user tags: ``administrator``, ``monitoring``, ``policymaker`` and ``management``
-    #: let the user into the management API (see ``broker.management``); others are kept.
+    #: let the user into the management API (see ``broker.server.management``); others are kept.
     tags: frozenset[str] = frozenset()
     #: The compiled permissions per vhost (``None``: nothing to check there), built once.
     _access: dict[str, Access | None] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
@@ -199,7 +199,7 @@ class Node:
         )
         #: The write-ahead log's journal; ``None`` keeps everything in memory only.
         self.journal: Journal | None = None
-        #: What pages the bodies of deep queues to disk (``broker.paging.Pager``; ``None``: nothing).
+        #: What pages the bodies of deep queues to disk (``broker.storage.paging.Pager``; ``None``: nothing).
         self.pager: Any = None
         #: How many dead letters of earlier runs each queue holds in its spool (not as
         #: messages): the dead-letter log knows them by their headers when they come back
@@ -226,11 +226,11 @@ class Node:
         #: the write-ahead log's backlog is over its bound. While any is, a connection that
         #: publishes is blocked (see :meth:`set_alarm`). Always this one set object.
         self.alarms: set[str] = set()
-        #: Whether a queue with consumers is far behind what arrives (``broker.paging.Pager``
+        #: Whether a queue with consumers is far behind what arrives (``broker.storage.paging.Pager``
         #: says so): the shell then reads less from each client at a time, so publishers are
         #: slowed to the pace of deliveries, as RabbitMQ's credit flow slows them.
         self.flow = False
-        #: What watches memory and disk for it (``broker.alarms.ResourceMonitor``), for its
+        #: What watches memory and disk for it (``broker.server.alarms.ResourceMonitor``), for its
         #: readings in metrics and the management API; ``None`` without one.
         self.resource_monitor: Any = None
 

@@ -45,15 +45,14 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.amqp.codec import FLAG_EXPIRATION
 from broker.core.deadletter import DeadLetterReason, with_delivery_count
 from broker.core.message import Message
 from broker.core.spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
+from broker.wire.codec import FLAG_EXPIRATION
 
 if TYPE_CHECKING:
     from broker.core.journal import Journal
     from broker.core.vhost import Exchange
-    from broker.spooling import Spooler
     from broker.wal.recovery import StoredMessage
 
 #: Most deliveries one dispatch makes before yielding. A consumer without a prefetch limit
@@ -202,7 +201,7 @@ class DeliverySink(Protocol):
 
 
 class BodyPager(Protocol):
-    """What keeps the messages of deep queues within the memory budget (``broker.paging.Pager``)."""
+    """What keeps the messages of deep queues within the memory budget (``broker.storage.paging.Pager``)."""
 
     def watch(self, queue: WorkQueue) -> None:
         """``queue`` holds more ready bytes than its :attr:`WorkQueue.page_at`: look at it soon."""
@@ -210,6 +209,17 @@ class BodyPager(Protocol):
     def spool_now(self, queue: WorkQueue) -> int:
         """``queue`` holds :attr:`WorkQueue.spool_at` ready messages: watch it, and say whether it
         is to spool what arrives now (0), or else at how many ready messages to ask again."""
+
+
+class SpoolMaker(Protocol):
+    """What makes the spools of deep queues (``broker.storage.spooling.Spooler``)."""
+
+    #: Ready entries a queue keeps in memory before it spools what arrives.
+    window: int
+
+    def spool(self, queue: WorkQueue, storage: Any = None) -> Spool:
+        """A new spool for ``queue``, on ``storage`` (a checkpoint's records) or on new storage."""
+        ...
 
 
 class Entry:
@@ -448,8 +458,8 @@ class WorkQueue:
         #: A deep queue's spool (``broker.core.spool``): what arrived once :attr:`spool_at` ready
         #: entries were in memory, as records on disk; ``None`` while everything is in memory.
         self.spool: Spool | None = None
-        #: Makes the spool (``broker.spooling.Spooler``); ``None``: this queue never spools.
-        self.spooler: Spooler | None = None
+        #: Makes the spool (``broker.storage.spooling.Spooler``); ``None``: this queue never spools.
+        self.spooler: SpoolMaker | None = None
         #: Ready entries in memory at which the queue asks its pager whether to spool (while it
         #: does not: :meth:`_start_spool`), or past which what arrives is spooled and under which
         #: the spool refills them (while it does); :data:`NEVER`: never.
@@ -779,7 +789,7 @@ class WorkQueue:
 
     def checkpoint(self, unacked: Sequence[Entry] = ()) -> QueueCheckpoint:
         """This durable queue's logged messages, in delivery order, as records pointing at the
-        log (a checkpoint; see ``broker.checkpoint``). Changes nothing.
+        log (a checkpoint; see ``broker.storage.checkpoint``). Changes nothing.
 
         Messages that are not logged here (not persistent) are left out, as a restart from the
         log leaves them out. Every one is marked redelivered, as recovery marks it.
@@ -897,7 +907,7 @@ class WorkQueue:
 
     # -- the spool ----------------------------------------------------------------------------
 
-    def attach_spooler(self, spooler: Spooler) -> None:
+    def attach_spooler(self, spooler: SpoolMaker) -> None:
         """Let this queue spool what arrives once ``spooler.window`` ready entries are in memory
         and its pager finds memory short, or at once without a pager (not a priority queue: its
         levels are kept in memory)."""

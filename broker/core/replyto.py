@@ -21,7 +21,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.amqp.codec import shortstr
+from broker.wire.codec import shortstr
 
 __all__ = ["PSEUDO_QUEUE", "PREFIX", "ReplyConsumer", "DirectReplyTo"]
 

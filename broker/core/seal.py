@@ -24,8 +24,8 @@ import hmac
 import os
 import secrets
 
-from broker.amqp.content import ContentError, headers_content, with_headers_content
-from broker.amqp.table import TableError, iter_table
+from broker.wire.content import ContentError, headers_content, with_headers_content
+from broker.wire.table import TableError, iter_table
 
 __all__ = ["DEAD_LETTER_ID_HEADER", "SEAL_HEADER", "SEAL_KEY_FILE", "Sealer", "without_entries"]
 

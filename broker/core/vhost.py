@@ -12,7 +12,6 @@ from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, cast
 
-from broker.amqp.table import Float32, Int8, Int16, Int64, UInt8, UInt16, UInt32
 from broker.core.access import Access
 from broker.core.deadletter import DeadLetterReason, dead_lettered, is_cycle
 from broker.core.histogram import Histogram
@@ -20,6 +19,7 @@ from broker.core.message import Message
 from broker.core.policy import Policy, alternate_exchange, choose, queue_arguments
 from broker.core.queue import MAX_PRIORITY, Entry, QueueSettings, Scheduler, WorkQueue
 from broker.errors import ChannelException, ReplyCode
+from broker.wire.table import Float32, Int8, Int16, Int64, UInt8, UInt16, UInt32
 from exchanges.interfaces import BindingInvalid, IInterceptingRouter, IRouter
 from exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType, default_registry
 
@@ -305,7 +305,7 @@ class VirtualHost:
         self.clock = clock
         #: The write-ahead log's journal (``None``: nothing is persisted).
         self.journal: Journal | None = None
-        #: What pages the bodies of deep queues to disk (``broker.paging.Pager``; ``None``: nothing).
+        #: What pages the bodies of deep queues to disk (``broker.storage.paging.Pager``; ``None``: nothing).
         self.pager: Any = None
         #: The dead-letter event log (``None``: dead letters are not recorded for analysis).
         self.dead_letters: DeadLetterLog | None = None

@@ -2,7 +2,7 @@
 
 :class:`ISegmentStorage` is the seam between the write-ahead log and the file system;
 :class:`DirectoryStorage` implements it over one directory of segment files with ``os.open``,
-``os.write`` and ``os.fsync``, and ``broker.testing.MemorySegmentStorage`` implements it in
+``os.write`` and ``os.fsync``, and ``broker.tools.testing.MemorySegmentStorage`` implements it in
 memory, with fault injection and simulated power loss, for the tests.
 
 Errors are plain :exc:`OSError`: the log passes them up and the broker turns ``ENOSPC`` or

@@ -9,10 +9,10 @@ from typing import Any
 from pamqp import commands
 from twisted.internet.task import Clock
 
-from broker.alarms import DISK_INTERVAL, MEMORY_INTERVAL, ResourceMonitor
 from broker.core.journal import Journal
 from broker.core.node import Node, User
-from broker.testing import Client, encode, publish_frames
+from broker.server.alarms import DISK_INTERVAL, MEMORY_INTERVAL, ResourceMonitor
+from broker.tools.testing import Client, encode, publish_frames
 
 BLOCKING = {"connection.blocked": True, "authentication_failure_close": True}
 
@@ -170,7 +170,7 @@ def test_the_monitor_raises_the_disk_alarm_below_the_free_space_limit() -> None:
 def test_alarms_and_readings_are_exported() -> None:
     from prometheus_client.exposition import generate_latest
 
-    from broker.metrics import BrokerCollector, make_registry
+    from broker.server.metrics import BrokerCollector, make_registry
 
     n, readings, clock = node(), Readings(), Clock()
     watcher = monitor(n, readings, clock)

@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
-from broker.checkpoint import CHECKPOINT_DIR, MANIFEST, Captured, CheckpointRefused, capture, read_checkpoint
 from broker.core import spool
 from broker.core.deadlog import RUN_ID_BITS, DeadLetterLog, watch_dead_letter_queues
 from broker.core.spool import RECORD_BYTES
-from broker.testing import publish_frames
+from broker.storage.checkpoint import CHECKPOINT_DIR, MANIFEST, Captured, CheckpointRefused, capture, read_checkpoint
+from broker.tools.testing import publish_frames
 from broker.wal.log import WriteAheadLog
 from broker.wal.record import DeadLetterSettled, iter_records
 from broker.wal.recovery import replay_located

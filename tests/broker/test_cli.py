@@ -13,7 +13,7 @@ EXAMPLE = Path(config.__file__).parent / "postroom.yaml"
 
 def postroom(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "broker.cli", *args], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-m", "broker.tools.cli", *args], capture_output=True, text=True, timeout=60, check=False
     )
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.cli import main
+from broker.tools.cli import main
 
 
 def test_analyze_reads_the_stream_and_the_export_of_the_data_directory(
@@ -61,7 +61,7 @@ def test_a_redrive_list_with_a_bad_line_is_refused_naming_it(
 def test_the_export_timer_s_command_line_is_one_the_command_accepts() -> None:
     import shlex
 
-    from broker.cli import build_parser
+    from broker.tools.cli import build_parser
 
     unit = (Path(__file__).resolve().parents[2] / "config" / "postroom-dlq-export.service").read_text()
     (line,) = [line for line in unit.splitlines() if line.startswith("ExecStart=")]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.client import Connection
+from broker.clients.client import Connection
 
 
 def bookkeeping() -> Connection:

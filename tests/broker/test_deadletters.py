@@ -19,8 +19,8 @@ from twisted.python.failure import Failure
 
 from broker.core.deadlog import DeadLetterLog
 from broker.core.node import Node
-from broker.deadletters import DeadLetterService
-from broker.testing import Client, MemorySegmentStorage, publish_frames
+from broker.storage.deadletters import DeadLetterService
+from broker.tools.testing import Client, MemorySegmentStorage, publish_frames
 from broker.wal.files import DirectoryStorage, ISegmentStorage, segment_name
 from broker.wal.record import SEGMENT_HEADER_BYTES, DeadLettered, iter_records, segment_header
 from broker.wal.stream import SegmentStream
@@ -169,12 +169,12 @@ def test_sealed_segments_past_the_retention_or_the_size_cap_are_deleted_never_th
 def test_a_failed_deletion_is_logged_and_the_events_still_count_as_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import broker.deadletters
+    import broker.storage.deadletters
 
     def refuse(*_args: object, **_kwargs: object) -> list[str]:
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(broker.deadletters, "prune_archive", refuse)
+    monkeypatch.setattr(broker.storage.deadletters, "prune_archive", refuse)
     logged: list[str] = []
     monkeypatch.setattr(DeadLetterService, "_log", Logger(observer=lambda event: logged.append(formatEvent(event))))
     clock = ClockReactor()

@@ -11,15 +11,15 @@ from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from broker import metrics
 from broker.core.deadletter import DeadLetterReason
 from broker.core.histogram import Histogram
 from broker.core.message import Message
 from broker.core.node import Node
 from broker.core.policy import Policy
 from broker.core.queue import LATENCY_SAMPLE_EVERY
-from broker.management import RateSampler
-from broker.metrics import BrokerCollector, make_registry, metrics_site
+from broker.server import metrics
+from broker.server.management import RateSampler
+from broker.server.metrics import BrokerCollector, make_registry, metrics_site
 from config.loader import loads
 
 

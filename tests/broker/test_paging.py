@@ -16,9 +16,9 @@ from twisted.logger import LogLevel, globalLogPublisher
 from broker.core.journal import Journal
 from broker.core.node import Node
 from broker.core.queue import NEVER
-from broker.paging import Pager, PageStore
-from broker.service import memory_budget
-from broker.testing import Client, MemorySegmentStorage, encode, publish_frames
+from broker.server.service import memory_budget
+from broker.storage.paging import Pager, PageStore
+from broker.tools.testing import Client, MemorySegmentStorage, encode, publish_frames
 from broker.wal.log import WriteAheadLog
 from config.schema import BrokerConfig, LimitsConfig, StorageConfig
 
@@ -211,7 +211,8 @@ def test_a_store_that_cannot_be_written_leaves_the_bodies_in_memory(tmp_path: Pa
     warnings: list[str] = []
 
     def observe(event: dict) -> None:
-        if event.get("log_level") is LogLevel.warn and event.get("log_namespace", "").startswith("broker.paging"):
+        namespace = event.get("log_namespace", "")
+        if event.get("log_level") is LogLevel.warn and namespace.startswith("broker.storage.paging"):
             warnings.append(event["log_format"].format(**event))
 
     globalLogPublisher.addObserver(observe)
@@ -246,8 +247,8 @@ def test_the_store_splits_writes_at_segment_ends_and_reads_every_body_back(tmp_p
 
 
 def test_sealed_segments_are_opened_only_to_be_read_and_few_at_a_time(tmp_path: Path) -> None:
-    from broker import paging
     from broker.core.message import Message
+    from broker.storage import paging
 
     def open_here() -> int:
         return sum(1 for fd in Path("/proc/self/fd").iterdir() if str(tmp_path) in os.path.realpath(fd))

@@ -7,9 +7,8 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from broker.amqp.codec import PROTOCOL_HEADER
 from broker.core.node import Node
-from broker.protocol import (
+from broker.server.protocol import (
     CLOSE_TIMEOUT,
     FLOW_READ_BYTES,
     HANDSHAKE_TIMEOUT,
@@ -18,7 +17,8 @@ from broker.protocol import (
     AMQPServerProtocol,
     is_loopback,
 )
-from broker.testing import FramePump, described, encode, publish_frames
+from broker.tools.testing import FramePump, described, encode, publish_frames
+from broker.wire.codec import PROTOCOL_HEADER
 
 
 class CountingTransport(StringTransport):

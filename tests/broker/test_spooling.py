@@ -14,7 +14,6 @@ from pamqp import commands
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 
-from broker.checkpoint import Checkpoint, restore_checkpoint
 from broker.core.deadletter import DeadLetterReason
 from broker.core.deadlog import RUN_ID_BITS, DeadLetterLog
 from broker.core.definitions import node_from_config
@@ -31,9 +30,10 @@ from broker.core.spool import (
     Spool,
     SpoolRecord,
 )
-from broker.paging import ENTRY_BYTES, MESSAGE_BYTES, Pager, PageStore
-from broker.spooling import Spooler
-from broker.testing import Client, MemorySegmentStorage, publish_frames
+from broker.storage.checkpoint import Checkpoint, restore_checkpoint
+from broker.storage.paging import ENTRY_BYTES, MESSAGE_BYTES, Pager, PageStore
+from broker.storage.spooling import Spooler
+from broker.tools.testing import Client, MemorySegmentStorage, publish_frames
 from broker.wal.log import WriteAheadLog
 from broker.wal.record import SEGMENT_HEADER_BYTES, DeadLetterSettled, Removed, iter_records
 from broker.wal.recovery import Snapshot, replay_located

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from broker.core import spool
 from broker.core.message import Message
 from broker.core.queue import Entry, WorkQueue
-from broker.paging import PageStore
-from broker.spooling import Spooler
+from broker.storage.paging import PageStore
+from broker.storage.spooling import Spooler
 
 OPERATIONS = st.lists(
     st.one_of(

@@ -6,8 +6,8 @@ from twisted.application.service import IServiceMaker
 from twisted.internet.testing import MemoryReactorClock
 from twisted.plugin import getPlugins
 
-from broker.service import make_broker_service
-from broker.tap import Options
+from broker.server.service import make_broker_service
+from broker.server.tap import Options
 from config.schema import BrokerConfig, ListenConfig
 
 

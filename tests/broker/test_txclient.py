@@ -13,11 +13,11 @@ from twisted.internet.task import deferLater
 from twisted.internet.testing import MemoryReactorClock
 from twisted.test.iosim import ConnectionCompleter, IOPump
 
-from broker.amqp.codec import HEARTBEAT_FRAME
-from broker.client import ConnectionClosed, Message, PublishNacked, PublishReturned, backoff
+from broker.clients.client import ConnectionClosed, Message, PublishNacked, PublishReturned, backoff
+from broker.clients.txclient import TwistedConnection, connect_twisted
 from broker.core.node import Node, User
-from broker.protocol import AMQPServerFactory
-from broker.txclient import TwistedConnection, connect_twisted
+from broker.server.protocol import AMQPServerFactory
+from broker.wire.codec import HEARTBEAT_FRAME
 
 
 class LoopbackBroker:

@@ -11,8 +11,8 @@ from twisted.internet.task import deferLater
 
 from broker.core.journal import Journal
 from broker.core.node import Node
-from broker.service import WALService
-from broker.testing import Client, MemorySegmentStorage, publish_frames
+from broker.server.service import WALService
+from broker.tools.testing import Client, MemorySegmentStorage, publish_frames
 from broker.wal.log import WriteAheadLog
 from broker.wal.recovery import replay_segments
 

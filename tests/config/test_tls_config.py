@@ -210,7 +210,10 @@ def test_config_check_reports_a_tls_problem_before_anything_starts(files: dict[s
     path.write_text(document(files["server.crt"], files["other.key"]))
 
     result = subprocess.run(
-        [sys.executable, "-m", "broker.cli", "config", "check", str(path)], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "broker.tools.cli", "config", "check", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
 
     assert result.returncode == 1

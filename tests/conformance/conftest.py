@@ -1,7 +1,7 @@
 """The oracle for the conformance transcripts: one private RabbitMQ node for the whole session.
 
 The node comes from the Debian ``rabbitmq-server`` package through
-:func:`broker.testing.rabbitmq_node`, on free loopback ports, and is stopped at the end of the
+:func:`broker.tools.testing.rabbitmq_node`, on free loopback ports, and is stopped at the end of the
 session. Where the package is missing, or the node does not come up here, every test that
 needs it is skipped, saying why. Postroom's side of each comparison is the in-process
 ``broker`` fixture of ``tests/conftest.py``.

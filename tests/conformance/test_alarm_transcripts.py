@@ -3,7 +3,7 @@
 The same scenario runs against RabbitMQ 3.10 and Postroom: a consumer, a publisher that has the
 ``connection.blocked`` capability and one that has not. The memory watermark is set below
 what each broker uses (``rabbitmqctl set_vm_memory_high_watermark absolute 1``; Postroom's
-:class:`broker.alarms.ResourceMonitor` with a watermark of 1 byte, on its real readings); each
+:class:`broker.server.alarms.ResourceMonitor` with a watermark of 1 byte, on its real readings); each
 publisher publishes and then asks for something; the watermark is put back.
 """
 
@@ -31,9 +31,9 @@ from transcript import (
 )
 from twisted.internet import threads
 
-from broker.alarms import ResourceMonitor
 from broker.core.node import Node
-from broker.testing import rabbitmqctl
+from broker.server.alarms import ResourceMonitor
+from broker.tools.testing import rabbitmqctl
 
 pytestmark = pytest.mark.integration
 

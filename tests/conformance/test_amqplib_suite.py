@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.testing import wait_for_port
+from broker.tools.testing import wait_for_port
 
 pytestmark = pytest.mark.integration
 
@@ -103,7 +103,7 @@ def postroom_on_5672(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
     log = where / "serve.log"
     with log.open("wb") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "broker.cli", "serve", "--config", str(config), *listeners],
+            [sys.executable, "-m", "broker.tools.cli", "serve", "--config", str(config), *listeners],
             cwd=ROOT,
             stdout=output,
             stderr=subprocess.STDOUT,

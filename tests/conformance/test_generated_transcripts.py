@@ -44,7 +44,7 @@ from twisted.internet import threads
 from twisted.logger import formatEventAsClassicLogText, globalLogPublisher
 
 from broker.core.node import Node
-from broker.protocol import AMQPServerFactory
+from broker.server.protocol import AMQPServerFactory
 from tests.conftest import BROKER_PORTS, CRASH_TEXTS
 
 pytestmark = pytest.mark.integration

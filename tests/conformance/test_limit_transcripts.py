@@ -54,7 +54,7 @@ USER_LIMITS = {"max-connections": 2, "max-channels": 3}
 def rabbitmq_limits(rabbitmq_port: int) -> int:
     import json
 
-    from broker.testing import rabbitmqctl
+    from broker.tools.testing import rabbitmqctl
 
     for vhost, limits in VHOST_LIMITS.items():
         rabbitmqctl(rabbitmq_port, "add_vhost", vhost)

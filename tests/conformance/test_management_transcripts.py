@@ -26,8 +26,8 @@ import pytest
 from transcript import oracle, wait_for
 
 from broker.core.node import Node, User
-from broker.management import RateSampler, management_site
-from broker.testing import free_port, rabbitmqctl
+from broker.server.management import RateSampler, management_site
+from broker.tools.testing import free_port, rabbitmqctl
 from config.schema import Permission, TopicPermission
 
 pytestmark = pytest.mark.integration
@@ -41,7 +41,7 @@ LIMITED = Permission(r"^mg\.", r"^mg\.", r"^mg\.")
 TOPICS = TopicPermission(r"^mg\.", r"^mg\.")
 #: Queues: one the users may read, one they may not, one in a vhost they may not open.
 QUEUES = (("/", "mg.q"), ("/", "x.q"), ("mg-other", "o.q"))
-#: Answers kept different on purpose (README, "Differences from RabbitMQ"): RabbitMQ 3.10's
+#: Answers kept different on purpose (docs/rabbitmq-compatibility.md, "Differences from RabbitMQ"): RabbitMQ 3.10's
 #: check reads the user of a connection that is not there and fails with a 500.
 KNOWN_DIFFERENCES = {"close a missing connection": ((500, None), (401, "not_authorised"))}
 

@@ -31,7 +31,7 @@ from transcript import (
 from transcript import content as content_frames
 
 from broker.core.node import Node, User
-from broker.testing import rabbitmqctl
+from broker.tools.testing import rabbitmqctl
 from config.schema import Permission, TopicPermission
 
 pytestmark = pytest.mark.integration

@@ -41,7 +41,7 @@ PolicyStep = Callable[..., None]
 
 
 def on_rabbitmq(port: int) -> tuple[PolicyStep, PolicyStep]:
-    from broker.testing import rabbitmqctl
+    from broker.tools.testing import rabbitmqctl
 
     def set_policy(
         name: str, pattern: str, definition: dict[str, Any], priority: int = 0, operator: bool = False

@@ -109,7 +109,7 @@ def refusals(port: int, prefix: str) -> list[Entry]:
     """A reply consumer must be no-ack and alone on its channel; a request needs one; a name that
     only looks like the pseudo-queue is 404; the pseudo-queue cannot be read with basic.get.
     (A reply name that does not decode closes RabbitMQ 3.10's connection with 541; Postroom
-    answers 404, see the README.)"""
+    answers 404, see docs/rabbitmq-compatibility.md.)"""
     transcript = Transcript()
     with transcript.connect(port) as client:
         open_connection(client, 1)

@@ -4,8 +4,8 @@ Each broker runs as its own process on its own storage. Eight persistent message
 durable queue with confirms; a client takes five, acks two, returns one, and still holds two
 when the broker is stopped with SIGTERM. Started again on the same storage, the queue must
 hold the same messages in the same order on both. RabbitMQ flags only the messages it had
-delivered as redelivered; Postroom flags every recovered message (README, "Differences from
-RabbitMQ"), so the flags are compared as: every message RabbitMQ flags, Postroom flags too.
+delivered as redelivered; Postroom flags every recovered message (docs/rabbitmq-compatibility.md,
+"Differences from RabbitMQ"), so the flags are compared as: every message RabbitMQ flags, Postroom flags too.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from broker.testing import RABBITMQ_LAUNCHER, free_port, rabbitmq_environment, wait_for_port
+from broker.tools.testing import RABBITMQ_LAUNCHER, free_port, rabbitmq_environment, wait_for_port
 from tests.integration.test_crash import broker as postroom
 
 pytestmark = pytest.mark.integration

@@ -24,9 +24,9 @@ from transcript import oracle
 from twisted.internet import threads
 
 from broker.core.definitions import node_from_config
-from broker.protocol import AMQPServerFactory
-from broker.service import tls_wrapper
-from broker.testing import free_port, rabbitmqctl, write_test_pki
+from broker.server.protocol import AMQPServerFactory
+from broker.server.service import tls_wrapper
+from broker.tools.testing import free_port, rabbitmqctl, write_test_pki
 from config.schema import BrokerConfig, ListenConfig, TLSConfig, UserConfig
 from tests.conftest import BROKER_PORTS
 
@@ -131,7 +131,7 @@ def _frames(sock: socket.socket, stop: tuple[type, ...]) -> list[Any]:
                 if isinstance(method, stop):
                     return found
     except ConnectionResetError:
-        return [*found, "socket closed"]  # RabbitMQ closes with a reset (see the README)
+        return [*found, "socket closed"]  # RabbitMQ closes with a reset (docs/rabbitmq-compatibility.md)
     except (ssl.SSLError, OSError) as error:
         return [*found, f"TLS error: {getattr(error, 'reason', None) or type(error).__name__}"]
 

@@ -42,7 +42,7 @@ import pytest
 from pamqp import commands, encode, frame
 from pamqp.base import Frame as MethodFrame
 
-from broker.testing import RabbitMQMissing, rabbitmq_node, wait_for_port
+from broker.tools.testing import RabbitMQMissing, rabbitmq_node, wait_for_port
 
 #: The AMQP 0-9-1 protocol header (AMQP 0-9-1 §4.2.2).
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
@@ -839,7 +839,7 @@ def unique_prefix() -> str:
 
 @contextmanager
 def oracle(config: str = "", plugins: Iterable[str] = (), also: Iterable[int] = ()) -> Iterator[int]:
-    """A RabbitMQ node (see :func:`broker.testing.rabbitmq_node`) once it listens on its AMQP
+    """A RabbitMQ node (see :func:`broker.tools.testing.rabbitmq_node`) once it listens on its AMQP
     port and on the ports ``also`` names; its AMQP port. The test is skipped, saying why, when
     there is no RabbitMQ here or it does not start."""
     node = rabbitmq_node(config, plugins)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pika
 
-from broker.checkpoint import CHECKPOINT_DIR, MANIFEST
-from broker.spooling import SPOOL_WINDOW
+from broker.storage.checkpoint import CHECKPOINT_DIR, MANIFEST
+from broker.storage.spooling import SPOOL_WINDOW
 from tests.integration.test_crash import broker
 
 

@@ -19,7 +19,7 @@ EXAMPLE = Path(config.__file__).parent / "postroom.yaml"
 
 def postroom(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
-        [sys.executable, "-m", "broker.cli", *args], input=stdin, capture_output=True, timeout=60, check=False
+        [sys.executable, "-m", "broker.tools.cli", *args], input=stdin, capture_output=True, timeout=60, check=False
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from broker.client import ChannelClosed, ConnectionClosed, PublishNacked, PublishReturned, connect
+from broker.clients.client import ChannelClosed, ConnectionClosed, PublishNacked, PublishReturned, connect
 
 pytestmark = pytest.mark.integration
 
@@ -105,7 +105,7 @@ def test_consuming_survives_a_broker_restart_with_nothing_lost(make_broker: Call
     from twisted.internet import threads
 
     from broker.core.node import Node
-    from broker.protocol import AMQPServerFactory
+    from broker.server.protocol import AMQPServerFactory
 
     node = Node()
     broker = make_broker(node)
@@ -144,7 +144,7 @@ def test_a_batch_survives_a_broker_restart_publishing_the_unconfirmed_again(make
     from twisted.internet import threads
 
     from broker.core.node import Node
-    from broker.protocol import AMQPServerFactory
+    from broker.server.protocol import AMQPServerFactory
 
     node = Node()
     broker = make_broker(node)

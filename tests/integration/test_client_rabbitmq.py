@@ -14,9 +14,9 @@ import pytest
 import pytest_twisted
 from twisted.internet import defer
 
-from broker.client import ChannelClosed, Message, PublishNacked, PublishReturned, connect
-from broker.testing import RabbitMQMissing, rabbitmq_node
-from broker.txclient import connect_twisted
+from broker.clients.client import ChannelClosed, Message, PublishNacked, PublishReturned, connect
+from broker.clients.txclient import connect_twisted
+from broker.tools.testing import RabbitMQMissing, rabbitmq_node
 
 pytestmark = [pytest.mark.integration, pytest.mark.interop]
 

@@ -24,8 +24,8 @@ from typing import Any
 import pika
 import pytest
 
-from broker.client import connect
-from broker.testing import free_port
+from broker.clients.client import connect
+from broker.tools.testing import free_port
 from broker.wal.record import SEGMENT_HEADER_BYTES, Snapshot, iter_records
 
 pytestmark = pytest.mark.integration
@@ -55,7 +55,7 @@ def broker(
     )
     log = open(data.parent / "broker.log", "ab")
     process = subprocess.Popen(
-        [sys.executable, "-m", "broker.cli", "serve", "--config", str(config)], cwd=ROOT, stdout=log, stderr=log
+        [sys.executable, "-m", "broker.tools.cli", "serve", "--config", str(config)], cwd=ROOT, stdout=log, stderr=log
     )
     try:
         deadline = time.monotonic() + 60  # a start that reads a whole log of a million messages
@@ -222,7 +222,7 @@ def test_bodies_beyond_the_memory_budget_come_back_from_the_log(tmp_path: Path) 
 def test_a_policy_set_from_the_command_line_outlives_kills_and_retired_segments(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from broker.cli import main
+    from broker.tools.cli import main
 
     data = tmp_path / "data"
     http = free_port()

@@ -8,8 +8,8 @@ import pika
 import pytest
 from pamqp import commands
 
-from broker.spooling import SPOOL_DIR, SPOOL_WINDOW
-from broker.testing import publish_frames
+from broker.storage.spooling import SPOOL_DIR, SPOOL_WINDOW
+from broker.tools.testing import publish_frames
 from tests.integration.test_crash import broker
 from tests.integration.test_frames import RawClient, handshake
 

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from broker.client import ChannelClosed, Connection, PublishReturned, connect
+from broker.clients.client import ChannelClosed, Connection, PublishReturned, connect
 from broker.core.deadlog import DeadLetterLog
 from broker.core.node import Node, User
 from broker.core.seal import SEAL_HEADER, Sealer
-from broker.dlq import BROKEN_SEAL, MALFORMED, NO_DEATH, UNSEALED, Refused, inspect, redrive, summary
+from broker.tools.dlq import BROKEN_SEAL, MALFORMED, NO_DEATH, UNSEALED, Refused, inspect, redrive, summary
 from config.schema import Permission
 
 pytestmark = pytest.mark.integration
@@ -95,7 +95,7 @@ def test_the_dlq_commands(broker: Any) -> None:
 
     def postroom(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "broker.cli", "dlq", *args, "--url", url],
+            [sys.executable, "-m", "broker.tools.cli", "dlq", *args, "--url", url],
             capture_output=True,
             text=True,
             timeout=60,

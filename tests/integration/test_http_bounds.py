@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from twisted.internet import threads
 
-from broker.management import RateSampler, management_site
-from broker.metrics import BrokerCollector, metrics_site
+from broker.server.management import RateSampler, management_site
+from broker.server.metrics import BrokerCollector, metrics_site
 
 pytestmark = pytest.mark.integration
 

@@ -25,12 +25,12 @@ import pika
 import pytest
 from twisted.internet import threads
 
-from broker.alarms import ResourceMonitor
-from broker.cli import main
 from broker.core.node import Node, User
-from broker.management import RateSampler, management_site
-from broker.metrics import BrokerCollector, make_registry, metrics_site
-from broker.testing import free_port
+from broker.server.alarms import ResourceMonitor
+from broker.server.management import RateSampler, management_site
+from broker.server.metrics import BrokerCollector, make_registry, metrics_site
+from broker.tools.cli import main
+from broker.tools.testing import free_port
 from config.schema import Permission
 from tests.conftest import Broker
 
@@ -304,12 +304,12 @@ def test_peek_shows_messages_without_consuming_them(operated: Operated, pika_con
 def test_a_peek_answer_is_bounded(
     operated: Operated, pika_connect: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import broker.management
+    import broker.server.management
 
     traffic(operated, pika_connect)  # 'work' holds "job 2", "job 3", "job 4"
     _, cut = operated.api("/api/queues/%2F/work/get", "POST", {"count": 3, "truncate": 3})
     assert [(m["payload"], m["payload_bytes"]) for m in cut] == [("job", 5), ("job", 5), ("job", 5)]
-    monkeypatch.setattr(broker.management, "MAX_PEEK_BYTES", 7)  # one answer's room, whatever is asked
+    monkeypatch.setattr(broker.server.management, "MAX_PEEK_BYTES", 7)  # one answer's room, whatever is asked
     _, bounded = operated.api("/api/queues/%2F/work/get", "POST", {"count": 3})
     assert [(m["payload"], m["payload_bytes"]) for m in bounded] == [("job 2", 5), ("jo", 5), ("", 5)]
 
@@ -398,7 +398,7 @@ def test_postroom_queues_prints_a_table(operated: Operated, pika_connect: Callab
     traffic(operated, pika_connect)
     url = f"http://guest:guest@127.0.0.1:{operated.management_port}/"
     result = subprocess.run(
-        [sys.executable, "-m", "broker.cli", "queues", "--url", url],
+        [sys.executable, "-m", "broker.tools.cli", "queues", "--url", url],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -421,7 +421,7 @@ def test_postroom_queues_prints_a_table(operated: Operated, pika_connect: Callab
     work = next(line.split() for line in lines if line.split()[1] == "work")
     assert work[2:6] == ["3", "0", "0", "-"] and work[8:] == ["1", "-"]
     refused = subprocess.run(
-        [sys.executable, "-m", "broker.cli", "queues", "--url", url.replace("guest:guest", "guest:no")],
+        [sys.executable, "-m", "broker.tools.cli", "queues", "--url", url.replace("guest:guest", "guest:no")],
         cwd=ROOT,
         capture_output=True,
         text=True,

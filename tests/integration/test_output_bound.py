@@ -12,8 +12,8 @@ import pika
 import pytest
 from pamqp import commands
 
-from broker.protocol import OUTPUT_BOUND
-from broker.testing import PROTOCOL_HEADER, FramePump, encode
+from broker.server.protocol import OUTPUT_BOUND
+from broker.tools.testing import PROTOCOL_HEADER, FramePump, encode
 
 pytestmark = pytest.mark.integration
 

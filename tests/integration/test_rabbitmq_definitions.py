@@ -22,7 +22,7 @@ EXPORT = Path(__file__).parent.parent / "config" / "fixtures" / "rabbitmq-defini
 
 def postroom(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "broker.cli", *args], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-m", "broker.tools.cli", *args], capture_output=True, text=True, timeout=60, check=False
     )
 
 

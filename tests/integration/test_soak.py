@@ -32,7 +32,7 @@ import mutations  # noqa: E402
 import soak  # noqa: E402
 import wire  # noqa: E402
 
-#: The fuzz seed: any fixed one keeps the run repeatable; 1 is the one the README quotes.
+#: The fuzz seed: any fixed one keeps the run repeatable; 1 is the one docs/rabbitmq-compatibility.md quotes.
 SEED = 1
 #: Cases: enough that every mutation meets every recorded session many times.
 FUZZ_CASES = 2000

@@ -29,14 +29,14 @@ from pamqp import commands, frame
 from twisted.internet import threads
 from twisted.logger import formatEvent, globalLogPublisher
 
-from broker.amqp.codec import PROTOCOL_HEADER
 from broker.core.definitions import node_from_config
 from broker.core.node import Node
-from broker.management import RateSampler, management_site
-from broker.metrics import BrokerCollector, metrics_site
-from broker.protocol import AMQPServerFactory
-from broker.service import tls_wrapper
-from broker.testing import write_test_pki
+from broker.server.management import RateSampler, management_site
+from broker.server.metrics import BrokerCollector, metrics_site
+from broker.server.protocol import AMQPServerFactory
+from broker.server.service import tls_wrapper
+from broker.tools.testing import write_test_pki
+from broker.wire.codec import PROTOCOL_HEADER
 from config.schema import BrokerConfig, ListenConfig, TLSConfig, UserConfig
 from tests.conftest import BROKER_PORTS
 

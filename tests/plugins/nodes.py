@@ -8,8 +8,8 @@ from typing import Any
 
 from broker.core.journal import Journal
 from broker.core.node import Node
-from broker.pluginloader import LoadedPlugins, load_plugins
-from broker.testing import Client
+from broker.server.pluginloader import LoadedPlugins, load_plugins
+from broker.tools.testing import Client
 from config.schema import PluginConfig
 
 

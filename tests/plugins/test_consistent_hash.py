@@ -12,7 +12,7 @@ from zope.interface.verify import verifyObject
 
 from broker.errors import ChannelException, ReplyCode
 from broker.interfaces import PluginSettingsInvalid
-from broker.testing import methods, publish_frames
+from broker.tools.testing import methods, publish_frames
 from exchanges.interfaces import BindingInvalid, IExchangeType, IRouter
 from exchanges.testing import RouterContract, RoutingExample
 from plugins.consistent_hash import ConsistentHashExchangeType, ConsistentHashPlugin, ConsistentHashRouter, jump_hash

@@ -14,7 +14,7 @@ from broker.core.definitions import node_from_config
 from broker.core.journal import Journal
 from broker.core.node import Node
 from broker.errors import ChannelException, ReplyCode
-from broker.testing import Client, methods, publish_frames
+from broker.tools.testing import Client, methods, publish_frames
 from broker.wal.record import iter_records
 from broker.wal.recovery import replay
 from config.loader import ConfigError
@@ -261,7 +261,7 @@ def test_delayed_messages_survive_a_restart_with_the_delay_that_remains() -> Non
     later = Clock()
     later.advance(1004)
     config = BrokerConfig(plugins=(PluginConfig("delayed_message"),))
-    from broker.pluginloader import load_plugins
+    from broker.server.pluginloader import load_plugins
 
     loaded = load_plugins(config.plugins, later)
     restored = node_from_config(

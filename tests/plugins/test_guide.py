@@ -14,7 +14,7 @@ import pika.exceptions
 import pytest
 from pika.exceptions import ChannelClosedByBroker, ProbableAuthenticationError
 
-from broker.pluginloader import PluginError, load_plugins
+from broker.server.pluginloader import PluginError, load_plugins
 from config.loader import loads
 
 pytestmark = [pytest.mark.integration, pytest.mark.interop]

@@ -12,7 +12,7 @@ from zope.interface import Invalid
 from broker.core.hooks import HookChain, MessageHook
 from broker.core.node import Node
 from broker.errors import ChannelException, ReplyCode
-from broker.testing import methods, publish_frames
+from broker.tools.testing import methods, publish_frames
 
 
 class Recorder(MessageHook):

@@ -14,10 +14,10 @@ import pytest
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import globalLogPublisher
 
-from broker import pluginloader
-from broker.pluginloader import PluginError, available_plugins, load_plugins
-from broker.service import make_broker_service
-from broker.tap import Options, makeService
+from broker.server import pluginloader
+from broker.server.pluginloader import PluginError, available_plugins, load_plugins
+from broker.server.service import make_broker_service
+from broker.server.tap import Options, makeService
 from config.loader import ConfigError, loads
 from config.schema import PluginConfig
 
@@ -230,7 +230,12 @@ def test_twistd_refuses_to_start_with_a_broken_plugin(tmp_path: Path) -> None:
 
 def postroom(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "broker.cli", *args], capture_output=True, text=True, timeout=60, check=False, cwd=ROOT
+        [sys.executable, "-m", "broker.tools.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
     )
 
 
@@ -326,7 +331,7 @@ def test_discovery_imports_no_plugins_folder_of_another_distribution(tmp_path: P
         f"""
         import sys
         sys.path.append({str(tmp_path)!r})
-        from broker.pluginloader import available_plugins, find_plugin
+        from broker.server.pluginloader import available_plugins, find_plugin
         names = [plugin.name for plugin in available_plugins()]
         find_plugin("delayed_message")
         print(names)

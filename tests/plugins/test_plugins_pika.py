@@ -18,7 +18,7 @@ import pytest
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 from pika.exceptions import ChannelClosedByBroker, UnroutableError
 
-from broker.testing import free_port, wait_for_port
+from broker.tools.testing import free_port, wait_for_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.interop]
 
@@ -175,7 +175,7 @@ def serve(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     )
     log = open(tmp_path / "broker.log", "ab")
     process = subprocess.Popen(
-        [sys.executable, "-m", "broker.cli", "serve", "--config", str(config)], cwd=ROOT, stdout=log, stderr=log
+        [sys.executable, "-m", "broker.tools.cli", "serve", "--config", str(config)], cwd=ROOT, stdout=log, stderr=log
     )
     try:
         wait_for_port(port, 20)

@@ -1,8 +1,8 @@
-"""The job on a real Spark standalone cluster, launched as the README says.
+"""The job on a real Spark standalone cluster, launched as docs/dead-letter-analysis.md says.
 
 A master and two workers (one core each) are started from the installed pyspark's own
-``spark-class``, loopback only, once for this module and stopped by pid. The README's
-command, ``spark-submit --master spark://… spark/dlq_job.py``, runs over raw segments and over
+``spark-class``, loopback only, once for this module and stopped by pid. The command of
+docs/dead-letter-analysis.md, ``spark-submit --master spark://… spark/dlq_job.py``, runs over raw segments and over
 their Parquet export; Spark's own event log (its ``EventLoggingListener``) then says which
 executor ran every task, and the report must equal a ``local[1]`` run's.
 """
@@ -69,7 +69,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def submit(
     master: str, arguments: list[str], events: Path, archive: Path, python: str = "./environment/bin/python"
 ) -> subprocess.CompletedProcess[str]:
-    """The README's cluster command, as a user runs it: spark-submit's own ``--master``, the
+    """The cluster command of docs/dead-letter-analysis.md, as a user runs it: spark-submit's own ``--master``, the
     executors' environment shipped with ``--archives``, run from outside the checkout."""
     events.mkdir(parents=True, exist_ok=True)
     conf = {

@@ -81,7 +81,7 @@ def test_a_missing_stream_directory_exports_nothing(tmp_path: Path) -> None:
 
 
 def test_the_command_exports_the_data_directory_stream(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from broker.cli import main
+    from broker.tools.cli import main
 
     data = tmp_path / "data"
     write_segment(data / "deadletters", 1, segment(1, [dead_lettered(1), settled(1)]))
@@ -168,7 +168,7 @@ def test_expiry_deletes_old_days_then_segments_with_nothing_left(tmp_path: Path)
 def test_the_command_takes_jobs_deletion_and_retention(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import time
 
-    from broker.cli import main
+    from broker.tools.cli import main
 
     data, now = tmp_path / "data", time.time()  # --retention counts back from now
     write_segment(data / "deadletters", 1, segment(1, [dead_lettered(1, time=now - 400 * DAY)]))

@@ -14,11 +14,11 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 from pamqp.heartbeat import Heartbeat
 
-from broker.amqp.codec import HEARTBEAT_FRAME, PROTOCOL_HEADER, decode_properties
 from broker.amqp.connection import CAPABILITIES, ServerConnection, State
 from broker.core.node import Limits, Node, User
 from broker.errors import ReplyCode
-from broker.testing import Client, described, encode, methods, publish_frames
+from broker.tools.testing import Client, described, encode, methods, publish_frames
+from broker.wire.codec import HEARTBEAT_FRAME, PROTOCOL_HEADER, decode_properties
 
 
 def node() -> Node:

@@ -3,7 +3,7 @@
 mutated, leaves it acting or closing with a reply code, never raising, never with 541.
 
 A short run of this is part of the test command; ``bench/fuzz_core.py`` runs the coverage-guided
-fuzzer for as long as it is asked (the README has its figures).
+fuzzer for as long as it is asked (docs/rabbitmq-compatibility.md has its figures).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from pamqp import commands
 from pamqp.base import Frame
 
-from broker.amqp.codec import FRAME_BODY, FRAME_HEADER, FRAME_HEARTBEAT
 from broker.amqp.connection import ServerConnection
-from broker.fuzzing import SESSION_START, method_frame, raw_frame, run_once
-from broker.testing import publish_frames
+from broker.tools.fuzzing import SESSION_START, method_frame, raw_frame, run_once
+from broker.tools.testing import publish_frames
+from broker.wire.codec import FRAME_BODY, FRAME_HEADER, FRAME_HEARTBEAT
 
 #: Every method class pamqp knows (client and server methods alike).
 METHODS: list[type[Frame]] = [

@@ -7,7 +7,7 @@ from pamqp import commands
 
 from broker.core.node import Node
 from broker.core.queue import WorkQueue
-from broker.testing import Client, publish_frames
+from broker.tools.testing import Client, publish_frames
 
 
 def holding_client(node: Node) -> Client:

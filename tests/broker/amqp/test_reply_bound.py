@@ -7,7 +7,7 @@ from pamqp import commands
 
 from broker.amqp.connection import REPLY_BOUND
 from broker.core.node import Node, User
-from broker.testing import Client, publish_frames
+from broker.tools.testing import Client, publish_frames
 
 BODY = 1 << 20
 

@@ -8,7 +8,7 @@ from pamqp import commands
 
 from broker.core.node import Node
 from broker.errors import ReplyCode
-from broker.testing import Client, publish_frames
+from broker.tools.testing import Client, publish_frames
 
 PSEUDO = "amq.rabbitmq.reply-to"
 

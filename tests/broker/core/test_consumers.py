@@ -11,7 +11,7 @@ from twisted.internet.task import Clock
 
 from broker.core.node import Node
 from broker.errors import ReplyCode
-from broker.testing import Client, publish_frames
+from broker.tools.testing import Client, publish_frames
 
 
 def setup() -> tuple[Node, Clock]:

@@ -13,7 +13,7 @@ from broker.core.definitions import node_from_config
 from broker.core.journal import Journal
 from broker.core.node import Node
 from broker.core.policy import Policy
-from broker.testing import Client, MemorySegmentStorage, publish_frames
+from broker.tools.testing import Client, MemorySegmentStorage, publish_frames
 from broker.wal.log import WriteAheadLog
 from broker.wal.record import Published, QueueDeclared, Removed, iter_records
 from broker.wal.recovery import replay

@@ -14,11 +14,11 @@ from pamqp import commands
 from twisted.internet.task import Clock
 
 import broker.core.node as node_module
-from broker.amqp.codec import PROTOCOL_HEADER
 from broker.core.login import FAILURE_WINDOW, FREE_FAILURES, PENALTY, LoginThrottle, decoy_hash
 from broker.core.node import Node, User, hash_password
 from broker.errors import ReplyCode
-from broker.testing import Client, encode, methods
+from broker.tools.testing import Client, encode, methods
+from broker.wire.codec import PROTOCOL_HEADER
 
 SCRYPT = hash_password("secret", b"0123456789abcdef", n=2**10)
 

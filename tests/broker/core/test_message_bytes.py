@@ -6,12 +6,12 @@ import struct
 
 from pamqp import commands
 
-from broker.amqp.codec import FRAME_BODY, FRAME_HEADER, FRAME_METHOD, frame, shortstr
-from broker.amqp.content import EXPIRATION, HEADERS, property_spans
-from broker.amqp.table import decode_table, iter_table
 from broker.core.message import Message
 from broker.core.node import Node
-from broker.testing import Client, encode
+from broker.tools.testing import Client, encode
+from broker.wire.codec import FRAME_BODY, FRAME_HEADER, FRAME_METHOD, frame, shortstr
+from broker.wire.content import EXPIRATION, HEADERS, property_spans
+from broker.wire.table import decode_table, iter_table
 from tests.broker.amqp.test_table import ALL_TYPES, table_of
 
 

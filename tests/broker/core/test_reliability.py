@@ -13,7 +13,7 @@ from twisted.internet.task import Clock
 
 from broker.core.node import Node
 from broker.errors import ReplyCode
-from broker.testing import Client, encode, publish_frames
+from broker.tools.testing import Client, encode, publish_frames
 
 
 def setup(clock: Clock | None = None) -> tuple[Node, Clock]:

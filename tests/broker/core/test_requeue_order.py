@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from pamqp import commands
 
 from broker.core.node import Node
-from broker.testing import Client, methods, publish_frames
+from broker.tools.testing import Client, methods, publish_frames
 
 
 def bodies_in_queue(c: Client, queue: str) -> list[bytes]:

@@ -9,7 +9,7 @@ from twisted.internet.task import Clock
 
 from broker.core.node import Node
 from broker.core.policy import Policy
-from broker.testing import Client, publish_frames
+from broker.tools.testing import Client, publish_frames
 
 
 def setup() -> tuple[Node, Client, Clock]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from zope.interface.verify import verifyObject
 
-from broker.testing import MemorySegmentStorage
+from broker.tools.testing import MemorySegmentStorage
 from broker.wal.files import DirectoryStorage, ISegmentStorage, prune_archive, segment_name
 from broker.wal.log import WriteAheadLog, check
 from broker.wal.record import Published, Snapshot, encode, segment_header

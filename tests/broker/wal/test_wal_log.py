@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.testing import MemorySegmentStorage
+from broker.tools.testing import MemorySegmentStorage
 from broker.wal.log import RecoveryReport, WriteAheadLog, check, dump
 from broker.wal.record import (
     SEGMENT_HEADER_BYTES,

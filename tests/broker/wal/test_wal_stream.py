@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from twisted.internet.task import Clock
 
-from broker.testing import MemorySegmentStorage
+from broker.tools.testing import MemorySegmentStorage
 from broker.wal.record import SEGMENT_HEADER_BYTES, DeadLetterSettled, encode, iter_records, segment_header
 from broker.wal.stream import SegmentStream, sealed_segments
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from broker.amqp.table import TableError, check_table, encode_entry, iter_table
+from broker.wire.table import TableError, check_table, encode_entry, iter_table
 
 #: Basic class property flags (AMQP 0-9-1 §4.2.6.1), highest bit first, with their types.
 CONTENT_TYPE = 0x8000
@@ -175,7 +175,7 @@ def set_entry(content: bytes, key: bytes, entry: bytes) -> bytes:
 
 
 def with_header_entry(header: bytes, key: str, value: Any) -> bytes:
-    """The header with ``headers[key]`` set to ``value`` (typed as :mod:`broker.amqp.table` does).
+    """The header with ``headers[key]`` set to ``value`` (typed as :mod:`broker.wire.table` does).
 
     An entry of that name is replaced in place, otherwise the entry is added last; a message
     without headers gets a table holding just this entry. The publisher's other entries and

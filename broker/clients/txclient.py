@@ -1,4 +1,4 @@
-"""The client for Twisted code: the same shape as ``broker.client``, returning Deferreds.
+"""The client for Twisted code: the same shape as ``broker.clients.client``, returning Deferreds.
 
 ::
 
@@ -8,11 +8,11 @@
     await conn.publish_batch(triples, window=1000)      # fires with the count once all are confirmed
     await conn.consume("jobs", on_message, prefetch=20)  # on_message(msg) for each delivery; msg.ack()
 
-Frames are split here and decoded with the server's codec (``broker.amqp.codec``); messages
-are ``broker.client.Message`` objects, so ``ack``/``nack``/``reject``/``extend`` work the same.
+Frames are split here and decoded with the server's codec (``broker.wire.codec``); messages
+are ``broker.clients.client.Message`` objects, so ``ack``/``nack``/``reject``/``extend`` work the same.
 
 Reconnection follows the blocking client: when an open connection drops, the client connects
-again at once, then after 0.1 s, 0.2 s, 0.4 s ... (``broker.client.backoff``, timed by the
+again at once, then after 0.1 s, 0.2 s, 0.4 s ... (``broker.clients.client.backoff``, timed by the
 reactor it was given), declares again what it declared, resumes its consumers under their
 consumer tags, and publishes again whatever was not confirmed (at least once). Deliveries made
 before the drop come again flagged redelivered; acking one of the old ones is a no-op. Calls
@@ -41,7 +41,24 @@ from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from broker.amqp.codec import (
+from broker.clients.client import (
+    ChannelClosed,
+    ClientError,
+    ConnectionClosed,
+    Message,
+    PublishNacked,
+    PublishReturned,
+    backoff,
+    exchange_bind,
+    exchange_declare,
+    parse_deliver,
+    parse_url,
+    publish_frames,
+    queue_bind,
+    queue_declare,
+    start_ok,
+)
+from broker.wire.codec import (
     BASIC_DELIVER,
     FRAME_END,
     FRAME_HEARTBEAT,
@@ -53,20 +70,6 @@ from broker.amqp.codec import (
     decode_method,
     decode_properties,
     encode_method,
-)
-from broker.client import (
-    ChannelClosed,
-    ClientError,
-    ConnectionClosed,
-    Message,
-    PublishNacked,
-    PublishReturned,
-    backoff,
-    exchange_declare,
-    parse_deliver,
-    parse_url,
-    publish_frames,
-    start_ok,
 )
 
 _frame_head = struct.Struct(">BHI")
@@ -475,7 +478,7 @@ class TwistedConnection(Protocol):
 
     def _settle(self, generation: int, method: Frame | bytes) -> None:
         """Send an ack, nack or reject (or its frame) of a delivery made in connection
-        ``generation`` (called by :class:`broker.client.Message`)."""
+        ``generation`` (called by :class:`broker.clients.client.Message`)."""
         if generation != self._generation:
             return  # delivered before a drop: the broker put it back, it comes again
         self._send(method if isinstance(method, bytes) else encode_method(1, method))
@@ -507,7 +510,7 @@ class TwistedConnection(Protocol):
         self, name: str, durable: bool = True, arguments: Mapping[str, Any] | None = None
     ) -> defer.Deferred[str]:
         """Declare a queue (declared again after a reconnection); fires with its name."""
-        method = commands.Queue.Declare(queue=name, durable=durable, arguments=dict(arguments or {}))
+        method = queue_declare(name, durable, arguments)
         declared = self._when_open(lambda: self._call(method, commands.Queue.DeclareOk, remember=True))
         return declared.addCallback(lambda ok: str(ok.queue))
 
@@ -528,24 +531,20 @@ class TwistedConnection(Protocol):
         self, queue: str, exchange: str, routing_key: str = "", arguments: Mapping[str, Any] | None = None
     ) -> defer.Deferred[Any]:
         """Bind ``queue`` to ``exchange`` (bound again after a reconnection)."""
-        method = commands.Queue.Bind(
-            queue=queue, exchange=exchange, routing_key=routing_key, arguments=dict(arguments or {})
-        )
+        method = queue_bind(queue, exchange, routing_key, arguments)
         return self._when_open(lambda: self._call(method, commands.Queue.BindOk, remember=True))
 
     def bind_exchange(
         self, destination: str, source: str, routing_key: str = "", arguments: Mapping[str, Any] | None = None
     ) -> defer.Deferred[Any]:
         """Bind exchange ``destination`` to exchange ``source`` (bound again after a reconnection)."""
-        method = commands.Exchange.Bind(
-            destination=destination, source=source, routing_key=routing_key, arguments=dict(arguments or {})
-        )
+        method = exchange_bind(destination, source, routing_key, arguments)
         return self._when_open(lambda: self._call(method, commands.Exchange.BindOk, remember=True))
 
     def publish(self, exchange: str, routing_key: str, body: bytes, **options: Any) -> defer.Deferred[None]:
         """Publish (persistent by default); fires once the broker confirms.
 
-        Options are those of :func:`broker.client.publish_frames`. A publish not yet confirmed
+        Options are those of :func:`broker.clients.client.publish_frames`. A publish not yet confirmed
         when the connection drops is sent again on the next one (at least once).
 
         :returns: a Deferred that fails with :class:`PublishNacked` (refused),

@@ -39,8 +39,8 @@ from broker.core.deadletter import DeadLetterReason
 from broker.core.policy import Policy, PolicyRefused, effective_definition, from_value
 from broker.core.queue import Consumer, WorkQueue
 from broker.errors import AMQPError, ChannelException, ReplyCode
-from broker.http import BoundedSite
-from broker.protocol import is_loopback
+from broker.server.http import BoundedSite
+from broker.server.protocol import is_loopback
 from config.rabbitmq import HASHING_ALGORITHMS
 from config.schema import Permission
 
@@ -869,7 +869,7 @@ class ManagementAPI(Resource):
             body, room = body[:keep], room - keep
             try:
                 properties = message.properties
-            except AMQPError:  # accepted unread at publish (see the README): shown without properties
+            except AMQPError:  # accepted unread at publish (docs/rabbitmq-compatibility.md): shown without properties
                 properties = commands.Basic.Properties()
             try:
                 payload, encoding = body.decode("utf-8"), "string"

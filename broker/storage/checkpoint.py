@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.core.queue import CheckpointRefused
 from broker.core.spool import IN_LOG, RECORD_BYTES, REDELIVERED, SpoolRecord, pack_record, unpack_records
-from broker.paging import write_all
+from broker.storage.paging import write_all
 from broker.wal.files import _sync_directory
 from broker.wal.record import scan
 from broker.wal.recovery import Snapshot, replay
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from broker.core.node import Node
     from broker.core.queue import Entry, WorkQueue
     from broker.core.vhost import VirtualHost
-    from broker.spooling import Spooler
+    from broker.storage.spooling import Spooler
 
 __all__ = [
     "CHECKPOINT_BYTES",

@@ -22,10 +22,10 @@ from typing import Any
 from pamqp import commands
 from pamqp.base import Frame
 
-from broker.amqp.codec import FRAME_METHOD, PROTOCOL_HEADER
 from broker.amqp.connection import ServerConnection
-from broker.amqp.table import encode_table
 from broker.core.node import Node, User
+from broker.wire.codec import FRAME_METHOD, PROTOCOL_HEADER
+from broker.wire.table import encode_table
 
 __all__ = ["SESSION_START", "method_frame", "raw_frame", "run_once"]
 

@@ -24,8 +24,8 @@ from typing import Any
 from pamqp import commands, decode, encode, exceptions
 from pamqp.base import Frame
 
-from broker.amqp import table as _table
 from broker.errors import ConnectionDropped, ConnectionException, ReplyCode
+from broker.wire import table as _table
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 
@@ -393,7 +393,7 @@ def encode_table(table: dict[str, Any]) -> bytes:
 # pamqp decodes tables recursively (a RecursionError past ~1,000 levels, where RabbitMQ has no
 # limit), turns float64 into float32 and sorts keys when it encodes, and cannot encode a long
 # string that is not UTF-8. Every table pamqp reads or writes for us (method arguments,
-# client properties, the headers property) goes through broker.amqp.table instead: iterative,
+# client properties, the headers property) goes through broker.wire.table instead: iterative,
 # and exact both ways. Timestamps are read as RabbitMQ reads them (seconds, no guessing).
 
 

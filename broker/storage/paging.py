@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from broker.core.journal import Journal
     from broker.core.message import Message
     from broker.core.queue import WorkQueue
-    from broker.spooling import Spooler
+    from broker.storage.spooling import Spooler
 
 #: Size at which the store starts a new segment file.
 SEGMENT_BYTES = 64 << 20
@@ -232,6 +232,9 @@ def _in_memory(queue: WorkQueue, sharing: float) -> int:
 class Pager(Service):
     """Keeps the ready bodies of deep queues within ``budget`` bytes of memory (see the module).
 
+    The one owner of ``storage.memory_budget``: it spools and pages deep queues here, and tells
+    the journal when to drop the bodies of logged messages (:meth:`page_logged`).
+
     :param journal: the log's journal, whose count of bodies in memory drops with those paged here
     """
 
@@ -248,7 +251,7 @@ class Pager(Service):
         #: Ready bytes past which a queue is watched.
         self.watch_at = max(budget // 64, 4096)
         self.watched: set[WorkQueue] = set()
-        #: Spools deep queues (``broker.spooling.Spooler``); ``None``: only bodies are paged.
+        #: Spools deep queues (``broker.storage.spooling.Spooler``); ``None``: only bodies are paged.
         self.spooler: Spooler | None = None
         self._call: Any = None
         self._paused_until = 0.0
@@ -314,6 +317,11 @@ class Pager(Service):
             error=error.strerror or str(error),
             then=then,
         )
+
+    def page_logged(self) -> int:
+        """Drop from memory the bodies of logged messages past the budget, newest first (they
+        are read back from the log when delivered); how many were dropped."""
+        return self.journal.page_out(self.budget) if self.journal is not None else 0
 
     def look(self) -> None:
         """Spool and page what is over the budget, and look again soon while any queue is watched."""

@@ -25,10 +25,10 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 from zope.interface import implementer
 
-from broker.amqp.codec import PROTOCOL_HEADER
 from broker.amqp.connection import ServerConnection
 from broker.core.node import Node
 from broker.wal.files import ISegmentStorage
+from broker.wire.codec import PROTOCOL_HEADER
 
 
 class FramePump:

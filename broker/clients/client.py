@@ -2,7 +2,7 @@
 
 ::
 
-    from broker.client import connect
+    from broker.clients.client import connect
 
     with connect("amqp://guest:guest@127.0.0.1:5672/") as conn:
         conn.publish("orders", "order.eu.created", b"{...}", headers={"tenant": "acme"})
@@ -11,7 +11,7 @@
             msg.ack()
 
 It speaks to Postroom and to RabbitMQ alike, and shares its frame codec with the server
-(``broker.amqp.codec``). Publishes are confirmed by default: :meth:`Connection.publish`
+(``broker.wire.codec``). Publishes are confirmed by default: :meth:`Connection.publish`
 returns once the broker has confirmed the message, and raises :class:`PublishNacked` or
 :class:`PublishReturned` otherwise. Errors from the broker raise :class:`ChannelClosed` or
 :class:`ConnectionClosed` carrying the reply code and text.
@@ -34,7 +34,7 @@ from urllib.parse import unquote, urlparse
 from pamqp import commands
 from pamqp.base import Frame
 
-from broker.amqp.codec import (
+from broker.wire.codec import (
     BASIC_DELIVER,
     BASIC_PUBLISH,
     FRAME_END,
@@ -197,6 +197,30 @@ def exchange_declare(
     )
 
 
+def queue_declare(
+    name: str, durable: bool = True, arguments: Mapping[str, Any] | None = None
+) -> commands.Queue.Declare:
+    """The ``queue.declare`` both clients send."""
+    return named(commands.Queue.Declare, queue=name, durable=durable, arguments=dict(arguments or {}))
+
+
+def queue_bind(
+    queue: str, exchange: str, routing_key: str = "", arguments: Mapping[str, Any] | None = None
+) -> commands.Queue.Bind:
+    """The ``queue.bind`` both clients send."""
+    return named(
+        commands.Queue.Bind, queue=queue, exchange=exchange, routing_key=routing_key, arguments=dict(arguments or {})
+    )
+
+
+def exchange_bind(
+    destination: str, source: str, routing_key: str = "", arguments: Mapping[str, Any] | None = None
+) -> commands.Exchange.Bind:
+    """The ``exchange.bind`` (RabbitMQ's extension) both clients send."""
+    fields = {"destination": destination, "source": source, "routing_key": routing_key}
+    return named(commands.Exchange.Bind, **fields, arguments=dict(arguments or {}))
+
+
 class ClientError(Exception):
     """A failure reported by the broker, with its AMQP reply code and text."""
 
@@ -242,7 +266,7 @@ class Message:
         properties: commands.Basic.Properties | bytes,
         body: bytes,
     ) -> None:
-        self._connection: Any = connection  # a Connection or a broker.txclient.TwistedConnection
+        self._connection: Any = connection  # a Connection or a broker.clients.txclient.TwistedConnection
         #: The connection's generation when delivered: after a reconnect the broker has given
         #: the message back already, so acking it is a no-op rather than an error.
         self._generation = connection._generation
@@ -596,11 +620,7 @@ class Connection:
 
     def declare_queue(self, name: str, durable: bool = True, arguments: Mapping[str, Any] | None = None) -> str:
         """Declare a queue (``""`` for a server-named one); return its name."""
-        ok = self._call(
-            named(commands.Queue.Declare, queue=name, durable=durable, arguments=dict(arguments or {})),
-            commands.Queue.DeclareOk,
-            remember=True,
-        )
+        ok = self._call(queue_declare(name, durable, arguments), commands.Queue.DeclareOk, remember=True)
         return str(ok.queue)
 
     def declare_exchange(
@@ -623,33 +643,14 @@ class Connection:
         self, queue: str, exchange: str, routing_key: str = "", arguments: Mapping[str, Any] | None = None
     ) -> None:
         """Bind ``queue`` to ``exchange``."""
-        self._call(
-            named(
-                commands.Queue.Bind,
-                queue=queue,
-                exchange=exchange,
-                routing_key=routing_key,
-                arguments=dict(arguments or {}),
-            ),  # fmt: skip
-            commands.Queue.BindOk,
-            remember=True,
-        )
+        self._call(queue_bind(queue, exchange, routing_key, arguments), commands.Queue.BindOk, remember=True)
 
     def bind_exchange(
         self, destination: str, source: str, routing_key: str = "", arguments: Mapping[str, Any] | None = None
     ) -> None:
         """Bind exchange ``destination`` to exchange ``source`` (``exchange.bind``, RabbitMQ's extension)."""
-        self._call(
-            named(
-                commands.Exchange.Bind,
-                destination=destination,
-                source=source,
-                routing_key=routing_key,
-                arguments=dict(arguments or {}),
-            ),  # fmt: skip
-            commands.Exchange.BindOk,
-            remember=True,
-        )
+        method = exchange_bind(destination, source, routing_key, arguments)
+        self._call(method, commands.Exchange.BindOk, remember=True)
 
     def publish_nowait(self, exchange: str, routing_key: str, body: bytes, **options: Any) -> int:
         """Send a publish without waiting; return its confirm sequence number (see :meth:`wait_confirms`).

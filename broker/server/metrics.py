@@ -38,13 +38,13 @@ from twisted.internet.task import Cooperator, TaskFinished
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from broker.alarms import disk_free, memory_total, resident_memory
 from broker.core.deadletter import DeadLetterReason
 from broker.core.histogram import Histogram
+from broker.server.alarms import disk_free, memory_total, resident_memory
 
 if TYPE_CHECKING:
     from broker.core.node import Node
-    from broker.service import WALService
+    from broker.server.service import WALService
 
 _QUEUE_LABELS = ["vhost", "queue"]
 
@@ -591,7 +591,7 @@ class MetricsResource(Resource):
 def metrics_site(collector: BrokerCollector, reactor: Any = None) -> Any:
     """A twisted.web ``Site`` serving ``/metrics`` (and 404 elsewhere; its slices and timeouts
     on ``reactor``, the global one by default)."""
-    from broker.http import BoundedSite
+    from broker.server.http import BoundedSite
 
     root = Resource()
     root.putChild(b"metrics", MetricsResource(collector, reactor))

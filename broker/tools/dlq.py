@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from broker.client import Connection, Message, PublishNacked
+from broker.clients.client import Connection, Message, PublishNacked
 from broker.core.seal import DEAD_LETTER_ID_HEADER, SEAL_HEADER
 from broker.core.vhost import REDRIVE_EXCHANGE
 

@@ -4,7 +4,7 @@ Each spooling queue has a directory under ``<storage.dir>/spool`` holding its re
 files (:class:`FileSpoolStorage`), deleted as they are read back. The messages' content is
 where it already is for a persistent message in a durable queue (its record in the
 write-ahead log); any other message is copied, encoded as a log record, to the page store
-(``broker.paging.PageStore``) and read back from there (:class:`Locator`). Neither is fsynced:
+(``broker.storage.paging.PageStore``) and read back from there (:class:`Locator`). Neither is fsynced:
 the log is what survives a restart, and it is recovered from the log.
 
 Whatever an earlier run left under ``spool`` is deleted at start.
@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 from broker.core.message import Message
 from broker.core.queue import WRITE
 from broker.core.spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
-from broker.paging import write_all
+from broker.storage.paging import write_all
 from broker.wal.record import encode_published_after, published_contents, published_prefix
 
 if TYPE_CHECKING:
     from broker.core.journal import Journal
     from broker.core.queue import Entry, WorkQueue
-    from broker.paging import PageStore
+    from broker.storage.paging import PageStore
 
 __all__ = ["CHUNK_BYTES", "SPOOL_DIR", "SPOOL_WINDOW", "FileSpoolStorage", "Locator", "Spooler"]
 

@@ -19,8 +19,16 @@ from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from broker.alarms import ResourceMonitor, memory_total, release_memory
-from broker.checkpoint import (
+from broker.core.definitions import node_from_config
+from broker.core.histogram import Histogram
+from broker.core.journal import Journal
+from broker.core.node import Node
+from broker.server.alarms import ResourceMonitor, memory_total, release_memory
+from broker.server.management import RateSampler, management_site
+from broker.server.metrics import BrokerCollector, metrics_site
+from broker.server.pluginloader import LoadedPlugins, load_plugins
+from broker.server.protocol import AMQPServerFactory
+from broker.storage.checkpoint import (
     CHECKPOINT_BYTES,
     Captured,
     Checkpoint,
@@ -31,22 +39,14 @@ from broker.checkpoint import (
     read_checkpoint,
     restore_checkpoint,
 )
-from broker.core.definitions import node_from_config
-from broker.core.histogram import Histogram
-from broker.core.journal import Journal
-from broker.core.node import Node
-from broker.deadletters import open_dead_letters
-from broker.management import RateSampler, management_site
-from broker.metrics import BrokerCollector, metrics_site
-from broker.paging import Pager, PageStore
-from broker.pluginloader import LoadedPlugins, load_plugins
-from broker.protocol import AMQPServerFactory
-from broker.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
+from broker.storage.deadletters import open_dead_letters
+from broker.storage.paging import Pager, PageStore
+from broker.storage.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
+from broker.storage.writer import WorkerWriter
 from broker.wal.files import DirectoryStorage, prune_archive
 from broker.wal.log import RecoveryReport, WriteAheadLog
 from broker.wal.record import SEGMENT_HEADER_BYTES, WALCorruption
 from broker.wal.recovery import Snapshot, replay_located
-from broker.writer import WorkerWriter
 from config.loader import ConfigError, Problem
 from config.schema import BrokerConfig
 from config.tls import TLSProblem, server_context
@@ -92,7 +92,7 @@ class WALService(WorkerWriter):
     :param log: the opened write-ahead log (touched only from the worker thread from now on)
     :param fsync: ``always``, ``batch`` or ``never``
     :param interval: the group-commit window for ``batch``, in seconds
-    :param data_dir: where checkpoints go (``broker.checkpoint``): one is taken every
+    :param data_dir: where checkpoints go (``broker.storage.checkpoint``): one is taken every
         ``checkpoint_bytes`` of log (less often if capturing them would take over
         1/:data:`CAPTURE_SHARE` of the time), and one at a clean stop (:meth:`checkpoint`)
     """
@@ -108,7 +108,7 @@ class WALService(WorkerWriter):
         interval: float,
         node: Node,
         archive: Archive | None = None,
-        memory_budget: int = 256 << 20,
+        pager: Pager | None = None,
         max_backlog: int = 64 << 20,
         data_dir: str | None = None,
         checkpoint_bytes: int = CHECKPOINT_BYTES,
@@ -123,8 +123,9 @@ class WALService(WorkerWriter):
         self.checkpoints = 0
         self.checkpoint_problem: str | None = None
         self.archive = archive
-        #: Bytes of logged message bodies kept in memory; past it, the newest are paged out.
-        self.memory_budget = memory_budget
+        #: Keeps the bodies in memory within ``storage.memory_budget``: after each write, those of
+        #: logged messages past it are dropped (``None``: they all stay).
+        self.pager = pager
         self._paging_logged = False
         self._read = log.storage.read_at
         self.journal = journal
@@ -288,11 +289,12 @@ class WALService(WorkerWriter):
         self.fsync_seconds.observe(seconds)
         if captured is not None:
             self._checkpointed(captured, problem)
-        if self.journal.page_out(self.memory_budget) and not self._paging_logged:
+        pager = self.pager
+        if pager is not None and pager.page_logged() and not self._paging_logged:
             self._paging_logged = True
             self._log.info(
                 "persistent message bodies over the memory budget ({budget} bytes) are paged out to the log",
-                budget=self.memory_budget,
+                budget=pager.budget,
             )
         if self.alarm is not None:
             self._log.info("write-ahead log writes succeed again")
@@ -371,7 +373,7 @@ class BrokerService(MultiService):
         self.factory = factory
         self.wal = wal
         self.sampler = sampler
-        #: Writes the dead-letter event stream (``broker.deadletters``), with a log directory.
+        #: Writes the dead-letter event stream (``broker.storage.deadletters``), with a log directory.
         self.dead_letters = dead_letters
 
     def startService(self) -> None:
@@ -593,7 +595,7 @@ def make_broker_service(
             )
             if plugins is not None:
                 plugins.node_ready(node, recovered.snapshot)
-            paged = journal.page_out(budget)
+            paged = pager.page_logged()
             messages, durable_queues = recovered.messages, recovered.queues
             del recovered  # its snapshot held every record read from the log
             release_memory()
@@ -609,7 +611,7 @@ def make_broker_service(
                 config.storage.fsync_interval_ms / 1000,
                 node,
                 archive_of(config),
-                budget,
+                pager,
                 config.storage.max_backlog,
                 config.storage.dir,
                 config.storage.checkpoint_bytes,

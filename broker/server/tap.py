@@ -31,7 +31,7 @@ def makeService(options: dict[str, Any]) -> IService:
     """
     from twisted.internet import reactor
 
-    from broker.service import make_broker_service, tune_gc
+    from broker.server.service import make_broker_service, tune_gc
     from config.loader import ConfigError, load
     from config.schema import BrokerConfig
 

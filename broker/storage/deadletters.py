@@ -29,9 +29,9 @@ from twisted.python.failure import Failure
 from broker.core.deadlog import DeadLetterLog, watch_dead_letter_queues
 from broker.core.node import Node
 from broker.core.seal import Sealer
+from broker.storage.writer import WorkerWriter
 from broker.wal.files import DirectoryStorage, prune_archive
 from broker.wal.stream import SegmentStream
-from broker.writer import WorkerWriter
 
 __all__ = ["DEAD_LETTER_DIR", "WRITE_INTERVAL", "DeadLetterService", "open_dead_letters"]
 

@@ -32,7 +32,7 @@ def _serve(args: argparse.Namespace) -> int:
     from twisted.internet import reactor
     from twisted.logger import globalLogBeginner, textFileLogObserver
 
-    from broker.service import ListenError, make_broker_service, tune_gc
+    from broker.server.service import ListenError, make_broker_service, tune_gc
     from broker.wal.record import WALCorruption
 
     try:
@@ -63,7 +63,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _plugins(args: argparse.Namespace) -> int:
-    from broker.pluginloader import available_plugins, describe, load_plugins
+    from broker.server.pluginloader import available_plugins, describe, load_plugins
 
     print("available:")
     for plugin in available_plugins():
@@ -86,7 +86,7 @@ def _plugins(args: argparse.Namespace) -> int:
 
 def _config_check(args: argparse.Namespace) -> int:
     from broker.core.definitions import node_from_config
-    from broker.pluginloader import load_plugins
+    from broker.server.pluginloader import load_plugins
 
     try:
         config = load(args.file)
@@ -118,7 +118,7 @@ def _wal_check(args: argparse.Namespace) -> int:
 
     directory = _wal_dir(args)
     if args.repair:
-        from broker.checkpoint import discard_checkpoint
+        from broker.storage.checkpoint import discard_checkpoint
 
         log = WriteAheadLog(DirectoryStorage(directory))
         report = log.open(repair=True)
@@ -343,7 +343,7 @@ def _definitions_export(args: argparse.Namespace) -> int:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    from broker.client import ClientError, connect
+    from broker.clients.client import ClientError, connect
 
     body = args.body.encode() if args.body is not None else sys.stdin.buffer.read()
     headers = {}
@@ -371,7 +371,7 @@ def _consume(args: argparse.Namespace) -> int:
     import base64
     import json
 
-    from broker.client import ClientError, connect
+    from broker.clients.client import ClientError, connect
 
     try:
         with connect(args.url) as conn:
@@ -403,7 +403,7 @@ def _consume(args: argparse.Namespace) -> int:
 
 
 def _declare(args: argparse.Namespace) -> int:
-    from broker.client import ClientError, connect
+    from broker.clients.client import ClientError, connect
 
     try:
         config = load(args.file)
@@ -462,8 +462,8 @@ def _declare(args: argparse.Namespace) -> int:
 def _dlq_inspect(args: argparse.Namespace) -> int:
     import json
 
-    from broker.client import ClientError, connect
-    from broker.dlq import inspect, summary
+    from broker.clients.client import ClientError, connect
+    from broker.tools.dlq import inspect, summary
 
     try:
         with connect(args.url) as conn:
@@ -476,8 +476,8 @@ def _dlq_inspect(args: argparse.Namespace) -> int:
 
 
 def _dlq_redrive(args: argparse.Namespace) -> int:
-    from broker.client import ClientError, connect
-    from broker.dlq import read_ids, redrive
+    from broker.clients.client import ClientError, connect
+    from broker.tools.dlq import read_ids, redrive
 
     filters = {}
     for item in args.filter or []:
@@ -524,7 +524,7 @@ def _dlq_redrive(args: argparse.Namespace) -> int:
 
 
 def _dead_letter_dir(args: argparse.Namespace) -> str:
-    from broker.deadletters import DEAD_LETTER_DIR
+    from broker.storage.deadletters import DEAD_LETTER_DIR
 
     return os.path.join(_wal_dir(args), DEAD_LETTER_DIR)
 
