@@ -46,6 +46,25 @@ HANG_TIMEOUT = 60
 SKIPS_FAIL = os.environ.get("CI", "").lower() == "true"
 
 
+#: Modules that take a minute or more, started first so that the test workers (``pytest -n``,
+#: one module per worker at a time) do not end the run waiting on one of them.
+SLOW_MODULES = (
+    "tests/spark/test_cluster.py",
+    "tests/integration/test_crash.py",
+    "tests/integration/test_deep_queues.py",
+    "tests/integration/test_checkpoint_restarts.py",
+    "tests/conformance/test_generated_transcripts.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return SLOW_MODULES.index(path) if path in SLOW_MODULES else len(SLOW_MODULES)
+
+    items.sort(key=rank)  # stable: each module's tests keep their order
+
+
 def _failed_for_a_skip(report: pytest.CollectReport | pytest.TestReport) -> None:
     if SKIPS_FAIL and report.skipped and not hasattr(report, "wasxfail"):
         longrepr = report.longrepr

@@ -147,6 +147,30 @@ def postroom_transcripts(postroom: tuple[int, list[str]]) -> dict[str, list[Entr
     return run_all(postroom[0], CASES)
 
 
+def _internal_error_at(entries: list[Entry]) -> int | None:
+    for index, entry in enumerate(entries):
+        if entry.kind == "Connection.Close" and entry.get("reply_code") == 541:
+            return index
+    return None
+
+
+def lost_before_internal_error(expected: list[Entry], actual: list[Entry]) -> bool:
+    """Whether ``expected`` (RabbitMQ's) is ``actual`` with replies missing just before a 541
+    ``INTERNAL_ERROR`` close.
+
+    RabbitMQ answers some malformed content (a headers table cut inside a value) by crashing
+    the channel process, and the connection closes with 541. Replies that channel made to the
+    frames before (a ``queue.declare-ok``) are then written or not, as its writer process and
+    the close race: alone they always are, on a loaded machine sometimes not (seen once in
+    about 2,000 cases with three test workers). Postroom always writes them. Such a transcript
+    is RabbitMQ's race, not a difference (listed in the docs, "Differences from RabbitMQ").
+    """
+    at_expected, at_actual = _internal_error_at(expected), _internal_error_at(actual)
+    if at_expected is None or at_actual is None or at_actual <= at_expected:
+        return False
+    return expected[:at_expected] == actual[:at_expected] and expected[at_expected:] == actual[at_actual:]
+
+
 def compare_case(
     case: Case,
     expected: list[Entry],
@@ -155,7 +179,10 @@ def compare_case(
 ) -> None:
     """The case's two first-run transcripts are the same; a difference is run again alone, and
     reported with what the rerun showed (a difference that does not repeat is a finding too:
-    a race in one broker, or a read the harness cut)."""
+    a race in one broker, or a read the harness cut). RabbitMQ's own race before a 541 close
+    (:func:`lost_before_internal_error`) is not one."""
+    if lost_before_internal_error(expected, actual):
+        return
     try:
         assert_same_transcript(expected, actual, ("rabbitmq", "postroom"))
     except AssertionError as first:
@@ -191,3 +218,16 @@ def test_every_family_is_generated() -> None:
     families = {case.family for case in CASES}
     assert families == {"place", "truncated", "table", "frame", "content", "declare"}
     assert len(CASES) > 500
+
+
+def test_only_replies_lost_just_before_rabbitmqs_internal_error_are_let_pass() -> None:
+    declare_ok = Entry(1, "Queue.DeclareOk", (("queue", "q"),))
+    close = Entry(0, "Connection.Close", (("reply_code", 541), ("reply_text", "INTERNAL_ERROR - …")))
+    start, ended = Entry(1, "Channel.OpenOk", ()), Entry(0, "CLOSED", ())
+    postroom = [start, declare_ok, close, ended]
+    assert lost_before_internal_error([start, close, ended], postroom)
+    assert not lost_before_internal_error(postroom, postroom)  # nothing lost: compared as usual
+    assert not lost_before_internal_error([start, declare_ok, close, ended], [start, close, ended])  # Postroom's loss
+    other = Entry(0, "Connection.Close", (("reply_code", 505), ("reply_text", "UNEXPECTED_FRAME - …")))
+    assert not lost_before_internal_error([start, other, ended], [start, declare_ok, other, ended])
+    assert not lost_before_internal_error([declare_ok, close, ended], [start, declare_ok, close, ended])
