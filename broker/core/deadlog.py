@@ -155,9 +155,8 @@ class DeadLetterLog:
             self.on_pending()
 
     def watch(self, queue: WorkQueue) -> None:
-        """Record when dead letters leave ``queue`` (a dead-letter queue): hook its settling and spooling."""
-        queue.on_settled = self.settled
-        queue.on_spooled = self.spooled
+        """Record when dead letters leave ``queue`` (a dead-letter queue): be told of its settling and spooling."""
+        queue.dead_letter_watch = self
 
     def spooled(self, queue: WorkQueue, entries: Iterable[Entry]) -> None:
         """Entries of ``queue`` went to its spool: their messages will come back as new
@@ -232,7 +231,7 @@ class DeadLetterLog:
         self.dead_lettered_count += 1
         listed: set[str] = set()
         for target in targets:
-            if target.on_settled is None:
+            if target.dead_letter_watch is None:
                 self.watch(target)
             if target.spool is None:
                 listed.add(target.name)
@@ -263,7 +262,7 @@ class DeadLetterLog:
             else:
                 known[1].add(queue.name)
             found += 1
-        if found and queue.on_settled is None:
+        if found and queue.dead_letter_watch is None:
             self.watch(queue)
         return found
 
@@ -362,7 +361,7 @@ def watch_dead_letter_queues(
     for vhost in vhosts:
         for queue in list(vhost.queues.values()):
             if log.recovered(queue) or queue.name in names:
-                if queue.on_settled is None:
+                if queue.dead_letter_watch is None:
                     log.watch(queue)
                 watched += 1
     return watched

@@ -210,6 +210,36 @@ class BodyPager(Protocol):
         """``queue`` holds :attr:`WorkQueue.spool_at` ready messages: watch it, and say whether it
         is to spool what arrives now (0), or else at how many ready messages to ask again."""
 
+    def spool_failed(self, queue: WorkQueue, error: OSError, doing: str, then: str) -> None:
+        """``queue``'s messages could not be spooled or read back: ``error`` while ``doing``,
+        with the consequence ``then`` (the shell logs it)."""
+
+
+class QueueObserver(Protocol):
+    """What a queue tells the one that holds it (``broker.core.vhost.VirtualHost``)."""
+
+    def backlog(self, queue: WorkQueue) -> None:
+        """A dispatch stopped at its batch limit with entries left to deliver: dispatch later."""
+
+    def dead_letter(self, queue: WorkQueue, entries: list[Entry], reason: DeadLetterReason) -> None:
+        """``entries`` are dead-lettered (publish them to the queue's dead-letter exchange)."""
+
+    def expired(self, queue: WorkQueue) -> None:
+        """``x-expires`` found ``queue`` unused: delete it."""
+
+    def waited(self, seconds: float) -> None:
+        """A sampled message waited ``seconds`` from its arrival to its delivery."""
+
+
+class DeadLetterWatch(Protocol):
+    """What records dead letters leaving a queue that holds some (``broker.core.deadlog.DeadLetterLog``)."""
+
+    def spooled(self, queue: WorkQueue, entries: Iterable[Entry]) -> None:
+        """``entries`` are about to be spooled."""
+
+    def settled(self, queue: WorkQueue, entries: Iterable[Entry]) -> None:
+        """``entries`` left ``queue`` for good."""
+
 
 class SpoolMaker(Protocol):
     """What makes the spools of deep queues (``broker.storage.spooling.Spooler``)."""
@@ -482,22 +512,13 @@ class WorkQueue:
         self.deleted = False
         #: Exchanges with a binding to this queue, so deleting the queue can remove them.
         self.sources: set[Exchange] = set()
-        #: Called when a dispatch stopped at its batch limit with entries left to deliver.
-        self.on_backlog: Callable[[WorkQueue], None] | None = None
-        #: Called with entries to dead-letter (the vhost publishes them to the DLX).
-        self.on_dead_letter: Callable[[WorkQueue, list[Entry], DeadLetterReason], None] | None = None
-        #: Called when ``x-expires`` finds the queue unused (the vhost deletes it).
-        self.on_expired: Callable[[WorkQueue], None] | None = None
-        #: Called with entries about to be spooled, on queues that hold dead letters.
-        self.on_spooled: Callable[[WorkQueue, Iterable[Entry]], None] | None = None
-        #: Called with the error, what was being done and what follows, when messages could not
-        #: be spooled or read back (:meth:`spool_failed`); the shell logs it.
-        self.on_spool_error: Callable[[WorkQueue, OSError, str, str], None] | None = None
+        #: Told of backlogs, dead letters, expiry and latency (the vhost); ``None``: nobody.
+        self.observer: QueueObserver | None = None
         #: The write-ahead log's journal, for a durable queue on a broker with a log; else ``None``.
         self.journal: Journal | None = None
-        #: Called with entries that left for good, on queues that hold dead letters (the
-        #: dead-letter event log records them); ``None`` elsewhere, so other queues pay nothing.
-        self.on_settled: Callable[[WorkQueue, Iterable[Entry]], None] | None = None
+        #: Told of entries spooled and settled, on queues that hold dead letters (the dead-letter
+        #: event log records them); ``None`` elsewhere, so other queues pay nothing.
+        self.dead_letter_watch: DeadLetterWatch | None = None
         # Timers.
         self._inflight: dict[float, deque[tuple[float, Entry]]] = {}
         self._inflight_stale = 0
@@ -517,8 +538,6 @@ class WorkQueue:
         #: is stamped when it arrives (entry -> clock reading) and observed when delivered.
         self.latency_samples: dict[Entry, float] = {}
         self._until_sample = LATENCY_SAMPLE_EVERY
-        #: Called with seconds from arrival to delivery for each sampled message (metrics).
-        self.on_latency: Callable[[float], None] | None = None
         self.dead_lettered: dict[DeadLetterReason, int] = {}
         #: The policy and the operator policy that apply to it (``broker.core.policy``).
         self.policy: Any = None
@@ -687,8 +706,8 @@ class WorkQueue:
     def observe_latency(self, entry: Entry) -> None:
         """A sampled entry is being delivered: report the seconds since it arrived."""
         stamped = self.latency_samples.pop(entry, None)
-        if stamped is not None and self.on_latency is not None:
-            self.on_latency(self.now() - stamped)
+        if stamped is not None and self.observer is not None:
+            self.observer.waited(self.now() - stamped)
 
     def _enqueue_checked(self, message: Message, stamp: bool = False) -> bool:
         settings = self.settings
@@ -1004,8 +1023,8 @@ class WorkQueue:
     def spool_failed(self, error: OSError, doing: str, then: str) -> None:
         """Spooling failed while ``doing`` (:data:`WRITE`, :data:`READ_BACK`), with the
         consequence ``then``: tell the shell."""
-        if self.on_spool_error is not None:
-            self.on_spool_error(self, error, doing, then)
+        if self.pager is not None:
+            self.pager.spool_failed(self, error, doing, then)
 
     def _unspooled(self, message: Message, record: SpoolRecord) -> Entry:
         entry = Entry(message, self)
@@ -1122,8 +1141,8 @@ class WorkQueue:
                 self._inflight_stale += 1
         if self._inflight_stale > COMPACT_AFTER:
             self._compact()
-        if self.on_settled is not None:
-            self.on_settled(self, entries)
+        if self.dead_letter_watch is not None:
+            self.dead_letter_watch.settled(self, entries)
         if self.journal is not None:
             if self.deleted:  # QueueDeleted already says it: no record, only accounting
                 self.journal.forget(entries)
@@ -1138,8 +1157,8 @@ class WorkQueue:
 
     def _dead_letter(self, entries: list[Entry], reason: DeadLetterReason) -> None:
         self.dead_lettered[reason] = self.dead_lettered.get(reason, 0) + len(entries)
-        if self.on_dead_letter is not None and self.settings.dead_letter_exchange is not None:
-            self.on_dead_letter(self, entries, reason)
+        if self.observer is not None and self.settings.dead_letter_exchange is not None:
+            self.observer.dead_letter(self, entries, reason)
 
     def get(self) -> Entry | None:
         """Take the next ready entry for ``basic.get``, or ``None`` if there is none."""
@@ -1163,7 +1182,7 @@ class WorkQueue:
         self.ready_bytes = self.paged_bytes = 0
         spool = self.spool
         if spool is not None:
-            if self.on_settled is not None:
+            if self.dead_letter_watch is not None:
                 # Dead letters: the event log knows them by their headers, so they are read back.
                 self._settle_spooled(spool)
             try:
@@ -1272,7 +1291,7 @@ class WorkQueue:
         With one consumer, its whole credit goes out as one batch. With several, each
         delivery goes to the next consumer in turn that can accept; a full consumer is skipped
         and keeps its place. At most :data:`DISPATCH_BATCH` deliveries are made per call; when
-        entries remain after that, :attr:`on_backlog` is called so the rest is dispatched later.
+        entries remain after that, :attr:`observer` is told of the backlog, so the rest is dispatched later.
         """
         if self.spool is None:
             self._dispatch_window()
@@ -1290,8 +1309,8 @@ class WorkQueue:
             if len(self._ready) == before:
                 return
             delivered += before - len(self._ready)
-        if delivered >= DISPATCH_BATCH and self.message_count and self.on_backlog is not None:
-            self.on_backlog(self)
+        if delivered >= DISPATCH_BATCH and self.message_count and self.observer is not None:
+            self.observer.backlog(self)
 
     def _dispatch_window(self) -> None:
         """:meth:`dispatch` over the ready entries in memory."""
@@ -1345,8 +1364,8 @@ class WorkQueue:
                     self.ready_bytes -= entry.message.size
                 consumer.channel.deliver_entries(consumer, (entry,))
                 delivered += 1
-        if ready and delivered >= DISPATCH_BATCH and self.on_backlog is not None:
-            self.on_backlog(self)
+        if ready and delivered >= DISPATCH_BATCH and self.observer is not None:
+            self.observer.backlog(self)
 
     # -- timers -------------------------------------------------------------------------------
 
@@ -1479,8 +1498,8 @@ class WorkQueue:
             self.return_entries(returned)
         expires = self.settings.expires
         if expires is not None and not self._consumers and now >= self._last_used + expires:
-            if self.on_expired is not None:
-                self.on_expired(self)
+            if self.observer is not None:
+                self.observer.expired(self)
             return
         next_deadline = self._next_deadline()
         if next_deadline is not None and not self.deleted:

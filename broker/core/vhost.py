@@ -715,10 +715,7 @@ class VirtualHost:
             clock=self.clock,
         )
         queue.policy, queue.operator_policy = policy, operator
-        queue.on_backlog = self.on_backlog
-        queue.on_dead_letter = self._dead_letter
-        queue.on_expired = self.remove_queue
-        queue.on_latency = self.latency.observe
+        queue.observer = self
         if self.pager is not None:
             self.pager.attach(queue)
         self.queues_created += 1
@@ -793,7 +790,22 @@ class VirtualHost:
 
     # -- dead-lettering -----------------------------------------------------------------------
 
-    def _dead_letter(self, queue: WorkQueue, entries: list[Entry], reason: DeadLetterReason) -> None:
+    # -- what queues tell their vhost (``broker.core.queue.QueueObserver``) ----------------------
+
+    def backlog(self, queue: WorkQueue) -> None:
+        """``queue`` has more to deliver than one dispatch makes: the node dispatches it later."""
+        if self.on_backlog is not None:
+            self.on_backlog(queue)
+
+    def expired(self, queue: WorkQueue) -> None:
+        """``x-expires`` found ``queue`` unused: it is deleted."""
+        self.remove_queue(queue)
+
+    def waited(self, seconds: float) -> None:
+        """A sampled message of this vhost waited ``seconds`` to be delivered."""
+        self.latency.observe(seconds)
+
+    def dead_letter(self, queue: WorkQueue, entries: list[Entry], reason: DeadLetterReason) -> None:
         """Publish dead-lettered entries of ``queue`` to its dead-letter exchange.
 
         A missing exchange drops them (as RabbitMQ does); so does a cycle with no rejection.

@@ -284,7 +284,7 @@ def capture(data_dir: str, node: Node, journal: Journal, segment: int, offset: i
             queue.name
             for vhost in vhosts
             for queue in vhost.queues.values()
-            if queue.journal is not None and queue.on_settled is not None
+            if queue.journal is not None and queue.dead_letter_watch is not None
         }
         manifest = {
             "version": VERSION,

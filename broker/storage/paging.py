@@ -307,9 +307,8 @@ class Pager(Service):
         queue.page_at = self.watch_at
         if self.spooler is not None:
             queue.attach_spooler(self.spooler)
-            queue.on_spool_error = self._spool_failed
 
-    def _spool_failed(self, queue: WorkQueue, error: OSError, doing: str, then: str) -> None:
+    def spool_failed(self, queue: WorkQueue, error: OSError, doing: str, then: str) -> None:
         self.log.error(
             "cannot {doing} for queue {queue!r} ({error}); {then}",
             doing=doing,

@@ -247,8 +247,8 @@ class Locator:
                 records[index] = (0, offset, number, length, size, count, flags, expires_at)
         if in_log:
             journal.spooled(in_log, queue.name)  # type: ignore[union-attr]
-        if queue.on_spooled is not None:
-            queue.on_spooled(queue, entries)
+        if queue.dead_letter_watch is not None:
+            queue.dead_letter_watch.spooled(queue, entries)
         return records  # type: ignore[return-value]
 
     def load(self, records: list[SpoolRecord]) -> list[Message]:

@@ -92,8 +92,8 @@ def test_acking_a_dead_letter_records_it_settled_and_other_queues_pay_nothing() 
     c.call(1, commands.Basic.Nack(delivery_tag=get.delivery_tag, requeue=False))
     (died,) = events(log)
     vhost = node.vhosts["/"]
-    assert vhost.queues["work"].on_settled is None
-    assert vhost.queues["other"].on_settled is None
+    assert vhost.queues["work"].dead_letter_watch is None
+    assert vhost.queues["other"].dead_letter_watch is None
     drain(c, "other")
     assert events(log) == []
     drain(c, "dlq")
@@ -147,7 +147,7 @@ def test_recovered_dead_letters_are_known_in_queues_no_dead_letter_exchange_rout
     publish(c, "plain", b"p", headers={"tenant": "acme"})
     log = attach(node)
     assert watch_dead_letter_queues(log, node.vhosts.values()) == 1
-    assert vhost.queues["plain"].on_settled is None  # holds no dead letter: not hooked
+    assert vhost.queues["plain"].dead_letter_watch is None  # holds no dead letter: not hooked
     drain(c, "orphaned.dlq")
     assert [(e.dead_letter_id, e.queue) for e in events(log)] == [(91, "orphaned.dlq")]
 
