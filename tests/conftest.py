@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,8 +39,12 @@ settings.register_profile("ci", derandomize=True, max_examples=200, deadline=Non
 settings.register_profile("dev", max_examples=500, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-#: Seconds after which a hung integration test dumps every thread's stack and ends the run.
-HANG_TIMEOUT = 60
+#: Seconds after which a hung integration test dumps every thread's stack and ends its worker
+#: (three workers share two cores, so a slow test may take several times its quiet duration).
+HANG_TIMEOUT = 180
+#: Where the hang guard writes its stack dumps: a worker's own output is lost when it ends, so
+#: the controller prints what it finds here at the end of the run (:func:`pytest_terminal_summary`).
+HANG_DIR_VARIABLE = "POSTROOM_HANG_DIR"
 #: Under ``CI=true`` nothing may be skipped: a test that cannot run (RabbitMQ, Node, Prometheus
 #: or Java missing, a port taken, a fetch refused) fails, saying why, so a green run means that
 #: every comparison it claims was made.
@@ -63,6 +68,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return SLOW_MODULES.index(path) if path in SLOW_MODULES else len(SLOW_MODULES)
 
     items.sort(key=rank)  # stable: each module's tests keep their order
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller, or a run without workers
+        os.environ[HANG_DIR_VARIABLE] = tempfile.mkdtemp(prefix="postroom-hangs-")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    directory = os.environ.get(HANG_DIR_VARIABLE)
+    if directory is None or not os.path.isdir(directory):
+        return
+    for dump in sorted(os.listdir(directory)):
+        text = open(os.path.join(directory, dump), errors="replace").read()
+        if text:
+            terminalreporter.section(f"hang guard: {dump}", red=True)
+            terminalreporter.write_line(text)
 
 
 def _failed_for_a_skip(report: pytest.CollectReport | pytest.TestReport) -> None:
@@ -132,7 +153,7 @@ class Broker:
 
 
 @pytest.fixture
-def make_broker(broker_reactor: SelectReactor) -> Iterator[Callable[..., Broker]]:
+def make_broker(broker_reactor: SelectReactor, request: pytest.FixtureRequest) -> Iterator[Callable[..., Broker]]:
     """A factory for brokers over a given :class:`Node`; every broker is stopped after the test."""
     brokers: list[Broker] = []
 
@@ -147,6 +168,7 @@ def make_broker(broker_reactor: SelectReactor) -> Iterator[Callable[..., Broker]
         broker = Broker(broker_reactor, node, factory, listening, listening.getHost().port)
         brokers.append(broker)
         BROKER_PORTS.add(broker.port)
+        BROKER_TESTS[broker.port] = request.node.nodeid
         return broker
 
     yield make
@@ -162,6 +184,8 @@ def broker(make_broker: Callable[..., Broker]) -> Broker:
 
 #: Ports of the in-process brokers started in this run (see :func:`_no_leaked_broker_sockets`).
 BROKER_PORTS: set[int] = set()
+#: The test that started each of those brokers (named when one leaves a socket open).
+BROKER_TESTS: dict[int, str] = {}
 #: Seconds a module's broker sockets get to close after its last test (a client that sent
 #: connection.close-ok hangs up at once; the broker's own close waits are 3 s at most).
 SOCKET_DRAIN_SECONDS = 10.0
@@ -204,7 +228,9 @@ def _no_leaked_broker_sockets() -> Iterator[None]:
     deadline = time.monotonic() + SOCKET_DRAIN_SECONDS
     while broker_sockets(ports) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert broker_sockets(ports) == [], "broker sockets left open after the module's tests"
+    left = broker_sockets(ports)
+    named = [f"{socket} (the broker of {BROKER_TESTS.get(int(socket.split()[0]), 'this module')})" for socket in left]
+    assert named == [], "broker sockets left open after the module's tests"
 
 
 @pytest.fixture(autouse=True)
@@ -237,11 +263,16 @@ def _hang_guard(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
         return
     longer = request.node.get_closest_marker("hang_timeout")
-    faulthandler.dump_traceback_later(longer.args[0] if longer else HANG_TIMEOUT, exit=True)
-    try:
-        yield
-    finally:
-        faulthandler.cancel_dump_traceback_later()
+    directory = os.environ.get(HANG_DIR_VARIABLE) or tempfile.gettempdir()
+    with open(os.path.join(directory, f"{os.getpid()}.txt"), "a") as dump:
+        dump.write(f"{request.node.nodeid} did not end within its time; every thread's stack:\n")
+        dump.flush()
+        faulthandler.dump_traceback_later(longer.args[0] if longer else HANG_TIMEOUT, exit=True, file=dump)
+        try:
+            yield
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+            dump.truncate(0)  # it ended: nothing to report
 
 
 @pytest.fixture
