@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 from pamqp.base import Frame
 
+from broker.amqp import topology
 from broker.core.message import Message
 from broker.core.queue import UNACKED, Consumer, Entry, WorkQueue
 from broker.core.replyto import PREFIX, PSEUDO_QUEUE, ReplyConsumer
@@ -45,7 +46,6 @@ from broker.wire.codec import (
     ack_method,
     content_body_size,
     content_frames,
-    declare_ok_method,
     deliver_frames,
     encode_method,
     get_ok_method,
@@ -195,7 +195,7 @@ class ChannelState:
         """Whether a content body frame is due next on this channel (the header has come)."""
         return self._header is not None
 
-    def _send(self, method: Frame) -> None:
+    def send(self, method: Frame) -> None:
         self.connection.out.append(encode_method(self.id, method))
 
     # -- methods ------------------------------------------------------------------------------
@@ -224,141 +224,25 @@ class ChannelState:
         """
         if not method.active:
             raise ConnectionException(ReplyCode.NOT_IMPLEMENTED, "active=false", 20, 20)
-        self._send(commands.Channel.FlowOk(active=True))
+        self.send(commands.Channel.FlowOk(active=True))
 
-    # exchange class
+    # the current queue (AMQP's empty name)
 
-    def _exchange_declare(self, method: commands.Exchange.Declare) -> None:
-        self.vhost.declare_exchange(
-            method.exchange,
-            method.exchange_type,
-            passive=method.passive,
-            durable=method.durable,
-            auto_delete=method.auto_delete,
-            internal=method.internal,
-            arguments=method.arguments or {},
-            access=self.connection.access,
-        )
-        if not method.nowait:
-            self._send(commands.Exchange.DeclareOk())
-
-    def _exchange_delete(self, method: commands.Exchange.Delete) -> None:
-        access = self.connection.access
-        if access is not None and method.exchange and not method.exchange.startswith("amq."):
-            access.check("configure", "exchange", method.exchange)  # after the reserved names
-        self.vhost.delete_exchange(method.exchange, if_unused=method.if_unused)
-        if not method.nowait:
-            self._send(commands.Exchange.DeleteOk())
-
-    def _exchange_bind(self, method: commands.Exchange.Bind) -> None:
-        self._check_binding("exchange", method.destination, method.source, method.routing_key)
-        self.vhost.bind_exchange(method.destination, method.source, method.routing_key, method.arguments or {})
-        if not method.nowait:
-            self._send(commands.Exchange.BindOk())
-
-    def _exchange_unbind(self, method: commands.Exchange.Unbind) -> None:
-        self._check_binding("exchange", method.destination, method.source, method.routing_key)
-        self.vhost.unbind_exchange(method.destination, method.source, method.routing_key, method.arguments or {})
-        if not method.nowait:
-            self._send(commands.Exchange.UnbindOk())
-
-    def _check_binding(self, kind: str, destination: str, source: str, routing_key: str) -> None:
-        """A binding's permissions: write on its destination, read on its source exchange
-        (unless either is the default exchange, which the binding itself refuses), and read
-        on the routing key where the source is a topic exchange with topic permissions."""
-        access = self.connection.access
-        if access is not None:
-            access.check("write", kind, destination)
-            if destination and source:
-                access.check("read", "exchange", source)
-                if source in access.topics and self._is_topic(source):
-                    access.check_topic("read", source, routing_key)
-
-    # queue class
-
-    def _readable(self, name: str) -> str:
-        """The queue named (see :meth:`_queue_name`), which the user must be allowed to read."""
-        name = self._queue_name(name)
+    def readable_queue(self, name: str) -> str:
+        """The queue named (see :meth:`current_queue`), which the user must be allowed to read."""
+        name = self.current_queue(name)
         access = self.connection.access
         if access is not None:
             access.check("read", "queue", name)
         return name
 
-    def _queue_name(self, name: str) -> str:
+    def current_queue(self, name: str) -> str:
         """AMQP's "current queue": an empty name means the last queue declared on this channel."""
         if name:
             return name
         if self.last_queue is None:
             raise ChannelException(ReplyCode.NOT_FOUND, "no previously declared queue")
         return self.last_queue
-
-    def _queue_declare(self, method: commands.Queue.Declare) -> None:
-        connection = self.connection
-        name = method.queue
-        if name.startswith(PSEUDO_QUEUE):
-            self._declare_replies(name, method.nowait)
-            return
-        if method.passive and not name:
-            name = self._queue_name(name)
-        queue = self.vhost.declare_queue(
-            name,
-            connection,
-            passive=method.passive,
-            durable=method.durable,
-            exclusive=method.exclusive,
-            auto_delete=method.auto_delete,
-            arguments=method.arguments or {},
-            access=self.connection.access,
-        )
-        if queue.owner is connection and queue not in connection.exclusive_queues:
-            connection.exclusive_queues.append(queue)
-        self.last_queue = queue.name
-        if not method.nowait:
-            connection.out.append(declare_ok_method(self.id, queue.name, queue.message_count, queue.consumer_count))
-
-    def _declare_replies(self, name: str, nowait: bool) -> None:
-        """``queue.declare`` of ``amq.rabbitmq.reply-to`` (or of a reply consumer's name): as in
-        RabbitMQ, passive whatever it asks, ``declare-ok`` with one consumer for the pseudo-queue
-        and for a reply consumer that exists, 404 for any other name."""
-        if name != PSEUDO_QUEUE and self.connection.node.replies.find(name) is None:
-            raise ChannelException(ReplyCode.NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost.name}'")
-        self.last_queue = name
-        if not nowait:
-            self.connection.out.append(declare_ok_method(self.id, name, 0, 1))
-
-    def _queue_bind(self, method: commands.Queue.Bind) -> None:
-        queue = self._queue_name(method.queue)
-        self._check_binding("queue", queue, method.exchange, method.routing_key)
-        self.vhost.bind_queue(queue, method.exchange, method.routing_key, method.arguments or {}, self.connection)
-        if not method.nowait:
-            self._send(commands.Queue.BindOk())
-
-    def _queue_unbind(self, method: commands.Queue.Unbind) -> None:
-        queue = self._queue_name(method.queue)
-        self._check_binding("queue", queue, method.exchange, method.routing_key)
-        self.vhost.unbind_queue(queue, method.exchange, method.routing_key, method.arguments or {}, self.connection)
-        self._send(commands.Queue.UnbindOk())
-
-    def _queue_purge(self, method: commands.Queue.Purge) -> None:
-        queue = self.vhost.queue(self._readable(method.queue), self.connection)
-        count = queue.purge()
-        if not method.nowait:
-            self._send(commands.Queue.PurgeOk(message_count=count))
-
-    def _queue_delete(self, method: commands.Queue.Delete) -> None:
-        name = self._queue_name(method.queue)
-        access = self.connection.access
-        if access is not None:
-            access.check("configure", "queue", name)
-        queue, count = self.vhost.delete_queue(
-            name, self.connection, if_unused=method.if_unused, if_empty=method.if_empty
-        )
-        if queue is not None and queue.owner is not None:
-            owner = queue.owner
-            if queue in owner.exclusive_queues:  # type: ignore[attr-defined]
-                owner.exclusive_queues.remove(queue)  # type: ignore[attr-defined]
-        if not method.nowait:
-            self._send(commands.Queue.DeleteOk(message_count=count))
 
     # basic class: subscriptions
 
@@ -369,7 +253,7 @@ class ChannelState:
             self.prefetch_global = method.prefetch_count
         else:
             self.prefetch_consumer = method.prefetch_count
-        self._send(commands.Basic.QosOk())
+        self.send(commands.Basic.QosOk())
         self._kick(consumer.queue for consumer in self.consumers.values())
 
     def _consume(self, method: commands.Basic.Consume) -> None:
@@ -382,7 +266,7 @@ class ChannelState:
         limit = self.connection.node.limits.consumer_max_per_channel
         if limit is not None and len(self.consumers) >= limit:
             raise ConnectionException(ReplyCode.NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel")
-        queue = self.vhost.queue(self._readable(method.queue), self.connection)
+        queue = self.vhost.queue(self.readable_queue(method.queue), self.connection)
         tag = method.consumer_tag or self.connection.node.random_tag("amq.ctag-")
         exclusive = method.exclusive and (queue.consumer_count or queue.settings.single_active_consumer)
         if exclusive or queue.has_exclusive_consumer():  # a single-active-consumer queue: never
@@ -413,7 +297,7 @@ class ChannelState:
         )
         self.consumers[tag] = consumer
         if not method.nowait:
-            self._send(commands.Basic.ConsumeOk(consumer_tag=tag))
+            self.send(commands.Basic.ConsumeOk(consumer_tag=tag))
         queue.add_consumer(consumer)
 
     def _consume_replies(self, method: commands.Basic.Consume) -> None:
@@ -427,7 +311,7 @@ class ChannelState:
         tag = method.consumer_tag or self.connection.node.random_tag("amq.ctag-")
         replies.consume(self, tag)
         if not method.nowait:
-            self._send(commands.Basic.ConsumeOk(consumer_tag=tag))
+            self.send(commands.Basic.ConsumeOk(consumer_tag=tag))
 
     def deliver_reply(self, consumer: ReplyConsumer, message: Message) -> None:
         """Write a reply to this channel's reply consumer, as RabbitMQ 3.10 does: with the
@@ -453,13 +337,13 @@ class ChannelState:
         if reply is not None and reply.tag == method.consumer_tag:
             replies.cancel(self)
             if not method.nowait:
-                self._send(commands.Basic.CancelOk(consumer_tag=method.consumer_tag))
+                self.send(commands.Basic.CancelOk(consumer_tag=method.consumer_tag))
             return
         consumer = self.consumers.pop(method.consumer_tag, None)
         if consumer is not None:
             self._remove_consumer(consumer)
         if not method.nowait:
-            self._send(commands.Basic.CancelOk(consumer_tag=method.consumer_tag))
+            self.send(commands.Basic.CancelOk(consumer_tag=method.consumer_tag))
 
     def _remove_consumer(self, consumer: Consumer) -> None:
         queue = consumer.queue
@@ -472,7 +356,7 @@ class ChannelState:
         if self.consumers.pop(consumer.tag, None) is None:
             return
         if self.connection.capabilities.get("consumer_cancel_notify"):
-            self._send(commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
+            self.send(commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
             self.connection.node.mark_dirty(self.connection)
 
     # basic class: delivery
@@ -583,11 +467,11 @@ class ChannelState:
             connection.node.mark_dirty(connection)
 
     def _get(self, method: commands.Basic.Get) -> None:
-        queue = self.vhost.queue(self._readable(method.queue), self.connection)
+        queue = self.vhost.queue(self.readable_queue(method.queue), self.connection)
         entry = queue.get()
         if entry is None:
             self.vhost.gets_empty += 1
-            self._send(commands.Basic.GetEmpty())
+            self.send(commands.Basic.GetEmpty())
             return
         self.vhost.gets += 1
         self._delivery_tag = tag = self._delivery_tag + 1
@@ -790,7 +674,7 @@ class ChannelState:
             raise ConnectionException(ReplyCode.NOT_IMPLEMENTED, "requeue=false")
         self._requeue(self._take(0, True))
         if isinstance(method, commands.Basic.Recover):
-            self._send(commands.Basic.RecoverOk())
+            self.send(commands.Basic.RecoverOk())
 
     # basic class: publishing
 
@@ -1014,7 +898,7 @@ class ChannelState:
         try:
             access.check("write", "exchange", exchange_name)
             if exchange_name in access.topics:
-                if self._is_topic(exchange_name):
+                if self.is_topic(exchange_name):
                     access.check_topic("write", exchange_name, routing_key)
                 return  # checked at each publish: the routing key changes
         except ChannelException as refused:
@@ -1024,7 +908,7 @@ class ChannelState:
             writable.clear()
         writable.add(exchange_name)
 
-    def _is_topic(self, exchange_name: str) -> bool:
+    def is_topic(self, exchange_name: str) -> bool:
         exchange = self.vhost.exchanges.get(exchange_name)
         return exchange is not None and exchange.type_name == "topic"
 
@@ -1222,13 +1106,13 @@ class ChannelState:
             raise ChannelException(ReplyCode.PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
         self.confirm = True
         if not method.nowait:
-            self._send(commands.Confirm.SelectOk())
+            self.send(commands.Confirm.SelectOk())
 
     def _tx_select(self, method: commands.Tx.Select) -> None:
         if self.confirm:
             raise ChannelException(ReplyCode.PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
         self.transactional = True
-        self._send(commands.Tx.SelectOk())
+        self.send(commands.Tx.SelectOk())
 
     def _tx_commit(self, method: commands.Tx.Commit) -> None:
         if not self.transactional:
@@ -1237,7 +1121,7 @@ class ChannelState:
         self._tx_taken = []
         for op in ops:
             op()
-        self._send(commands.Tx.CommitOk())
+        self.send(commands.Tx.CommitOk())
 
     def _tx_rollback(self, method: commands.Tx.Rollback) -> None:
         if not self.transactional:
@@ -1245,7 +1129,7 @@ class ChannelState:
         self._tx_ops = []
         taken, self._tx_taken = self._tx_taken, []
         self._untake(taken)
-        self._send(commands.Tx.RollbackOk())
+        self.send(commands.Tx.RollbackOk())
 
     # -- closing ------------------------------------------------------------------------------
 
@@ -1326,15 +1210,15 @@ def _by_queue(entries: Iterable[Entry]) -> dict[WorkQueue, list[Entry]]:
 
 _HANDLERS: dict[type, Callable[[ChannelState, Any], None]] = {
     commands.Channel.Flow: ChannelState._flow,
-    commands.Exchange.Declare: ChannelState._exchange_declare,
-    commands.Exchange.Delete: ChannelState._exchange_delete,
-    commands.Exchange.Bind: ChannelState._exchange_bind,
-    commands.Exchange.Unbind: ChannelState._exchange_unbind,
-    commands.Queue.Declare: ChannelState._queue_declare,
-    commands.Queue.Bind: ChannelState._queue_bind,
-    commands.Queue.Unbind: ChannelState._queue_unbind,
-    commands.Queue.Purge: ChannelState._queue_purge,
-    commands.Queue.Delete: ChannelState._queue_delete,
+    commands.Exchange.Declare: topology.exchange_declare,
+    commands.Exchange.Delete: topology.exchange_delete,
+    commands.Exchange.Bind: topology.exchange_bind,
+    commands.Exchange.Unbind: topology.exchange_unbind,
+    commands.Queue.Declare: topology.queue_declare,
+    commands.Queue.Bind: topology.queue_bind,
+    commands.Queue.Unbind: topology.queue_unbind,
+    commands.Queue.Purge: topology.queue_purge,
+    commands.Queue.Delete: topology.queue_delete,
     commands.Basic.Qos: ChannelState._qos,
     commands.Basic.Consume: ChannelState._consume,
     commands.Basic.Cancel: ChannelState._cancel,
