@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from enum import Enum
 from typing import Any
 
 from pamqp import commands
 from pamqp.base import Frame
 
+from broker.amqp import handshake
 from broker.amqp.channel import CONTENT_METHODS, QUEUE_SHORTCUT_METHODS, ChannelState
+from broker.amqp.handshake import State
 from broker.core.access import Access
 from broker.core.node import RESOURCE_ALARMS, Node
 from broker.core.queue import WorkQueue
@@ -54,7 +55,6 @@ from broker.wire.codec import (
     FRAME_HEADER,
     FRAME_HEARTBEAT,
     FRAME_METHOD,
-    FRAME_MIN_SIZE,
     FRAME_OVERHEAD,
     HEARTBEAT_FRAME,
     PROTOCOL_HEADER,
@@ -62,7 +62,6 @@ from broker.wire.codec import (
     decode_ack,
     decode_method,
     decode_publish,
-    decode_table,
     encode_method,
     erlang_binary,
 )
@@ -121,37 +120,6 @@ SILENT_CLOSE_DELAY = 3.0
 #: one decode per message, as without it.
 NAMES_CACHE_SIZE = 1024
 
-#: Capabilities announced in connection.start, as RabbitMQ names them.
-CAPABILITIES = {
-    "publisher_confirms": True,
-    "exchange_exchange_bindings": True,
-    "basic.nack": True,
-    "consumer_cancel_notify": True,
-    "connection.blocked": True,
-    "consumer_priorities": True,
-    "authentication_failure_close": True,
-    "per_consumer_qos": True,
-    "direct_reply_to": True,
-}
-
-
-class State(Enum):
-    """Where a connection is in its life cycle."""
-
-    AWAIT_HEADER = "await header"
-    AWAIT_START_OK = "await start-ok"
-    AUTHENTICATING = "authenticating"  # the login is being checked; what arrives meanwhile waits
-    AWAIT_TUNE_OK = "await tune-ok"
-    AWAIT_OPEN = "await open"
-    OPEN = "open"
-    CLOSING = "closing"  # we sent connection.close and wait for close-ok
-    CLOSED = "closed"
-    LINGERING = "lingering"  # we answered the client's connection.close; waiting for it to hang up
-
-
-#: Mechanisms RabbitMQ always has, offered or not: asking for one it does not offer gets
-#: "invalid authentication mechanism", one it lacks "unknown authentication mechanism".
-KNOWN_MECHANISMS = frozenset({"PLAIN", "AMQPLAIN", "RABBIT-CR-DEMO"})
 #: RabbitMQ's names for the connection states, as its reply texts show them.
 _RABBITMQ_STATES = {
     State.AWAIT_START_OK: "starting",
@@ -326,7 +294,7 @@ class ServerConnection:
                 self._refuse_header()
                 return
             data = data[8:]
-            self._start()
+            handshake.start(self)
         if self.state is State.AUTHENTICATING:
             self._hold(data)
             return
@@ -766,30 +734,6 @@ class ServerConnection:
 
     # -- connection class -----------------------------------------------------------------------
 
-    def _start(self) -> None:
-        self.state = State.AWAIT_START_OK
-        node = self.node
-        self.out.append(
-            encode_method(
-                0,
-                commands.Connection.Start(
-                    version_major=0,
-                    version_minor=9,
-                    server_properties={  # in RabbitMQ's order
-                        "capabilities": dict(CAPABILITIES),
-                        "cluster_name": "postroom",
-                        "copyright": "Postroom authors",
-                        "information": "Postroom: an AMQP 0-9-1 routing broker",
-                        "platform": "Python/Twisted",
-                        "product": node.product,
-                        "version": node.version,
-                    },
-                    mechanisms=node.mechanisms(tls=self.certificate_name is not None),
-                    locales="en_US",
-                ),
-            )
-        )
-
     def _connection_method(self, method: Frame) -> None:
         state = self.state
         if isinstance(method, commands.Connection.Close):
@@ -801,11 +745,11 @@ class ServerConnection:
             self._finish()
             return
         if state is State.AWAIT_START_OK and isinstance(method, commands.Connection.StartOk):
-            self._start_ok(method)
+            handshake.start_ok(self, method)
         elif state is State.AWAIT_TUNE_OK and isinstance(method, commands.Connection.TuneOk):
-            self._tune_ok(method)
+            handshake.tune_ok(self, method)
         elif state is State.AWAIT_OPEN and isinstance(method, commands.Connection.Open):
-            self._open(method)
+            handshake.open_vhost(self, method)
         elif state is State.OPEN and isinstance(method, commands.Connection.UpdateSecret):
             self.out.append(encode_method(0, commands.Connection.UpdateSecretOk()))
         else:
@@ -817,150 +761,6 @@ class ServerConnection:
                 method.index >> 16,
                 method.index & 0xFFFF,
             )
-
-    def _credentials(self, method: commands.Connection.StartOk) -> tuple[str, str]:
-        """The user name and password in a ``PLAIN`` or ``AMQPLAIN`` response."""
-        response = method.response
-        raw = response if isinstance(response, bytes) else response.encode("utf-8", "surrogateescape")
-        if method.mechanism == "PLAIN":
-            parts = raw.split(b"\x00")
-            if len(parts) != 3:
-                raise ConnectionException(ReplyCode.ACCESS_REFUSED, "malformed PLAIN response")
-            return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
-        try:
-            table = decode_table(raw)
-        except (ValueError, struct.error, IndexError) as err:
-            raise ConnectionException(ReplyCode.ACCESS_REFUSED, "malformed AMQPLAIN response") from err
-        login, password = table.get("LOGIN", ""), table.get("PASSWORD", "")
-        if isinstance(login, bytes):
-            login = login.decode("utf-8", "replace")
-        if isinstance(password, bytes):
-            password = password.decode("utf-8", "replace")
-        return str(login), str(password)
-
-    def _start_ok(self, method: commands.Connection.StartOk) -> None:
-        self.client_properties = method.client_properties or {}
-        capabilities = self.client_properties.get("capabilities")
-        self.capabilities = capabilities if isinstance(capabilities, dict) else {}
-        mechanism = method.mechanism
-        if mechanism not in self.node.mechanisms(tls=self.certificate_name is not None).split():
-            # RabbitMQ tells a mechanism it has but does not offer here from one it lacks.
-            known = mechanism in KNOWN_MECHANISMS or mechanism in self.node.auth_mechanisms
-            raise ConnectionException(
-                ReplyCode.COMMAND_INVALID,
-                f"{'invalid' if known else 'unknown'} authentication mechanism '{mechanism}'",
-                10,
-                11,
-            )
-        if mechanism == "EXTERNAL":
-            # The user named in the verified client certificate; no password (RabbitMQ's
-            # rabbitmq_auth_mechanism_ssl with ssl_cert_login_from = common_name).
-            assert self.certificate_name is not None
-            username, password = self.certificate_name(), None
-            if not username:
-                reason = "no name found" if username == "" else "connection peer presented no TLS (x.509) certificate"
-                self._login_done(mechanism, None, reason)
-                return
-        else:
-            username, password = self._credentials(method)
-        self.state = State.AUTHENTICATING
-        self.node.login(
-            username,
-            password,
-            self.loopback,
-            self.peer.rpartition(":")[0],
-            lambda user, reason: self._login_done(mechanism, user, reason),
-        )
-
-    def _login_done(self, mechanism: str, user: Any, reason: str) -> None:
-        """The login was checked (now, or later for an expensive hash): go on to tune, or
-        refuse it, then act on what the client sent meanwhile."""
-        if self.closed:
-            return
-        self.node.mark_dirty(self)
-        self.state = State.AWAIT_START_OK
-        if user is None:
-            error = ConnectionException(
-                ReplyCode.ACCESS_REFUSED,
-                f"Login was refused using authentication mechanism {mechanism}. For details see the broker logfile.",
-                10,
-                11,
-            )
-            if self.capabilities.get("authentication_failure_close"):
-                self._fail(error)
-            else:
-                self._finish()
-            # The log gets the reason; the client only the text above (RabbitMQ's split).
-            self.error = ConnectionException(ReplyCode.ACCESS_REFUSED, f"{mechanism} login refused: {reason}")
-            return
-        self.user_name = user.name
-        self._user = user
-        self.state = State.AWAIT_TUNE_OK
-        self.out.append(
-            encode_method(
-                0,
-                commands.Connection.Tune(
-                    channel_max=self.channel_max, frame_max=self.frame_max, heartbeat=self.node.limits.heartbeat
-                ),
-            )
-        )
-        if self._pending:
-            self.receive_data(b"")
-
-    def _tune_ok(self, method: commands.Connection.TuneOk) -> None:
-        limits = self.node.limits
-        _negotiated("frame_max", method.frame_max, FRAME_MIN_SIZE, limits.frame_max)
-        _negotiated("channel_max", method.channel_max, 1, limits.channel_max)
-        # 0 passes the checks only where the server sets no limit either.
-        self.frame_max = method.frame_max or limits.frame_max
-        self.channel_max = method.channel_max or limits.channel_max
-        self.heartbeat = method.heartbeat
-        self.state = State.AWAIT_OPEN
-
-    def _open(self, method: commands.Connection.Open) -> None:
-        """``connection.open``, checked in RabbitMQ's order: the vhost exists and is under its
-        connection limit (and the node under ``limits.max_connections``), the user under
-        theirs, then the user's access to the vhost."""
-        node, user = self.node, self._user
-        vhost = node.vhosts.get(method.virtual_host)
-        if vhost is None:
-            raise ConnectionException(ReplyCode.NOT_ALLOWED, f"vhost {method.virtual_host} not found", 10, 40)
-        for limit, count in (
-            (node.limits.max_connections, len(node.connections)),
-            (vhost.max_connections, vhost.connection_count),
-        ):
-            if limit is not None and count >= limit:
-                raise ConnectionException(
-                    ReplyCode.NOT_ALLOWED,
-                    f"access to vhost '{vhost.name}' refused for user '{self.user_name}': "
-                    f"connection limit ({limit}) is reached",
-                    10,
-                    40,
-                )
-        own = node.user_connections.get(user.name)
-        if user.max_connections is not None and len(own or ()) >= user.max_connections:
-            raise ConnectionException(
-                ReplyCode.NOT_ALLOWED,
-                f"connection refused for user '{self.user_name}': user connection limit ({user.max_connections}) "
-                "is reached",
-                10,
-                40,
-            )
-        if not user.may_open(vhost.name):
-            raise ConnectionException(
-                ReplyCode.NOT_ALLOWED,
-                f"access to vhost '{vhost.name}' refused for user '{self.user_name}'",
-                10,
-                40,
-            )
-        self.vhost = vhost
-        self.access = user.access(vhost.name)
-        self.state = State.OPEN
-        node.connections.add(self)
-        vhost.connection_count += 1
-        node.user_connections.setdefault(user.name, set()).add(self)
-        node.counters["connections_opened"] += 1
-        self.out.append(encode_method(0, commands.Connection.OpenOk()))
 
     # -- closing --------------------------------------------------------------------------------
 
@@ -1080,28 +880,6 @@ class ServerConnection:
             self.out.append(HEARTBEAT_FRAME)
         self._sent_since_tick = False
         return self._silent_ticks < 4
-
-
-def _negotiated(field: str, value: int, minimum: int, maximum: int) -> None:
-    """RabbitMQ's check of a ``tune-ok`` value: 0 means "no limit", above any server maximum.
-
-    :raises ConnectionException: 530 NOT_ALLOWED, as RabbitMQ words it
-    """
-    if value != 0 and value < minimum:
-        raise ConnectionException(
-            ReplyCode.NOT_ALLOWED,
-            f"negotiated {field} = {value} is lower than the minimum allowed value ({minimum})",
-            10,
-            31,
-        )
-    if maximum != 0 and (value == 0 or value > maximum):
-        detail = " (no limit)" if field == "channel_max" and value == 0 else ""
-        raise ConnectionException(
-            ReplyCode.NOT_ALLOWED,
-            f"negotiated {field} = {value}{detail} is higher than the maximum allowed value ({maximum})",
-            10,
-            31,
-        )
 
 
 class _NotOpen(ConnectionException):

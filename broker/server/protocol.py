@@ -34,7 +34,8 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from broker.amqp.connection import ServerConnection, State
+from broker.amqp.connection import ServerConnection
+from broker.amqp.handshake import State
 from broker.core.node import Node
 from broker.errors import ReplyCode
 from broker.text import printable

@@ -14,7 +14,8 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 from pamqp.heartbeat import Heartbeat
 
-from broker.amqp.connection import CAPABILITIES, ServerConnection, State
+from broker.amqp.connection import ServerConnection
+from broker.amqp.handshake import CAPABILITIES, State
 from broker.core.node import Limits, Node, User
 from broker.errors import ReplyCode
 from broker.tools.testing import Client, described, encode, methods, publish_frames

@@ -112,7 +112,7 @@ def test_a_priority_that_is_not_an_integer_is_refused_with_406(value: Any) -> No
 
 
 def test_the_server_announces_consumer_priorities() -> None:
-    from broker.amqp.connection import CAPABILITIES
+    from broker.amqp.handshake import CAPABILITIES
 
     assert CAPABILITIES["consumer_priorities"] is True
 

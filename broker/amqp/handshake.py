@@ -1,0 +1,256 @@
+"""A connection's handshake, as RabbitMQ 3.10's reader runs it: ``connection.start``, the
+login (``start-ok``, checked now or later for an expensive hash), ``tune``/``tune-ok`` and
+``connection.open`` with its limits and the user's access to the vhost.
+
+Functions of the connection (:class:`broker.amqp.connection.ServerConnection`), which calls
+them for the methods of channel 0 before it is open; the life-cycle :class:`State` is here too.
+"""
+
+from __future__ import annotations
+
+import struct
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands
+from pamqp.constants import FRAME_MIN_SIZE
+
+from broker.errors import ConnectionException, ReplyCode
+from broker.wire.codec import decode_table, encode_method
+
+if TYPE_CHECKING:
+    from broker.amqp.connection import ServerConnection
+
+
+#: Capabilities announced in connection.start, as RabbitMQ names them.
+CAPABILITIES = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "consumer_priorities": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+    "direct_reply_to": True,
+}
+
+
+class State(Enum):
+    """Where a connection is in its life cycle."""
+
+    AWAIT_HEADER = "await header"
+    AWAIT_START_OK = "await start-ok"
+    AUTHENTICATING = "authenticating"  # the login is being checked; what arrives meanwhile waits
+    AWAIT_TUNE_OK = "await tune-ok"
+    AWAIT_OPEN = "await open"
+    OPEN = "open"
+    CLOSING = "closing"  # we sent connection.close and wait for close-ok
+    CLOSED = "closed"
+    LINGERING = "lingering"  # we answered the client's connection.close; waiting for it to hang up
+
+
+#: Mechanisms RabbitMQ always has, offered or not: asking for one it does not offer gets
+#: "invalid authentication mechanism", one it lacks "unknown authentication mechanism".
+KNOWN_MECHANISMS = frozenset({"PLAIN", "AMQPLAIN", "RABBIT-CR-DEMO"})
+
+
+def start(connection: ServerConnection) -> None:
+    """Send ``connection.start`` (once the protocol header came): properties, mechanisms, locale."""
+    connection.state = State.AWAIT_START_OK
+    node = connection.node
+    connection.out.append(
+        encode_method(
+            0,
+            commands.Connection.Start(
+                version_major=0,
+                version_minor=9,
+                server_properties={  # in RabbitMQ's order
+                    "capabilities": dict(CAPABILITIES),
+                    "cluster_name": "postroom",
+                    "copyright": "Postroom authors",
+                    "information": "Postroom: an AMQP 0-9-1 routing broker",
+                    "platform": "Python/Twisted",
+                    "product": node.product,
+                    "version": node.version,
+                },
+                mechanisms=node.mechanisms(tls=connection.certificate_name is not None),
+                locales="en_US",
+            ),
+        )
+    )
+
+
+def credentials(method: commands.Connection.StartOk) -> tuple[str, str]:
+    """The user name and password in a ``PLAIN`` or ``AMQPLAIN`` response."""
+    response = method.response
+    raw = response if isinstance(response, bytes) else response.encode("utf-8", "surrogateescape")
+    if method.mechanism == "PLAIN":
+        parts = raw.split(b"\x00")
+        if len(parts) != 3:
+            raise ConnectionException(ReplyCode.ACCESS_REFUSED, "malformed PLAIN response")
+        return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
+    try:
+        table = decode_table(raw)
+    except (ValueError, struct.error, IndexError) as err:
+        raise ConnectionException(ReplyCode.ACCESS_REFUSED, "malformed AMQPLAIN response") from err
+    login, password = table.get("LOGIN", ""), table.get("PASSWORD", "")
+    if isinstance(login, bytes):
+        login = login.decode("utf-8", "replace")
+    if isinstance(password, bytes):
+        password = password.decode("utf-8", "replace")
+    return str(login), str(password)
+
+
+def start_ok(connection: ServerConnection, method: commands.Connection.StartOk) -> None:
+    """``start-ok``: the mechanism offered, the credentials it carries, and the login asked of the node."""
+    connection.client_properties = method.client_properties or {}
+    capabilities = connection.client_properties.get("capabilities")
+    connection.capabilities = capabilities if isinstance(capabilities, dict) else {}
+    mechanism = method.mechanism
+    if mechanism not in connection.node.mechanisms(tls=connection.certificate_name is not None).split():
+        # RabbitMQ tells a mechanism it has but does not offer here from one it lacks.
+        known = mechanism in KNOWN_MECHANISMS or mechanism in connection.node.auth_mechanisms
+        raise ConnectionException(
+            ReplyCode.COMMAND_INVALID,
+            f"{'invalid' if known else 'unknown'} authentication mechanism '{mechanism}'",
+            10,
+            11,
+        )
+    if mechanism == "EXTERNAL":
+        # The user named in the verified client certificate; no password (RabbitMQ's
+        # rabbitmq_auth_mechanism_ssl with ssl_cert_login_from = common_name).
+        assert connection.certificate_name is not None
+        username, password = connection.certificate_name(), None
+        if not username:
+            reason = "no name found" if username == "" else "connection peer presented no TLS (x.509) certificate"
+            login_done(connection, mechanism, None, reason)
+            return
+    else:
+        username, password = credentials(method)
+    connection.state = State.AUTHENTICATING
+    connection.node.login(
+        username,
+        password,
+        connection.loopback,
+        connection.peer.rpartition(":")[0],
+        lambda user, reason: login_done(connection, mechanism, user, reason),
+    )
+
+
+def login_done(connection: ServerConnection, mechanism: str, user: Any, reason: str) -> None:
+    """The login was checked (now, or later for an expensive hash): go on to tune, or
+    refuse it, then act on what the client sent meanwhile."""
+    if connection.closed:
+        return
+    connection.node.mark_dirty(connection)
+    connection.state = State.AWAIT_START_OK
+    if user is None:
+        error = ConnectionException(
+            ReplyCode.ACCESS_REFUSED,
+            f"Login was refused using authentication mechanism {mechanism}. For details see the broker logfile.",
+            10,
+            11,
+        )
+        if connection.capabilities.get("authentication_failure_close"):
+            connection._fail(error)
+        else:
+            connection._finish()
+        # The log gets the reason; the client only the text above (RabbitMQ's split).
+        connection.error = ConnectionException(ReplyCode.ACCESS_REFUSED, f"{mechanism} login refused: {reason}")
+        return
+    connection.user_name = user.name
+    connection._user = user
+    connection.state = State.AWAIT_TUNE_OK
+    connection.out.append(
+        encode_method(
+            0,
+            commands.Connection.Tune(
+                channel_max=connection.channel_max,
+                frame_max=connection.frame_max,
+                heartbeat=connection.node.limits.heartbeat,
+            ),
+        )
+    )
+    if connection._pending:
+        connection.receive_data(b"")
+
+
+def tune_ok(connection: ServerConnection, method: commands.Connection.TuneOk) -> None:
+    """``tune-ok``: take the client's ``frame_max``, ``channel_max`` and heartbeat, within the limits."""
+    limits = connection.node.limits
+    negotiated("frame_max", method.frame_max, FRAME_MIN_SIZE, limits.frame_max)
+    negotiated("channel_max", method.channel_max, 1, limits.channel_max)
+    # 0 passes the checks only where the server sets no limit either.
+    connection.frame_max = method.frame_max or limits.frame_max
+    connection.channel_max = method.channel_max or limits.channel_max
+    connection.heartbeat = method.heartbeat
+    connection.state = State.AWAIT_OPEN
+
+
+def open_vhost(connection: ServerConnection, method: commands.Connection.Open) -> None:
+    """``connection.open``, checked in RabbitMQ's order: the vhost exists and is under its
+    connection limit (and the node under ``limits.max_connections``), the user under
+    theirs, then the user's access to the vhost."""
+    node, user = connection.node, connection._user
+    vhost = node.vhosts.get(method.virtual_host)
+    if vhost is None:
+        raise ConnectionException(ReplyCode.NOT_ALLOWED, f"vhost {method.virtual_host} not found", 10, 40)
+    for limit, count in (
+        (node.limits.max_connections, len(node.connections)),
+        (vhost.max_connections, vhost.connection_count),
+    ):
+        if limit is not None and count >= limit:
+            raise ConnectionException(
+                ReplyCode.NOT_ALLOWED,
+                f"access to vhost '{vhost.name}' refused for user '{connection.user_name}': "
+                f"connection limit ({limit}) is reached",
+                10,
+                40,
+            )
+    own = node.user_connections.get(user.name)
+    if user.max_connections is not None and len(own or ()) >= user.max_connections:
+        raise ConnectionException(
+            ReplyCode.NOT_ALLOWED,
+            f"connection refused for user '{connection.user_name}': user connection limit ({user.max_connections}) "
+            "is reached",
+            10,
+            40,
+        )
+    if not user.may_open(vhost.name):
+        raise ConnectionException(
+            ReplyCode.NOT_ALLOWED,
+            f"access to vhost '{vhost.name}' refused for user '{connection.user_name}'",
+            10,
+            40,
+        )
+    connection.vhost = vhost
+    connection.access = user.access(vhost.name)
+    connection.state = State.OPEN
+    node.connections.add(connection)
+    vhost.connection_count += 1
+    node.user_connections.setdefault(user.name, set()).add(connection)
+    node.counters["connections_opened"] += 1
+    connection.out.append(encode_method(0, commands.Connection.OpenOk()))
+
+
+def negotiated(field: str, value: int, minimum: int, maximum: int) -> None:
+    """RabbitMQ's check of a ``tune-ok`` value: 0 means "no limit", above any server maximum.
+
+    :raises ConnectionException: 530 NOT_ALLOWED, as RabbitMQ words it
+    """
+    if value != 0 and value < minimum:
+        raise ConnectionException(
+            ReplyCode.NOT_ALLOWED,
+            f"negotiated {field} = {value} is lower than the minimum allowed value ({minimum})",
+            10,
+            31,
+        )
+    if maximum != 0 and (value == 0 or value > maximum):
+        detail = " (no limit)" if field == "channel_max" and value == 0 else ""
+        raise ConnectionException(
+            ReplyCode.NOT_ALLOWED,
+            f"negotiated {field} = {value}{detail} is higher than the maximum allowed value ({maximum})",
+            10,
+            31,
+        )
