@@ -18,12 +18,9 @@ the problems found.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from config.policies import check_apply_to, check_pattern, validate
 from config.schema import (
@@ -48,6 +45,7 @@ from config.schema import (
     VhostConfig,
     VhostLimits,
 )
+from config.values import ConfigError, Problem, ValueReader, is_list, is_string_list, is_text
 
 #: The SASL mechanisms Postroom offers, in the order ``connection.start`` lists them.
 AUTH_MECHANISMS = ("AMQPLAIN", "PLAIN", "EXTERNAL")
@@ -56,61 +54,15 @@ BUILTIN_EXCHANGE_TYPES = frozenset({"direct", "fanout", "topic", "headers"})
 #: Exchanges every vhost has (they may be referenced without being declared).
 STANDARD_EXCHANGES = frozenset({"", "amq.direct", "amq.fanout", "amq.topic", "amq.headers", "amq.match"})
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 #: The least ``storage.checkpoint_bytes``: checkpoints closer than that cost more than they save.
 MIN_CHECKPOINT_BYTES = 64 << 10
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|kB|KB|KiB|MB|MiB|GB|GiB|TB|TiB)?\s*$")
-_SIZE_UNITS = {
-    None: 1,
-    "B": 1,
-    "kB": 1000,
-    "KB": 1000,
-    "KiB": 1024,
-    "MB": 1000**2,
-    "MiB": 1024**2,
-    "GB": 1000**3,
-    "GiB": 1024**3,
-    "TB": 1000**4,
-    "TiB": 1024**4,
-}
 
 
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """One thing wrong with a configuration file."""
-
-    line: int | None
-    key: str
-    reason: str
 
 
-class ConfigError(Exception):
-    """The configuration is refused; :attr:`problems` says why, each with its line and key path."""
-
-    def __init__(self, source: str, problems: list[Problem]) -> None:
-        self.source = source
-        self.problems = problems
-        super().__init__(str(self))
-
-    def __str__(self) -> str:
-        lines = [f"{self.source}: {len(self.problems)} problem(s) in the configuration:"]
-        for problem in self.problems:
-            where = f"{self.source}:{problem.line}" if problem.line else self.source
-            lines.append(f"  {where}: {problem.key or '(top level)'}: {problem.reason}")
-        return "\n".join(lines)
 
 
-def parse_duration(value: Any) -> float:
-    """Seconds in a duration with a unit (``500ms``, ``30s``, ``5m``, ``1h``, ``7d``).
-
-    :raises ValueError: it is not one, saying what is expected
-    """
-    match = _DURATION.match(value) if isinstance(value, str) else None
-    if match is None:
-        raise ValueError(f"must be a duration with a unit (e.g. 500ms, 30s, 5m, 1h, 7d), not {value!r}")
-    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
 
 
 def load(path: str | Path) -> BrokerConfig:
@@ -148,134 +100,12 @@ def loads(text: str, source: str = "<string>") -> BrokerConfig:
     return config
 
 
-#: Values (mappings, lists and scalars) a file may expand to, aliases counted each time they
-#: are used. The example configuration holds about a hundred; definitions of 10,000 queues
-#: with their settings and bindings about 100,000.
-MAX_YAML_VALUES = 200_000
 
 
-class _TooLarge(Exception):
-    """The file expands past :data:`MAX_YAML_VALUES` (at ``line``)."""
-
-    def __init__(self, line: int) -> None:
-        super().__init__(line)
-        self.line = line
 
 
-class _Reader:
-    """Turns composed YAML into plain values, remembering lines, and checks them."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.problems: list[Problem] = []
-        self.lines: dict[str, int] = {}
-
-    # -- YAML -----------------------------------------------------------------------------------
-
-    def parse(self, text: str) -> Any:
-        loader = yaml.SafeLoader(text)
-        self._values_left = MAX_YAML_VALUES
-        try:
-            node = loader.get_single_node()
-            return {} if node is None else self._plain(node, "", loader)
-        except _TooLarge as large:
-            self.problems.append(
-                Problem(
-                    large.line,
-                    "",
-                    f"the file holds more than {MAX_YAML_VALUES:,} values once its aliases are expanded "
-                    "(an alias used over and over, a 'billion laughs'): refused",
-                )
-            )
-            return None
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            line = mark.line + 1 if mark is not None else None
-            self.problems.append(Problem(line, "", f"not valid YAML: {getattr(err, 'problem', None) or err}"))
-            return None
-        finally:
-            loader.dispose()
-
-    def _plain(self, node: yaml.Node, path: str, loader: yaml.SafeLoader) -> Any:
-        self._values_left -= 1
-        if self._values_left < 0:  # an alias is a reference; walking it is a copy
-            raise _TooLarge(node.start_mark.line + 1)
-        self.lines[path] = node.start_mark.line + 1
-        if isinstance(node, yaml.MappingNode):
-            result: dict[Any, Any] = {}
-            for key_node, value_node in node.value:
-                key = loader.construct_object(key_node, deep=True)
-                child = f"{path}.{key}" if path else str(key)
-                if not isinstance(key, str):
-                    self.problems.append(Problem(key_node.start_mark.line + 1, child, "keys must be strings"))
-                    continue
-                if key in result:
-                    self.problems.append(Problem(key_node.start_mark.line + 1, child, "duplicate key"))
-                    continue
-                result[key] = self._plain(value_node, child, loader)
-            return result
-        if isinstance(node, yaml.SequenceNode):
-            return [self._plain(item, f"{path}[{index}]", loader) for index, item in enumerate(node.value)]
-        return loader.construct_object(node, deep=True)
-
-    # -- checks ---------------------------------------------------------------------------------
-
-    def problem(self, path: str, reason: str) -> None:
-        line = self.lines.get(path)
-        probe = path
-        while line is None and probe:
-            probe = probe.rpartition(".")[0] if "." in probe else ""
-            line = self.lines.get(probe)
-        self.problems.append(Problem(line, path, reason))
-
-    def mapping(self, value: Any, path: str, allowed: set[str], required: set[str] = frozenset()) -> dict[str, Any]:
-        if value is None:
-            value = {}
-        if not isinstance(value, dict):
-            self.problem(path, f"must be a mapping, not {_kind(value)}")
-            return {}
-        for key in value:
-            if key not in allowed:
-                self.problem(
-                    f"{path}.{key}" if path else key, f"unknown key (expected one of: {', '.join(sorted(allowed))})"
-                )
-        for key in required - set(value):
-            self.problem(path, f"missing required key '{key}'")
-        return {key: item for key, item in value.items() if key in allowed}
-
-    def typed(self, value: Any, path: str, check: Callable[[Any], bool], expected: str, default: Any) -> Any:
-        if value is None:
-            return default
-        if not check(value):
-            self.problem(path, f"must be {expected}, not {_kind(value)} {value!r}")
-            return default
-        return value
-
-    def string(self, value: Any, path: str, default: Any = None) -> Any:
-        if isinstance(value, (bool, int, float)) and value is not None:
-            self.problem(path, f"must be a string, not {_kind(value)} {value!r} (quote it)")
-            return default
-        return self.typed(value, path, lambda v: isinstance(v, str), "a string", default)
-
-    def patterns(
-        self,
-        section: Mapping[str, Any],
-        path: str,
-        keys: tuple[str, ...],
-        default: str,
-        refusal: str = "not a valid regular expression",
-    ) -> dict[str, str]:
-        """The regular expressions under ``keys`` of a permission's ``section`` (``default`` for
-        one left out), each checked to compile; one that does not is a problem, ``refusal: why``."""
-        values = {}
-        for key in keys:
-            pattern = self.string(section.get(key), f"{path}.{key}", default)
-            try:
-                re.compile(pattern)
-            except re.error as err:
-                self.problem(f"{path}.{key}", f"{refusal}: {err}")
-            values[key] = pattern
-        return values
+class _Reader(ValueReader):
+    """Reads the sections of a Postroom configuration file into the schema's dataclasses."""
 
     def optional_listener(self, value: Any, path: str, default: str | None) -> str | None:
         """An endpoint string, or ``false`` for no listener at all."""
@@ -283,61 +113,12 @@ class _Reader:
             return None
         return self.endpoint(value, path, default)
 
-    def name(self, value: Any, path: str) -> str:
-        result = self.string(value, path, None)
-        if result is None:
-            if value is None:
-                self.problem(path, "is required")
-            return ""
-        if len(result.encode("utf-8")) > 255:
-            self.problem(path, "names are at most 255 bytes")
-        return result
-
-    def boolean(self, value: Any, path: str, default: bool) -> bool:
-        return self.typed(value, path, lambda v: isinstance(v, bool), "true or false", default)
-
-    def integer(self, value: Any, path: str, default: Any, minimum: int = 0, maximum: int | None = None) -> Any:
-        result = self.typed(value, path, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer", None)
-        if result is None:
-            return default
-        if result < minimum or (maximum is not None and result > maximum):
-            bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
-            self.problem(path, f"must be {bound}, not {result}")
-            return default
-        return result
-
-    def duration(self, value: Any, path: str, default: Any = None) -> Any:
-        if value is None:
-            return default
-        try:
-            return parse_duration(value)
-        except ValueError as error:
-            self.problem(path, str(error))
-            return default
-
-    def size(self, value: Any, path: str, default: Any = None) -> Any:
-        if value is None:
-            return default
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
-        match = _SIZE.match(value) if isinstance(value, str) else None
-        if match is None:
-            self.problem(path, f"must be a size in bytes or with a unit (e.g. 64KiB, 64MiB, 1GiB), not {value!r}")
-            return default
-        return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
-
     def checkpoint_bytes(self, value: Any, default: int) -> int:
         size = self.size(value, "storage.checkpoint_bytes", default)
         if size < MIN_CHECKPOINT_BYTES:
             self.problem("storage.checkpoint_bytes", f"must be at least 64KiB, not {value!r}")
             return default
         return int(size)
-
-    def table(self, value: Any, path: str) -> dict[str, Any]:
-        result = self.typed(value, path, lambda v: isinstance(v, dict), "a mapping", {})
-        return dict(result)
-
-    # -- sections -------------------------------------------------------------------------------
 
     def broker(self, document: Any) -> BrokerConfig | None:
         if document is None:
@@ -381,7 +162,7 @@ class _Reader:
         ca = section.get("ca")
         if isinstance(ca, str):
             ca = [ca]
-        ca = self.typed(ca, "tls.ca", _is_string_list, "a file or a list of files", [])
+        ca = self.typed(ca, "tls.ca", is_string_list, "a file or a list of files", [])
         verify = self.string(section.get("verify"), "tls.verify", "none")
         if verify not in ("none", "peer"):
             self.problem("tls.verify", f"must be none or peer, not {verify!r}")
@@ -414,7 +195,7 @@ class _Reader:
 
     def auth_mechanisms(self, value: Any, tls: TLSConfig | None) -> tuple[str, ...]:
         default = BrokerConfig().auth_mechanisms
-        names = self.typed(value, "auth_mechanisms", _is_string_list, "a list of names", default)
+        names = self.typed(value, "auth_mechanisms", is_string_list, "a list of names", default)
         for name in names:
             if name not in AUTH_MECHANISMS:
                 self.problem("auth_mechanisms", f"unknown mechanism {name!r} (expected: {', '.join(AUTH_MECHANISMS)})")
@@ -437,7 +218,7 @@ class _Reader:
         """
         result = []
         seen: set[str] = set()
-        for index, item in enumerate(self.typed(value, "plugins", _is_list, "a list", [])):
+        for index, item in enumerate(self.typed(value, "plugins", is_list, "a list", [])):
             path = f"plugins[{index}]"
             if isinstance(item, dict):
                 entry = self.mapping(item, path, {"name", "settings"}, {"name"})
@@ -607,7 +388,7 @@ class _Reader:
         password at all, and then logs in only with a client certificate."""
         users = []
         seen: set[str] = set()
-        for index, item in enumerate(self.typed(value, "users", _is_list, "a list", [])):
+        for index, item in enumerate(self.typed(value, "users", is_list, "a list", [])):
             path = f"users[{index}]"
             entry = self.mapping(
                 item,
@@ -681,16 +462,6 @@ class _Reader:
                 result[vhost][exchange] = TopicPermission(**self.patterns(section, at, ("write", "read"), ".*"))
         return result
 
-    def tags(self, value: Any, path: str) -> tuple[str, ...]:
-        """User tags: a list of names (RabbitMQ's; those it does not know give no rights)."""
-        tags = []
-        for index, tag in enumerate(self.typed(value, path, _is_list, "a list", [])):
-            if not isinstance(tag, str) or not tag:
-                self.problem(f"{path}[{index}]", "a tag is a non-empty string")
-                continue
-            tags.append(tag)
-        return tuple(tags)
-
     def vhosts(self, value: Any) -> dict[str, VhostConfig]:
         result = {}
         for vhost, definitions in self.table(value, "vhosts").items():
@@ -716,17 +487,17 @@ class _Reader:
         exchanges = [
             self.exchange(item, f"{path}.exchanges[{index}]")
             for index, item in enumerate(
-                self.typed(section.get("exchanges"), f"{path}.exchanges", _is_list, "a list", [])
+                self.typed(section.get("exchanges"), f"{path}.exchanges", is_list, "a list", [])
             )
         ]
         queues = [
             self.queue(item, f"{path}.queues[{index}]")
-            for index, item in enumerate(self.typed(section.get("queues"), f"{path}.queues", _is_list, "a list", []))
+            for index, item in enumerate(self.typed(section.get("queues"), f"{path}.queues", is_list, "a list", []))
         ]
         bindings = [
             self.binding(item, f"{path}.bindings[{index}]")
             for index, item in enumerate(
-                self.typed(section.get("bindings"), f"{path}.bindings", _is_list, "a list", [])
+                self.typed(section.get("bindings"), f"{path}.bindings", is_list, "a list", [])
             )
         ]
         exchange_names = self._unique([e.name for e in exchanges], f"{path}.exchanges", "exchange")
@@ -757,7 +528,7 @@ class _Reader:
     def policies(self, value: Any, path: str, operator: bool) -> tuple[PolicyConfig, ...]:
         """``policies:`` or ``operator_policies:`` of a vhost, each checked as RabbitMQ checks it."""
         result = []
-        for index, item in enumerate(self.typed(value, path, _is_list, "a list", [])):
+        for index, item in enumerate(self.typed(value, path, is_list, "a list", [])):
             where = f"{path}[{index}]"
             entry = self.mapping(
                 item,
@@ -765,8 +536,8 @@ class _Reader:
                 {"name", "pattern", "definition", "priority", "apply_to"},
                 {"name", "pattern", "definition"},
             )
-            name = self.typed(entry.get("name"), f"{where}.name", _is_text, "a string", "")
-            pattern = self.typed(entry.get("pattern"), f"{where}.pattern", _is_text, "a string", "")
+            name = self.typed(entry.get("name"), f"{where}.name", is_text, "a string", "")
+            pattern = self.typed(entry.get("pattern"), f"{where}.pattern", is_text, "a string", "")
             priority = self.typed(
                 entry.get("priority"),
                 f"{where}.priority",
@@ -774,7 +545,7 @@ class _Reader:
                 "an integer",
                 0,
             )
-            apply_to = self.typed(entry.get("apply_to"), f"{where}.apply_to", _is_text, "a string", "all")
+            apply_to = self.typed(entry.get("apply_to"), f"{where}.apply_to", is_text, "a string", "all")
             definition = entry.get("definition")
             problems = validate(definition, operator)
             for problem in problems:
@@ -899,24 +670,9 @@ class _Reader:
         )
 
 
-def _is_list(value: Any) -> bool:
-    return isinstance(value, list)
 
 
-def _is_text(value: Any) -> bool:
-    return isinstance(value, str)
 
 
-def _is_string_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
 
-def _kind(value: Any) -> str:
-    return {
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        list: "a list",
-        dict: "a mapping",
-    }.get(type(value), type(value).__name__)

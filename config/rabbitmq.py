@@ -37,7 +37,7 @@ import binascii
 import json
 from typing import Any
 
-from config.loader import BUILTIN_EXCHANGE_TYPES, STANDARD_EXCHANGES, ConfigError, Problem, _is_list, _Reader
+from config.loader import BUILTIN_EXCHANGE_TYPES, STANDARD_EXCHANGES, _Reader
 from config.policies import KEYS, OPERATOR_KEYS, check_apply_to, check_pattern, check_priority, validate
 from config.schema import (
     BindingConfig,
@@ -53,6 +53,7 @@ from config.schema import (
     VhostConfig,
     VhostLimits,
 )
+from config.values import ConfigError, Problem, is_list
 
 #: RabbitMQ's ``hashing_algorithm`` values and the ``password_hash`` prefix each becomes, with
 #: the digest size: the hash is ``base64(salt[4] + digest(salt + utf8 password))``.
@@ -125,7 +126,7 @@ class _Definitions:
     def items(self, document: dict[str, Any], key: str) -> list[tuple[str, dict[str, Any]]]:
         """``(path, item)`` for each object of the list at ``key``; other entries are problems."""
         result = []
-        for index, item in enumerate(self.reader.typed(document.get(key), key, _is_list, "a list", [])):
+        for index, item in enumerate(self.reader.typed(document.get(key), key, is_list, "a list", [])):
             path = f"{key}[{index}]"
             if isinstance(item, dict):
                 result.append((path, item))

@@ -583,7 +583,7 @@ EXPORT_JOBS = max(1, (os.cpu_count() or 2) // 2)
 
 
 def _duration(text: str) -> float:
-    from config.loader import parse_duration
+    from config.values import parse_duration
 
     try:
         return parse_duration(text)
