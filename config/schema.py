@@ -6,7 +6,7 @@ Durations are in seconds, sizes in bytes. The YAML keys are those of ``../shared
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -225,6 +225,15 @@ class ExchangeConfig:
     #: Declare arguments (``alternate-exchange``, a plugin type's arguments).
     arguments: dict[str, Any] = field(default_factory=dict)
 
+    def options(self) -> dict[str, Any]:
+        """What ``exchange.declare`` says besides the name and type, as keyword arguments."""
+        return {
+            "durable": self.durable,
+            "auto_delete": self.auto_delete,
+            "internal": self.internal,
+            "arguments": self.arguments,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class DeadLetterConfig:
@@ -301,6 +310,10 @@ class QueueConfig:
             arguments["x-single-active-consumer"] = True
         return arguments
 
+    def options(self) -> dict[str, Any]:
+        """What ``queue.declare`` says besides the name, as keyword arguments."""
+        return {"durable": self.durable, "auto_delete": self.auto_delete, "arguments": self.queue_arguments()}
+
 
 @dataclass(frozen=True, slots=True)
 class BindingConfig:
@@ -346,6 +359,14 @@ class VhostConfig:
     policies: tuple[PolicyConfig, ...] = ()
     #: Operator policies: they may set limits only, and where a policy sets one too the lower applies.
     operator_policies: tuple[PolicyConfig, ...] = ()
+
+    def declarations(self, path: str) -> Iterator[tuple[str, ExchangeConfig | QueueConfig | BindingConfig]]:
+        """Each exchange, queue and binding with its key path under ``path``, in the order they
+        can be declared: exchanges, then queues, then bindings. The broker applies them at start
+        (``broker.core.definitions``) and ``postroom declare`` over AMQP, from this one list."""
+        yield from ((f"{path}.exchanges[{index}]", exchange) for index, exchange in enumerate(self.exchanges))
+        yield from ((f"{path}.queues[{index}]", queue) for index, queue in enumerate(self.queues))
+        yield from ((f"{path}.bindings[{index}]", binding) for index, binding in enumerate(self.bindings))
 
 
 @dataclass(frozen=True, slots=True)

@@ -198,10 +198,11 @@ def exchange_declare(
 
 
 def queue_declare(
-    name: str, durable: bool = True, arguments: Mapping[str, Any] | None = None
+    name: str, durable: bool = True, arguments: Mapping[str, Any] | None = None, auto_delete: bool = False
 ) -> commands.Queue.Declare:
     """The ``queue.declare`` both clients send."""
-    return named(commands.Queue.Declare, queue=name, durable=durable, arguments=dict(arguments or {}))
+    fields = {"queue": name, "durable": durable, "auto_delete": auto_delete}
+    return named(commands.Queue.Declare, **fields, arguments=dict(arguments or {}))
 
 
 def queue_bind(
@@ -618,9 +619,12 @@ class Connection:
 
     # -- the API --------------------------------------------------------------------------------
 
-    def declare_queue(self, name: str, durable: bool = True, arguments: Mapping[str, Any] | None = None) -> str:
+    def declare_queue(
+        self, name: str, durable: bool = True, arguments: Mapping[str, Any] | None = None, auto_delete: bool = False
+    ) -> str:
         """Declare a queue (``""`` for a server-named one); return its name."""
-        ok = self._call(queue_declare(name, durable, arguments), commands.Queue.DeclareOk, remember=True)
+        method = queue_declare(name, durable, arguments, auto_delete)
+        ok = self._call(method, commands.Queue.DeclareOk, remember=True)
         return str(ok.queue)
 
     def declare_exchange(

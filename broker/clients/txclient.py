@@ -507,10 +507,10 @@ class TwistedConnection(Protocol):
     # -- the API --------------------------------------------------------------------------------
 
     def declare_queue(
-        self, name: str, durable: bool = True, arguments: Mapping[str, Any] | None = None
+        self, name: str, durable: bool = True, arguments: Mapping[str, Any] | None = None, auto_delete: bool = False
     ) -> defer.Deferred[str]:
         """Declare a queue (declared again after a reconnection); fires with its name."""
-        method = queue_declare(name, durable, arguments)
+        method = queue_declare(name, durable, arguments, auto_delete)
         declared = self._when_open(lambda: self._call(method, commands.Queue.DeclareOk, remember=True))
         return declared.addCallback(lambda ok: str(ok.queue))
 

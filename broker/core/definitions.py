@@ -23,8 +23,8 @@ from broker.core.vhost import VirtualHost
 from broker.errors import AMQPError
 from broker.wal.recovery import Snapshot
 from broker.wire.codec import decode_field_table, shortstr
-from config.loader import ConfigError, Problem
-from config.schema import BrokerConfig, VhostConfig
+from config.schema import BrokerConfig, ExchangeConfig, QueueConfig, VhostConfig
+from config.values import ConfigError, Problem
 from exchanges.registry import ExchangeTypeRegistry, default_registry
 
 if TYPE_CHECKING:
@@ -161,40 +161,19 @@ def apply_definitions(node: Node, config: BrokerConfig) -> None:
 
 def _apply_vhost(vhost: VirtualHost, definitions: VhostConfig, path: str) -> list[Problem]:
     problems = []
-    for index, exchange in enumerate(definitions.exchanges):
+    for where, item in definitions.declarations(path):
         try:
-            vhost.declare_exchange(
-                exchange.name,
-                exchange.type,
-                durable=exchange.durable,
-                auto_delete=exchange.auto_delete,
-                internal=exchange.internal,
-                arguments=exchange.arguments,
-            )
-        except AMQPError as error:
-            problems.append(_refused(f"{path}.exchanges[{index}]", error))
-    for index, queue in enumerate(definitions.queues):
-        try:
-            vhost.declare_queue(
-                queue.name,
-                None,
-                durable=queue.durable,
-                auto_delete=queue.auto_delete,
-                arguments=queue.queue_arguments(),
-            )
-        except AMQPError as error:
-            problems.append(_refused(f"{path}.queues[{index}]", error))
-    for index, binding in enumerate(definitions.bindings):
-        try:
-            if binding.queue is not None:
-                vhost.bind_queue(binding.queue, binding.exchange, binding.routing_key, binding.arguments, None)
+            if isinstance(item, ExchangeConfig):
+                vhost.declare_exchange(item.name, item.type, **item.options())
+            elif isinstance(item, QueueConfig):
+                vhost.declare_queue(item.name, None, **item.options())
+            elif item.queue is not None:
+                vhost.bind_queue(item.queue, item.exchange, item.routing_key, item.arguments, None)
             else:
-                assert binding.destination_exchange is not None
-                vhost.bind_exchange(
-                    binding.destination_exchange, binding.exchange, binding.routing_key, binding.arguments
-                )
+                assert item.destination_exchange is not None
+                vhost.bind_exchange(item.destination_exchange, item.exchange, item.routing_key, item.arguments)
         except AMQPError as error:
-            problems.append(_refused(f"{path}.bindings[{index}]", error))
+            problems.append(_refused(where, error))
     return problems
 
 

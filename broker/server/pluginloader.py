@@ -34,8 +34,8 @@ from zope.interface.verify import verifyObject
 
 from broker.core.hooks import HookChain
 from broker.interfaces import IAuthenticator, IBrokerPlugin, IMessageHook, IPluginContext, PluginSettingsInvalid
-from config.loader import ConfigError, Problem
 from config.schema import PluginConfig
+from config.values import ConfigError, Problem
 from exchanges.registry import ExchangeTypeRegistry, default_registry
 
 __all__ = [

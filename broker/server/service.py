@@ -47,9 +47,9 @@ from broker.wal.files import DirectoryStorage, prune_archive
 from broker.wal.log import RecoveryReport, WriteAheadLog
 from broker.wal.record import SEGMENT_HEADER_BYTES, WALCorruption
 from broker.wal.recovery import Snapshot, replay_located
-from config.loader import ConfigError, Problem
 from config.schema import BrokerConfig
 from config.tls import TLSProblem, server_context
+from config.values import ConfigError, Problem
 
 #: Allocations between young-generation collections. Messages and queue entries are
 #: allocated at 100k+/s and never form cycles; at the default (700) the collector would walk

@@ -32,8 +32,9 @@ def makeService(options: dict[str, Any]) -> IService:
     from twisted.internet import reactor
 
     from broker.server.service import make_broker_service, tune_gc
-    from config.loader import ConfigError, load
+    from config.loader import load
     from config.schema import BrokerConfig
+    from config.values import ConfigError
 
     try:
         config = load(options["config"]) if options["config"] else BrokerConfig()

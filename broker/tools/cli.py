@@ -20,8 +20,9 @@ import sys
 from collections.abc import Sequence
 
 from broker.text import EscapingWriter, printable
-from config.loader import ConfigError, load
-from config.schema import BrokerConfig
+from config.loader import load
+from config.schema import BrokerConfig, ExchangeConfig, QueueConfig
+from config.values import ConfigError
 
 
 def _config(path: str | None) -> BrokerConfig:
@@ -412,25 +413,16 @@ def _declare(args: argparse.Namespace) -> int:
             if definitions is None:
                 print(f"{args.file}: nothing is defined for vhost {conn.vhost!r}", file=sys.stderr)
                 return 1
-            for exchange in definitions.exchanges:
-                conn.declare_exchange(
-                    exchange.name,
-                    exchange.type,
-                    durable=exchange.durable,
-                    auto_delete=exchange.auto_delete,
-                    internal=exchange.internal,
-                    arguments=exchange.arguments,
-                )
-            for queue in definitions.queues:
-                conn.declare_queue(queue.name, durable=queue.durable, arguments=queue.queue_arguments())
-            for binding in definitions.bindings:
-                if binding.queue is not None:
-                    conn.bind(binding.queue, binding.exchange, binding.routing_key, binding.arguments)
+            for _where, item in definitions.declarations(""):
+                if isinstance(item, ExchangeConfig):
+                    conn.declare_exchange(item.name, item.type, **item.options())
+                elif isinstance(item, QueueConfig):
+                    conn.declare_queue(item.name, **item.options())
+                elif item.queue is not None:
+                    conn.bind(item.queue, item.exchange, item.routing_key, item.arguments)
                 else:
-                    assert binding.destination_exchange is not None
-                    conn.bind_exchange(
-                        binding.destination_exchange, binding.exchange, binding.routing_key, binding.arguments
-                    )
+                    assert item.destination_exchange is not None
+                    conn.bind_exchange(item.destination_exchange, item.exchange, item.routing_key, item.arguments)
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2

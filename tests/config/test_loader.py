@@ -8,8 +8,9 @@ import pytest
 
 import config
 from broker.core.definitions import node_from_config
-from config.loader import ConfigError, load, loads
+from config.loader import load, loads
 from config.schema import TopicPermission, UserLimits, VhostLimits
+from config.values import ConfigError
 
 EXAMPLE = Path(config.__file__).parent / "postroom.yaml"
 

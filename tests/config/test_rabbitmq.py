@@ -15,8 +15,9 @@ import pytest
 from broker.core.definitions import node_from_config
 from broker.core.node import User
 from broker.errors import ChannelException
-from config.loader import ConfigError, load
+from config.loader import load
 from config.schema import BindingConfig, DeadLetterConfig, Permission, TopicPermission, UserLimits, VhostLimits
+from config.values import ConfigError
 
 EXPORT = Path(__file__).parent / "fixtures" / "rabbitmq-definitions.json"
 

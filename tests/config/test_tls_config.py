@@ -13,7 +13,8 @@ import pytest
 import trustme
 from cryptography.hazmat.primitives import serialization
 
-from config.loader import ConfigError, loads
+from config.loader import loads
+from config.values import ConfigError
 
 
 @pytest.fixture(scope="module")

@@ -44,6 +44,28 @@ def test_declare_publish_and_consume_from_the_command_line(broker: Any) -> None:
     assert lines[0]["headers"] == {"tenant": "acme"}
 
 
+def test_declare_applies_what_the_broker_applies_at_start(broker: Any, tmp_path: Path) -> None:
+    # The same definitions, over AMQP: auto-delete and every other property of each object.
+    definitions = tmp_path / "definitions.yaml"
+    definitions.write_text(
+        "vhosts:\n"
+        "  /:\n"
+        "    exchanges: [{name: events, type: topic, durable: false, auto_delete: true}]\n"
+        "    queues: [{name: scratch, durable: false, auto_delete: true, max_length: 5}]\n"
+        "    bindings: [{exchange: events, queue: scratch, routing_key: '#'}]\n"
+    )
+    url = f"amqp://guest:guest@127.0.0.1:{broker.port}/"
+    declared = postroom("declare", "--url", url, "-f", str(definitions))
+    assert declared.returncode == 0, declared.stderr
+
+    def state() -> tuple[Any, ...]:
+        vhost = broker.node.vhosts["/"]
+        queue, exchange = vhost.queues["scratch"], vhost.exchanges["events"]
+        return (queue.durable, queue.auto_delete, queue.arguments, exchange.durable, exchange.auto_delete)
+
+    assert broker.call(state) == (False, True, {"x-max-length": 5}, False, True)
+
+
 def test_an_unroutable_mandatory_publish_fails_with_the_reply_code(broker: Any) -> None:
     url = f"amqp://guest:guest@127.0.0.1:{broker.port}/"
     result = postroom("publish", "--url", url, "--mandatory", "nowhere", "lost")

@@ -17,8 +17,8 @@ from broker.errors import ChannelException, ReplyCode
 from broker.tools.testing import Client, methods, publish_frames
 from broker.wal.record import iter_records
 from broker.wal.recovery import replay
-from config.loader import ConfigError
 from config.schema import BrokerConfig, PluginConfig
+from config.values import ConfigError
 from exchanges.interfaces import IExchangeType, IInterceptingRouter, IRouter
 from exchanges.registry import default_registry
 from exchanges.testing import RouterContract, RoutingExample

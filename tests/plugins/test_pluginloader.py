@@ -18,8 +18,9 @@ from broker.server import pluginloader
 from broker.server.pluginloader import PluginError, available_plugins, load_plugins
 from broker.server.service import make_broker_service
 from broker.server.tap import Options, makeService
-from config.loader import ConfigError, loads
+from config.loader import loads
 from config.schema import PluginConfig
+from config.values import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 
