@@ -30,3 +30,14 @@ def test_pure_modules_import_no_reactor_metrics_or_spark(module: str) -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert result.stdout.strip() == ""
+
+
+def test_the_clients_import_nothing_of_the_project_but_broker() -> None:
+    # An application with its own top-level ``config`` or ``plugins`` package can use the clients.
+    code = (
+        "import sys, broker.clients.client, broker.clients.txclient\n"
+        "tops = {name.split('.')[0] for name in sys.modules}\n"
+        "print(','.join(sorted(tops & {'config', 'exchanges', 'plugins', 'spark'})))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert result.stdout.strip() == ""
