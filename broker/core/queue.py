@@ -440,6 +440,130 @@ def _put_back(ready: deque[Entry], entries: list[Entry]) -> None:
     ready.extendleft(reversed(entries))
 
 
+class Deadlines:
+    """A queue's deadlines, and the one timer armed at the earliest of them.
+
+    Visibility timeouts of deliveries wait in a FIFO per timeout length (deadlines of one length
+    come in order), message TTLs in a FIFO when the queue has one TTL for all, and everything
+    else (per-message expirations, extended leases) in a heap. Records are not removed when an
+    entry is acked or requeued: they go stale (the entry's state or deadline no longer match)
+    and are skipped, and the FIFOs are compacted once stale records outnumber live ones.
+    What to do when deadlines pass is the queue's (:meth:`WorkQueue.deadlines_passed`).
+
+    :param clock: the reactor's time and calls (``None``: nothing is ever armed)
+    :param fire: called when the timer goes off
+    """
+
+    __slots__ = ("clock", "fire", "inflight", "stale", "ttl_fifo", "heap", "_sequence", "timer", "timer_at")
+
+    def __init__(self, clock: Scheduler | None, fire: Callable[[], None]) -> None:
+        self.clock = clock
+        self.fire = fire
+        self.inflight: dict[float, deque[tuple[float, Entry]]] = {}
+        #: Records in :attr:`inflight` whose delivery was settled or returned since.
+        self.stale = 0
+        self.ttl_fifo: deque[tuple[float, Entry]] = deque()
+        self.heap: list[tuple[float, int, int, Entry]] = []  # (deadline, seq, kind, entry)
+        self._sequence = itertools.count()
+        self.timer: Any = None
+        self.timer_at = 0.0
+
+    def track_delivery(self, entry: Entry, deadline: float, timeout: float) -> None:
+        """Start the visibility timeout of a delivery."""
+        entry.deadline = deadline
+        fifo = self.inflight.get(timeout)
+        if fifo is None:
+            fifo = self.inflight[timeout] = deque()
+        fifo.append((deadline, entry))
+        if self.timer is None or deadline < self.timer_at:
+            self.arm(deadline)
+
+    def expire_in_order(self, entry: Entry, expires_at: float) -> None:
+        """``entry`` expires at ``expires_at``, after every entry before it (the queue's one TTL)."""
+        self.ttl_fifo.append((expires_at, entry))
+        self.arm(expires_at)
+
+    def push(self, deadline: float, kind: int, entry: Entry) -> None:
+        """A deadline in no order: ``kind`` is :data:`_TAKEBACK` or :data:`_EXPIRY`."""
+        heapq.heappush(self.heap, (deadline, next(self._sequence), kind, entry))
+        self.arm(deadline)
+
+    def compact(self) -> None:
+        """Drop the stale records of the FIFOs, once they outnumber the live ones."""
+        live = sum(len(fifo) for fifo in self.inflight.values()) - self.stale
+        if self.stale < live:
+            return
+        for timeout, fifo in list(self.inflight.items()):
+            kept = deque(record for record in fifo if record[1].state == UNACKED and record[1].deadline == record[0])
+            if kept:
+                self.inflight[timeout] = kept
+            else:
+                del self.inflight[timeout]
+        self.stale = 0
+
+    def arm(self, deadline: float) -> None:
+        """Have the timer go off at ``deadline`` at the latest."""
+        clock = self.clock
+        if clock is None:
+            return
+        if self.timer is not None:
+            if deadline >= self.timer_at:
+                return
+            self.timer.cancel()
+        self.timer_at = deadline
+        self.timer = clock.callLater(max(0.0, deadline - clock.seconds()), self.fire)
+
+    def next_deadline(self) -> float | None:
+        """The earliest live deadline (stale records at the heads of the FIFOs are dropped)."""
+        candidates = []
+        for fifo in self.inflight.values():
+            while fifo and not (fifo[0][1].state == UNACKED and fifo[0][1].deadline == fifo[0][0]):
+                fifo.popleft()
+                self.stale = max(0, self.stale - 1)
+            if fifo:
+                candidates.append(fifo[0][0])
+        ttl = self.ttl_fifo
+        while ttl and not (ttl[0][1].state == READY and ttl[0][1].expires_at == ttl[0][0]):
+            ttl.popleft()
+        if ttl:
+            candidates.append(ttl[0][0])
+        if self.heap:
+            candidates.append(self.heap[0][0])
+        return min(candidates) if candidates else None
+
+    def due(self, now: float) -> tuple[list[Entry], list[Entry]]:
+        """Take the deadlines passed at ``now``: the deliveries whose visibility timeout ran
+        out, and the ready entries that expired."""
+        taken: list[Entry] = []
+        expired: list[Entry] = []
+        for fifo in list(self.inflight.values()):
+            while fifo and fifo[0][0] <= now:
+                deadline, entry = fifo.popleft()
+                if entry.state == UNACKED and entry.deadline == deadline:
+                    taken.append(entry)
+                else:
+                    self.stale = max(0, self.stale - 1)
+        ttl = self.ttl_fifo
+        while ttl and ttl[0][0] <= now:
+            deadline, entry = ttl.popleft()
+            if entry.state == READY and entry.expires_at == deadline:
+                expired.append(entry)
+        heap = self.heap
+        while heap and heap[0][0] <= now:
+            deadline, _seq, kind, entry = heapq.heappop(heap)
+            if kind == _TAKEBACK and entry.state == UNACKED and entry.deadline == deadline:
+                taken.append(entry)
+            elif kind == _EXPIRY and entry.state == READY and entry.expires_at == deadline:
+                expired.append(entry)
+        return taken, expired
+
+    def cancel(self) -> None:
+        """Stop the timer."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
 class WorkQueue:
     """A named queue with competing consumers and the reliability rules of its settings.
 
@@ -519,14 +643,8 @@ class WorkQueue:
         #: Told of entries spooled and settled, on queues that hold dead letters (the dead-letter
         #: event log records them); ``None`` elsewhere, so other queues pay nothing.
         self.dead_letter_watch: DeadLetterWatch | None = None
-        # Timers.
-        self._inflight: dict[float, deque[tuple[float, Entry]]] = {}
-        self._inflight_stale = 0
-        self._ttl_fifo: deque[tuple[float, Entry]] = deque()
-        self._heap: list[tuple[float, int, int, Entry]] = []  # (deadline, seq, kind, entry)
-        self._sequence = itertools.count()
-        self._timer: Any = None
-        self._timer_at = 0.0
+        #: Visibility timeouts, TTLs and expirations, and the timer armed at the earliest.
+        self.deadlines = Deadlines(clock, self.deadlines_passed)
         self._last_used = clock.seconds() if clock is not None else 0.0
         # Counters, read by metrics at scrape time (one integer add per message, no callbacks).
         self.published = 0
@@ -543,7 +661,7 @@ class WorkQueue:
         self.policy: Any = None
         self.operator_policy: Any = None
         if settings.expires is not None:
-            self._arm(self._last_used + settings.expires)
+            self.deadlines.arm(self._last_used + settings.expires)
 
     def apply_settings(self, settings: QueueSettings) -> None:
         """Settings changed by a policy, applied to the running queue as RabbitMQ applies them:
@@ -742,10 +860,9 @@ class WorkQueue:
                 else:
                     self._append_ready(entry)
                     if fifo:
-                        self._ttl_fifo.append((entry.expires_at, entry))
-                        self._arm(entry.expires_at)
+                        self.deadlines.expire_in_order(entry, entry.expires_at)
                     else:
-                        self._push(entry.expires_at, _EXPIRY, entry)
+                        self.deadlines.push(entry.expires_at, _EXPIRY, entry)
         elif not self._deliver_now(entry):
             if self.spool is not None:
                 self._spool_entry(entry)
@@ -775,7 +892,7 @@ class WorkQueue:
             return
         self._append_ready(entry)
         if entry.expires_at is not None:
-            self._push(entry.expires_at, _EXPIRY, entry)
+            self.deadlines.push(entry.expires_at, _EXPIRY, entry)
 
     def _ttl(self, message: Message) -> float | None:
         """The TTL of ``message`` here: the queue's, or its own ``expiration`` when shorter."""
@@ -895,7 +1012,7 @@ class WorkQueue:
         entry = self._unspooled(message, record)
         self._append_ready(entry)
         if entry.expires_at is not None:
-            self._push(entry.expires_at, _EXPIRY, entry)
+            self.deadlines.push(entry.expires_at, _EXPIRY, entry)
 
     def _deliver_now(self, entry: Entry) -> bool:
         """Deliver ``entry`` at once, to the next consumer in turn, if nothing is waiting and one can take it."""
@@ -1011,7 +1128,7 @@ class WorkQueue:
             ready.append(entry)
             self.ready_bytes += entry.message.size
             if entry.expires_at is not None:
-                self._push(entry.expires_at, _EXPIRY, entry)
+                self.deadlines.push(entry.expires_at, _EXPIRY, entry)
         if not spool.count:
             spool.close()
             self.spool = None
@@ -1095,7 +1212,7 @@ class WorkQueue:
             entry.delivery_count += 1
             if entry.deadline is not None:
                 entry.deadline = None
-                self._inflight_stale += 1
+                self.deadlines.stale += 1
             entry.consumer = None
             entry.channel = None
             if limit is not None and entry.delivery_count > limit:
@@ -1138,9 +1255,9 @@ class WorkQueue:
             entry.state = GONE
             if entry.deadline is not None:
                 entry.deadline = None
-                self._inflight_stale += 1
-        if self._inflight_stale > COMPACT_AFTER:
-            self._compact()
+                self.deadlines.stale += 1
+        if self.deadlines.stale > COMPACT_AFTER:
+            self.deadlines.compact()
         if self.dead_letter_watch is not None:
             self.dead_letter_watch.settled(self, entries)
         if self.journal is not None:
@@ -1283,7 +1400,7 @@ class WorkQueue:
         expires = self.settings.expires
         if expires is not None:
             self._last_used = self.now()
-            self._arm(self._last_used + expires)
+            self.deadlines.arm(self._last_used + expires)
 
     def dispatch(self) -> None:
         """Deliver ready entries to consumers that can take them, in round-robin order.
@@ -1371,98 +1488,34 @@ class WorkQueue:
 
     def track_delivery(self, entry: Entry, deadline: float, timeout: float) -> None:
         """Start the visibility timeout of a delivery (the channel calls this as it delivers)."""
-        entry.deadline = deadline
-        fifo = self._inflight.get(timeout)
-        if fifo is None:
-            fifo = self._inflight[timeout] = deque()
-        fifo.append((deadline, entry))
-        if self._timer is None or deadline < self._timer_at:
-            self._arm(deadline)
+        self.deadlines.track_delivery(entry, deadline, timeout)
 
     def extend(self, entry: Entry, seconds: float) -> None:
         """Move a delivery's visibility deadline to ``seconds`` from now (``amq.postroom.extend``)."""
         deadline = self.now() + seconds
         entry.deadline = deadline
-        self._push(deadline, _TAKEBACK, entry)
-
-    def _push(self, deadline: float, kind: int, entry: Entry) -> None:
-        heapq.heappush(self._heap, (deadline, next(self._sequence), kind, entry))
-        self._arm(deadline)
-
-    def _compact(self) -> None:
-        live = sum(len(fifo) for fifo in self._inflight.values()) - self._inflight_stale
-        if self._inflight_stale < live:
-            return
-        for timeout, fifo in list(self._inflight.items()):
-            kept = deque(record for record in fifo if record[1].state == UNACKED and record[1].deadline == record[0])
-            if kept:
-                self._inflight[timeout] = kept
-            else:
-                del self._inflight[timeout]
-        self._inflight_stale = 0
-
-    def _arm(self, deadline: float) -> None:
-        clock = self.clock
-        if clock is None:
-            return
-        if self._timer is not None:
-            if deadline >= self._timer_at:
-                return
-            self._timer.cancel()
-        self._timer_at = deadline
-        self._timer = clock.callLater(max(0.0, deadline - clock.seconds()), self._fire)
+        self.deadlines.push(deadline, _TAKEBACK, entry)
 
     def _next_deadline(self) -> float | None:
-        candidates = []
-        for fifo in self._inflight.values():
-            while fifo and not (fifo[0][1].state == UNACKED and fifo[0][1].deadline == fifo[0][0]):
-                fifo.popleft()
-                self._inflight_stale = max(0, self._inflight_stale - 1)
-            if fifo:
-                candidates.append(fifo[0][0])
-        ttl = self._ttl_fifo
-        while ttl and not (ttl[0][1].state == READY and ttl[0][1].expires_at == ttl[0][0]):
-            ttl.popleft()
-        if ttl:
-            candidates.append(ttl[0][0])
-        if self._heap:
-            candidates.append(self._heap[0][0])
+        deadline = self.deadlines.next_deadline()
         if self.settings.expires is not None and not self._consumers:
-            candidates.append(self._last_used + self.settings.expires)
-        return min(candidates) if candidates else None
+            unused = self._last_used + self.settings.expires
+            return unused if deadline is None else min(deadline, unused)
+        return deadline
 
     def cancel_timers(self) -> None:
         """Stop this queue's timer (the queue is being deleted)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self.deadlines.cancel()
 
-    def _fire(self) -> None:
-        self._timer = None
+    def deadlines_passed(self) -> None:
+        """The timer went off: expire what expired, take back what ran out of visibility time,
+        delete the queue if ``x-expires`` found it unused, and arm the timer again."""
+        deadlines = self.deadlines
+        deadlines.timer = None
         if self.deleted:
             return
         now = self.now()
-        taken: list[Entry] = []
-        expired: list[Entry] = []
-        for fifo in list(self._inflight.values()):
-            while fifo and fifo[0][0] <= now:
-                deadline, entry = fifo.popleft()
-                if entry.state == UNACKED and entry.deadline == deadline:
-                    taken.append(entry)
-                else:
-                    self._inflight_stale = max(0, self._inflight_stale - 1)
-        ttl = self._ttl_fifo
-        while ttl and ttl[0][0] <= now:
-            deadline, entry = ttl.popleft()
-            if entry.state == READY and entry.expires_at == deadline:
-                expired.append(entry)
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            deadline, _seq, kind, entry = heapq.heappop(heap)
-            if kind == _TAKEBACK and entry.state == UNACKED and entry.deadline == deadline:
-                taken.append(entry)
-            elif kind == _EXPIRY and entry.state == READY and entry.expires_at == deadline:
-                expired.append(entry)
+        taken, expired = deadlines.due(now)
         if expired:
             for entry in expired:
                 self.ready_bytes -= entry.message.size
@@ -1494,7 +1547,7 @@ class WorkQueue:
                 else:
                     # Acked inside an open transaction: look again once it has committed or not.
                     entry.deadline = now + TIMER_SLACK
-                    self._push(entry.deadline, _TAKEBACK, entry)
+                    deadlines.push(entry.deadline, _TAKEBACK, entry)
             self.return_entries(returned)
         expires = self.settings.expires
         if expires is not None and not self._consumers and now >= self._last_used + expires:
@@ -1503,7 +1556,7 @@ class WorkQueue:
             return
         next_deadline = self._next_deadline()
         if next_deadline is not None and not self.deleted:
-            self._arm(max(next_deadline, now + TIMER_SLACK))
+            deadlines.arm(max(next_deadline, now + TIMER_SLACK))
 
     def __repr__(self) -> str:
         return f"<WorkQueue {self.name!r} ready={self.message_count} unacked={self.unacked_count}>"
