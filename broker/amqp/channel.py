@@ -1,4 +1,7 @@
-"""One AMQP channel: content assembly, delivery tags, prefetch, confirms, transactions.
+"""One AMQP channel: content assembly, delivery tags, prefetch, publishing, transactions.
+
+Publisher confirms are kept by :class:`broker.amqp.confirms.Confirms`, and the exchange and
+queue methods are handled in :mod:`broker.amqp.topology`.
 
 A channel turns methods into operations on its virtual host and writes the replies and
 deliveries into its connection's outgoing buffer. It never blocks and never waits: every
@@ -10,13 +13,13 @@ Invariants:
   tag order, so ``multiple`` acks pop from the front (O(1) each);
 * ``unacked_count`` equals ``len(_unacked)``; each consumer's ``unacked`` counts its share;
 * publisher confirms are sequence numbers 1, 2, 3 ...; acks for a run of accepted publishes
-  are coalesced into one ``basic.ack multiple=true`` per batch of incoming data.
+  are coalesced into one ``basic.ack multiple=true`` per batch of incoming data (``confirms``).
 """
 
 from __future__ import annotations
 
 import struct
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -25,6 +28,7 @@ from pamqp import commands
 from pamqp.base import Frame
 
 from broker.amqp import topology
+from broker.amqp.confirms import Confirms
 from broker.core.message import Message
 from broker.core.queue import UNACKED, Consumer, Entry, WorkQueue
 from broker.core.replyto import PREFIX, PSEUDO_QUEUE, ReplyConsumer
@@ -43,13 +47,11 @@ from broker.wire.codec import (
     FRAME_HEADER,
     FRAME_METHOD,
     FRAME_OVERHEAD,
-    ack_method,
     content_body_size,
     content_frames,
     deliver_frames,
     encode_method,
     get_ok_method,
-    nack_method,
     return_method,
     shortstr,
 )
@@ -150,14 +152,8 @@ class ChannelState:
         self._body: list[bytes] = []
         self._received = 0
         self._refusal: AMQPError | None = None
-        # Publisher confirms and transactions.
-        self.confirm = False
-        self._publish_seq = 0
-        self.confirm_pending = 0
-        #: The highest publish sequence number answered (acked or nacked), for metrics.
-        self.confirmed_upto = 0
-        #: Confirms waiting for the log: (publish seq, log position needed, accepted), in order.
-        self._confirm_waits: deque[tuple[int, int, bool]] = deque()
+        #: Publisher confirms, once ``confirm.select`` asked for them (``None``: not in confirm mode).
+        self.confirms: Confirms | None = None
         self.transactional = False
         self._tx_ops: list[Callable[[], None]] = []
         #: Delivery tags taken back by visibility timeouts, oldest first (see MAX_STALE_TAGS).
@@ -797,8 +793,9 @@ class ChannelState:
         expected = FIXED_LENGTHS.get(message.flags)
         if expected is None or len(header) != expected:
             _check_content(header)
-        if self.confirm:
-            self._publish_seq += 1
+        confirms = self.confirms
+        if confirms is not None:
+            confirms.seq += 1
         if bits & 2:
             raise ConnectionException(ReplyCode.NOT_IMPLEMENTED, "immediate=true", BASIC_CLASS, 40)
         if len(body) > self._max_message_bytes:
@@ -853,15 +850,14 @@ class ChannelState:
                 self._hooks.routed(self.vhost, "", message, [queue] if queue is not None else [])
         else:
             accepted = self._route(message, exchange_name, bits & 1)
-        if self.confirm:
-            if message.wal_id or self._confirm_waits:
-                self._wait_confirm(self._publish_seq, self.vhost.journal.position if message.wal_id else 0, accepted)
+        if confirms is not None:
+            if message.wal_id or confirms.waits:
+                position = self.vhost.journal.position if message.wal_id else 0  # type: ignore[union-attr]
+                confirms.wait(confirms.seq, position, accepted)
             elif accepted:
-                if not self.confirm_pending:
-                    self.connection.confirming.append(self)
-                self.confirm_pending = self._publish_seq
+                confirms.accepted()
             else:
-                self.nack_publish()
+                confirms.nack_last()
 
     def _with_reply_name(self, message: Message, exchange_name: str) -> Message:
         """A request whose ``reply-to`` is ``amq.rabbitmq.reply-to``, with this channel's reply
@@ -989,7 +985,7 @@ class ChannelState:
             queue = sealer.verify(vhost.name, message.header, message.lenient_headers(), message.body)
         if queue is None:
             self.connection.node.counters["redrives_refused"] += 1
-            if self.confirm:
+            if self.confirms is not None:
                 return None
             raise ChannelException(
                 ReplyCode.PRECONDITION_FAILED,
@@ -1015,101 +1011,18 @@ class ChannelState:
         out += content_frames(self.id, message.header, message.body, self.connection.frame_max)
         self.connection.replied_bytes += len(message.body)
 
-    def flush_confirms(self) -> None:
-        """Write one ``basic.ack`` covering every publish accepted so far: ``multiple`` when it
-        covers more than one (RabbitMQ's rule; a single confirm is a plain ack)."""
-        if self.confirm_pending:
-            covered = self.confirm_pending - self.confirmed_upto
-            self.connection.out.append(ack_method(self.id, self.confirm_pending, covered > 1))
-            self.vhost.confirmed += self.confirm_pending - self.confirmed_upto
-            self.confirmed_upto = self.confirm_pending
-            self.confirm_pending = 0
-
-    def _wait_confirm(self, seq: int, position: int, accepted: bool) -> None:
-        """Hold the confirm of ``seq`` until the log is durable up to ``position`` (0: no wait of its own).
-
-        Once one confirm waits, later ones queue behind it, so a ``multiple`` ack never covers
-        a publish that is not durable yet.
-        """
-        journal = self.vhost.journal
-        if not self._confirm_waits:
-            self.flush_confirms()
-            journal.waiters.add(self)
-        self._confirm_waits.append((seq, position, accepted))
-        if position <= journal.synced:
-            self.release_confirms(journal.synced)
-
-    def release_confirms(self, position: int) -> None:
-        """Confirm waiting publishes whose records are durable (at or before ``position``)."""
-        self._settle_waits(position, refuse=False)
-
-    def refuse_confirms(self, position: int) -> None:
-        """Nack waiting publishes whose records could not be written (at or before ``position``)."""
-        self._settle_waits(position, refuse=True)
-
-    def _settle_waits(self, position: int, refuse: bool) -> None:
-        waits = self._confirm_waits
-        acked: list[int] = []
-        refused: list[int] = []
-        while waits and waits[0][1] <= position:
-            seq, needed, accepted = waits.popleft()
-            self.confirmed_upto = seq
-            if accepted and not (refuse and needed):
-                acked.append(seq)
-            else:
-                refused.append(seq)
-        self.vhost.confirmed += len(acked)
-        waiting = waits[0][0] if waits else None
-        if acked and not refused:  # the usual case: every tag settled is below those waiting
-            self.connection.out.append(ack_method(self.id, acked[-1], len(acked) > 1))
-        elif len(acked) == 1:
-            self.connection.out.append(ack_method(self.id, acked[0], False))
-        elif acked:
-            self._coalesced(ack_method, acked, refused, waiting)
-        if refused:
-            self._coalesced(nack_method, refused, acked, waiting)
-        if not waits:
-            self.vhost.journal.waiters.discard(self)
-        connection = self.connection
-        if not connection.dirty:
-            connection.dirty = True
-            connection.node.mark_dirty(connection)
-
-    def _coalesced(
-        self, build: Callable[[int, int, bool], bytes], tags: list[int], others: list[int], waiting: int | None
-    ) -> None:
-        """Write the acks (or nacks) of ``tags``, settled together with ``others`` (the nacks, or
-        acks), as RabbitMQ's channel coalesces them: the tags below every publish still waiting
-        and every one of ``others`` go as one ``multiple``, the rest one by one.
-        """
-        cutoff = waiting if waiting is not None else tags[-1] + 1
-        if others:
-            cutoff = min(cutoff, *others)
-        below = [tag for tag in tags if tag < cutoff]
-        out = self.connection.out
-        if below:
-            out.append(build(self.id, below[-1], True))
-        out += [build(self.id, tag, False) for tag in tags[len(below) :]]
-
-    def nack_publish(self) -> None:
-        """Refuse the publish just counted (it could not be accepted): a ``multiple`` nack, as
-        RabbitMQ's, unless acks of earlier publishes go out with it."""
-        acks_too = bool(self.confirm_pending)
-        self.flush_confirms()
-        self.confirmed_upto = self._publish_seq
-        self.connection.out.append(nack_method(self.id, self._publish_seq, not acks_too))
-
     # confirm and tx classes
 
     def _confirm_select(self, method: commands.Confirm.Select) -> None:
         if self.transactional:
             raise ChannelException(ReplyCode.PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
-        self.confirm = True
+        if self.confirms is None:
+            self.confirms = Confirms(self.id, self.connection, self.vhost)
         if not method.nowait:
             self.send(commands.Confirm.SelectOk())
 
     def _tx_select(self, method: commands.Tx.Select) -> None:
-        if self.confirm:
+        if self.confirms is not None:
             raise ChannelException(ReplyCode.PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
         self.transactional = True
         self.send(commands.Tx.SelectOk())
@@ -1145,19 +1058,18 @@ class ChannelState:
         self.active = False
         self.connection.node.replies.cancel(self)
         errors = self.connection.teardown_errors
+        confirms = self.confirms
         try:
-            self.flush_confirms()
+            if confirms is not None:
+                confirms.flush()
         except Exception as error:
             errors.append(error)
         try:
             self.settle_held()  # acks taken and left unsettled (another channel's settlement raised)
         except Exception as error:
             errors.append(error)
-        if self in self.connection.confirming:
-            self.connection.confirming.remove(self)
-        if self._confirm_waits and self.vhost.journal is not None:
-            self._confirm_waits.clear()
-            self.vhost.journal.waiters.discard(self)
+        if confirms is not None:
+            confirms.forget()
         self._tx_ops = []
         taken, self._tx_taken = self._tx_taken, []
         self._untake(taken)

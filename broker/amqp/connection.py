@@ -38,6 +38,7 @@ from pamqp.base import Frame
 
 from broker.amqp import handshake
 from broker.amqp.channel import CONTENT_METHODS, QUEUE_SHORTCUT_METHODS, ChannelState
+from broker.amqp.confirms import Confirms
 from broker.amqp.handshake import State
 from broker.core.access import Access
 from broker.core.node import RESOURCE_ALARMS, Node
@@ -175,7 +176,7 @@ class ServerConnection:
         #: (RabbitMQ still expands an empty queue name on a closing channel, and refuses it
         #: with another close when there is none).
         self._closing_channels: dict[int, str | None] = {}
-        self.confirming: list[ChannelState] = []
+        self.confirming: list[Confirms] = []
         self.exclusive_queues: list[WorkQueue] = []
         self.capabilities: dict[str, Any] = {}
         self.client_properties: dict[str, Any] = {}
@@ -249,8 +250,8 @@ class ServerConnection:
 
     def data_to_send(self) -> bytes:
         """Everything queued for the peer since the last call (then forgotten)."""
-        for channel in self.confirming:
-            channel.flush_confirms()
+        for confirms in self.confirming:
+            confirms.flush()
         self.confirming.clear()
         out = self.out
         self.dirty = False

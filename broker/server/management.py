@@ -840,7 +840,7 @@ class ManagementAPI(Resource):
                 "messages_unacknowledged": channel.unacked_count,
                 "prefetch_count": channel.prefetch_consumer,
                 "global_prefetch_count": channel.prefetch_global,
-                "confirm": bool(channel.confirm),
+                "confirm": channel.confirms is not None,
                 "transactional": bool(channel.transactional),
             }
             for connection in sorted(self._visible_connections(user), key=lambda c: c.peer)

@@ -401,7 +401,7 @@ class RabbitMQNames:
             return sum(getattr(item, attribute) for item in items)
 
         ready, unacked = totals.message_count, totals.unacked_count
-        unconfirmed = sum(c._publish_seq - c.confirmed_upto for c in channels if c.confirm)
+        unconfirmed = sum(c.confirms.unconfirmed for c in channels if c.confirms is not None)
         monitor = node.resource_monitor
         rss = resident_memory()
         limit = monitor.memory_limit if monitor is not None else memory_total()
