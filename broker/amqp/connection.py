@@ -160,7 +160,9 @@ class ServerConnection:
         self.out: list[bytes] = []
         self.dirty = False
         self.writable = True
-        self._pending = b""
+        #: Bytes read and not handled yet: a frame not complete, or what came while the login
+        #: was being checked.
+        self.pending = b""
         self._names_cache: dict[bytes, tuple[str, str]] = {}
         #: The last publish read by the fast path, when a body frame followed: its method and
         #: content header frames' bytes, the body frame's header, and what was read of them
@@ -181,6 +183,8 @@ class ServerConnection:
         self.capabilities: dict[str, Any] = {}
         self.client_properties: dict[str, Any] = {}
         self.user_name = ""
+        #: The user the login found (``broker.core.node.User``); ``None`` until then.
+        self.user: Any = None
         self.vhost: VirtualHost = None  # type: ignore[assignment]  # set by connection.open
         #: The user's permissions on the vhost (``None``: everything is allowed), from connection.open.
         self.access: Access | None = None
@@ -278,18 +282,18 @@ class ServerConnection:
                 self._linger(data)
             return
         self._received_since_tick = True
-        if self._pending:
-            data = self._pending + data
-            self._pending = b""
+        if self.pending:
+            data = self.pending + data
+            self.pending = b""
         if self.blocked or self.replies_held:  # read before the shell stopped reading: kept for later
-            self._pending = data
+            self.pending = data
             return
         if self.state is State.AWAIT_HEADER:
             if len(data) < 8:
                 if not PROTOCOL_HEADER.startswith(data[:4]):
                     self._refuse_header()
                 else:
-                    self._pending = data
+                    self.pending = data
                 return
             if data[:8] != PROTOCOL_HEADER:
                 self._refuse_header()
@@ -459,15 +463,15 @@ class ServerConnection:
             try:
                 self._settle_held(holding)
             finally:  # the connection fails whatever settling met
-                self._fail(error)
-                self._finish()
+                self.fail(error)
+                self.finish()
             self.silent_close_delay = SILENT_CLOSE_DELAY
             return
         except ConnectionException as error:
             try:
                 self._settle_held(holding)
             finally:
-                self._fail(error)
+                self.fail(error)
         if self.state is State.LINGERING:
             if pos < total:  # what came after the client's connection.close, in the same read
                 self._linger(data[pos:])
@@ -477,7 +481,7 @@ class ServerConnection:
         if self.state is State.AUTHENTICATING:
             self._hold(data[pos:])
         elif pos < total:
-            self._pending = data[pos:]
+            self.pending = data[pos:]
 
     @staticmethod
     def _settle_held(holding: list[ChannelState]) -> None:
@@ -490,20 +494,20 @@ class ServerConnection:
         """Keep what arrives while the login is checked, up to a frame's worth (a client has
         no reason to send more before ``connection.tune``)."""
         if len(data) > self.frame_max + FRAME_OVERHEAD:
-            self._fail(ConnectionException(ReplyCode.FRAME_ERROR, "too much data before connection.tune"))
+            self.fail(ConnectionException(ReplyCode.FRAME_ERROR, "too much data before connection.tune"))
             return
-        self._pending = data
+        self.pending = data
 
     def _linger(self, data: bytes) -> None:
         """After our ``close-ok``: drop input, but answer every further ``connection.close`` (RabbitMQ)."""
-        data = self._pending + data
+        data = self.pending + data
         pos = 0
         total = len(data)
         while total - pos >= FRAME_OVERHEAD:
             frame_type, channel_id, size = _frame_head.unpack_from(data, pos)
             if size > self.frame_max:
                 self.state = State.CLOSED  # not framed any more: close the socket
-                self._pending = b""
+                self.pending = b""
                 return
             end = pos + 7 + size
             if end >= total:
@@ -513,10 +517,10 @@ class ServerConnection:
                     self.out.append(_CLOSE_OK)
                 elif data.startswith(_CLOSE_OK_ID, pos + 7):
                     self.state = State.CLOSED  # the client is done: close the socket now
-                    self._pending = b""
+                    self.pending = b""
                     return
             pos = end + 1
-        self._pending = data[pos:]
+        self.pending = data[pos:]
 
     def _decode_names(self, names: bytes) -> tuple[str, str]:
         """Decode an exchange/routing-key pair and remember it (publishers reuse a few pairs)."""
@@ -548,10 +552,10 @@ class ServerConnection:
             if frame_type == FRAME_METHOD and channel_id == 0:
                 method = decode_method(payload, 0)
                 if isinstance(method, commands.Connection.CloseOk):
-                    self._finish()
+                    self.finish()
                 elif isinstance(method, commands.Connection.Close):
                     self.out.append(encode_method(0, commands.Connection.CloseOk()))
-                    self._finish()
+                    self.finish()
             return
         if (
             frame_type not in _FRAME_TYPES
@@ -668,7 +672,7 @@ class ServerConnection:
                 20,
                 10,
             )
-        limit = self._user.max_channels
+        limit = self.user.max_channels
         if limit is not None and self._user_channels() >= limit:
             raise ConnectionException(
                 ReplyCode.NOT_ALLOWED,
@@ -738,12 +742,12 @@ class ServerConnection:
     def _connection_method(self, method: Frame) -> None:
         state = self.state
         if isinstance(method, commands.Connection.Close):
-            self._finish()  # first: releasing channels may still write their last confirms
+            self.finish()  # first: releasing channels may still write their last confirms
             self.out.append(_CLOSE_OK)
             self.state = State.LINGERING
             return
         if isinstance(method, commands.Connection.CloseOk) and state is not State.OPEN:
-            self._finish()
+            self.finish()
             return
         if state is State.AWAIT_START_OK and isinstance(method, commands.Connection.StartOk):
             handshake.start_ok(self, method)
@@ -765,7 +769,7 @@ class ServerConnection:
 
     # -- closing --------------------------------------------------------------------------------
 
-    def _fail(self, error: ConnectionException) -> None:
+    def fail(self, error: ConnectionException) -> None:
         """Close the connection for ``error``: send connection.close and wait for close-ok.
 
         Before ``connection.open`` completes RabbitMQ does not trust the client: it answers only
@@ -775,14 +779,14 @@ class ServerConnection:
         """
         self.error = error
         if self.state is State.AWAIT_HEADER or self.closed or isinstance(error, ConnectionDropped):
-            self._finish()
+            self.finish()
             return
         if self.state in _HANDSHAKE_STATES and not (
             (self.state is State.AWAIT_START_OK and error.reply_code is ReplyCode.ACCESS_REFUSED)
             or (self.state is State.AWAIT_OPEN and error.reply_code is ReplyCode.NOT_ALLOWED)
         ):
             self.silent_close_delay = SILENT_CLOSE_DELAY
-            self._finish()
+            self.finish()
             return
         self._release()  # first: releasing channels may still write their last confirms
         self.out.append(
@@ -802,12 +806,12 @@ class ServerConnection:
         """Close the connection from the server side (shutdown, management API)."""
         if self.state in (State.CLOSING, State.CLOSED):
             return
-        self._fail(ConnectionException(reply_code, reply_text))
+        self.fail(ConnectionException(reply_code, reply_text))
         if not self.dirty:
             self.dirty = True
             self.node.mark_dirty(self)
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
         self._release()
         self.state = State.CLOSED
         self.closed = True

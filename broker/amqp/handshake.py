@@ -153,14 +153,14 @@ def login_done(connection: ServerConnection, mechanism: str, user: Any, reason: 
             11,
         )
         if connection.capabilities.get("authentication_failure_close"):
-            connection._fail(error)
+            connection.fail(error)
         else:
-            connection._finish()
+            connection.finish()
         # The log gets the reason; the client only the text above (RabbitMQ's split).
         connection.error = ConnectionException(ReplyCode.ACCESS_REFUSED, f"{mechanism} login refused: {reason}")
         return
     connection.user_name = user.name
-    connection._user = user
+    connection.user = user
     connection.state = State.AWAIT_TUNE_OK
     connection.out.append(
         encode_method(
@@ -172,7 +172,7 @@ def login_done(connection: ServerConnection, mechanism: str, user: Any, reason: 
             ),
         )
     )
-    if connection._pending:
+    if connection.pending:
         connection.receive_data(b"")
 
 
@@ -192,7 +192,7 @@ def open_vhost(connection: ServerConnection, method: commands.Connection.Open) -
     """``connection.open``, checked in RabbitMQ's order: the vhost exists and is under its
     connection limit (and the node under ``limits.max_connections``), the user under
     theirs, then the user's access to the vhost."""
-    node, user = connection.node, connection._user
+    node, user = connection.node, connection.user
     vhost = node.vhosts.get(method.virtual_host)
     if vhost is None:
         raise ConnectionException(ReplyCode.NOT_ALLOWED, f"vhost {method.virtual_host} not found", 10, 40)
