@@ -147,25 +147,28 @@ def postroom_transcripts(postroom: tuple[int, list[str]]) -> dict[str, list[Entr
     return run_all(postroom[0], CASES)
 
 
-def _internal_error_at(entries: list[Entry]) -> int | None:
+def _connection_close_at(entries: list[Entry]) -> int | None:
     for index, entry in enumerate(entries):
-        if entry.kind == "Connection.Close" and entry.get("reply_code") == 541:
+        if entry.kind == "Connection.Close":
             return index
     return None
 
 
-def lost_before_internal_error(expected: list[Entry], actual: list[Entry]) -> bool:
-    """Whether ``expected`` (RabbitMQ's) is ``actual`` with replies missing just before a 541
-    ``INTERNAL_ERROR`` close.
+def lost_before_close(expected: list[Entry], actual: list[Entry]) -> bool:
+    """Whether ``expected`` (RabbitMQ's) is ``actual`` with replies missing just before the
+    broker's ``connection.close``.
 
-    RabbitMQ answers some malformed content (a headers table cut inside a value) by crashing
-    the channel process, and the connection closes with 541. Replies that channel made to the
-    frames before (a ``queue.declare-ok``) are then written or not, as its writer process and
-    the close race: alone they always are, on a loaded machine sometimes not (seen once in
-    about 2,000 cases with three test workers). Postroom always writes them. Such a transcript
-    is RabbitMQ's race, not a difference (listed in the docs, "Differences from RabbitMQ").
+    RabbitMQ's channels are processes of their own, writing through a writer process, and an
+    error that closes the connection (541 when a channel crashes on a headers table cut inside
+    a value, 540 for ``basic.recover`` with ``requeue=false`` on another channel) is sent by the
+    reader. Replies a channel made to the frames before (a ``queue.declare-ok``, a
+    ``channel.open-ok``) are then written or not as the processes race: alone they always are,
+    on a loaded machine sometimes not (seen about once in 2,000 cases with four test workers).
+    Postroom always writes them. Such a first run is taken as RabbitMQ's race only when both
+    brokers then answer alike run alone (:func:`compare_case`), and it is listed in the docs'
+    "Differences from RabbitMQ".
     """
-    at_expected, at_actual = _internal_error_at(expected), _internal_error_at(actual)
+    at_expected, at_actual = _connection_close_at(expected), _connection_close_at(actual)
     if at_expected is None or at_actual is None or at_actual <= at_expected:
         return False
     return expected[:at_expected] == actual[:at_expected] and expected[at_expected:] == actual[at_actual:]
@@ -179,10 +182,15 @@ def compare_case(
 ) -> None:
     """The case's two first-run transcripts are the same; a difference is run again alone, and
     reported with what the rerun showed (a difference that does not repeat is a finding too:
-    a race in one broker, or a read the harness cut). RabbitMQ's own race before a 541 close
-    (:func:`lost_before_internal_error`) is not one."""
-    if lost_before_internal_error(expected, actual):
+    a race in one broker, or a read the harness cut). RabbitMQ's own race before a connection
+    close (:func:`lost_before_close`) is not one, when the rerun alone shows none."""
+    if expected == actual:
         return
+    if lost_before_close(expected, actual):
+        again_expected, again_actual = rerun()
+        if again_expected == again_actual:
+            return
+        assert_same_transcript(again_expected, again_actual, ("rabbitmq", "postroom"))
     try:
         assert_same_transcript(expected, actual, ("rabbitmq", "postroom"))
     except AssertionError as first:
@@ -220,14 +228,17 @@ def test_every_family_is_generated() -> None:
     assert len(CASES) > 500
 
 
-def test_only_replies_lost_just_before_rabbitmqs_internal_error_are_let_pass() -> None:
+def test_only_replies_lost_just_before_rabbitmqs_connection_close_are_let_pass() -> None:
     declare_ok = Entry(1, "Queue.DeclareOk", (("queue", "q"),))
     close = Entry(0, "Connection.Close", (("reply_code", 541), ("reply_text", "INTERNAL_ERROR - …")))
     start, ended = Entry(1, "Channel.OpenOk", ()), Entry(0, "CLOSED", ())
     postroom = [start, declare_ok, close, ended]
-    assert lost_before_internal_error([start, close, ended], postroom)
-    assert not lost_before_internal_error(postroom, postroom)  # nothing lost: compared as usual
-    assert not lost_before_internal_error([start, declare_ok, close, ended], [start, close, ended])  # Postroom's loss
+    assert lost_before_close([start, close, ended], postroom)
+    assert not lost_before_close(postroom, postroom)  # nothing lost: compared as usual
+    assert not lost_before_close([start, declare_ok, close, ended], [start, close, ended])  # Postroom's loss
     other = Entry(0, "Connection.Close", (("reply_code", 505), ("reply_text", "UNEXPECTED_FRAME - …")))
-    assert not lost_before_internal_error([start, other, ended], [start, declare_ok, other, ended])
-    assert not lost_before_internal_error([declare_ok, close, ended], [start, declare_ok, close, ended])
+    assert lost_before_close([start, other, ended], [start, declare_ok, other, ended])
+    assert not lost_before_close([start, close, ended], [start, declare_ok, other, ended])  # another close
+    channel_close = Entry(1, "Channel.Close", (("reply_code", 404), ("reply_text", "NOT_FOUND - …")))
+    assert not lost_before_close([start, channel_close], [start, declare_ok, channel_close])  # a channel's
+    assert not lost_before_close([declare_ok, close, ended], [start, declare_ok, close, ended])
