@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import struct
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -155,7 +155,7 @@ class ChannelState:
         #: Publisher confirms, once ``confirm.select`` asked for them (``None``: not in confirm mode).
         self.confirms: Confirms | None = None
         self.transactional = False
-        self._tx_ops: list[Callable[[], None]] = []
+        self._tx_ops: list[Callable[[], object]] = []
         #: Delivery tags taken back by visibility timeouts, oldest first (see MAX_STALE_TAGS).
         self._stale: dict[int, bool] = {}
         #: Deliveries acked or rejected inside the open transaction (put back on rollback).
@@ -335,7 +335,7 @@ class ChannelState:
             if not method.nowait:
                 self.send(commands.Basic.CancelOk(consumer_tag=method.consumer_tag))
             return
-        consumer = self.consumers.pop(method.consumer_tag, None)
+        consumer = self.consumers.pop(method.consumer_tag, None)  # type: ignore[arg-type]  # decoded: a str
         if consumer is not None:
             self._remove_consumer(consumer)
         if not method.nowait:
@@ -361,7 +361,7 @@ class ChannelState:
         """The deliveries this channel holds unacknowledged."""
         return self._unacked.values()
 
-    def deliver_entries(self, consumer: Consumer, entries: Iterable[Entry]) -> None:
+    def deliver_entries(self, consumer: Consumer, entries: Sequence[Entry]) -> None:
         """Write a ``basic.deliver`` and the content of each entry for ``consumer``.
 
         The caller has checked the consumer's credit. Frames are built from the stored bytes:
@@ -771,6 +771,7 @@ class ChannelState:
         header = self._header
         assert publish is not None and header is not None
         if publish is _REFUSED:
+            assert self._refusal is not None
             raise self._refusal
         self._publish = None
         self._header = None

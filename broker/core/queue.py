@@ -190,7 +190,7 @@ class DeliverySink(Protocol):
     prefetch_global: int
     unacked_count: int
 
-    def deliver_entries(self, consumer: Consumer, entries: Iterable[Entry]) -> None:
+    def deliver_entries(self, consumer: Consumer, entries: Sequence[Entry]) -> None:
         """Send ``entries`` to ``consumer`` (a ``basic.deliver`` and the content for each)."""
 
     def take_back(self, entry: Entry) -> bool:

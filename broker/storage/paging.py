@@ -461,7 +461,7 @@ class Pager(Service):
                 self.watch(queue)
 
     def startService(self) -> None:
-        super().startService()
+        super().startService()  # type: ignore[no-untyped-call]
         if self.watched and self._call is None:
             self._call = self.reactor.callLater(0, self.look)
 
@@ -470,4 +470,4 @@ class Pager(Service):
             self._call.cancel()
             self._call = None
         self.store.close()
-        return super().stopService()
+        return super().stopService()  # type: ignore[no-untyped-call]

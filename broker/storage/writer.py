@@ -41,13 +41,13 @@ class WorkerWriter(Service):
         raise NotImplementedError
 
     def startService(self) -> None:
-        super().startService()
+        super().startService()  # type: ignore[no-untyped-call]
         self._pool.start()
 
     @defer.inlineCallbacks
     def stopService(self) -> Any:
         """Write what is pending (and sync it, as every write does), then stop the worker thread."""
-        super().stopService()
+        super().stopService()  # type: ignore[no-untyped-call]
         if self._call is not None and self._call.active():
             self._call.cancel()
         self._call = None

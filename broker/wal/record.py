@@ -976,8 +976,11 @@ def published_content(data: bytes, pos: int, length: int) -> tuple[int, bytes, b
 
 
 class _Placed(Protocol):
-    offset: int
-    length: int
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def length(self) -> int: ...
 
 
 @functools.lru_cache(maxsize=64)
