@@ -145,7 +145,7 @@ def run(
         pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
     queue = node.vhosts["/"].queues["bench"]
     assert queue.unacked_count == min(depth, 1000) and queue.message_count == max(depth - 1000, 0)
-    assert (queue.spool is not None) == (spool is not None and depth > SPOOL_WINDOW + 1000)
+    assert (queue.ready.spool is not None) == (spool is not None and depth > SPOOL_WINDOW + 1000)
     return elapsed / messages * 1e6
 
 

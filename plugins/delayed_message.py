@@ -44,8 +44,9 @@ from typing import Any
 from twisted.plugin import IPlugin
 from zope.interface import implementer
 
+from broker.core.entry import Entry
 from broker.core.message import Message
-from broker.core.queue import Entry, WorkQueue
+from broker.core.queue import WorkQueue
 from broker.interfaces import IBrokerPlugin, IPluginContext, PluginSettingsInvalid
 from broker.wire.content import with_header_entry
 from broker.wire.table import Int32, Int64

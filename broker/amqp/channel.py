@@ -29,8 +29,9 @@ from pamqp.base import Frame
 
 from broker.amqp import topology
 from broker.amqp.confirms import Confirms
+from broker.core.entry import UNACKED, Consumer, Entry
 from broker.core.message import Message
-from broker.core.queue import UNACKED, Consumer, Entry, WorkQueue
+from broker.core.queue import WorkQueue
 from broker.core.replyto import PREFIX, PSEUDO_QUEUE, ReplyConsumer
 from broker.core.seal import DEAD_LETTER_ID_HEADER, SEAL_HEADER, UNSEALED, without_entries
 from broker.core.vhost import EXTEND_EXCHANGE, REDRIVE_EXCHANGE

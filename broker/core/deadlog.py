@@ -42,7 +42,8 @@ from broker.wire.content import MESSAGE_ID, property_value
 
 if TYPE_CHECKING:
     from broker.core.deadletter import DeadLetterReason
-    from broker.core.queue import Entry, WorkQueue
+    from broker.core.entry import Entry
+    from broker.core.queue import WorkQueue
 
 __all__ = [
     "DEAD_LETTER_ID_HEADER",
@@ -233,7 +234,7 @@ class DeadLetterLog:
         for target in targets:
             if target.dead_letter_watch is None:
                 self.watch(target)
-            if target.spool is None:
+            if target.ready.spool is None:
                 listed.add(target.name)
             else:  # behind a spool, maybe recorded already: known by its header when it leaves
                 self.unlisted[target.name] += 1

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
+from broker.core.deadlines import Scheduler
 from broker.core.deadlog import header_dead_letter_id
 from broker.core.message import Message
 from broker.core.node import Limits, Node, User
 from broker.core.policy import Policy, PolicyRefused, from_value
-from broker.core.queue import Scheduler
 from broker.core.vhost import VirtualHost
 from broker.errors import AMQPError
 from broker.wal.recovery import Snapshot
@@ -259,7 +259,7 @@ def restore_snapshot(
             if into is None:
                 continue
             for message_id, item in sorted(stored.items()):
-                spool = into.spool
+                spool = into.ready.spool
                 if spool is not None and not spool.waiting and item.start and item.segment and journal is not None:
                     # Behind the window: a record pointing at the log, no object.
                     into.restore_spooled(item)

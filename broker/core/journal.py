@@ -42,9 +42,9 @@ from broker.wal.record import (
 from broker.wire.codec import encode_table
 
 if TYPE_CHECKING:
+    from broker.core.entry import Entry
     from broker.core.message import Message
     from broker.core.policy import Policy
-    from broker.core.queue import Entry
     from broker.core.vhost import VirtualHost
 
 

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from broker.core.access import Access, Patterns, TopicPatterns, compile_access
+from broker.core.deadlines import Scheduler
 from broker.core.login import LoginThrottle, decoy_hash, is_expensive
-from broker.core.queue import Scheduler, WorkQueue
+from broker.core.queue import WorkQueue
 from broker.core.replyto import DirectReplyTo
 from broker.core.vhost import VirtualHost
 

@@ -1,15 +1,14 @@
 """Work queues: ready messages, competing consumers, prefetch, and the reliability rules.
 
-A queue holds :class:`Entry` objects (a message plus this queue's delivery state for it: one
-message routed to three queues has three entries). Unacknowledged entries are held by the
-channel that received them, keyed by delivery tag; the queue only counts them.
+A queue holds :class:`~broker.core.entry.Entry` objects (a message plus this queue's delivery
+state for it: one message routed to three queues has three entries). Unacknowledged entries
+are held by the channel that received them, keyed by delivery tag; the queue only counts them.
 
-Dispatch is synchronous: enqueueing a message, adding a consumer or giving a consumer credit
-(an ack, a prefetch change, a writable socket) calls :meth:`WorkQueue.dispatch`, which hands
-ready entries to the next consumer that can take one. Consumers take turns (RabbitMQ's
-round-robin); a consumer that is full is skipped and keeps its place.
-
-Reliability (``../shared/CONTRACT.md``, Queues):
+A :class:`WorkQueue` has three parts, each in its module: its ready line (``broker.core.ready``:
+the window in memory, the spool behind it, the paging marks), its delivery
+(``broker.core.delivery``: consumers, turns, dispatch) and its deadlines
+(``broker.core.deadlines``: one timer for visibility timeouts, TTLs and ``x-expires``). What
+becomes of a message is the queue's own, by these rules (``../shared/CONTRACT.md``, Queues):
 
 * **visibility timeout** (SQS's rule): a delivery left unacked longer than its timeout is
   taken back from its channel (its tag goes stale), counted as a return and put back where
@@ -24,29 +23,24 @@ Reliability (``../shared/CONTRACT.md``, Queues):
   reject-publish-dlx;
 * **x-expires**: a queue unused for that long (no consumers, no ``basic.get``, no
   redeclaration) is deleted.
-
-Timers: a queue has at most one pending ``callLater``, for its earliest deadline. Deadlines of
-deliveries with the same timeout arrive in order, so they sit in a FIFO per timeout value
-(O(1) per delivery); extended leases and per-message TTLs go to a heap. Records are
-``(deadline, entry)`` snapshots, valid only while the entry is still in the state and at the
-deadline they were made for, so acks and requeues cost nothing here: stale records are
-skipped when they come up, and the FIFOs are compacted when stale records outnumber live ones.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
-import itertools
 import operator
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.core.deadletter import DeadLetterReason, with_delivery_count
+from broker.core.deadlines import COMPACT_AFTER, EXPIRY, TAKEBACK, TIMER_SLACK, Deadlines, Scheduler
+from broker.core.delivery import Delivery
+from broker.core.entry import DISPATCH_BATCH, GONE, READY, Consumer, Entry
 from broker.core.message import Message
+from broker.core.ready import READ_BACK, ReadyLine
 from broker.core.spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
 from broker.wire.codec import FLAG_EXPIRATION
 
@@ -55,22 +49,8 @@ if TYPE_CHECKING:
     from broker.core.vhost import Exchange
     from broker.wal.recovery import StoredMessage
 
-#: Most deliveries one dispatch makes before yielding. A consumer without a prefetch limit
-#: (or with no_ack) on a long queue would otherwise have the whole queue written into its
-#: output buffer at once; in batches, the socket's back-pressure pauses it in between.
-DISPATCH_BATCH = 2000
-
 #: RabbitMQ's largest x-max-priority; each level is one deque, so the cap bounds memory per queue.
 MAX_PRIORITY = 255
-
-#: After a timer fires, the next one waits at least this long (seconds), so a burst of
-#: deadlines microseconds apart is handled in a few batches rather than one callLater each.
-#: The first deadline of a quiet period is still met exactly.
-TIMER_SLACK = 0.01
-
-#: Stale timer records tolerated before a FIFO is compacted (and only when they also
-#: outnumber the live ones), so compaction is O(1) amortised per record.
-COMPACT_AFTER = 1024
 
 #: One message in this many per queue has its publish-to-deliver latency measured: a
 #: histogram of samples shows the shape without a clock reading for every message.
@@ -78,18 +58,6 @@ LATENCY_SAMPLE_EVERY = 1024
 
 #: Sampled entries waiting for their delivery, per queue, before the table is cleared.
 MAX_LATENCY_SAMPLES = 64
-
-#: :attr:`WorkQueue.page_at` when no pager is to be asked: more bytes than any queue holds.
-NEVER = 1 << 62
-
-# Entry states.
-READY = 0  # in the ready list (or about to be)
-UNACKED = 1  # delivered, waiting for an ack
-GONE = 2  # acked, dead-lettered, expired or dropped
-
-# What a queue was doing when its spool failed (:meth:`WorkQueue.spool_failed`).
-WRITE = "spool messages"
-READ_BACK = "read spooled messages back"
 
 
 class CheckpointRefused(Exception):
@@ -117,16 +85,6 @@ class QueueCheckpoint:
     #: Adopted records in the span removed since, and delivery counts changed since.
     removed: set[int] = dataclasses.field(default_factory=set)
     counts: dict[int, int] = dataclasses.field(default_factory=dict)
-
-
-class Scheduler(Protocol):
-    """The part of a reactor the queues use: what time it is, and a call later."""
-
-    def seconds(self) -> float:
-        """The current time in seconds."""
-
-    def callLater(self, delay: float, callable: Callable[..., Any], *args: Any) -> Any:  # noqa: N802
-        """Call ``callable`` after ``delay`` seconds; return something with ``cancel()``."""
 
 
 class Overflow(Enum):
@@ -183,38 +141,6 @@ class QueueSettings:
         )
 
 
-class DeliverySink(Protocol):
-    """What a consumer delivers to: the channel that registered it."""
-
-    active: bool
-    prefetch_global: int
-    unacked_count: int
-
-    def deliver_entries(self, consumer: Consumer, entries: Sequence[Entry]) -> None:
-        """Send ``entries`` to ``consumer`` (a ``basic.deliver`` and the content for each)."""
-
-    def take_back(self, entry: Entry) -> bool:
-        """Forget an unacked delivery whose visibility timeout passed (its tag becomes stale).
-
-        :returns: ``False`` when the channel no longer holds it (acked in an open transaction).
-        """
-
-
-class BodyPager(Protocol):
-    """What keeps the messages of deep queues within the memory budget (``broker.storage.paging.Pager``)."""
-
-    def watch(self, queue: WorkQueue) -> None:
-        """``queue`` holds more ready bytes than its :attr:`WorkQueue.page_at`: look at it soon."""
-
-    def spool_now(self, queue: WorkQueue) -> int:
-        """``queue`` holds :attr:`WorkQueue.spool_at` ready messages: watch it, and say whether it
-        is to spool what arrives now (0), or else at how many ready messages to ask again."""
-
-    def spool_failed(self, queue: WorkQueue, error: OSError, doing: str, then: str) -> None:
-        """``queue``'s messages could not be spooled or read back: ``error`` while ``doing``,
-        with the consequence ``then`` (the shell logs it)."""
-
-
 class QueueObserver(Protocol):
     """What a queue tells the one that holds it (``broker.core.vhost.VirtualHost``)."""
 
@@ -241,331 +167,13 @@ class DeadLetterWatch(Protocol):
         """``entries`` left ``queue`` for good."""
 
 
-class SpoolMaker(Protocol):
-    """What makes the spools of deep queues (``broker.storage.spooling.Spooler``)."""
-
-    #: Ready entries a queue keeps in memory before it spools what arrives.
-    window: int
-
-    def spool(self, queue: WorkQueue, storage: Any = None) -> Spool:
-        """A new spool for ``queue``, on ``storage`` (a checkpoint's records) or on new storage."""
-        ...
-
-
-class Entry:
-    """A message in one queue, with that queue's delivery state for it."""
-
-    __slots__ = (
-        "message",
-        "queue",
-        "redelivered",
-        "consumer",
-        "tag",
-        "channel",
-        "state",
-        "delivery_count",
-        "deadline",
-        "expires_at",
-        "header",
-        "seq",
-        "paged",
-    )
-
-    def __init__(self, message: Message, queue: WorkQueue) -> None:
-        self.message = message
-        self.queue = queue
-        #: Its place in the queue's order (enqueue order): a return puts it back there.
-        queue.seq += 1
-        self.seq = queue.seq
-        self.redelivered = False
-        #: The consumer it was delivered to (``None`` while ready or after basic.get).
-        self.consumer: Consumer | None = None
-        #: Its delivery tag on the channel that holds it, while unacknowledged.
-        self.tag = 0
-        #: The channel that holds it while unacknowledged.
-        self.channel: DeliverySink | None = None
-        self.state = READY
-        #: Returns so far (nack/reject with requeue, visibility timeouts, channel closes).
-        self.delivery_count = 0
-        #: When its visibility timeout ends, while unacknowledged (``None``: no timeout).
-        self.deadline: float | None = None
-        #: When it expires while ready (``None``: never).
-        self.expires_at: float | None = None
-        #: Its content header with ``x-delivery-count`` once it has been returned, else ``None``.
-        self.header: bytes | None = None
-        #: Whether its body counts in the queue's :attr:`WorkQueue.paged_bytes` (ready, on disk).
-        self.paged = False
-
-
-class Consumer:
-    """A ``basic.consume`` subscription.
-
-    :param channel: where deliveries go
-    :param tag: the consumer tag
-    :param prefetch: at most this many unacked deliveries (0: no limit)
-    :param visibility_timeout: overrides the queue's (seconds), from the consumer argument
-    :param priority: the consumer's ``x-priority`` (RabbitMQ's consumer priorities)
-    """
-
-    __slots__ = (
-        "channel",
-        "queue",
-        "tag",
-        "tag_bytes",
-        "no_ack",
-        "exclusive",
-        "prefetch",
-        "unacked",
-        "arguments",
-        "visibility_timeout",
-        "priority",
-    )
-
-    def __init__(
-        self,
-        channel: DeliverySink,
-        queue: WorkQueue,
-        tag: str,
-        tag_bytes: bytes,
-        no_ack: bool,
-        exclusive: bool,
-        prefetch: int,
-        arguments: Mapping[str, Any],
-        visibility_timeout: float | None = None,
-        priority: int = 0,
-    ) -> None:
-        self.channel = channel
-        self.queue = queue
-        self.tag = tag
-        self.tag_bytes = tag_bytes
-        self.no_ack = no_ack
-        self.exclusive = exclusive
-        self.prefetch = prefetch
-        self.unacked = 0
-        self.arguments = arguments
-        self.visibility_timeout = visibility_timeout if visibility_timeout else queue.settings.visibility_timeout
-        #: ``x-priority``: deliveries go to the highest priority consumers that can take them.
-        self.priority = priority
-
-    def credit(self) -> int:
-        """How many deliveries the consumer can take now (:data:`DISPATCH_BATCH` when unlimited)."""
-        channel = self.channel
-        if not channel.active:
-            return 0
-        if self.no_ack:
-            return DISPATCH_BATCH
-        credit = self.prefetch - self.unacked if self.prefetch else DISPATCH_BATCH
-        if channel.prefetch_global:
-            credit = min(credit, channel.prefetch_global - channel.unacked_count)
-        return credit
-
-    def can_accept(self) -> bool:
-        """Whether one more delivery fits (see :meth:`credit`)."""
-        return self.credit() > 0
-
-
-class _PriorityReady:
-    """Ready entries of a priority queue: one FIFO per priority level, highest served first."""
-
-    __slots__ = ("_levels", "_max", "_count")
-
-    def __init__(self, max_priority: int) -> None:
-        self._levels: list[deque[Entry]] = [deque() for _ in range(max_priority + 1)]
-        self._max = max_priority
-        self._count = 0
-
-    def _level(self, entry: Entry) -> deque[Entry]:
-        return self._levels[min(entry.message.priority, self._max)]
-
-    def append(self, entry: Entry) -> None:
-        self._level(entry).append(entry)
-        self._count += 1
-
-    def appendleft(self, entry: Entry) -> None:
-        self._level(entry).appendleft(entry)
-        self._count += 1
-
-    def put_back(self, entries: list[Entry]) -> None:
-        """Returned entries back at their places, each in its priority level (see :func:`_put_back`)."""
-        levels: dict[int, list[Entry]] = {}
-        for entry in entries:
-            levels.setdefault(min(entry.message.priority, self._max), []).append(entry)
-        for level, group in levels.items():
-            _put_back(self._levels[level], group)
-        self._count += len(entries)
-
-    def popleft(self) -> Entry:
-        for level in reversed(self._levels):
-            if level:
-                self._count -= 1
-                return level.popleft()
-        raise IndexError("pop from an empty queue")
-
-    def clear(self) -> None:
-        for level in self._levels:
-            level.clear()
-        self._count = 0
-
-    def __len__(self) -> int:
-        return self._count
-
-    def __iter__(self) -> Iterator[Entry]:
-        for level in reversed(self._levels):
-            yield from level
-
-    @property
-    def levels(self) -> list[deque[Entry]]:
-        """The FIFOs, lowest priority (served last) first."""
-        return self._levels
-
-
-_seq = operator.attrgetter("seq")
-
-
-def _put_back(ready: deque[Entry], entries: list[Entry]) -> None:
-    """Put returned entries back where they stood, as RabbitMQ's classic queues do.
-
-    ``ready`` is in enqueue order (:attr:`Entry.seq`): new entries go to the tail, so keeping
-    returns in that order keeps the invariant. Returned entries were delivered from the head,
-    so only the ready entries older than the newest of them move: O(returned + those), usually
-    O(returned), whatever order the client returned them in.
-    """
-    entries.sort(key=_seq)
-    newest = entries[-1].seq
-    older: list[Entry] = []
-    while ready and ready[0].seq < newest:
-        older.append(ready.popleft())
-    if older:
-        entries = list(heapq.merge(older, entries, key=_seq))
-    ready.extendleft(reversed(entries))
-
-
-class Deadlines:
-    """A queue's deadlines, and the one timer armed at the earliest of them.
-
-    Visibility timeouts of deliveries wait in a FIFO per timeout length (deadlines of one length
-    come in order), message TTLs in a FIFO when the queue has one TTL for all, and everything
-    else (per-message expirations, extended leases) in a heap. Records are not removed when an
-    entry is acked or requeued: they go stale (the entry's state or deadline no longer match)
-    and are skipped, and the FIFOs are compacted once stale records outnumber live ones.
-    What to do when deadlines pass is the queue's (:meth:`WorkQueue.deadlines_passed`).
-
-    :param clock: the reactor's time and calls (``None``: nothing is ever armed)
-    :param fire: called when the timer goes off
-    """
-
-    __slots__ = ("clock", "fire", "inflight", "stale", "ttl_fifo", "heap", "_sequence", "timer", "timer_at")
-
-    def __init__(self, clock: Scheduler | None, fire: Callable[[], None]) -> None:
-        self.clock = clock
-        self.fire = fire
-        self.inflight: dict[float, deque[tuple[float, Entry]]] = {}
-        #: Records in :attr:`inflight` whose delivery was settled or returned since.
-        self.stale = 0
-        self.ttl_fifo: deque[tuple[float, Entry]] = deque()
-        self.heap: list[tuple[float, int, int, Entry]] = []  # (deadline, seq, kind, entry)
-        self._sequence = itertools.count()
-        self.timer: Any = None
-        self.timer_at = 0.0
-
-    def track_delivery(self, entry: Entry, deadline: float, timeout: float) -> None:
-        """Start the visibility timeout of a delivery."""
-        entry.deadline = deadline
-        fifo = self.inflight.get(timeout)
-        if fifo is None:
-            fifo = self.inflight[timeout] = deque()
-        fifo.append((deadline, entry))
-        if self.timer is None or deadline < self.timer_at:
-            self.arm(deadline)
-
-    def expire_in_order(self, entry: Entry, expires_at: float) -> None:
-        """``entry`` expires at ``expires_at``, after every entry before it (the queue's one TTL)."""
-        self.ttl_fifo.append((expires_at, entry))
-        self.arm(expires_at)
-
-    def push(self, deadline: float, kind: int, entry: Entry) -> None:
-        """A deadline in no order: ``kind`` is :data:`_TAKEBACK` or :data:`_EXPIRY`."""
-        heapq.heappush(self.heap, (deadline, next(self._sequence), kind, entry))
-        self.arm(deadline)
-
-    def compact(self) -> None:
-        """Drop the stale records of the FIFOs, once they outnumber the live ones."""
-        live = sum(len(fifo) for fifo in self.inflight.values()) - self.stale
-        if self.stale < live:
-            return
-        for timeout, fifo in list(self.inflight.items()):
-            kept = deque(record for record in fifo if record[1].state == UNACKED and record[1].deadline == record[0])
-            if kept:
-                self.inflight[timeout] = kept
-            else:
-                del self.inflight[timeout]
-        self.stale = 0
-
-    def arm(self, deadline: float) -> None:
-        """Have the timer go off at ``deadline`` at the latest."""
-        clock = self.clock
-        if clock is None:
-            return
-        if self.timer is not None:
-            if deadline >= self.timer_at:
-                return
-            self.timer.cancel()
-        self.timer_at = deadline
-        self.timer = clock.callLater(max(0.0, deadline - clock.seconds()), self.fire)
-
-    def next_deadline(self) -> float | None:
-        """The earliest live deadline (stale records at the heads of the FIFOs are dropped)."""
-        candidates = []
-        for fifo in self.inflight.values():
-            while fifo and not (fifo[0][1].state == UNACKED and fifo[0][1].deadline == fifo[0][0]):
-                fifo.popleft()
-                self.stale = max(0, self.stale - 1)
-            if fifo:
-                candidates.append(fifo[0][0])
-        ttl = self.ttl_fifo
-        while ttl and not (ttl[0][1].state == READY and ttl[0][1].expires_at == ttl[0][0]):
-            ttl.popleft()
-        if ttl:
-            candidates.append(ttl[0][0])
-        if self.heap:
-            candidates.append(self.heap[0][0])
-        return min(candidates) if candidates else None
-
-    def due(self, now: float) -> tuple[list[Entry], list[Entry]]:
-        """Take the deadlines passed at ``now``: the deliveries whose visibility timeout ran
-        out, and the ready entries that expired."""
-        taken: list[Entry] = []
-        expired: list[Entry] = []
-        for fifo in list(self.inflight.values()):
-            while fifo and fifo[0][0] <= now:
-                deadline, entry = fifo.popleft()
-                if entry.state == UNACKED and entry.deadline == deadline:
-                    taken.append(entry)
-                else:
-                    self.stale = max(0, self.stale - 1)
-        ttl = self.ttl_fifo
-        while ttl and ttl[0][0] <= now:
-            deadline, entry = ttl.popleft()
-            if entry.state == READY and entry.expires_at == deadline:
-                expired.append(entry)
-        heap = self.heap
-        while heap and heap[0][0] <= now:
-            deadline, _seq, kind, entry = heapq.heappop(heap)
-            if kind == _TAKEBACK and entry.state == UNACKED and entry.deadline == deadline:
-                taken.append(entry)
-            elif kind == _EXPIRY and entry.state == READY and entry.expires_at == deadline:
-                expired.append(entry)
-        return taken, expired
-
-    def cancel(self) -> None:
-        """Stop the timer."""
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-
 class WorkQueue:
     """A named queue with competing consumers and the reliability rules of its settings.
+
+    Its parts: :attr:`ready` (the ready line: window, spool, paging marks), :attr:`delivery`
+    (consumers, turns and dispatch) and :attr:`deadlines` (timers). The queue decides what
+    happens to a message: where it goes when it arrives or comes back, when it expires, is
+    dropped or dead-lettered.
 
     :param name: the queue name, unique in its virtual host
     :param owner: the connection that owns an exclusive queue, else ``None``
@@ -593,45 +201,21 @@ class WorkQueue:
         self.settings = settings = settings or QueueSettings.from_arguments(self.arguments)
         self.clock = clock
         self.max_priority = settings.max_priority
-        self._ready: deque[Entry] | _PriorityReady = (
-            deque() if settings.max_priority is None else _PriorityReady(settings.max_priority)
-        )
-        #: Entries in ``_ready`` that expired where they stood; skipped when they come up.
-        self._gone_in_ready = 0
-        #: The last :attr:`Entry.seq` given out: ``_ready`` is kept in this order, so a returned
+        #: The last :attr:`Entry.seq` given out: the ready line is kept in this order, so a returned
         #: message goes back to its place (RabbitMQ's classic queues), whatever the return order.
         self.seq = 0
+        #: The ready messages, and the consumers they go to.
+        self.ready = ReadyLine(self, settings.max_priority)
+        self.delivery = Delivery()
+        # The hot path's handles on both (the same objects for the queue's whole life).
+        self._window = self.ready.entries
+        self._ring = self.delivery.ring
         self._track_bytes = settings.max_length_bytes is not None
-        #: Body bytes of the ready entries, and of those the bodies of which are on disk.
-        self.ready_bytes = 0
-        self.paged_bytes = 0
-        #: Where bodies go when memory is short (``None``: they stay), and the ready bytes past
-        #: which the queue asks it to look (:data:`NEVER` while it is watched or there is none).
-        self.pager: BodyPager | None = None
-        self.page_at = NEVER
-        #: A deep queue's spool (``broker.core.spool``): what arrived once :attr:`spool_at` ready
-        #: entries were in memory, as records on disk; ``None`` while everything is in memory.
-        self.spool: Spool | None = None
-        #: Makes the spool (``broker.storage.spooling.Spooler``); ``None``: this queue never spools.
-        self.spooler: SpoolMaker | None = None
-        #: Ready entries in memory at which the queue asks its pager whether to spool (while it
-        #: does not: :meth:`_start_spool`), or past which what arrives is spooled and under which
-        #: the spool refills them (while it does); :data:`NEVER`: never.
-        self.spool_at = NEVER
-        self._refill_at = 0
         #: Enqueue can take the short path: no TTL, no length limit, consumers of one priority.
         self._plain = True
         #: The same while spooling: what arrives goes straight to the spool.
         self._spool_plain = False
-        #: The consumers deliveries go to, next in turn first (with a single active consumer:
-        #: the active one only).
-        self._consumers: deque[Consumer] = deque()
-        #: While consumers' priorities differ: the same consumers by priority, highest first,
-        #: each level in turn order (``None`` otherwise, so equal priorities cost nothing).
-        self._levels: list[deque[Consumer]] | None = None
-        #: ``x-single-active-consumer``: the consumers waiting to become the active one.
-        self._waiting: deque[Consumer] = deque()
-        self._update_plain()
+        self.update_plain()
         self.unacked_count = 0
         self.deleted = False
         #: Exchanges with a binding to this queue, so deleting the queue can remove them.
@@ -672,27 +256,23 @@ class WorkQueue:
         settings = dataclasses.replace(settings, max_priority=self.settings.max_priority)
         self.settings = settings
         self._track_bytes = settings.max_length_bytes is not None
-        self._update_plain()
+        self.update_plain()
         if settings.overflow is Overflow.DROP_HEAD and (settings.max_length is not None or self._track_bytes):
             self._drop_head_while_full()
         self.touch()
 
-    def _update_plain(self) -> None:
+    def update_plain(self) -> None:
+        """Settings, the spool or consumers' priorities changed: say again which path enqueue takes."""
         settings = self.settings
-        self._plain = (
+        plain = (
             settings.message_ttl is None
             and settings.max_length is None
             and not self._track_bytes
-            and self._levels is None
-            and self.spool is None
+            and self.delivery.levels is None
         )
-        self._spool_plain = (
-            self.spool is not None
-            and settings.message_ttl is None
-            and settings.max_length is None
-            and not self._track_bytes
-            and self._levels is None
-        )
+        spooling = self.ready.spool is not None
+        self._plain = plain and not spooling
+        self._spool_plain = plain and spooling
 
     @property
     def exclusive(self) -> bool:
@@ -702,72 +282,37 @@ class WorkQueue:
     @property
     def message_count(self) -> int:
         """Ready messages (as ``queue.declare-ok`` reports them: unacked ones are not counted)."""
-        spool = self.spool
-        return len(self._ready) - self._gone_in_ready + (spool.count if spool is not None else 0)
+        return self.ready.count
 
     @property
     def queued_bytes(self) -> int:
         """Body bytes of the ready messages, spooled ones included (``x-max-length-bytes``)."""
-        spool = self.spool
-        return self.ready_bytes + (spool.bytes if spool is not None else 0)
+        return self.ready.queued_bytes
+
+    @property
+    def memory_use(self) -> tuple[int, int]:
+        """Ready messages in memory and their body bytes in memory (see :attr:`ReadyLine.memory_use`)."""
+        return self.ready.memory_use
 
     @property
     def consumer_count(self) -> int:
         """Consumers (with a single active consumer: the waiting ones too, as RabbitMQ counts)."""
-        return len(self._consumers) + len(self._waiting)
+        return self.delivery.count
 
     @property
     def consumers(self) -> Iterable[Consumer]:
         """The consumers, next in turn first (the active one, then those waiting)."""
-        return [*self._consumers, *self._waiting] if self._waiting else self._consumers
+        return self.delivery.consumers
 
     @property
     def active_consumer(self) -> Consumer | None:
         """With ``x-single-active-consumer``: the one consumer deliveries go to (else ``None``)."""
-        return self._consumers[0] if self.settings.single_active_consumer and self._consumers else None
+        ring = self._ring
+        return ring[0] if self.settings.single_active_consumer and ring else None
 
-    def ready_entries(self) -> Iterable[Entry]:
-        """The ready entries, next to be delivered first."""
-        return [entry for entry in self._ready if entry.state == READY]
-
-    def tail_first(self) -> Iterator[Entry]:
-        """The ready entries, last to be delivered first."""
-        ready = self._ready
-        if type(ready) is _PriorityReady:
-            for level in ready.levels:
-                yield from reversed(level)
-        else:
-            yield from reversed(ready)  # type: ignore[arg-type]
-
-    def to_page(self, window: int) -> list[Entry]:
-        """Ready entries whose bodies should go to disk, last to be delivered first: those behind
-        the first ``window`` bytes of ready bodies still in memory, back to the first entry whose
-        body is already on disk (so each look costs what arrived since the last one).
-        """
-        keep = self.ready_bytes - self.paged_bytes
-        chosen = []
-        for entry in self.tail_first():
-            if keep <= window or entry.paged:
-                break
-            if entry.state == READY:
-                chosen.append(entry)
-                keep -= entry.message.size
-        return chosen
-
-    def mark_paged(self, entries: Iterable[Entry]) -> None:
-        """The bodies of these ready entries are on disk now (they count in :attr:`paged_bytes`)."""
-        for entry in entries:
-            if not entry.paged:
-                entry.paged = True
-                self.paged_bytes += entry.message.size
-
-    def newest(self, count: int) -> list[Entry]:
-        """The last ``count`` ready entries in memory (expired ones too), newest first."""
-        return list(itertools.islice(self.tail_first(), count))
-
-    def peek(self, count: int) -> list[Entry]:
-        """The first ``count`` ready entries, without taking them (the rest are not visited)."""
-        return list(itertools.islice((entry for entry in self._ready if entry.state == READY), count))
+    def ready_entries(self) -> list[Entry]:
+        """The ready entries in memory, next to be delivered first."""
+        return self.ready.live()
 
     def now(self) -> float:
         """The queue's clock reading (0 without a clock)."""
@@ -786,31 +331,24 @@ class WorkQueue:
         if not self._until_sample:
             self._until_sample = LATENCY_SAMPLE_EVERY
             return self._enqueue_sampled(message)
-        if not self._plain or self._gone_in_ready or message.flags & FLAG_EXPIRATION:
+        if not self._plain or self.ready.gone or message.flags & FLAG_EXPIRATION:
             if self._spool_plain and not message.flags & FLAG_EXPIRATION:
                 # Spooling, and nothing to check: straight behind the rest.
-                entry = Entry(message, self)
-                self._spool_entry(entry)
+                self.ready.spool_entry(Entry(message, self))
                 return True
             return self._enqueue_checked(message)
         entry = Entry(message, self)
-        consumers = self._consumers
-        if consumers and not self._ready:
-            # Nothing waiting: hand the entry to the next consumer that can take it. This is
-            # _deliver_now inlined: one call less per message on the hot path.
+        consumers = self._ring
+        if consumers and not self._window:
+            # Nothing waiting: hand the entry to the next consumer that can take it (one
+            # priority: Delivery.deliver_one's round robin, inlined on the hot path).
             for _ in range(len(consumers)):
                 consumer = consumers[0]
                 consumers.rotate(-1)
                 if consumer.can_accept():
                     consumer.channel.deliver_entries(consumer, (entry,))
                     return True
-        ready = self._ready
-        ready.append(entry)
-        self.ready_bytes += message.size
-        if self.ready_bytes > self.page_at:
-            self.pager.watch(self)  # type: ignore[union-attr]
-        if len(ready) >= self.spool_at:
-            self._start_spool()
+        self.ready.append(entry)
         return True
 
     def _enqueue_sampled(self, message: Message) -> bool:
@@ -840,6 +378,7 @@ class WorkQueue:
         entry = Entry(message, self)
         if stamp:
             self.latency_samples[entry] = self.now()
+        ready = self.ready
         ttl = settings.message_ttl
         per_message = _expiration(message)
         if per_message is not None and (ttl is None or per_message < ttl):
@@ -855,24 +394,28 @@ class WorkQueue:
                 self._dead_letter([entry], DeadLetterReason.EXPIRED)
                 return True
             if entry.state == READY:
-                if self.spool is not None:
-                    self._spool_entry(entry)  # its expiry is looked at when it comes back
+                if ready.spool is not None:
+                    ready.spool_entry(entry)  # its expiry is looked at when it comes back
                 else:
-                    self._append_ready(entry)
+                    ready.append(entry)
                     if fifo:
                         self.deadlines.expire_in_order(entry, entry.expires_at)
                     else:
-                        self.deadlines.push(entry.expires_at, _EXPIRY, entry)
+                        self.deadlines.push(entry.expires_at, EXPIRY, entry)
         elif not self._deliver_now(entry):
-            if self.spool is not None:
-                self._spool_entry(entry)
+            if ready.spool is not None:
+                ready.spool_entry(entry)
             else:
-                self._append_ready(entry)
+                ready.append(entry)
         if settings.overflow is Overflow.DROP_HEAD and (settings.max_length is not None or self._track_bytes):
             self._drop_head_while_full()
-        if self._consumers and self._ready:
+        if self._ring and self._window:
             self.dispatch()
         return True
+
+    def _deliver_now(self, entry: Entry) -> bool:
+        """Deliver ``entry`` at once, to the next consumer in turn, if nothing is waiting and one can take it."""
+        return bool(self._ring) and not self.message_count and self.delivery.deliver_one(entry)
 
     def restore(self, message: Message, delivery_count: int, published_at: float) -> None:
         """Put back a message recovered from the log, at the tail, marked redelivered.
@@ -887,12 +430,12 @@ class WorkQueue:
         ttl = self._ttl(message)
         if ttl is not None:
             entry.expires_at = published_at + ttl
-        if self.spool is not None:
-            self._spool_entry(entry)  # behind what is spooled; its expiry is looked at when it comes back
+        if self.ready.spool is not None:
+            self.ready.spool_entry(entry)  # behind what is spooled; its expiry is looked at when it comes back
             return
-        self._append_ready(entry)
+        self.ready.append(entry)
         if entry.expires_at is not None:
-            self.deadlines.push(entry.expires_at, _EXPIRY, entry)
+            self.deadlines.push(entry.expires_at, EXPIRY, entry)
 
     def _ttl(self, message: Message) -> float | None:
         """The TTL of ``message`` here: the queue's, or its own ``expiration`` when shorter."""
@@ -910,7 +453,7 @@ class WorkQueue:
             ttl = self._ttl(Message(record.exchange, record.routing_key, b"", header, b""))
         else:
             ttl = self.settings.message_ttl
-        self.spool.push_record(  # type: ignore[union-attr]
+        self.ready.spool.push_record(  # type: ignore[union-attr]
             SpoolRecord(
                 record.message_id,
                 item.start,
@@ -922,6 +465,14 @@ class WorkQueue:
                 record.timestamp + ttl if ttl is not None else 0.0,
             )
         )
+
+    def restore_loaded(self, message: Message, record: SpoolRecord) -> None:
+        """Put back at the tail a message a checkpoint's ``record`` described, read back as
+        ``message`` (a queue that does not spool: it holds every message in memory)."""
+        entry = self.ready.unspooled(message, record)
+        self.ready.append(entry)
+        if entry.expires_at is not None:
+            self.deadlines.push(entry.expires_at, EXPIRY, entry)
 
     def checkpoint(self, unacked: Sequence[Entry] = ()) -> QueueCheckpoint:
         """This durable queue's logged messages, in delivery order, as records pointing at the
@@ -938,12 +489,12 @@ class WorkQueue:
         if len(unacked) != self.unacked_count:
             held = self.unacked_count - len(unacked)
             raise CheckpointRefused(f"queue {self.name!r} has {held} message(s) held by no channel")
-        entries = [entry for entry in self._ready if entry.state == READY]
+        entries = self.ready.live()
         if unacked:
-            entries = sorted([*entries, *unacked], key=_seq)
+            entries = sorted([*entries, *unacked], key=operator.attrgetter("seq"))
         head = self._logged_records(entries)
         tail: list[SpoolRecord] = []
-        spool = self.spool
+        spool = self.ready.spool
         span, copies, span_bytes, span_refs = (0, 0), 0, 0, Counter[int]()
         if spool is not None:
             ahead, span, buffered, waiting = spool.checkpoint_parts()
@@ -994,165 +545,6 @@ class WorkQueue:
             )
         return records
 
-    def adopt_spool(self, storage: Any, *adopted: Any) -> None:
-        """Take ``storage`` (a checkpoint's records) as this empty queue's spool; they come into
-        memory as it is consumed. ``adopted``: as :meth:`Spool.adopt` takes them."""
-        assert self.spooler is not None and self.spool is None and not self._ready
-        self.spool = self.spooler.spool(self, storage)
-        self.spool.adopt(*adopted)
-        self.spool_at = self.spooler.window
-        self._refill_at = self.spool_at // 2
-        self._update_plain()
-        if self.pager is not None:
-            self.pager.watch(self)  # it holds what arrives in memory while memory allows
-
-    def restore_loaded(self, message: Message, record: SpoolRecord) -> None:
-        """Put back at the tail a message a checkpoint's ``record`` described, read back as
-        ``message`` (a queue that does not spool: it holds every message in memory)."""
-        entry = self._unspooled(message, record)
-        self._append_ready(entry)
-        if entry.expires_at is not None:
-            self.deadlines.push(entry.expires_at, _EXPIRY, entry)
-
-    def _deliver_now(self, entry: Entry) -> bool:
-        """Deliver ``entry`` at once, to the next consumer in turn, if nothing is waiting and one can take it."""
-        consumers = self._consumers
-        if consumers and not self.message_count:
-            if self._levels is not None:
-                consumer = self._next_consumer()
-                if consumer is None:
-                    return False
-                consumer.channel.deliver_entries(consumer, (entry,))
-                return True
-            for _ in range(len(consumers)):
-                consumer = consumers[0]
-                consumers.rotate(-1)
-                if consumer.can_accept():
-                    consumer.channel.deliver_entries(consumer, (entry,))
-                    return True
-        return False
-
-    def _append_ready(self, entry: Entry) -> None:
-        ready = self._ready
-        ready.append(entry)
-        self.ready_bytes += entry.message.size
-        if self.ready_bytes > self.page_at:
-            self.pager.watch(self)  # type: ignore[union-attr]
-        if len(ready) >= self.spool_at:
-            self._start_spool()
-
-    # -- the spool ----------------------------------------------------------------------------
-
-    def attach_spooler(self, spooler: SpoolMaker) -> None:
-        """Let this queue spool what arrives once ``spooler.window`` ready entries are in memory
-        and its pager finds memory short, or at once without a pager (not a priority queue: its
-        levels are kept in memory)."""
-        if self.max_priority is not None:
-            return
-        self.spooler = spooler
-        self.spool_at = spooler.window
-        self._refill_at = spooler.window // 2
-        if len(self._ready) >= self.spool_at:
-            self._start_spool()
-
-    def _start_spool(self) -> None:
-        """The window is full: spool what arrives if the pager says memory is short (or
-        there is no pager); else go on in memory, and ask again at the count it names."""
-        if self.spool is not None or self.spooler is None:
-            return
-        if self.pager is not None:
-            again = self.pager.spool_now(self)
-            if again:
-                self.spool_at = again
-                return
-        self.spool_behind(self.spooler.window)
-
-    def spool_behind(self, keep: int) -> None:
-        """Spool what arrives from now on, behind the ready entries in memory (they stay: moving
-        them would hold the reactor for as long as they take to record), until the spool is
-        empty again (or :meth:`Spool.hold` keeps arrivals in memory); the spool refills the
-        window once fewer than ``keep / 2`` are ready."""
-        assert self.spooler is not None and not isinstance(self._ready, _PriorityReady)
-        self.spool_at = keep
-        self._refill_at = keep // 2
-        if self.spool is None:
-            self.spool = self.spooler.spool(self)
-            self._update_plain()
-        else:
-            self.spool.resume()
-
-    def hold_spool(self) -> None:
-        """Memory is not short: what arrives waits in memory behind the spool's records, and
-        once those are read back the queue is all in memory again (see :meth:`_refill`)."""
-        if self.spool is not None:
-            self.spool.hold()
-
-    @property
-    def memory_use(self) -> tuple[int, int]:
-        """Ready messages in memory (in the window and waiting behind the spool) and their body
-        bytes in memory."""
-        count = len(self._ready) - self._gone_in_ready
-        size = self.ready_bytes - self.paged_bytes
-        spool = self.spool
-        if spool is not None:
-            count += len(spool.waiting)
-            size += spool.waiting_bytes
-        return count, size
-
-    def _spool_entry(self, entry: Entry) -> None:
-        message = entry.message
-        journal = self.journal
-        if journal is not None and message.wal_id and self.name in message.wal_queues:
-            position = journal.position  # its Published record ends there at most
-        else:
-            position = 0
-        self.spool.push(entry, position)  # type: ignore[union-attr]
-
-    def _refill(self) -> int:
-        """Bring spooled messages back into memory up to the window; returns how many came."""
-        spool = self.spool
-        if spool is None:
-            return 0
-        # Held in memory with no record left: all of it comes back, and the spool goes.
-        count = spool.count if not spool.recording and not spool.recorded_count else self.spool_at - len(self._ready)
-        try:
-            entries = spool.take(count, self._unspooled)
-        except OSError as error:
-            self.spool_failed(error, READ_BACK, "they stay spooled")
-            return 0
-        ready = self._ready
-        for entry in entries:
-            # In spool order, after everything in memory (a return finds its place by it).
-            self.seq += 1
-            entry.seq = self.seq
-            ready.append(entry)
-            self.ready_bytes += entry.message.size
-            if entry.expires_at is not None:
-                self.deadlines.push(entry.expires_at, _EXPIRY, entry)
-        if not spool.count:
-            spool.close()
-            self.spool = None
-            self._update_plain()
-            if self.ready_bytes > self.page_at:
-                self.pager.watch(self)  # type: ignore[union-attr]
-        return len(entries)
-
-    def spool_failed(self, error: OSError, doing: str, then: str) -> None:
-        """Spooling failed while ``doing`` (:data:`WRITE`, :data:`READ_BACK`), with the
-        consequence ``then``: tell the shell."""
-        if self.pager is not None:
-            self.pager.spool_failed(self, error, doing, then)
-
-    def _unspooled(self, message: Message, record: SpoolRecord) -> Entry:
-        entry = Entry(message, self)
-        entry.redelivered = bool(record.flags & REDELIVERED)
-        entry.delivery_count = count = record.delivery_count
-        if count:
-            entry.header = with_delivery_count(message, count)
-        if record.expires_at:
-            entry.expires_at = record.expires_at
-        return entry
-
     def _full(self, extra: int = 0) -> bool:
         settings = self.settings
         if settings.max_length is not None and self.message_count >= settings.max_length:
@@ -1168,28 +560,13 @@ class WorkQueue:
     def _drop_head_while_full(self) -> None:
         dropped = []
         while self._over():
-            entry = self._pop_ready()
+            entry = self.ready.pop()
             if entry is None:
                 break
             dropped.append(entry)
         if dropped:
             self.settle(dropped)
             self._dead_letter(dropped, DeadLetterReason.MAXLEN)
-
-    def _pop_ready(self) -> Entry | None:
-        """The next live ready entry, skipping expired ones; ``None`` when there is none."""
-        ready = self._ready
-        while ready or (self.spool is not None and self._refill()):
-            entry = ready.popleft()
-            if entry.state != READY:
-                self._gone_in_ready -= 1
-                continue
-            self.ready_bytes -= entry.message.size
-            if entry.paged:
-                entry.paged = False
-                self.paged_bytes -= entry.message.size
-            return entry
-        return None
 
     def return_entries(self, entries: Iterable[Entry]) -> None:
         """Take back entries that were delivered and not acked: each counts as a return.
@@ -1227,12 +604,7 @@ class WorkQueue:
                 entry.header = with_delivery_count(entry.message, entry.delivery_count)
                 back.append(entry)
         if back:
-            ready = self._ready
-            if type(ready) is _PriorityReady:
-                ready.put_back(back)
-            else:
-                _put_back(ready, back)  # type: ignore[arg-type]
-            self.ready_bytes += sum(entry.message.size for entry in back)
+            self.ready.put_back(back)
         self.redelivered += len(back)
         journal = self.journal
         if journal is not None:
@@ -1246,7 +618,7 @@ class WorkQueue:
             self._dead_letter(expired, DeadLetterReason.EXPIRED)
         if back and self.settings.overflow is Overflow.DROP_HEAD:
             self._drop_head_while_full()
-        if self._consumers:
+        if self._ring:
             self.dispatch()
 
     def settle(self, entries: Iterable[Entry]) -> None:
@@ -1280,24 +652,17 @@ class WorkQueue:
     def get(self) -> Entry | None:
         """Take the next ready entry for ``basic.get``, or ``None`` if there is none."""
         self.touch()
-        if self.spool is not None and len(self._ready) < self._refill_at:
-            self._refill()
-        if self._gone_in_ready or self.paged_bytes:
-            return self._pop_ready()
-        if not self._ready:
-            return None
-        entry = self._ready.popleft()
-        self.ready_bytes -= entry.message.size
-        return entry
+        ready = self.ready
+        if ready.spool is not None and len(self._window) < ready.refill_at:
+            ready.refill()
+        return ready.pop()
 
     def purge(self) -> int:
         """Drop every ready message; return how many (unacked ones stay, as in RabbitMQ)."""
         count = self.message_count
-        self.settle([entry for entry in self._ready if entry.state == READY])
-        self._ready.clear()
-        self._gone_in_ready = 0
-        self.ready_bytes = self.paged_bytes = 0
-        spool = self.spool
+        ready = self.ready
+        self.settle(ready.clear())
+        spool = ready.drop_spool()
         if spool is not None:
             if self.dead_letter_watch is not None:
                 # Dead letters: the event log knows them by their headers, so they are read back.
@@ -1305,22 +670,21 @@ class WorkQueue:
             try:
                 records = spool.drain_records()  # (what could not be read goes without its events)
             except OSError as error:
-                self.spool_failed(error, READ_BACK, "they are dropped (their files go at the next start)")
+                ready.spool_failed(error, READ_BACK, "they are dropped (their files go at the next start)")
                 records = []
             if self.journal is not None:
                 self.journal.spool_removed(self, records)
-            self.spool = None
-            self._update_plain()
             self.settle(spool.close())
         return count
 
     def _settle_spooled(self, spool: Spool) -> None:
         """Read every record back and settle it, until one cannot be read."""
+        ready = self.ready
         while spool.recorded_count:
             try:
-                entries = spool.take(min(spool.recorded_count, 4 * self.spool_at), self._unspooled)
+                entries = spool.take(min(spool.recorded_count, 4 * ready.spool_at), ready.unspooled)
             except OSError as error:
-                self.spool_failed(error, READ_BACK, "they go without their dead-letter events")
+                ready.spool_failed(error, READ_BACK, "they go without their dead-letter events")
                 return
             self.settle(entries)
 
@@ -1332,68 +696,29 @@ class WorkQueue:
         With ``x-single-active-consumer``, a consumer added while another is active waits.
         """
         self.touch()
-        if self.settings.single_active_consumer and self._consumers:
-            self._waiting.append(consumer)
-            return
-        consumers = self._consumers
-        consumers.append(consumer)
-        levels = self._levels
-        if levels is not None:
-            _join_level(levels, consumer)
-        elif consumer.priority != consumers[0].priority:
-            self._levels = levels = []
-            for each in consumers:
-                _join_level(levels, each)
-            self._update_plain()
-        self.dispatch()
+        if self.delivery.add(consumer, self.settings.single_active_consumer):
+            self.update_plain()
+            self.dispatch()
 
     def remove_consumer(self, consumer: Consumer) -> None:
         """Remove a consumer (its unacked deliveries stay with its channel). With
         ``x-single-active-consumer``, when the active one goes the waiting one of the highest
         priority (the first subscribed among equals) becomes active and is delivered to at
         once, ready messages included (RabbitMQ 3.10.8 stalls there, see docs/rabbitmq-compatibility.md)."""
-        try:
-            self._consumers.remove(consumer)
-        except ValueError:  # a waiting one (or one already gone): nothing else changes
-            if consumer in self._waiting:
-                self._waiting.remove(consumer)
+        ring = self._ring
+        if consumer not in ring:  # a waiting one (or one already gone): nothing else changes
+            self.delivery.remove(consumer)
             return
-        levels = self._levels
-        if levels is not None:
-            for level in levels:
-                if consumer in level:
-                    level.remove(consumer)
-                    if not level:
-                        levels.remove(level)
-                    break
-            if len(levels) == 1:  # equal priorities again: back to the plain round robin
-                self._consumers = levels[0]
-                self._levels = None
-                self._update_plain()
-        waiting = self._waiting
-        if waiting and not self._consumers:
-            # RabbitMQ's choice: the highest priority waiting, the first registered among equals.
-            successor = max(waiting, key=lambda each: each.priority)
-            waiting.remove(successor)
-            self._consumers.append(successor)
+        promoted = self.delivery.remove(consumer)
+        self.update_plain()
+        if promoted:
             self.dispatch()
-        if not self._consumers:
+        if not ring:
             self.touch()
-
-    def _next_consumer(self) -> Consumer | None:
-        """While priorities differ: the next consumer in turn, of the highest priority, that can
-        take a delivery (it goes to the end of its level, as in RabbitMQ); ``None`` if none can."""
-        for level in self._levels:  # type: ignore[union-attr]
-            for _ in range(len(level)):
-                consumer = level[0]
-                level.rotate(-1)
-                if consumer.can_accept():
-                    return consumer
-        return None
 
     def has_exclusive_consumer(self) -> bool:
         """Whether a consumer holds the queue exclusively."""
-        return any(consumer.exclusive for consumer in self.consumers)
+        return self.delivery.has_exclusive()
 
     def touch(self) -> None:
         """The queue was used (consume, get, declare): restart its ``x-expires`` idle time."""
@@ -1403,85 +728,31 @@ class WorkQueue:
             self.deadlines.arm(self._last_used + expires)
 
     def dispatch(self) -> None:
-        """Deliver ready entries to consumers that can take them, in round-robin order.
+        """Deliver ready entries to consumers that can take them (see ``broker.core.delivery``).
 
-        With one consumer, its whole credit goes out as one batch. With several, each
-        delivery goes to the next consumer in turn that can accept; a full consumer is skipped
-        and keeps its place. At most :data:`DISPATCH_BATCH` deliveries are made per call; when
-        entries remain after that, :attr:`observer` is told of the backlog, so the rest is dispatched later.
+        At most :data:`DISPATCH_BATCH` deliveries are made per call; when entries remain after
+        that, :attr:`observer` is told of the backlog, so the rest is dispatched later.
         """
-        if self.spool is None:
-            self._dispatch_window()
+        ready = self.ready
+        if ready.spool is None:
+            if self.delivery.dispatch(ready) >= DISPATCH_BATCH and self._window and self.observer is not None:
+                self.observer.backlog(self)
             return
         # Spooling: refill the window as it empties, until the consumers are full, the spool
         # is empty or a batch's worth went out.
+        window = self._window
         delivered = 0
-        while self._consumers and delivered < DISPATCH_BATCH:
-            if self.spool is not None and len(self._ready) < self._refill_at:
-                self._refill()
-            before = len(self._ready)
+        while self._ring and delivered < DISPATCH_BATCH:
+            if ready.spool is not None and len(window) < ready.refill_at:
+                ready.refill()
+            before = len(window)
             if not before:
                 return
-            self._dispatch_window()
-            if len(self._ready) == before:
+            self.delivery.dispatch(ready)
+            if len(window) == before:
                 return
-            delivered += before - len(self._ready)
+            delivered += before - len(window)
         if delivered >= DISPATCH_BATCH and self.message_count and self.observer is not None:
-            self.observer.backlog(self)
-
-    def _dispatch_window(self) -> None:
-        """:meth:`dispatch` over the ready entries in memory."""
-        ready = self._ready
-        consumers = self._consumers
-        if not ready or not consumers:
-            return
-        slow = self._gone_in_ready or self.paged_bytes
-        if len(consumers) == 1:
-            consumer = consumers[0]
-            count = min(consumer.credit(), len(ready))
-            if count <= 0:
-                return
-            if slow:
-                batch: list[Entry] = []
-                while len(batch) < count:
-                    entry = self._pop_ready()
-                    if entry is None:
-                        break
-                    batch.append(entry)
-                if not batch:
-                    return
-            else:
-                popleft = ready.popleft
-                batch = [popleft() for _ in range(count)]
-                self.ready_bytes -= sum([entry.message.size for entry in batch])
-            consumer.channel.deliver_entries(consumer, batch)
-            delivered = len(batch)
-        else:
-            delivered = 0
-            levels = self._levels
-            while ready and delivered < DISPATCH_BATCH:
-                if levels is not None:
-                    consumer = self._next_consumer()  # type: ignore[assignment]
-                    if consumer is None:
-                        return
-                else:
-                    for _ in range(len(consumers)):
-                        consumer = consumers[0]
-                        consumers.rotate(-1)
-                        if consumer.can_accept():
-                            break
-                    else:
-                        return
-                if slow:
-                    entry = self._pop_ready()
-                    if entry is None:
-                        return
-                else:
-                    entry = ready.popleft()
-                    self.ready_bytes -= entry.message.size
-                consumer.channel.deliver_entries(consumer, (entry,))
-                delivered += 1
-        if ready and delivered >= DISPATCH_BATCH and self.observer is not None:
             self.observer.backlog(self)
 
     # -- timers -------------------------------------------------------------------------------
@@ -1494,11 +765,11 @@ class WorkQueue:
         """Move a delivery's visibility deadline to ``seconds`` from now (``amq.postroom.extend``)."""
         deadline = self.now() + seconds
         entry.deadline = deadline
-        self.deadlines.push(deadline, _TAKEBACK, entry)
+        self.deadlines.push(deadline, TAKEBACK, entry)
 
     def _next_deadline(self) -> float | None:
         deadline = self.deadlines.next_deadline()
-        if self.settings.expires is not None and not self._consumers:
+        if self.settings.expires is not None and not self._ring:
             unused = self._last_used + self.settings.expires
             return unused if deadline is None else min(deadline, unused)
         return deadline
@@ -1517,40 +788,28 @@ class WorkQueue:
         now = self.now()
         taken, expired = deadlines.due(now)
         if expired:
-            for entry in expired:
-                self.ready_bytes -= entry.message.size
-                if entry.paged:
-                    entry.paged = False
-                    self.paged_bytes -= entry.message.size
             self.settle(expired)
-            self._gone_in_ready += len(expired)
+            self.ready.expired(expired)
             self._dead_letter(expired, DeadLetterReason.EXPIRED)
-            if self._gone_in_ready == len(self._ready):
-                self._ready.clear()
-                self._gone_in_ready = 0
-            if self.spool is not None and len(self._ready) - self._gone_in_ready < self._refill_at:
-                self._refill()  # the spooled messages' expiries are looked at as they come back
         if taken:
             self.visibility_timeouts += len(taken)
             taken.sort(key=lambda entry: entry.deadline or 0.0)
             returned = []
-            consumers = self._consumers
             for entry in taken:
                 channel = entry.channel
                 if channel is None or channel.take_back(entry):
                     returned.append(entry)
                     holder = entry.consumer
-                    if holder is not None and len(consumers) > 1 and holder in consumers:
+                    if holder is not None:
                         # The next consumer in turn gets it: the one that timed out goes last.
-                        consumers.remove(holder)
-                        consumers.append(holder)
+                        self.delivery.last_in_turn(holder)
                 else:
                     # Acked inside an open transaction: look again once it has committed or not.
                     entry.deadline = now + TIMER_SLACK
-                    deadlines.push(entry.deadline, _TAKEBACK, entry)
+                    deadlines.push(entry.deadline, TAKEBACK, entry)
             self.return_entries(returned)
         expires = self.settings.expires
-        if expires is not None and not self._consumers and now >= self._last_used + expires:
+        if expires is not None and not self._ring and now >= self._last_used + expires:
             if self.observer is not None:
                 self.observer.expired(self)
             return
@@ -1560,23 +819,6 @@ class WorkQueue:
 
     def __repr__(self) -> str:
         return f"<WorkQueue {self.name!r} ready={self.message_count} unacked={self.unacked_count}>"
-
-
-_TAKEBACK = 0
-_EXPIRY = 1
-
-
-def _join_level(levels: list[deque[Consumer]], consumer: Consumer) -> None:
-    """Put ``consumer`` at the end of its priority's level (levels highest first)."""
-    for index, level in enumerate(levels):
-        priority = level[0].priority
-        if priority == consumer.priority:
-            level.append(consumer)
-            return
-        if priority < consumer.priority:
-            levels.insert(index, deque((consumer,)))
-            return
-    levels.append(deque((consumer,)))
 
 
 def _expiration(message: Message) -> float | None:

@@ -30,8 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
+    from broker.core.entry import Entry
     from broker.core.message import Message
-    from broker.core.queue import Entry
 
 __all__ = [
     "IN_LOG",

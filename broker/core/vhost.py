@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from broker.core.access import Access
 from broker.core.deadletter import DeadLetterReason, dead_lettered, is_cycle
+from broker.core.deadlines import Scheduler
+from broker.core.entry import Entry
 from broker.core.histogram import Histogram
 from broker.core.kinds import describe, is_int, kind_of, not_an_integer
 from broker.core.message import Message
 from broker.core.policy import Policy, alternate_exchange, choose, queue_arguments
-from broker.core.queue import Entry, QueueSettings, Scheduler, WorkQueue
+from broker.core.queue import QueueSettings, WorkQueue
 from broker.errors import ChannelException, ReplyCode
 from exchanges.interfaces import BindingInvalid, IInterceptingRouter, IRouter
 from exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType, default_registry

@@ -36,8 +36,9 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from broker.amqp.connection import reply_text
 from broker.core.deadletter import DeadLetterReason
+from broker.core.entry import Consumer
 from broker.core.policy import Policy, PolicyRefused, effective_definition, from_value
-from broker.core.queue import Consumer, WorkQueue
+from broker.core.queue import WorkQueue
 from broker.errors import AMQPError, ChannelException, ReplyCode
 from broker.server.http import BoundedSite
 from broker.server.protocol import is_loopback
@@ -857,7 +858,7 @@ class ManagementAPI(Resource):
         truncate = options.get("truncate")
         if truncate is not None and (not isinstance(truncate, int) or isinstance(truncate, bool) or truncate < 0):
             raise _Problem(400, "bad_request", "truncate must be a number of bytes")
-        entries = queue.peek(count)
+        entries = queue.ready.peek(count)
         remaining = queue.message_count
         result = []
         room = MAX_PEEK_BYTES  # what one answer may carry, whatever the client asked for

@@ -52,9 +52,10 @@ from broker.wal.record import scan
 from broker.wal.recovery import Snapshot, replay
 
 if TYPE_CHECKING:
+    from broker.core.entry import Entry
     from broker.core.journal import Journal
     from broker.core.node import Node
-    from broker.core.queue import Entry, WorkQueue
+    from broker.core.queue import WorkQueue
     from broker.core.vhost import VirtualHost
     from broker.storage.spooling import Spooler
 
@@ -459,7 +460,7 @@ def restore_checkpoint(
         counts = {**item.counts, **snapshot.counts_after.pop(key, {})}
         for number, count in item.refs.items():
             journal.restored_spooled(number, count)
-        if queue.spooler is not None and not queue.message_count:
+        if queue.ready.spooler is not None and not queue.message_count:
             storage = spooler.storage()
             links = []
             for index, (path, skip, length) in enumerate(item.files):
@@ -470,7 +471,7 @@ def restore_checkpoint(
             size = item.bytes
             if removed and queue.settings.max_length_bytes is not None:
                 size -= sum(record.size for record in _records(item) if record.message_id in removed)
-            queue.adopt_spool(storage, item.records * RECORD_BYTES, item.count, size, item.refs, removed, counts)
+            queue.ready.adopt_spool(storage, item.records * RECORD_BYTES, item.count, size, item.refs, removed, counts)
             continue
         locator = spooler.locator(queue)
         records = [

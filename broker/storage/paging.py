@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.application.service import Service
 from twisted.logger import Logger
 
-from broker.core.queue import NEVER
+from broker.core.ready import NEVER
 
 if TYPE_CHECKING:
     from broker.core.journal import Journal
@@ -267,7 +267,7 @@ class Pager(Service):
     def watch(self, queue: WorkQueue) -> None:
         """``queue`` passed :attr:`watch_at` (or its window): watch it until it falls back under
         half of both and spools nothing."""
-        queue.page_at = NEVER
+        queue.ready.page_at = NEVER
         self.watched.add(queue)
         if self._call is None and self.running:
             self._call = self.reactor.callLater(0, self.look)
@@ -289,7 +289,7 @@ class Pager(Service):
     def sharing(self) -> float:
         """How many of the watched queues hold each message, on average, among their newest entries."""
         each = min(SAMPLE, max(8, SAMPLE * 16 // max(len(self.watched), 1)))
-        sampled = [id(entry.message) for queue in self.watched for entry in queue.newest(each)]
+        sampled = [id(entry.message) for queue in self.watched for entry in queue.ready.newest(each)]
         return len(sampled) / len(set(sampled)) if sampled else 1.0
 
     def memory_used(self) -> int:
@@ -303,10 +303,10 @@ class Pager(Service):
 
     def attach(self, queue: WorkQueue) -> None:
         """A new queue: let it ask to be watched, and spool what is behind its window."""
-        queue.pager = self
-        queue.page_at = self.watch_at
+        queue.ready.pager = self
+        queue.ready.page_at = self.watch_at
         if self.spooler is not None:
-            queue.attach_spooler(self.spooler)
+            queue.ready.attach_spooler(self.spooler)
 
     def spool_failed(self, queue: WorkQueue, error: OSError, doing: str, then: str) -> None:
         self.log.error(
@@ -328,20 +328,21 @@ class Pager(Service):
         watched = self.watched
         window = self.spooler.window if self.spooler is not None else NEVER
         for queue in list(watched):
+            line = queue.ready
             if queue.deleted:
                 watched.discard(queue)
-            elif queue.spool is None and queue.ready_bytes < self.watch_at // 2 and queue.message_count < window // 2:
+            elif line.spool is None and line.ready_bytes < self.watch_at // 2 and line.count < window // 2:
                 watched.discard(queue)
-                queue.page_at = self.watch_at
-                if queue.spooler is not None:
-                    queue.spool_at = window
+                line.page_at = self.watch_at
+                if line.spooler is not None:
+                    line.spool_at = window
         self._follow_flow()
         if not watched:
             self.store.close()  # its last segment goes too, with the last message using it
             return
         self._spool()
         if self.reactor.seconds() >= self._paused_until:
-            in_memory = {queue: queue.ready_bytes - queue.paged_bytes for queue in watched}
+            in_memory = {queue: queue.ready.ready_bytes - queue.ready.paged_bytes for queue in watched}
             if sum(in_memory.values()) > self.budget:
                 window = self.budget // len(watched)
                 for queue in sorted(watched, key=in_memory.__getitem__, reverse=True):
@@ -364,24 +365,24 @@ class Pager(Service):
         used = sum(costs.values()) + self._logged_bytes()
         window = self.spooler.window
         if used > self.budget:
-            spooling = {queue for queue in costs if queue.spool is not None and queue.spool.recording}
+            spooling = {queue for queue in costs if queue.ready.spool is not None and queue.ready.spool.recording}
             for queue in spooling:
-                queue.spool.record_batch()  # type: ignore[union-attr]  # what waits, were no more to arrive
+                queue.ready.spool.record_batch()  # type: ignore[union-attr]  # what waits, were no more to arrive
             growing = sum(cost for queue, cost in costs.items() if queue not in spooling)
             for queue in sorted(costs, key=costs.__getitem__, reverse=True):
                 if growing <= self.budget * RESUME_AT:
                     break
-                if queue in spooling or queue.spooler is None:
+                if queue in spooling or queue.ready.spooler is None:
                     continue
-                if queue.spool is None and queue.memory_use[0] <= window:
+                if queue.ready.spool is None and queue.memory_use[0] <= window:
                     continue
-                queue.spool_behind(window)
+                queue.ready.spool_behind(window)
                 growing -= costs[queue]
                 self._spooling()
         elif used < self.budget * RESUME_AT:
             for queue in costs:
-                if queue.spool is not None and queue.spool.recording:
-                    queue.hold_spool()
+                if queue.ready.spool is not None and queue.ready.spool.recording:
+                    queue.ready.hold_spool()
 
     def _follow_flow(self) -> None:
         """Publishers are slowed while a queue with consumers falls far behind what arrives:
@@ -417,7 +418,7 @@ class Pager(Service):
 
     def _page(self, queue: WorkQueue, window: int) -> bool:
         """Page ``queue``'s bodies behind its ``window``; ``False`` when the store failed."""
-        entries = queue.to_page(window)
+        entries = queue.ready.to_page(window)
         to_store: list[Message] = []
         done = []
         for entry in entries:
@@ -442,9 +443,9 @@ class Pager(Service):
                 "cannot page message bodies to disk ({error}); they stay in memory for now",
                 error=error.strerror or str(error),
             )
-            queue.mark_paged(entry for entry in done if id(entry.message) not in stored)
+            queue.ready.mark_paged(entry for entry in done if id(entry.message) not in stored)
             return False
-        queue.mark_paged(done)
+        queue.ready.mark_paged(done)
         if done and not self._logged:
             self._logged = True
             self.log.info(
@@ -457,7 +458,7 @@ class Pager(Service):
         """Queues that existed before the pager (recovered, or from the definitions)."""
         for queue in queues:
             self.attach(queue)
-            if queue.ready_bytes > self.watch_at:
+            if queue.ready.ready_bytes > self.watch_at:
                 self.watch(queue)
 
     def startService(self) -> None:

@@ -20,14 +20,15 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from broker.core.message import Message
-from broker.core.queue import WRITE
+from broker.core.ready import WRITE
 from broker.core.spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
 from broker.storage.paging import write_all
 from broker.wal.record import encode_published_after, published_contents, published_prefix
 
 if TYPE_CHECKING:
+    from broker.core.entry import Entry
     from broker.core.journal import Journal
-    from broker.core.queue import Entry, WorkQueue
+    from broker.core.queue import WorkQueue
     from broker.storage.paging import PageStore
 
 __all__ = ["CHUNK_BYTES", "SPOOL_DIR", "SPOOL_WINDOW", "FileSpoolStorage", "Locator", "Spooler"]
@@ -375,7 +376,7 @@ class Spooler:
             storage,
             locator,
             (lambda: journal.synced) if journal is not None else None,
-            lambda error: queue.spool_failed(error, WRITE, "they stay in memory for now"),
+            lambda error: queue.ready.spool_failed(error, WRITE, "they stay in memory for now"),
         )
 
     def locator(self, queue: WorkQueue) -> Locator:

@@ -289,7 +289,7 @@ def test_removals_and_delivery_counts_after_a_checkpoint_hold_through_the_next_o
     second = start_from_checkpoint(first, data, tmp_path / "second")
     queue = second.queue("q")
     assert queue.message_count == COUNT - 2 and not queue.ready_entries()
-    assert queue.spool is not None and queue.spool.adopted_changes == ({2, 4}, {1: 1})  # message ids
+    assert queue.ready.spool is not None and queue.ready.spool.adopted_changes == ({2, 4}, {1: 1})  # message ids
     checkpoint(second, data)  # before anything was read: it carries the removals and the count
     second.write()
     third = start_from_checkpoint(second, data, tmp_path / "third")

@@ -15,7 +15,7 @@ from twisted.logger import LogLevel, globalLogPublisher
 
 from broker.core.journal import Journal
 from broker.core.node import Node
-from broker.core.queue import NEVER
+from broker.core.ready import NEVER
 from broker.server.service import memory_budget
 from broker.storage.paging import Pager, PageStore
 from broker.tools.testing import Client, MemorySegmentStorage, encode, publish_frames
@@ -74,14 +74,14 @@ def test_a_queue_past_the_budget_keeps_its_head_in_memory_and_its_tail_on_disk(t
     for data in bodies:
         c.send(publish_frames(1, "", "deep", data))
     queue = node.vhosts["/"].queues["deep"]
-    assert queue in pager.watched and queue.ready_bytes == 40_000
+    assert queue in pager.watched and queue.ready.ready_bytes == 40_000
     clock.advance(0)
     resident = [entry.message.resident for entry in queue.ready_entries()]
     assert resident == [True] * 10 + [False] * 30
-    assert queue.paged_bytes == 30_000 and pager.store.written == 30
+    assert queue.ready.paged_bytes == 30_000 and pager.store.written == 30
     assert sorted(path.name for path in (tmp_path / "paging").iterdir()) == [f"{n:08d}.page" for n in range(1, 5)]
     assert get_all(c, "deep", 40) == bodies
-    assert (queue.ready_bytes, queue.paged_bytes) == (0, 0)
+    assert (queue.ready.ready_bytes, queue.ready.paged_bytes) == (0, 0)
     clock.advance(pager.interval)  # nothing watched: the store lets go of its last segment
     gc.collect()
     assert list((tmp_path / "paging").iterdir()) == []
@@ -118,10 +118,10 @@ def test_a_queue_that_drains_is_no_longer_watched(tmp_path: Path) -> None:
     get_all(c, "deep", 20)
     queue = node.vhosts["/"].queues["deep"]
     clock.advance(pager.interval)
-    assert pager.watched == set() and queue.page_at == pager.watch_at
+    assert pager.watched == set() and queue.ready.page_at == pager.watch_at
     assert clock.getDelayedCalls() == []
     c.send(publish_frames(1, "", "deep", body(0, size=pager.watch_at + 1)))
-    assert queue in pager.watched and queue.page_at == NEVER
+    assert queue in pager.watched and queue.ready.page_at == NEVER
 
 
 def test_priority_queues_page_their_lowest_priorities_first(tmp_path: Path) -> None:
@@ -146,16 +146,16 @@ def test_paged_entries_that_expire_or_are_purged_leave_the_counts_right(tmp_path
         c.send(publish_frames(1, "", "ttl", body(n)))
     clock.advance(0)
     queue = node.vhosts["/"].queues["ttl"]
-    assert queue.paged_bytes == 20_000
+    assert queue.ready.paged_bytes == 20_000
     clock.advance(1.0)
-    assert (queue.message_count, queue.ready_bytes, queue.paged_bytes) == (0, 0, 0)
+    assert (queue.message_count, queue.ready.ready_bytes, queue.ready.paged_bytes) == (0, 0, 0)
     c.call(1, commands.Queue.Declare(queue="purged"))
     for n in range(30):
         c.send(publish_frames(1, "", "purged", body(n)))
     clock.advance(0.05)
     c.call(1, commands.Queue.Purge(queue="purged"))
     purged = node.vhosts["/"].queues["purged"]
-    assert (purged.ready_bytes, purged.paged_bytes) == (0, 0)
+    assert (purged.ready.ready_bytes, purged.ready.paged_bytes) == (0, 0)
 
 
 def test_a_logged_body_is_dropped_not_copied_and_one_awaiting_the_log_is_kept(tmp_path: Path) -> None:
@@ -226,11 +226,11 @@ def test_a_store_that_cannot_be_written_leaves_the_bodies_in_memory(tmp_path: Pa
     finally:
         globalLogPublisher.removeObserver(observe)
     queue = node.vhosts["/"].queues["deep"]
-    assert all(entry.message.resident for entry in queue.ready_entries()) and queue.paged_bytes == 0
+    assert all(entry.message.resident for entry in queue.ready_entries()) and queue.ready.paged_bytes == 0
     assert warnings == ["cannot page message bodies to disk (No such file or directory); they stay in memory for now"]
     (tmp_path / "paging").mkdir()
     clock.advance(1.0)
-    assert queue.paged_bytes == 10_000
+    assert queue.ready.paged_bytes == 10_000
     assert get_all(c, "deep", 20) == [body(n) for n in range(20)]
 
 

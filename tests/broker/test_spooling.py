@@ -151,7 +151,7 @@ def test_a_deep_transient_queue_keeps_its_window_in_memory_and_the_rest_as_recor
     bodies = [body(n) for n in range(COUNT)]
     broker.publish("deep", bodies)
     queue = broker.queue("deep")
-    spool = queue.spool
+    spool = queue.ready.spool
     assert spool is not None
     assert len(queue.ready_entries()) == WINDOW and queue.message_count == COUNT
     assert spool.count == COUNT - WINDOW and spool.recorded_count >= 2 * BATCH
@@ -160,7 +160,7 @@ def test_a_deep_transient_queue_keeps_its_window_in_memory_and_the_rest_as_recor
     frames = broker.client.call(1, commands.Queue.Declare(queue="deep", passive=True))
     assert frames[0][1].message_count == COUNT
     assert broker.get_all("deep", COUNT) == bodies
-    assert queue.spool is None and queue.message_count == 0 and queue.ready_bytes == 0
+    assert queue.ready.spool is None and queue.message_count == 0 and queue.ready.ready_bytes == 0
     assert list(broker.spool_dir.iterdir()) == []  # each queue's records went with its spool
     gc.collect()
     broker.store.close()
@@ -174,8 +174,8 @@ def test_under_the_budget_a_queue_past_its_window_stays_in_memory(tmp_path: Path
     bodies = [body(n) for n in range(COUNT)]
     broker.publish("deep", bodies)
     queue = broker.queue("deep")
-    assert queue.spool is None and len(queue.ready_entries()) == COUNT
-    assert queue in broker.pager.watched and queue.spool_at > COUNT  # it asks again much later
+    assert queue.ready.spool is None and len(queue.ready_entries()) == COUNT
+    assert queue in broker.pager.watched and queue.ready.spool_at > COUNT  # it asks again much later
     assert not broker.spool_dir.exists() or not list(broker.spool_dir.iterdir())
     assert broker.get_all("deep", COUNT) == bodies
 
@@ -190,24 +190,24 @@ def test_over_the_budget_the_biggest_queue_spools_and_is_back_in_memory_once_mem
     bodies = [body(n) for n in range(COUNT)]
     broker.publish("big", bodies)
     big = broker.queue("big")
-    assert big.spool is not None and big.spool.recording
+    assert big.ready.spool is not None and big.ready.spool.recording
     # It filled half the budget in memory, and memory was short when its next window was full:
     # what it held stays in memory, what arrived since is spooled.
     in_memory = len(big.ready_entries())
-    assert COUNT // 2 <= in_memory <= COUNT // 2 + WINDOW and big.spool.count == COUNT - in_memory
-    assert big.spool.recorded_count >= BATCH and list(broker.spool_dir.iterdir())
+    assert COUNT // 2 <= in_memory <= COUNT // 2 + WINDOW and big.ready.spool.count == COUNT - in_memory
+    assert big.ready.spool.recorded_count >= BATCH and list(broker.spool_dir.iterdir())
     got = broker.get_all("big", in_memory - WINDOW)
     broker.clock.advance(0)  # the pager looks: well under the budget now
-    assert not big.spool.recording
+    assert not big.ready.spool.recording
     broker.publish("small", [body(n) for n in range(3 * WINDOW)])
     small = broker.queue("small")
-    assert small.spool is None and small.message_count == 3 * WINDOW  # memory is not short
+    assert small.ready.spool is None and small.message_count == 3 * WINDOW  # memory is not short
 
-    recorded = big.spool.recorded_count
+    recorded = big.ready.spool.recorded_count
     late = [body(n) for n in range(COUNT, COUNT + 300)]
     broker.publish("big", late)
-    assert big.spool.recorded_count == recorded and len(big.spool.waiting) >= 300  # kept in memory
-    while big.spool is not None:
+    assert big.ready.spool.recorded_count == recorded and len(big.ready.spool.waiting) >= 300  # kept in memory
+    while big.ready.spool is not None:
         got += broker.get_all("big", 1)
     assert len(got) <= COUNT  # once the records are read back:
     assert big.message_count >= 300 and len(big.ready_entries()) == big.message_count  # all in memory again
@@ -226,15 +226,15 @@ def test_over_the_budget_the_queues_that_hold_the_most_spool_until_the_others_fi
         broker.client.call(1, commands.Queue.Declare(queue=name))
         broker.publish(name, [body(n) for n in range(count)])
     queues = {name: broker.queue(name) for name in sizes}
-    assert all(queue.spool is None for queue in queues.values())
+    assert all(queue.ready.spool is None for queue in queues.values())
     broker.pager.budget = 1200 * per_message  # 1,500 held: over it, and "b" and "c" fit half of it
     broker.clock.advance(1)
-    assert [name for name, queue in queues.items() if queue.spool is not None] == ["a"]
+    assert [name for name, queue in queues.items() if queue.ready.spool is not None] == ["a"]
     broker.pager.budget = 800 * per_message  # "b" and "c" do not fit half of it; "c" does
     broker.clock.advance(1)
-    assert [name for name, queue in queues.items() if queue.spool is not None] == ["a", "b"]
+    assert [name for name, queue in queues.items() if queue.ready.spool is not None] == ["a", "b"]
     broker.publish("a", [b"late"])
-    assert queues["a"].message_count == 1001 and queues["a"].spool.count == 1  # type: ignore[union-attr]
+    assert queues["a"].message_count == 1001 and queues["a"].ready.spool.count == 1  # type: ignore[union-attr]
     for name, count in sizes.items():
         assert broker.get_all(name, count)[:2] == [body(0), body(1)]
     assert broker.get_all("a", 1) == [b"late"]
@@ -252,11 +252,11 @@ def test_a_message_routed_to_several_queues_counts_once_against_the_budget(tmp_p
     first = [body(n) for n in range(COUNT)]
     for data in first:  # counted once per queue, these would be about four times the budget
         c.send(publish_frames(1, "all", "", data))
-    assert all(broker.queue(name).spool is None for name in queues)
+    assert all(broker.queue(name).ready.spool is None for name in queues)
     assert broker.pager.sharing() == len(queues)
     for data in first:  # twice the budget, counted once
         c.send(publish_frames(1, "all", "", data))
-    assert any(broker.queue(name).spool is not None for name in queues)
+    assert any(broker.queue(name).ready.spool is not None for name in queues)
     for name in queues:
         assert broker.get_all(name, 2 * COUNT) == first + first
 
@@ -269,8 +269,8 @@ def test_persistent_messages_are_spooled_as_pointers_into_the_log_and_acked_ther
     bodies = [body(n) for n in range(COUNT)]
     broker.publish("durable", bodies, PERSISTENT)
     queue = broker.queue("durable")
-    assert queue.spool is not None
-    recorded = queue.spool.recorded_count
+    assert queue.ready.spool is not None
+    recorded = queue.ready.spool.recorded_count
     assert recorded >= BATCH
     assert sum(journal.spooled_refs.values()) == recorded
     assert not (tmp_path / "paging").exists() or not list((tmp_path / "paging").iterdir())  # nothing copied
@@ -290,7 +290,7 @@ def test_a_message_whose_log_record_is_not_written_yet_waits_in_memory(tmp_path:
     broker.client.call(1, commands.Queue.Declare(queue="durable", durable=True))
     for n in range(COUNT):  # nothing written to the log
         broker.client.send(publish_frames(1, "", "durable", body(n), PERSISTENT))
-    spool = broker.queue("durable").spool
+    spool = broker.queue("durable").ready.spool
     assert spool is not None and spool.recorded_count == 0 and len(spool.waiting) == COUNT - WINDOW
     broker.write()
     broker.client.send(publish_frames(1, "", "durable", body(COUNT), PERSISTENT))
@@ -338,7 +338,7 @@ def test_a_purge_or_delete_takes_the_spool_and_logs_the_removals(tmp_path: Path,
     queue = broker.queue("durable")
     frames = broker.client.call(1, method(queue="durable"))
     assert frames[0][1].message_count == COUNT
-    assert queue.spool is None and queue.message_count == 0
+    assert queue.ready.spool is None and queue.message_count == 0
     broker.write()
     assert sum(journal.live.values()) == 0 and not journal.spooled_refs
     assert list(broker.spool_dir.iterdir()) == []
@@ -494,7 +494,7 @@ def dead_letter_broker(tmp_path: Path) -> tuple[Broker, DeadLetterLog]:
 def test_dead_letters_spooled_in_their_queue_are_still_recorded_when_they_leave(tmp_path: Path) -> None:
     broker, events = dead_letter_broker(tmp_path)
     broker.publish("work", [body(n) for n in range(COUNT)])  # each dies at once, into both queues
-    assert broker.queue("dlq").spool is not None and broker.queue("dlq").spool.recorded_count >= BATCH
+    assert broker.queue("dlq").ready.spool is not None and broker.queue("dlq").ready.spool.recorded_count >= BATCH
     assert events.dead_lettered_count == COUNT and events.held() == 2 * COUNT
     assert len(events._held) <= WINDOW  # those behind the window cost no memory per dead letter
     events.take()
@@ -511,7 +511,7 @@ def test_a_dead_letter_behind_one_queues_spool_and_in_anothers_memory_is_recorde
     broker, events = dead_letter_broker(tmp_path)
     broker.publish("dlq", [body(n) for n in range(WINDOW + 2)])  # "dlq" spools from now on; "audit" is empty
     broker.publish("work", [body(n) for n in range(3)])  # the same copies, behind "dlq"'s spool and in "audit"
-    assert broker.queue("dlq").spool is not None and broker.queue("audit").spool is None
+    assert broker.queue("dlq").ready.spool is not None and broker.queue("audit").ready.spool is None
     assert events.held() == 6
     assert len(broker.get_all("dlq", WINDOW + 5)) == WINDOW + 5
     assert len(broker.get_all("audit", 3)) == 3
@@ -550,7 +550,7 @@ def test_a_spool_that_cannot_be_written_says_so_once_and_keeps_the_messages(tmp_
     bodies = [body(n) for n in range(COUNT + BATCH)]
     with logged_errors() as errors:
         broker.publish("deep", bodies[:COUNT])
-        spool = broker.queue("deep").spool
+        spool = broker.queue("deep").ready.spool
         assert spool is not None and spool.recorded_count == 0 and spool.error is not None
         assert len(appends) == (COUNT - WINDOW) // BATCH  # tried once per batch gathered, not at every push
         (tmp_path / "paging").mkdir()
@@ -589,7 +589,7 @@ def test_big_messages_are_recorded_without_waiting_for_a_full_batch(tmp_path: Pa
     size = 120_000  # one body frame each
     bodies = [bytes([n % 256]) * size for n in range(WINDOW + 60)]
     broker.publish("big", bodies)
-    spool = broker.queue("big").spool
+    spool = broker.queue("big").ready.spool
     assert spool is not None and spool.count == 60
     assert spool.recorded_count >= 60 - BATCH_BYTES // size  # at most 4 MiB of them still in memory
     assert broker.get_all("big", WINDOW + 60) == bodies
@@ -610,7 +610,8 @@ def test_a_queue_recovered_from_the_log_spools_behind_its_window_with_counts_and
 
     after = Broker(tmp_path / "after", restore=(snapshot, log))
     queue = after.queue("durable")
-    assert queue.spool is not None and queue.spool.count == COUNT - WINDOW == queue.spool.recorded_count
+    spool = queue.ready.spool
+    assert spool is not None and spool.count == COUNT - WINDOW == spool.recorded_count
     assert after.journal is not None and sum(after.journal.live.values()) == COUNT
     got = []
     for n in range(COUNT):
@@ -634,7 +635,7 @@ def test_a_queue_whose_spool_cannot_be_read_is_still_deleted(tmp_path: Path) -> 
     broker = Broker(tmp_path)
     broker.client.call(1, commands.Queue.Declare(queue="durable", durable=True))
     broker.publish("durable", [body(n) for n in range(COUNT)], PERSISTENT)
-    spool = broker.queue("durable").spool
+    spool = broker.queue("durable").ready.spool
     assert spool is not None
 
     def unreadable(_offset: int, _length: int) -> bytes:

@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.core import spool
+from broker.core.entry import Entry
 from broker.core.message import Message
-from broker.core.queue import Entry, WorkQueue
+from broker.core.queue import WorkQueue
 from broker.storage.paging import PageStore
 from broker.storage.spooling import Spooler
 
@@ -74,7 +75,7 @@ def run(arguments: dict, operations: list[tuple[str, int]]) -> None:
     try:
         spooled = WorkQueue("q", arguments=arguments)
         store = PageStore(str(directory / "paging"))
-        spooled.attach_spooler(Spooler(str(directory / "spool"), store, None, None, 3))
+        spooled.ready.attach_spooler(Spooler(str(directory / "spool"), store, None, None, 3))
         models = [Model(spooled), Model(WorkQueue("q", arguments=arguments))]
         numbers = [[0], [0]]
         for operation, argument in operations:

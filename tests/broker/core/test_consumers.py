@@ -94,9 +94,9 @@ def test_when_the_last_higher_priority_consumer_leaves_the_rest_share_round_robi
     consume(c, "work", "y")
     consume(c, "work", "z")
     queue = node.vhosts["/"].queues["work"]
-    assert queue._levels is not None
+    assert queue.delivery.levels is not None
     c.call(1, commands.Basic.Cancel(consumer_tag="x"))
-    assert queue._levels is None
+    assert queue.delivery.levels is None
     assert [tag for tag, _ in delivered(publish(c, "work", b"1", b"2", b"3", b"4"))] == ["y", "z", "y", "z"]
 
 
