@@ -39,6 +39,7 @@ from pamqp.base import Frame
 from broker.amqp import handshake
 from broker.amqp.channel import CONTENT_METHODS, QUEUE_SHORTCUT_METHODS, ChannelState
 from broker.amqp.confirms import Confirms
+from broker.amqp.consuming import Consuming
 from broker.amqp.handshake import State
 from broker.core.access import Access
 from broker.core.node import RESOURCE_ALARMS, Node
@@ -275,7 +276,7 @@ class ServerConnection:
         building intermediate objects; everything else goes frame by frame through
         :meth:`_frame`. So is a single ``basic.ack`` (a consumer acking one message at a time):
         its delivery is taken at once, and the acks of one read are settled together, before
-        any other frame is handled and before this returns (see :meth:`ChannelState.hold_ack`).
+        any other frame is handled and before this returns (see :meth:`Consuming.hold_ack`).
         """
         if self.closed:
             if self.state is State.LINGERING:
@@ -308,7 +309,7 @@ class ServerConnection:
         unpack = _frame_head.unpack_from
         names_cache = self._names_cache
         alarms = self._alarms
-        holding: list[ChannelState] = []  # channels holding acks of this read (see ChannelState.hold_ack)
+        holding: list[Consuming] = []  # channels holding acks of this read (see Consuming.hold_ack)
         not_open: _NotOpen | None = None  # a method on a channel not open, failing at the end (see _NotOpen)
         try:
             while total - pos >= FRAME_OVERHEAD:
@@ -412,11 +413,12 @@ class ServerConnection:
                         tag, bits = _ack_args.unpack_from(data, pos + 11)
                         if not bits:
                             head = data[pos : pos + 11]  # its frame's head and method: the next acks' too
-                            hold = channel.hold_ack
+                            consuming = channel.consuming
+                            hold = consuming.hold_ack
                             pos = end + 1
                             try:
                                 if hold(tag):
-                                    holding.append(channel)
+                                    holding.append(consuming)
                                 # The same channel's single acks right behind it are taken here.
                                 while data.startswith(head, pos) and pos + _ACK_FRAME_BYTES <= total:
                                     tag, bits = _ack_args.unpack_from(data, pos + 11)
@@ -424,7 +426,7 @@ class ServerConnection:
                                         break  # (the outer loop reads it as any other frame)
                                     pos += _ACK_FRAME_BYTES
                                     if hold(tag):
-                                        holding.append(channel)
+                                        holding.append(consuming)
                             except ChannelException as error:
                                 self._settle_held(holding)
                                 if not error.class_id:
@@ -485,10 +487,10 @@ class ServerConnection:
             self.pending = data[pos:]
 
     @staticmethod
-    def _settle_held(holding: list[ChannelState]) -> None:
+    def _settle_held(holding: list[Consuming]) -> None:
         """Settle the acks the channels of ``holding`` took since the last settlement."""
-        for channel in holding:
-            channel.settle_held()
+        for consuming in holding:
+            consuming.settle_held()
         holding.clear()
 
     def _hold(self, data: bytes) -> None:
@@ -595,13 +597,13 @@ class ServerConnection:
                         channel.on_publish(*decode_publish(payload))
                     elif index == BASIC_ACK:
                         tag, bits = decode_ack(payload)
-                        channel.on_ack(tag, bool(bits & 1))
+                        channel.consuming.on_ack(tag, bool(bits & 1))
                     elif index == BASIC_NACK:
                         tag, bits = decode_ack(payload)
-                        channel.on_nack(tag, bool(bits & 1), bool(bits & 2))
+                        channel.consuming.on_nack(tag, bool(bits & 1), bool(bits & 2))
                     elif index == BASIC_REJECT:
                         tag, bits = decode_ack(payload)
-                        channel.on_nack(tag, False, bool(bits & 1))
+                        channel.consuming.on_nack(tag, False, bool(bits & 1))
                     else:
                         self._channel_method(channel, decode_method(payload))
                 elif channel is None:
@@ -829,7 +831,7 @@ class ServerConnection:
             self.node.counters["channels_closed"] += len(channels)
         for channel in channels:  # first: nothing returned below may go to a consumer of this connection
             channel.closing = True
-            channel.active = False
+            channel.consuming.active = False
         for channel in channels:
             self._release_channel(channel)
         self.confirming.clear()

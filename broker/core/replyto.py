@@ -35,7 +35,7 @@ PREFIX = PSEUDO_QUEUE + "."
 class ReplyConsumer:
     """A channel's consumer of its replies."""
 
-    #: The channel (``broker.amqp.channel.ChannelState``) that consumes its replies.
+    #: The channel (its consuming side, ``broker.amqp.consuming.Consuming``) that consumes its replies.
     channel: Any
     tag: str
     suffix: str

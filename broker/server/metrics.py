@@ -414,7 +414,7 @@ class RabbitMQNames:
             "rabbitmq_queue_messages": ("Messages ready and unacknowledged.", ready + unacked),
             "rabbitmq_queues": ("Queues.", totals.queues),
             "rabbitmq_consumers": ("Consumers.", totals.consumer_count),
-            "rabbitmq_channel_consumers": ("Consumers on channels.", sum(len(c.consumers) for c in channels)),
+            "rabbitmq_channel_consumers": ("Consumers on channels.", sum(len(c.consuming.consumers) for c in channels)),
             "rabbitmq_connections": ("Open connections.", len(connections)),
             "rabbitmq_channels": ("Open channels.", len(channels)),
             "rabbitmq_channel_messages_unconfirmed": ("Publishes not confirmed yet.", unconfirmed),

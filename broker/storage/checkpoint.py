@@ -309,7 +309,7 @@ def _unacked(node: Node) -> tuple[dict[WorkQueue, list[Entry]], Counter[int]]:
     gone: Counter[int] = Counter()
     for connection in node.connections:
         for channel in connection.channels.values():
-            for entry in channel.unacked_entries():
+            for entry in channel.consuming.unacked_entries():
                 queue = entry.queue
                 if not queue.deleted:
                     held.setdefault(queue, []).append(entry)
