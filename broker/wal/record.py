@@ -49,6 +49,9 @@ __all__ = [
     "DeadLetterSettled",
     "PolicySet",
     "PolicyCleared",
+    "StreamChunk",
+    "pack_stream_entries",
+    "unpack_stream_entries",
     "DEAD_LETTER_RECORDS",
     "DEAD_LETTER_PREVIEW_BYTES",
     "DEAD_LETTER_HEADER_VALUE_BYTES",
@@ -131,6 +134,7 @@ class RecordType(IntEnum):
     DEAD_LETTER_SETTLED = 12
     POLICY_SET = 13
     POLICY_CLEARED = 14
+    STREAM_CHUNK = 15
 
 
 # Field order in each class below is the order on disk: do not reorder. ``arguments``,
@@ -321,6 +325,22 @@ class PolicyCleared:
     operator: bool
 
 
+@dataclass(frozen=True, slots=True)
+class StreamChunk:
+    """Messages appended to a stream together (one group commit), in a stream's own segments.
+
+    The messages are at offsets ``first_offset`` to ``first_offset + count - 1``; ``timestamp``
+    is when the chunk was appended (seconds since the epoch, the broker's clock). ``entries``
+    holds each message's exchange, routing key, content header and body, packed by
+    :func:`pack_stream_entries`.
+    """
+
+    first_offset: int
+    timestamp: float
+    count: int
+    entries: bytes
+
+
 #: The first bytes of a dead letter's body kept in its :class:`DeadLettered` record: enough to
 #: recognise a payload (a JSON object's first keys, a protobuf's first fields) without copying
 #: whole bodies (up to 64 MiB) into the event stream.
@@ -346,6 +366,7 @@ Record = Union[
     DeadLetterSettled,
     PolicySet,
     PolicyCleared,
+    StreamChunk,
 ]
 
 _CLASSES: dict[RecordType, type] = {
@@ -363,6 +384,7 @@ _CLASSES: dict[RecordType, type] = {
     RecordType.DEAD_LETTER_SETTLED: DeadLetterSettled,
     RecordType.POLICY_SET: PolicySet,
     RecordType.POLICY_CLEARED: PolicyCleared,
+    RecordType.STREAM_CHUNK: StreamChunk,
 }
 
 #: The record types of the dead-letter event stream (the write-ahead log holds none of them).
@@ -1141,3 +1163,53 @@ def scan(data: _Buffer, start: int = 0) -> ScanResult:
             break
     resync = _resync(data, end) if problem is not None else None
     return ScanResult(records, end, problem, resync)
+
+
+_STREAM_ENTRY = struct.Struct(">BB")  # lengths of the exchange name and the routing key (shortstrs)
+_STREAM_SIZES = struct.Struct(">II")  # lengths of the content header and the body
+
+
+def pack_stream_entries(entries: Iterable[tuple[bytes, bytes, bytes, bytes]]) -> bytes:
+    """A :class:`StreamChunk`'s ``entries``: for each message its exchange name and routing key
+    (shortstrs, as the AMQP method carried them), content header and body, in order:
+    ``len u8 | exchange | len u8 | routing key | len u32 | header | len u32 | body``.
+
+    :raises ValueError: a name longer than 255 bytes
+    """
+    parts: list[bytes] = []
+    for exchange, routing_key, header, body in entries:
+        if len(exchange) > 255 or len(routing_key) > 255:
+            raise ValueError("an exchange name or routing key over 255 bytes")
+        parts += (bytes((len(exchange),)), exchange, bytes((len(routing_key),)), routing_key)
+        parts += (_STREAM_SIZES.pack(len(header), len(body)), header, body)
+    return b"".join(parts)
+
+
+def unpack_stream_entries(data: bytes, count: int) -> list[tuple[bytes, bytes, bytes, bytes]]:
+    """The ``count`` messages :func:`pack_stream_entries` packed into ``data``.
+
+    :raises WALCorruption: ``data`` does not hold exactly ``count`` of them
+    """
+    entries = []
+    pos = 0
+    size = len(data)
+    try:
+        for _ in range(count):
+            end = pos + 1 + data[pos]
+            exchange = data[pos + 1 : end]
+            pos = end + 1 + data[end]
+            routing_key = data[end + 1 : pos]
+            header_size, body_size = _STREAM_SIZES.unpack_from(data, pos)
+            pos += 8
+            header = data[pos : pos + header_size]
+            pos += header_size
+            body = data[pos : pos + body_size]
+            pos += body_size
+            if pos > size:
+                raise IndexError(pos)
+            entries.append((exchange, routing_key, header, body))
+    except (IndexError, struct.error):
+        raise WALCorruption(f"stream chunk entries cut short at byte {pos} of {size}") from None
+    if pos != size:
+        raise WALCorruption(f"{size - pos} bytes after the stream chunk's {count} entries")
+    return entries

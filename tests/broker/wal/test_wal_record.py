@@ -32,12 +32,14 @@ from broker.wal.record import (
     RecordType,
     Removed,
     Snapshot,
+    StreamChunk,
     Unbound,
     WALCorruption,
     decode,
     encode,
     encode_published,
     iter_records,
+    pack_stream_entries,
     parse_segment_header,
     published_content,
     published_contents,
@@ -83,6 +85,7 @@ EXAMPLES = [
     DeadLetterSettled((3 << 40) + 1, "/", "dlq", 1700000001.25),
     PolicySet("prod", "DLX", True, b'{"pattern":"^orders\\.","definition":{"message-ttl":1000}}'),
     PolicyCleared("prod", "DLX", False),
+    StreamChunk(1000, 1700000002.5, 2, pack_stream_entries([(b"", b"q", b"\x00\x3c", b"a"), (b"ex", b"k", b"", b"")])),
 ]
 
 #: Strings as they reach the broker: any text, or bytes that are not UTF-8 decoded with surrogateescape.

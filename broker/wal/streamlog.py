@@ -1,0 +1,431 @@
+"""A stream's log: its messages in order, each at an offset, in segment files of its own.
+
+A stream (``x-queue-type: stream``) keeps every message it is given, in chunks: the messages
+appended together (one group commit) form one :class:`~broker.wal.record.StreamChunk` record,
+in the write-ahead log's record format (length, CRC, type), in numbered segments with the
+log's segment header. Offsets start at 0 and stay with their messages for the stream's life:
+a chunk records its first offset, so they survive restarts and the removal of old segments.
+
+Reading never needs the whole stream in memory: a reader is placed with :meth:`StreamLog.locate`
+(an offset) or :meth:`StreamLog.locate_time` (a timestamp) and reads chunks from there with
+:meth:`StreamLog.read`, through the storage's ``read_at``. A sparse index per segment (a
+chunk's place every :data:`INDEX_EVERY` bytes) keeps placing a reader cheap; a segment's index
+is built when a reader first needs it.
+
+Retention (:meth:`StreamLog.retain`) removes whole segments from the head, never the one being
+appended to, by size and by age, as RabbitMQ's streams do (``osiris_log:evaluate_retention``).
+
+Threads: :meth:`StreamLog.append`, :meth:`StreamLog.sync` and :meth:`StreamLog.retain` are
+called from one thread; ``read``, ``locate`` and ``locate_time`` may be called from another
+for what :meth:`StreamLog.append` has returned (segments only grow).
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import struct
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from broker.wal.files import ISegmentStorage
+from broker.wal.log import WriteAheadLog
+from broker.wal.record import (
+    MAX_RECORD_BYTES,
+    RECORD_HEADER_BYTES,
+    SEGMENT_HEADER_BYTES,
+    RecordType,
+    StreamChunk,
+    WALCorruption,
+    decode,
+    encode,
+    pack_stream_entries,
+    parse_segment_header,
+    segment_header,
+    unpack_stream_entries,
+)
+
+__all__ = ["DEFAULT_STREAM_SEGMENT_BYTES", "INDEX_EVERY", "Chunk", "StreamLog"]
+
+#: A segment is rolled once it holds this many bytes (RabbitMQ's default for
+#: ``x-stream-max-segment-size-bytes``).
+DEFAULT_STREAM_SEGMENT_BYTES = 500_000_000
+
+#: The sparse index keeps the place of one chunk in every this many bytes of a segment.
+INDEX_EVERY = 64 << 10
+
+_RECORD_HEAD = struct.Struct(">IIB")  # length, crc, type
+_CHUNK_HEAD = struct.Struct(">QdQ")  # first offset, timestamp, count: a StreamChunk's first fields
+_CHUNK_TYPE = int(RecordType.STREAM_CHUNK)
+_CHUNK_CRC = zlib.crc32(bytes((_CHUNK_TYPE,)))
+#: Bytes read to learn a chunk's place: its record header and its first fields.
+_PEEK = RECORD_HEADER_BYTES + _CHUNK_HEAD.size
+#: Where a chunk may start: a sane length's top byte, then the chunk type byte (found in C, so
+#: looking past damage does not run a Python loop per byte).
+_CANDIDATE = re.compile(b"(?=[\\x00-%c][\\x00-\\xff]{7}%c)" % (MAX_RECORD_BYTES >> 24, _CHUNK_TYPE))
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Where a chunk is, and which offsets it holds."""
+
+    first_offset: int
+    count: int
+    timestamp: float
+    segment: int
+    position: int
+    #: Bytes of its record (header included): the next chunk starts at ``position + length``.
+    length: int
+
+    @property
+    def next_offset(self) -> int:
+        return self.first_offset + self.count
+
+
+@dataclass(slots=True)
+class _Segment:
+    number: int
+    size: int
+    #: The first chunk's offset and timestamp (``None``: the segment holds no chunk yet).
+    first_offset: int | None = None
+    first_timestamp: float = 0.0
+    #: ``(first offset, timestamp, position)`` of a chunk in every :data:`INDEX_EVERY` bytes,
+    #: the first chunk included; ``None`` until a reader needs it (older segments).
+    index: list[tuple[int, float, int]] | None = None
+    #: The last chunk read or appended here (the active segment's, after :meth:`StreamLog.open`).
+    last: Chunk | None = field(default=None)
+
+
+class StreamLog:
+    """One stream's chunks over ``storage`` (see the module's docstring).
+
+    :param storage: the stream's own segments
+    :param segment_bytes: roll to a new segment once the active one holds this many bytes
+    """
+
+    def __init__(self, storage: ISegmentStorage, segment_bytes: int = DEFAULT_STREAM_SEGMENT_BYTES) -> None:
+        self.storage = storage
+        self.segment_bytes = segment_bytes
+        self._log = WriteAheadLog(storage, max(segment_bytes, SEGMENT_HEADER_BYTES + 1))
+        self._segments: list[_Segment] = []
+        #: The offset the next message gets.
+        self.next_offset = 0
+        #: Bytes of torn tail cut at :meth:`open`.
+        self.truncated = 0
+
+    # -- opening ------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Recover the stream: cut a torn tail off its last segment (a chunk whose append was
+        never synced, so never confirmed), learn where each segment starts, and make the last
+        segment the one appended to. Reads the last segment once, a block at a time, and the
+        first chunk's head of each other segment.
+
+        :raises WALCorruption: a segment header is bad, or a damaged chunk in the last segment
+            is followed by a valid one (confirmed messages may be lost: the operator decides)
+        :raises OSError: the storage failed
+        """
+        storage = self.storage
+        numbers = storage.list_segments()
+        if not numbers:
+            self._log.open()
+            self._segments = [_Segment(1, SEGMENT_HEADER_BYTES, index=[])]
+            return
+        for number in numbers[:-1]:
+            segment = _Segment(number, storage.size(number))
+            self._check_header(segment)
+            head = self._peek(segment, SEGMENT_HEADER_BYTES)
+            if head is not None:
+                segment.first_offset, segment.first_timestamp = head.first_offset, head.timestamp
+            self._segments.append(segment)
+        last = self._recover_last(numbers[-1])
+        self._segments.append(last)
+        self._log.open_at(last.number, last.size)
+        if last.last is not None:
+            self.next_offset = last.last.next_offset
+        else:
+            previous = next((s for s in reversed(self._segments[:-1]) if s.first_offset is not None), None)
+            if previous is not None:
+                self.next_offset = self._scan_to_end(previous).next_offset
+
+    def _check_header(self, segment: _Segment) -> None:
+        data = self.storage.read_at(segment.number, 0, SEGMENT_HEADER_BYTES)
+        try:
+            found = parse_segment_header(data)
+        except WALCorruption as error:
+            raise WALCorruption(error.reason, segment.number, 0) from None
+        if found != segment.number:
+            raise WALCorruption(f"header says segment {found}", segment.number, 0)
+
+    def _recover_last(self, number: int) -> _Segment:
+        """Read the last segment's chunks, index them, and cut a torn tail."""
+        storage = self.storage
+        size = storage.size(number)
+        header = segment_header(number)
+        head = storage.read_at(number, 0, min(size, SEGMENT_HEADER_BYTES))
+        if (size < SEGMENT_HEADER_BYTES and header.startswith(head)) or (
+            # Some file systems show zeros where data never reached the disk.
+            head.count(0) == len(head) and storage.read_at(number, 0, size).count(0) == size
+        ):
+            # Created, and its header never synced: start it again.
+            storage.truncate(number, 0)
+            storage.append(number, header)
+            storage.sync(number)
+            self.truncated += size
+            return _Segment(number, SEGMENT_HEADER_BYTES, index=[])
+        segment = _Segment(number, size, index=[])
+        self._check_header(segment)
+        position = SEGMENT_HEADER_BYTES
+        while position < size:
+            chunk = self._read_chunk(number, position, size)
+            if chunk is None:
+                self._torn(number, position, size)
+                segment.size = position
+                break
+            self._indexed(segment, chunk)
+            position += chunk.length
+        return segment
+
+    def _torn(self, number: int, position: int, size: int) -> None:
+        """A chunk that does not read at ``position``: cut it and what follows if no valid
+        chunk follows (a torn append), else refuse (damage in the middle)."""
+        data = self.storage.read_at(number, position, size - position)
+        for match in _CANDIDATE.finditer(data, 1):
+            if self._valid_at(data, match.start()):
+                follows = position + match.start()
+                raise WALCorruption(f"damaged chunk (valid chunk at offset {follows})", number, position)
+        self.storage.truncate(number, position)
+        self.storage.sync(number)
+        self.truncated += size - position
+
+    @staticmethod
+    def _valid_at(data: bytes, start: int) -> bool:
+        length, crc, record_type = _RECORD_HEAD.unpack_from(data, start)
+        end = start + RECORD_HEADER_BYTES + length
+        if record_type != _CHUNK_TYPE or length > MAX_RECORD_BYTES or end > len(data):
+            return False
+        return bool(zlib.crc32(data[start + RECORD_HEADER_BYTES : end], _CHUNK_CRC) == crc)
+
+    def _read_chunk(self, number: int, position: int, size: int) -> Chunk | None:
+        """The chunk at ``position`` if a whole valid one is there (CRC checked), else ``None``."""
+        if size - position < _PEEK:
+            return None
+        head = self.storage.read_at(number, position, RECORD_HEADER_BYTES)
+        length, crc, record_type = _RECORD_HEAD.unpack(head)
+        end = position + RECORD_HEADER_BYTES + length
+        if record_type != _CHUNK_TYPE or length > MAX_RECORD_BYTES or end > size:
+            return None
+        payload = self.storage.read_at(number, position + RECORD_HEADER_BYTES, length)
+        if len(payload) != length or zlib.crc32(payload, _CHUNK_CRC) != crc:
+            return None
+        try:
+            record = decode(_CHUNK_TYPE, payload)
+        except WALCorruption:
+            return None
+        assert isinstance(record, StreamChunk)
+        return Chunk(record.first_offset, record.count, record.timestamp, number, position, end - position)
+
+    def _peek(self, segment: _Segment, position: int) -> Chunk | None:
+        """The place of the chunk at ``position`` from its head alone (no CRC check: the
+        segment was recovered or written by this process)."""
+        if segment.size - position < _PEEK:
+            return None
+        head = self.storage.read_at(segment.number, position, _PEEK)
+        length, _crc, record_type = _RECORD_HEAD.unpack_from(head)
+        if record_type != _CHUNK_TYPE:
+            raise WALCorruption("not a stream chunk", segment.number, position)
+        first_offset, timestamp, count = _CHUNK_HEAD.unpack_from(head, RECORD_HEADER_BYTES)
+        return Chunk(first_offset, count, timestamp, segment.number, position, RECORD_HEADER_BYTES + length)
+
+    @staticmethod
+    def _indexed(segment: _Segment, chunk: Chunk) -> None:
+        """``chunk`` is the segment's newest: note it (and in the sparse index, now and then)."""
+        if segment.first_offset is None:
+            segment.first_offset, segment.first_timestamp = chunk.first_offset, chunk.timestamp
+        index = segment.index
+        if index is not None and (not index or chunk.position - index[-1][2] >= INDEX_EVERY):
+            index.append((chunk.first_offset, chunk.timestamp, chunk.position))
+        segment.last = chunk
+
+    def _index_of(self, segment: _Segment) -> list[tuple[int, float, int]]:
+        """The segment's sparse index, built from its chunk heads when first needed."""
+        if segment.index is None:
+            built: list[tuple[int, float, int]] = []
+            position = SEGMENT_HEADER_BYTES
+            last = None
+            while True:
+                chunk = self._peek(segment, position)
+                if chunk is None:
+                    break
+                if not built or position - built[-1][2] >= INDEX_EVERY:
+                    built.append((chunk.first_offset, chunk.timestamp, position))
+                last = chunk
+                position += chunk.length
+            segment.index = built
+            segment.last = last
+        return segment.index
+
+    def _scan_to_end(self, segment: _Segment) -> Chunk:
+        self._index_of(segment)
+        assert segment.last is not None
+        return segment.last
+
+    # -- what it holds ------------------------------------------------------------------------
+
+    @property
+    def first_offset(self) -> int:
+        """The offset of the oldest message held (:attr:`next_offset` when it holds none)."""
+        for segment in self._segments:
+            if segment.first_offset is not None:
+                return segment.first_offset
+        return self.next_offset
+
+    @property
+    def size(self) -> int:
+        """Bytes in the stream's segments."""
+        return sum(segment.size for segment in self._segments)
+
+    @property
+    def segments(self) -> list[int]:
+        """The segments' numbers, oldest first (the last one is appended to)."""
+        return [segment.number for segment in self._segments]
+
+    def last_chunk(self) -> Chunk | None:
+        """The newest chunk (where RabbitMQ's ``last`` offset attaches), if there is one."""
+        segments = self._holding()
+        return self._scan_to_end(segments[-1]) if segments else None
+
+    # -- appending ----------------------------------------------------------------------------
+
+    def append(self, entries: Iterable[tuple[bytes, bytes, bytes, bytes]], timestamp: float) -> Chunk:
+        """Append one chunk of messages (exchange, routing key, content header, body each) at
+        the next offsets; rolls to a new segment first when the active one is full. Not durable
+        until :meth:`sync`.
+
+        :raises OSError: the storage failed (the log holds none of the chunk)
+        :raises ValueError: no entries
+        """
+        entries = list(entries)
+        if not entries:
+            raise ValueError("a chunk holds at least one message")
+        data = encode(StreamChunk(self.next_offset, timestamp, len(entries), pack_stream_entries(entries)))
+        active = self._segments[-1]
+        if active.size + len(data) > self.segment_bytes and active.first_offset is not None:
+            number = self._log.rotate()
+            active = _Segment(number, SEGMENT_HEADER_BYTES, index=[])
+            self._segments.append(active)
+        self._log.append(data)
+        chunk = Chunk(self.next_offset, len(entries), timestamp, active.number, active.size, len(data))
+        active.size += len(data)
+        self._indexed(active, chunk)
+        self.next_offset = chunk.next_offset
+        return chunk
+
+    def sync(self) -> None:
+        """Make every appended chunk durable."""
+        self._log.sync()
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def locate(self, offset: int) -> Chunk | None:
+        """The chunk holding ``offset``, or the first one after it (an offset removed by
+        retention: the oldest chunk); ``None`` when ``offset`` is at or past the end."""
+        segments = self._holding()
+        if offset >= self.next_offset or not segments:
+            return None
+        at = max(0, bisect.bisect_right([s.first_offset or 0 for s in segments], offset) - 1)
+        return self._find(segments[at], 0, offset, lambda chunk: chunk.next_offset > offset)
+
+    def locate_time(self, timestamp: float) -> Chunk | None:
+        """The first chunk appended at ``timestamp`` or later; ``None`` when none was."""
+        segments = self._holding()
+        at = max(0, bisect.bisect_right([s.first_timestamp for s in segments], timestamp) - 1)
+        for segment in segments[at:]:
+            chunk = self._find(segment, 1, timestamp, lambda chunk: chunk.timestamp >= timestamp)
+            if chunk is not None:
+                return chunk
+        return None
+
+    def _holding(self) -> list[_Segment]:
+        """The segments that hold a chunk, oldest first."""
+        return [segment for segment in self._segments if segment.first_offset is not None]
+
+    def _find(self, segment: _Segment, field: int, value: float, wanted: Callable[[Chunk], bool]) -> Chunk | None:
+        """The first chunk of ``segment`` that is ``wanted``, looked for from the last place in
+        its sparse index whose ``field`` (0: first offset, 1: timestamp) is at most ``value``."""
+        index = self._index_of(segment)
+        place = max(0, bisect.bisect_right([entry[field] for entry in index], value) - 1)
+        position = index[place][2]
+        while (chunk := self._peek(segment, position)) is not None:
+            if wanted(chunk):
+                return chunk
+            position += chunk.length
+        return None
+
+    def next_chunk(self, chunk: Chunk) -> Chunk | None:
+        """The chunk after ``chunk``; ``None`` at the end (or once ``chunk`` was removed)."""
+        for index, segment in enumerate(self._segments):
+            if segment.number == chunk.segment:
+                following = self._peek(segment, chunk.position + chunk.length)
+                if following is not None:
+                    return following
+                for later in self._segments[index + 1 :]:
+                    if later.first_offset is not None:
+                        return self._peek(later, SEGMENT_HEADER_BYTES)
+                return None
+        return self.locate(chunk.next_offset)
+
+    def read(self, chunk: Chunk) -> list[tuple[bytes, bytes, bytes, bytes]]:
+        """The messages of ``chunk`` (exchange, routing key, content header, body each).
+
+        :raises WALCorruption: the chunk's bytes are damaged
+        :raises OSError: the storage failed (or its segment was removed)
+        """
+        payload = self.storage.read_at(
+            chunk.segment, chunk.position + RECORD_HEADER_BYTES, chunk.length - RECORD_HEADER_BYTES
+        )
+        record = decode(_CHUNK_TYPE, payload)
+        assert isinstance(record, StreamChunk)
+        return unpack_stream_entries(record.entries, record.count)
+
+    # -- retention ----------------------------------------------------------------------------
+
+    def retain(self, max_bytes: int | None, max_age: float | None, now: float) -> list[int]:
+        """Remove whole segments from the head, never the one appended to: while the stream is
+        over ``max_bytes`` (the newest segments are kept while they fit), and those whose newest
+        chunk is older than ``max_age`` seconds. Returns the segments removed.
+
+        :raises OSError: the storage failed (the segments before the failing one are removed)
+        """
+        removed: list[int] = []
+        segments = self._segments
+        if max_bytes is not None:
+            kept = 0
+            keep_from = len(segments) - 1
+            for at in range(len(segments) - 1, -1, -1):
+                kept += segments[at].size
+                if kept > max_bytes and at < len(segments) - 1:
+                    break
+                keep_from = at
+            removed += self._remove(keep_from)
+        if max_age is not None:
+            cutoff = now - max_age
+            keep_from = 0
+            for at in range(len(segments) - 1):
+                newest = segments[at + 1].first_timestamp if segments[at + 1].first_offset is not None else now
+                if newest >= cutoff:
+                    break
+                keep_from = at + 1
+            removed += self._remove(keep_from)
+        return removed
+
+    def _remove(self, keep_from: int) -> list[int]:
+        removed = []
+        while keep_from > 0 and len(self._segments) > 1:
+            segment = self._segments[0]
+            self._log.retire(segment.number)
+            self._segments.pop(0)
+            removed.append(segment.number)
+            keep_from -= 1
+        return removed
