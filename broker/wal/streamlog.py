@@ -15,9 +15,11 @@ is built when a reader first needs it.
 Retention (:meth:`StreamLog.retain`) removes whole segments from the head, never the one being
 appended to, by size and by age, as RabbitMQ's streams do (``osiris_log:evaluate_retention``).
 
-Threads: :meth:`StreamLog.append`, :meth:`StreamLog.sync` and :meth:`StreamLog.retain` are
-called from one thread; ``read``, ``locate`` and ``locate_time`` may be called from another
-for what :meth:`StreamLog.append` has returned (segments only grow).
+Threads: the broker's thread places chunks (:meth:`StreamLog.stage`), drops old segments
+(:meth:`StreamLog.retain`) and reads (``locate``, ``locate_time``, ``next_chunk``, ``read``);
+the log's writer thread writes what was staged (:meth:`StreamLog.write`) and deletes the
+files of dropped segments (:meth:`StreamLog.remove`). Nothing reads a chunk before its write
+has returned (segments only grow, so a read does not race a later write).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from broker.wal.record import (
     unpack_stream_entries,
 )
 
-__all__ = ["DEFAULT_STREAM_SEGMENT_BYTES", "INDEX_EVERY", "Chunk", "StreamLog"]
+__all__ = ["DEFAULT_STREAM_SEGMENT_BYTES", "INDEX_EVERY", "Chunk", "Staged", "StreamLog"]
 
 #: A segment is rolled once it holds this many bytes (RabbitMQ's default for
 #: ``x-stream-max-segment-size-bytes``).
@@ -83,6 +85,17 @@ class Chunk:
         return self.first_offset + self.count
 
 
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A chunk :meth:`StreamLog.stage` placed, for :meth:`StreamLog.write` to write."""
+
+    chunk: Chunk
+    #: Its record's bytes.
+    data: bytes
+    #: Whether it opens a new segment.
+    roll: bool
+
+
 @dataclass(slots=True)
 class _Segment:
     number: int
@@ -113,6 +126,8 @@ class StreamLog:
         self.next_offset = 0
         #: Bytes of torn tail cut at :meth:`open`.
         self.truncated = 0
+        #: The end of what :meth:`write` has written: ``(segment, position)``.
+        self._written = (0, 0)
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -131,6 +146,7 @@ class StreamLog:
         if not numbers:
             self._log.open()
             self._segments = [_Segment(1, SEGMENT_HEADER_BYTES, index=[])]
+            self._written = (1, SEGMENT_HEADER_BYTES)
             return
         for number in numbers[:-1]:
             segment = _Segment(number, storage.size(number))
@@ -142,6 +158,7 @@ class StreamLog:
         last = self._recover_last(numbers[-1])
         self._segments.append(last)
         self._log.open_at(last.number, last.size)
+        self._written = (last.number, last.size)
         if last.last is not None:
             self.next_offset = last.last.next_offset
         else:
@@ -298,12 +315,12 @@ class StreamLog:
 
     # -- appending ----------------------------------------------------------------------------
 
-    def append(self, entries: Iterable[tuple[bytes, bytes, bytes, bytes]], timestamp: float) -> Chunk:
-        """Append one chunk of messages (exchange, routing key, content header, body each) at
-        the next offsets; rolls to a new segment first when the active one is full. Not durable
-        until :meth:`sync`.
+    def stage(self, entries: Iterable[tuple[bytes, bytes, bytes, bytes]], timestamp: float) -> Staged:
+        """Place one chunk of messages (exchange, routing key, content header, body each) at
+        the next offsets, after every chunk staged before it, in a new segment when the last
+        one is full. Nothing is written: :meth:`write` does that (and nothing may read the
+        chunk before it has).
 
-        :raises OSError: the storage failed (the log holds none of the chunk)
         :raises ValueError: no entries
         """
         entries = list(entries)
@@ -311,20 +328,37 @@ class StreamLog:
             raise ValueError("a chunk holds at least one message")
         data = encode(StreamChunk(self.next_offset, timestamp, len(entries), pack_stream_entries(entries)))
         active = self._segments[-1]
-        if active.size + len(data) > self.segment_bytes and active.first_offset is not None:
-            number = self._log.rotate()
-            active = _Segment(number, SEGMENT_HEADER_BYTES, index=[])
+        roll = active.size + len(data) > self.segment_bytes and active.first_offset is not None
+        if roll:
+            active = _Segment(active.number + 1, SEGMENT_HEADER_BYTES, index=[])
             self._segments.append(active)
-        self._log.append(data)
         chunk = Chunk(self.next_offset, len(entries), timestamp, active.number, active.size, len(data))
         active.size += len(data)
         self._indexed(active, chunk)
         self.next_offset = chunk.next_offset
-        return chunk
+        return Staged(chunk, data, roll)
 
-    def sync(self) -> None:
-        """Make every appended chunk durable."""
+    def write(self, staged: Iterable[Staged]) -> None:
+        """Write staged chunks, in the order they were staged, and make them durable (one
+        ``fsync`` per segment written). After a failure, call again with the same chunks and
+        those after them: what was written is not written twice.
+
+        :raises OSError: the storage failed
+        """
+        for item in staged:
+            if item.roll and self._log.active < item.chunk.segment:
+                self._log.rotate()
+            if (item.chunk.segment, item.chunk.position) < self._written:
+                continue
+            self._log.append(item.data)
+            self._written = (item.chunk.segment, item.chunk.position + item.chunk.length)
         self._log.sync()
+
+    def append(self, entries: Iterable[tuple[bytes, bytes, bytes, bytes]], timestamp: float) -> Chunk:
+        """Stage one chunk and write it, on one thread (see :meth:`stage` and :meth:`write`)."""
+        staged = self.stage(entries, timestamp)
+        self.write((staged,))
+        return staged.chunk
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -392,40 +426,41 @@ class StreamLog:
     # -- retention ----------------------------------------------------------------------------
 
     def retain(self, max_bytes: int | None, max_age: float | None, now: float) -> list[int]:
-        """Remove whole segments from the head, never the one appended to: while the stream is
-        over ``max_bytes`` (the newest segments are kept while they fit), and those whose newest
-        chunk is older than ``max_age`` seconds. Returns the segments removed.
-
-        :raises OSError: the storage failed (the segments before the failing one are removed)
+        """Drop whole segments from the head, never the last one: while the stream is over
+        ``max_bytes`` (the newest segments are kept while they fit), and those whose newest
+        chunk is older than ``max_age`` seconds. Readers no longer find them; their files go
+        with :meth:`remove`. Returns their numbers.
         """
-        removed: list[int] = []
         segments = self._segments
+        drop = 0
         if max_bytes is not None:
             kept = 0
-            keep_from = len(segments) - 1
             for at in range(len(segments) - 1, -1, -1):
                 kept += segments[at].size
                 if kept > max_bytes and at < len(segments) - 1:
+                    drop = at + 1
                     break
-                keep_from = at
-            removed += self._remove(keep_from)
         if max_age is not None:
             cutoff = now - max_age
-            keep_from = 0
-            for at in range(len(segments) - 1):
-                newest = segments[at + 1].first_timestamp if segments[at + 1].first_offset is not None else now
+            for at in range(drop, len(segments) - 1):
+                following = segments[at + 1]
+                # The next segment's first chunk came after this one's newest.
+                newest = following.first_timestamp if following.first_offset is not None else now
                 if newest >= cutoff:
                     break
-                keep_from = at + 1
-            removed += self._remove(keep_from)
-        return removed
+                drop = at + 1
+        dropped = [segment.number for segment in segments[:drop]]
+        del segments[:drop]
+        return dropped
 
-    def _remove(self, keep_from: int) -> list[int]:
-        removed = []
-        while keep_from > 0 and len(self._segments) > 1:
-            segment = self._segments[0]
-            self._log.retire(segment.number)
-            self._segments.pop(0)
-            removed.append(segment.number)
-            keep_from -= 1
-        return removed
+    def remove(self, numbers: Iterable[int]) -> None:
+        """Delete the files of segments :meth:`retain` dropped (on the thread that writes).
+
+        :raises OSError: the storage failed (the segments before the failing one are removed)
+        """
+        for number in numbers:
+            self._log.retire(number)
+
+    def sync(self) -> None:
+        """Make every chunk written durable (:meth:`write` does so already)."""
+        self._log.sync()

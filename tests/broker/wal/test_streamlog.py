@@ -49,8 +49,10 @@ def test_a_chunk_never_synced_is_cut_at_the_start_and_its_offsets_are_given_agai
     storage = MemorySegmentStorage()
     log = opened(storage)
     log.append([message(0), message(1)], 1.0)
-    log.sync()
-    log.append([message(2), message(3)], 2.0)  # lost with the power
+    staged = log.stage([message(2), message(3)], 2.0)
+    storage.fail_next("sync", OSError(5, "I/O error"))  # written, never on disk
+    with pytest.raises(OSError):
+        log.write([staged])
     after = storage.crash()
     again = opened(after)
     assert again.next_offset == 2 and everything(again) == [(0, message(0)), (1, message(1))]
@@ -134,6 +136,7 @@ def test_retention_by_size_removes_whole_segments_from_the_head_and_offsets_stay
     before = list(log.segments)
     removed = log.retain(max_bytes=900, max_age=None, now=30.0)
     assert removed == before[: len(removed)] and removed and log.segments[-1] == before[-1]
+    log.remove(removed)
     assert log.size <= 900 or len(log.segments) == 1
     first = log.first_offset
     assert first > 0 and log.locate(0) == log.locate(first)
@@ -151,11 +154,14 @@ def test_retention_by_age_keeps_segments_with_anything_younger_and_never_the_act
     assert log.retain(max_bytes=None, max_age=1000.0, now=100.0) == []
     removed = log.retain(max_bytes=None, max_age=10.0, now=40.0)  # older than 30 goes
     assert removed
+    log.remove(removed)
     survivors = everything(log)
     assert survivors == everything_before[len(everything_before) - len(survivors) :]
     assert min(offset for offset, _ in survivors) <= 30  # the segment holding offset 30 stays
-    log.retain(max_bytes=None, max_age=0.0, now=1e9)
+    log.remove(log.retain(max_bytes=None, max_age=0.0, now=1e9))
     assert len(log.segments) == 1 and log.next_offset == 30
+    again = opened(DirectoryStorage(str(tmp_path)), segment_bytes=400)
+    assert again.segments == log.segments and again.first_offset == log.first_offset
 
 
 def test_an_interrupted_segment_roll_starts_the_new_segment_again() -> None:
@@ -181,3 +187,16 @@ def test_chunk_entries_that_do_not_add_up_are_corruption() -> None:
         unpack_stream_entries(packed + b"x", 1)
     with pytest.raises(WALCorruption, match="cut short"):
         unpack_stream_entries(packed, 2)
+
+
+def test_staged_chunks_are_written_once_even_when_a_write_is_retried() -> None:
+    storage = MemorySegmentStorage()
+    log = opened(storage, segment_bytes=200)
+    staged = [log.stage([message(n)], float(n)) for n in range(8)]
+    assert len({item.chunk.segment for item in staged}) > 1  # some open a new segment
+    storage.fail_next("append", OSError(5, "I/O error"))
+    with pytest.raises(OSError):
+        log.write(staged)
+    log.write(staged)  # the retry: written from where the failure stopped
+    again = opened(storage.crash(), segment_bytes=200)
+    assert everything(again) == [(n, message(n)) for n in range(8)]
