@@ -1,0 +1,331 @@
+"""Stream queues: an append-only log that each consumer reads at its own offset.
+
+A stream (``x-queue-type: stream``, RabbitMQ's stream queues over AMQP 0-9-1) keeps every
+message it is given, in the order given, each at an offset (0, 1, 2 ...), in its own
+:class:`~broker.wal.streamlog.StreamLog`. Reading removes nothing: every consumer has a reader
+that starts where its ``x-stream-offset`` says (:func:`offset_spec`) and moves on as it reads.
+``docs/rabbitmq-streams.md`` gives RabbitMQ 3.10's rules, which these follow.
+
+Messages arrive in the broker's thread (:meth:`StreamQueue.enqueue`) and wait until the next
+chunk is staged (:meth:`StreamQueue.stage`, one chunk per group commit); the log's writer
+writes it, and once it is written (:meth:`StreamQueue.written`) its messages are readable and
+go to the consumers. Deliveries are whole chunks, as RabbitMQ's: a consumer's credit is its
+prefetch less its unacknowledged deliveries, and while it is above 0 the reader delivers the
+next chunk whole (the credit may go below 0). An ack gives credit back and removes nothing.
+
+Each delivery carries the message's offset as the header ``x-stream-offset`` (a long-long),
+set where an entry of that name stood, the table's entries sorted by name as RabbitMQ sorts
+them; the rest of the publisher's content header comes back as it was sent.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from broker.core.entry import Consumer, Entry
+from broker.core.message import Message
+from broker.core.queue import QueueSettings
+from broker.errors import ChannelException, ConnectionException, ReplyCode
+from broker.wal.streamlog import Chunk, Staged, StreamLog
+from broker.wire.content import ContentError, headers_content, with_headers_content
+from broker.wire.table import Int64, TableError, encode_entry, iter_table
+
+#: The delivery header that says a message's offset.
+OFFSET_HEADER = "x-stream-offset"
+_OFFSET_KEY = OFFSET_HEADER.encode()
+
+#: Seconds in each unit of an interval (``x-max-age``, an ``x-stream-offset`` string), as
+#: RabbitMQ counts them (``rabbit_amqqueue:check_max_age``): a year is 365 days, a month 30.
+INTERVAL_UNITS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
+_INTERVAL = re.compile(r"([0-9]*)(.*)", re.DOTALL)
+
+#: Body bytes past which the messages waiting for a chunk go into the next one.
+CHUNK_BYTES = 1 << 20
+
+
+class NoLeadingDigit(ValueError):
+    """An interval with no digits in front: RabbitMQ 3.10's channel crashes on it (541)."""
+
+
+def interval_seconds(text: str) -> float:
+    """The seconds in ``text``: digits, then exactly one of ``Y M D h m s`` (``7D``, ``12h``).
+
+    :raises NoLeadingDigit: ``text`` does not start with a digit
+    :raises ValueError: the rest is not one unit, or the number is 0
+    """
+    match = _INTERVAL.fullmatch(text)
+    assert match is not None  # the pattern matches anything
+    digits, unit = match.groups()
+    if not digits:
+        raise NoLeadingDigit(text)
+    if unit not in INTERVAL_UNITS or int(digits) <= 0:
+        raise ValueError(text)
+    return int(digits) * INTERVAL_UNITS[unit]
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetSpec:
+    """Where a consumer starts: ``first``, ``last``, ``next``, ``offset`` (at ``value``) or
+    ``timestamp`` (the first chunk appended at ``value`` seconds since the epoch or later)."""
+
+    kind: str
+    value: float = 0
+
+
+def offset_spec(value: object, now: float, queue: str, where: str) -> OffsetSpec:
+    """The ``x-stream-offset`` consumer argument, read as RabbitMQ 3.10 reads it
+    (``rabbit_stream_queue:parse_offset_arg``).
+
+    :param value: the argument as decoded (``None``: absent, which is ``next``)
+    :param now: the time, for an interval (``"10m"``: from ten minutes ago)
+    :param queue: the queue's name and ``where`` (``in vhost '/'``), for the refusal's text
+    :raises ChannelException: 406 for a string that starts with a digit and is no interval
+    :raises ConnectionException: 541 INTERNAL_ERROR where RabbitMQ's channel crashes: another
+        string, or a value of a type it takes no offset from (boolean, float, void, table)
+    """
+    if value is None:
+        return OffsetSpec("next")
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "surrogateescape")
+    if isinstance(value, str):
+        if value in ("first", "last", "next"):
+            return OffsetSpec(value)
+        try:
+            return OffsetSpec("timestamp", now - interval_seconds(value))
+        except NoLeadingDigit:
+            raise ConnectionException(ReplyCode.INTERNAL_ERROR, "", 0, 0) from None
+        except ValueError:
+            raise ChannelException(
+                ReplyCode.PRECONDITION_FAILED,
+                f"invalid arg '{OFFSET_HEADER}' for queue '{queue}' {where}: "
+                f'{{invalid_stream_offset_arg,{{longstr,<<"{value}">>}}}}',
+            ) from None
+    if isinstance(value, datetime):
+        return OffsetSpec("timestamp", value.timestamp())
+    if isinstance(value, int) and not isinstance(value, bool):
+        return OffsetSpec("offset", int(value))
+    raise ConnectionException(ReplyCode.INTERNAL_ERROR, "", 0, 0)
+
+
+def with_offset(header: bytes, offset: int) -> bytes:
+    """``header`` with ``x-stream-offset`` set to ``offset`` (a long-long) and its headers
+    table's entries sorted by name (byte order), as RabbitMQ delivers from a stream. (A header
+    that does not parse, which a publish never lets in, is returned as it is.)"""
+    entry = encode_entry(_OFFSET_KEY, Int64(offset))
+    try:
+        content = headers_content(header)
+        entries = [] if content is None else list(iter_table(content, 0, len(content)))
+    except (ContentError, TableError):
+        return header
+    if content is None or not entries:
+        return with_headers_content(header, entry)
+    parts = [(name, content[start - 2 - len(name) : end]) for name, _tag, start, end in entries if name != _OFFSET_KEY]
+    parts.append((_OFFSET_KEY, entry))
+    parts.sort(key=lambda part: part[0])
+    return with_headers_content(header, b"".join(data for _name, data in parts))
+
+
+class _Reader:
+    """Where one consumer is in the stream."""
+
+    __slots__ = ("chunk", "next_offset", "skip_below")
+
+    def __init__(self, next_offset: int, skip_below: int) -> None:
+        #: The last chunk it was given (its successor comes next), or ``None``: it waits for
+        #: the chunk holding :attr:`next_offset`.
+        self.chunk: Chunk | None = None
+        self.next_offset = next_offset
+        #: Offsets below this are not delivered (a numeric ``x-stream-offset``).
+        self.skip_below = skip_below
+
+
+class StreamQueue:
+    """One stream (see the module's docstring).
+
+    :param log: its opened log
+    :param clock: anything with ``seconds()`` (the reactor), for timestamps and intervals
+    """
+
+    durable = True
+    auto_delete = False
+    owner = None
+    exclusive = False
+    max_priority = None
+
+    def __init__(self, name: str, vhost_name: str, arguments: Mapping[str, Any], log: StreamLog, clock: Any) -> None:
+        self.name = name
+        self.vhost_name = vhost_name
+        self.arguments = dict(arguments)
+        #: No TTLs, limits or dead-lettering apply to a stream (RabbitMQ refuses them).
+        self.settings = QueueSettings()
+        self.log = log
+        self.clock = clock
+        #: Offsets below this are written and readable.
+        self.committed = log.next_offset
+        #: Messages waiting for the next chunk, and their body bytes.
+        self._pending: list[tuple[bytes, bytes, bytes, bytes]] = []
+        self._pending_bytes = 0
+        #: Chunks staged and not yet written, oldest first.
+        self._staged: deque[Staged] = deque()
+        self._readers: dict[Consumer, _Reader] = {}
+        self.deleted = False
+        self.seq = 0
+        self.unacked_count = 0
+        self.published = 0
+        self.delivered = 0
+        self.acked = 0
+        #: Deliveries are not sampled for latency on a stream (the channel reads this).
+        self.latency_samples: dict[Entry, float] = {}
+
+    # -- what it holds ------------------------------------------------------------------------
+
+    @property
+    def message_count(self) -> int:
+        """Messages held: every offset written and not removed by retention."""
+        return self.committed - self.log.first_offset
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self._readers)
+
+    @property
+    def consumers(self) -> Iterable[Consumer]:
+        return list(self._readers)
+
+    def now(self) -> float:
+        return float(self.clock.seconds())
+
+    # -- appending ----------------------------------------------------------------------------
+
+    def enqueue(self, message: Message) -> bool:
+        """Take ``message`` for the next chunk (readable once that chunk is written)."""
+        names = message.names
+        exchange_end = 1 + names[0]
+        self._pending.append((names[1:exchange_end], names[exchange_end + 1 :], message.header, message.body))
+        self._pending_bytes += message.size
+        self.published += 1
+        return True
+
+    @property
+    def has_pending(self) -> bool:
+        """Whether messages wait for a chunk."""
+        return bool(self._pending)
+
+    def stage(self) -> list[Staged]:
+        """The messages waiting, placed as chunks for the writer (at most :data:`CHUNK_BYTES`
+        of bodies each, one message at least), oldest first."""
+        staged: list[Staged] = []
+        pending, self._pending = self._pending, []
+        self._pending_bytes = 0
+        now = self.now()
+        start = 0
+        size = 0
+        for at, entry in enumerate(pending):
+            size += len(entry[3])
+            if size >= CHUNK_BYTES or at == len(pending) - 1:
+                staged.append(self.log.stage(pending[start : at + 1], now))
+                start, size = at + 1, 0
+        self._staged.extend(staged)
+        return staged
+
+    def written(self, staged: Iterable[Staged]) -> None:
+        """The writer wrote (and synced) ``staged``: their messages are readable."""
+        for item in staged:
+            if self._staged and self._staged[0] is item:
+                self._staged.popleft()
+            self.committed = max(self.committed, item.chunk.next_offset)
+        self.dispatch()
+
+    # -- consumers ----------------------------------------------------------------------------
+
+    def add_consumer(self, consumer: Consumer, spec: OffsetSpec) -> None:
+        """Attach ``consumer`` where ``spec`` says (see ``docs/rabbitmq-streams.md``, 4.3) and
+        deliver what it may take."""
+        log = self.log
+        first, end = log.first_offset, self.committed
+        start, skip_below = end, 0
+        if spec.kind == "first":
+            start = first
+        elif spec.kind == "last":
+            last = self._last_written()
+            start = last.first_offset if last is not None else end
+        elif spec.kind == "offset":
+            offset = int(spec.value)
+            start = min(max(offset, first), end)
+            skip_below = offset
+        elif spec.kind == "timestamp" and first < end:
+            chunk = log.locate_time(spec.value)
+            if chunk is not None and chunk.first_offset < end:
+                start = chunk.first_offset
+        self._readers[consumer] = _Reader(start, skip_below)
+        self.dispatch()
+
+    def _last_written(self) -> Chunk | None:
+        """The newest written chunk."""
+        if self.committed == self.log.first_offset:
+            return None
+        return self.log.locate(self.committed - 1)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        self._readers.pop(consumer, None)
+
+    def has_exclusive_consumer(self) -> bool:
+        return False
+
+    def dispatch(self) -> None:
+        """Give each consumer with credit the written chunks it has not had, a chunk at a time."""
+        for consumer, reader in list(self._readers.items()):
+            while consumer.credit() > 0 and self._readers.get(consumer) is reader:
+                chunk = self._next_chunk(reader)
+                if chunk is None:
+                    break
+                reader.chunk = chunk
+                reader.next_offset = chunk.next_offset
+                entries = self._entries(chunk, reader.skip_below)
+                if entries:
+                    consumer.channel.deliver_entries(consumer, entries)
+
+    def _next_chunk(self, reader: _Reader) -> Chunk | None:
+        """The written chunk after the reader's, or holding its next offset; ``None`` at the end."""
+        if reader.next_offset >= self.committed:
+            return None
+        if reader.chunk is not None:
+            chunk = self.log.next_chunk(reader.chunk)
+        else:
+            chunk = self.log.locate(reader.next_offset)
+        if chunk is None or chunk.first_offset >= self.committed:
+            return None
+        return chunk
+
+    def _entries(self, chunk: Chunk, skip_below: int) -> list[Entry]:
+        """The chunk's messages as entries to deliver, each with its offset in its header."""
+        entries = []
+        for offset, (exchange, routing_key, header, body) in enumerate(self.log.read(chunk), chunk.first_offset):
+            if offset < skip_below:
+                continue
+            names = bytes((len(exchange),)) + exchange + bytes((len(routing_key),)) + routing_key
+            message = Message(
+                exchange.decode("utf-8", "surrogateescape"),
+                routing_key.decode("utf-8", "surrogateescape"),
+                names,
+                header,
+                body,
+            )
+            entry = Entry(message, self)  # type: ignore[arg-type]
+            entry.header = with_offset(header, offset)
+            entries.append(entry)
+        return entries
+
+    # -- what deliveries come back as -----------------------------------------------------------
+
+    def settle(self, entries: Iterable[Entry]) -> None:
+        """Acked: nothing leaves a stream (the credit came back with the ack)."""
+
+    def return_entries(self, entries: Iterable[Entry]) -> None:
+        """Unacknowledged when their channel closed: nothing goes back (readers go on)."""
+        self.dispatch()

@@ -1,0 +1,246 @@
+"""Stream queues in the model: intervals, offset specifications, offset headers, readers and credit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+from twisted.internet.task import Clock
+
+from broker.core.entry import Consumer, Entry
+from broker.core.message import Message
+from broker.core.stream import NoLeadingDigit, OffsetSpec, StreamQueue, interval_seconds, offset_spec, with_offset
+from broker.errors import ChannelException, ConnectionException
+from broker.tools.testing import MemorySegmentStorage
+from broker.wal.streamlog import StreamLog
+from broker.wire.codec import shortstr
+from broker.wire.content import headers_content
+from broker.wire.table import Int64, decode_table, encode_table
+
+WHERE = "in vhost '/'"
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("7D", 7 * 86400),
+        ("12h", 43200),
+        ("30m", 1800),
+        ("10s", 10),
+        ("1Y", 365 * 86400),
+        ("2M", 60 * 86400),
+        ("07D", 7 * 86400),
+    ],
+)
+def test_intervals_read_as_rabbitmq_reads_them(text: str, seconds: int) -> None:
+    assert interval_seconds(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["7X", "0D", "7d", "10", "7 D", "7DD"])
+def test_an_interval_with_digits_and_no_single_unit_is_invalid(text: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        interval_seconds(text)
+    assert not isinstance(raised.value, NoLeadingDigit)
+
+
+@pytest.mark.parametrize("text", ["", "D", "-1D", " 7D"])
+def test_an_interval_without_a_leading_digit_is_told_apart(text: str) -> None:
+    with pytest.raises(NoLeadingDigit):
+        interval_seconds(text)
+
+
+def test_offset_specifications() -> None:
+    now = 1_000_000.0
+    assert offset_spec(None, now, "s", WHERE) == OffsetSpec("next")
+    assert offset_spec("first", now, "s", WHERE) == OffsetSpec("first")
+    assert offset_spec(b"last", now, "s", WHERE) == OffsetSpec("last")
+    assert offset_spec(Int64(500), now, "s", WHERE) == OffsetSpec("offset", 500)
+    assert offset_spec(-5, now, "s", WHERE) == OffsetSpec("offset", -5)
+    assert offset_spec("10m", now, "s", WHERE) == OffsetSpec("timestamp", now - 600)
+    moment = datetime(2026, 11, 28, 14, 0, tzinfo=timezone.utc)
+    assert offset_spec(moment, now, "s", WHERE) == OffsetSpec("timestamp", moment.timestamp())
+
+
+def test_a_bad_interval_is_refused_in_rabbitmqs_words() -> None:
+    with pytest.raises(ChannelException) as refused:
+        offset_spec("7X", 0.0, "s", WHERE)
+    assert refused.value.reply_code == 406
+    assert refused.value.reply_text == (
+        "invalid arg 'x-stream-offset' for queue 's' in vhost '/': {invalid_stream_offset_arg,{longstr,<<\"7X\">>}}"
+    )
+
+
+@pytest.mark.parametrize("value", ["foo", "FIRST", "", True, 1.5, {}, []])
+def test_what_crashes_rabbitmqs_channel_closes_the_connection_with_541(value: Any) -> None:
+    with pytest.raises(ConnectionException) as closed:
+        offset_spec(value, 0.0, "s", WHERE)
+    assert (closed.value.reply_code, closed.value.class_id, closed.value.method_id) == (541, 0, 0)
+
+
+def content_header(headers: dict[str, Any] | None = None, body_size: int = 1) -> bytes:
+    """A basic content header with a content type and, if given, headers."""
+    flags = 0x8000 | (0x2000 if headers is not None else 0)
+    properties = shortstr("text/plain")
+    if headers is not None:
+        properties += encode_table(headers)
+    return (60).to_bytes(2, "big") + b"\0\0" + body_size.to_bytes(8, "big") + flags.to_bytes(2, "big") + properties
+
+
+def header_table(header: bytes) -> list[tuple[str, Any]]:
+    content = headers_content(header)
+    assert content is not None
+    table, _end = decode_table(len(content).to_bytes(4, "big") + content)
+    return list(table.items())
+
+
+def test_the_offset_header_is_set_and_the_table_sorted_by_name() -> None:
+    header = content_header({"zz": 1, "aB": "x", "x-stream-offset": "fake", "ab": 2})
+    delivered = with_offset(header, 42)
+    assert header_table(delivered) == [("aB", "x"), ("ab", 2), ("x-stream-offset", 42), ("zz", 1)]
+    content = headers_content(delivered)
+    assert content is not None and b"x-stream-offsetl" + (42).to_bytes(8, "big") in content
+    assert delivered.startswith(header[:14] + shortstr("text/plain"))  # the other properties as sent
+
+
+def test_a_message_without_headers_gets_the_offset_alone() -> None:
+    assert header_table(with_offset(content_header(), 7)) == [("x-stream-offset", 7)]
+
+
+class Sink:
+    """A channel that records what it was given, counting deliveries as the real one does."""
+
+    active = True
+    prefetch_global = 0
+
+    def __init__(self) -> None:
+        self.unacked_count = 0
+        self.delivered: list[tuple[str, list[int]]] = []
+
+    def deliver_entries(self, consumer: Consumer, entries: Sequence[Entry]) -> None:
+        offsets = []
+        for entry in entries:
+            assert entry.header is not None
+            offsets.append(dict(header_table(entry.header))["x-stream-offset"])
+        self.delivered.append((consumer.tag, offsets))
+        consumer.unacked += len(entries)
+
+    def take_back(self, entry: Entry) -> bool:
+        raise AssertionError("a stream takes nothing back")
+
+    def offsets(self, tag: str) -> list[int]:
+        return [offset for each, offsets in self.delivered if each == tag for offset in offsets]
+
+
+def publish(stream: StreamQueue, count: int, start: int = 0) -> None:
+    """``count`` messages, written as one chunk."""
+    for n in range(start, start + count):
+        body = f"m{n}".encode()
+        names = shortstr("ex") + shortstr(f"k{n}")
+        stream.enqueue(Message("ex", f"k{n}", names, content_header(None, len(body)), body))
+    staged = stream.stage()
+    stream.log.write(staged)
+    stream.written(staged)
+
+
+def consumer(stream: StreamQueue, sink: Sink, tag: str, prefetch: int) -> Consumer:
+    return Consumer(sink, stream, tag, shortstr(tag), False, False, prefetch, {})  # type: ignore[arg-type]
+
+
+def ack(stream: StreamQueue, each: Consumer, count: int) -> None:
+    each.unacked -= count
+    stream.settle([])
+    stream.dispatch()
+
+
+@pytest.fixture
+def stream() -> StreamQueue:
+    log = StreamLog(MemorySegmentStorage(), 1 << 20)
+    log.open()
+    clock = Clock()
+    clock.advance(1000.0)
+    return StreamQueue("s", "/", {"x-queue-type": "stream"}, log, clock)
+
+
+def test_a_consumer_from_first_reads_everything_in_order_and_nothing_is_removed(stream: StreamQueue) -> None:
+    publish(stream, 3)
+    publish(stream, 4, 3)
+    sink = Sink()
+    reader = consumer(stream, sink, "a", 100)
+    stream.add_consumer(reader, OffsetSpec("first"))
+    assert sink.offsets("a") == list(range(7))
+    assert stream.message_count == 7
+    other = consumer(stream, sink, "b", 100)
+    stream.add_consumer(other, OffsetSpec("first"))
+    assert sink.offsets("b") == list(range(7))  # read again, independently
+
+
+def test_credit_goes_by_whole_chunks_and_may_go_below_zero(stream: StreamQueue) -> None:
+    publish(stream, 3)
+    publish(stream, 4, 3)
+    publish(stream, 2, 7)
+    sink = Sink()
+    reader = consumer(stream, sink, "a", 1)
+    stream.add_consumer(reader, OffsetSpec("first"))
+    assert sink.offsets("a") == [0, 1, 2]  # the first chunk whole, for a prefetch of 1
+    ack(stream, reader, 2)
+    assert sink.offsets("a") == [0, 1, 2]  # credit 0: nothing more
+    ack(stream, reader, 1)
+    assert sink.offsets("a") == list(range(7))
+
+
+def test_last_is_the_whole_last_chunk_and_next_only_what_comes(stream: StreamQueue) -> None:
+    publish(stream, 3)
+    publish(stream, 4, 3)
+    publish(stream, 2, 7)
+    sink = Sink()
+    stream.add_consumer(consumer(stream, sink, "last", 100), OffsetSpec("last"))
+    stream.add_consumer(consumer(stream, sink, "next", 100), OffsetSpec("next"))
+    assert sink.offsets("last") == [7, 8] and sink.offsets("next") == []
+    publish(stream, 1, 9)
+    assert sink.offsets("last") == [7, 8, 9] and sink.offsets("next") == [9]
+
+
+def test_a_numeric_offset_starts_there_and_past_the_end_skips_what_is_below_it(stream: StreamQueue) -> None:
+    publish(stream, 3)
+    publish(stream, 4, 3)
+    sink = Sink()
+    stream.add_consumer(consumer(stream, sink, "four", 100), OffsetSpec("offset", 4))
+    stream.add_consumer(consumer(stream, sink, "minus", 100), OffsetSpec("offset", -5))
+    stream.add_consumer(consumer(stream, sink, "nine", 100), OffsetSpec("offset", 9))
+    assert sink.offsets("four") == [4, 5, 6] and sink.offsets("minus") == list(range(7))
+    publish(stream, 4, 7)
+    assert sink.offsets("nine") == [9, 10]
+
+
+def test_a_timestamp_starts_at_the_first_chunk_appended_then_or_later(stream: StreamQueue) -> None:
+    clock = stream.clock
+    publish(stream, 3)
+    clock.advance(60)
+    publish(stream, 2, 3)
+    sink = Sink()
+    stream.add_consumer(consumer(stream, sink, "t", 100), OffsetSpec("timestamp", clock.seconds() - 30))
+    stream.add_consumer(consumer(stream, sink, "future", 100), OffsetSpec("timestamp", clock.seconds() + 30))
+    assert sink.offsets("t") == [3, 4] and sink.offsets("future") == []
+
+
+def test_nothing_is_read_before_its_chunk_is_written(stream: StreamQueue) -> None:
+    sink = Sink()
+    stream.add_consumer(consumer(stream, sink, "a", 100), OffsetSpec("first"))
+    stream.enqueue(Message("", "s", shortstr("") + shortstr("s"), content_header(None, 1), b"x"))
+    staged = stream.stage()
+    stream.dispatch()
+    assert sink.offsets("a") == [] and stream.message_count == 0
+    stream.log.write(staged)
+    stream.written(staged)
+    assert sink.offsets("a") == [0] and stream.message_count == 1
+
+
+def test_a_cancelled_consumer_gets_nothing_more(stream: StreamQueue) -> None:
+    sink = Sink()
+    each = consumer(stream, sink, "a", 100)
+    stream.add_consumer(each, OffsetSpec("next"))
+    stream.remove_consumer(each)
+    publish(stream, 2)
+    assert sink.offsets("a") == [] and stream.consumer_count == 0
