@@ -62,6 +62,14 @@ class ConnectionException(AMQPError):
     """An error that closes the connection with ``connection.close``."""
 
 
+class ChannelCrash(ConnectionException):
+    """What crashes RabbitMQ's channel process: its reader then closes the connection with a
+    bare 541 INTERNAL_ERROR naming no method (class and method 0), and so do we."""
+
+    def __init__(self) -> None:
+        super().__init__(ReplyCode.INTERNAL_ERROR, "", 0, 0)
+
+
 class ConnectionDropped(ConnectionException):
     """An error RabbitMQ answers by closing the socket without a word (an unknown method: its
     reader has no way to name it), and so do we."""

@@ -339,6 +339,8 @@ class ChannelState:
                 self._reply(message, routing_key)  # as RabbitMQ: at once, and a rollback keeps it
             self.tx_ops.append(lambda: self._route(message, exchange_name, bits & 1))
             return
+        log = self.vhost.journal
+        recorded = log.recorded if confirms is not None and log is not None else 0
         if exchange_name == "":
             queue = self.vhost.queues.get(routing_key)
             if queue is not None:
@@ -357,8 +359,10 @@ class ChannelState:
         else:
             accepted = self._route(message, exchange_name, bits & 1)
         if confirms is not None:
-            if message.wal_id or confirms.waits:
-                position = self.vhost.journal.position if message.wal_id else 0  # type: ignore[union-attr]
+            # Logged: a persistent message's record, or a stream's message, waits for the log.
+            logged = message.wal_id or (log is not None and log.recorded != recorded)
+            if logged or confirms.waits:
+                position = log.position if logged else 0  # type: ignore[union-attr]
                 confirms.wait(confirms.seq, position, accepted)
             elif accepted:
                 confirms.accepted()

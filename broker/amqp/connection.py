@@ -45,7 +45,7 @@ from broker.core.access import Access
 from broker.core.node import RESOURCE_ALARMS, Node
 from broker.core.queue import WorkQueue
 from broker.core.vhost import VirtualHost
-from broker.errors import AMQPError, ChannelException, ConnectionDropped, ConnectionException, ReplyCode
+from broker.errors import AMQPError, ChannelCrash, ChannelException, ConnectionDropped, ConnectionException, ReplyCode
 from broker.wire.codec import (
     BASIC_ACK,
     BASIC_CLASS,
@@ -645,7 +645,7 @@ class ServerConnection:
         try:
             channel.handle_method(method)
         except AMQPError as error:
-            if not error.class_id:
+            if not error.class_id and not isinstance(error, ChannelCrash):
                 error.class_id = method.index >> 16
                 error.method_id = method.index & 0xFFFF
             raise

@@ -23,10 +23,12 @@ from typing import TYPE_CHECKING
 from pamqp import commands
 
 from broker.core.entry import UNACKED, Consumer, Entry
+from broker.core.kinds import STREAM_TYPE_NAME
 from broker.core.message import Message
 from broker.core.queue import WorkQueue
 from broker.core.replyto import PSEUDO_QUEUE, ReplyConsumer
-from broker.errors import ChannelException, ConnectionException, ReplyCode
+from broker.core.stream import OFFSET_HEADER, StreamQueue, offset_spec
+from broker.errors import ChannelCrash, ChannelException, ConnectionException, ReplyCode
 from broker.wire.codec import (
     BASIC_DELIVER,
     FRAME_BODY,
@@ -141,6 +143,9 @@ class Consuming:
         if limit is not None and len(self.consumers) >= limit:
             raise ConnectionException(ReplyCode.NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel")
         queue = self.vhost.queue(self.channel.readable_queue(method.queue), self.connection)
+        if queue.kind == "stream":
+            self._consume_stream(method, queue)  # type: ignore[arg-type]
+            return
         tag = method.consumer_tag or self.connection.node.random_tag("amq.ctag-")
         exclusive = method.exclusive and (queue.consumer_count or queue.settings.single_active_consumer)
         if exclusive or queue.has_exclusive_consumer():  # a single-active-consumer queue: never
@@ -173,6 +178,48 @@ class Consuming:
         if not method.nowait:
             self.channel.send(commands.Basic.ConsumeOk(consumer_tag=tag))
         queue.add_consumer(consumer)
+
+    def _consume_stream(self, method: commands.Basic.Consume, stream: StreamQueue) -> None:
+        """``basic.consume`` from a stream, checked as RabbitMQ 3.10 checks it: ``x-stream-offset``,
+        then the arguments of other queue types, then the prefetch (a stream's credit), no-ack and
+        a global prefetch. ``exclusive`` is taken and not enforced, as RabbitMQ does."""
+        where = f"in vhost '{self.vhost.name}'"
+        arguments = method.arguments or {}
+        spec = offset_spec(arguments.get(OFFSET_HEADER), stream.now(), stream.name, where)
+        for key in arguments:
+            if key in ("x-priority", "x-cancel-on-ha-failover"):
+                raise ChannelException(
+                    ReplyCode.PRECONDITION_FAILED,
+                    f"invalid arg '{key}' for queue '{stream.name}' {where} of queue type {STREAM_TYPE_NAME}",
+                )
+        named = f"queue '{stream.name}' {where}"
+        if not self.prefetch_consumer:
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"consumer prefetch count is not set for '{named}'")
+        if method.no_ack:
+            raise ConnectionException(
+                ReplyCode.NOT_IMPLEMENTED, f"automatic acknowledgement not supported by stream queues {named}"
+            )
+        if self.prefetch_global:
+            raise ConnectionException(ReplyCode.NOT_IMPLEMENTED, f"{named} does not support global qos")
+        tag = method.consumer_tag or self.connection.node.random_tag("amq.ctag-")
+        try:
+            tag_bytes = shortstr(tag)
+        except ValueError:
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, "consumer tag longer than 255 bytes") from None
+        consumer = Consumer(
+            self,
+            stream,  # type: ignore[arg-type]
+            tag,
+            tag_bytes,
+            no_ack=False,
+            exclusive=method.exclusive,
+            prefetch=self.prefetch_consumer,
+            arguments=arguments,
+        )
+        self.consumers[tag] = consumer
+        if not method.nowait:
+            self.channel.send(commands.Basic.ConsumeOk(consumer_tag=tag))
+        stream.add_consumer(consumer, spec)
 
     def _consume_replies(self, method: commands.Basic.Consume) -> None:
         """``basic.consume`` from ``amq.rabbitmq.reply-to``: no-ack only, one per channel; no
@@ -342,6 +389,11 @@ class Consuming:
 
     def get(self, method: commands.Basic.Get) -> None:
         queue = self.vhost.queue(self.channel.readable_queue(method.queue), self.connection)
+        if queue.kind == "stream":
+            raise ChannelException(
+                ReplyCode.NOT_IMPLEMENTED,
+                f"basic.get not supported by stream queues queue '{queue.name}' in vhost '{self.vhost.name}'",
+            )
         entry = queue.get()
         if entry is None:
             self.vhost.gets_empty += 1
@@ -523,6 +575,13 @@ class Consuming:
     def on_nack(self, delivery_tag: int, multiple: bool, requeue: bool) -> None:
         """``basic.nack`` (and ``basic.reject`` with ``multiple=False``) from the client."""
         entries = self._take(delivery_tag, multiple)
+        for entry in entries:
+            if entry.queue.kind == "stream":
+                raise ChannelException(
+                    ReplyCode.NOT_IMPLEMENTED,
+                    f"basic.nack and basic.reject not supported by stream queues queue '{entry.queue.name}' "
+                    f"in vhost '{self.vhost.name}'",
+                )
         if self.channel.transactional:
             self.tx_taken += entries
             self.channel.tx_ops.append(lambda: self._rejected(entries, requeue))
@@ -546,6 +605,8 @@ class Consuming:
     def recover(self, method: commands.Basic.Recover | commands.Basic.RecoverAsync) -> None:
         if not method.requeue:
             raise ConnectionException(ReplyCode.NOT_IMPLEMENTED, "requeue=false")
+        if any(entry.queue.kind == "stream" for entry in self._unacked.values()):
+            raise ChannelCrash()  # RabbitMQ's channel crashes requeueing a stream's deliveries
         self._requeue(self._take(0, True))
         if isinstance(method, commands.Basic.Recover):
             self.channel.send(commands.Basic.RecoverOk())

@@ -99,7 +99,9 @@ def queue_declare(channel: ChannelState, method: commands.Queue.Declare) -> None
         connection.exclusive_queues.append(queue)
     channel.last_queue = queue.name
     if not method.nowait:
-        connection.out.append(declare_ok_method(channel.id, queue.name, queue.message_count, queue.consumer_count))
+        # A stream's declare-ok counts no consumers, as RabbitMQ 3.10's (rabbit_stream_queue:stat).
+        consumers = 0 if queue.kind == "stream" else queue.consumer_count
+        connection.out.append(declare_ok_method(channel.id, queue.name, queue.message_count, consumers))
 
 
 def _declare_replies(channel: ChannelState, name: str, nowait: bool) -> None:
@@ -133,6 +135,11 @@ def queue_unbind(channel: ChannelState, method: commands.Queue.Unbind) -> None:
 def queue_purge(channel: ChannelState, method: commands.Queue.Purge) -> None:
     """``queue.purge``: ``read`` on the queue."""
     queue = channel.vhost.queue(channel.readable_queue(method.queue), channel.connection)
+    if queue.kind == "stream":
+        raise ChannelException(
+            ReplyCode.NOT_IMPLEMENTED,
+            f"queue.purge not supported by stream queues queue '{queue.name}' in vhost '{channel.vhost.name}'",
+        )
     count = queue.purge()
     if not method.nowait:
         channel.send(commands.Queue.PurgeOk(message_count=count))
@@ -144,6 +151,13 @@ def queue_delete(channel: ChannelState, method: commands.Queue.Delete) -> None:
     access = channel.connection.access
     if access is not None:
         access.check("configure", "queue", name)
+    existing = channel.vhost.queues.get(name)
+    if existing is not None and existing.kind == "stream":
+        # RabbitMQ 3.10 deletes a stream whatever if-unused and if-empty say, and counts 0.
+        channel.vhost.delete_queue(name, channel.connection)
+        if not method.nowait:
+            channel.send(commands.Queue.DeleteOk(message_count=0))
+        return
     queue, count = channel.vhost.delete_queue(
         name, channel.connection, if_unused=method.if_unused, if_empty=method.if_empty
     )

@@ -45,6 +45,7 @@ def node_from_config(
     authenticators: Sequence[Any] = (),
     pager: Any = None,
     before_messages: Callable[[Node], None] | None = None,
+    streams: Any = None,
 ) -> Node:
     """A node with the configuration's limits, users and virtual hosts.
 
@@ -61,6 +62,7 @@ def node_from_config(
         messages are restored: a queue recovered deeper than its window spools the rest
     :param before_messages: called once the ``snapshot``'s topology is declared, before its
         messages are restored (a checkpoint's queues take their records then)
+    :param streams: where stream queues keep their messages (``broker.storage.streams.StreamFiles``)
 
     :raises ConfigError: a definition was refused by the broker.
     """
@@ -100,6 +102,8 @@ def node_from_config(
         node.set_journal(journal)
     if pager is not None:
         node.set_pager(pager)
+    if streams is not None:
+        node.set_streams(streams)
     if snapshot is not None:
         _check_exchange_types(node, snapshot, config.source)
         restore_policies(node, snapshot)

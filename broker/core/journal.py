@@ -45,7 +45,9 @@ if TYPE_CHECKING:
     from broker.core.entry import Entry
     from broker.core.message import Message
     from broker.core.policy import Policy
+    from broker.core.stream import StreamQueue
     from broker.core.vhost import VirtualHost
+    from broker.wal.streamlog import Staged
 
 
 #: A segment is rewritten (its live messages copied forward) once no more than 1/4 of the
@@ -112,6 +114,12 @@ def _table(arguments: Mapping[str, Any]) -> bytes:
     return encode_table(dict(arguments)) if arguments else b""
 
 
+def recorded(queue: Any) -> bool:
+    """Whether ``queue``'s declaration and bindings are in the log: a durable queue on a broker
+    with a log (its messages are then recorded too), or a stream (which keeps its own)."""
+    return queue.journal is not None or queue.kind == "stream"
+
+
 class Journal:
     """Pending log records, message ids, and the encoded/durable positions.
 
@@ -124,6 +132,11 @@ class Journal:
         self._pending_messages: list[tuple[Message, int, int]] = []
         #: Bytes waiting in :meth:`take` (:attr:`pending_bytes` with the open removal).
         self._pending_bytes = 0
+        #: Streams with messages waiting for the next write (an ordered set), and their bytes.
+        self._streams: dict[StreamQueue, None] = {}
+        self._stream_bytes = 0
+        #: Directories of streams deleted, to remove after the next write.
+        self._stream_deletions: list[str] = []
         #: The removal being gathered: ``(vhost, queue)`` and the ids acked since, encoded as one
         #: ``Removed`` record when another record comes, or when anything reads the position or
         #: what is pending (a consumer's acks one at a time cost one record per write).
@@ -187,6 +200,12 @@ class Journal:
         return self._position
 
     @property
+    def recorded(self) -> int:
+        """What :attr:`position` counts, an open removal left open: a publish that moved it
+        recorded something (a persistent message, a stream's message) that its confirm waits for."""
+        return self._position
+
+    @property
     def pending_bytes(self) -> int:
         """Bytes of records waiting for :meth:`take`."""
         if self._removing is not None:
@@ -211,6 +230,40 @@ class Journal:
             self.on_pending()
         if self._pending_bytes > self.max_backlog and self.on_backlog is not None:
             self.on_backlog()
+
+    def stream_published(self, stream: StreamQueue, size: int) -> None:
+        """A message of ``size`` body bytes waits for ``stream``'s next chunk: it is written with
+        the next write, and its confirm waits for :attr:`position` as it is now."""
+        if self.replaying:
+            return
+        if self._removing is not None:
+            self._close_removal()
+        first = not self.has_pending
+        self._streams[stream] = None
+        self._position += size + 1
+        self._stream_bytes += size
+        if first and self.on_pending is not None:
+            self.on_pending()
+
+    def stream_deleted(self, path: str) -> None:
+        """A stream was deleted: the writer removes its directory, ``path``, after what it writes next."""
+        first = not self.has_pending
+        self._stream_deletions.append(path)
+        if first and self.on_pending is not None:
+            self.on_pending()
+
+    def take_stream_deletions(self) -> list[str]:
+        """The directories of streams deleted since the last write."""
+        deletions, self._stream_deletions = self._stream_deletions, []
+        return deletions
+
+    def take_streams(self) -> list[tuple[StreamQueue, list[Staged], list[int]]]:
+        """What the next write does for streams: for each with messages waiting, its chunks to
+        write (those staged now, after any staged before and not written: a failed write) and
+        the segments its retention dropped (their files go once the chunks are written)."""
+        streams, self._streams = self._streams, {}
+        self._stream_bytes = 0
+        return [(stream, *stream.stage()) for stream in streams if not stream.deleted]
 
     def published(self, message: Message, vhost: str, queues: Iterable[str]) -> int:
         """Record a persistent message entering durable ``queues``; return its id."""
@@ -425,7 +478,7 @@ class Journal:
                         )
                     )
             for queue in vhost.queues.values():
-                if queue.journal is not None:
+                if recorded(queue):
                     parts.append(
                         encode(QueueDeclared(vhost.name, queue.name, True, queue.auto_delete, _table(queue.arguments)))
                     )
@@ -433,8 +486,8 @@ class Journal:
                 if not exchange.durable:
                     continue
                 for destination, routing_key, arguments in exchange.router.bindings():
-                    to_queue = isinstance(destination, WorkQueue)
-                    if (destination.journal is not None) if to_queue else destination.durable:  # type: ignore[attr-defined]
+                    to_queue = hasattr(destination, "kind")  # a queue (an exchange has no kind)
+                    if recorded(destination) if to_queue else destination.durable:  # type: ignore[attr-defined]
                         parts.append(
                             encode(
                                 Bound(
@@ -454,8 +507,8 @@ class Journal:
 
     @property
     def has_pending(self) -> bool:
-        """Whether records wait to be written."""
-        return bool(self._pending) or self._removing is not None
+        """Whether records (or stream messages) wait to be written."""
+        return bool(self._pending) or self._removing is not None or bool(self._streams or self._stream_deletions)
 
     def take(
         self, segment: int = 0, base: int = 0, read: Callable[[int, int, int], bytes] | None = None

@@ -18,7 +18,8 @@ from decimal import Decimal
 from typing import Any
 
 from broker.core.queue import MAX_PRIORITY, WorkQueue
-from broker.errors import ChannelException, ReplyCode
+from broker.core.stream import NoLeadingDigit, StreamQueue, interval_seconds
+from broker.errors import ChannelCrash, ChannelException, ReplyCode
 from broker.wire.table import Float32, Int8, Int16, Int64, UInt8, UInt16, UInt32
 
 
@@ -145,7 +146,7 @@ def _boolean(value: object) -> str | None:
 
 
 def _queue_type(value: object) -> str | None:
-    return None if value in ("classic", "quorum") else f"{{unacceptable_type,{_field_type(value)}}}"
+    return None if value in ("classic", "quorum", "stream") else f"{{unacceptable_type,{_field_type(value)}}}"
 
 
 #: Queue arguments Postroom understands, each with its check (``None``, or what is wrong in
@@ -217,13 +218,26 @@ class QueueKind:
         wrong in RabbitMQ's words), in the order RabbitMQ checks them; other ``x-`` arguments
         are kept and ignored, as RabbitMQ does
     :ivar equivalent: the arguments a redeclaration must repeat, in the order compared
-    :ivar create: makes a queue of this kind (``WorkQueue``'s signature)
+    :ivar create: makes a queue of this kind (``WorkQueue``'s signature, and ``streams``: the
+        node's stream store, or ``None``)
+    :ivar refused: other kinds' arguments, which a declaration of this kind may not carry
+    :ivar type_name: RabbitMQ's name for the kind, in its refusals
+    :ivar server_named: whether a declaration may leave the name to the server
+    :ivar properties: refuses the properties (durable, exclusive, auto-delete) this kind does
+        not take: ``(name, where, durable, exclusive, auto_delete, arguments)``
+    :ivar journaled: whether a durable queue's persistent messages are recorded in the log
+        (a stream keeps its own)
     """
 
     name: str
     arguments: Mapping[str, Callable[[object], str | None]]
     equivalent: tuple[str, ...]
-    create: Callable[..., WorkQueue]
+    create: Callable[..., Any]
+    refused: frozenset[str] = frozenset()
+    type_name: str = ""
+    server_named: bool = True
+    properties: Callable[[str, str, bool, bool, bool, Mapping[str, Any]], None] | None = None
+    journaled: bool = True
 
     def check_arguments(self, name: str, where: str, arguments: Mapping[str, Any]) -> None:
         """Refuse a declaration of queue ``name`` (``where``: ``in vhost '/'``) whose arguments
@@ -240,6 +254,12 @@ class QueueKind:
             if error is not None:
                 raise ChannelException(
                     ReplyCode.PRECONDITION_FAILED, f"invalid arg '{key}' for queue '{name}' {where}: {error}"
+                )
+        for key in arguments:  # in the order they came
+            if key in self.refused:
+                raise ChannelException(
+                    ReplyCode.PRECONDITION_FAILED,
+                    f"invalid arg '{key}' for queue '{name}' {where} of queue type {self.type_name}",
                 )
 
     def check_equivalent(
@@ -269,11 +289,130 @@ class QueueKind:
                 )
 
 
+#: The largest ``x-stream-max-segment-size-bytes`` (RabbitMQ's ``?MAX_STREAM_MAX_SEGMENT_SIZE``).
+MAX_STREAM_SEGMENT_BYTES = 3_000_000_000
+
+#: What RabbitMQ names the stream kind in its refusals.
+STREAM_TYPE_NAME = "rabbit_stream_queue"
+
+
+def _max_age(value: object) -> str | None:
+    """``x-max-age``: digits and one of ``Y M D h m s`` (RabbitMQ's channel crashes on a value
+    without leading digits: :class:`ChannelCrash`, 541, as it answers)."""
+    error = _string(value)
+    if error is not None:
+        return error
+    try:
+        interval_seconds(value.decode() if isinstance(value, bytes) else str(value))
+    except NoLeadingDigit:
+        raise ChannelCrash() from None
+    except ValueError:
+        return "invalid_max_age"
+    return None
+
+
+def _initial_cluster_size(value: object) -> str | None:
+    if not is_int(value):
+        return not_an_integer(value)
+    if value == 0:
+        return "{value_zero,0}"
+    return f"{{value_negative,{value}}}" if value < 0 else None  # type: ignore[operator]
+
+
+def _leader_locator(value: object) -> str | None:
+    if value in ("client-local", "balanced", "random", "least-leaders"):
+        return None
+    return "invalid_queue_locator_arg"
+
+
+#: A stream's arguments, in the order RabbitMQ checks them (``rabbit_amqqueue:declare_args``).
+STREAM_ARGUMENTS: dict[str, Callable[[object], str | None]] = {
+    "x-queue-type": _queue_type,
+    "x-max-length-bytes": _non_negative,
+    "x-max-age": _max_age,
+    "x-stream-max-segment-size-bytes": _non_negative,
+    "x-initial-cluster-size": _initial_cluster_size,
+    "x-queue-leader-locator": _leader_locator,
+}
+
+#: Arguments of the other queue types, refused on a stream (in wire order, the first found).
+NOT_FOR_STREAMS = frozenset(
+    {
+        "x-expires",
+        "x-message-ttl",
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-dead-letter-strategy",
+        "x-max-length",
+        "x-max-priority",
+        "x-overflow",
+        "x-queue-mode",
+        "x-queue-version",
+        "x-single-active-consumer",
+        "x-queue-master-locator",
+        "x-max-in-memory-length",
+        "x-max-in-memory-bytes",
+        "x-quorum-initial-group-size",
+        "x-delivery-limit",
+    }
+)
+
+#: What a stream's redeclaration must repeat (``rabbit_stream_queue:capabilities/0``).
+STREAM_EQUIVALENT = (
+    "x-max-length-bytes",
+    "x-queue-type",
+    "x-max-age",
+    "x-stream-max-segment-size-bytes",
+    "x-initial-cluster-size",
+    "x-queue-leader-locator",
+)
+
+
+def _stream_properties(
+    name: str, where: str, durable: bool, exclusive: bool, auto_delete: bool, arguments: Mapping[str, Any]
+) -> None:
+    """A stream is durable, shared and kept (``rabbit_stream_queue:declare``'s checks, in its order)."""
+    for refused, why in ((auto_delete, "auto-delete"), (exclusive, "exclusive-owner"), (not durable, "non-durable")):
+        if refused:
+            raise ChannelException(
+                ReplyCode.PRECONDITION_FAILED, f"invalid property '{why}' for queue '{name}' {where}"
+            )
+    size = arguments.get("x-stream-max-segment-size-bytes")
+    if isinstance(size, int) and size > MAX_STREAM_SEGMENT_BYTES:
+        raise ChannelException(
+            ReplyCode.PRECONDITION_FAILED, "Exceeded max value for x-stream-max-segment-size-bytes"
+        )
+
+
+def _classic(name: str, vhost_name: str, streams: Any = None, **options: Any) -> WorkQueue:
+    return WorkQueue(name, vhost_name, **options)
+
+
+def _stream(name: str, vhost_name: str, streams: Any = None, **options: Any) -> StreamQueue:
+    if streams is None:
+        raise ChannelException(ReplyCode.PRECONDITION_FAILED, "streams need storage (storage.dir)")
+    stream: StreamQueue = streams.open(name, vhost_name, options["arguments"])
+    return stream
+
+
 #: The classic queue: a ``WorkQueue``.
-CLASSIC = QueueKind("classic", QUEUE_ARGUMENTS, EQUIVALENT_ARGUMENTS, WorkQueue)
+CLASSIC = QueueKind("classic", QUEUE_ARGUMENTS, EQUIVALENT_ARGUMENTS, _classic)
+
+#: The stream: a ``StreamQueue``.
+STREAM = QueueKind(
+    "stream",
+    STREAM_ARGUMENTS,
+    STREAM_EQUIVALENT,
+    _stream,
+    refused=NOT_FOR_STREAMS,
+    type_name=STREAM_TYPE_NAME,
+    server_named=False,
+    properties=_stream_properties,
+    journaled=False,
+)
 
 #: The kinds by ``x-queue-type``.
-KINDS: dict[str, QueueKind] = {"classic": CLASSIC, "quorum": CLASSIC}
+KINDS: dict[str, QueueKind] = {"classic": CLASSIC, "quorum": CLASSIC, "stream": STREAM}
 
 
 def kind_of(arguments: Mapping[str, Any]) -> QueueKind:

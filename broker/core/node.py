@@ -202,6 +202,8 @@ class Node:
         self.journal: Journal | None = None
         #: What pages the bodies of deep queues to disk (``broker.storage.paging.Pager``; ``None``: nothing).
         self.pager: Any = None
+        #: Where stream queues keep their messages (``None``: no storage, streams are refused).
+        self.streams: Any = None
         #: How many dead letters of earlier runs each queue holds in its spool (not as
         #: messages): the dead-letter log knows them by their headers when they come back
         #: (``broker.core.deadlog``).
@@ -268,6 +270,7 @@ class Node:
         vhost.on_backlog = self.note_backlog
         vhost.journal = self.journal
         vhost.pager = self.pager
+        vhost.streams = self.streams
         vhost.hooks = self.hooks
         self.vhosts[name] = vhost
         return vhost
@@ -284,6 +287,12 @@ class Node:
         for vhost in self.vhosts.values():
             vhost.pager = pager
             pager.attach_all(vhost.queues.values())
+
+    def set_streams(self, streams: Any) -> None:
+        """Keep stream queues' messages in ``streams`` (``broker.core.stream.StreamStore``)."""
+        self.streams = streams
+        for vhost in self.vhosts.values():
+            vhost.streams = streams
 
     def set_clock(self, clock: Scheduler) -> None:
         """Give the node (and its virtual hosts, for queues declared from now on) a clock."""

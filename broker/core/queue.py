@@ -181,6 +181,9 @@ class WorkQueue:
     :param clock: time and timers (needed when any setting has a duration)
     """
 
+    #: Its kind, as ``x-queue-type`` names it (quorum declarations get one too).
+    kind = "classic"
+
     def __init__(
         self,
         name: str,

@@ -25,12 +25,12 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from broker.core.entry import Consumer, Entry
 from broker.core.message import Message
 from broker.core.queue import QueueSettings
-from broker.errors import ChannelException, ConnectionException, ReplyCode
+from broker.errors import ChannelCrash, ChannelException, ReplyCode
 from broker.wal.streamlog import Chunk, Staged, StreamLog
 from broker.wire.content import ContentError, headers_content, with_headers_content
 from broker.wire.table import Int64, TableError, encode_entry, iter_table
@@ -85,7 +85,7 @@ def offset_spec(value: object, now: float, queue: str, where: str) -> OffsetSpec
     :param now: the time, for an interval (``"10m"``: from ten minutes ago)
     :param queue: the queue's name and ``where`` (``in vhost '/'``), for the refusal's text
     :raises ChannelException: 406 for a string that starts with a digit and is no interval
-    :raises ConnectionException: 541 INTERNAL_ERROR where RabbitMQ's channel crashes: another
+    :raises ChannelCrash: 541 INTERNAL_ERROR where RabbitMQ's channel crashes: another
         string, or a value of a type it takes no offset from (boolean, float, void, table)
     """
     if value is None:
@@ -98,7 +98,7 @@ def offset_spec(value: object, now: float, queue: str, where: str) -> OffsetSpec
         try:
             return OffsetSpec("timestamp", now - interval_seconds(value))
         except NoLeadingDigit:
-            raise ConnectionException(ReplyCode.INTERNAL_ERROR, "", 0, 0) from None
+            raise ChannelCrash() from None
         except ValueError:
             raise ChannelException(
                 ReplyCode.PRECONDITION_FAILED,
@@ -109,7 +109,7 @@ def offset_spec(value: object, now: float, queue: str, where: str) -> OffsetSpec
         return OffsetSpec("timestamp", value.timestamp())
     if isinstance(value, int) and not isinstance(value, bool):
         return OffsetSpec("offset", int(value))
-    raise ConnectionException(ReplyCode.INTERNAL_ERROR, "", 0, 0)
+    raise ChannelCrash()
 
 
 def with_offset(header: bytes, offset: int) -> bytes:
@@ -128,6 +128,13 @@ def with_offset(header: bytes, offset: int) -> bytes:
     parts.append((_OFFSET_KEY, entry))
     parts.sort(key=lambda part: part[0])
     return with_headers_content(header, b"".join(data for _name, data in parts))
+
+
+class StreamStore(Protocol):
+    """Where streams keep their messages (``broker.storage.streams.StreamFiles``)."""
+
+    def pending(self, stream: StreamQueue, size: int) -> None:
+        """``stream`` has a message of ``size`` body bytes waiting: write it with the next write."""
 
 
 class _Reader:
@@ -151,13 +158,28 @@ class StreamQueue:
     :param clock: anything with ``seconds()`` (the reactor), for timestamps and intervals
     """
 
+    #: Its kind, as ``x-queue-type`` names it.
+    kind = "stream"
     durable = True
     auto_delete = False
     owner = None
     exclusive = False
     max_priority = None
+    #: What a work queue has and a stream has not: no log records of its own (it keeps its
+    #: messages itself), no single active consumer, nothing in memory to page.
+    journal = None
+    active_consumer = None
+    memory_use = (0, 0)
 
-    def __init__(self, name: str, vhost_name: str, arguments: Mapping[str, Any], log: StreamLog, clock: Any) -> None:
+    def __init__(
+        self,
+        name: str,
+        vhost_name: str,
+        arguments: Mapping[str, Any],
+        log: StreamLog,
+        clock: Any,
+        store: StreamStore | None = None,
+    ) -> None:
         self.name = name
         self.vhost_name = vhost_name
         self.arguments = dict(arguments)
@@ -165,6 +187,8 @@ class StreamQueue:
         self.settings = QueueSettings()
         self.log = log
         self.clock = clock
+        #: Told when messages wait for a chunk (it has them written); ``None``: the caller stages.
+        self.store = store
         #: Offsets below this are written and readable.
         self.committed = log.next_offset
         #: Messages waiting for the next chunk, and their body bytes.
@@ -174,11 +198,20 @@ class StreamQueue:
         self._staged: deque[Staged] = deque()
         self._readers: dict[Consumer, _Reader] = {}
         self.deleted = False
+        #: Exchanges with a binding to it; the vhost it tells of what happens (unused yet).
+        self.sources: set[Any] = set()
+        self.observer: Any = None
+        #: The policy and the operator policy that apply to it (``broker.core.policy``).
+        self.policy: Any = None
+        self.operator_policy: Any = None
         self.seq = 0
         self.unacked_count = 0
         self.published = 0
         self.delivered = 0
         self.acked = 0
+        self.redelivered = 0
+        self.visibility_timeouts = 0
+        self.dead_lettered: dict[Any, int] = {}
         #: Deliveries are not sampled for latency on a stream (the channel reads this).
         self.latency_samples: dict[Entry, float] = {}
 
@@ -197,8 +230,30 @@ class StreamQueue:
     def consumers(self) -> Iterable[Consumer]:
         return list(self._readers)
 
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of the stream's segments."""
+        return self.log.size
+
+    def ready_entries(self) -> list[Entry]:
+        """A stream holds no entries in memory (its messages are read from its files)."""
+        return []
+
     def now(self) -> float:
         return float(self.clock.seconds())
+
+    def touch(self) -> None:
+        """Used: a stream has no ``x-expires`` to restart."""
+
+    def cancel_timers(self) -> None:
+        """A stream has no timers."""
+
+    def apply_settings(self, settings: QueueSettings) -> None:
+        """A policy changed: none of a work queue's settings apply to a stream."""
+
+    def purge(self) -> int:
+        """Nothing is purged from a stream (``queue.purge`` is refused before it gets here)."""
+        return 0
 
     # -- appending ----------------------------------------------------------------------------
 
@@ -209,6 +264,8 @@ class StreamQueue:
         self._pending.append((names[1:exchange_end], names[exchange_end + 1 :], message.header, message.body))
         self._pending_bytes += message.size
         self.published += 1
+        if self.store is not None:
+            self.store.pending(self, message.size)
         return True
 
     @property
@@ -216,22 +273,46 @@ class StreamQueue:
         """Whether messages wait for a chunk."""
         return bool(self._pending)
 
-    def stage(self) -> list[Staged]:
-        """The messages waiting, placed as chunks for the writer (at most :data:`CHUNK_BYTES`
-        of bodies each, one message at least), oldest first."""
-        staged: list[Staged] = []
+    @property
+    def unwritten(self) -> list[Staged]:
+        """The chunks staged and not written yet, oldest first."""
+        return list(self._staged)
+
+    def stage(self) -> tuple[list[Staged], list[int]]:
+        """Place the messages waiting as chunks for the writer (at most :data:`CHUNK_BYTES` of
+        bodies each, one message at least). Returns every chunk not written yet, oldest first,
+        and, when one opens a segment, the segments retention drops (``x-max-length-bytes``,
+        ``x-max-age``, evaluated as RabbitMQ does: at a segment's roll), for the writer to remove."""
         pending, self._pending = self._pending, []
         self._pending_bytes = 0
         now = self.now()
         start = 0
         size = 0
+        rolled = False
         for at, entry in enumerate(pending):
             size += len(entry[3])
             if size >= CHUNK_BYTES or at == len(pending) - 1:
-                staged.append(self.log.stage(pending[start : at + 1], now))
+                staged = self.log.stage(pending[start : at + 1], now)
+                rolled = rolled or staged.roll
+                self._staged.append(staged)
                 start, size = at + 1, 0
-        self._staged.extend(staged)
-        return staged
+        dropped: list[int] = []
+        if rolled:
+            max_bytes, max_age = self.retention()
+            if max_bytes is not None or max_age is not None:
+                dropped = self.log.retain(max_bytes, max_age, now)
+        return list(self._staged), dropped
+
+    def retention(self) -> tuple[int | None, float | None]:
+        """The stream's ``x-max-length-bytes`` and ``x-max-age`` (in seconds), each ``None`` when unset."""
+        max_bytes = self.arguments.get("x-max-length-bytes")
+        max_age = self.arguments.get("x-max-age")
+        if isinstance(max_age, bytes):
+            max_age = max_age.decode("utf-8", "surrogateescape")
+        return (
+            max_bytes if isinstance(max_bytes, int) and not isinstance(max_bytes, bool) else None,
+            interval_seconds(max_age) if isinstance(max_age, str) else None,
+        )
 
     def written(self, staged: Iterable[Staged]) -> None:
         """The writer wrote (and synced) ``staged``: their messages are readable."""
@@ -329,3 +410,6 @@ class StreamQueue:
     def return_entries(self, entries: Iterable[Entry]) -> None:
         """Unacknowledged when their channel closed: nothing goes back (readers go on)."""
         self.dispatch()
+
+    def reject(self, entries: Iterable[Entry]) -> None:
+        """Nothing leaves a stream (``basic.nack`` and ``basic.reject`` are refused before)."""

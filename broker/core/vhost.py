@@ -15,10 +15,12 @@ from broker.core.deadletter import DeadLetterReason, dead_lettered, is_cycle
 from broker.core.deadlines import Scheduler
 from broker.core.entry import Entry
 from broker.core.histogram import Histogram
-from broker.core.kinds import describe, is_int, kind_of, not_an_integer
+from broker.core.journal import recorded
+from broker.core.kinds import STREAM, describe, is_int, kind_of, not_an_integer
 from broker.core.message import Message
 from broker.core.policy import Policy, alternate_exchange, choose, queue_arguments
 from broker.core.queue import QueueSettings, WorkQueue
+from broker.core.stream import StreamQueue
 from broker.errors import ChannelException, ReplyCode
 from exchanges.interfaces import BindingInvalid, IInterceptingRouter, IRouter
 from exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType, default_registry
@@ -124,6 +126,9 @@ class VirtualHost:
         self.journal: Journal | None = None
         #: What pages the bodies of deep queues to disk (``broker.storage.paging.Pager``; ``None``: nothing).
         self.pager: Any = None
+        #: Where stream queues keep their messages (``broker.core.stream.StreamStore``); ``None``:
+        #: this broker has no storage, and a stream's declaration is refused.
+        self.streams: Any = None
         #: The dead-letter event log (``None``: dead letters are not recorded for analysis).
         self.dead_letters: DeadLetterLog | None = None
         #: Dead-lettered messages dropped: no such dead-letter exchange, or a cycle.
@@ -381,8 +386,8 @@ class VirtualHost:
     ) -> None:
         """Record a binding whose ends are both durable (RabbitMQ's rule for durable bindings)."""
         journal = self.journal
-        to_queue = isinstance(destination, WorkQueue)
-        durable_end = destination.journal is not None if to_queue else destination.durable
+        to_queue = isinstance(destination, (WorkQueue, StreamQueue))
+        durable_end = recorded(destination) if to_queue else destination.durable
         if journal is None or not source.durable or not durable_end:
             return
         record = journal.bound if bound else journal.unbound
@@ -483,7 +488,12 @@ class VirtualHost:
             # Only clients are kept out of 'amq.': the broker itself (connection None: recovery,
             # plugins) may hold queues there, e.g. a delayed-message exchange's store.
             raise ChannelException(ReplyCode.ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'")
+        kind = kind_of(arguments)
         if name == "":
+            if not kind.server_named:
+                raise ChannelException(
+                    ReplyCode.PRECONDITION_FAILED, f"Cannot declare a server-named queue for type {kind.type_name}"
+                )
             name = self.new_queue_name()
         if access is not None:
             access.check("configure", "queue", name)
@@ -504,13 +514,14 @@ class VirtualHost:
                 ReplyCode.PRECONDITION_FAILED,
                 f"cannot declare queue '{name}': queue limit in vhost '{self.name}' ({self.max_queues}) is reached",
             )
-        kind = kind_of(arguments)
         kind.check_arguments(name, self._where(), arguments)
+        if kind.properties is not None:
+            kind.properties(name, self._where(), durable, exclusive, auto_delete, arguments)
         if access is not None and "x-dead-letter-exchange" in arguments:
             access.check("read", "queue", name)
             access.check("write", "exchange", str(arguments["x-dead-letter-exchange"]))
         policy, operator = self._queue_policies(name) if self.policies or self.operator_policies else (None, None)
-        queue = kind.create(
+        queue = kind.create(  # a WorkQueue, or a StreamQueue, which answers as one (see kinds.py)
             name,
             self.name,
             durable=durable,
@@ -519,17 +530,19 @@ class VirtualHost:
             arguments=arguments,
             settings=QueueSettings.from_arguments(queue_arguments(arguments, policy, operator)),
             clock=self.clock,
+            streams=self.streams,
         )
         queue.policy, queue.operator_policy = policy, operator
         queue.observer = self
-        if self.pager is not None:
+        if self.pager is not None and kind is not STREAM:
             self.pager.attach(queue)
         self.queues_created += 1
         self.queues[name] = queue
         if durable and self.journal is not None:
-            queue.journal = self.journal
+            if kind.journaled:
+                queue.journal = self.journal
             self.journal.queue_declared(self.name, name, auto_delete, arguments)
-        return queue
+        return queue  # type: ignore[no-any-return]  # (a StreamQueue answers as a WorkQueue)
 
     def delete_queue(
         self, name: str, connection: object, if_unused: bool = False, if_empty: bool = False
@@ -561,13 +574,15 @@ class VirtualHost:
         self.queues_deleted += 1
         queue.deleted = True
         queue.cancel_timers()
-        if queue.journal is not None:
-            queue.journal.queue_deleted(self.name, queue.name)
+        if recorded(queue) and self.journal is not None:
+            self.journal.queue_deleted(self.name, queue.name)
         for source in list(queue.sources):
             source.router.unbind_all(queue)
             self._maybe_auto_delete(source)
         queue.sources.clear()
         queue.purge()
+        if queue.kind == "stream" and self.streams is not None:
+            self.streams.delete(queue)
         for consumer in list(queue.consumers):
             queue.remove_consumer(consumer)
             consumer.channel.consumer_cancelled(consumer)  # type: ignore[attr-defined]
@@ -659,8 +674,8 @@ class VirtualHost:
         queues: list[WorkQueue] = []
         pending: list[Exchange] = []
         for destination in destinations:
-            if type(destination) is WorkQueue:
-                queues.append(destination)
+            if type(destination) is WorkQueue or type(destination) is StreamQueue:
+                queues.append(destination)  # type: ignore[arg-type]
             else:
                 pending.append(destination)  # type: ignore[arg-type]
         if not pending and exchange.alternate is None:
@@ -688,8 +703,8 @@ class VirtualHost:
             found = False
             for destination in router.route(message.routing_key, message.headers if router.needs_headers else None):
                 found = True
-                if type(destination) is WorkQueue:
-                    queues.append(destination)
+                if type(destination) is WorkQueue or type(destination) is StreamQueue:
+                    queues.append(destination)  # type: ignore[arg-type]
                 else:
                     pending.append(destination)  # type: ignore[arg-type]
             if not found and current.alternate is not None:

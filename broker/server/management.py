@@ -793,7 +793,7 @@ class ManagementAPI(Resource):
             if exchange.name == "":
                 continue  # the default exchange's implicit bindings are not listed
             for destination, routing_key, arguments in exchange.router.bindings():
-                is_queue = isinstance(destination, WorkQueue)
+                is_queue = hasattr(destination, "kind")  # a queue of any kind (exchanges have none)
                 result.append(
                     {
                         "source": exchange.name,

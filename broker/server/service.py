@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from broker.core.definitions import node_from_config
 from broker.core.histogram import Histogram
 from broker.core.journal import Journal
 from broker.core.node import Node
+from broker.core.stream import StreamQueue
 from broker.server.alarms import ResourceMonitor, memory_total, release_memory
 from broker.server.management import RateSampler, management_site
 from broker.server.metrics import BrokerCollector, metrics_site
@@ -42,11 +43,13 @@ from broker.storage.checkpoint import (
 from broker.storage.deadletters import open_dead_letters
 from broker.storage.paging import Pager, PageStore
 from broker.storage.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
+from broker.storage.streams import STREAMS_DIR, StreamFiles, remove_stream
 from broker.storage.writer import WorkerWriter
 from broker.wal.files import DirectoryStorage, prune_archive
 from broker.wal.log import RecoveryReport, WriteAheadLog
 from broker.wal.record import SEGMENT_HEADER_BYTES, WALCorruption
 from broker.wal.recovery import Snapshot, replay_located
+from broker.wal.streamlog import Staged
 from config.schema import BrokerConfig
 from config.tls import TLSProblem, server_context
 from config.values import ConfigError, Problem
@@ -187,6 +190,8 @@ class WALService(WorkerWriter):
             self._filled = SEGMENT_HEADER_BYTES + len(first)
             self._active += 1
             self._segments.append(self._active)
+        streams = self.journal.take_streams()
+        deleted_streams = self.journal.take_stream_deletions()
         data, position = self.journal.take(self._active, self._filled, self._read)
         self._filled += len(data)
         self._since_checkpoint += len(first) + len(data)
@@ -206,8 +211,12 @@ class WALService(WorkerWriter):
             self._segments.remove(number)
             self._sealed_bytes.pop(number, None)
         self.retired += len(retire)
-        self._writing = deferToThreadPool(self.reactor, self._pool, self._append, data, first, retire, captured)
-        self._writing.addCallbacks(self._written, self._failed, callbackArgs=(position,), errbackArgs=(position,))
+        self._writing = deferToThreadPool(
+            self.reactor, self._pool, self._append, data, first, retire, captured, streams, deleted_streams
+        )
+        self._writing.addCallbacks(
+            self._written, self._failed, callbackArgs=(position, streams), errbackArgs=(position,)
+        )
 
     def _capture(self) -> Captured | None:
         """Capture a checkpoint at the end of what the journal just handed out (reactor thread).
@@ -235,16 +244,26 @@ class WALService(WorkerWriter):
         return captured
 
     def _append(
-        self, data: bytes, first: bytes, retire: list[int], captured: Captured | None = None
+        self,
+        data: bytes,
+        first: bytes,
+        retire: list[int],
+        captured: Captured | None = None,
+        streams: Sequence[tuple[StreamQueue, list[Staged], list[int]]] = (),
+        deleted_streams: Sequence[str] = (),
     ) -> tuple[float, Captured | None, OSError | None]:
-        """Worker thread: rotate first when asked (``first`` opens the new segment), append, fsync,
-        write the checkpoint ``captured`` with them, then retire the segments no live message
-        needs (to the archive, when enabled).
+        """Worker thread: write the streams' chunks (each stream's with one fsync), then rotate
+        first when asked (``first`` opens the new segment), append, fsync, write the checkpoint
+        ``captured`` with them, then retire the segments no live message needs (to the archive,
+        when enabled), and remove the stream segments retention dropped.
 
         Returns the seconds the append and fsync took, the checkpoint and why it failed.
         """
         started = time.monotonic()
         try:
+            for stream, staged, _dropped in streams:
+                if staged:
+                    stream.log.write(staged)
             if first:
                 self.wal.rotate(first)
             self.wal.append(data)
@@ -263,6 +282,11 @@ class WALService(WorkerWriter):
                 problem = error
         for number in retire:
             self.wal.retire(number)
+        for stream, _staged, dropped in streams:
+            if dropped:
+                stream.log.remove(dropped)
+        for path in deleted_streams:
+            remove_stream(path)
         if retire and self.archive is not None:
             prune_archive(self.archive.path, self.archive.retention, self.archive.max_bytes, time.time())
         return took, captured, problem
@@ -282,8 +306,15 @@ class WALService(WorkerWriter):
             self.node.set_alarm("log", False)
             self._log.info("publishers resumed: the write-ahead log caught up")
 
-    def _written(self, result: tuple[float, Captured | None, OSError | None], position: int) -> None:
+    def _written(
+        self,
+        result: tuple[float, Captured | None, OSError | None],
+        position: int,
+        streams: Sequence[tuple[StreamQueue, list[Staged], list[int]]] = (),
+    ) -> None:
         seconds, captured, problem = result
+        for stream, staged, _dropped in streams:
+            stream.written(staged)
         self._writing = None
         self.writes += 1
         self.fsync_seconds.observe(seconds)
@@ -512,6 +543,7 @@ def _recover(
         log.storage.read_at,
         pager=pager,
         before_messages=adopt if checkpoint is not None else None,
+        streams=StreamFiles(str(Path(config.storage.dir) / STREAMS_DIR), journal, reactor),
         **extensions,
     )
     pager.on_flow = node.set_flow

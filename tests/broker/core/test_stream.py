@@ -139,7 +139,7 @@ def publish(stream: StreamQueue, count: int, start: int = 0) -> None:
         body = f"m{n}".encode()
         names = shortstr("ex") + shortstr(f"k{n}")
         stream.enqueue(Message("ex", f"k{n}", names, content_header(None, len(body)), body))
-    staged = stream.stage()
+    staged, _dropped = stream.stage()
     stream.log.write(staged)
     stream.written(staged)
 
@@ -229,7 +229,7 @@ def test_nothing_is_read_before_its_chunk_is_written(stream: StreamQueue) -> Non
     sink = Sink()
     stream.add_consumer(consumer(stream, sink, "a", 100), OffsetSpec("first"))
     stream.enqueue(Message("", "s", shortstr("") + shortstr("s"), content_header(None, 1), b"x"))
-    staged = stream.stage()
+    staged, _dropped = stream.stage()
     stream.dispatch()
     assert sink.offsets("a") == [] and stream.message_count == 0
     stream.log.write(staged)
@@ -244,3 +244,17 @@ def test_a_cancelled_consumer_gets_nothing_more(stream: StreamQueue) -> None:
     stream.remove_consumer(each)
     publish(stream, 2)
     assert sink.offsets("a") == [] and stream.consumer_count == 0
+
+
+def test_a_reader_goes_on_to_chunks_written_after_it_attached(stream: StreamQueue) -> None:
+    publish(stream, 1)
+    publish(stream, 3, 1)
+    stream.enqueue(Message("", "s", shortstr("") + shortstr("s"), content_header(None, 1), b"x"))
+    stream.enqueue(Message("", "s", shortstr("") + shortstr("s"), content_header(None, 1), b"y"))
+    staged, _dropped = stream.stage()  # in flight: not readable yet
+    sink = Sink()
+    stream.add_consumer(consumer(stream, sink, "last", 100), OffsetSpec("last"))
+    assert sink.offsets("last") == [1, 2, 3]
+    stream.log.write(staged)
+    stream.written(staged)
+    assert sink.offsets("last") == [1, 2, 3, 4, 5]
