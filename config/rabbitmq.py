@@ -81,9 +81,9 @@ _UNSUPPORTED_ARGUMENTS = {
     "x-dead-letter-strategy": "dead-lettering is at most once, as in classic queues",
     "x-max-in-memory-length": "bodies beyond storage.memory_budget stay on disk instead",
     "x-max-in-memory-bytes": "bodies beyond storage.memory_budget stay on disk instead",
-    "x-max-age": "streams are not supported",
-    "x-stream-max-segment-size-bytes": "streams are not supported",
-    "x-stream-filter-size-bytes": "streams are not supported",
+    "x-max-age": "streams are not imported from definitions yet",
+    "x-stream-max-segment-size-bytes": "streams are not imported from definitions yet",
+    "x-stream-filter-size-bytes": "streams are not imported from definitions yet",
 }
 
 
@@ -325,7 +325,11 @@ class _Definitions:
         type_path = f"{where}.x-queue-type"
         if queue_type is None and "type" in item:  # RabbitMQ 3.13+ also exports it beside the arguments
             queue_type, type_path = item["type"], f"{path}.type"
-        if queue_type not in (None, "classic"):
+        if queue_type == "stream":
+            self.note(
+                type_path, f"streams are not imported from definitions yet: '{name}' is declared as a classic queue"
+            )
+        elif queue_type not in (None, "classic"):
             self.note(type_path, f"{queue_type} queues have no equivalent: '{name}' is declared as a classic queue")
 
         def milliseconds(key: str, minimum: int) -> float | None:
