@@ -205,7 +205,6 @@ class StreamQueue:
         self.policy: Any = None
         self.operator_policy: Any = None
         self.seq = 0
-        self.unacked_count = 0
         self.published = 0
         self.delivered = 0
         self.acked = 0
@@ -229,6 +228,15 @@ class StreamQueue:
     @property
     def consumers(self) -> Iterable[Consumer]:
         return list(self._readers)
+
+    @property
+    def unacked_count(self) -> int:
+        """Nothing is held unacknowledged by a stream (RabbitMQ counts 0): a delivery is only credit."""
+        return 0
+
+    @unacked_count.setter
+    def unacked_count(self, _count: int) -> None:
+        """Channels count their deliveries in; a stream keeps no such count."""
 
     @property
     def queued_bytes(self) -> int:
