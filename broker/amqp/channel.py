@@ -472,6 +472,8 @@ class ChannelState:
         tag = headers.get("x-delivery-tag")
         timeout = headers.get("x-visibility-timeout")
         entry = self.consuming.unacked(tag)
+        if entry is not None and entry.queue.kind == "stream":
+            entry = None  # a stream's delivery has no visibility timeout to extend
         if entry is None or not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0:
             self.connection.node.counters["stale_extends"] += 1
             return False

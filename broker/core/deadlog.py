@@ -232,6 +232,8 @@ class DeadLetterLog:
         self.dead_lettered_count += 1
         listed: set[str] = set()
         for target in targets:
+            if target.kind == "stream":
+                continue  # a stream keeps it for good: it never leaves, so it is not followed
             if target.dead_letter_watch is None:
                 self.watch(target)
             if target.ready.spool is None:
@@ -361,6 +363,8 @@ def watch_dead_letter_queues(
     watched = 0
     for vhost in vhosts:
         for queue in list(vhost.queues.values()):
+            if queue.kind == "stream":
+                continue
             if log.recovered(queue) or queue.name in names:
                 if queue.dead_letter_watch is None:
                     log.watch(queue)

@@ -245,6 +245,17 @@ def export_users(
     return users, permissions, topic_permissions
 
 
+def _not_a_stream(queue: WorkQueue, operation: str) -> WorkQueue:
+    """``queue``, unless it is a stream, which does not do ``operation`` (as over AMQP)."""
+    if queue.kind == "stream":
+        raise _Problem(
+            400,
+            "bad_request",
+            f"{operation} not supported by stream queues queue '{queue.name}' in vhost '{queue.vhost_name}'",
+        )
+    return queue
+
+
 class ManagementAPI(Resource):
     """The ``/api`` tree (a leaf resource: it routes the path itself).
 
@@ -397,10 +408,10 @@ class ManagementAPI(Resource):
             if view is not None:
                 return 200, view(user, rest)
         elif method == "DELETE" and kind == "queues" and len(rest) == 3 and rest[2] == "contents":
-            self._readable_queue(user, rest[0], rest[1]).purge()
+            _not_a_stream(self._readable_queue(user, rest[0], rest[1]), "queue.purge").purge()
             return 204, None
         elif method == "POST" and kind == "queues" and len(rest) == 3 and rest[2] == "get":
-            return 200, self._peek(self._readable_queue(user, rest[0], rest[1]), request)
+            return 200, self._peek(_not_a_stream(self._readable_queue(user, rest[0], rest[1]), "basic.get"), request)
         elif method == "DELETE" and kind == "connections" and len(rest) == 1:
             return self._close_connection(user, rest[0])
         elif method in ("PUT", "DELETE") and kind in ("policies", "operator-policies") and len(rest) == 2:

@@ -38,22 +38,51 @@ class StreamFiles:
         self.directory = directory
         self.journal = journal
         self.clock = clock
+        #: Each open stream's directory, and the directories waiting to be removed.
+        self._paths: dict[StreamQueue, str] = {}
+        self._deleting: set[str] = set()
 
     def path(self, vhost_name: str, name: str) -> str:
-        """The directory of stream ``name`` in ``vhost_name``."""
+        """The directory of stream ``name`` in ``vhost_name`` (its first incarnation's)."""
         return os.path.join(self.directory, vhost_name.encode().hex() or "-", name.encode().hex())
 
     def open(self, name: str, vhost_name: str, arguments: Mapping[str, Any]) -> StreamQueue:
         """The stream ``name``, with the messages its directory holds (none when it is new).
 
+        A stream deleted and declared again before its files are gone gets a directory of its
+        own (``<path>~1``, ``~2`` ...): the newest one not being removed is the stream's, and
+        older ones left by a crash are removed here.
+
         :raises OSError: the storage failed
         :raises broker.wal.record.WALCorruption: its last segment is damaged in the middle
         """
+        base = self.path(vhost_name, name)
+        parent, stem = os.path.split(base)
+        self._deleting = {path for path in self._deleting if os.path.exists(path)}
+        try:
+            names = os.listdir(parent)
+        except FileNotFoundError:
+            names = []
+        incarnations = sorted(
+            (int(entry[len(stem) + 1 :]) if entry != stem else 0, os.path.join(parent, entry))
+            for entry in names
+            if entry == stem or (entry.startswith(stem + "~") and entry[len(stem) + 1 :].isdigit())
+        )
+        live = [(number, path) for number, path in incarnations if path not in self._deleting]
+        if live:
+            path = live[-1][1]
+            for _number, older in live[:-1]:
+                remove_stream(older)
+        else:
+            number = incarnations[-1][0] + 1 if incarnations else 0
+            path = base if number == 0 else f"{base}~{number}"
         size = arguments.get("x-stream-max-segment-size-bytes")
         segment_bytes = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
-        log = StreamLog(DirectoryStorage(self.path(vhost_name, name)), segment_bytes or DEFAULT_STREAM_SEGMENT_BYTES)
+        log = StreamLog(DirectoryStorage(path), segment_bytes or DEFAULT_STREAM_SEGMENT_BYTES)
         log.open()
-        return StreamQueue(name, vhost_name, arguments, log, self.clock, store=self)
+        stream = StreamQueue(name, vhost_name, arguments, log, self.clock, store=self)
+        self._paths[stream] = path
+        return stream
 
     def pending(self, stream: StreamQueue, size: int) -> None:
         """``stream`` has a message waiting: the journal has the writer write it next."""
@@ -62,7 +91,9 @@ class StreamFiles:
     def delete(self, stream: StreamQueue) -> None:
         """``stream`` was deleted: its files go with the writer's next write (after any of its
         chunks in flight)."""
-        self.journal.stream_deleted(self.path(stream.vhost_name, stream.name))
+        path = self._paths.pop(stream)
+        self._deleting.add(path)
+        self.journal.stream_deleted(path)
 
 
 def remove_stream(path: str) -> None:
