@@ -1,9 +1,10 @@
 """Queue kinds: what ``x-queue-type`` selects, as RabbitMQ's ``rabbit_queue_type`` does.
 
 A kind says which arguments a declaration may carry and how each is checked, which of them a
-redeclaration must repeat, and makes the queue. Postroom has one kind today, the classic queue
-(:data:`CLASSIC`, which ``quorum`` declarations get too, as a single node serves them); another
-kind arrives as a second :class:`QueueKind` in :data:`KINDS`, not as branches in ``WorkQueue``.
+redeclaration must repeat, which properties it refuses, and makes the queue. Postroom has two
+kinds: the classic queue (:data:`CLASSIC`, a ``WorkQueue``, which ``quorum`` declarations get
+too, as a single node serves them) and the stream (:data:`STREAM`, a
+``broker.core.stream.StreamQueue``, which answers as a queue where a channel or the vhost asks).
 
 Checks answer in RabbitMQ's words (``rabbit_amqqueue:check_arguments``,
 ``rabbit_misc:assert_args_equivalence``), for the vhost to send as ``406 PRECONDITION_FAILED``.
