@@ -137,6 +137,8 @@ class Journal:
         self._stream_bytes = 0
         #: Directories of streams deleted, to remove after the next write.
         self._stream_deletions: list[str] = []
+        #: Segments retention dropped in a write that failed, to remove with the next.
+        self._stream_dropped: dict[StreamQueue, list[int]] = {}
         #: The removal being gathered: ``(vhost, queue)`` and the ids acked since, encoded as one
         #: ``Removed`` record when another record comes, or when anything reads the position or
         #: what is pending (a consumer's acks one at a time cost one record per write).
@@ -182,7 +184,7 @@ class Journal:
         self.replaying = False
         #: Pending bytes past which :attr:`on_backlog` is called (publishes are then paused).
         self.max_backlog = 1 << 62
-        #: Called when :attr:`pending_bytes` passes :attr:`max_backlog` (the shell pauses publishers).
+        #: Called when :attr:`backlog_bytes` passes :attr:`max_backlog` (the shell pauses publishers).
         self.on_backlog: Callable[[], None] | None = None
 
     @property
@@ -212,6 +214,11 @@ class Journal:
             self._close_removal()
         return self._pending_bytes
 
+    @property
+    def backlog_bytes(self) -> int:
+        """Bytes waiting for the writer: records, and the bodies of stream messages."""
+        return self.pending_bytes + self._stream_bytes
+
     def _close_removal(self) -> None:
         (vhost, queue), ids = self._removing, self._removing_ids  # type: ignore[misc]
         self._removing, self._removing_ids = None, []
@@ -228,7 +235,7 @@ class Journal:
         self._position += len(data)
         if first and self.on_pending is not None:
             self.on_pending()
-        if self._pending_bytes > self.max_backlog and self.on_backlog is not None:
+        if self._pending_bytes + self._stream_bytes > self.max_backlog and self.on_backlog is not None:
             self.on_backlog()
 
     def stream_published(self, stream: StreamQueue, size: int) -> None:
@@ -244,6 +251,14 @@ class Journal:
         self._stream_bytes += size
         if first and self.on_pending is not None:
             self.on_pending()
+        if self.backlog_bytes > self.max_backlog and self.on_backlog is not None:
+            self.on_backlog()
+
+    def stream_retry(self, stream: StreamQueue, dropped: list[int]) -> None:
+        """A write of ``stream``'s chunks failed: write them (and remove the segments retention
+        ``dropped``) with the next write."""
+        self._streams[stream] = None
+        self._stream_dropped.setdefault(stream, []).extend(dropped)
 
     def stream_deleted(self, path: str) -> None:
         """A stream was deleted: the writer removes its directory, ``path``, after what it writes next."""
@@ -263,7 +278,13 @@ class Journal:
         the segments its retention dropped (their files go once the chunks are written)."""
         streams, self._streams = self._streams, {}
         self._stream_bytes = 0
-        return [(stream, *stream.stage()) for stream in streams if not stream.deleted]
+        retried, self._stream_dropped = self._stream_dropped, {}
+        taken = []
+        for stream in streams:
+            if not stream.deleted:
+                staged, dropped = stream.stage()
+                taken.append((stream, staged, retried.get(stream, []) + dropped))
+        return taken
 
     def published(self, message: Message, vhost: str, queues: Iterable[str]) -> int:
         """Record a persistent message entering durable ``queues``; return its id."""

@@ -215,7 +215,7 @@ class WALService(WorkerWriter):
             self.reactor, self._pool, self._append, data, first, retire, captured, streams, deleted_streams
         )
         self._writing.addCallbacks(
-            self._written, self._failed, callbackArgs=(position, streams), errbackArgs=(position,)
+            self._written, self._failed, callbackArgs=(position, streams), errbackArgs=(position, streams)
         )
 
     def _capture(self) -> Captured | None:
@@ -298,11 +298,11 @@ class WALService(WorkerWriter):
             self.backlog_pauses += 1
             self._log.info(
                 "publishers paused: {bytes} bytes of records wait for the write-ahead log (storage.max_backlog)",
-                bytes=self.journal.pending_bytes,
+                bytes=self.journal.backlog_bytes,
             )
 
     def _caught_up(self) -> None:
-        if "log" in self.node.alarms and self.journal.pending_bytes <= self.max_backlog // 2:
+        if "log" in self.node.alarms and self.journal.backlog_bytes <= self.max_backlog // 2:
             self.node.set_alarm("log", False)
             self._log.info("publishers resumed: the write-ahead log caught up")
 
@@ -371,12 +371,20 @@ class WALService(WorkerWriter):
         """Bytes in the log's segment files (archived ones not included)."""
         return sum(self._sealed_bytes.values()) + self._filled
 
-    def _failed(self, failure: Failure, position: int) -> None:
+    def _failed(
+        self,
+        failure: Failure,
+        position: int,
+        streams: Sequence[tuple[StreamQueue, list[Staged], list[int]]] = (),
+    ) -> None:
         self._writing = None
         error = failure.value
         if self.alarm is None:
             self._log.error("write-ahead log write failed: {error}; refusing confirms", error=str(error))
         self.alarm = str(error)
+        for stream, _staged, dropped in streams:
+            # Its chunks stay staged: the next write writes them (what was written is not written twice).
+            self.journal.stream_retry(stream, dropped)
         self.journal.failed(position)
         self._caught_up()
         if self.journal.has_pending:

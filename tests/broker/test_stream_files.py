@@ -10,6 +10,8 @@ from broker.core.journal import Journal
 from broker.core.message import Message
 from broker.core.stream import StreamQueue
 from broker.storage.streams import StreamFiles, remove_stream
+from broker.tools.testing import MemorySegmentStorage
+from broker.wal.streamlog import StreamLog
 from broker.wire.codec import shortstr
 
 HEADER = (60).to_bytes(2, "big") + b"\0\0" + (1).to_bytes(8, "big") + b"\0\0"
@@ -65,3 +67,39 @@ def test_a_directory_a_crash_left_behind_is_removed_when_the_stream_is_opened(tm
     restarted = StreamFiles(str(tmp_path), Journal(1), Clock())
     stream = restarted.open("events", "/", {"x-queue-type": "stream"})
     assert stream.message_count == 1 and not Path(files.path("/", "events")).exists()
+
+
+def test_chunks_of_a_failed_write_are_written_by_the_next_and_only_once(tmp_path: Path) -> None:
+    journal = Journal(1)
+    storage = MemorySegmentStorage()
+    log = StreamLog(storage, 1 << 20)
+    log.open()
+    stream = StreamQueue("events", "/", {"x-queue-type": "stream"}, log, Clock())
+    stream.store = StreamFiles(str(tmp_path), journal, Clock())
+    stream.enqueue(Message("", "events", shortstr("") + shortstr("events"), HEADER, b"a"))
+    [(_stream, staged, dropped)] = journal.take_streams()
+    storage.fail_next("sync", OSError(5, "I/O error"))
+    try:
+        log.write(staged)
+    except OSError:
+        journal.stream_retry(stream, dropped)  # as the log writer does when its write fails
+    assert stream.committed == 0 and journal.has_pending
+    stream.enqueue(Message("", "events", shortstr("") + shortstr("events"), HEADER, b"b"))
+    [(_stream, staged, _dropped)] = journal.take_streams()
+    assert [item.chunk.first_offset for item in staged] == [0, 1]
+    log.write(staged)
+    stream.written(staged)
+    reopened = StreamLog(storage.crash(), 1 << 20)
+    reopened.open()
+    assert (stream.committed, reopened.next_offset) == (2, 2)
+
+
+def test_stream_messages_waiting_for_the_writer_count_in_its_backlog(tmp_path: Path) -> None:
+    journal = Journal(1)
+    journal.max_backlog = 1000
+    paused: list[bool] = []
+    journal.on_backlog = lambda: paused.append(True)
+    stream = StreamFiles(str(tmp_path), journal, Clock()).open("events", "/", {"x-queue-type": "stream"})
+    for _ in range(3):
+        stream.enqueue(Message("", "events", shortstr("") + shortstr("events"), HEADER, b"x" * 400))
+    assert journal.backlog_bytes == 1200 and paused
