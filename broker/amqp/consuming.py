@@ -146,16 +146,12 @@ class Consuming:
         if queue.kind == "stream":
             self._consume_stream(method, queue)  # type: ignore[arg-type]
             return
-        tag = method.consumer_tag or self.connection.node.random_tag("amq.ctag-")
         exclusive = method.exclusive and (queue.consumer_count or queue.settings.single_active_consumer)
         if exclusive or queue.has_exclusive_consumer():  # a single-active-consumer queue: never
             raise ChannelException(
                 ReplyCode.ACCESS_REFUSED, f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use"
             )
-        try:
-            tag_bytes = shortstr(tag)
-        except ValueError:
-            raise ChannelException(ReplyCode.PRECONDITION_FAILED, "consumer tag longer than 255 bytes") from None
+        tag, tag_bytes = self._new_tag(method)
         arguments = method.arguments or {}
         timeout = arguments.get("x-visibility-timeout")
         if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0):
@@ -179,6 +175,17 @@ class Consuming:
             self.channel.send(commands.Basic.ConsumeOk(consumer_tag=tag))
         queue.add_consumer(consumer)
 
+    def _new_tag(self, method: commands.Basic.Consume) -> tuple[str, bytes]:
+        """The consumer's tag (the client's, or a new ``amq.ctag-``), and as a shortstr.
+
+        :raises ChannelException: 406 for a tag longer than 255 bytes
+        """
+        tag = method.consumer_tag or self.connection.node.random_tag("amq.ctag-")
+        try:
+            return tag, shortstr(tag)
+        except ValueError:
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, "consumer tag longer than 255 bytes") from None
+
     def _consume_stream(self, method: commands.Basic.Consume, stream: StreamQueue) -> None:
         """``basic.consume`` from a stream, checked as RabbitMQ 3.10 checks it: ``x-stream-offset``,
         then the arguments of other queue types, then the prefetch (a stream's credit), no-ack and
@@ -201,11 +208,7 @@ class Consuming:
             )
         if self.prefetch_global:
             raise ConnectionException(ReplyCode.NOT_IMPLEMENTED, f"{named} does not support global qos")
-        tag = method.consumer_tag or self.connection.node.random_tag("amq.ctag-")
-        try:
-            tag_bytes = shortstr(tag)
-        except ValueError:
-            raise ChannelException(ReplyCode.PRECONDITION_FAILED, "consumer tag longer than 255 bytes") from None
+        tag, tag_bytes = self._new_tag(method)
         consumer = Consumer(
             self,
             stream,  # type: ignore[arg-type]
@@ -389,12 +392,7 @@ class Consuming:
 
     def get(self, method: commands.Basic.Get) -> None:
         queue = self.vhost.queue(self.channel.readable_queue(method.queue), self.connection)
-        if queue.kind == "stream":
-            raise ChannelException(
-                ReplyCode.NOT_IMPLEMENTED,
-                f"basic.get not supported by stream queues queue '{queue.name}' in vhost '{self.vhost.name}'",
-            )
-        entry = queue.get()
+        entry = queue.get()  # (a stream refuses)
         if entry is None:
             self.vhost.gets_empty += 1
             self.channel.send(commands.Basic.GetEmpty())
@@ -577,11 +575,7 @@ class Consuming:
         entries = self._take(delivery_tag, multiple)
         for entry in entries:
             if entry.queue.kind == "stream":
-                raise ChannelException(
-                    ReplyCode.NOT_IMPLEMENTED,
-                    f"basic.nack and basic.reject not supported by stream queues queue '{entry.queue.name}' "
-                    f"in vhost '{self.vhost.name}'",
-                )
+                raise entry.queue.refusal("basic.nack and basic.reject")  # type: ignore[attr-defined]
         if self.channel.transactional:
             self.tx_taken += entries
             self.channel.tx_ops.append(lambda: self._rejected(entries, requeue))

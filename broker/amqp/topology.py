@@ -136,10 +136,7 @@ def queue_purge(channel: ChannelState, method: commands.Queue.Purge) -> None:
     """``queue.purge``: ``read`` on the queue."""
     queue = channel.vhost.queue(channel.readable_queue(method.queue), channel.connection)
     if queue.kind == "stream":
-        raise ChannelException(
-            ReplyCode.NOT_IMPLEMENTED,
-            f"queue.purge not supported by stream queues queue '{queue.name}' in vhost '{channel.vhost.name}'",
-        )
+        raise queue.refusal("queue.purge")  # type: ignore[attr-defined]
     count = queue.purge()
     if not method.nowait:
         channel.send(commands.Queue.PurgeOk(message_count=count))

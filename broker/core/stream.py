@@ -191,9 +191,8 @@ class StreamQueue:
         self.store = store
         #: Offsets below this are written and readable.
         self.committed = log.next_offset
-        #: Messages waiting for the next chunk, and their body bytes.
+        #: Messages waiting for the next chunk.
         self._pending: list[tuple[bytes, bytes, bytes, bytes]] = []
-        self._pending_bytes = 0
         #: Chunks staged and not yet written, oldest first.
         self._staged: deque[Staged] = deque()
         self._readers: dict[Consumer, _Reader] = {}
@@ -263,6 +262,21 @@ class StreamQueue:
         """Nothing is purged from a stream (``queue.purge`` is refused before it gets here)."""
         return 0
 
+    def refusal(self, operation: str) -> ChannelException:
+        """RabbitMQ's 540 for what a stream does not do (``basic.get``, ``queue.purge`` ...); a
+        hard error, so the connection closes."""
+        return ChannelException(
+            ReplyCode.NOT_IMPLEMENTED,
+            f"{operation} not supported by stream queues queue '{self.name}' in vhost '{self.vhost_name}'",
+        )
+
+    def get(self) -> Entry | None:
+        """``basic.get`` takes nothing from a stream.
+
+        :raises ChannelException: 540, as RabbitMQ answers
+        """
+        raise self.refusal("basic.get")
+
     # -- appending ----------------------------------------------------------------------------
 
     def enqueue(self, message: Message) -> bool:
@@ -270,21 +284,10 @@ class StreamQueue:
         names = message.names
         exchange_end = 1 + names[0]
         self._pending.append((names[1:exchange_end], names[exchange_end + 1 :], message.header, message.body))
-        self._pending_bytes += message.size
         self.published += 1
         if self.store is not None:
             self.store.pending(self, message.size)
         return True
-
-    @property
-    def has_pending(self) -> bool:
-        """Whether messages wait for a chunk."""
-        return bool(self._pending)
-
-    @property
-    def unwritten(self) -> list[Staged]:
-        """The chunks staged and not written yet, oldest first."""
-        return list(self._staged)
 
     def stage(self) -> tuple[list[Staged], list[int]]:
         """Place the messages waiting as chunks for the writer (at most :data:`CHUNK_BYTES` of
@@ -292,7 +295,6 @@ class StreamQueue:
         and, when one opens a segment, the segments retention drops (``x-max-length-bytes``,
         ``x-max-age``, evaluated as RabbitMQ does: at a segment's roll), for the writer to remove."""
         pending, self._pending = self._pending, []
-        self._pending_bytes = 0
         now = self.now()
         start = 0
         size = 0

@@ -246,13 +246,9 @@ def export_users(
 
 
 def _not_a_stream(queue: WorkQueue, operation: str) -> WorkQueue:
-    """``queue``, unless it is a stream, which does not do ``operation`` (as over AMQP)."""
+    """``queue``, unless it is a stream, which does not do ``operation`` (refused as over AMQP)."""
     if queue.kind == "stream":
-        raise _Problem(
-            400,
-            "bad_request",
-            f"{operation} not supported by stream queues queue '{queue.name}' in vhost '{queue.vhost_name}'",
-        )
+        raise _Problem(400, "bad_request", queue.refusal(operation).reply_text)  # type: ignore[attr-defined]
     return queue
 
 

@@ -313,8 +313,6 @@ class WALService(WorkerWriter):
         streams: Sequence[tuple[StreamQueue, list[Staged], list[int]]] = (),
     ) -> None:
         seconds, captured, problem = result
-        for stream, staged, _dropped in streams:
-            stream.written(staged)
         self._writing = None
         self.writes += 1
         self.fsync_seconds.observe(seconds)
@@ -331,6 +329,12 @@ class WALService(WorkerWriter):
             self._log.info("write-ahead log writes succeed again")
             self.alarm = None
         self.journal.synced_to(position)
+        for stream, staged, _dropped in streams:
+            # Readable now; a stream whose readers fail here stops neither the others nor the writer.
+            try:
+                stream.written(staged)
+            except Exception:
+                self._log.failure("delivering from stream {name!r} failed", name=stream.name)
         self._caught_up()
         if self.journal.has_pending:
             self._call = self.reactor.callLater(0, self._write)
