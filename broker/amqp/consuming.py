@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import struct
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
@@ -27,7 +27,7 @@ from broker.core.kinds import STREAM_TYPE_NAME
 from broker.core.message import Message
 from broker.core.queue import WorkQueue
 from broker.core.replyto import PSEUDO_QUEUE, ReplyConsumer
-from broker.core.stream import OFFSET_HEADER, StreamQueue, offset_spec
+from broker.core.stream import CONSUMER_NAME, OFFSET_HEADER, SINGLE_ACTIVE, StreamQueue, offset_spec
 from broker.errors import ChannelCrash, ChannelException, ConnectionException, ReplyCode
 from broker.wire.codec import (
     BASIC_DELIVER,
@@ -208,6 +208,7 @@ class Consuming:
             )
         if self.prefetch_global:
             raise ConnectionException(ReplyCode.NOT_IMPLEMENTED, f"{named} does not support global qos")
+        name, single_active = _subscription(arguments, named)
         tag, tag_bytes = self._new_tag(method)
         consumer = Consumer(
             self,
@@ -222,7 +223,7 @@ class Consuming:
         self.consumers[tag] = consumer
         if not method.nowait:
             self.channel.send(commands.Basic.ConsumeOk(consumer_tag=tag))
-        stream.add_consumer(consumer, spec)
+        stream.add_consumer(consumer, spec, name, single_active)
 
     def _consume_replies(self, method: commands.Basic.Consume) -> None:
         """``basic.consume`` from ``amq.rabbitmq.reply-to``: no-ack only, one per channel; no
@@ -635,6 +636,30 @@ class Consuming:
                 self._remove_consumer(consumer)
             except Exception as error:
                 errors.append(error)
+
+
+def _subscription(arguments: Mapping[str, Any], named: str) -> tuple[str | None, bool]:
+    """A stream consumer's subscription: its ``x-stream-consumer-name`` and whether it joins that
+    name's single-active-consumer group (``x-single-active-consumer``).
+
+    :raises ChannelException: 406 for a name that is not a string, a group flag that is not a
+        boolean, or a group without a name
+    """
+    name = arguments.get(CONSUMER_NAME)
+    if isinstance(name, bytes):
+        name = name.decode("utf-8", "surrogateescape")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"invalid arg '{CONSUMER_NAME}' for {named}: {name!r}")
+    single_active = arguments.get(SINGLE_ACTIVE, False)
+    if not isinstance(single_active, bool):
+        raise ChannelException(
+            ReplyCode.PRECONDITION_FAILED, f"invalid arg '{SINGLE_ACTIVE}' for {named}: {single_active!r}"
+        )
+    if single_active and name is None:
+        raise ChannelException(
+            ReplyCode.PRECONDITION_FAILED, f"'{SINGLE_ACTIVE}' on {named} needs '{CONSUMER_NAME}' (the group's name)"
+        )
+    return name, single_active
 
 
 def _by_queue(entries: Iterable[Entry]) -> dict[WorkQueue, list[Entry]]:

@@ -240,13 +240,16 @@ def restore_snapshot(
                 arguments=decode_field_table(exchange.arguments),
             )
         for (vhost_name, _name), queue in snapshot.queues.items():
-            _vhost(node, vhost_name).declare_queue(
+            declared = _vhost(node, vhost_name).declare_queue(
                 queue.name,
                 None,
                 durable=True,
                 auto_delete=queue.auto_delete,
                 arguments=decode_field_table(queue.arguments),
             )
+            offsets = snapshot.stream_offsets.get((vhost_name, queue.name))
+            if offsets:
+                declared.subscriptions.update(offsets)  # type: ignore[attr-defined]
         for binding in snapshot.bindings.values():
             vhost = _vhost(node, binding.vhost)
             arguments = decode_field_table(binding.arguments)

@@ -35,6 +35,7 @@ from broker.wal.record import (
     QueueDeleted,
     Removed,
     Snapshot,
+    StreamOffset,
     Unbound,
     encode,
     encode_published,
@@ -139,6 +140,9 @@ class Journal:
         self._stream_deletions: list[str] = []
         #: Segments retention dropped in a write that failed, to remove with the next.
         self._stream_dropped: dict[StreamQueue, list[int]] = {}
+        #: Subscriptions' offsets stored since the last write, by (vhost, stream, name): one
+        #: record each per write, however many acks moved them.
+        self._offsets: dict[tuple[str, str, str], int] = {}
         #: The removal being gathered: ``(vhost, queue)`` and the ids acked since, encoded as one
         #: ``Removed`` record when another record comes, or when anything reads the position or
         #: what is pending (a consumer's acks one at a time cost one record per write).
@@ -264,6 +268,16 @@ class Journal:
         """A stream was deleted: the writer removes its directory, ``path``, after what it writes next."""
         first = not self.has_pending
         self._stream_deletions.append(path)
+        if first and self.on_pending is not None:
+            self.on_pending()
+
+    def stream_offset(self, vhost: str, stream: str, name: str, offset: int) -> None:
+        """Subscription ``name`` of ``stream`` reads on from ``offset``: recorded with the next
+        write (a later offset of the same subscription before then replaces it)."""
+        if self.replaying:
+            return
+        first = not self.has_pending
+        self._offsets[(vhost, stream, name)] = offset
         if first and self.on_pending is not None:
             self.on_pending()
 
@@ -474,7 +488,8 @@ class Journal:
         self.waiters.add(_Durable(self, self.position, callback))
 
     def topology(self, vhosts: Iterable[VirtualHost]) -> bytes:
-        """Every policy, durable exchange, queue and binding as records between ``Snapshot`` markers.
+        """Every policy, durable exchange, queue (a stream's subscriptions with it) and binding as
+        records between ``Snapshot`` markers.
 
         Written at the head of each new segment, so that older segments never hold the only
         record of something still declared, and can be retired once their messages are gone.
@@ -503,6 +518,8 @@ class Journal:
                     parts.append(
                         encode(QueueDeclared(vhost.name, queue.name, True, queue.auto_delete, _table(queue.arguments)))
                     )
+                    for name, offset in getattr(queue, "subscriptions", {}).items():
+                        parts.append(encode(StreamOffset(vhost.name, queue.name, name, offset)))
             for exchange in vhost.exchanges.values():
                 if not exchange.durable:
                     continue
@@ -529,7 +546,11 @@ class Journal:
     @property
     def has_pending(self) -> bool:
         """Whether records (or stream messages) wait to be written."""
-        return bool(self._pending) or self._removing is not None or bool(self._streams or self._stream_deletions)
+        return (
+            bool(self._pending)
+            or self._removing is not None
+            or bool(self._streams or self._stream_deletions or self._offsets)
+        )
 
     def take(
         self, segment: int = 0, base: int = 0, read: Callable[[int, int, int], bytes] | None = None
@@ -544,6 +565,12 @@ class Journal:
         """
         if self._removing is not None:
             self._close_removal()
+        if self._offsets:
+            offsets, self._offsets = self._offsets, {}
+            for (vhost, stream, name), offset in offsets.items():
+                record = encode(StreamOffset(vhost, stream, name, offset))
+                self._pending.append(record)
+                self._position += len(record)
         data = b"".join(self._pending)
         self._pending.clear()
         self._pending_bytes = 0

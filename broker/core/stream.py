@@ -44,6 +44,15 @@ _OFFSET_KEY = OFFSET_HEADER.encode()
 INTERVAL_UNITS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
 _INTERVAL = re.compile(r"([0-9]*)(.*)", re.DOTALL)
 
+#: The consumer argument that names a durable subscription, and the one that makes consumers
+#: of one name a failover group (one reads at a time).
+CONSUMER_NAME = "x-stream-consumer-name"
+SINGLE_ACTIVE = "x-single-active-consumer"
+
+#: The binding argument that gives a stream its place in a partitioned stream (RabbitMQ's
+#: super streams).
+PARTITION_ORDER = "x-super-stream-partition-order"
+
 #: Body bytes past which the messages waiting for a chunk go into the next one.
 CHUNK_BYTES = 1 << 20
 
@@ -136,19 +145,34 @@ class StreamStore(Protocol):
     def pending(self, stream: StreamQueue, size: int) -> None:
         """``stream`` has a message of ``size`` body bytes waiting: write it with the next write."""
 
+    def offset_stored(self, stream: StreamQueue, name: str, offset: int) -> None:
+        """``stream``'s subscription ``name`` reads on from ``offset``: record it with the next write."""
+
 
 class _Reader:
     """Where one consumer is in the stream."""
 
-    __slots__ = ("chunk", "next_offset", "skip_below")
+    __slots__ = ("chunk", "next_offset", "skip_below", "spec", "name", "group", "active", "unacked", "acked")
 
-    def __init__(self, next_offset: int, skip_below: int) -> None:
+    def __init__(self, spec: OffsetSpec, name: str | None, group: bool) -> None:
         #: The last chunk it was given (its successor comes next), or ``None``: it waits for
         #: the chunk holding :attr:`next_offset`.
         self.chunk: Chunk | None = None
-        self.next_offset = next_offset
-        #: Offsets below this are not delivered (a numeric ``x-stream-offset``).
-        self.skip_below = skip_below
+        self.next_offset = 0
+        #: Offsets below this are not delivered (a numeric ``x-stream-offset``, a stored offset).
+        self.skip_below = 0
+        #: Where it starts when nothing is stored for its subscription.
+        self.spec = spec
+        #: Its subscription (``x-stream-consumer-name``), and whether it is in that name's
+        #: single-active-consumer group.
+        self.name = name
+        self.group = group
+        #: Whether it is given chunks (a group's waiting members are not).
+        self.active = False
+        #: A subscription's deliveries not yet acknowledged, by offset in delivery order, and
+        #: those acknowledged out of order (the stored offset stops at the oldest unacknowledged).
+        self.unacked: deque[int] = deque()
+        self.acked: set[int] = set()
 
 
 class StreamQueue:
@@ -196,6 +220,12 @@ class StreamQueue:
         #: Chunks staged and not yet written, oldest first.
         self._staged: deque[Staged] = deque()
         self._readers: dict[Consumer, _Reader] = {}
+        #: Each subscription's stored offset: where a consumer of that name reads on from.
+        self.subscriptions: dict[str, int] = {}
+        #: Each single-active-consumer group's members, in the order they came, and the member
+        #: that reads for it (or finishes its deliveries before the next one reads).
+        self._groups: dict[str, list[Consumer]] = {}
+        self._holders: dict[str, Consumer] = {}
         self.deleted = False
         #: Exchanges with a binding to it; the vhost it tells of what happens (unused yet).
         self.sources: set[Any] = set()
@@ -334,9 +364,28 @@ class StreamQueue:
 
     # -- consumers ----------------------------------------------------------------------------
 
-    def add_consumer(self, consumer: Consumer, spec: OffsetSpec) -> None:
-        """Attach ``consumer`` where ``spec`` says (see ``docs/rabbitmq-streams.md``, 4.3) and
-        deliver what it may take."""
+    def add_consumer(
+        self, consumer: Consumer, spec: OffsetSpec, name: str | None = None, single_active: bool = False
+    ) -> None:
+        """Attach ``consumer`` and deliver what it may take.
+
+        It starts where ``spec`` says (see ``docs/rabbitmq-streams.md``, 4.3), or, with a
+        subscription ``name`` that has an offset stored, right there. With ``single_active``,
+        it joins ``name``'s group, which one member reads for at a time (:meth:`_rebalance`).
+        """
+        reader = self._readers[consumer] = _Reader(spec, name, single_active and name is not None)
+        if reader.group:
+            assert name is not None
+            self._groups.setdefault(name, []).append(consumer)
+            self._rebalance(name)
+        else:
+            self._start(reader)
+        self.dispatch()
+
+    def _start(self, reader: _Reader) -> None:
+        """Place ``reader`` at its subscription's stored offset, or where its spec says, and let it read."""
+        stored = self.subscriptions.get(reader.name) if reader.name is not None else None
+        spec = OffsetSpec("offset", stored) if stored is not None else reader.spec
         log = self.log
         first, end = log.first_offset, self.committed
         start, skip_below = end, 0
@@ -353,8 +402,12 @@ class StreamQueue:
             chunk = log.locate_time(spec.value)
             if chunk is not None and chunk.first_offset < end:
                 start = chunk.first_offset
-        self._readers[consumer] = _Reader(start, skip_below)
-        self.dispatch()
+        reader.chunk = None
+        reader.next_offset = start
+        reader.skip_below = skip_below
+        reader.unacked.clear()
+        reader.acked.clear()
+        reader.active = True
 
     def _last_written(self) -> Chunk | None:
         """The newest written chunk."""
@@ -363,21 +416,69 @@ class StreamQueue:
         return self.log.locate(self.committed - 1)
 
     def remove_consumer(self, consumer: Consumer) -> None:
-        self._readers.pop(consumer, None)
+        reader = self._readers.pop(consumer, None)
+        if reader is not None and reader.group:
+            assert reader.name is not None
+            members = self._groups[reader.name]
+            members.remove(consumer)
+            if not members:
+                del self._groups[reader.name]
+            self._rebalance(reader.name)
+            self.dispatch()
 
     def has_exclusive_consumer(self) -> bool:
         return False
 
+    def partition(self) -> int:
+        """The stream's place in a partitioned stream (its binding's
+        ``x-super-stream-partition-order``), 0 when it is in none."""
+        for exchange in self.sources:
+            for destination, _key, arguments in exchange.router.bindings():
+                order = arguments.get(PARTITION_ORDER) if destination is self else None
+                if isinstance(order, int) and not isinstance(order, bool):
+                    return order
+        return 0
+
+    def _rebalance(self, name: str) -> None:
+        """Give group ``name`` the reader RabbitMQ's rule for single active consumers of super
+        streams picks: member ``p mod n`` of the ``n`` members in the order they came, for the
+        stream at place ``p`` of its partitioned stream (the first member of a lone stream).
+
+        A member that stops reading for the group first finishes its deliveries (until they are
+        acknowledged, or it leaves); the next then reads on from the group's stored offset, so
+        no two members ever hold the same partition's messages at once.
+        """
+        members = self._groups.get(name, [])
+        wanted = members[self.partition() % len(members)] if members else None
+        holder = self._holders.get(name)
+        if holder is not None:
+            reader = self._readers.get(holder)
+            if reader is not None and holder is wanted:
+                reader.active = True
+                return
+            if reader is not None:
+                reader.active = False
+                if reader.unacked:
+                    return  # it finishes first (see settle)
+            del self._holders[name]
+        if wanted is not None:
+            self._holders[name] = wanted
+            self._start(self._readers[wanted])
+
     def dispatch(self) -> None:
         """Give each consumer with credit the written chunks it has not had, a chunk at a time."""
         for consumer, reader in list(self._readers.items()):
-            while consumer.credit() > 0 and self._readers.get(consumer) is reader:
+            if not reader.active:
+                continue
+            while consumer.credit() > 0 and self._readers.get(consumer) is reader and reader.active:
                 chunk = self._next_chunk(reader)
                 if chunk is None:
                     break
                 reader.chunk = chunk
                 reader.next_offset = chunk.next_offset
                 entries = self._entries(chunk, reader.skip_below)
+                if reader.name is not None:
+                    reader.unacked.extend(entry.seq for entry in entries)
                 if entries:
                     consumer.channel.deliver_entries(consumer, entries)
 
@@ -408,6 +509,7 @@ class StreamQueue:
                 body,
             )
             entry = Entry(message, self)  # type: ignore[arg-type]
+            entry.seq = offset
             entry.header = with_offset(header, offset)
             entries.append(entry)
         return entries
@@ -415,7 +517,47 @@ class StreamQueue:
     # -- what deliveries come back as -----------------------------------------------------------
 
     def settle(self, entries: Iterable[Entry]) -> None:
-        """Acked: nothing leaves a stream (the credit came back with the ack)."""
+        """Acked: nothing leaves a stream (the credit came back with the ack). A subscription's
+        stored offset moves past what its consumer has acknowledged without a gap."""
+        for entry in entries:
+            reader = self._readers.get(entry.consumer)  # type: ignore[arg-type]
+            if reader is None or reader.name is None:
+                continue
+            unacked = reader.unacked
+            if unacked and unacked[0] == entry.seq:
+                unacked.popleft()
+                while unacked and unacked[0] in reader.acked:
+                    reader.acked.discard(unacked.popleft())
+            else:
+                reader.acked.add(entry.seq)
+            stored = unacked[0] if unacked else reader.next_offset
+            name = reader.name
+            storer = not reader.group or self._holders.get(name) is entry.consumer
+            if storer and self.subscriptions.get(name) != stored:
+                self.subscriptions[name] = stored
+                if self.store is not None:
+                    self.store.offset_stored(self, name, stored)
+            if reader.group and not reader.active and not unacked:
+                self._rebalance(name)  # it has finished: the next member reads on
+
+    def reset(self, name: str, spec: OffsetSpec) -> int:
+        """Move subscription ``name`` to where ``spec`` says (``first``, ``last``, ``next``, an
+        offset, a timestamp); its consumers start again from there. Returns the offset."""
+        probe = _Reader(spec, None, False)
+        self._start(probe)
+        self.subscriptions[name] = probe.next_offset if spec.kind != "offset" else probe.skip_below
+        if self.store is not None:
+            self.store.offset_stored(self, name, self.subscriptions[name])
+        for reader in self._readers.values():
+            if reader.name == name and reader.active:
+                self._start(reader)
+        self.dispatch()
+        return self.subscriptions[name]
+
+    def lag(self, name: str) -> int:
+        """Messages held past subscription ``name``'s stored offset."""
+        stored = self.subscriptions.get(name, self.log.first_offset)
+        return max(0, self.committed - max(stored, self.log.first_offset))
 
     def return_entries(self, entries: Iterable[Entry]) -> None:
         """Unacknowledged when their channel closed: nothing goes back (readers go on)."""

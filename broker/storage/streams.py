@@ -88,6 +88,10 @@ class StreamFiles:
         """``stream`` has a message waiting: the journal has the writer write it next."""
         self.journal.stream_published(stream, size)
 
+    def offset_stored(self, stream: StreamQueue, name: str, offset: int) -> None:
+        """``stream``'s subscription ``name`` moved: the journal records it with the next write."""
+        self.journal.stream_offset(stream.vhost_name, stream.name, name, offset)
+
     def delete(self, stream: StreamQueue) -> None:
         """``stream`` was deleted: its files go with the writer's next write (after any of its
         chunks in flight)."""

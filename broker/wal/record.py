@@ -50,6 +50,7 @@ __all__ = [
     "PolicySet",
     "PolicyCleared",
     "StreamChunk",
+    "StreamOffset",
     "pack_stream_entries",
     "unpack_stream_entries",
     "DEAD_LETTER_RECORDS",
@@ -135,6 +136,7 @@ class RecordType(IntEnum):
     POLICY_SET = 13
     POLICY_CLEARED = 14
     STREAM_CHUNK = 15
+    STREAM_OFFSET = 16
 
 
 # Field order in each class below is the order on disk: do not reorder. ``arguments``,
@@ -341,6 +343,17 @@ class StreamChunk:
     entries: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class StreamOffset:
+    """A stream's subscription ``name`` (a consumer's ``x-stream-consumer-name``) reads on from
+    ``offset``: every offset below it was acknowledged (or passed over) by that subscription."""
+
+    vhost: str
+    stream: str
+    name: str
+    offset: int
+
+
 #: The first bytes of a dead letter's body kept in its :class:`DeadLettered` record: enough to
 #: recognise a payload (a JSON object's first keys, a protobuf's first fields) without copying
 #: whole bodies (up to 64 MiB) into the event stream.
@@ -367,6 +380,7 @@ Record = Union[
     PolicySet,
     PolicyCleared,
     StreamChunk,
+    StreamOffset,
 ]
 
 _CLASSES: dict[RecordType, type] = {
@@ -385,6 +399,7 @@ _CLASSES: dict[RecordType, type] = {
     RecordType.POLICY_SET: PolicySet,
     RecordType.POLICY_CLEARED: PolicyCleared,
     RecordType.STREAM_CHUNK: StreamChunk,
+    RecordType.STREAM_OFFSET: StreamOffset,
 }
 
 #: The record types of the dead-letter event stream (the write-ahead log holds none of them).

@@ -1,9 +1,9 @@
 """Recovery as a pure fold: log records in, the durable state they describe out.
 
 :func:`replay` applies records in log order to a :class:`Snapshot`: policies, durable
-exchanges, queues and bindings, and for each durable queue its persistent messages in publish order
-with their delivery counts. The broker then declares the topology and enqueues the messages
-without logging them again. Nothing here touches a file or a reactor.
+exchanges, queues and bindings, for each durable queue its persistent messages in publish order
+with their delivery counts, and for each stream its subscriptions' offsets. The broker then
+declares the topology and enqueues the messages without logging them again. Nothing here touches a file or a reactor.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from broker.wal.record import (
     QueueDeclared,
     QueueDeleted,
     Removed,
+    StreamOffset,
     Unbound,
 )
 
@@ -52,6 +53,8 @@ class Snapshot:
     messages: dict[QueueKey, dict[int, StoredMessage]] = field(default_factory=dict)
     #: Policies by (vhost, whether an operator policy, name), in the order they were first set.
     policies: dict[tuple[str, bool, str], PolicySet] = field(default_factory=dict)
+    #: Each stream's subscriptions: the offset each named subscription reads on from.
+    stream_offsets: dict[QueueKey, dict[str, int]] = field(default_factory=dict)
     max_message_id: int = 0
     #: Records that named something unknown (a removal of a message never published, say):
     #: expected after segments were retired, counted for the recovery report.
@@ -138,6 +141,7 @@ def replay_located(records: Iterable[tuple[int, int, int, object]], snapshot: Sn
             key = (record.vhost, record.name)
             state.queues.pop(key, None)
             messages.pop(key, None)
+            state.stream_offsets.pop(key, None)
             state.checkpointed.discard(key)
             state.removed_after.pop(key, None)
             state.counts_after.pop(key, None)
@@ -167,4 +171,11 @@ def replay_located(records: Iterable[tuple[int, int, int, object]], snapshot: Sn
         elif kind is PolicyCleared:
             assert isinstance(record, PolicyCleared)
             state.policies.pop((record.vhost, record.operator, record.name), None)
+        elif kind is StreamOffset:
+            assert isinstance(record, StreamOffset)
+            key = (record.vhost, record.stream)
+            if key in state.queues:
+                state.stream_offsets.setdefault(key, {})[record.name] = record.offset
+            else:
+                state.orphans += 1
     return state

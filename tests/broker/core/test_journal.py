@@ -15,7 +15,7 @@ from broker.core.node import Node
 from broker.core.policy import Policy
 from broker.tools.testing import Client, MemorySegmentStorage, publish_frames
 from broker.wal.log import WriteAheadLog
-from broker.wal.record import Published, QueueDeclared, Removed, iter_records
+from broker.wal.record import Published, QueueDeclared, QueueDeleted, Removed, StreamOffset, iter_records
 from broker.wal.recovery import replay
 from config.loader import loads
 from config.schema import BrokerConfig
@@ -373,3 +373,33 @@ def test_when_durable_waits_for_the_writer_and_hears_of_a_failure() -> None:
     journal.synced_to(position)
     assert heard == [True, False, True]
     assert journal.waiters == set()
+
+
+def test_a_streams_subscriptions_are_replayed_and_go_with_the_stream() -> None:
+    declared = QueueDeclared("/", "events", True, False, b"")
+    state = replay(
+        [
+            declared,
+            StreamOffset("/", "events", "billing", 300),
+            StreamOffset("/", "events", "billing", 400),
+            StreamOffset("/", "events", "audit", 5),
+            StreamOffset("/", "gone", "billing", 1),
+        ]
+    )
+    assert state.stream_offsets == {("/", "events"): {"billing": 400, "audit": 5}} and state.orphans == 1
+    state = replay([QueueDeleted("/", "events"), declared], state)
+    assert state.stream_offsets == {}
+
+
+def test_a_subscriptions_offsets_between_two_writes_are_one_record() -> None:
+    journal = Journal(1)
+    scheduled: list[int] = []
+    journal.on_pending = lambda: scheduled.append(1)
+    for offset in range(1, 1001):  # a thousand acks
+        journal.stream_offset("/", "events", "billing", offset)
+    journal.stream_offset("/", "events", "audit", 7)
+    assert journal.has_pending and scheduled == [1]
+    data, position = journal.take()
+    records = [record for _start, _end, record in iter_records(data)]
+    assert records == [StreamOffset("/", "events", "billing", 1000), StreamOffset("/", "events", "audit", 7)]
+    assert position == len(data) and not journal.has_pending

@@ -117,6 +117,7 @@ class Sink:
     def __init__(self) -> None:
         self.unacked_count = 0
         self.delivered: list[tuple[str, list[int]]] = []
+        self.entries: dict[str, list[Entry]] = {}
 
     def deliver_entries(self, consumer: Consumer, entries: Sequence[Entry]) -> None:
         offsets = []
@@ -124,6 +125,9 @@ class Sink:
             assert entry.header is not None
             offsets.append(dict(header_table(entry.header))["x-stream-offset"])
         self.delivered.append((consumer.tag, offsets))
+        self.entries.setdefault(consumer.tag, []).extend(entries)
+        for entry in entries:
+            entry.consumer = consumer
         consumer.unacked += len(entries)
 
     def take_back(self, entry: Entry) -> bool:
@@ -258,3 +262,112 @@ def test_a_reader_goes_on_to_chunks_written_after_it_attached(stream: StreamQueu
     stream.log.write(staged)
     stream.written(staged)
     assert sink.offsets("last") == [1, 2, 3, 4, 5]
+
+
+class Store:
+    """A stream store that records the offsets stored (the journal's side)."""
+
+    def __init__(self) -> None:
+        self.stored: list[tuple[str, int]] = []
+
+    def pending(self, stream: StreamQueue, size: int) -> None:
+        pass
+
+    def offset_stored(self, stream: StreamQueue, name: str, offset: int) -> None:
+        self.stored.append((name, offset))
+
+
+def ack_offsets(stream: StreamQueue, sink: Sink, each: Consumer, offsets: Sequence[int]) -> None:
+    """Acknowledge ``each``'s deliveries at ``offsets``, as the channel does."""
+    entries = [entry for entry in sink.entries[each.tag] if entry.seq in offsets]
+    assert len(entries) == len(offsets)
+    each.unacked -= len(entries)
+    stream.settle(entries)
+    stream.dispatch()
+
+
+def named(stream: StreamQueue, sink: Sink, tag: str, prefetch: int, name: str, group: bool = False) -> Consumer:
+    each = consumer(stream, sink, tag, prefetch)
+    stream.add_consumer(each, OffsetSpec("first"), name, group)
+    return each
+
+
+def test_a_named_consumer_resumes_after_what_it_acknowledged(stream: StreamQueue) -> None:
+    store = stream.store = Store()
+    publish(stream, 5)
+    publish(stream, 5, 5)
+    sink = Sink()
+    first = named(stream, sink, "a", 100, "sub")
+    assert sink.offsets("a") == list(range(10))
+    ack_offsets(stream, sink, first, [0, 1, 2])
+    assert stream.subscriptions == {"sub": 3} and store.stored[-1] == ("sub", 3)
+    ack_offsets(stream, sink, first, [5])  # out of order: the stored offset waits for 3 and 4
+    assert stream.subscriptions == {"sub": 3}
+    ack_offsets(stream, sink, first, [3, 4])
+    assert stream.subscriptions == {"sub": 6}
+    assert stream.lag("sub") == 4
+    stream.remove_consumer(first)  # 6 to 9 were delivered, not acknowledged: they come again
+    again = named(stream, sink, "b", 100, "sub")
+    assert sink.offsets("b") == [6, 7, 8, 9]
+    ack_offsets(stream, sink, again, [6, 7, 8, 9])
+    assert stream.subscriptions == {"sub": 10} and stream.lag("sub") == 0
+
+
+def test_a_stored_offset_wins_over_the_consumers_own_offset_and_unnamed_consumers_store_nothing(
+    stream: StreamQueue,
+) -> None:
+    store = stream.store = Store()
+    publish(stream, 4)
+    stream.subscriptions["sub"] = 2
+    sink = Sink()
+    each = consumer(stream, sink, "a", 100)
+    stream.add_consumer(each, OffsetSpec("first"), "sub")
+    unnamed = consumer(stream, sink, "u", 100)
+    stream.add_consumer(unnamed, OffsetSpec("first"))
+    assert sink.offsets("a") == [2, 3] and sink.offsets("u") == [0, 1, 2, 3]
+    ack_offsets(stream, sink, unnamed, [0, 1, 2, 3])
+    assert store.stored == [] and stream.subscriptions == {"sub": 2}
+
+
+def test_a_group_has_one_reader_and_the_next_takes_over_at_the_stored_offset(stream: StreamQueue) -> None:
+    stream.store = Store()
+    publish(stream, 3)
+    publish(stream, 3, 3)
+    sink = Sink()
+    one = named(stream, sink, "one", 3, "g", group=True)
+    named(stream, sink, "two", 3, "g", group=True)
+    assert sink.offsets("one") == [0, 1, 2] and sink.offsets("two") == []
+    assert stream.consumer_count == 2
+    ack_offsets(stream, sink, one, [0, 1])
+    stream.remove_consumer(one)  # 2 was not acknowledged: the next member gets it
+    assert sink.offsets("two") == [2, 3, 4, 5]
+
+
+def test_members_share_a_partitioned_streams_streams_and_move_after_finishing(stream: StreamQueue) -> None:
+    stream.store = Store()
+    stream.partition = lambda: 1  # type: ignore[method-assign]  # the second partition
+    publish(stream, 2)
+    sink = Sink()
+    one = named(stream, sink, "one", 10, "g", group=True)
+    assert sink.offsets("one") == [0, 1]  # alone, it reads every partition
+    two = named(stream, sink, "two", 10, "g", group=True)
+    publish(stream, 2, 2)
+    # Partition 1 of 2 members is the second member's, once the first finished its deliveries.
+    assert sink.offsets("two") == [] and sink.offsets("one") == [0, 1]
+    ack_offsets(stream, sink, one, [0])
+    assert sink.offsets("two") == []
+    ack_offsets(stream, sink, one, [1])
+    assert sink.offsets("two") == [2, 3] and sink.offsets("one") == [0, 1]
+    stream.remove_consumer(two)  # the first takes it back where the second stopped
+    assert sink.offsets("one") == [0, 1, 2, 3]
+
+
+def test_reset_moves_a_subscription_and_its_reader(stream: StreamQueue) -> None:
+    store = stream.store = Store()
+    publish(stream, 4)
+    sink = Sink()
+    each = named(stream, sink, "a", 100, "sub")
+    ack_offsets(stream, sink, each, [0, 1, 2, 3])
+    assert stream.reset("sub", OffsetSpec("offset", 1)) == 1
+    assert store.stored[-1] == ("sub", 1) and sink.offsets("a") == [0, 1, 2, 3, 1, 2, 3]
+    assert stream.reset("sub", OffsetSpec("next")) == 4

@@ -33,6 +33,7 @@ from broker.wal.record import (
     Removed,
     Snapshot,
     StreamChunk,
+    StreamOffset,
     Unbound,
     WALCorruption,
     decode,
@@ -86,6 +87,7 @@ EXAMPLES = [
     PolicySet("prod", "DLX", True, b'{"pattern":"^orders\\.","definition":{"message-ttl":1000}}'),
     PolicyCleared("prod", "DLX", False),
     StreamChunk(1000, 1700000002.5, 2, pack_stream_entries([(b"", b"q", b"\x00\x3c", b"a"), (b"ex", b"k", b"", b"")])),
+    StreamOffset("/", "events", "billing", 300),
 ]
 
 #: Strings as they reach the broker: any text, or bytes that are not UTF-8 decoded with surrogateescape.
