@@ -38,6 +38,7 @@ from config.schema import (
     PolicyConfig,
     QueueConfig,
     StorageConfig,
+    StreamConfig,
     TLSConfig,
     TopicPermission,
     UserConfig,
@@ -53,6 +54,18 @@ AUTH_MECHANISMS = ("AMQPLAIN", "PLAIN", "EXTERNAL")
 BUILTIN_EXCHANGE_TYPES = frozenset({"direct", "fanout", "topic", "headers"})
 #: Exchanges every vhost has (they may be referenced without being declared).
 STANDARD_EXCHANGES = frozenset({"", "amq.direct", "amq.fanout", "amq.topic", "amq.headers", "amq.match"})
+
+#: The largest stream segment RabbitMQ takes (``x-stream-max-segment-size-bytes``).
+MAX_STREAM_SEGMENT_BYTES = 3_000_000_000
+#: The most partitions a partitioned stream may have.
+MAX_PARTITIONS = 1024
+_INTERVAL = re.compile(r"0*[1-9][0-9]*[YMDhms]")
+
+
+def _is_interval(text: str) -> bool:
+    """Whether ``text`` is an interval as RabbitMQ's ``x-max-age`` takes it: digits (not all
+    zeros), then exactly one of ``Y M D h m s``."""
+    return _INTERVAL.fullmatch(text) is not None
 
 #: The least ``storage.checkpoint_bytes``: checkpoints closer than that cost more than they save.
 MIN_CHECKPOINT_BYTES = 64 << 10
@@ -482,7 +495,7 @@ class _Reader(ValueReader):
 
     def vhost(self, value: Any, path: str) -> VhostConfig:
         section = self.mapping(
-            value, path, {"exchanges", "queues", "bindings", "limits", "policies", "operator_policies"}
+            value, path, {"exchanges", "queues", "streams", "bindings", "limits", "policies", "operator_policies"}
         )
         exchanges = [
             self.exchange(item, f"{path}.exchanges[{index}]")
@@ -500,8 +513,17 @@ class _Reader(ValueReader):
                 self.typed(section.get("bindings"), f"{path}.bindings", is_list, "a list", [])
             )
         ]
-        exchange_names = self._unique([e.name for e in exchanges], f"{path}.exchanges", "exchange")
-        queue_names = self._unique([q.name for q in queues], f"{path}.queues", "queue")
+        streams = [
+            self.stream(item, f"{path}.streams[{index}]")
+            for index, item in enumerate(self.typed(section.get("streams"), f"{path}.streams", is_list, "a list", []))
+        ]
+        partitioned = [stream.name for stream in streams if stream.partitions is not None]
+        exchange_names = self._unique([e.name for e in exchanges] + partitioned, f"{path}.exchanges", "exchange")
+        queue_names = self._unique(
+            [q.name for q in queues] + [name for stream in streams for name in stream.stream_names()],
+            f"{path}.queues",
+            "queue",
+        )
         known_exchanges = exchange_names | STANDARD_EXCHANGES
         for index, queue in enumerate(queues):
             if queue.dead_letter is not None and queue.dead_letter.exchange not in known_exchanges:
@@ -523,7 +545,37 @@ class _Reader(ValueReader):
         limits = VhostLimits(**self.object_limits(section.get("limits"), f"{path}.limits", ("connections", "queues")))
         policies = self.policies(section.get("policies"), f"{path}.policies", operator=False)
         operator_policies = self.policies(section.get("operator_policies"), f"{path}.operator_policies", operator=True)
-        return VhostConfig(tuple(exchanges), tuple(queues), tuple(bindings), limits, policies, operator_policies)
+        return VhostConfig(
+            tuple(exchanges), tuple(queues), tuple(bindings), limits, policies, operator_policies, tuple(streams)
+        )
+
+    def stream(self, value: Any, path: str) -> StreamConfig:
+        """A ``streams:`` entry: a stream, or with ``partitions`` a partitioned stream."""
+        entry = self.mapping(
+            value, path, {"name", "partitions", "max_age", "max_length_bytes", "max_segment_size_bytes"}, {"name"}
+        )
+        name = self.name(entry.get("name"), f"{path}.name")
+        if name.startswith("amq.") or entry.get("name") == "":
+            self.problem(f"{path}.name", "names starting with 'amq.' (and the empty name) are reserved")
+        max_age = self.string(entry.get("max_age"), f"{path}.max_age")
+        if max_age is not None and not _is_interval(max_age):
+            self.problem(
+                f"{path}.max_age",
+                f"must be a number and one of the units Y, M, D, h, m, s, as RabbitMQ's x-max-age (7D, 12h),"
+                f" not {max_age!r}",
+            )
+            max_age = None
+        segment = self.size(entry.get("max_segment_size_bytes"), f"{path}.max_segment_size_bytes")
+        if segment is not None and not 0 < segment <= MAX_STREAM_SEGMENT_BYTES:
+            self.problem(f"{path}.max_segment_size_bytes", f"must be from 1 to {MAX_STREAM_SEGMENT_BYTES} bytes")
+            segment = None
+        return StreamConfig(
+            name=name,
+            partitions=self.integer(entry.get("partitions"), f"{path}.partitions", None, 1, MAX_PARTITIONS),
+            max_age=max_age,
+            max_length_bytes=self.size(entry.get("max_length_bytes"), f"{path}.max_length_bytes"),
+            max_segment_size_bytes=segment,
+        )
 
     def policies(self, value: Any, path: str, operator: bool) -> tuple[PolicyConfig, ...]:
         """``policies:`` or ``operator_policies:`` of a vhost, each checked as RabbitMQ checks it."""

@@ -20,8 +20,10 @@ YAML definitions. Mapped:
   keys are noted.
 
 What has no equivalent is not dropped silently: every such item becomes a note,
-``FILE: key.path: reason``, in :attr:`BrokerConfig.notes`, and the rest is applied. Quorum and
-stream queues are declared as classic queues; runtime and global parameters (shovels,
+``FILE: key.path: reason``, in :attr:`BrokerConfig.notes`, and the rest is applied. Quorum
+queues are declared as classic queues, stream queues as streams (with the arguments streams
+take); a direct exchange with ``x-super-stream: true`` (a super stream's) routes by a hash of
+the routing key (``exchanges.partitions``); runtime and global parameters (shovels,
 federation) are not applied; an exchange
 of an unknown type is skipped with the bindings that need it, and so is a binding to an
 exchange or queue the file does not declare. Malformed JSON or values of the
@@ -81,10 +83,20 @@ _UNSUPPORTED_ARGUMENTS = {
     "x-dead-letter-strategy": "dead-lettering is at most once, as in classic queues",
     "x-max-in-memory-length": "bodies beyond storage.memory_budget stay on disk instead",
     "x-max-in-memory-bytes": "bodies beyond storage.memory_budget stay on disk instead",
-    "x-max-age": "streams are not imported from definitions yet",
-    "x-stream-max-segment-size-bytes": "streams are not imported from definitions yet",
-    "x-stream-filter-size-bytes": "streams are not imported from definitions yet",
+    "x-max-age": "retention by age is for stream queues",
+    "x-stream-max-segment-size-bytes": "segments are for stream queues",
+    "x-stream-filter-size-bytes": "stream filtering came after RabbitMQ 3.10",
 }
+#: The arguments a stream queue of an export keeps (RabbitMQ 3.10's, which the broker checks).
+_STREAM_ARGUMENTS = frozenset(
+    {
+        "x-max-length-bytes",
+        "x-max-age",
+        "x-stream-max-segment-size-bytes",
+        "x-initial-cluster-size",
+        "x-queue-leader-locator",
+    }
+)
 
 
 def is_definitions_json(path: str, text: str) -> bool:
@@ -326,10 +338,9 @@ class _Definitions:
         if queue_type is None and "type" in item:  # RabbitMQ 3.13+ also exports it beside the arguments
             queue_type, type_path = item["type"], f"{path}.type"
         if queue_type == "stream":
-            self.note(
-                type_path, f"streams are not imported from definitions yet: '{name}' is declared as a classic queue"
-            )
-        elif queue_type not in (None, "classic"):
+            self.stream(name, arguments, where, lists)
+            return
+        if queue_type not in (None, "classic"):
             self.note(type_path, f"{queue_type} queues have no equivalent: '{name}' is declared as a classic queue")
 
         def milliseconds(key: str, minimum: int) -> float | None:
@@ -384,6 +395,18 @@ class _Definitions:
                 **settings,
             )
         )
+
+    def stream(self, name: str, arguments: dict[str, Any], where: str, lists: dict[str, Any]) -> None:
+        """A stream queue of the export: declared as a stream with the arguments streams take
+        (the broker checks them as RabbitMQ does); those of other queue types are left out, each
+        with a note."""
+        kept: dict[str, Any] = {"x-queue-type": "stream"}
+        for key in sorted(arguments):
+            if key in _STREAM_ARGUMENTS:
+                kept[key] = arguments[key]
+            else:
+                self.note(f"{where}.{key}", "not an argument of stream queues: not applied")
+        lists["queues"].append(QueueConfig(name, arguments=kept))
 
     def binding(self, item: dict[str, Any], path: str) -> None:
         read = self.reader

@@ -333,6 +333,55 @@ class BindingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamConfig:
+    """A stream (``x-queue-type: stream``), or with ``partitions`` a partitioned stream: streams
+    ``NAME-0`` ... ``NAME-(N-1)`` behind a direct exchange ``NAME`` declared with
+    ``x-super-stream: true`` that routes by a hash of the routing key, laid out as RabbitMQ's
+    super streams (``exchanges.partitions``)."""
+
+    #: The stream's name (with ``partitions``, the exchange's, and the streams' prefix).
+    name: str
+    #: Partitions (streams) of a partitioned stream; ``None``: one stream.
+    partitions: int | None = None
+    #: Retention by age, as RabbitMQ writes it (``7D``, ``12h``, ``30m``, ``10s``): ``x-max-age``.
+    max_age: str | None = None
+    #: Retention by size, in bytes (each partition's): ``x-max-length-bytes``.
+    max_length_bytes: int | None = None
+    #: A segment's size in bytes: ``x-stream-max-segment-size-bytes``.
+    max_segment_size_bytes: int | None = None
+
+    def stream_arguments(self) -> dict[str, Any]:
+        """The arguments each of its streams is declared with."""
+        arguments: dict[str, Any] = {"x-queue-type": "stream"}
+        if self.max_age is not None:
+            arguments["x-max-age"] = self.max_age
+        if self.max_length_bytes is not None:
+            arguments["x-max-length-bytes"] = self.max_length_bytes
+        if self.max_segment_size_bytes is not None:
+            arguments["x-stream-max-segment-size-bytes"] = self.max_segment_size_bytes
+        return arguments
+
+    def stream_names(self) -> list[str]:
+        """Its streams' names."""
+        if self.partitions is None:
+            return [self.name]
+        return [f"{self.name}-{index}" for index in range(self.partitions)]
+
+    def declarations(self) -> Iterator[ExchangeConfig | QueueConfig | BindingConfig]:
+        """The exchange, streams and bindings that make it, in the order they can be declared."""
+        if self.partitions is not None:
+            yield ExchangeConfig(self.name, "direct", arguments={"x-super-stream": True})
+        for name in self.stream_names():
+            yield QueueConfig(name, arguments=self.stream_arguments())
+        for index, name in enumerate(self.stream_names() if self.partitions is not None else ()):
+            yield BindingConfig(self.name, name, routing_key=str(index), arguments={PARTITION_ORDER: index})
+
+
+#: The binding argument that gives a partition its place (``exchanges.partitions``).
+PARTITION_ORDER = "x-super-stream-partition-order"
+
+
+@dataclass(frozen=True, slots=True)
 class VhostLimits:
     """RabbitMQ's vhost limits (``max-connections``, ``max-queues``); ``None``: no limit
     (in YAML a negative number is no limit, and 0 allows none)."""
@@ -359,6 +408,8 @@ class VhostConfig:
     policies: tuple[PolicyConfig, ...] = ()
     #: Operator policies: they may set limits only, and where a policy sets one too the lower applies.
     operator_policies: tuple[PolicyConfig, ...] = ()
+    #: Streams and partitioned streams to declare (after the exchanges and queues, before the bindings).
+    streams: tuple[StreamConfig, ...] = ()
 
     def declarations(self, path: str) -> Iterator[tuple[str, ExchangeConfig | QueueConfig | BindingConfig]]:
         """Each exchange, queue and binding with its key path under ``path``, in the order they
@@ -366,6 +417,8 @@ class VhostConfig:
         (``broker.core.definitions``) and ``postroom declare`` over AMQP, from this one list."""
         yield from ((f"{path}.exchanges[{index}]", exchange) for index, exchange in enumerate(self.exchanges))
         yield from ((f"{path}.queues[{index}]", queue) for index, queue in enumerate(self.queues))
+        for index, stream in enumerate(self.streams):
+            yield from ((f"{path}.streams[{index}]", item) for item in stream.declarations())
         yield from ((f"{path}.bindings[{index}]", binding) for index, binding in enumerate(self.bindings))
 
 

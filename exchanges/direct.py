@@ -100,8 +100,13 @@ class DirectExchangeType:
         """
 
     def new_router(self, arguments: Mapping[str, Any]) -> IRouter:
-        """Make an empty :class:`DirectRouter`.
+        """Make an empty :class:`DirectRouter`, or with ``x-super-stream: true`` a partitioned
+        stream's (``exchanges.partitions.PartitionRouter``).
 
-        :param arguments: the ``exchange.declare`` arguments (unused).
+        :param arguments: the ``exchange.declare`` arguments.
         """
+        if arguments.get("x-super-stream") is True:
+            from exchanges.partitions import PartitionRouter  # it builds on this module
+
+            return PartitionRouter()
         return DirectRouter()

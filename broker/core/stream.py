@@ -34,6 +34,7 @@ from broker.errors import ChannelCrash, ChannelException, ReplyCode
 from broker.wal.streamlog import Chunk, Staged, StreamLog
 from broker.wire.content import ContentError, headers_content, with_headers_content
 from broker.wire.table import Int64, TableError, encode_entry, iter_table
+from exchanges.partitions import partition_order
 
 #: The delivery header that says a message's offset.
 OFFSET_HEADER = "x-stream-offset"
@@ -48,10 +49,6 @@ _INTERVAL = re.compile(r"([0-9]*)(.*)", re.DOTALL)
 #: of one name a failover group (one reads at a time).
 CONSUMER_NAME = "x-stream-consumer-name"
 SINGLE_ACTIVE = "x-single-active-consumer"
-
-#: The binding argument that gives a stream its place in a partitioned stream (RabbitMQ's
-#: super streams).
-PARTITION_ORDER = "x-super-stream-partition-order"
 
 #: Body bytes past which the messages waiting for a chunk go into the next one.
 CHUNK_BYTES = 1 << 20
@@ -429,15 +426,20 @@ class StreamQueue:
     def has_exclusive_consumer(self) -> bool:
         return False
 
+    def partition_of(self) -> dict[str, Any] | None:
+        """The partitioned stream it belongs to: ``{"exchange": ..., "order": ...}``, or ``None``."""
+        for exchange in self.sources:
+            for destination, _key, arguments in exchange.router.bindings():
+                order = partition_order(arguments) if destination is self else None
+                if order is not None:
+                    return {"exchange": exchange.name, "order": order}
+        return None
+
     def partition(self) -> int:
         """The stream's place in a partitioned stream (its binding's
         ``x-super-stream-partition-order``), 0 when it is in none."""
-        for exchange in self.sources:
-            for destination, _key, arguments in exchange.router.bindings():
-                order = arguments.get(PARTITION_ORDER) if destination is self else None
-                if isinstance(order, int) and not isinstance(order, bool):
-                    return order
-        return 0
+        place = self.partition_of()
+        return place["order"] if place is not None else 0
 
     def _rebalance(self, name: str) -> None:
         """Give group ``name`` the reader RabbitMQ's rule for single active consumers of super
@@ -553,6 +555,25 @@ class StreamQueue:
                 self._start(reader)
         self.dispatch()
         return self.subscriptions[name]
+
+    def subscription_view(self) -> list[dict[str, Any]]:
+        """Each subscription: its stored offset (where it reads on from), its lag, how many
+        consumers it has now and, for a group, the tag of the member reading."""
+        consumers: dict[str, int] = {}
+        for reader in self._readers.values():
+            if reader.name is not None:
+                consumers[reader.name] = consumers.get(reader.name, 0) + 1
+        names = sorted(set(self.subscriptions) | set(consumers))
+        return [
+            {
+                "name": name,
+                "offset": self.subscriptions.get(name),
+                "lag": self.lag(name),
+                "consumers": consumers.get(name, 0),
+                "active": holder.tag if (holder := self._holders.get(name)) is not None else None,
+            }
+            for name in names
+        ]
 
     def lag(self, name: str) -> int:
         """Messages held past subscription ``name``'s stored offset."""

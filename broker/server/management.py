@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
 
@@ -39,6 +40,7 @@ from broker.core.deadletter import DeadLetterReason
 from broker.core.entry import Consumer
 from broker.core.policy import Policy, PolicyRefused, effective_definition, from_value
 from broker.core.queue import WorkQueue
+from broker.core.stream import OffsetSpec, StreamQueue
 from broker.errors import AMQPError, ChannelException, ReplyCode
 from broker.server.http import BoundedSite
 from broker.server.protocol import is_loopback
@@ -252,6 +254,52 @@ def _not_a_stream(queue: WorkQueue, operation: str) -> WorkQueue:
     return queue
 
 
+def _stream_view(vhost: VirtualHost, stream: StreamQueue) -> dict[str, Any]:
+    """A stream as ``/api/streams`` shows it."""
+    log = stream.log
+    max_bytes, max_age = stream.retention()
+    return {
+        "name": stream.name,
+        "vhost": vhost.name,
+        "messages": stream.message_count,
+        "bytes": log.size,
+        "segments": len(log.segments),
+        "first_offset": log.first_offset,
+        "next_offset": stream.committed,
+        "max_length_bytes": max_bytes,
+        "max_age_seconds": max_age,
+        "max_segment_size_bytes": log.segment_bytes,
+        "partition": stream.partition_of(),
+        "consumers": stream.consumer_count,
+        "subscriptions": stream.subscription_view(),
+    }
+
+
+def _reset_spec(value: Any) -> OffsetSpec:
+    """Where ``postroom streams reset --to`` moves a subscription.
+
+    :raises _Problem: 400 for anything else
+    """
+    if value in ("first", "last", "next"):
+        return OffsetSpec(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return OffsetSpec("offset", value)
+    if isinstance(value, float):
+        return OffsetSpec("timestamp", value)
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            pass
+        else:
+            if moment.tzinfo is None:
+                moment = moment.replace(tzinfo=timezone.utc)
+            return OffsetSpec("timestamp", moment.timestamp())
+    raise _Problem(
+        400, "bad_request", f"'to' must be first, last, next, an offset or a time (ISO 8601 or seconds), not {value!r}"
+    )
+
+
 class ManagementAPI(Resource):
     """The ``/api`` tree (a leaf resource: it routes the path itself).
 
@@ -399,6 +447,7 @@ class ManagementAPI(Resource):
                 "operator-policies": self._operator_policies,
                 "definitions": self._definitions,
                 "consumers": self._consumers,
+                "streams": self._streams,
             }
             view = views.get(kind)
             if view is not None:
@@ -408,6 +457,8 @@ class ManagementAPI(Resource):
             return 204, None
         elif method == "POST" and kind == "queues" and len(rest) == 3 and rest[2] == "get":
             return 200, self._peek(_not_a_stream(self._readable_queue(user, rest[0], rest[1]), "basic.get"), request)
+        elif method == "PUT" and kind == "streams" and len(rest) == 4 and rest[2] == "subscriptions":
+            return 200, self._reset_subscription(user, rest[0], rest[1], rest[3], request)
         elif method == "DELETE" and kind == "connections" and len(rest) == 1:
             return self._close_connection(user, rest[0])
         elif method in ("PUT", "DELETE") and kind in ("policies", "operator-policies") and len(rest) == 2:
@@ -576,6 +627,46 @@ class ManagementAPI(Resource):
             for vhost in self._vhosts(user, rest[0] if rest else None)
             for queue in sorted(vhost.queues.values(), key=lambda q: q.name)
         ]
+
+    def _streams(self, user: User, rest: list[str]) -> Any:
+        """``GET /api/streams[/VHOST[/NAME]]`` (Postroom's): streams, their offsets, retention
+        and subscriptions."""
+        if len(rest) >= 2:
+            vhost = self._vhosts(user, rest[0])[0]
+            return _stream_view(vhost, self._stream(user, rest[0], rest[1]))
+        return [
+            _stream_view(vhost, queue)  # type: ignore[arg-type]
+            for vhost in self._vhosts(user, rest[0] if rest else None)
+            for queue in sorted(vhost.queues.values(), key=lambda q: q.name)
+            if queue.kind == "stream"
+        ]
+
+    def _stream(self, user: User, vhost_name: str, name: str) -> StreamQueue:
+        queue = self._queue(user, vhost_name, name)
+        if queue.kind != "stream":
+            raise _Problem(400, "bad_request", f"queue '{name}' in vhost '{vhost_name}' is not a stream")
+        return queue  # type: ignore[return-value]
+
+    def _reset_subscription(self, user: User, vhost_name: str, name: str, subscription: str, request: Request) -> Any:
+        """``PUT /api/streams/VHOST/NAME/subscriptions/SUBSCRIPTION`` with ``{"to": ...}``:
+        ``first``, ``last``, ``next``, an offset, or a time (seconds since the epoch, or ISO 8601);
+        it needs read permission on the stream. Answers the subscription as it now is."""
+        self._readable_queue(user, vhost_name, name)
+        stream = self._stream(user, vhost_name, name)
+        body = _json_object(request.content.read())
+        if "to" not in body:
+            raise _Problem(400, "bad_request", "{key_missing,to}")
+        spec = _reset_spec(body["to"])
+        stream.reset(subscription, spec)
+        self._log.info(
+            "subscription {subscription} of stream {stream} in vhost {vhost} moved to {spec} by {user}",
+            subscription=subscription,
+            stream=name,
+            vhost=vhost_name,
+            spec=body["to"],
+            user=user.name,
+        )
+        return next(view for view in stream.subscription_view() if view["name"] == subscription)
 
     @staticmethod
     def _exchange_view(vhost: VirtualHost, exchange: Exchange) -> dict[str, Any]:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from broker.core.journal import Journal
@@ -20,7 +22,7 @@ from broker.core.stream import StreamQueue
 from broker.wal.files import DirectoryStorage
 from broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, StreamLog
 
-__all__ = ["StreamFiles", "STREAMS_DIR", "remove_stream"]
+__all__ = ["StreamFiles", "STREAMS_DIR", "remove_stream", "scratch_streams"]
 
 #: The streams' directory under ``storage.dir``.
 STREAMS_DIR = "streams"
@@ -103,3 +105,11 @@ class StreamFiles:
 def remove_stream(path: str) -> None:
     """Remove a deleted stream's directory (the writer's thread)."""
     shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def scratch_streams(clock: Any) -> Iterator[StreamFiles]:
+    """Streams in a temporary directory, removed afterwards: for a node that only checks
+    definitions (``postroom config check``), where declaring a stream must work as it will."""
+    with tempfile.TemporaryDirectory(prefix="postroom-streams-") as directory:
+        yield StreamFiles(directory, Journal(1), clock)

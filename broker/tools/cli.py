@@ -17,11 +17,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from broker.text import EscapingWriter, printable
 from config.loader import load
-from config.schema import BrokerConfig, ExchangeConfig, QueueConfig
+from config.schema import BindingConfig, BrokerConfig, ExchangeConfig, QueueConfig, StreamConfig
 from config.values import ConfigError
 
 
@@ -86,19 +87,30 @@ def _plugins(args: argparse.Namespace) -> int:
 
 
 def _config_check(args: argparse.Namespace) -> int:
+    from twisted.internet import reactor
+
     from broker.core.definitions import node_from_config
     from broker.server.pluginloader import load_plugins
+    from broker.storage.streams import scratch_streams
 
     try:
         config = load(args.file)
         # The plugins are loaded too: their settings are checked, and their exchange types
         # may appear in the definitions.
-        node_from_config(config, registry=load_plugins(config.plugins, source=config.source).registry)
+        registry = load_plugins(config.plugins, source=config.source).registry
+        with scratch_streams(reactor) as streams:
+            node_from_config(config, registry=registry, streams=streams)
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 1
-    queues = sum(len(vhost.queues) for vhost in config.vhosts.values())
-    exchanges = sum(len(vhost.exchanges) for vhost in config.vhosts.values())
+    queues = sum(
+        len(vhost.queues) + sum(len(stream.stream_names()) for stream in vhost.streams)
+        for vhost in config.vhosts.values()
+    )
+    exchanges = sum(
+        len(vhost.exchanges) + sum(stream.partitions is not None for stream in vhost.streams)
+        for vhost in config.vhosts.values()
+    )
     print(f"{args.file}: ok ({len(config.vhosts)} vhost(s), {exchanges} exchange(s), {queues} queue(s))")
     if config.notes:
         print(f"{len(config.notes)} item(s) not applied, with the reason:")
@@ -403,6 +415,117 @@ def _consume(args: argparse.Namespace) -> int:
     return 0
 
 
+def _declare_items(conn: Any, items: Iterable[ExchangeConfig | QueueConfig | BindingConfig]) -> tuple[int, int, int]:
+    """Declare ``items`` over the AMQP connection ``conn``, in order; how many exchanges,
+    queues and bindings that was."""
+    counts = [0, 0, 0]
+    for item in items:
+        if isinstance(item, ExchangeConfig):
+            conn.declare_exchange(item.name, item.type, **item.options())
+            counts[0] += 1
+        elif isinstance(item, QueueConfig):
+            conn.declare_queue(item.name, **item.options())
+            counts[1] += 1
+        elif item.queue is not None:
+            conn.bind(item.queue, item.exchange, item.routing_key, item.arguments)
+            counts[2] += 1
+        else:
+            assert item.destination_exchange is not None
+            conn.bind_exchange(item.destination_exchange, item.exchange, item.routing_key, item.arguments)
+            counts[2] += 1
+    return counts[0], counts[1], counts[2]
+
+
+def _streams(args: argparse.Namespace) -> int:
+    """``postroom streams``: each stream, then its subscriptions (offset and lag)."""
+    streams = _listing(args, "streams", "streams")
+    if isinstance(streams, int):
+        return streams
+    rows = [("vhost", "name", "messages", "bytes", "segments", "first", "next", "retention", "partition")]
+    subscriptions = [("vhost", "stream", "subscription", "offset", "lag", "consumers", "active")]
+    for stream in streams:
+        retention = []
+        if stream["max_length_bytes"] is not None:
+            retention.append(f"{stream['max_length_bytes']} bytes")
+        if stream["max_age_seconds"] is not None:
+            retention.append(f"{stream['max_age_seconds']:g} s")
+        partition = stream["partition"]
+        rows.append(
+            (
+                printable(stream["vhost"]),
+                printable(stream["name"]),
+                str(stream["messages"]),
+                str(stream["bytes"]),
+                str(stream["segments"]),
+                str(stream["first_offset"]),
+                str(stream["next_offset"]),
+                ", ".join(retention) or "-",
+                printable(f"{partition['exchange']}[{partition['order']}]") if partition else "-",
+            )
+        )
+        for each in stream["subscriptions"]:
+            subscriptions.append(
+                (
+                    printable(stream["vhost"]),
+                    printable(stream["name"]),
+                    printable(each["name"]),
+                    str(each["offset"]) if each["offset"] is not None else "-",
+                    str(each["lag"]),
+                    str(each["consumers"]),
+                    printable(each["active"] or "-"),
+                )
+            )
+    _print_table(rows, left=(0, 1, 7, 8))
+    if len(subscriptions) > 1:
+        print()
+        _print_table(subscriptions, left=(0, 1, 2, 6))
+    return 0
+
+
+def _stream_reset(args: argparse.Namespace) -> int:
+    """``postroom streams reset STREAM NAME --to WHERE``: move a subscription."""
+    import urllib.parse
+
+    where: object = args.to
+    if args.to.lstrip("-").isdigit():
+        where = int(args.to)
+    quote = urllib.parse.quote
+    path = (
+        f"/api/streams/{quote(args.vhost, safe='')}/{quote(args.stream, safe='')}"
+        f"/subscriptions/{quote(args.name, safe='')}"
+    )
+    try:
+        answer = management_request(args.url, path, "PUT", {"to": where})
+    except OSError as error:
+        print(f"postroom streams reset: {error}", file=sys.stderr)
+        return 1
+    assert isinstance(answer, dict)
+    print(f"subscription {args.name!r} of stream {args.stream!r} reads on from offset {answer['offset']}")
+    return 0
+
+
+def _stream_add_partitioned(args: argparse.Namespace) -> int:
+    """``postroom streams add-partitioned NAME --partitions N``: declare a partitioned stream
+    over AMQP, as the YAML's ``streams:`` entry of the same settings would."""
+    from broker.clients.client import ClientError, connect
+
+    stream = StreamConfig(
+        args.name,
+        partitions=args.partitions,
+        max_age=args.max_age,
+        max_length_bytes=args.max_length_bytes,
+        max_segment_size_bytes=args.max_segment_size_bytes,
+    )
+    try:
+        with connect(args.url) as conn:
+            _declare_items(conn, stream.declarations())
+    except ClientError as error:
+        print(f"postroom streams add-partitioned: {error}", file=sys.stderr)
+        return 1
+    print(f"partitioned stream {args.name!r}: exchange {args.name!r}, streams {', '.join(stream.stream_names())}")
+    return 0
+
+
 def _declare(args: argparse.Namespace) -> int:
     from broker.clients.client import ClientError, connect
 
@@ -413,23 +536,13 @@ def _declare(args: argparse.Namespace) -> int:
             if definitions is None:
                 print(f"{args.file}: nothing is defined for vhost {conn.vhost!r}", file=sys.stderr)
                 return 1
-            for _where, item in definitions.declarations(""):
-                if isinstance(item, ExchangeConfig):
-                    conn.declare_exchange(item.name, item.type, **item.options())
-                elif isinstance(item, QueueConfig):
-                    conn.declare_queue(item.name, **item.options())
-                elif item.queue is not None:
-                    conn.bind(item.queue, item.exchange, item.routing_key, item.arguments)
-                else:
-                    assert item.destination_exchange is not None
-                    conn.bind_exchange(item.destination_exchange, item.exchange, item.routing_key, item.arguments)
+            counts = _declare_items(conn, (item for _where, item in definitions.declarations("")))
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
     except ClientError as error:
         print(f"postroom declare: {error}", file=sys.stderr)
         return 1
-    counts = (len(definitions.exchanges), len(definitions.queues), len(definitions.bindings))
     print(f"declared {counts[0]} exchange(s), {counts[1]} queue(s), {counts[2]} binding(s) on vhost {conn.vhost!r}")
     for vhost in config.vhosts:
         if vhost != conn.vhost:
@@ -612,6 +725,27 @@ def _dlq_analyze(args: argparse.Namespace) -> int:
     return job(argv)
 
 
+def _listers(
+    command: argparse.ArgumentParser, subcommands: Any, description: str, run: Any, item: str
+) -> list[tuple[argparse.ArgumentParser, dict[str, Any]]]:
+    """A listing command (``policies``, ``streams``) and its ``list`` subcommand, both with
+    ``--url``, ``--vhost`` and ``--json``; each with what its options are given besides (``list``
+    leaves unset what the command before it set: ``policies --json list``)."""
+    listers = [(command, {}), (subcommands.add_parser("list", help=description), {"default": argparse.SUPPRESS})]
+    for lister, unset in listers:
+        lister.add_argument(
+            "--url",
+            **({"default": DEFAULT_MANAGEMENT_URL} | unset),
+            help=f"management API (default: {DEFAULT_MANAGEMENT_URL})",
+        )
+        lister.add_argument("--vhost", **unset, help="only this vhost")
+        lister.add_argument(
+            "--json", action="store_true", **unset, help=f"one JSON object per {item} instead of a table"
+        )
+        lister.set_defaults(run=run)
+    return listers
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``postroom`` command."""
     parser = argparse.ArgumentParser(prog="postroom", description="Postroom: an AMQP 0-9-1 routing broker.")
@@ -664,21 +798,8 @@ def build_parser() -> argparse.ArgumentParser:
         "policies", help="list (the default), set or clear policies (or --operator policies)"
     )
     policy_commands = policies.add_subparsers(dest="policies_command")
-    listing = [policies, policy_commands.add_parser("list", help="the policies and what they set")]
-    for lister in listing:
-        # ``list`` leaves unset what ``policies`` before it set (``policies --json list``).
-        unset = {} if lister is policies else {"default": argparse.SUPPRESS}
-        lister.add_argument(
-            "--url",
-            **({"default": DEFAULT_MANAGEMENT_URL} | unset),
-            help=f"management API (default: {DEFAULT_MANAGEMENT_URL})",
-        )
-        lister.add_argument("--vhost", **unset, help="only this vhost")
+    for lister, unset in _listers(policies, policy_commands, "the policies and what they set", _policies, "policy"):
         lister.add_argument("--operator", action="store_true", **unset, help="operator policies instead")
-        lister.add_argument(
-            "--json", action="store_true", **unset, help="one JSON object per policy instead of a table"
-        )
-        lister.set_defaults(run=_policies)
     setting = policy_commands.add_parser(
         "set", help="set a policy, or replace one of that name (as rabbitmqctl set_policy)"
     )
@@ -695,6 +816,30 @@ def build_parser() -> argparse.ArgumentParser:
         changer.add_argument("--url", default=DEFAULT_MANAGEMENT_URL, help="management API (default: %(default)s)")
         changer.add_argument("--vhost", default="/", help="default: %(default)s")
         changer.add_argument("--operator", action="store_true", help="an operator policy (administrators only)")
+    streams = commands.add_parser(
+        "streams", help="list streams and subscriptions (the default), move a subscription, add a partitioned stream"
+    )
+    stream_commands = streams.add_subparsers(dest="streams_command")
+    _listers(streams, stream_commands, "streams, then subscriptions with offset and lag", _streams, "stream")
+    reset = stream_commands.add_parser("reset", help="move a subscription: its consumers read on from there")
+    reset.add_argument("stream")
+    reset.add_argument("name", help="the subscription (the consumers' x-stream-consumer-name)")
+    reset.add_argument(
+        "--to", required=True, help="first, last, next, an offset, or a time (ISO 8601, e.g. 2026-11-24T14:00)"
+    )
+    reset.add_argument("--url", default=DEFAULT_MANAGEMENT_URL, help="management API (default: %(default)s)")
+    reset.add_argument("--vhost", default="/", help="default: %(default)s")
+    reset.set_defaults(run=_stream_reset)
+    partitioned = stream_commands.add_parser(
+        "add-partitioned", help="declare a partitioned stream: exchange NAME routing by key hash onto NAME-0 ..."
+    )
+    partitioned.add_argument("name")
+    partitioned.add_argument("--partitions", type=int, required=True)
+    partitioned.add_argument("--max-age", help="retention by age, as x-max-age (7D, 12h, 30m)")
+    partitioned.add_argument("--max-length-bytes", type=int, help="retention by size, per partition")
+    partitioned.add_argument("--max-segment-size-bytes", type=int, help="a segment's size")
+    partitioned.add_argument("--url", default=DEFAULT_URL, help="AMQP URL (default: %(default)s)")
+    partitioned.set_defaults(run=_stream_add_partitioned)
     definitions = commands.add_parser("definitions", help="a running broker's definitions, as RabbitMQ exports them")
     definitions_commands = definitions.add_subparsers(dest="definitions_command", required=True)
     export = definitions_commands.add_parser(

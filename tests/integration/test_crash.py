@@ -41,9 +41,11 @@ def broker(
     management: int = 0,
     checkpoint_bytes: str = "16MiB",
     limits: str = "",
+    extra: str = "",
 ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """``postroom serve`` over ``data``; with ``management``, its management API on that port;
-    ``limits``: the ``limits:`` keys, such as ``memory_high_watermark: 150MiB``."""
+    ``limits``: the ``limits:`` keys, such as ``memory_high_watermark: 150MiB``; ``extra``: more
+    of the configuration (YAML lines)."""
     port = free_port()
     config = data.parent / f"broker-{port}.yaml"
     api = f'"tcp:{management}:interface=127.0.0.1"' if management else "false"
@@ -52,6 +54,7 @@ def broker(
         f'storage: {{dir: "{data}", fsync: batch, segment_bytes: {segment_bytes}, memory_budget: {memory_budget}, '
         f"checkpoint_bytes: {checkpoint_bytes}, archive: {{enabled: true, retention: 7d, max_bytes: 1GiB}}}}\n"
         + (f"limits: {{{limits}}}\n" if limits else "")
+        + extra
     )
     log = open(data.parent / "broker.log", "ab")
     process = subprocess.Popen(

@@ -11,9 +11,13 @@ from typing import Any
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker, ProbableAccessDeniedError, ProbableAuthenticationError
+from twisted.internet.task import Clock
 
 from broker.core.definitions import node_from_config
+from broker.core.journal import Journal
+from broker.storage.streams import StreamFiles
 from config.loader import load
+from tests.integration.test_crash import broker as serve
 
 pytestmark = [pytest.mark.integration, pytest.mark.interop]
 
@@ -26,8 +30,13 @@ def postroom(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_declare_applies_an_export_and_reports_the_rest(broker: Any, pika_connect: Callable[..., Any]) -> None:
-    url = f"amqp://guest:guest@127.0.0.1:{broker.port}/"
+def test_declare_applies_an_export_and_reports_the_rest(tmp_path: Path) -> None:
+    with serve(tmp_path / "data") as (_process, port):  # with storage: the export has a stream
+        declare_export(port)
+
+
+def declare_export(port: int) -> None:
+    url = f"amqp://guest:guest@127.0.0.1:{port}/"
     result = postroom("declare", "--url", url, "-f", str(EXPORT))
     assert result.returncode == 0, result.stderr
     assert "declared 5 exchange(s), 5 queue(s), 5 binding(s) on vhost '/'" in result.stdout
@@ -38,7 +47,12 @@ def test_declare_applies_an_export_and_reports_the_rest(broker: Any, pika_connec
     again = postroom("declare", "--url", url, "-f", str(EXPORT))
     assert again.returncode == 0, again.stderr  # the same export applies twice without a conflict
 
-    channel = pika_connect().channel()
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, socket_timeout=5))
+    channel = connection.channel()
+    assert channel.queue_declare("orders.events", passive=True, arguments={}).method.message_count == 0
+    with pytest.raises(ChannelClosedByBroker) as inequivalent:  # a stream, with RabbitMQ's x-max-age
+        connection.channel().queue_declare("orders.events", durable=True, arguments={"x-queue-type": "classic"})
+    assert inequivalent.value.reply_code == 406
     for queue in ("orders.created", "orders.dlq", "orders.priority", "orders.audit", "orders.events"):
         channel.queue_declare(queue, passive=True)
     for exchange in ("orders", "orders.unrouted", "orders.dlx", "orders.audit", "orders.priority"):
@@ -65,12 +79,13 @@ def test_declare_applies_an_export_and_reports_the_rest(broker: Any, pika_connec
     with pytest.raises(ChannelClosedByBroker) as refused:
         channel.queue_declare("orders.priority", durable=True, arguments={"x-max-priority": 5})
     assert refused.value.reply_code == 406
+    connection.close()
 
 
 def test_a_broker_started_with_an_export_lets_its_users_in_with_their_passwords(
-    make_broker: Callable[..., Any],
+    make_broker: Callable[..., Any], tmp_path: Path
 ) -> None:
-    broker = make_broker(node_from_config(load(EXPORT)))
+    broker = make_broker(node_from_config(load(EXPORT), streams=StreamFiles(str(tmp_path), Journal(1), Clock())))
 
     def connect(user: str, password: str, vhost: str) -> pika.BlockingConnection:
         parameters = pika.ConnectionParameters(

@@ -7,7 +7,11 @@ Each start is a real ``postroom serve`` over the same data directory, with pika 
 
 from __future__ import annotations
 
+import json
 import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +19,8 @@ from typing import Any
 import pika
 import pytest
 
+from broker.tools.testing import free_port
+from exchanges.partitions import partition_of
 from tests.integration.test_crash import broker
 
 pytestmark = pytest.mark.integration
@@ -130,3 +136,154 @@ def test_a_group_reads_with_one_member_and_the_next_takes_over_where_it_stopped(
         assert waiting == list(range(60, 100))
         settle(standby, waiting)
         standby.close()
+
+
+PARTITIONED = "vhosts:\n  /:\n    streams:\n      - {name: events, partitions: 4}\n"
+GROUP = {"x-stream-offset": "first", "x-stream-consumer-name": "g", "x-single-active-consumer": True}
+
+
+class Member:
+    """A group member: one connection consuming every partition of ``events`` as group ``g``,
+    acknowledging each delivery at once (pika writes an ack before ``basic_ack`` returns)."""
+
+    def __init__(self, port: int, group: Group) -> None:
+        self.connection, self.channel = open_channel(port, prefetch=20)
+        self.partitions: set[int] = set()
+        self.group = group
+        for partition in range(4):
+            self.channel.basic_consume(
+                f"events-{partition}", self.on_message, arguments=GROUP, consumer_tag=f"p{partition}"
+            )
+
+    def on_message(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        partition = int(method.consumer_tag[1:])
+        offset = properties.headers["x-stream-offset"]
+        self.partitions.add(partition)
+        self.group.delivered(partition, offset, body)
+        channel.basic_ack(method.delivery_tag)
+
+    def kill(self) -> None:
+        """The connection dies under it (no close handshake)."""
+        self.connection._impl._transport._sock.shutdown(socket.SHUT_RDWR)
+
+
+class Group:
+    """What the members of group ``g`` were given, checked as it comes."""
+
+    def __init__(self) -> None:
+        self.acked: set[tuple[int, int]] = set()
+        #: Each key's message numbers, in the order they were first acknowledged.
+        self.by_key: dict[str, list[int]] = {}
+
+    def delivered(self, partition: int, offset: int, body: bytes) -> None:
+        assert (partition, offset) not in self.acked, f"acknowledged {partition}:{offset} came back"
+        self.acked.add((partition, offset))
+        key, _colon, number = body.decode().partition(":")
+        self.by_key.setdefault(key, []).append(int(number))
+
+
+def publish_keys(port: int, start: int, count: int) -> None:
+    """Messages ``start`` ... through exchange ``events``: 40 keys, each key's numbered in order."""
+    connection, channel = open_channel(port)
+    channel.confirm_delivery()
+    for number in range(start, start + count):
+        channel.basic_publish("events", f"key-{number % 40}", b"key-%d:%d" % (number % 40, number))
+    connection.close()
+
+
+def pump(members: list[Member], group: Group, until: int) -> None:
+    deadline = time.monotonic() + 30
+    while len(group.acked) < until and time.monotonic() < deadline:
+        for member in members:
+            member.connection.process_data_events(time_limit=0.01)
+    assert len(group.acked) == until
+
+
+def test_a_group_shares_a_partitioned_streams_partitions_and_hands_them_over_in_order(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with broker(data, extra=PARTITIONED) as (_process, port):
+        group = Group()
+        first, second = Member(port, group), Member(port, group)
+        publish_keys(port, 0, 2000)
+        pump([first, second], group, 2000)
+        assert (first.partitions, second.partitions) == ({0, 2}, {1, 3})  # member p mod 2 of partition p
+        publish_keys(port, 2000, 2000)
+        deadline = time.monotonic() + 30
+        while len(group.acked) < 2400 and time.monotonic() < deadline:
+            first.connection.process_data_events(time_limit=0.01)
+            second.connection.process_data_events(time_limit=0.01)
+        first.kill()  # mid-stream, with deliveries in flight
+        second.partitions.clear()
+        pump([second], group, 4000)
+        assert second.partitions == {0, 1, 2, 3}  # the other holds all four
+        third = Member(port, group)
+        second.partitions.clear()
+        publish_keys(port, 4000, 2000)
+        pump([second, third], group, 6000)
+        assert (second.partitions, third.partitions) == ({0, 2}, {1, 3})  # spread again
+        for key, numbers in group.by_key.items():
+            assert numbers == sorted(numbers), f"{key} out of order"
+        assert sorted(number for numbers in group.by_key.values() for number in numbers) == list(range(6000))
+        for member in (second, third):
+            settle(member.connection, [])
+            member.connection.close()
+    assert "Traceback" not in (tmp_path / "broker.log").read_text()
+
+
+def postroom(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "broker.tools.cli", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_the_streams_command_adds_a_partitioned_stream_lists_lag_and_moves_a_subscription(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    api = free_port()
+    with broker(data, management=api) as (_process, port):
+        url, management = f"amqp://guest:guest@127.0.0.1:{port}/", f"http://guest:guest@127.0.0.1:{api}/"
+        added = postroom("streams", "add-partitioned", "events", "--partitions", "2", "--max-age", "7D", "--url", url)
+        assert added.returncode == 0, added.stderr
+        connection, channel = open_channel(port)
+        channel.confirm_delivery()
+        for number in range(100):
+            channel.basic_publish("events", f"key-{number}", b"%d" % number)
+        connection.close()
+        counts = [sum(partition_of(f"key-{n}", 2) == p for n in range(100)) for p in range(2)]
+        read = read_acking_from(port, "events-1", "billing", 10)
+        assert read[:10] == list(range(10))
+        listed = postroom("streams", "--url", management, "--json")
+        assert listed.returncode == 0, listed.stderr
+        streams = {item["name"]: item for item in map(json.loads, listed.stdout.splitlines())}
+        assert [streams[f"events-{p}"]["messages"] for p in range(2)] == counts
+        assert streams["events-1"]["partition"] == {"exchange": "events", "order": 1}
+        assert streams["events-0"]["max_age_seconds"] == 7 * 86400
+        [billing] = streams["events-1"]["subscriptions"]
+        assert (billing["name"], billing["offset"], billing["lag"]) == ("billing", 10, counts[1] - 10)
+        table = postroom("streams", "--url", management)
+        assert "events-1" in table.stdout and "billing" in table.stdout
+        moved = postroom("streams", "reset", "events-1", "billing", "--to", "first", "--url", management)
+        assert moved.returncode == 0, moved.stderr
+        assert "reads on from offset 0" in moved.stdout
+        assert read_acking_from(port, "events-1", "billing", 1)[0] == 0
+        refused = postroom("streams", "reset", "events-1", "billing", "--to", "yesterday", "--url", management)
+        assert refused.returncode == 1 and "'to' must be first, last, next" in refused.stderr
+    assert "Traceback" not in (tmp_path / "broker.log").read_text()
+
+
+def read_acking_from(port: int, queue: str, name: str, until: int) -> list[int]:
+    """:func:`read_acking` on another stream."""
+    connection, channel = open_channel(port)
+    got: list[int] = []
+
+    def on(_channel: Any, method: Any, properties: Any, _body: bytes) -> None:
+        got.append(properties.headers["x-stream-offset"])
+        if got[-1] < until:
+            channel.basic_ack(method.delivery_tag)
+
+    channel.basic_consume(queue, on, arguments={"x-stream-offset": "first", "x-stream-consumer-name": name})
+    deadline = time.monotonic() + 10
+    while len(got) < until and time.monotonic() < deadline:
+        connection.process_data_events(time_limit=0.05)
+    settle(connection, got)
+    connection.close()
+    return got
