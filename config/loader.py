@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from config.policies import check_apply_to, check_pattern, validate
+from config.policies import MAX_STREAM_SEGMENT_BYTES, check_apply_to, check_pattern, is_interval, validate
 from config.schema import (
     ArchiveConfig,
     BindingConfig,
@@ -55,17 +55,8 @@ BUILTIN_EXCHANGE_TYPES = frozenset({"direct", "fanout", "topic", "headers"})
 #: Exchanges every vhost has (they may be referenced without being declared).
 STANDARD_EXCHANGES = frozenset({"", "amq.direct", "amq.fanout", "amq.topic", "amq.headers", "amq.match"})
 
-#: The largest stream segment RabbitMQ takes (``x-stream-max-segment-size-bytes``).
-MAX_STREAM_SEGMENT_BYTES = 3_000_000_000
 #: The most partitions a partitioned stream may have.
 MAX_PARTITIONS = 1024
-_INTERVAL = re.compile(r"0*[1-9][0-9]*[YMDhms]")
-
-
-def _is_interval(text: str) -> bool:
-    """Whether ``text`` is an interval as RabbitMQ's ``x-max-age`` takes it: digits (not all
-    zeros), then exactly one of ``Y M D h m s``."""
-    return _INTERVAL.fullmatch(text) is not None
 
 #: The least ``storage.checkpoint_bytes``: checkpoints closer than that cost more than they save.
 MIN_CHECKPOINT_BYTES = 64 << 10
@@ -558,7 +549,7 @@ class _Reader(ValueReader):
         if name.startswith("amq.") or entry.get("name") == "":
             self.problem(f"{path}.name", "names starting with 'amq.' (and the empty name) are reserved")
         max_age = self.string(entry.get("max_age"), f"{path}.max_age")
-        if max_age is not None and not _is_interval(max_age):
+        if max_age is not None and not is_interval(max_age):
             self.problem(
                 f"{path}.max_age",
                 f"must be a number and one of the units Y, M, D, h, m, s, as RabbitMQ's x-max-age (7D, 12h),"

@@ -34,8 +34,26 @@ LOWER_WINS = frozenset(
 #: for, plus Postroom's visibility timeout).
 OPERATOR_KEYS = LOWER_WINS
 
+#: Policy keys for streams, with the argument each stands for (a stream's policy wins over
+#: its argument, as RabbitMQ's ``rabbit_stream_queue:policy_precedence``).
+STREAM_KEYS = {
+    "max-length-bytes": "x-max-length-bytes",
+    "max-age": "x-max-age",
+    "stream-max-segment-size-bytes": "x-stream-max-segment-size-bytes",
+}
+
 #: Every key a user policy may set.
-KEYS = frozenset(QUEUE_KEYS) | {"alternate-exchange"}
+KEYS = frozenset(QUEUE_KEYS) | frozenset(STREAM_KEYS) | {"alternate-exchange"}
+
+#: The largest ``stream-max-segment-size-bytes`` (RabbitMQ's ``?MAX_STREAM_MAX_SEGMENT_SIZE``).
+MAX_STREAM_SEGMENT_BYTES = 3_000_000_000
+_INTERVAL = re.compile(r"[0-9]*[1-9][0-9]*[YMDhms]")
+
+
+def is_interval(value: Any) -> bool:
+    """Whether ``value`` is an interval as RabbitMQ's ``x-max-age`` and ``max-age`` take it:
+    digits (not all zeros), then exactly one of ``Y M D h m s`` (``7D``, ``12h``)."""
+    return isinstance(value, str) and _INTERVAL.fullmatch(value) is not None
 
 _OVERFLOW = ("drop-head", "reject-publish", "reject-publish-dlx")
 
@@ -65,6 +83,12 @@ _CHECKS = {
     "delivery-limit": _integer("delivery limit"),
     "visibility-timeout": _integer("visibility timeout", 1),
     "overflow": lambda value: None if value in _OVERFLOW else f"{_show(value)} is not a valid overflow value",
+    "max-age": lambda value: None if is_interval(value) else f"{_show(value)} is not a valid max age",
+    "stream-max-segment-size-bytes": lambda value: (
+        None
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STREAM_SEGMENT_BYTES
+        else f"{_show(value)} is not a valid segment size"
+    ),
 }
 
 

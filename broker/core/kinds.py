@@ -22,6 +22,9 @@ from broker.core.queue import MAX_PRIORITY, WorkQueue
 from broker.core.stream import NoLeadingDigit, StreamQueue, interval_seconds
 from broker.errors import ChannelCrash, ChannelException, ReplyCode
 from broker.wire.table import Float32, Int8, Int16, Int64, UInt8, UInt16, UInt32
+from config.policies import KEYS as POLICY_KEYS
+from config.policies import QUEUE_KEYS as QUEUE_POLICY_KEYS
+from config.policies import STREAM_KEYS as STREAM_POLICY_KEYS
 
 
 def is_int(value: object) -> bool:
@@ -228,6 +231,8 @@ class QueueKind:
         not take: ``(name, where, durable, exclusive, auto_delete, arguments)``
     :ivar journaled: whether a durable queue's persistent messages are recorded in the log
         (a stream keeps its own)
+    :ivar unsupported_policies: policy keys of other kinds: a policy with any of them does not
+        apply to a queue of this kind (RabbitMQ's ``unsupported_policies`` capability)
     """
 
     name: str
@@ -239,6 +244,7 @@ class QueueKind:
     server_named: bool = True
     properties: Callable[[str, str, bool, bool, bool, Mapping[str, Any]], None] | None = None
     journaled: bool = True
+    unsupported_policies: frozenset[str] = frozenset()
 
     def check_arguments(self, name: str, where: str, arguments: Mapping[str, Any]) -> None:
         """Refuse a declaration of queue ``name`` (``where``: ``in vhost '/'``) whose arguments
@@ -396,8 +402,15 @@ def _stream(name: str, vhost_name: str, streams: Any = None, **options: Any) -> 
     return stream
 
 
-#: The classic queue: a ``WorkQueue``.
-CLASSIC = QueueKind("classic", QUEUE_ARGUMENTS, EQUIVALENT_ARGUMENTS, _classic)
+#: The classic queue: a ``WorkQueue``. (RabbitMQ's classic queues refuse ``delivery-limit``
+#: policies too; Postroom's take them.)
+CLASSIC = QueueKind(
+    "classic",
+    QUEUE_ARGUMENTS,
+    EQUIVALENT_ARGUMENTS,
+    _classic,
+    unsupported_policies=frozenset(STREAM_POLICY_KEYS) - frozenset(QUEUE_POLICY_KEYS),
+)
 
 #: The stream: a ``StreamQueue``.
 STREAM = QueueKind(
@@ -410,6 +423,7 @@ STREAM = QueueKind(
     server_named=False,
     properties=_stream_properties,
     journaled=False,
+    unsupported_policies=POLICY_KEYS - frozenset(STREAM_POLICY_KEYS) - {"alternate-exchange"},
 )
 
 #: The kinds by ``x-queue-type``.

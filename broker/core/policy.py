@@ -116,12 +116,15 @@ def from_value(name: str, value: Mapping[str, Any], operator: bool = False) -> P
     return Policy(name, value["pattern"], dict(value["definition"]), priority, apply_to)
 
 
-def choose(policies: Iterable[Policy], kind: str, name: str) -> Policy | None:
+def choose(
+    policies: Iterable[Policy], kind: str, name: str, unsupported: frozenset[str] = frozenset()
+) -> Policy | None:
     """The policy that applies to an object: the matching one of highest priority, the first
-    name among equals (see the module)."""
+    name among equals (see the module). A policy with any key in ``unsupported`` (the keys a
+    kind of queue does not take) does not apply at all, as RabbitMQ's ``is_policy_applicable``."""
     best: Policy | None = None
     for policy in policies:
-        if not policy.matches(kind, name):
+        if not policy.matches(kind, name) or not unsupported.isdisjoint(policy.definition):
             continue
         if (
             best is None

@@ -29,11 +29,13 @@ from typing import Any, Protocol
 
 from broker.core.entry import Consumer, Entry
 from broker.core.message import Message
+from broker.core.policy import effective_definition
 from broker.core.queue import QueueSettings
 from broker.errors import ChannelCrash, ChannelException, ReplyCode
-from broker.wal.streamlog import Chunk, Staged, StreamLog
+from broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, Chunk, Staged, StreamLog
 from broker.wire.content import ContentError, headers_content, with_headers_content
 from broker.wire.table import Int64, TableError, encode_entry, iter_table
+from config.policies import STREAM_KEYS
 from exchanges.partitions import partition_order
 
 #: The delivery header that says a message's offset.
@@ -283,7 +285,22 @@ class StreamQueue:
         """A stream has no timers."""
 
     def apply_settings(self, settings: QueueSettings) -> None:
-        """A policy changed: none of a work queue's settings apply to a stream."""
+        """Its policies changed (none of a work queue's settings apply to a stream): a new
+        segment size applies to the next segment, retention from the next roll."""
+        size = self.effective_arguments().get("x-stream-max-segment-size-bytes")
+        valid = isinstance(size, int) and not isinstance(size, bool) and size > 0
+        self.log.segment_bytes = size if valid else DEFAULT_STREAM_SEGMENT_BYTES  # type: ignore[assignment]
+
+    def effective_arguments(self) -> dict[str, Any]:
+        """Its arguments with its policies' stream keys in their place: a policy's value wins
+        over the argument, as RabbitMQ's ``rabbit_stream_queue:policy_precedence`` has it (an
+        operator policy's ``max-length-bytes`` lowers the policy's)."""
+        arguments = dict(self.arguments)
+        definition = effective_definition(self.policy, self.operator_policy)
+        for key, argument in STREAM_KEYS.items():
+            if key in definition:
+                arguments[argument] = definition[key]
+        return arguments
 
     def purge(self) -> int:
         """Nothing is purged from a stream (``queue.purge`` is refused before it gets here)."""
@@ -341,9 +358,11 @@ class StreamQueue:
         return list(self._staged), dropped
 
     def retention(self) -> tuple[int | None, float | None]:
-        """The stream's ``x-max-length-bytes`` and ``x-max-age`` (in seconds), each ``None`` when unset."""
-        max_bytes = self.arguments.get("x-max-length-bytes")
-        max_age = self.arguments.get("x-max-age")
+        """The stream's ``x-max-length-bytes`` and ``x-max-age`` (in seconds), each ``None`` when
+        unset, its policies applied."""
+        arguments = self.effective_arguments() if self.policy or self.operator_policy else self.arguments
+        max_bytes = arguments.get("x-max-length-bytes")
+        max_age = arguments.get("x-max-age")
         if isinstance(max_age, bytes):
             max_age = max_age.decode("utf-8", "surrogateescape")
         return (

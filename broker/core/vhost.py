@@ -16,7 +16,7 @@ from broker.core.deadlines import Scheduler
 from broker.core.entry import Entry
 from broker.core.histogram import Histogram
 from broker.core.journal import recorded
-from broker.core.kinds import STREAM, describe, is_int, kind_of, not_an_integer
+from broker.core.kinds import STREAM, QueueKind, describe, is_int, kind_of, not_an_integer
 from broker.core.message import Message
 from broker.core.policy import Policy, alternate_exchange, choose, queue_arguments
 from broker.core.queue import QueueSettings, WorkQueue
@@ -243,13 +243,17 @@ class VirtualHost:
         for exchange in list(self.exchanges.values()):
             self._apply_exchange_policy(exchange)
         for queue in list(self.queues.values()):
-            policy, operator = self._queue_policies(queue.name)
+            policy, operator = self._queue_policies(queue.name, kind_of(queue.arguments))
             if policy != queue.policy or operator != queue.operator_policy:
                 queue.policy, queue.operator_policy = policy, operator
                 queue.apply_settings(QueueSettings.from_arguments(queue_arguments(queue.arguments, policy, operator)))
 
-    def _queue_policies(self, name: str) -> tuple[Policy | None, Policy | None]:
-        return choose(self.policies.values(), "queue", name), choose(self.operator_policies.values(), "queue", name)
+    def _queue_policies(self, name: str, kind: QueueKind) -> tuple[Policy | None, Policy | None]:
+        unsupported = kind.unsupported_policies
+        return (
+            choose(self.policies.values(), "queue", name, unsupported),
+            choose(self.operator_policies.values(), "queue", name, unsupported),
+        )
 
     def _apply_exchange_policy(self, exchange: Exchange) -> None:
         exchange.policy = choose(self.policies.values(), "exchange", exchange.name)
@@ -520,7 +524,7 @@ class VirtualHost:
         if access is not None and "x-dead-letter-exchange" in arguments:
             access.check("read", "queue", name)
             access.check("write", "exchange", str(arguments["x-dead-letter-exchange"]))
-        policy, operator = self._queue_policies(name) if self.policies or self.operator_policies else (None, None)
+        policy, operator = self._queue_policies(name, kind) if self.policies or self.operator_policies else (None, None)
         queue = kind.create(  # a WorkQueue, or a StreamQueue, which answers as one (see kinds.py)
             name,
             self.name,
@@ -533,6 +537,8 @@ class VirtualHost:
             streams=self.streams,
         )
         queue.policy, queue.operator_policy = policy, operator
+        if kind is STREAM:
+            queue.apply_settings(queue.settings)  # its policy's stream keys
         queue.observer = self
         if self.pager is not None and kind is not STREAM:
             self.pager.attach(queue)

@@ -371,3 +371,20 @@ def test_reset_moves_a_subscription_and_its_reader(stream: StreamQueue) -> None:
     assert stream.reset("sub", OffsetSpec("offset", 1)) == 1
     assert store.stored[-1] == ("sub", 1) and sink.offsets("a") == [0, 1, 2, 3, 1, 2, 3]
     assert stream.reset("sub", OffsetSpec("next")) == 4
+
+
+def test_a_policys_stream_keys_win_over_the_arguments_and_go_with_it(stream: StreamQueue) -> None:
+    from broker.core.policy import Policy
+    from broker.core.queue import QueueSettings
+
+    stream.arguments.update({"x-max-age": "7D", "x-stream-max-segment-size-bytes": 4096})
+    stream.apply_settings(QueueSettings())
+    assert stream.retention() == (None, 7 * 86400.0) and stream.log.segment_bytes == 4096
+    definition = {"max-age": "1h", "max-length-bytes": 5000, "stream-max-segment-size-bytes": 999}
+    stream.policy = Policy("p", "^s$", definition)
+    stream.operator_policy = Policy("o", "^s$", {"max-length-bytes": 3000})
+    stream.apply_settings(QueueSettings())
+    assert stream.retention() == (3000, 3600.0) and stream.log.segment_bytes == 999  # the lower of the two limits
+    stream.policy = stream.operator_policy = None
+    stream.apply_settings(QueueSettings())
+    assert stream.retention() == (None, 7 * 86400.0) and stream.log.segment_bytes == 4096
