@@ -232,6 +232,7 @@ class BrokerCollector:
     def collect_rest(self, totals: QueueTotals | None = None) -> Iterator[Metric]:
         """The families that are not per queue (``totals``: sums over the queues, when known)."""
         yield from self._vhosts()
+        yield from self._streams()
         yield from self._node()
         if self.wal is not None:
             yield from self._wal(self.wal)
@@ -259,6 +260,43 @@ class BrokerCollector:
         yield from (family for family, _read in families)
         yield dead
         yield policies
+
+    def _streams(self) -> Iterator[Metric]:
+        """Each stream's size and each subscription's stored offset and lag."""
+        labels = ["vhost", "stream"]
+        size = GaugeMetricFamily("postroom_stream_bytes", "Bytes of a stream's segments.", labels=labels)
+        segments = GaugeMetricFamily("postroom_stream_segments", "Segment files of a stream.", labels=labels)
+        first = GaugeMetricFamily(
+            "postroom_stream_first_offset", "The oldest offset a stream holds (retention moves it).", labels=labels
+        )
+        end = GaugeMetricFamily(
+            "postroom_stream_next_offset", "The offset the next message written to a stream gets.", labels=labels
+        )
+        offset = GaugeMetricFamily(
+            "postroom_stream_subscription_offset",
+            "Where a durable subscription (x-stream-consumer-name) reads on from.",
+            labels=[*labels, "subscription"],
+        )
+        lag = GaugeMetricFamily(
+            "postroom_stream_subscription_lag",
+            "Messages a stream holds past a durable subscription's stored offset.",
+            labels=[*labels, "subscription"],
+        )
+        for vhost in self.node.vhosts.values():
+            for queue in vhost.queues.values():
+                if queue.kind != "stream":
+                    continue
+                stream = [vhost.name, queue.name]
+                log = queue.log  # type: ignore[attr-defined]
+                size.add_metric(stream, log.size)
+                segments.add_metric(stream, len(log.segments))
+                first.add_metric(stream, log.first_offset)
+                end.add_metric(stream, queue.committed)  # type: ignore[attr-defined]
+                for view in queue.subscription_view():  # type: ignore[attr-defined]
+                    if view["offset"] is not None:
+                        offset.add_metric([*stream, view["name"]], view["offset"])
+                    lag.add_metric([*stream, view["name"]], view["lag"])
+        yield from (size, segments, first, end, offset, lag)
 
     def _vhosts(self) -> Iterator[Metric]:
         published = CounterMetricFamily(

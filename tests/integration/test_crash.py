@@ -42,15 +42,18 @@ def broker(
     checkpoint_bytes: str = "16MiB",
     limits: str = "",
     extra: str = "",
+    metrics: int = 0,
 ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """``postroom serve`` over ``data``; with ``management``, its management API on that port;
+    """``postroom serve`` over ``data``; with ``management``, its management API on that port
+    (with ``metrics``, ``/metrics`` on that one);
     ``limits``: the ``limits:`` keys, such as ``memory_high_watermark: 150MiB``; ``extra``: more
     of the configuration (YAML lines)."""
     port = free_port()
     config = data.parent / f"broker-{port}.yaml"
     api = f'"tcp:{management}:interface=127.0.0.1"' if management else "false"
+    scrape = f'"tcp:{metrics}:interface=127.0.0.1"' if metrics else "false"
     config.write_text(
-        f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1", metrics: false, management: {api}}}\n'
+        f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1", metrics: {scrape}, management: {api}}}\n'
         f'storage: {{dir: "{data}", fsync: batch, segment_bytes: {segment_bytes}, memory_budget: {memory_budget}, '
         f"checkpoint_bytes: {checkpoint_bytes}, archive: {{enabled: true, retention: 7d, max_bytes: 1GiB}}}}\n"
         + (f"limits: {{{limits}}}\n" if limits else "")

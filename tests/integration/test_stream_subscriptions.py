@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -238,8 +239,8 @@ def postroom(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_streams_command_adds_a_partitioned_stream_lists_lag_and_moves_a_subscription(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    api = free_port()
-    with broker(data, management=api) as (_process, port):
+    api, scrape = free_port(), free_port()
+    with broker(data, management=api, metrics=scrape) as (_process, port):
         url, management = f"amqp://guest:guest@127.0.0.1:{port}/", f"http://guest:guest@127.0.0.1:{api}/"
         added = postroom("streams", "add-partitioned", "events", "--partitions", "2", "--max-age", "7D", "--url", url)
         assert added.returncode == 0, added.stderr
@@ -259,6 +260,10 @@ def test_the_streams_command_adds_a_partitioned_stream_lists_lag_and_moves_a_sub
         assert streams["events-0"]["max_age_seconds"] == 7 * 86400
         [billing] = streams["events-1"]["subscriptions"]
         assert (billing["name"], billing["offset"], billing["lag"]) == ("billing", 10, counts[1] - 10)
+        with urllib.request.urlopen(f"http://127.0.0.1:{scrape}/metrics", timeout=10) as response:
+            exported = response.read().decode()
+        labels = 'stream="events-1",subscription="billing",vhost="/"'
+        assert f"postroom_stream_subscription_lag{{{labels}}} {counts[1] - 10}.0" in exported
         table = postroom("streams", "--url", management)
         assert "events-1" in table.stdout and "billing" in table.stdout
         moved = postroom("streams", "reset", "events-1", "billing", "--to", "first", "--url", management)
