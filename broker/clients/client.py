@@ -753,13 +753,22 @@ class Connection:
             if isinstance(answer, commands.Basic.GetEmpty):
                 return None
 
-    def consume(self, queue: str, prefetch: int = 100, timeout: float | None = None) -> Iterator[Message]:
+    def consume(
+        self,
+        queue: str,
+        prefetch: int = 100,
+        timeout: float | None = None,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> Iterator[Message]:
         """Deliveries from ``queue`` as they come; each must be acked, nacked or rejected.
 
         :param prefetch: at most this many unacknowledged at once
         :param timeout: stop (end the iteration) after this many seconds without a delivery
+        :param arguments: the consumer arguments (a stream's ``x-stream-offset`` and
+            ``x-stream-consumer-name``: after a reconnect, a named subscription resumes after
+            what was acknowledged)
         """
-        tag = self._subscribe(queue, prefetch)
+        tag = self._subscribe(queue, prefetch, arguments)
         try:
             while tag in self._consumers:
                 if self._deliveries:
@@ -775,7 +784,7 @@ class Connection:
                         raise
                     self._reconnect()
                     self._consumers.pop(tag, None)
-                    tag = self._subscribe(queue, prefetch)
+                    tag = self._subscribe(queue, prefetch, arguments)
         finally:
             if self._closed is None and tag in self._consumers:
                 self._consumers.pop(tag, None)
@@ -783,9 +792,10 @@ class Connection:
                 with contextlib.suppress(OSError, ConnectionClosed):
                     self._call(commands.Basic.Cancel(consumer_tag=tag), commands.Basic.CancelOk)
 
-    def _subscribe(self, queue: str, prefetch: int) -> str:
+    def _subscribe(self, queue: str, prefetch: int, arguments: Mapping[str, Any] | None = None) -> str:
         self._call(commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
-        ok = self._call(named(commands.Basic.Consume, queue=queue), commands.Basic.ConsumeOk)
+        consume = named(commands.Basic.Consume, queue=queue, arguments=dict(arguments or {}))
+        ok = self._call(consume, commands.Basic.ConsumeOk)
         tag = str(ok.consumer_tag)
         self._consumers[tag] = queue
         return tag
