@@ -41,6 +41,9 @@ MATRIX = [
     ("fanout", "16,1024", []),
     ("topic", "16,1024", []),
     ("latency", "16", []),
+    # Streams: the persistent scenario into a stream queue (publish with confirms and read at
+    # once, acks by 100).
+    ("stream", "16,1024", []),
     # The fixed-rate sweep: below, at and past each broker's capacity (a broker past it must
     # not deliver less than at it).
     *[("latency", "16", ["--rate", str(rate)]) for rate in (10_000, 30_000, 50_000, 80_000, 120_000)],
@@ -83,7 +86,11 @@ def postroom(extra_yaml: str = "", storage: str = "", listen: str = "") -> Itera
 def generate(
     bench_dir: Path, port: int, pid: int, scenario: str, sizes: str, extra: list[str], args: argparse.Namespace
 ) -> list[dict]:
-    """Run the load generator once; return its per-run records."""
+    """Run the load generator once; return its per-run records (``stream``: the ``persistent``
+    scenario with ``--queue-type stream``)."""
+    named = scenario
+    if scenario == "stream":
+        scenario, extra = "persistent", [*extra, "--queue-type", "stream"]
     command = [
         sys.executable,
         str(bench_dir / "amqp_bench.py"),
@@ -109,6 +116,7 @@ def generate(
         except json.JSONDecodeError:
             continue
         if "summary" not in record:
+            record["scenario"] = named
             records.append(record)
     if not records:
         print(result.stderr[-2000:], file=sys.stderr)

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 
 from spark.events import list_segments, segment_batches
 from spark.schema import ARROW_SCHEMA
+from spark.streams import Selection, stream_segment_batches
 
 __all__ = [
     "FILE_NAME",
@@ -87,12 +88,13 @@ def _write_atomically(path: str, write: Callable[[str], None]) -> None:
     os.replace(partial, path)
 
 
-def _export_segment(number: int, path: str, out: str) -> tuple[int, int, int, int]:
+def _export_segment(number: int, path: str, out: str, stream: Selection | None = None) -> tuple[int, int, int, int]:
     """Export one segment (in a worker process, or inline); returns ``(segment, rows, corrupt,
     files)``. Its manifest is written last."""
     with open(path, "rb") as file:
         data = file.read()
-    table = pa.Table.from_batches(list(segment_batches(data, number)), schema=ARROW_SCHEMA)
+    batches = segment_batches(data, number) if stream is None else stream_segment_batches(data, number, stream)
+    table = pa.Table.from_batches(list(batches), schema=ARROW_SCHEMA)
     del data
     written = []
     dates = pc.unique(table.column("date")).to_pylist() if table.num_rows else []
@@ -123,10 +125,15 @@ def export(
     on_segment: Callable[[int, int], None] | None = None,
     jobs: int = 1,
     delete_exported: bool = False,
+    stream: Selection | None = None,
 ) -> ExportReport:
     """Export every sealed segment of ``segments_dir`` that ``out`` does not have yet.
 
-    :param segments_dir: the stream directory (``<storage.dir>/deadletters``)
+    :param segments_dir: the stream directory (``<storage.dir>/deadletters``), or with
+        ``stream`` that stream's directory
+    :param stream: read a stream's segments (``spark.streams``), the messages it selects;
+        then nothing is deleted (``delete_exported`` is for the event stream: the broker's
+        retention removes a stream's segments)
     :param out: the Parquet dataset directory
     :param include_last: export the last segment too (only when the broker is stopped: a
         running broker is still appending to it)
@@ -155,13 +162,13 @@ def export(
         # spawn: the caller may have threads (a reactor's pool), which fork would copy mid-flight.
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=context) as pool:
-            futures = [pool.submit(_export_segment, number, path, out) for number, path in todo]
+            futures = [pool.submit(_export_segment, number, path, out, stream) for number, path in todo]
             for future in as_completed(futures):
                 finished(future.result())
     else:
         for number, path in todo:
-            finished(_export_segment(number, path, out))
-    if delete_exported:
+            finished(_export_segment(number, path, out, stream))
+    if delete_exported and stream is None:
         have = exported_segments(out)
         for number, path in segments[:-1]:  # the newest stays, as in expire()
             if number in have:

@@ -39,6 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlq_job", description="Postroom dead-letter analysis on Spark.")
     parser.add_argument("--input", action="append", default=[], metavar="PATH", help="exported Parquet; repeatable")
     parser.add_argument("--segments", metavar="DIR", help="dead-letter segments not exported yet (read raw)")
+    parser.add_argument(
+        "--stream", metavar="NAME", help="read the segments of this stream (fed by a dead-letter exchange) instead"
+    )
+    parser.add_argument("--data-dir", metavar="DIR", help="with --stream: the broker's storage.dir")
+    parser.add_argument("--vhost", default="/", help="with --stream: its vhost (default: %(default)s)")
+    parser.add_argument("--from", dest="start", metavar="OFFSET|TIME", help="with --stream: from this offset or time")
+    parser.add_argument("--to", dest="stop", metavar="OFFSET|TIME", help="with --stream: up to (not including) this")
     parser.add_argument("--out", required=True, metavar="DIR", help="where the results go")
     parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     parser.add_argument("--redrive-where", metavar="EXPR", help="SQL filter of pending dead letters to list")
@@ -51,9 +58,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: What executors import: this package and the record decoder (``broker.wal.record`` is pure,
+#: What executors import: this package, the record decoder and what it reads streams and headers
+#: with (``broker.wal`` and ``broker.wire`` modules that are pure,
 #: standard library only), shipped with every session so no node needs Postroom installed.
-SHIPPED = ("spark/*.py", "broker/__init__.py", "broker/wal/__init__.py", "broker/wal/record.py")
+SHIPPED = (
+    "spark/*.py",
+    "broker/__init__.py",
+    "broker/wal/__init__.py",
+    "broker/wal/record.py",
+    "broker/wal/paths.py",
+    "broker/wal/deadevents.py",
+    "broker/wire/__init__.py",
+    "broker/wire/table.py",
+    "broker/wire/content.py",
+)
 
 _shipped: dict[int, str] = {}
 
@@ -184,26 +202,62 @@ def _decode_segments(batches: Any) -> Any:
             yield from segment_file_batches(path, number)
 
 
-def _raw_events(spark: Any, segments: str, exported: set[int], schema: Any) -> Any:
+def _decode_stream_segments(selection: Any) -> Callable[[Any], Any]:
+    """On an executor: the selected messages of each ``(number, path)`` stream segment given."""
+
+    def decode(batches: Any) -> Any:
+        from spark.streams import stream_file_batches
+
+        for batch in batches:
+            numbers, paths = batch.column("number").to_pylist(), batch.column("path").to_pylist()
+            for number, path in zip(numbers, paths, strict=True):
+                yield from stream_file_batches(path, number, selection)
+
+    return decode
+
+
+def _list_stream(selection: Any, data_dir: str) -> Callable[[Any], Any]:
+    """On an executor: the stream's segment files."""
+
+    def listing(_item: Any) -> Any:
+        from spark.streams import stream_segments
+
+        return stream_segments(data_dir, selection.vhost, selection.stream)
+
+    return listing
+
+
+def _raw_events(
+    spark: Any, segments: str, exported: set[int], schema: Any, selection: Any = None, data_dir: str = ""
+) -> Any:
     """The events of the segments in ``segments`` that are not ``exported``, one partition per
-    segment. The directory is listed by an executor, and only executors run Python on it
-    (``mapInArrow``): the driver need not see it, nor run the executors' Python (which, shipped
-    with ``--archives``, exists only on them)."""
+    segment (with ``selection``: of that stream of the broker's ``data_dir``, one partition per
+    segment, that is per range of offsets). The directory is listed by an executor, and only
+    executors run Python on it (``mapInArrow``): the driver need not see it, nor run the
+    executors' Python (which, shipped with ``--archives``, exists only on them)."""
     from spark.events import list_segments
 
     context = spark.sparkContext
-    listed = context.parallelize([segments], 1).flatMap(list_segments).collect()
+    lister = list_segments if selection is None else _list_stream(selection, data_dir)
+    listed = context.parallelize([segments], 1).flatMap(lister).collect()
     wanted = [(number, path) for number, path in listed if number not in exported]
     if not wanted:
         return spark.createDataFrame([], schema)
     paths = spark.createDataFrame(context.parallelize(wanted, len(wanted)), "number long, path string")
-    return paths.mapInArrow(_decode_segments, schema)
+    return paths.mapInArrow(_decode_segments if selection is None else _decode_stream_segments(selection), schema)
 
 
 def read_events(
-    spark: Any, inputs: Sequence[str], segments: str | None, staging: str, say: Callable[[str], None]
+    spark: Any,
+    inputs: Sequence[str],
+    segments: str | None,
+    staging: str,
+    say: Callable[[str], None],
+    selection: Any = None,
+    data_dir: str = "",
 ) -> Any:
-    """The event DataFrame: exported Parquet plus the segments not exported yet (staged)."""
+    """The event DataFrame: exported Parquet plus the segments not exported yet (staged); with
+    ``selection`` (``spark.streams.Selection``), the segments are that stream's in ``data_dir``."""
     from spark.events import list_segments
     from spark.schema import spark_schema
 
@@ -216,11 +270,16 @@ def read_events(
             say(f"no exported Parquet at {path} (nothing exported yet?): skipped")
     if present:
         parquet = spark.read.schema(schema).parquet(*present)
-        if segments:  # which segments not to read raw
+        if segments or selection is not None:  # which segments not to read raw
             exported = _exported_segments(parquet)
             say(f"{len(exported)} exported segment(s) in {', '.join(present)}")
         frames.append(parquet)
-    if segments and os.path.isdir(segments) and all(n in exported for n, _path in list_segments(segments)):
+    if selection is not None:
+        raw = _raw_events(spark, "", exported, schema, selection, data_dir)
+        say(f"decoding the segments of stream {selection.stream!r} not exported yet")
+        raw.write.mode("overwrite").parquet(staging)
+        frames.append(spark.read.schema(schema).parquet(staging))
+    elif segments and os.path.isdir(segments) and all(n in exported for n, _path in list_segments(segments)):
         say(f"no segment of {segments} left to decode (none, or all exported)")
     elif segments:  # (a directory only the executors see is listed by them)
         raw = _raw_events(spark, segments, exported, schema)
@@ -244,7 +303,13 @@ def run(spark: Any, args: argparse.Namespace, say: Callable[[str], None] = _say)
     from spark.transforms import corrupt_records, dead_letters, redrive_list, summarise
 
     out = args.out
-    events = read_events(spark, args.input, args.segments, os.path.join(out, "_staged"), say)
+    selection = None
+    if getattr(args, "stream", None):
+        from spark.streams import Selection
+
+        selection = Selection(args.vhost, args.stream).bounded(args.start, args.stop)
+    staging = os.path.join(out, "_staged")
+    events = read_events(spark, args.input, args.segments, staging, say, selection, getattr(args, "data_dir", ""))
     rows = dead_letters(events)
     say("summarising")
     summary = summarise(rows, corrupt_records(events))

@@ -25,20 +25,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from broker.core.message import Message
-from broker.core.seal import DEAD_LETTER_ID_HEADER, SEAL_HEADER, Sealer
-from broker.wal.record import (
-    DEAD_LETTER_HEADER_VALUE_BYTES,
-    DEAD_LETTER_PREVIEW_BYTES,
-    DeadLettered,
-    DeadLetterSettled,
-    encode,
-)
+from broker.core.seal import DEAD_LETTER_ID_HEADER, Sealer
+from broker.wal.deadevents import dead_lettered
+from broker.wal.record import DeadLetterSettled, encode
 from broker.wire.codec import FLAG_HEADERS
-from broker.wire.content import MESSAGE_ID, property_value
 
 if TYPE_CHECKING:
     from broker.core.deadletter import DeadLetterReason
@@ -64,49 +57,6 @@ _ID_HEADER_NAME = bytes([len(DEAD_LETTER_ID_HEADER)]) + DEAD_LETTER_ID_HEADER.en
 #: run, and runs up to 2**23, keep ids within a signed 64-bit long (Spark's and Parquet's).
 RUN_ID_BITS = 40
 
-#: Header values kept per dead letter: the analysis counts values of labels (tenant, type,
-#: error); a message with thousands of headers must not make one event huge.
-MAX_HEADERS = 64
-
-#: ``x-death`` entries kept per dead letter (most recent first); the history of a message
-#: bouncing between queues for days is summarised by its counts anyway.
-MAX_DEATHS = 64
-
-
-def _text(value: Any) -> str:
-    """A header value as bounded text: bytes decoded leniently, tables and lists as ``repr``."""
-    if isinstance(value, bytes):
-        text = value.decode("utf-8", "replace")
-    elif isinstance(value, datetime):
-        text = value.isoformat()
-    else:
-        text = str(value)
-    data = text.encode("utf-8", "surrogateescape")
-    if len(data) > DEAD_LETTER_HEADER_VALUE_BYTES:
-        text = data[:DEAD_LETTER_HEADER_VALUE_BYTES].decode("utf-8", "ignore")
-    return text
-
-
-def _message_id(message: Message) -> str:
-    """The ``message-id`` property as text, read from the bytes ("" when absent)."""
-    value = property_value(message.header, MESSAGE_ID)
-    return _text(value) if value else ""
-
-
-def _seconds(value: Any) -> int:
-    if isinstance(value, datetime):
-        return int(value.timestamp())
-    try:
-        return max(int(value), 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-def _count(value: Any) -> int:
-    try:
-        return max(int(value), 0)
-    except (TypeError, ValueError):
-        return 0
 
 
 class DeadLetterLog:
@@ -192,41 +142,18 @@ class DeadLetterLog:
         :param copy: the dead-lettered message (its ``x-death`` already updated)
         :param targets: the dead-letter queues it was routed to (at least one)
         """
-        headers = copy.lenient_headers()
-        deaths = headers.get("x-death")
-        deaths = [d for d in deaths if isinstance(d, dict)][:MAX_DEATHS] if isinstance(deaths, list) else []
-        latest = deaths[0] if deaths else {}
-        names: list[str] = []
-        values: list[str] = []
-        for key, value in headers.items():
-            if key in ("x-death", DEAD_LETTER_ID_HEADER, SEAL_HEADER) or len(names) >= MAX_HEADERS:
-                continue
-            names.append(key)
-            values.append(_text(value))
-        routing_keys = latest.get("routing-keys")
-        queues = tuple(target.name for target in targets)
-        body = copy.body
-        record = DeadLettered(
+        record = dead_lettered(
             dead_letter_id,
             vhost,
             queue,
             reason.value,
             delivery_count,
             self._clock(),
-            str(latest.get("exchange", "")),
-            tuple(str(key) for key in routing_keys) if isinstance(routing_keys, list) else (),
             copy.exchange,
-            queues,
-            _message_id(copy),
-            tuple(names),
-            tuple(values),
-            tuple(str(d.get("queue", "")) for d in deaths),
-            tuple(str(d.get("reason", "")) for d in deaths),
-            tuple(str(d.get("exchange", "")) for d in deaths),
-            tuple(_count(d.get("count")) for d in deaths),
-            tuple(_seconds(d.get("time")) for d in deaths),
-            len(body),
-            body[:DEAD_LETTER_PREVIEW_BYTES],
+            [target.name for target in targets],
+            copy.lenient_headers(),
+            copy.header,
+            copy.body,
         )
         self._add(encode(record))
         self.dead_lettered_count += 1

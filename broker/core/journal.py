@@ -456,7 +456,10 @@ class Journal:
         self._add(encode(QueueDeclared(vhost, name, True, auto_delete, _table(arguments))))
 
     def queue_deleted(self, vhost: str, name: str) -> None:
-        """Record the deletion of a durable queue (its messages and bindings go with it)."""
+        """Record the deletion of a durable queue (its messages and bindings go with it, and a
+        stream's subscriptions: offsets stored since the last write are not written after it)."""
+        if self._offsets:
+            self._offsets = {key: offset for key, offset in self._offsets.items() if key[:2] != (vhost, name)}
         self._add(encode(QueueDeleted(vhost, name)))
 
     def bound(

@@ -24,16 +24,12 @@ import hmac
 import os
 import secrets
 
+from broker.wal.deadevents import DEAD_LETTER_ID_HEADER, SEAL_HEADER
 from broker.wire.content import ContentError, headers_content, with_headers_content
 from broker.wire.table import TableError, iter_table
 
 __all__ = ["DEAD_LETTER_ID_HEADER", "SEAL_HEADER", "SEAL_KEY_FILE", "Sealer", "without_entries"]
 
-#: The header in which a dead-lettered copy carries its id in the dead-letter event stream
-#: (``broker/core/deadlog.py``); ``postroom dlq redrive --ids`` selects messages by it.
-DEAD_LETTER_ID_HEADER = "x-postroom-dead-letter-id"
-#: The header that carries the seal (hex text, so that every client passes it on unchanged).
-SEAL_HEADER = "x-postroom-dead-letter-seal"
 #: The key's file, in the storage directory.
 SEAL_KEY_FILE = "dead-letter-seal.key"
 #: Header entries a seal does not cover: its own, and the count a queue adds on redelivery.

@@ -21,6 +21,7 @@ them; the rest of the publisher's content header comes back as it was sent.
 from __future__ import annotations
 
 import re
+import struct
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -120,10 +121,33 @@ def offset_spec(value: object, now: float, queue: str, where: str) -> OffsetSpec
     raise ChannelCrash()
 
 
+#: A content header's flags, and the first properties (content-type, content-encoding: short
+#: strings), which come before the headers table.
+_FLAGS = struct.Struct(">H")
+_HEADERS_FLAG = 0x2000
+_BEFORE_HEADERS = (0x8000, 0x4000)
+#: The table that holds only the offset: its length, the name, ``l`` and the value follow.
+_ALONE = struct.Struct(f">I{len(_OFFSET_KEY) + 1}scq")
+_ALONE_SIZE = _ALONE.size - 4
+
+
 def with_offset(header: bytes, offset: int) -> bytes:
     """``header`` with ``x-stream-offset`` set to ``offset`` (a long-long) and its headers
     table's entries sorted by name (byte order), as RabbitMQ delivers from a stream. (A header
     that does not parse, which a publish never lets in, is returned as it is.)"""
+    flags = _FLAGS.unpack_from(header, 12)[0] if len(header) >= 14 else _HEADERS_FLAG
+    if not flags & _HEADERS_FLAG:
+        # No headers (most messages): the table goes after content-type and content-encoding.
+        at = 14
+        for flag in _BEFORE_HEADERS:
+            if flags & flag:
+                if at >= len(header):
+                    return header
+                at += 1 + header[at]
+        if at > len(header):
+            return header
+        table = _ALONE.pack(_ALONE_SIZE, bytes((len(_OFFSET_KEY),)) + _OFFSET_KEY, b"l", offset)
+        return b"".join((header[:12], _FLAGS.pack(flags | _HEADERS_FLAG), header[14:at], table, header[at:]))
     entry = encode_entry(_OFFSET_KEY, Int64(offset))
     try:
         content = headers_content(header)

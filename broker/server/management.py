@@ -563,6 +563,7 @@ class ManagementAPI(Resource):
             "durable": queue.durable,
             "auto_delete": queue.auto_delete,
             "exclusive": queue.exclusive,
+            "type": queue.kind,
             "arguments": queue.arguments,
             "messages": queue.message_count + queue.unacked_count,
             "messages_ready": queue.message_count,

@@ -20,6 +20,7 @@ from typing import Any
 from broker.core.journal import Journal
 from broker.core.stream import StreamQueue
 from broker.wal.files import DirectoryStorage
+from broker.wal.paths import incarnations, stream_directory
 from broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, StreamLog
 
 __all__ = ["StreamFiles", "STREAMS_DIR", "remove_stream", "scratch_streams"]
@@ -46,7 +47,7 @@ class StreamFiles:
 
     def path(self, vhost_name: str, name: str) -> str:
         """The directory of stream ``name`` in ``vhost_name`` (its first incarnation's)."""
-        return os.path.join(self.directory, vhost_name.encode().hex() or "-", name.encode().hex())
+        return stream_directory(self.directory, vhost_name, name)
 
     def open(self, name: str, vhost_name: str, arguments: Mapping[str, Any]) -> StreamQueue:
         """The stream ``name``, with the messages its directory holds (none when it is new).
@@ -59,24 +60,15 @@ class StreamFiles:
         :raises broker.wal.record.WALCorruption: its last segment is damaged in the middle
         """
         base = self.path(vhost_name, name)
-        parent, stem = os.path.split(base)
         self._deleting = {path for path in self._deleting if os.path.exists(path)}
-        try:
-            names = os.listdir(parent)
-        except FileNotFoundError:
-            names = []
-        incarnations = sorted(
-            (int(entry[len(stem) + 1 :]) if entry != stem else 0, os.path.join(parent, entry))
-            for entry in names
-            if entry == stem or (entry.startswith(stem + "~") and entry[len(stem) + 1 :].isdigit())
-        )
-        live = [(number, path) for number, path in incarnations if path not in self._deleting]
+        found = incarnations(base)
+        live = [(number, path) for number, path in found if path not in self._deleting]
         if live:
             path = live[-1][1]
             for _number, older in live[:-1]:
                 remove_stream(older)
         else:
-            number = incarnations[-1][0] + 1 if incarnations else 0
+            number = found[-1][0] + 1 if found else 0
             path = base if number == 0 else f"{base}~{number}"
         size = arguments.get("x-stream-max-segment-size-bytes")
         segment_bytes = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None

@@ -635,7 +635,27 @@ def _dead_letter_dir(args: argparse.Namespace) -> str:
 
 
 def _parquet_dir(args: argparse.Namespace) -> str:
-    return str(args.parquet) if args.parquet else os.path.join(_wal_dir(args), "deadletters-parquet")
+    if args.parquet:
+        return str(args.parquet)
+    if args.stream:
+        from urllib.parse import quote
+
+        return os.path.join(_wal_dir(args), "streams-parquet", quote(args.vhost, safe=""), quote(args.stream, safe=""))
+    return os.path.join(_wal_dir(args), "deadletters-parquet")
+
+
+def _stream_selection(args: argparse.Namespace, command: str) -> Any:
+    """With ``--stream``: the stream, vhost and ``--from``/``--to`` as a ``spark.streams.Selection``
+    (``None`` without); ``False`` after saying what is wrong with a bound."""
+    if not args.stream:
+        return None
+    from spark.streams import Selection
+
+    try:
+        return Selection(args.vhost, args.stream).bounded(args.start, args.stop)
+    except ValueError as error:
+        print(f"postroom dlq {command}: {error}", file=sys.stderr)
+        return False
 
 
 def _dlq_export(args: argparse.Namespace) -> int:
@@ -651,7 +671,18 @@ def _dlq_export(args: argparse.Namespace) -> int:
     def progress(segment: int, rows: int) -> None:
         print(f"segment {segment}: {rows} event(s)", file=sys.stderr, flush=True)
 
+    selection = _stream_selection(args, "export")
+    if selection is False:
+        return 2
     segments, parquet = _dead_letter_dir(args), _parquet_dir(args)
+    if selection is not None:
+        from spark.streams import stream_segments
+
+        found = stream_segments(_wal_dir(args), args.vhost, args.stream)
+        if not found:
+            print(f"postroom dlq export: no stream {args.stream!r} in vhost {args.vhost!r} here", file=sys.stderr)
+            return 1
+        segments = os.path.dirname(found[0][1])
     try:
         report = export(
             segments,
@@ -660,6 +691,7 @@ def _dlq_export(args: argparse.Namespace) -> int:
             on_segment=progress,
             jobs=args.jobs,
             delete_exported=args.delete_exported,
+            stream=selection,
         )
     except OSError as error:
         print(f"postroom dlq export: {error}", file=sys.stderr)
@@ -712,7 +744,16 @@ def _dlq_analyze(args: argparse.Namespace) -> int:
     except ImportError as error:
         print(f"postroom dlq analyze needs the spark extra (pip install postroom[spark]): {error}", file=sys.stderr)
         return 2
-    argv = ["--out", args.out, "--segments", _dead_letter_dir(args), "--master", args.master]
+    selection = _stream_selection(args, "analyze")
+    if selection is False:
+        return 2
+    argv = ["--out", args.out]
+    if selection is not None:
+        argv += ["--stream", args.stream, "--vhost", args.vhost, "--data-dir", _wal_dir(args)]
+        argv += [*(["--from", args.start] if args.start else []), *(["--to", args.stop] if args.stop else [])]
+    else:
+        argv += ["--segments", _dead_letter_dir(args)]
+    argv += ["--master", args.master]
     parquet = _parquet_dir(args)
     if os.path.isdir(parquet) or args.parquet:
         argv += ["--input", parquet]
@@ -875,8 +916,18 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--config", metavar="PATH", help="take storage.dir from this configuration")
         command.add_argument("--data-dir", metavar="DIR", help="the broker's data directory (default: storage.dir)")
         command.add_argument(
-            "--parquet", metavar="DIR", help="the exported Parquet (default: DATA_DIR/deadletters-parquet)"
+            "--parquet",
+            metavar="DIR",
+            help="the exported Parquet (default: DATA_DIR/deadletters-parquet, DATA_DIR/streams-parquet/VHOST/NAME)",
         )
+        command.add_argument(
+            "--stream", metavar="NAME", help="read this stream (a dead-letter exchange feeds it) instead of the events"
+        )
+        command.add_argument("--vhost", default="/", help="with --stream: its vhost (default: %(default)s)")
+        command.add_argument(
+            "--from", dest="start", metavar="OFFSET|TIME", help="with --stream: from this offset or ISO 8601 time"
+        )
+        command.add_argument("--to", dest="stop", metavar="OFFSET|TIME", help="with --stream: up to, not including")
         if name == "export":
             command.add_argument(
                 "--include-last", action="store_true", help="export the last segment too (the broker is stopped)"

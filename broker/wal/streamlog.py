@@ -68,6 +68,7 @@ _PEEK = RECORD_HEADER_BYTES + _CHUNK_HEAD.size
 _CANDIDATE = re.compile(b"(?=[\\x00-%c][\\x00-\\xff]{7}%c)" % (MAX_RECORD_BYTES >> 24, _CHUNK_TYPE))
 
 
+
 @dataclass(frozen=True, slots=True)
 class Chunk:
     """Where a chunk is, and which offsets it holds."""

@@ -49,6 +49,38 @@ def test_analyze_without_an_export_reads_the_segments_only(tmp_path: Path, monke
     assert seen[1][-1] == "--rows"
 
 
+def test_analyze_of_a_stream_reads_its_segments_and_its_export(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import spark.job
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(spark.job, "main", lambda argv: seen.append(list(argv)) or 0)
+    (tmp_path / "streams-parquet" / "%2F" / "dead").mkdir(parents=True)
+    command = ["dlq", "analyze", "--data-dir", str(tmp_path), "--out", "r", "--stream", "dead", "--from", "100"]
+    assert main(command) == 0
+    assert seen == [
+        [
+            "--out",
+            "r",
+            "--stream",
+            "dead",
+            "--vhost",
+            "/",
+            "--data-dir",
+            str(tmp_path),
+            "--from",
+            "100",
+            "--master",
+            "local[*]",
+            "--input",
+            str(tmp_path / "streams-parquet" / "%2F" / "dead"),
+        ]
+    ]
+    assert main([*command[:-1], "yesterday"]) == 2
+    assert "'yesterday' is neither an offset nor an ISO 8601 time" in capsys.readouterr().err
+
+
 def test_a_redrive_list_with_a_bad_line_is_refused_naming_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -7,6 +7,7 @@ Each start is a real ``postroom serve`` over the same data directory, with pika 
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
 import socket
@@ -264,6 +265,15 @@ def test_the_streams_command_adds_a_partitioned_stream_lists_lag_and_moves_a_sub
             exported = response.read().decode()
         labels = 'stream="events-1",subscription="billing",vhost="/"'
         assert f"postroom_stream_subscription_lag{{{labels}}} {counts[1] - 10}.0" in exported
+        with urllib.request.urlopen(
+            urllib.request.Request(
+                f"http://127.0.0.1:{api}/api/queues/%2F/events-1",
+                headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()},
+            ),
+            timeout=10,
+        ) as response:
+            view = json.loads(response.read())
+        assert (view["type"], view["messages"], view["messages_unacknowledged"]) == ("stream", counts[1], 0)
         table = postroom("streams", "--url", management)
         assert "events-1" in table.stdout and "billing" in table.stdout
         moved = postroom("streams", "reset", "events-1", "billing", "--to", "first", "--url", management)

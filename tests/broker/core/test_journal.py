@@ -403,3 +403,16 @@ def test_a_subscriptions_offsets_between_two_writes_are_one_record() -> None:
     records = [record for _start, _end, record in iter_records(data)]
     assert records == [StreamOffset("/", "events", "billing", 1000), StreamOffset("/", "events", "audit", 7)]
     assert position == len(data) and not journal.has_pending
+
+
+def test_offsets_stored_before_a_stream_is_deleted_are_not_written_after_it() -> None:
+    journal = Journal(1)
+    journal.stream_offset("/", "events", "billing", 10)
+    journal.stream_offset("/", "other", "billing", 3)
+    journal.queue_deleted("/", "events")
+    journal.queue_declared("/", "events", False, {"x-queue-type": "stream"})
+    data, _position = journal.take()
+    records = [record for _start, _end, record in iter_records(data)]
+    assert StreamOffset("/", "events", "billing", 10) not in records
+    assert records[-1] == StreamOffset("/", "other", "billing", 3)
+    assert replay(records).stream_offsets == {}  # (no QueueDeclared of "other" in this log)

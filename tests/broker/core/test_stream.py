@@ -388,3 +388,30 @@ def test_a_policys_stream_keys_win_over_the_arguments_and_go_with_it(stream: Str
     stream.policy = stream.operator_policy = None
     stream.apply_settings(QueueSettings())
     assert stream.retention() == (None, 7 * 86400.0) and stream.log.segment_bytes == 4096
+
+
+@pytest.mark.parametrize(
+    "properties",
+    [
+        (0, b""),
+        (0x8000, shortstr("text/plain")),
+        (0xC000 | 0x1000, shortstr("text/plain") + shortstr("gzip") + b"\x02"),
+        (0x4000 | 0x0080, shortstr("gzip") + shortstr("id-1")),
+        (0x1000 | 0x0800 | 0x0040, b"\x02\x05" + (1700000000).to_bytes(8, "big")),
+    ],
+)
+def test_the_offset_goes_where_a_headers_table_belongs_in_a_header_without_one(properties: tuple[int, bytes]) -> None:
+    from pamqp import header as pamqp_header
+
+    flags, encoded = properties
+    header = (60).to_bytes(2, "big") + b"\0\0" + (5).to_bytes(8, "big") + flags.to_bytes(2, "big") + encoded
+    delivered = with_offset(header, 2**40 + 3)
+    parsed = pamqp_header.ContentHeader()
+    parsed.unmarshal(delivered)
+    original = pamqp_header.ContentHeader()
+    original.unmarshal(header)
+    assert parsed.properties.headers == {"x-stream-offset": 2**40 + 3}
+    assert {k: v for k, v in vars(parsed.properties).items() if k != "headers"} == {
+        k: v for k, v in vars(original.properties).items() if k != "headers"
+    }
+    assert parsed.body_size == 5
