@@ -29,6 +29,7 @@ from spark.schema import ARROW_SCHEMA
 
 __all__ = [
     "BATCH_ROWS",
+    "walk_segment",
     "SEGMENT_NAME",
     "list_segments",
     "segment_batches",
@@ -72,8 +73,8 @@ def list_segments(directory: str) -> list[tuple[int, str]]:
     return sorted((number, path) for number, path in found if number is not None)
 
 
-def segment_records(data: bytes, segment: int) -> Iterator[tuple[int, DeadLettered | DeadLetterSettled | str]]:
-    """``(offset, record)`` for each event of a dead-letter segment file, ``(offset, problem)``
+def walk_segment(data: bytes, segment: int) -> Iterator[tuple[int, object]]:
+    """``(offset, record)`` for each record of a segment file, ``(offset, problem)`` (a string)
     for each damaged span.
 
     Never raises for bad data: a bad header gives one problem and nothing else; a damaged span
@@ -95,10 +96,7 @@ def segment_records(data: bytes, segment: int) -> Iterator[tuple[int, DeadLetter
     while pos < len(data):
         result = scan(data, pos)
         for offset, _end, record in result.records:
-            if type(record) is DeadLettered or type(record) is DeadLetterSettled:
-                yield offset, record
-            else:
-                yield offset, f"not a dead-letter event: {type(record).__name__}"
+            yield offset, record
         if result.problem is None:
             return
         if result.resync is None:
@@ -106,6 +104,16 @@ def segment_records(data: bytes, segment: int) -> Iterator[tuple[int, DeadLetter
             return
         yield result.end, f"{result.problem}; skipped {result.resync - result.end} bytes"
         pos = result.resync
+
+
+def segment_records(data: bytes, segment: int) -> Iterator[tuple[int, DeadLettered | DeadLetterSettled | str]]:
+    """``(offset, record)`` for each event of a dead-letter segment file, ``(offset, problem)``
+    for each damaged span (:func:`walk_segment`), and for each record of another type."""
+    for offset, record in walk_segment(data, segment):
+        if type(record) is DeadLettered or type(record) is DeadLetterSettled or type(record) is str:
+            yield offset, record  # type: ignore[misc]
+        else:
+            yield offset, f"not a dead-letter event: {type(record).__name__}"
 
 
 def _signed(value: int) -> int:

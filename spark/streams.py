@@ -27,15 +27,8 @@ import pyarrow as pa
 
 from broker.wal.deadevents import stream_dead_letter
 from broker.wal.paths import incarnations, stream_directory
-from broker.wal.record import (
-    SEGMENT_HEADER_BYTES,
-    StreamChunk,
-    WALCorruption,
-    parse_segment_header,
-    scan,
-    unpack_stream_entries,
-)
-from spark.events import BATCH_ROWS, _Columns, _date, list_segments
+from broker.wal.record import StreamChunk, unpack_stream_entries
+from spark.events import BATCH_ROWS, _Columns, _date, list_segments, walk_segment
 
 __all__ = ["Selection", "parse_bound", "stream_segment_batches", "stream_segments"]
 
@@ -146,27 +139,9 @@ def _wanted_chunk(chunk: StreamChunk, selection: Selection) -> bool:
 
 def _chunks(data: bytes, segment: int) -> Iterator[tuple[int, StreamChunk | str]]:
     """``(position, chunk)`` for each chunk of a stream segment file, ``(position, problem)``
-    for each damaged span (as :func:`spark.events.segment_records` reads the event stream)."""
-    try:
-        found = parse_segment_header(data)
-    except WALCorruption as err:
-        yield 0, f"bad segment header: {err.reason}"
-        return
-    if found != segment:
-        yield 0, f"bad segment header: it says segment {found}"
-        return
-    position = SEGMENT_HEADER_BYTES
-    while position < len(data):
-        result = scan(data, position)
-        for offset, _end, record in result.records:
-            if type(record) is StreamChunk:
-                yield offset, record
-            else:
-                yield offset, f"not a stream chunk: {type(record).__name__}"
-        if result.problem is None:
-            return
-        if result.resync is None:
-            yield result.end, f"{result.problem}; no valid record follows (torn tail)"
-            return
-        yield result.end, f"{result.problem}; skipped {result.resync - result.end} bytes"
-        position = result.resync
+    for each damaged span and each record of another type (:func:`spark.events.walk_segment`)."""
+    for position, record in walk_segment(data, segment):
+        if type(record) is StreamChunk or type(record) is str:
+            yield position, record  # type: ignore[misc]
+        else:
+            yield position, f"not a stream chunk: {type(record).__name__}"
