@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -302,7 +304,49 @@ def stream_credit(port: int, prefix: str) -> list[Entry]:
     return transcript.normalized()
 
 
+def stream_times(port: int, prefix: str) -> list[Entry]:
+    """Two messages, then (past the next whole second ``T``) two more: consumers from the AMQP
+    timestamp ``T`` get the later two, from before the first all four, from an hour past ``T``
+    nothing yet; intervals (``10m``, ``1Y``) reach back past all of them."""
+    queue = f"{prefix}-times"
+    transcript = Transcript()
+    starts: list[tuple[str, Any, int]] = []
+    try:
+        with transcript.connect(port) as publisher, ExitStack() as connections:
+            confirming(publisher)
+            declare(publisher, queue, durable=True, arguments=STREAM)
+            before = datetime.fromtimestamp(int(time.time()) - 60, timezone.utc)
+            for number in range(2):
+                publish_one(publisher, queue, b"m%d" % number)
+            second = int(time.time()) + 1
+            time.sleep(second + 0.3 - time.time())
+            for number in (2, 3):
+                publish_one(publisher, queue, b"m%d" % number)
+            starts = [
+                ("at-t", datetime.fromtimestamp(second, timezone.utc), 2),
+                ("before", before, 4),
+                ("future", datetime.fromtimestamp(second + 3600, timezone.utc), 0),
+                ("ten-minutes", "10m", 4),
+                ("a-year", "1Y", 4),
+            ]
+            for tag, offset, count in starts:
+                client = connections.enter_context(transcript.connect(port))
+                open_connection(client, 1)
+                client.send(frames(1, commands.Basic.Qos(prefetch_count=100)))
+                client.read(until("Basic.QosOk"))
+                arguments = {"x-stream-offset": offset}
+                client.send(frames(1, commands.Basic.Consume(queue=queue, consumer_tag=tag, arguments=arguments)))
+                client.read(until("Basic.ConsumeOk"))
+                deliveries(client, count)
+                close_connection(client)
+            close_connection(publisher)
+    finally:
+        delete_queues(port, queue)
+    return transcript.normalized()
+
+
 SCENARIOS: dict[str, Scenario] = {
+    "stream-times": stream_times,
     "stream-declares": stream_declares,
     "stream-refusals": stream_refusals,
     "stream-offsets": stream_offsets,
