@@ -345,7 +345,62 @@ def stream_times(port: int, prefix: str) -> list[Entry]:
     return transcript.normalized()
 
 
+def stream_routing(port: int, prefix: str) -> list[Entry]:
+    """Into streams through an exchange and its alternate exchange, with mandatory (one that no
+    queue takes comes back), and in a transaction (what was rolled back is not appended); a
+    consumer of each stream from ``first`` gets exactly what was appended."""
+    queue, other = f"{prefix}-routed", f"{prefix}-alternate"
+    exchange, alternate = f"{prefix}-x", f"{prefix}-ae"
+    transcript = Transcript()
+    try:
+        with transcript.connect(port) as publisher, transcript.connect(port) as tx, ExitStack() as connections:
+            confirming(publisher)
+            publisher.send(frames(1, commands.Exchange.Declare(exchange=alternate, exchange_type="fanout")))
+            publisher.read(until("Exchange.DeclareOk"))
+            arguments = {"alternate-exchange": alternate}
+            publisher.send(frames(1, commands.Exchange.Declare(exchange=exchange, arguments=arguments)))
+            publisher.read(until("Exchange.DeclareOk"))
+            for name, source, key in ((queue, exchange, "k"), (other, alternate, "")):
+                declare(publisher, name, durable=True, arguments=STREAM)
+                publisher.send(frames(1, commands.Queue.Bind(queue=name, exchange=source, routing_key=key)))
+                publisher.read(until("Queue.BindOk"))
+            for target, key, body in ((exchange, "k", b"routed"), (exchange, "other", b"to the alternate")):
+                publisher.send(
+                    method(1, commands.Basic.Publish, exchange=target, routing_key=key, mandatory=True)
+                    + content(1, body)
+                )
+                publisher.read(until("Basic.Ack", "Basic.Nack"))
+            publisher.send(
+                method(1, commands.Basic.Publish, exchange="amq.direct", routing_key="nowhere", mandatory=True)
+                + content(1, b"returned")
+            )
+            publisher.read(until("Basic.Ack", "Basic.Nack"))
+            open_connection(tx, 1)
+            tx.send(frames(1, commands.Tx.Select()))
+            tx.read(until("Tx.SelectOk"))
+            for body, end in ((b"rolled back", commands.Tx.Rollback()), (b"committed", commands.Tx.Commit())):
+                tx.send(method(1, commands.Basic.Publish, exchange="", routing_key=queue) + content(1, body))
+                tx.send(frames(1, end))
+                tx.read(until("Tx.RollbackOk", "Tx.CommitOk"))
+            for name, count in ((queue, 2), (other, 1)):
+                client = connections.enter_context(transcript.connect(port))
+                open_connection(client, 1)
+                client.send(frames(1, commands.Basic.Qos(prefetch_count=10)))
+                client.read(until("Basic.QosOk"))
+                start = {"x-stream-offset": "first"}
+                client.send(frames(1, commands.Basic.Consume(queue=name, consumer_tag="c", arguments=start)))
+                client.read(until("Basic.ConsumeOk"))
+                deliveries(client, count)
+                close_connection(client)
+            close_connection(tx)
+            close_connection(publisher)
+    finally:
+        delete_queues(port, queue, other, exchanges=(exchange, alternate))
+    return transcript.normalized()
+
+
 SCENARIOS: dict[str, Scenario] = {
+    "stream-routing": stream_routing,
     "stream-times": stream_times,
     "stream-declares": stream_declares,
     "stream-refusals": stream_refusals,
