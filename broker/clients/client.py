@@ -35,6 +35,7 @@ from pamqp import commands
 from pamqp.base import Frame
 
 from broker.wire.codec import (
+    BASIC_CLASS,
     BASIC_DELIVER,
     BASIC_PUBLISH,
     FRAME_END,
@@ -79,6 +80,10 @@ def parse_deliver(payload: bytes) -> tuple[str, int, bool, str, str]:
     return consumer_tag, delivery_tag, bool(redelivered), exchange, routing_key
 
 
+#: Bytes of publishes :meth:`Connection.publish_batch` gathers before it writes them.
+BATCH_BYTES = 64 << 10
+
+
 def publish_frames(
     exchange: str,
     routing_key: str,
@@ -96,16 +101,25 @@ def publish_frames(
         the keyword properties are then ignored), e.g. to republish a message as it was
     """
     names = shortstr(exchange) + shortstr(routing_key)
-    props = basic_properties or commands.Basic.Properties(
-        headers=dict(headers) if headers else None, delivery_mode=2 if persistent else 1, **properties
-    )
+    if basic_properties is None and not headers and not properties:
+        # Only the delivery mode (most publishes): the header without building properties.
+        header = _DELIVERY_MODE_ONLY.pack(BASIC_CLASS, 0, len(body), 0x1000, 2 if persistent else 1)
+    else:
+        props = basic_properties or commands.Basic.Properties(
+            headers=dict(headers) if headers else None, delivery_mode=2 if persistent else 1, **properties
+        )
+        header = encode_content_header(len(body), props)
     parts = [
         _publish_head.pack(FRAME_METHOD, 1, 4 + 2 + len(names) + 1, BASIC_PUBLISH, 0),
         names,
         bytes((1 if mandatory else 0, FRAME_END)),
     ]
-    parts += content_frames(1, encode_content_header(len(body), props), body, frame_max)
+    parts += content_frames(1, header, body, frame_max)
     return b"".join(parts)
+
+
+#: A content header whose only property is the delivery mode: class, weight, body size, flags, mode.
+_DELIVERY_MODE_ONLY = struct.Struct(">HHQHB")
 
 
 def parse_url(url: str) -> tuple[str, int, str, str, str]:
@@ -383,6 +397,9 @@ class Connection:
         self._nacked: set[int] = set()
         self._returned: list[PublishReturned] = []
         self._consumers: dict[str, str] = {}
+        #: While :meth:`publish_batch` runs: publishes not sent yet, and their bytes.
+        self._batch: list[bytes] | None = None
+        self._batched = 0
         self._closed: ClientError | None = None
         self._got: Message | None = None
         self.heartbeat = 0
@@ -662,9 +679,24 @@ class Connection:
         Options are those of :func:`publish_frames`: ``headers``, ``persistent`` (default true),
         ``mandatory``, ``basic_properties`` and any ``Basic.Properties`` field.
         """
-        self._send(publish_frames(exchange, routing_key, body, self.frame_max, **options))
+        frames = publish_frames(exchange, routing_key, body, self.frame_max, **options)
+        if self._batch is None:
+            self._send(frames)
+        else:
+            self._batch.append(frames)
+            self._batched += len(frames)
+            if self._batched >= BATCH_BYTES:
+                self._flush()
         self._publish_seq += 1
         return self._publish_seq
+
+    def _flush(self) -> None:
+        """Send the publishes :meth:`publish_batch` has gathered, in one write."""
+        if self._batch:
+            data = b"".join(self._batch)
+            self._batch.clear()
+            self._batched = 0
+            self._send(data)
 
     def wait_confirms(self, upto: int | None = None, timeout: float | None = None) -> None:
         """Wait until every publish up to ``upto`` (default: all) is confirmed.
@@ -712,6 +744,15 @@ class Connection:
         """
         source = iter(messages)
         window = max(window, 1)
+        self._batch, self._batched = [], 0  # publishes go out together, a write per BATCH_BYTES
+        try:
+            return self._publish_all(source, window, options)
+        finally:
+            self._batch, self._batched = None, 0
+
+    def _publish_all(self, source: Iterator[tuple[str, str, bytes]], window: int, options: dict[str, Any]) -> int:
+        """:meth:`publish_batch`'s loop; publishes gathered in :attr:`_batch` are sent before
+        each wait for confirms."""
         pending: deque[tuple[int, tuple[str, str, bytes]]] = deque()  # sent, unconfirmed, in order
         backlog: deque[tuple[str, str, bytes]] = deque()  # to send (again) before anything new
         count = 0
@@ -724,6 +765,7 @@ class Connection:
                     pending.append((self.publish_nowait(*backlog[0], **options), backlog[0]))
                     backlog.popleft()
                 if len(pending) >= window or (exhausted and pending):
+                    self._flush()
                     self.wait_confirms(pending[-1][0] if exhausted else pending[len(pending) - window // 2 - 1][0])
                     continue
                 if exhausted:
@@ -737,6 +779,8 @@ class Connection:
             except (OSError, ConnectionClosed):
                 if not self.reconnect:
                     raise
+                self._batch = []  # unsent: published again from pending
+                self._batched = 0
                 self._reconnect()
                 backlog = deque([triple for _seq, triple in pending] + list(backlog))
                 pending.clear()

@@ -30,3 +30,16 @@ def test_multiple_confirms_settle_only_what_is_unsettled() -> None:
     assert (connection._confirmed, connection._nacked) == (9, {5, 7, 8, 9})
     connection._confirm(4, False, True)  # stale: already settled
     assert connection._nacked == {5, 7, 8, 9}
+
+
+def test_a_publish_with_only_its_delivery_mode_encodes_as_pamqp_would() -> None:
+    from pamqp import commands
+
+    from broker.clients.client import publish_frames
+
+    for persistent in (True, False):
+        fast = publish_frames("ex", "key", b"body" * 100, 131072, persistent=persistent)
+        properties = commands.Basic.Properties(delivery_mode=2 if persistent else 1)
+        built = publish_frames("ex", "key", b"body" * 100, 131072, basic_properties=properties)
+        assert fast == built
+    assert publish_frames("", "q", b"", 4096) != publish_frames("", "q", b"", 4096, headers={"a": 1})
