@@ -249,13 +249,14 @@ class Journal:
             return
         if self._removing is not None:
             self._close_removal()
-        first = not self.has_pending
-        self._streams[stream] = None
+        streams = self._streams
+        first = not streams and not self.has_pending  # (a stream waiting: something is pending)
+        streams[stream] = None
         self._position += size + 1
         self._stream_bytes += size
         if first and self.on_pending is not None:
             self.on_pending()
-        if self.backlog_bytes > self.max_backlog and self.on_backlog is not None:
+        if self._pending_bytes + self._stream_bytes > self.max_backlog and self.on_backlog is not None:
             self.on_backlog()
 
     def stream_retry(self, stream: StreamQueue, dropped: list[int]) -> None:

@@ -44,6 +44,8 @@ class StreamFiles:
         #: Each open stream's directory, and the directories waiting to be removed.
         self._paths: dict[StreamQueue, str] = {}
         self._deleting: set[str] = set()
+        #: (the journal's own, called for every message a stream takes: no call in between)
+        self.pending = journal.stream_published  # type: ignore[method-assign]
 
     def path(self, vhost_name: str, name: str) -> str:
         """The directory of stream ``name`` in ``vhost_name`` (its first incarnation's)."""
