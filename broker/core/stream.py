@@ -33,6 +33,7 @@ from broker.core.message import Message
 from broker.core.policy import effective_definition
 from broker.core.queue import QueueSettings
 from broker.errors import ChannelCrash, ChannelException, ReplyCode
+from broker.wal.record import pack_stream_messages
 from broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, Chunk, Staged, StreamLog
 from broker.wire.content import ContentError, headers_content, with_headers_content
 from broker.wire.table import Int64, TableError, encode_entry, iter_table
@@ -239,7 +240,8 @@ class StreamQueue:
         #: Offsets below this are written and readable.
         self.committed = log.next_offset
         #: Messages waiting for the next chunk.
-        self._pending: list[tuple[bytes, bytes, bytes, bytes]] = []
+        #: Messages waiting for the next chunk: the publish's names, the header, the body.
+        self._pending: list[tuple[bytes, bytes, bytes]] = []
         #: Chunks staged and not yet written, oldest first.
         self._staged: deque[Staged] = deque()
         self._readers: dict[Consumer, _Reader] = {}
@@ -349,9 +351,7 @@ class StreamQueue:
 
     def enqueue(self, message: Message) -> bool:
         """Take ``message`` for the next chunk (readable once that chunk is written)."""
-        names = message.names
-        exchange_end = 1 + names[0]
-        self._pending.append((names[1:exchange_end], names[exchange_end + 1 :], message.header, message.body))
+        self._pending.append((message.names, message.header, message.body))
         self.published += 1
         if self.store is not None:
             self.store.pending(self, message.size)
@@ -367,10 +367,11 @@ class StreamQueue:
         start = 0
         size = 0
         rolled = False
+        last = len(pending) - 1
         for at, entry in enumerate(pending):
-            size += len(entry[3])
-            if size >= CHUNK_BYTES or at == len(pending) - 1:
-                staged = self.log.stage(pending[start : at + 1], now)
+            size += len(entry[2])
+            if size >= CHUNK_BYTES or at == last:
+                staged = self.log.stage_packed(pack_stream_messages(pending[start : at + 1]), at + 1 - start, now)
                 rolled = rolled or staged.roll
                 self._staged.append(staged)
                 start, size = at + 1, 0

@@ -52,6 +52,7 @@ __all__ = [
     "StreamChunk",
     "StreamOffset",
     "pack_stream_entries",
+    "pack_stream_messages",
     "unpack_stream_entries",
     "DEAD_LETTER_RECORDS",
     "DEAD_LETTER_PREVIEW_BYTES",
@@ -1197,6 +1198,17 @@ def pack_stream_entries(entries: Iterable[tuple[bytes, bytes, bytes, bytes]]) ->
             raise ValueError("an exchange name or routing key over 255 bytes")
         parts += (bytes((len(exchange),)), exchange, bytes((len(routing_key),)), routing_key)
         parts += (_STREAM_SIZES.pack(len(header), len(body)), header, body)
+    return b"".join(parts)
+
+
+def pack_stream_messages(messages: Iterable[tuple[bytes, bytes, bytes]]) -> bytes:
+    """:func:`pack_stream_entries` of messages given as ``(names, header, body)``: ``names`` is
+    the exchange name and routing key as the ``basic.publish`` carried them (two shortstrs,
+    which is how an entry starts), so nothing is split or checked again."""
+    parts: list[bytes] = []
+    sizes = _STREAM_SIZES.pack
+    for names, header, body in messages:
+        parts += (names, sizes(len(header), len(body)), header, body)
     return b"".join(parts)
 
 

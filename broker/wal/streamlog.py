@@ -325,15 +325,23 @@ class StreamLog:
         :raises ValueError: no entries
         """
         entries = list(entries)
-        if not entries:
+        return self.stage_packed(pack_stream_entries(entries), len(entries), timestamp)
+
+    def stage_packed(self, packed: bytes, count: int, timestamp: float) -> Staged:
+        """:meth:`stage` of ``count`` messages already packed (:func:`~broker.wal.record.pack_stream_entries`
+        or :func:`~broker.wal.record.pack_stream_messages`).
+
+        :raises ValueError: no messages
+        """
+        if not count:
             raise ValueError("a chunk holds at least one message")
-        data = encode(StreamChunk(self.next_offset, timestamp, len(entries), pack_stream_entries(entries)))
+        data = encode(StreamChunk(self.next_offset, timestamp, count, packed))
         active = self._segments[-1]
         roll = active.size + len(data) > self.segment_bytes and active.first_offset is not None
         if roll:
             active = _Segment(active.number + 1, SEGMENT_HEADER_BYTES, index=[])
             self._segments.append(active)
-        chunk = Chunk(self.next_offset, len(entries), timestamp, active.number, active.size, len(data))
+        chunk = Chunk(self.next_offset, count, timestamp, active.number, active.size, len(data))
         active.size += len(data)
         self._indexed(active, chunk)
         self.next_offset = chunk.next_offset

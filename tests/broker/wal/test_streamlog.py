@@ -200,3 +200,12 @@ def test_staged_chunks_are_written_once_even_when_a_write_is_retried() -> None:
     log.write(staged)  # the retry: written from where the failure stopped
     again = opened(storage.crash(), segment_bytes=200)
     assert everything(again) == [(n, message(n)) for n in range(8)]
+
+
+def test_messages_packed_from_their_names_read_back_as_entries() -> None:
+    from broker.wal.record import pack_stream_entries, pack_stream_messages, unpack_stream_entries
+
+    entries = [(b"ex", b"key", b"\x00\x3c", b"body"), (b"", b"q", b"", b""), (b"e" * 255, b"", b"h", b"b" * 70000)]
+    names = [(bytes((len(e),)) + e + bytes((len(k),)) + k, h, b) for e, k, h, b in entries]
+    assert pack_stream_messages(names) == pack_stream_entries(entries)
+    assert unpack_stream_entries(pack_stream_messages(names), 3) == entries
