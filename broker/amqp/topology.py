@@ -148,13 +148,6 @@ def queue_delete(channel: ChannelState, method: commands.Queue.Delete) -> None:
     access = channel.connection.access
     if access is not None:
         access.check("configure", "queue", name)
-    existing = channel.vhost.queues.get(name)
-    if existing is not None and existing.kind == "stream":
-        # RabbitMQ 3.10 deletes a stream whatever if-unused and if-empty say, and counts 0.
-        channel.vhost.delete_queue(name, channel.connection)
-        if not method.nowait:
-            channel.send(commands.Queue.DeleteOk(message_count=0))
-        return
     queue, count = channel.vhost.delete_queue(
         name, channel.connection, if_unused=method.if_unused, if_empty=method.if_empty
     )

@@ -28,17 +28,21 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from twisted.logger import Logger
+
 from broker.core.entry import Consumer, Entry
 from broker.core.message import Message
 from broker.core.policy import effective_definition
 from broker.core.queue import QueueSettings
 from broker.errors import ChannelCrash, ChannelException, ReplyCode
-from broker.wal.record import pack_stream_messages
+from broker.wal.record import WALCorruption, pack_stream_messages
 from broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, Chunk, Staged, StreamLog
 from broker.wire.content import ContentError, headers_content, with_headers_content
 from broker.wire.table import Int64, TableError, encode_entry, iter_table
 from config.policies import STREAM_KEYS
 from exchanges.partitions import partition_order
+
+_log = Logger()
 
 #: The delivery header that says a message's offset.
 OFFSET_HEADER = "x-stream-offset"
@@ -512,17 +516,35 @@ class StreamQueue:
             self._start(self._readers[wanted])
 
     def dispatch(self) -> None:
-        """Give each consumer with credit the written chunks it has not had, a chunk at a time."""
+        """Give each consumer with credit the written chunks it has not had, a chunk at a time.
+
+        A chunk that cannot be read (the storage failed, the file is damaged) stops that reader
+        only, said once in the log: this runs for acks and publishes, after their confirms, and
+        must not fail them.
+        """
         for consumer, reader in list(self._readers.items()):
             if not reader.active:
                 continue
             while consumer.credit() > 0 and self._readers.get(consumer) is reader and reader.active:
-                chunk = self._next_chunk(reader)
-                if chunk is None:
+                try:
+                    chunk = self._next_chunk(reader)
+                    if chunk is None:
+                        break
+                    entries = self._entries(chunk, reader.skip_below)
+                except (OSError, WALCorruption) as error:
+                    reader.active = False
+                    _log.error(
+                        "stream {stream!r} in vhost {vhost!r}: reading offset {offset} failed ({error});"
+                        " consumer {tag!r} gets nothing more from it",
+                        stream=self.name,
+                        vhost=self.vhost_name,
+                        offset=reader.next_offset,
+                        error=str(error),
+                        tag=consumer.tag,
+                    )
                     break
                 reader.chunk = chunk
                 reader.next_offset = chunk.next_offset
-                entries = self._entries(chunk, reader.skip_below)
                 if reader.name is not None:
                     reader.unacked.extend(entry.seq for entry in entries)
                 if entries:

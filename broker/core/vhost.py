@@ -564,6 +564,10 @@ class VirtualHost:
         if name not in self.queues:
             return None, 0
         queue = self.queue(name, connection)
+        if queue.kind == "stream":
+            # RabbitMQ 3.10 deletes a stream whatever if-unused and if-empty say, and counts 0.
+            self.remove_queue(queue)
+            return queue, 0
         if if_unused and queue.consumer_count:
             raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"queue '{name}' {self._where()} in use")
         if if_empty and queue.message_count:

@@ -95,6 +95,15 @@ def confirming(client: Client) -> None:
     client.read(until("Confirm.SelectOk"))
 
 
+def consume_from(client: Client, queue: str, tag: str, offset: Any, prefetch: int) -> None:
+    """On an open channel 1: ``basic.qos`` then ``basic.consume`` from ``offset``, each answered."""
+    client.send(frames(1, commands.Basic.Qos(prefetch_count=prefetch)))
+    client.read(until("Basic.QosOk"))
+    arguments = {"x-stream-offset": offset}
+    client.send(frames(1, commands.Basic.Consume(queue=queue, consumer_tag=tag, arguments=arguments)))
+    client.read(until("Basic.ConsumeOk"))
+
+
 def stream_declares(port: int, prefix: str) -> list[Entry]:
     """What a stream declaration may and may not say, and what a redeclaration must repeat."""
     queue = f"{prefix}-declares"
@@ -253,11 +262,7 @@ def stream_offsets(port: int, prefix: str) -> list[Entry]:
                 client = connections.enter_context(transcript.connect(port))
                 consumers.append(client)
                 open_connection(client, 1)
-                client.send(frames(1, commands.Basic.Qos(prefetch_count=100)))
-                client.read(until("Basic.QosOk"))
-                arguments = {"x-stream-offset": offset}
-                client.send(frames(1, commands.Basic.Consume(queue=queue, consumer_tag=tag, arguments=arguments)))
-                client.read(until("Basic.ConsumeOk"))
+                consume_from(client, queue, tag, offset, 100)
                 deliveries(client, count)
             for number in (10, 11, 12):
                 publish_one(publisher, queue, b"m%d" % number)
@@ -283,12 +288,7 @@ def stream_credit(port: int, prefix: str) -> list[Entry]:
             for number in range(5):
                 publish_one(publisher, queue, b"m%d" % number)
             open_connection(client, 1)
-            client.send(frames(1, commands.Basic.Qos(prefetch_count=2)))
-            client.read(until("Basic.QosOk"))
-            client.send(
-                frames(1, commands.Basic.Consume(queue=queue, consumer_tag="c", arguments={"x-stream-offset": "first"}))
-            )
-            client.read(until("Basic.ConsumeOk"))
+            consume_from(client, queue, "c", "first", 2)
             deliveries(client, 2)
             client.send(frames(1, commands.Basic.Ack(delivery_tag=1)))
             deliveries(client, 1)
@@ -332,11 +332,7 @@ def stream_times(port: int, prefix: str) -> list[Entry]:
             for tag, offset, count in starts:
                 client = connections.enter_context(transcript.connect(port))
                 open_connection(client, 1)
-                client.send(frames(1, commands.Basic.Qos(prefetch_count=100)))
-                client.read(until("Basic.QosOk"))
-                arguments = {"x-stream-offset": offset}
-                client.send(frames(1, commands.Basic.Consume(queue=queue, consumer_tag=tag, arguments=arguments)))
-                client.read(until("Basic.ConsumeOk"))
+                consume_from(client, queue, tag, offset, 100)
                 deliveries(client, count)
                 close_connection(client)
             close_connection(publisher)
@@ -385,11 +381,7 @@ def stream_routing(port: int, prefix: str) -> list[Entry]:
             for name, count in ((queue, 2), (other, 1)):
                 client = connections.enter_context(transcript.connect(port))
                 open_connection(client, 1)
-                client.send(frames(1, commands.Basic.Qos(prefetch_count=10)))
-                client.read(until("Basic.QosOk"))
-                start = {"x-stream-offset": "first"}
-                client.send(frames(1, commands.Basic.Consume(queue=name, consumer_tag="c", arguments=start)))
-                client.read(until("Basic.ConsumeOk"))
+                consume_from(client, name, "c", "first", 10)
                 deliveries(client, count)
                 close_connection(client)
             close_connection(tx)

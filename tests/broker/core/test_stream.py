@@ -415,3 +415,20 @@ def test_the_offset_goes_where_a_headers_table_belongs_in_a_header_without_one(p
         k: v for k, v in vars(original.properties).items() if k != "headers"
     }
     assert parsed.body_size == 5
+
+
+def test_a_chunk_that_cannot_be_read_stops_its_reader_only(stream: StreamQueue) -> None:
+    publish(stream, 2)
+    publish(stream, 2, 2)
+    sink = Sink()
+    failing = consumer(stream, sink, "failing", 1)
+    stream.add_consumer(failing, OffsetSpec("first"))
+    assert sink.offsets("failing") == [0, 1]
+    storage = stream.log.storage
+    assert isinstance(storage, MemorySegmentStorage)
+    storage.fail_next("read", OSError(5, "Input/output error"))
+    ack(stream, failing, 2)  # the next chunk's read fails: no error reaches the acking channel
+    assert sink.offsets("failing") == [0, 1]
+    stream.add_consumer(consumer(stream, sink, "other", 10), OffsetSpec("first"))
+    publish(stream, 1, 4)
+    assert sink.offsets("other") == [0, 1, 2, 3, 4] and sink.offsets("failing") == [0, 1]
