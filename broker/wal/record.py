@@ -49,6 +49,7 @@ __all__ = [
     "DeadLetterSettled",
     "PolicySet",
     "PolicyCleared",
+    "STREAM_CHUNK_OVERHEAD",
     "StreamChunk",
     "StreamOffset",
     "pack_stream_entries",
@@ -63,6 +64,7 @@ __all__ = [
     "segment_header",
     "parse_segment_header",
     "encode",
+    "encode_stream_chunk",
     "decode",
     "iter_records",
     "scan",
@@ -622,6 +624,29 @@ def encode(record: Record) -> bytes:
     if len(payload) > MAX_RECORD_BYTES:
         raise ValueError(f"{type(record).__name__} payload of {len(payload)} bytes is over {MAX_RECORD_BYTES}")
     return _RECORD_HEADER.pack(len(payload), zlib.crc32(payload, _TYPE_CRC[record_type]), record_type) + payload
+
+
+_STREAM_CHUNK_HEAD = struct.Struct(">QdQI")  # first_offset, timestamp, count, len(entries)
+_STREAM_CHUNK_TYPE = int(RecordType.STREAM_CHUNK)
+#: Bytes a :class:`StreamChunk` record takes besides its packed entries.
+STREAM_CHUNK_OVERHEAD = _RECORD_HEADER.size + _STREAM_CHUNK_HEAD.size
+
+
+def encode_stream_chunk(first_offset: int, timestamp: float, count: int, entries: bytes) -> bytes:
+    """``encode(StreamChunk(first_offset, timestamp, count, entries))``, copying ``entries``
+    once (the CRC runs over it without the GIL): a chunk is most of what a stream writes.
+
+    :raises ValueError: as :func:`encode`
+    """
+    payload_bytes = _STREAM_CHUNK_HEAD.size + len(entries)
+    if payload_bytes > MAX_RECORD_BYTES:
+        raise ValueError(f"StreamChunk payload of {payload_bytes} bytes is over {MAX_RECORD_BYTES}")
+    try:
+        head = _STREAM_CHUNK_HEAD.pack(first_offset, timestamp, count, len(entries))
+    except struct.error as err:
+        raise ValueError(f"StreamChunk does not fit the WAL format: {err}") from err
+    crc = zlib.crc32(entries, zlib.crc32(head, _TYPE_CRC[_STREAM_CHUNK_TYPE]))
+    return b"".join((_RECORD_HEADER.pack(payload_bytes, crc, _STREAM_CHUNK_TYPE), head, entries))
 
 
 class _Malformed(Exception):

@@ -37,11 +37,12 @@ from broker.wal.record import (
     MAX_RECORD_BYTES,
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
+    STREAM_CHUNK_OVERHEAD,
     RecordType,
     StreamChunk,
     WALCorruption,
     decode,
-    encode,
+    encode_stream_chunk,
     pack_stream_entries,
     parse_segment_header,
     segment_header,
@@ -86,15 +87,33 @@ class Chunk:
         return self.first_offset + self.count
 
 
-@dataclass(frozen=True, slots=True)
 class Staged:
-    """A chunk :meth:`StreamLog.stage` placed, for :meth:`StreamLog.write` to write."""
+    """A chunk :meth:`StreamLog.stage` placed, for :meth:`StreamLog.write` to write.
 
-    chunk: Chunk
-    #: Its record's bytes.
-    data: bytes
-    #: Whether it opens a new segment.
-    roll: bool
+    Its record is encoded when first asked for (:attr:`data`): by the writer, off the thread
+    that staged it.
+    """
+
+    __slots__ = ("chunk", "roll", "_entries", "_data")
+
+    def __init__(self, chunk: Chunk, entries: bytes, roll: bool) -> None:
+        self.chunk = chunk
+        #: Whether it opens a new segment.
+        self.roll = roll
+        self._entries = entries
+        self._data: bytes | None = None
+
+    @property
+    def data(self) -> bytes:
+        """Its record's bytes (``chunk.length`` of them)."""
+        if self._data is None:
+            chunk = self.chunk
+            self._data = encode_stream_chunk(chunk.first_offset, chunk.timestamp, chunk.count, self._entries)
+            self._entries = b""
+        return self._data
+
+    def __repr__(self) -> str:
+        return f"Staged({self.chunk!r}, roll={self.roll!r})"
 
 
 @dataclass(slots=True)
@@ -335,17 +354,19 @@ class StreamLog:
         """
         if not count:
             raise ValueError("a chunk holds at least one message")
-        data = encode(StreamChunk(self.next_offset, timestamp, count, packed))
+        length = STREAM_CHUNK_OVERHEAD + len(packed)
+        if length - RECORD_HEADER_BYTES > MAX_RECORD_BYTES:
+            raise ValueError(f"StreamChunk payload of {length - RECORD_HEADER_BYTES} bytes is over {MAX_RECORD_BYTES}")
         active = self._segments[-1]
-        roll = active.size + len(data) > self.segment_bytes and active.first_offset is not None
+        roll = active.size + length > self.segment_bytes and active.first_offset is not None
         if roll:
             active = _Segment(active.number + 1, SEGMENT_HEADER_BYTES, index=[])
             self._segments.append(active)
-        chunk = Chunk(self.next_offset, count, timestamp, active.number, active.size, len(data))
-        active.size += len(data)
+        chunk = Chunk(self.next_offset, count, timestamp, active.number, active.size, length)
+        active.size += length
         self._indexed(active, chunk)
         self.next_offset = chunk.next_offset
-        return Staged(chunk, data, roll)
+        return Staged(chunk, packed, roll)
 
     def write(self, staged: Iterable[Staged]) -> None:
         """Write staged chunks, in the order they were staged, and make them durable (one

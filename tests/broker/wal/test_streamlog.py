@@ -209,3 +209,17 @@ def test_messages_packed_from_their_names_read_back_as_entries() -> None:
     names = [(bytes((len(e),)) + e + bytes((len(k),)) + k, h, b) for e, k, h, b in entries]
     assert pack_stream_messages(names) == pack_stream_entries(entries)
     assert unpack_stream_entries(pack_stream_messages(names), 3) == entries
+
+
+def test_a_chunk_over_the_record_limit_is_refused_when_staged_and_takes_no_offsets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from broker.wal import streamlog
+
+    monkeypatch.setattr(streamlog, "MAX_RECORD_BYTES", 200)
+    log = opened(MemorySegmentStorage())
+    with pytest.raises(ValueError) as excinfo:
+        log.stage([message(0, size=300)], 1.0)
+    assert "over 200" in str(excinfo.value)
+    log.write([log.stage([message(0)], 1.0)])
+    assert everything(log) == [(0, message(0))]

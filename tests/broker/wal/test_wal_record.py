@@ -95,6 +95,8 @@ names = st.one_of(
     st.text(max_size=12),
     st.binary(max_size=12).map(lambda data: data.decode("utf-8", "surrogateescape")),
 )
+
+
 u64 = st.integers(min_value=0, max_value=2**64 - 1)
 blobs = st.binary(max_size=64)
 timestamps = st.floats(allow_nan=False)
@@ -244,6 +246,31 @@ def test_unrolled_published_codec_matches_the_generic_one(value: Published) -> N
     payload = record._encode_published(value)
     assert payload == record._encode_fields(value, spec)
     assert record._decode_published(payload) == record._decode_fields(Published, spec, payload) == value
+
+
+@settings(max_examples=100)
+@given(
+    first=u64,
+    timestamp=timestamps,
+    count=u64,
+    entries=st.binary(max_size=300),
+)
+def test_encode_stream_chunk_matches_encode_of_the_record(
+    first: int, timestamp: float, count: int, entries: bytes
+) -> None:
+    data = record.encode_stream_chunk(first, timestamp, count, entries)
+    assert data == encode(StreamChunk(first, timestamp, count, entries))
+    assert len(data) == record.STREAM_CHUNK_OVERHEAD + len(entries)
+
+
+def test_encode_stream_chunk_refuses_what_encode_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError):
+        record.encode_stream_chunk(-1, 0.0, 1, b"x")
+    monkeypatch.setattr(record, "MAX_RECORD_BYTES", 100)
+    record.encode_stream_chunk(0, 0.0, 1, b"x" * 50)
+    with pytest.raises(ValueError) as excinfo:
+        record.encode_stream_chunk(0, 0.0, 1, b"x" * 100)
+    assert "over 100" in str(excinfo.value)
 
 
 u64 = st.integers(min_value=0, max_value=2**64 - 1)
