@@ -66,6 +66,7 @@ from broker.wire.codec import (
     decode_publish,
     encode_method,
     erlang_binary,
+    split_names,
 )
 
 #: Reply codes that close the connection rather than the channel (AMQP 0-9-1 §1.2).
@@ -527,11 +528,7 @@ class ServerConnection:
 
     def _decode_names(self, names: bytes) -> tuple[str, str]:
         """Decode an exchange/routing-key pair and remember it (publishers reuse a few pairs)."""
-        exchange_length = names[0]
-        decoded = (
-            names[1 : 1 + exchange_length].decode("utf-8", "surrogateescape"),
-            names[2 + exchange_length :].decode("utf-8", "surrogateescape"),
-        )
+        decoded = split_names(names)
         cache = self._names_cache
         if len(cache) >= NAMES_CACHE_SIZE:
             cache.clear()

@@ -37,6 +37,7 @@ from broker.core.queue import QueueSettings
 from broker.errors import ChannelCrash, ChannelException, ReplyCode
 from broker.wal.record import WALCorruption, pack_stream_messages
 from broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, Chunk, Staged, StreamLog
+from broker.wire.codec import split_names
 from broker.wire.content import ContentError, headers_content, with_headers_content
 from broker.wire.table import Int64, TableError, encode_entry, iter_table
 from config.policies import STREAM_KEYS
@@ -131,28 +132,41 @@ def offset_spec(value: object, now: float, queue: str, where: str) -> OffsetSpec
 _FLAGS = struct.Struct(">H")
 _HEADERS_FLAG = 0x2000
 _BEFORE_HEADERS = (0x8000, 0x4000)
-#: The table that holds only the offset: its length, the name, ``l`` and the value follow.
-_ALONE = struct.Struct(f">I{len(_OFFSET_KEY) + 1}scq")
-_ALONE_SIZE = _ALONE.size - 4
+#: The table that holds only the offset: its length, the name and ``l``; the value follows.
+_ALONE_HEAD = struct.pack(">IB", 1 + len(_OFFSET_KEY) + 1 + 8, len(_OFFSET_KEY)) + _OFFSET_KEY + b"l"
+_OFFSET_VALUE = struct.Struct(">q")
+
+
+def around_offset(header: bytes) -> tuple[bytes, bytes] | None:
+    """For a header without a headers table (most messages): the bytes :func:`with_offset`
+    puts before the offset's eight and after them (the flags then say there is a table, which
+    goes after content-type and content-encoding and holds only ``x-stream-offset``).
+    ``None`` for a header with a table, or one that does not parse."""
+    if len(header) < 14:
+        return None
+    flags = _FLAGS.unpack_from(header, 12)[0]
+    if flags & _HEADERS_FLAG:
+        return None
+    at = 14
+    for flag in _BEFORE_HEADERS:
+        if flags & flag:
+            if at >= len(header):
+                return None
+            at += 1 + header[at]
+    if at > len(header):
+        return None
+    return b"".join((header[:12], _FLAGS.pack(flags | _HEADERS_FLAG), header[14:at], _ALONE_HEAD)), header[at:]
 
 
 def with_offset(header: bytes, offset: int) -> bytes:
     """``header`` with ``x-stream-offset`` set to ``offset`` (a long-long) and its headers
     table's entries sorted by name (byte order), as RabbitMQ delivers from a stream. (A header
     that does not parse, which a publish never lets in, is returned as it is.)"""
-    flags = _FLAGS.unpack_from(header, 12)[0] if len(header) >= 14 else _HEADERS_FLAG
-    if not flags & _HEADERS_FLAG:
-        # No headers (most messages): the table goes after content-type and content-encoding.
-        at = 14
-        for flag in _BEFORE_HEADERS:
-            if flags & flag:
-                if at >= len(header):
-                    return header
-                at += 1 + header[at]
-        if at > len(header):
-            return header
-        table = _ALONE.pack(_ALONE_SIZE, bytes((len(_OFFSET_KEY),)) + _OFFSET_KEY, b"l", offset)
-        return b"".join((header[:12], _FLAGS.pack(flags | _HEADERS_FLAG), header[14:at], table, header[at:]))
+    around = around_offset(header)
+    if around is not None:
+        return b"".join((around[0], _OFFSET_VALUE.pack(offset), around[1]))
+    if len(header) >= 14 and not _FLAGS.unpack_from(header, 12)[0] & _HEADERS_FLAG:
+        return header
     entry = encode_entry(_OFFSET_KEY, Int64(offset))
     try:
         content = headers_content(header)
@@ -565,20 +579,22 @@ class StreamQueue:
     def _entries(self, chunk: Chunk, skip_below: int) -> list[Entry]:
         """The chunk's messages as entries to deliver, each with its offset in its header."""
         entries = []
-        for offset, (exchange, routing_key, header, body) in enumerate(self.log.read(chunk), chunk.first_offset):
-            if offset < skip_below:
-                continue
-            names = bytes((len(exchange),)) + exchange + bytes((len(routing_key),)) + routing_key
-            message = Message(
-                exchange.decode("utf-8", "surrogateescape"),
-                routing_key.decode("utf-8", "surrogateescape"),
-                names,
-                header,
-                body,
-            )
-            entry = Entry(message, self)  # type: ignore[arg-type]
+        decoded: dict[bytes, tuple[str, str]] = {}  # names: the exchange and routing key
+        arounds: dict[bytes, tuple[bytes, bytes] | None] = {}  # header: see around_offset
+        pack = _OFFSET_VALUE.pack
+        messages = self.log.read_messages(chunk)
+        first = max(0, skip_below - chunk.first_offset)
+        for offset, (names, header, body) in enumerate(messages[first:], chunk.first_offset + first):
+            strings = decoded.get(names)
+            if strings is None:
+                strings = decoded[names] = split_names(names)
+            entry = Entry(Message(strings[0], strings[1], names, header, body), self)  # type: ignore[arg-type]
             entry.seq = offset
-            entry.header = with_offset(header, offset)
+            if header in arounds:
+                around = arounds[header]
+            else:
+                around = arounds[header] = around_offset(header)
+            entry.header = with_offset(header, offset) if around is None else around[0] + pack(offset) + around[1]
             entries.append(entry)
         return entries
 

@@ -49,12 +49,14 @@ __all__ = [
     "DeadLetterSettled",
     "PolicySet",
     "PolicyCleared",
+    "STREAM_CHUNK_HEAD",
     "STREAM_CHUNK_OVERHEAD",
     "StreamChunk",
     "StreamOffset",
     "pack_stream_entries",
     "pack_stream_messages",
     "unpack_stream_entries",
+    "unpack_stream_messages",
     "DEAD_LETTER_RECORDS",
     "DEAD_LETTER_PREVIEW_BYTES",
     "DEAD_LETTER_HEADER_VALUE_BYTES",
@@ -626,10 +628,11 @@ def encode(record: Record) -> bytes:
     return _RECORD_HEADER.pack(len(payload), zlib.crc32(payload, _TYPE_CRC[record_type]), record_type) + payload
 
 
-_STREAM_CHUNK_HEAD = struct.Struct(">QdQI")  # first_offset, timestamp, count, len(entries)
+#: A :class:`StreamChunk` payload's head: first_offset, timestamp, count, then its entries' length.
+STREAM_CHUNK_HEAD = struct.Struct(">QdQI")
 _STREAM_CHUNK_TYPE = int(RecordType.STREAM_CHUNK)
 #: Bytes a :class:`StreamChunk` record takes besides its packed entries.
-STREAM_CHUNK_OVERHEAD = _RECORD_HEADER.size + _STREAM_CHUNK_HEAD.size
+STREAM_CHUNK_OVERHEAD = _RECORD_HEADER.size + STREAM_CHUNK_HEAD.size
 
 
 def encode_stream_chunk(first_offset: int, timestamp: float, count: int, entries: bytes) -> bytes:
@@ -638,11 +641,11 @@ def encode_stream_chunk(first_offset: int, timestamp: float, count: int, entries
 
     :raises ValueError: as :func:`encode`
     """
-    payload_bytes = _STREAM_CHUNK_HEAD.size + len(entries)
+    payload_bytes = STREAM_CHUNK_HEAD.size + len(entries)
     if payload_bytes > MAX_RECORD_BYTES:
         raise ValueError(f"StreamChunk payload of {payload_bytes} bytes is over {MAX_RECORD_BYTES}")
     try:
-        head = _STREAM_CHUNK_HEAD.pack(first_offset, timestamp, count, len(entries))
+        head = STREAM_CHUNK_HEAD.pack(first_offset, timestamp, count, len(entries))
     except struct.error as err:
         raise ValueError(f"StreamChunk does not fit the WAL format: {err}") from err
     crc = zlib.crc32(entries, zlib.crc32(head, _TYPE_CRC[_STREAM_CHUNK_TYPE]))
@@ -1237,31 +1240,44 @@ def pack_stream_messages(messages: Iterable[tuple[bytes, bytes, bytes]]) -> byte
     return b"".join(parts)
 
 
-def unpack_stream_entries(data: bytes, count: int) -> list[tuple[bytes, bytes, bytes, bytes]]:
-    """The ``count`` messages :func:`pack_stream_entries` packed into ``data``.
+def unpack_stream_messages(data: bytes, start: int, count: int) -> list[tuple[bytes, bytes, bytes]]:
+    """The ``count`` messages packed in ``data`` from ``start`` to its end, as
+    :func:`pack_stream_messages` takes them: ``(names, header, body)``, ``names`` being the
+    exchange and routing key as two shortstrs (how ``basic.deliver`` carries them).
 
-    :raises WALCorruption: ``data`` does not hold exactly ``count`` of them
+    :raises WALCorruption: as :func:`unpack_stream_entries`
     """
-    entries = []
-    pos = 0
+    messages = []
+    pos = start
     size = len(data)
+    sizes = _STREAM_SIZES.unpack_from
     try:
         for _ in range(count):
             end = pos + 1 + data[pos]
-            exchange = data[pos + 1 : end]
-            pos = end + 1 + data[end]
-            routing_key = data[end + 1 : pos]
-            header_size, body_size = _STREAM_SIZES.unpack_from(data, pos)
-            pos += 8
+            end += 1 + data[end]
+            names = data[pos:end]
+            header_size, body_size = sizes(data, end)
+            pos = end + 8
             header = data[pos : pos + header_size]
             pos += header_size
             body = data[pos : pos + body_size]
             pos += body_size
             if pos > size:
                 raise IndexError(pos)
-            entries.append((exchange, routing_key, header, body))
+            messages.append((names, header, body))
     except (IndexError, struct.error):
-        raise WALCorruption(f"stream chunk entries cut short at byte {pos} of {size}") from None
+        raise WALCorruption(f"stream chunk entries cut short at byte {pos - start} of {size - start}") from None
     if pos != size:
         raise WALCorruption(f"{size - pos} bytes after the stream chunk's {count} entries")
-    return entries
+    return messages
+
+
+def unpack_stream_entries(data: bytes, count: int) -> list[tuple[bytes, bytes, bytes, bytes]]:
+    """The ``count`` messages :func:`pack_stream_entries` packed into ``data``.
+
+    :raises WALCorruption: ``data`` does not hold exactly ``count`` of them
+    """
+    return [
+        (names[1 : 1 + names[0]], names[2 + names[0] :], header, body)
+        for names, header, body in unpack_stream_messages(data, 0, count)
+    ]

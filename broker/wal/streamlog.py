@@ -37,6 +37,7 @@ from broker.wal.record import (
     MAX_RECORD_BYTES,
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
+    STREAM_CHUNK_HEAD,
     STREAM_CHUNK_OVERHEAD,
     RecordType,
     StreamChunk,
@@ -47,6 +48,7 @@ from broker.wal.record import (
     parse_segment_header,
     segment_header,
     unpack_stream_entries,
+    unpack_stream_messages,
 )
 
 __all__ = ["DEFAULT_STREAM_SEGMENT_BYTES", "INDEX_EVERY", "Chunk", "Staged", "StreamLog"]
@@ -60,6 +62,7 @@ INDEX_EVERY = 64 << 10
 
 _RECORD_HEAD = struct.Struct(">IIB")  # length, crc, type
 _CHUNK_HEAD = struct.Struct(">QdQ")  # first offset, timestamp, count: a StreamChunk's first fields
+_ENTRIES_AT = STREAM_CHUNK_HEAD.size
 _CHUNK_TYPE = int(RecordType.STREAM_CHUNK)
 _CHUNK_CRC = zlib.crc32(bytes((_CHUNK_TYPE,)))
 #: Bytes read to learn a chunk's place: its record header and its first fields.
@@ -452,6 +455,23 @@ class StreamLog:
         record = decode(_CHUNK_TYPE, payload)
         assert isinstance(record, StreamChunk)
         return unpack_stream_entries(record.entries, record.count)
+
+    def read_messages(self, chunk: Chunk) -> list[tuple[bytes, bytes, bytes]]:
+        """The messages of ``chunk`` as :func:`~broker.wal.record.unpack_stream_messages` gives
+        them (``names``, content header, body each), for delivery.
+
+        :raises WALCorruption: the chunk's bytes are damaged
+        :raises OSError: the storage failed (or its segment was removed)
+        """
+        payload = self.storage.read_at(
+            chunk.segment, chunk.position + RECORD_HEADER_BYTES, chunk.length - RECORD_HEADER_BYTES
+        )
+        if len(payload) < _ENTRIES_AT:
+            raise WALCorruption(f"stream chunk at offset {chunk.first_offset}: {len(payload)} bytes")
+        first_offset, _timestamp, count, length = STREAM_CHUNK_HEAD.unpack_from(payload)
+        if (first_offset, count, length) != (chunk.first_offset, chunk.count, len(payload) - _ENTRIES_AT):
+            raise WALCorruption(f"stream chunk at offset {chunk.first_offset} does not hold what its head says")
+        return unpack_stream_messages(payload, _ENTRIES_AT, count)
 
     # -- retention ----------------------------------------------------------------------------
 

@@ -169,6 +169,16 @@ def _shortstr_at(payload: bytes, offset: int) -> tuple[str, int]:
     return payload[offset + 1 : end].decode("utf-8", "surrogateescape"), end
 
 
+def split_names(names: bytes) -> tuple[str, str]:
+    """The exchange name and routing key of ``names``, the two short strings of a
+    ``basic.publish`` or ``basic.deliver`` as sent (undecodable bytes kept by ``surrogateescape``)."""
+    exchange_length = names[0]
+    return (
+        names[1 : 1 + exchange_length].decode("utf-8", "surrogateescape"),
+        names[2 + exchange_length :].decode("utf-8", "surrogateescape"),
+    )
+
+
 def decode_publish(payload: bytes) -> tuple[str, str, bool, bool, bytes]:
     """Decode ``basic.publish`` (method payload including the 4 id bytes).
 

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from broker.tools.testing import MemorySegmentStorage
 from broker.wal.files import DirectoryStorage
-from broker.wal.record import SEGMENT_HEADER_BYTES, WALCorruption, pack_stream_entries, unpack_stream_entries
+from broker.wal.record import (
+    SEGMENT_HEADER_BYTES,
+    WALCorruption,
+    pack_stream_entries,
+    pack_stream_messages,
+    unpack_stream_entries,
+    unpack_stream_messages,
+)
 from broker.wal.streamlog import StreamLog
 
 
@@ -203,12 +211,37 @@ def test_staged_chunks_are_written_once_even_when_a_write_is_retried() -> None:
 
 
 def test_messages_packed_from_their_names_read_back_as_entries() -> None:
-    from broker.wal.record import pack_stream_entries, pack_stream_messages, unpack_stream_entries
-
     entries = [(b"ex", b"key", b"\x00\x3c", b"body"), (b"", b"q", b"", b""), (b"e" * 255, b"", b"h", b"b" * 70000)]
     names = [(bytes((len(e),)) + e + bytes((len(k),)) + k, h, b) for e, k, h, b in entries]
     assert pack_stream_messages(names) == pack_stream_entries(entries)
     assert unpack_stream_entries(pack_stream_messages(names), 3) == entries
+    assert unpack_stream_messages(b"head" + pack_stream_messages(names), 4, 3) == names
+    for cut in (b"head" + pack_stream_messages(names)[:-1], b"head" + pack_stream_messages(names) + b"x"):
+        with pytest.raises(WALCorruption):
+            unpack_stream_messages(cut, 4, 3)
+
+
+def test_messages_read_for_delivery_are_the_entries_with_their_names_as_sent() -> None:
+    log = opened(MemorySegmentStorage())
+    log.write([log.stage([message(n) for n in range(3)], 1.0), log.stage([message(3)], 2.0)])
+    chunk = log.locate(0)
+    while chunk is not None:
+        assert log.read_messages(chunk) == [
+            (bytes((len(e),)) + e + bytes((len(k),)) + k, h, b) for e, k, h, b in log.read(chunk)
+        ]
+        chunk = log.next_chunk(chunk)
+
+
+def test_a_chunk_whose_head_disagrees_with_its_place_is_corruption_when_read_for_delivery() -> None:
+    storage = MemorySegmentStorage()
+    log = opened(storage)
+    log.write([log.stage([message(0), message(1)], 1.0)])
+    chunk = log.locate(0)
+    assert chunk is not None
+    with pytest.raises(WALCorruption):
+        log.read_messages(replace(chunk, count=3))
+    with pytest.raises(WALCorruption):
+        log.read_messages(replace(chunk, first_offset=1))
 
 
 def test_a_chunk_over_the_record_limit_is_refused_when_staged_and_takes_no_offsets(
