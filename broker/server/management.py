@@ -51,6 +51,9 @@ if TYPE_CHECKING:
     from broker.core.node import Node, User
     from broker.core.vhost import Exchange, VirtualHost
 
+#: The node's name, as RabbitMQ names a node (``name@host``).
+NODE_NAME = "postroom@localhost"
+
 #: Seconds between rate samples: RabbitMQ's management plugin samples every 5 s too.
 RATE_INTERVAL = 5.0
 
@@ -490,7 +493,7 @@ class ManagementAPI(Resource):
             "product_name": self.node.product,
             "product_version": self.node.version,
             "management_version": self.node.version,
-            "node": "postroom@localhost",
+            "node": NODE_NAME,
             "object_totals": {
                 "connections": len(connections),
                 "channels": sum(len(connection.channels) for connection in connections),
@@ -514,7 +517,7 @@ class ManagementAPI(Resource):
         node = self.node
         monitor = node.resource_monitor
         view = {
-            "name": "postroom@localhost",
+            "name": NODE_NAME,
             "type": "disc",
             "running": True,
             "mem_used": monitor.memory_used if monitor is not None else None,
@@ -557,9 +560,10 @@ class ManagementAPI(Resource):
         for stat, attribute in _QUEUE_STATS.items():
             stats[stat] = getattr(queue, attribute)
             stats[f"{stat}_details"] = {"rate": rate(vhost.name, queue.name, stat)}
-        return {
+        view = {
             "name": queue.name,
             "vhost": vhost.name,
+            "node": NODE_NAME,
             "durable": queue.durable,
             "auto_delete": queue.auto_delete,
             "exclusive": queue.exclusive,
@@ -575,9 +579,16 @@ class ManagementAPI(Resource):
             "policy": queue.policy.name if queue.policy is not None else None,
             "operator_policy": queue.operator_policy.name if queue.operator_policy is not None else None,
             "effective_policy_definition": effective_definition(queue.policy, queue.operator_policy),
-            "single_active_consumer_tag": active.tag if active is not None else None,
-            "exclusive_consumer_tag": next((c.tag for c in queue.consumers if c.exclusive), None),
         }
+        if isinstance(queue, StreamQueue):
+            # RabbitMQ's stream fields: one node holds the stream, its only member; ``readers``
+            # counts the consumers reading it there.
+            view.update(members=[NODE_NAME], online=[NODE_NAME], readers={NODE_NAME: queue.consumer_count})
+            view["state"] = "running"
+        else:
+            view["single_active_consumer_tag"] = active.tag if active is not None else None
+            view["exclusive_consumer_tag"] = next((c.tag for c in queue.consumers if c.exclusive), None)
+        return view
 
     @staticmethod
     def _consumer_view(vhost: VirtualHost, queue: WorkQueue, consumer: Consumer) -> dict[str, Any]:

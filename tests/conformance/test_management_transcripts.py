@@ -649,3 +649,40 @@ def test_stream_keys_of_policies_apply_as_on_rabbitmq(
         if want != got
     ]
     assert not mismatches, "\n".join(mismatches)
+
+
+#: What a stream's queue view says of it, besides what every queue's view says (the node's own
+#: name is replaced by ``NODE``).
+STREAM_FIELDS = ("type", "state", "node", "members", "online", "readers", "durable", "exclusive", "auto_delete",
+                 "arguments", "consumers", "single_active_consumer_tag", "exclusive_consumer_tag")  # fmt: skip
+
+
+def stream_view(amqp_port: int, http_port: int) -> dict[str, Any]:
+    """A stream's fields in ``GET /api/queues/VHOST/NAME`` while one consumer reads it."""
+    node = api(http_port, "guest", "nodes")[1][0]["name"]
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqp_port))
+    channel = connection.channel()
+    channel.queue_declare("mg.sv", durable=True, arguments={"x-queue-type": "stream", "x-max-age": "1D"})
+    try:
+        channel.basic_qos(prefetch_count=10)
+        channel.basic_consume("mg.sv", lambda *_: None, arguments={"x-stream-offset": "first"})
+
+        def shown() -> dict[str, Any]:
+            view = api(http_port, "guest", "queues/%2F/mg.sv")[1]
+            fields = {key: view.get(key, "(absent)") for key in STREAM_FIELDS}
+            return json.loads(json.dumps(fields).replace(json.dumps(node), '"NODE"'))
+
+        # RabbitMQ's view of the consumer comes with the queue's next statistics (every 5 s).
+        assert wait_for(lambda: shown()["consumers"] == 1 and shown()["readers"] == {"NODE": 1}, 20), shown()
+        return shown()
+    finally:
+        channel.queue_delete("mg.sv")
+        connection.close()
+
+
+def test_a_stream_shows_its_node_members_readers_and_state_as_on_rabbitmq(
+    rabbitmq_management: tuple[int, int], postroom_management: tuple[int, int]
+) -> None:
+    expected = stream_view(*rabbitmq_management)
+    assert expected["type"] == "stream" and expected["members"] == ["NODE"]  # what the oracle is about
+    assert stream_view(*postroom_management) == expected

@@ -121,3 +121,46 @@ def test_a_flood_into_one_queue_spools_before_the_memory_alarm(tmp_path: Path) -
     text = (tmp_path / "broker.log").read_text()
     assert "spool what arrives to disk" in text and "budget (78643200 bytes)" in text
     assert "memory alarm set" not in text and "Traceback" not in text
+
+
+def test_a_stream_twice_the_memory_watermark_never_raises_the_memory_alarm(tmp_path: Path) -> None:
+    """A stream's messages live in its segment files: publishing twice the watermark into one
+    and reading it all back from ``first`` blocks no publisher and sets no memory alarm."""
+    from broker.clients.client import connect
+
+    data = tmp_path / "data"
+    count, size = 300_000, 1024  # 300 MiB of bodies, the watermark 150 MiB
+    with broker(data, limits="memory_high_watermark: 150MiB") as (_process, port):
+        client = handshake(RawClient(port, timeout=60))
+        client.send(
+            1,
+            commands.Queue.Declare(queue="events", durable=True, arguments={"x-queue-type": "stream"}),
+            commands.Confirm.Select(),
+        )
+        client.expect(commands.Queue.DeclareOk, 1)
+        client.expect(commands.Confirm.SelectOk, 1)
+        frames = publish_frames(1, "", "events", bytes(size))
+        confirmed = 0
+        for sent in range(10_000, count + 1, 10_000):
+            client.send_raw(frames * 10_000)
+            while confirmed < sent - 20_000:  # at most 30,000 unconfirmed
+                _channel, method = client.read()
+                assert isinstance(method, commands.Basic.Ack), method  # never connection.blocked
+                confirmed = method.delivery_tag
+        while confirmed < count:
+            _channel, method = client.read()
+            assert isinstance(method, commands.Basic.Ack), method
+            confirmed = method.delivery_tag
+        client.close()
+        read = 0
+        with connect(f"amqp://guest:guest@127.0.0.1:{port}/", reconnect=False, timeout=60) as connection:
+            first = {"x-stream-offset": "first"}
+            for message in connection.consume("events", prefetch=1000, timeout=30, arguments=first):
+                assert len(message.body) == size
+                message.ack()
+                read += 1
+                if read == count:
+                    break
+    assert read == count
+    text = (tmp_path / "broker.log").read_text()
+    assert "memory alarm set" not in text and "Traceback" not in text
