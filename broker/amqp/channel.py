@@ -446,15 +446,7 @@ class ChannelState:
         queues = self.vhost.route(exchange, message)
         if self._hooks is not None:
             self._hooks.routed(self.vhost, exchange_name, message, queues)
-        journal = self.vhost.journal
-        if journal is not None and queues and message.flags & FLAG_DELIVERY_MODE and message.persistent:
-            durable = [queue.name for queue in queues if queue.journal is not None]
-            if durable:
-                journal.published(message, self.vhost.name, durable)
-        accepted = True
-        for queue in queues:
-            if not queue.enqueue(message):
-                accepted = False
+        accepted = self.vhost.enqueue_routed(queues, message)
         if not queues:
             self.vhost.unroutable += 1
             if mandatory:

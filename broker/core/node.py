@@ -159,6 +159,23 @@ class Limits:
     consumer_max_per_channel: int | None = DEFAULT_CONSUMER_MAX_PER_CHANNEL
 
 
+@dataclass(frozen=True, slots=True)
+class ListenerInfo:
+    """A socket the node listens on, as RabbitMQ lists its listeners.
+
+    :param protocol: RabbitMQ's name for what it serves: ``amqp``, ``amqp/ssl``, ``http``,
+        ``https``, ``http/prometheus``, ``https/prometheus``
+    :param certfile: the certificate a TLS listener presents (``None`` without TLS)
+    :param cacertfiles: the files of CA certificates it trusts
+    """
+
+    protocol: str
+    interface: str
+    port: int
+    certfile: str | None = None
+    cacertfiles: tuple[str, ...] = ()
+
+
 @dataclass
 class Node:
     """Everything the connections of one broker share.
@@ -236,6 +253,8 @@ class Node:
         #: What watches memory and disk for it (``broker.server.alarms.ResourceMonitor``), for its
         #: readings in metrics and the management API; ``None`` without one.
         self.resource_monitor: Any = None
+        #: The sockets it listens on, once bound (the shell adds them), for health checks.
+        self.listeners: list[ListenerInfo] = []
 
     def set_alarm(self, resource: str, active: bool) -> bool:
         """Raise or clear the alarm of ``resource`` (``memory``, ``disk`` or ``log``); whether it changed.

@@ -656,13 +656,23 @@ class VirtualHost:
                 events.dead_lettered(
                     dead_letter_id, self.name, queue.name, reason, entry.delivery_count, message, targets
                 )
-            durable = [target.name for target in targets if target.journal is not None]
-            if durable and self.journal is not None and message.persistent:
-                self.journal.published(message, self.name, durable)
-            for target in targets:
-                target.enqueue(message)
+            self.enqueue_routed(targets, message)
 
     # -- routing ------------------------------------------------------------------------------
+
+    def enqueue_routed(self, queues: list[WorkQueue], message: Message) -> bool:
+        """Put ``message`` in each of ``queues`` (what :meth:`route` gave), recorded in the log
+        first for the durable ones when it is persistent; whether every queue took it."""
+        journal = self.journal
+        if journal is not None and queues and message.persistent:
+            durable = [queue.name for queue in queues if queue.journal is not None]
+            if durable:
+                journal.published(message, self.name, durable)
+        accepted = True
+        for queue in queues:
+            if not queue.enqueue(message):
+                accepted = False
+        return accepted
 
     def route(self, exchange: Exchange | None, message: Message) -> list[WorkQueue]:
         """The queues a message published to ``exchange`` (``None``: the default exchange) goes

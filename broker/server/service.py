@@ -22,7 +22,7 @@ from zope.interface import implementer
 from broker.core.definitions import node_from_config
 from broker.core.histogram import Histogram
 from broker.core.journal import Journal
-from broker.core.node import Node
+from broker.core.node import ListenerInfo, Node
 from broker.core.stream import StreamQueue
 from broker.server.alarms import ResourceMonitor, memory_total, release_memory
 from broker.server.management import RateSampler, management_site
@@ -699,20 +699,28 @@ def make_broker_service(
         config.limits.disk_limit(memory),
     ).setServiceParent(service)
     tls = tls_wrapper(config, reactor)
+    certificates = (config.tls.certificate, config.tls.ca) if config.tls is not None else None
     for description in amqp_endpoints or [config.listen.amqp]:
-        Listener("amqp", description, factory, reactor).setServiceParent(service)
+        Listener("amqp", description, factory, reactor, node, "amqp").setServiceParent(service)
     if config.listen.amqps and tls is not None:
-        Listener("amqps", config.listen.amqps, tls(factory), reactor).setServiceParent(service)
+        Listener(
+            "amqps", config.listen.amqps, tls(factory), reactor, node, "amqp/ssl", certificates
+        ).setServiceParent(service)
     http_tls = tls if tls is not None and config.tls is not None and config.tls.http else None
+    http, http_certificates = ("https", certificates) if http_tls else ("http", None)
     if config.listen.metrics:
         collector = BrokerCollector(node, wal, config.metrics.rabbitmq_compatible)
         site = metrics_site(collector, reactor)
         site = http_tls(site) if http_tls else site
-        Listener("metrics", config.listen.metrics, site, reactor).setServiceParent(service)
+        Listener(
+            "metrics", config.listen.metrics, site, reactor, node, f"{http}/prometheus", http_certificates
+        ).setServiceParent(service)
     if sampler is not None and config.listen.management:
         site = management_site(node, sampler, reactor)
         site = http_tls(site) if http_tls else site
-        Listener("management", config.listen.management, site, reactor).setServiceParent(service)
+        Listener(
+            "management", config.listen.management, site, reactor, node, http, http_certificates
+        ).setServiceParent(service)
     return service
 
 
@@ -759,13 +767,28 @@ class Listener(StreamServerEndpointService):
 
     :param kind: what it serves (``amqp``, ``metrics``, ``management``), for the message
     :param description: its Twisted endpoint string
+    :param node: the node that lists it once it is bound (:attr:`Node.listeners`), as ``protocol``
+    :param certificates: a TLS listener's certificate file and CA files
     """
 
-    def __init__(self, kind: str, description: str, factory: Any, reactor: Any) -> None:
+    def __init__(
+        self,
+        kind: str,
+        description: str,
+        factory: Any,
+        reactor: Any,
+        node: Node | None = None,
+        protocol: str = "",
+        certificates: tuple[str, tuple[str, ...]] | None = None,
+    ) -> None:
         super().__init__(endpoints.serverFromString(reactor, description), factory)
         self.kind = kind
         self.description = description
         self._raiseSynchronously = True
+        self._node = node
+        self._protocol = protocol
+        self._certificates = certificates
+        self._listed: ListenerInfo | None = None
 
     def privilegedStartService(self) -> None:
         # twistd binds here, before dropping privileges; postroom serve through startService.
@@ -781,6 +804,22 @@ class Listener(StreamServerEndpointService):
             self.running = False
             reason = getattr(error, "socketError", None) or error
             raise ListenError(f"cannot listen for {self.kind} on {self.description}: {reason}") from None
+        if self._node is not None and self._listed is None:
+            self._waitingForPort.addCallback(self._list)
+
+    def _list(self, port: Any) -> Any:
+        """Add the bound socket to the node's listeners (until the listener stops)."""
+        address = port.getHost()
+        certfile, cacertfiles = self._certificates or (None, ())
+        self._listed = ListenerInfo(self._protocol, address.host, address.port, certfile, cacertfiles)
+        self._node.listeners.append(self._listed)  # type: ignore[union-attr]
+        return port
+
+    def stopService(self) -> Any:
+        if self._listed is not None and self._node is not None and self._listed in self._node.listeners:
+            self._node.listeners.remove(self._listed)
+        self._listed = None
+        return super().stopService()
 
 
 _log = Logger()

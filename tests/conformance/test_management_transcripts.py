@@ -27,7 +27,7 @@ import pytest
 from transcript import oracle, wait_for
 
 from broker.core.journal import Journal
-from broker.core.node import Node, User
+from broker.core.node import ListenerInfo, Node, User
 from broker.server.management import RateSampler, management_site
 from broker.storage.streams import StreamFiles
 from broker.tools.testing import free_port, rabbitmqctl
@@ -91,6 +91,11 @@ def postroom_management(make_broker: Any, tmp_path: Path) -> Iterator[tuple[int,
     reactor = broker.reactor
     site = management_site(broker.node, RateSampler(broker.node, reactor))
     listening = threads.blockingCallFromThread(reactor, lambda: reactor.listenTCP(0, site, interface="127.0.0.1"))
+    # What the broker's listeners tell the node once they are bound (broker.server.service.Listener).
+    broker.node.listeners += [
+        ListenerInfo("amqp", "127.0.0.1", broker.port),
+        ListenerInfo("http", "127.0.0.1", listening.getHost().port),
+    ]
     try:
         yield broker.port, listening.getHost().port
     finally:
@@ -686,3 +691,223 @@ def test_a_stream_shows_its_node_members_readers_and_state_as_on_rabbitmq(
     expected = stream_view(*rabbitmq_management)
     assert expected["type"] == "stream" and expected["members"] == ["NODE"]  # what the oracle is about
     assert stream_view(*postroom_management) == expected
+
+
+def exchange(
+    port: int, path: str, method: str = "GET", credentials: tuple[str, str] | None = ("guest", "guest")
+) -> tuple[int, str | None, Any]:
+    """A request's status, its challenge (``WWW-Authenticate``) and its body (JSON, or the text)."""
+    headers = {"Content-Type": "application/json"}
+    if credentials is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(":".join(credentials).encode()).decode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/{path}", method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            status, challenge, raw = response.status, response.headers.get("WWW-Authenticate"), response.read()
+    except urllib.error.HTTPError as error:
+        status, challenge, raw = error.code, error.headers.get("WWW-Authenticate"), error.read()
+    try:
+        return status, challenge, json.loads(raw) if raw else None
+    except ValueError:
+        return status, challenge, raw.decode("utf-8", "replace")
+
+
+def health_answers(amqp_port: int, http_port: int) -> list[tuple[str, Any]]:
+    """Who-am-I, the aliveness test, the health checks and the node's names, and how requests
+    without a route, with a method the route does not take, or without a login are refused.
+    The node's own name reads ``NODE``; the listeners a failed check lists are left out."""
+    node = api(http_port, "guest", "nodes")[1][0]["name"]
+    requests: list[tuple[str, str, str, tuple[str, str] | None]] = [
+        ("whoami", "whoami", "GET", ("guest", "guest")),
+        ("whoami of a monitoring user", "whoami", "GET", ("mg-mon", "secret")),
+        ("whoami of a user without a management tag", "whoami", "GET", ("mg-none", "secret")),
+        ("no credentials", "whoami", "GET", None),
+        ("a wrong password", "overview", "GET", ("guest", "wrong")),
+        ("a path no route has", "no-such-thing", "GET", ("guest", "guest")),
+        ("a path no route has, without credentials", "no-such-thing", "GET", None),
+        ("a method the route does not take", "overview", "PUT", ("guest", "guest")),
+        ("a method the route does not take, without credentials", "overview", "DELETE", None),
+        ("aliveness of /", "aliveness-test/%2F", "GET", ("guest", "guest")),
+        ("aliveness of / again", "aliveness-test/%2F", "GET", ("guest", "guest")),
+        ("aliveness of a missing vhost", "aliveness-test/mg-missing", "GET", ("guest", "guest")),
+        ("aliveness of a vhost the user may not open", "aliveness-test/mg-other", "GET", ("mg-mgmt", "secret")),
+        ("alarms", "health/checks/alarms", "GET", ("guest", "guest")),
+        ("local alarms", "health/checks/local-alarms", "GET", ("guest", "guest")),
+        ("virtual hosts", "health/checks/virtual-hosts", "GET", ("guest", "guest")),
+        ("the AMQP port", f"health/checks/port-listener/{amqp_port}", "GET", ("guest", "guest")),
+        ("a port nothing listens on", "health/checks/port-listener/1", "GET", ("guest", "guest")),
+        ("a port that is not a number", "health/checks/port-listener/amqp", "GET", ("guest", "guest")),
+        ("the AMQP protocol", "health/checks/protocol-listener/amqp", "GET", ("guest", "guest")),
+        ("the AMQP protocol by another name", "health/checks/protocol-listener/AMQP0-9-1", "GET", ("guest", "guest")),
+        ("the management API's protocol", "health/checks/protocol-listener/management", "GET", ("guest", "guest")),
+        ("a protocol nothing serves", "health/checks/protocol-listener/mqtt", "GET", ("guest", "guest")),
+        ("AMQP over TLS, not served", "health/checks/protocol-listener/amqps", "GET", ("guest", "guest")),
+        ("mirror sync", "health/checks/node-is-mirror-sync-critical", "GET", ("guest", "guest")),
+        ("quorum", "health/checks/node-is-quorum-critical", "GET", ("guest", "guest")),
+        ("certificates, no TLS listener", "health/checks/certificate-expiration/1/weeks", "GET", ("guest", "guest")),
+        ("certificates in months", "health/checks/certificate-expiration/3/Months", "GET", ("guest", "guest")),
+        ("certificates, a bad unit", "health/checks/certificate-expiration/1/fortnights", "GET", ("guest", "guest")),
+        ("certificates, a bad number", "health/checks/certificate-expiration/one/weeks", "GET", ("guest", "guest")),
+        ("the old node health check", "healthchecks/node", "GET", ("guest", "guest")),
+        ("the cluster's name", "cluster-name", "GET", ("guest", "guest")),
+        ("whoami, a policymaker", "whoami", "GET", ("mg-pol", "secret")),
+    ]
+    answers = []
+    for label, path, method, credentials in requests:
+        status, challenge, body = exchange(http_port, path, method, credentials)
+        if isinstance(body, dict):
+            body.pop("ports", None)
+            body.pop("protocols", None)
+            if body.get("port") == amqp_port:
+                body["port"] = "the AMQP port"
+            if path == "cluster-name":  # RabbitMQ's is its node's name with the host's full name
+                body["name"] = bool(body["name"])
+        answers.append((label, json.loads(json.dumps([status, challenge, body]).replace(json.dumps(node), '"NODE"'))))
+    queue = api(http_port, "guest", "queues/%2F/aliveness-test")[1]
+    kept = ("durable", "auto_delete", "exclusive", "arguments")
+    answers.append(("the aliveness queue", {key: queue[key] for key in kept}))
+    api(http_port, "guest", "queues/%2F/aliveness-test", "DELETE")
+    return answers
+
+
+def test_health_checks_and_refusals_answer_as_on_rabbitmq(
+    rabbitmq_management: tuple[int, int], postroom_management: tuple[int, int]
+) -> None:
+    expected = health_answers(*rabbitmq_management)
+    by_label = dict(expected)
+    # What the oracle is about.
+    assert by_label["whoami"] == [200, None, {"name": "guest", "tags": ["administrator"]}]
+    assert by_label["no credentials"] == [401, 'Basic realm="RabbitMQ Management"', None]
+    assert by_label["a port nothing listens on"][0] == 503
+    actual = health_answers(*postroom_management)
+    mismatches = [
+        f"{label}: rabbitmq {want}, postroom {got}"
+        for (label, want), (_, got) in zip(expected, actual, strict=True)
+        if want != got
+    ]
+    assert not mismatches, "\n".join(mismatches)
+
+
+def send(port: int, path: str, method: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any, str | None]:
+    """A request as guest: its status, its body (JSON) and its ``Location``."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api/{path}",
+        data=data,
+        method=method,
+        headers={
+            "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode(),
+            "Content-Type": "application/json",
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            status, raw_answer, location = response.status, response.read(), response.headers.get("Location")
+    except urllib.error.HTTPError as error:
+        status, raw_answer, location = error.code, error.read(), error.headers.get("Location")
+    return status, json.loads(raw_answer) if raw_answer else None, location
+
+
+#: Of an exchange's or a queue's view, what a declare through the API decides.
+DECLARED = ("type", "durable", "auto_delete", "internal", "exclusive", "arguments")
+
+
+def write_answers(http_port: int) -> list[tuple[str, Any]]:
+    """Exchanges and queues declared and deleted, bindings made, listed and removed, messages
+    published and got (each ackmode) through the management API, as guest."""
+    publish = {"routing_key": "a.b", "payload": "hi", "payload_encoding": "string", "properties": {}}
+    persistent = {
+        "routing_key": "mg.w1",
+        "payload": base64.b64encode(b"\xff\x00binary").decode(),
+        "payload_encoding": "base64",
+        "properties": {"delivery_mode": 2, "headers": {"h": 1, "s": "text"}, "content_type": "application/x"},
+    }
+    steps: list[tuple[str, str, str, Any]] = [
+        ("declare a topic exchange", "exchanges/%2F/mg.we1", "PUT", {"type": "topic", "durable": True}),
+        ("declare it again", "exchanges/%2F/mg.we1", "PUT", {"type": "topic", "durable": True}),
+        ("declare it as direct", "exchanges/%2F/mg.we1", "PUT", {"type": "direct", "durable": True}),
+        ("declare an exchange with nothing said", "exchanges/%2F/mg.we2", "PUT", {}),
+        ("the exchange with nothing said", "exchanges/%2F/mg.we2", "GET", None),
+        ("declare one with flags as strings", "exchanges/%2F/mg.we3", "PUT",
+         {"type": "fanout", "durable": "true", "auto_delete": "false", "arguments": {"alternate-exchange": "x"}}),
+        ("the one with flags as strings", "exchanges/%2F/mg.we3", "GET", None),
+        ("declare an unknown type", "exchanges/%2F/mg.we4", "PUT", {"type": "bogus"}),
+        ("declare in a missing vhost", "exchanges/mg-missing/mg.we4", "PUT", {"type": "direct"}),
+        ("declare an amq. exchange", "exchanges/%2F/amq.mg", "PUT", {"type": "direct"}),
+        ("redeclare amq.direct", "exchanges/%2F/amq.direct", "PUT", {"type": "direct", "durable": True}),
+        ("redeclare amq.direct as topic", "exchanges/%2F/amq.direct", "PUT", {"type": "topic", "durable": True}),
+        ("declare with a flag that is not one", "exchanges/%2F/mg.we4", "PUT", {"durable": 5}),
+        ("declare a queue", "queues/%2F/mg.w1", "PUT", {"durable": True, "arguments": {"x-max-length": 10}}),
+        ("declare it again", "queues/%2F/mg.w1", "PUT", {"durable": True, "arguments": {"x-max-length": 10}}),
+        ("declare it not durable", "queues/%2F/mg.w1", "PUT", {"durable": False}),
+        ("declare with a bad argument", "queues/%2F/mg.w2", "PUT", {"arguments": {"x-max-length": "ten"}}),
+        ("declare with a double", "queues/%2F/mg.w2", "PUT", {"arguments": {"x-max-length": 1.5}}),
+        ("declare an unknown queue type", "queues/%2F/mg.w2", "PUT", {"arguments": {"x-queue-type": "bogus"}}),
+        ("declare a queue with nothing said", "queues/%2F/mg.w3", "PUT", {}),
+        ("the queue with nothing said", "queues/%2F/mg.w3", "GET", None),
+        ("declare an exclusive queue", "queues/%2F/mg.w4", "PUT", {"exclusive": True, "auto_delete": "true"}),
+        ("the exclusive queue", "queues/%2F/mg.w4", "GET", None),
+        ("declare a queue in a missing vhost", "queues/mg-missing/mg.w5", "PUT", {}),
+        ("declare an amq. queue", "queues/%2F/amq.mg", "PUT", {}),
+        ("bind with a key", "bindings/%2F/e/mg.we1/q/mg.w1", "POST", {"routing_key": "a.b"}),
+        ("bind with no key", "bindings/%2F/e/mg.we1/q/mg.w1", "POST", {}),
+        ("bind a key with a space and a tilde", "bindings/%2F/e/mg.we1/q/mg.w1", "POST", {"routing_key": "a b~c"}),
+        ("the bindings", "bindings/%2F/e/mg.we1/q/mg.w1", "GET", None),
+        ("one binding", "bindings/%2F/e/mg.we1/q/mg.w1/~", "GET", None),
+        ("bind to a missing queue", "bindings/%2F/e/mg.we1/q/mg.nope", "POST", {}),
+        ("bind from a missing exchange", "bindings/%2F/e/mg.nope/q/mg.w1", "POST", {}),
+        ("bind an exchange", "bindings/%2F/e/mg.we1/e/mg.we2", "POST", {"routing_key": "k"}),
+        ("unbind", "bindings/%2F/e/mg.we1/q/mg.w1/~", "DELETE", None),
+        ("unbind again", "bindings/%2F/e/mg.we1/q/mg.w1/~", "DELETE", None),
+        ("unbind what was never bound", "bindings/%2F/e/mg.we1/q/mg.w1/x.y", "DELETE", None),
+        ("publish through the topic exchange", "exchanges/%2F/mg.we1/publish", "POST", publish),
+        ("publish through the default exchange", "exchanges/%2F/amq.default/publish", "POST", persistent),
+        ("publish with keys missing", "exchanges/%2F/amq.default/publish", "POST", {"routing_key": "x"}),
+        ("publish to a missing exchange", "exchanges/%2F/mg.nope/publish", "POST", publish),
+        ("publish what no queue takes", "exchanges/%2F/mg.we1/publish", "POST", {**publish, "routing_key": "z"}),
+        ("get, requeued", "queues/%2F/mg.w1/get", "POST",
+         {"count": 5, "ackmode": "ack_requeue_true", "encoding": "auto"}),
+        ("get in base64, cut, acked", "queues/%2F/mg.w1/get", "POST",
+         {"count": "5", "ackmode": "ack_requeue_false", "encoding": "base64", "truncate": 1}),
+        ("get from the empty queue", "queues/%2F/mg.w1/get", "POST",
+         {"count": 5, "ackmode": "reject_requeue_true", "encoding": "auto"}),
+        ("get with keys missing", "queues/%2F/mg.w1/get", "POST", {"count": 5}),
+        ("get in an unknown encoding", "queues/%2F/mg.w1/get", "POST",
+         {"count": 5, "ackmode": "ack_requeue_true", "encoding": "hex"}),
+        ("delete an exchange in use, if unused", "exchanges/%2F/mg.we1?if-unused=true", "DELETE", None),
+        ("delete it", "exchanges/%2F/mg.we1", "DELETE", None),
+        ("delete it again", "exchanges/%2F/mg.we1", "DELETE", None),
+        ("delete amq.direct", "exchanges/%2F/amq.direct", "DELETE", None),
+        ("delete an empty queue, if empty", "queues/%2F/mg.w3?if-empty=true", "DELETE", None),
+        ("delete a missing queue", "queues/%2F/mg.w3", "DELETE", None),
+        ("a method the route does not take", "queues/%2F", "PUT", {}),
+    ]  # fmt: skip
+    answers = []
+    try:
+        for label, path, method, body in steps:
+            status, answer, location = send(http_port, path, method, body)
+            if method == "GET" and isinstance(answer, dict) and "name" in answer:
+                answer = {key: answer.get(key) for key in DECLARED}
+            answers.append((label, [status, answer, location]))
+        answers.append(("a body that is not JSON", list(send(http_port, "queues/%2F/mg.w5", "PUT", raw=b"{bad"))))
+    finally:
+        for path in ("exchanges/%2F/mg.we1", "exchanges/%2F/mg.we2", "exchanges/%2F/mg.we3"):
+            send(http_port, path, "DELETE")
+        for name in ("mg.w1", "mg.w2", "mg.w3", "mg.w4", "mg.w5"):
+            send(http_port, f"queues/%2F/{name}", "DELETE")
+    return answers
+
+
+def test_declaring_binding_publishing_and_getting_through_the_api_answer_as_on_rabbitmq(
+    rabbitmq_management: tuple[int, int], postroom_management: tuple[int, int]
+) -> None:
+    expected = write_answers(rabbitmq_management[1])
+    by_label = dict(expected)
+    assert by_label["declare a topic exchange"][0] == 201 and by_label["bind with no key"][2] == "mg.w1/~"
+    actual = write_answers(postroom_management[1])
+    mismatches = [
+        f"{label}: rabbitmq {want}, postroom {got}"
+        for (label, want), (_, got) in zip(expected, actual, strict=True)
+        if want != got
+    ]
+    assert not mismatches, "\n".join(mismatches)

@@ -43,17 +43,20 @@ def broker(
     limits: str = "",
     extra: str = "",
     metrics: int = 0,
+    amqps: int = 0,
 ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """``postroom serve`` over ``data``; with ``management``, its management API on that port
-    (with ``metrics``, ``/metrics`` on that one);
+    (with ``metrics``, ``/metrics`` on that one; with ``amqps``, AMQP over TLS on that one, which
+    needs a ``tls:`` section in ``extra``);
     ``limits``: the ``limits:`` keys, such as ``memory_high_watermark: 150MiB``; ``extra``: more
     of the configuration (YAML lines)."""
     port = free_port()
     config = data.parent / f"broker-{port}.yaml"
     api = f'"tcp:{management}:interface=127.0.0.1"' if management else "false"
     scrape = f'"tcp:{metrics}:interface=127.0.0.1"' if metrics else "false"
+    tls = f', amqps: "tcp:{amqps}:interface=127.0.0.1"' if amqps else ""
     config.write_text(
-        f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1", metrics: {scrape}, management: {api}}}\n'
+        f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1", metrics: {scrape}, management: {api}{tls}}}\n'
         f'storage: {{dir: "{data}", fsync: batch, segment_bytes: {segment_bytes}, memory_budget: {memory_budget}, '
         f"checkpoint_bytes: {checkpoint_bytes}, archive: {{enabled: true, retention: 7d, max_bytes: 1GiB}}}}\n"
         + (f"limits: {{{limits}}}\n" if limits else "")

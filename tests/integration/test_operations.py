@@ -289,28 +289,57 @@ def test_rates_come_from_counter_samples(operated: Operated, pika_connect: Calla
     assert work["message_stats"]["publish_details"]["rate"] == pytest.approx(5 / elapsed)
 
 
+PEEK = {"ackmode": "peek", "encoding": "auto"}
+
+
 def test_peek_shows_messages_without_consuming_them(operated: Operated, pika_connect: Callable[..., Any]) -> None:
     traffic(operated, pika_connect)
-    status, messages = operated.api("/api/queues/%2F/work/get", "POST", {"count": 2, "ackmode": "ack_requeue_true"})
+    status, messages = operated.api("/api/queues/%2F/work/get", "POST", {"count": 2, **PEEK})
     assert status == 200
-    assert [m["payload"] for m in messages] == ["job 2", "job 3"]
+    assert [(m["payload"], m["redelivered"], m["message_count"]) for m in messages] == [
+        ("job 2", False, 2),
+        ("job 3", False, 1),
+    ]
     assert messages[0]["properties"]["headers"] == {"n": 2}
     _, work = operated.api("/api/queues/%2F/work")
     assert work["messages_ready"] == 3
-    status, error = operated.api("/api/queues/%2F/work/get", "POST", {"count": 0})
+    status, error = operated.api("/api/queues/%2F/work/get", "POST", {"count": "two", **PEEK})
     assert status == 400 and "count" in error["reason"]
+
+
+def test_get_takes_messages_and_puts_back_acks_or_rejects_them_by_ackmode(
+    operated: Operated, pika_connect: Callable[..., Any]
+) -> None:
+    traffic(operated, pika_connect)  # 'work' holds "job 2", "job 3", "job 4"
+
+    def get(count: int, ackmode: str) -> list[tuple[str, bool]]:
+        body = {"count": count, "ackmode": ackmode, "encoding": "auto"}
+        status, messages = operated.api("/api/queues/%2F/work/get", "POST", body)
+        assert status == 200
+        return [(m["payload"], m["redelivered"]) for m in messages]
+
+    def ready() -> int:
+        return operated.api("/api/queues/%2F/work")[1]["messages_ready"]
+
+    assert get(2, "ack_requeue_true") == [("job 2", False), ("job 3", False)]
+    assert ready() == 3
+    assert get(1, "reject_requeue_true") == [("job 2", True)]
+    assert get(1, "ack_requeue_false") == [("job 2", True)]
+    assert ready() == 2
+    assert get(5, "reject_requeue_false") == [("job 3", True), ("job 4", False)]
+    assert ready() == 0
 
 
 def test_a_peek_answer_is_bounded(
     operated: Operated, pika_connect: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import broker.server.management
+    import broker.server.management.objects
 
     traffic(operated, pika_connect)  # 'work' holds "job 2", "job 3", "job 4"
-    _, cut = operated.api("/api/queues/%2F/work/get", "POST", {"count": 3, "truncate": 3})
+    _, cut = operated.api("/api/queues/%2F/work/get", "POST", {"count": 3, "truncate": 3, **PEEK})
     assert [(m["payload"], m["payload_bytes"]) for m in cut] == [("job", 5), ("job", 5), ("job", 5)]
-    monkeypatch.setattr(broker.server.management, "MAX_PEEK_BYTES", 7)  # one answer's room, whatever is asked
-    _, bounded = operated.api("/api/queues/%2F/work/get", "POST", {"count": 3})
+    monkeypatch.setattr(broker.server.management.objects, "MAX_PEEK_BYTES", 7)  # one answer's room, whatever is asked
+    _, bounded = operated.api("/api/queues/%2F/work/get", "POST", {"count": 3, **PEEK})
     assert [(m["payload"], m["payload_bytes"]) for m in bounded] == [("job 2", 5), ("jo", 5), ("", 5)]
 
 

@@ -1,0 +1,221 @@
+"""The ``/api`` resource: finds a request's route, checks its login, runs its handler and
+answers in RabbitMQ's shape.
+
+As RabbitMQ's (cowboy's REST flow): a path no route matches is 404 and a method its route does
+not take is 405, both before the login is looked at; then a failed login is 401 with the
+challenge of RabbitMQ's realm; a user without a management tag is 401 too. A request that
+changes what the write-ahead log keeps is answered once the change is durable.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import TYPE_CHECKING, Any
+
+from twisted.logger import Logger
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request, Site
+
+from broker.amqp.connection import reply_text
+from broker.core.queue import WorkQueue
+from broker.errors import ChannelException
+from broker.server.http import BoundedSite
+from broker.server.management import definitions, health, objects, policies, streams, views
+from broker.server.management.common import (
+    MANAGEMENT_TAGS,
+    REALM,
+    SEE_ALL_TAGS,
+    Call,
+    Problem,
+    json_default,
+    not_authorised,
+    not_found,
+    query_of,
+    segments,
+)
+from broker.server.management.rates import RateSampler
+from broker.server.management.router import Handler, Router
+from broker.server.protocol import is_loopback
+
+if TYPE_CHECKING:
+    from broker.core.node import Node, User
+    from broker.core.vhost import VirtualHost
+
+
+def routes() -> Router:
+    """Every route of the API, in the order RabbitMQ's dispatcher lists them."""
+    router = Router()
+    for part in (health, views, streams, policies, definitions, objects):
+        part.install(router)
+    return router
+
+
+class ManagementAPI(Resource):
+    """The ``/api`` tree (a leaf resource: it routes the path itself).
+
+    :param node: the broker node
+    :param sampler: rates for ``message_stats``
+    """
+
+    isLeaf = True
+    _log = Logger()
+
+    def __init__(self, node: Node, sampler: RateSampler) -> None:
+        super().__init__()
+        self.node = node
+        self.sampler = sampler
+        self.router = routes()
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def render(self, request: Request) -> bytes | int:
+        """Route the request, check its login (off the reactor for an expensive hash, see
+        ``Node.login``), then answer it."""
+        request.setHeader(b"Content-Type", b"application/json")
+        try:
+            path = segments(request.uri)
+            found = self.router.find(path)
+            if found is None:
+                raise not_found()
+            methods, params = found
+            handler = methods.get(request.method.decode("latin-1"))
+            if handler is None:
+                raise Problem(405, "", "")  # answered without a body
+        except Problem as problem:
+            return self._refused(request, problem)
+        header = (request.getHeader(b"authorization") or b"").decode("latin-1")
+        scheme, _, encoded = header.partition(" ")
+        try:
+            username, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            username = password = ""
+        if scheme.lower() != "basic" or not username:
+            return self._refused(request, Problem(401, "", ""), challenge=True)  # no credentials
+        gone: list[bool] = []
+        request.notifyFinish().addBoth(gone.append)
+        host = getattr(request.getClientAddress(), "host", "")
+
+        def checked(user: User | None, reason: str) -> None:
+            if gone:  # the client hung up while its login was checked
+                return
+            journal = self.node.journal
+            before = journal.position if journal is not None else 0
+            answer = self._answer(request, user, handler, params)
+            if journal is None or journal.position == before:
+                send(answer)
+            else:
+                journal.when_durable(lambda durable: send(answer if durable else self._not_written(request)))
+
+        def send(answer: bytes) -> None:
+            if not gone:
+                request.write(answer)
+                request.finish()
+
+        self.node.login(username, password, is_loopback(host), host, checked)
+        return NOT_DONE_YET
+
+    def _answer(self, request: Request, user: User | None, handler: Handler, params: dict[str, str]) -> bytes:
+        if user is None:
+            return self._refused(request, Problem(401, "not_authorized", "Login failed"), challenge=True)
+        try:
+            if not user.tags & MANAGEMENT_TAGS:
+                raise not_authorised("Not management user")
+            status, body = handler(Call(self, user, request, params, query_of(request.uri)))
+        except Problem as problem:
+            return self._refused(request, problem)
+        except Exception:
+            self._log.failure("management API request {path} failed", path=request.path)
+            status, body = 500, {"error": "internal_error", "reason": "internal error (see the broker log)"}
+        request.setResponseCode(status)
+        if body is None:
+            return b""
+        return json.dumps(body, default=json_default).encode()
+
+    @staticmethod
+    def _refused(request: Request, problem: Problem, challenge: bool = False) -> bytes:
+        """The answer to a refused request: its status and ``{"error", "reason"}`` (none for
+        405 and 415, and for 401 without credentials, as RabbitMQ answers them); with
+        ``challenge`` (a login that failed or was not given), the challenge of RabbitMQ's realm."""
+        request.setResponseCode(problem.status)
+        if challenge:
+            request.setHeader(b"WWW-Authenticate", f'Basic realm="{REALM}"'.encode())
+        if not problem.error:
+            request.responseHeaders.removeHeader(b"Content-Type")
+            return b""
+        return json.dumps({"error": problem.error, "reason": problem.reason}).encode()
+
+    @staticmethod
+    def _not_written(request: Request) -> bytes:
+        """The answer to a change the write-ahead log could not keep (it holds in memory)."""
+        request.setResponseCode(500)
+        reason = "the change was made but could not be written to the write-ahead log (see the broker log)"
+        return json.dumps({"error": "internal_error", "reason": reason}).encode()
+
+    # -- what a user may see --------------------------------------------------------------------
+
+    def vhosts(self, user: User, name: str | None = None, visible: bool = False) -> list[VirtualHost]:
+        """The vhosts a list shows ``user`` (RabbitMQ's management plugin): every one to an
+        administrator (and, where ``visible``, to a monitoring user: the vhost list and the
+        overview), else those the user may open. With ``name``: that one.
+
+        :raises Problem: 401 for a vhost that exists but is not the user's, 404 for a missing one
+        """
+        administrator = "administrator" in user.tags
+        if name is None:
+            sees_all = administrator or (visible and "monitoring" in user.tags)
+            return [v for v in self.node.vhosts.values() if sees_all or user.may_open(v.name)]
+        vhost = self.node.vhosts.get(name)
+        if vhost is None:
+            raise not_found()
+        if not administrator and not user.may_open(name):
+            raise not_authorised("User not authorised to access virtual host")
+        return [vhost]
+
+    def queue(self, user: User, vhost_name: str, name: str) -> WorkQueue:
+        queue = self.vhosts(user, vhost_name)[0].queues.get(name)
+        if queue is None:
+            raise not_found()
+        return queue
+
+    def readable_queue(self, user: User, vhost_name: str, name: str) -> WorkQueue:
+        """A queue whose messages ``user`` wants (get, purge): it needs the vhost, read
+        permission on the queue, and the queue must not be another connection's exclusive one
+        (RabbitMQ does these through an AMQP channel as the user, with its answers).
+
+        :raises Problem: 401 (no vhost access or no read permission), 400 (exclusive), 404
+        """
+        if not user.may_open(vhost_name):
+            raise not_authorised(f"access to vhost '{vhost_name}' refused for user '{user.name}'")
+        queue = self.queue(user, vhost_name, name)
+        access = user.access(vhost_name)
+        if access is not None:
+            try:
+                access.check("read", "queue", name)
+            except ChannelException as refused:
+                raise not_authorised(reply_text(refused)) from None
+        if queue.owner is not None:
+            raise Problem(
+                400,
+                "bad_request",
+                f"405 RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in vhost "
+                f"'{vhost_name}'. It could be originally declared on another connection or the exclusive "
+                "property value does not match that of the original declaration.",
+            )
+        return queue
+
+    def visible_connections(self, user: User) -> list[Any]:
+        return [
+            connection
+            for connection in self.node.connections
+            if user.tags & SEE_ALL_TAGS or connection.user_name == user.name
+        ]
+
+
+def management_site(node: Node, sampler: RateSampler, reactor: Any = None) -> Site:
+    """A twisted.web ``Site`` serving the API under ``/api`` (its timeouts on ``reactor``,
+    the global one by default)."""
+    root = Resource()
+    root.putChild(b"api", ManagementAPI(node, sampler))
+    return BoundedSite(root, reactor=reactor)

@@ -1,0 +1,144 @@
+"""What every part of the management API shares: the answer to a refused request, the
+request as a handler sees it, and RabbitMQ's names and constants."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, unquote_to_bytes
+
+if TYPE_CHECKING:
+    from twisted.web.server import Request
+
+    from broker.core.node import Node, User
+    from broker.server.management.api import ManagementAPI
+    from broker.server.management.rates import RateSampler
+
+#: The node's name, as RabbitMQ names a node (``name@host``).
+NODE_NAME = "postroom@localhost"
+
+#: Tags that let a user into the management API (RabbitMQ's; any other tag does not).
+MANAGEMENT_TAGS = frozenset({"administrator", "monitoring", "policymaker", "management"})
+#: Tags that see every connection and channel (not only the user's own) and every vhost in
+#: the vhost list and the overview.
+SEE_ALL_TAGS = frozenset({"administrator", "monitoring"})
+
+#: The RabbitMQ version whose definitions format ``GET /api/definitions`` follows.
+RABBITMQ_FORMAT_VERSION = "3.10.8"
+
+#: The realm of the 401 challenge: RabbitMQ's, which HTTP clients register credentials for.
+REALM = "RabbitMQ Management"
+
+
+class Problem(Exception):
+    """A refused request: its status, and RabbitMQ's ``error`` and ``reason``."""
+
+    def __init__(self, status: int, error: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.error, self.reason = status, error, reason
+
+
+def not_found() -> Problem:
+    """RabbitMQ's answer for anything that is not there (the same whatever is missing)."""
+    return Problem(404, "Object Not Found", "Not Found")
+
+
+def not_authorised(reason: str) -> Problem:
+    return Problem(401, "not_authorised", reason)
+
+
+def required(body: dict[str, Any], keys: tuple[str, ...]) -> list[Any]:
+    """The values of ``keys`` in ``body``; 400 naming every one missing, as RabbitMQ does (its
+    Erlang term, one to a line once the list is past a line's width)."""
+    missing = [f"{{key_missing,{key}}}" for key in keys if key not in body]
+    if missing:
+        line = "[" + ",".join(missing) + "]"
+        raise Problem(400, "bad_request", line if len(line) < 79 else "[" + ",\n ".join(missing) + "]")
+    return [body[key] for key in keys]
+
+
+def json_default(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """A request body as RabbitMQ's management plugin reads one: an object; empty, ``null``
+    or another literal as an empty one.
+
+    :raises Problem: 400 ``not_json`` for anything else (``NaN`` and ``Infinity`` included)
+    """
+    if body.strip() in (b"", b"null", b"undefined"):
+        return {}
+    try:
+        value = json.loads(body, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python parses
+        raise Problem(400, "bad_request", "not_json") from None
+    if isinstance(value, dict):
+        return value
+    if value is None or isinstance(value, bool):
+        return {}
+    raise Problem(400, "bad_request", "not_json")
+
+
+def segments(uri: bytes) -> list[str]:
+    """The path segments after ``/api/``, each percent-decoded once (``%2F`` is a vhost's ``/``).
+
+    Twisted's ``postpath`` was decoded once already, so it is not used: decoding it again
+    turned ``%2541`` into ``A``. A segment that is not UTF-8 once decoded, or a ``.`` or
+    ``..`` segment, is refused with 400, never silently dropped.
+
+    :raises Problem: 400
+    """
+    path = uri.split(b"?", 1)[0]
+    raw = [part for part in path.split(b"/") if part][1:]  # after "api"
+    decoded = []
+    for part in raw:
+        try:
+            segment = unquote_to_bytes(part).decode("utf-8")
+        except UnicodeDecodeError:
+            raise Problem(400, "bad_request", "a path segment is not UTF-8") from None
+        if segment in (".", ".."):
+            raise Problem(400, "bad_request", "'.' and '..' are not path segments here")
+        decoded.append(segment)
+    return decoded
+
+
+@dataclass
+class Call:
+    """One request as its handler sees it: who asks, the route's parameters (``:vhost`` and
+    the like, decoded) and the query string."""
+
+    api: ManagementAPI
+    user: User
+    request: Request
+    params: dict[str, str]
+    query: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def node(self) -> Node:
+        return self.api.node
+
+    @property
+    def sampler(self) -> RateSampler:
+        return self.api.sampler
+
+    def body(self) -> dict[str, Any]:
+        """The request's JSON object (see :func:`json_object`)."""
+        return json_object(self.request.content.read())
+
+    def flag(self, name: str) -> bool:
+        """Whether the query string sets ``name`` to ``true`` (``?if-unused=true``)."""
+        return self.query.get(name, [""])[-1] == "true"
+
+
+def query_of(uri: bytes) -> dict[str, list[str]]:
+    """The query string's parameters, decoded as UTF-8 (what does not decode is replaced)."""
+    _path, _, query = uri.partition(b"?")
+    return parse_qs(query.decode("utf-8", "replace"), keep_blank_values=True)

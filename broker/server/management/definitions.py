@@ -1,0 +1,171 @@
+"""Definitions: ``GET /api/definitions[/VHOST]`` exports the broker's topology, users and
+policies in RabbitMQ 3.10's format, for RabbitMQ (or Postroom) to import."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from broker.server.management.common import RABBITMQ_FORMAT_VERSION, Call, Problem, not_authorised
+from broker.server.management.policies import policy_view
+from broker.server.management.router import Router
+from broker.server.management.views import exchange_view, vhost_bindings
+from config.rabbitmq import HASHING_ALGORITHMS
+from config.schema import Permission
+
+if TYPE_CHECKING:
+    from broker.core.node import Node
+
+
+def install(router: Router) -> None:
+    router.add("/definitions", GET=definitions)
+    router.add("/definitions/:vhost", GET=definitions)
+
+
+#: ``password_hash`` prefixes of RabbitMQ's hashes and RabbitMQ's name for each algorithm.
+_HASHING_ALGORITHMS = {prefix: algorithm for algorithm, (prefix, _size) in HASHING_ALGORITHMS.items()}
+
+
+def export_users(
+    node: Node, salt: Callable[[], bytes] = lambda: os.urandom(4)
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The node's users, permissions and topic permissions as RabbitMQ's definitions hold them.
+
+    A password hash from RabbitMQ is exported as it came; a password in clear is hashed as
+    RabbitMQ hashes it (salted SHA-256, ``salt()`` giving the 4 bytes); a Postroom scrypt hash
+    has no RabbitMQ equivalent, so that user is exported with an empty hash (no password login
+    until one is set there). A user whose vhosts are not limited by permissions gets ``.*``
+    on each vhost it may open: RabbitMQ needs permissions to open one at all.
+    """
+    users, permissions, topic_permissions = [], [], []
+    for user in node.users:
+        scheme, _, encoded = (user.password_hash or "").partition("$")
+        if scheme in _HASHING_ALGORITHMS:
+            password_hash, algorithm = encoded, _HASHING_ALGORITHMS[scheme]
+        else:
+            password_hash, algorithm = "", "rabbit_password_hashing_sha256"
+            if user.password is not None:
+                salted = salt()
+                password_hash = base64.b64encode(
+                    salted + hashlib.sha256(salted + user.password.encode("utf-8")).digest()
+                ).decode()
+        limits = {
+            key: value
+            for key, value in (("max-connections", user.max_connections), ("max-channels", user.max_channels))
+            if value is not None
+        }
+        users.append(
+            {
+                "name": user.name,
+                "password_hash": password_hash,
+                "hashing_algorithm": algorithm,
+                "tags": sorted(user.tags),
+                "limits": limits,
+            }
+        )
+        granted = dict(user.permissions or {})
+        if user.permissions is None:
+            granted = {name: Permission() for name in node.vhosts if user.may_open(name)}
+        permissions += [
+            {"user": user.name, "vhost": vhost, "configure": p.configure, "write": p.write, "read": p.read}
+            for vhost, p in granted.items()
+        ]
+        topic_permissions += [
+            {"user": user.name, "vhost": vhost, "exchange": exchange, "write": t.write, "read": t.read}
+            for vhost, exchanges in (user.topic_permissions or {}).items()
+            for exchange, t in exchanges.items()
+        ]
+    return users, permissions, topic_permissions
+
+
+def definitions(call: Call) -> tuple[int, Any]:
+    """``GET /api/definitions[/VHOST]``: what RabbitMQ 3.10's export holds, for
+    administrators, in its shape, so that RabbitMQ imports it (``POST /api/definitions``,
+    ``rabbitmqctl import_definitions``). Like RabbitMQ's: every queue but exclusive ones,
+    every exchange but the default and ``amq.*`` ones, the bindings between what is exported
+    (and from ``amq.*`` exchanges), policies, and operator policies and vhost limits as
+    ``parameters``; the whole node's adds users, vhosts, permissions and topic permissions.
+    One vhost's leaves ``vhost`` out of queues, exchanges and bindings, as RabbitMQ does.
+    """
+    if "administrator" not in call.user.tags:
+        raise not_authorised("Not administrator user")
+    node = call.node
+    one = call.params.get("vhost")
+    if one is not None:
+        vhost = node.vhosts.get(one)
+        if vhost is None:
+            raise Problem(400, "bad_request", "vhost_not_found")
+        vhosts = [vhost]
+    else:
+        vhosts = list(node.vhosts.values())
+    queues, exchanges, bindings, parameters, policies = [], [], [], [], []
+    for vhost in vhosts:
+        exported = {queue.name for queue in vhost.queues.values() if queue.owner is None}
+        for queue in vhost.queues.values():
+            if queue.name in exported:
+                queues.append(
+                    {
+                        "name": queue.name,
+                        "vhost": vhost.name,
+                        "durable": queue.durable,
+                        "auto_delete": queue.auto_delete,
+                        "arguments": dict(queue.arguments),
+                    }
+                )
+        for exchange in vhost.exchanges.values():
+            if exchange.name and not exchange.name.startswith("amq."):
+                view = exchange_view(vhost, exchange)
+                view.pop("policy", None)
+                exchanges.append(view)
+        bindings += [
+            {key: value for key, value in binding.items() if key != "properties_key"}  # (not exported)
+            for binding in vhost_bindings(vhost)
+            if (
+                binding["destination"] in exported
+                if binding["destination_type"] == "queue"
+                else binding["destination"]
+            )
+        ]
+        policies += [policy_view(vhost, policy) for policy in vhost.policies.values()]
+        parameters += [
+            {"value": policy.value(), "vhost": vhost.name, "component": "operator_policy", "name": policy.name}
+            for policy in vhost.operator_policies.values()
+        ]
+        limits = {
+            key: value
+            for key, value in (("max-connections", vhost.max_connections), ("max-queues", vhost.max_queues))
+            if value is not None
+        }
+        if limits:
+            parameters.append({"value": limits, "vhost": vhost.name, "component": "vhost-limits", "name": "limits"})
+    if one is not None:
+        for item in (*queues, *exchanges, *bindings):
+            del item["vhost"]
+        return 200, {
+            "rabbit_version": RABBITMQ_FORMAT_VERSION,
+            "parameters": parameters,
+            "policies": policies,
+            "queues": queues,
+            "exchanges": exchanges,
+            "bindings": bindings,
+        }
+    users, permissions, topic_permissions = export_users(node)
+    return 200, {
+        "rabbit_version": RABBITMQ_FORMAT_VERSION,
+        "rabbitmq_version": RABBITMQ_FORMAT_VERSION,
+        "product_name": node.product,
+        "product_version": node.version,
+        "users": users,
+        "vhosts": [{"name": vhost.name} for vhost in vhosts],
+        "permissions": permissions,
+        "topic_permissions": topic_permissions,
+        "parameters": parameters,
+        "global_parameters": [],
+        "policies": policies,
+        "queues": queues,
+        "exchanges": exchanges,
+        "bindings": bindings,
+    }

@@ -1,0 +1,334 @@
+"""What the API shows: the overview, the node, vhosts, queues, exchanges, bindings,
+consumers, connections and channels, in the shape of RabbitMQ's management plugin.
+
+Every view reads the broker's state as it is; rates come from the
+:class:`~broker.server.management.rates.RateSampler`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote_plus
+
+from broker.core.deadletter import DeadLetterReason
+from broker.core.policy import effective_definition
+from broker.core.stream import StreamQueue
+from broker.server.management.common import NODE_NAME, SEE_ALL_TAGS, Call, not_authorised, not_found
+from broker.server.management.rates import QUEUE_STATS, VHOST_STATS, RateSampler
+from broker.server.management.router import Router
+
+if TYPE_CHECKING:
+    from broker.core.entry import Consumer
+    from broker.core.queue import WorkQueue
+    from broker.core.vhost import Exchange, VirtualHost
+
+
+def install(router: Router) -> None:
+    router.add("/overview", GET=overview)
+    router.add("/nodes", GET=nodes)
+    router.add("/nodes/:node", GET=nodes)
+    router.add("/connections", GET=connections)
+    router.add("/channels", GET=channels)
+    router.add("/consumers", GET=consumers)
+    router.add("/consumers/:vhost", GET=consumers)
+    router.add("/exchanges", GET=exchanges)
+    router.add("/exchanges/:vhost", GET=exchanges)
+    router.add("/exchanges/:vhost/:exchange", GET=exchanges)
+    router.add("/queues", GET=queues)
+    router.add("/queues/:vhost", GET=queues)
+    router.add("/queues/:vhost/:queue", GET=queues)
+    router.add("/bindings", GET=bindings)
+    router.add("/bindings/:vhost", GET=bindings)
+    router.add("/vhosts", GET=vhosts)
+    router.add("/vhosts/:vhost", GET=vhosts)
+
+
+def overview(call: Call) -> tuple[int, Any]:
+    node, sampler = call.node, call.sampler
+    shown = call.api.vhosts(call.user, visible=True)
+    queue_views = [queue_view(sampler, vhost, queue) for vhost in shown for queue in vhost.queues.values()]
+    visible = call.api.visible_connections(call.user)
+    stats: dict[str, Any] = {}
+    for stat in ("publish", "return_unroutable"):
+        attribute = VHOST_STATS[stat]
+        stats[stat] = sum(getattr(vhost, attribute) for vhost in shown)
+        stats[f"{stat}_details"] = {"rate": sum(sampler.rate(v.name, "", stat) for v in shown)}
+    for stat in ("deliver_get", "ack", "redeliver"):
+        stats[stat] = sum(queue["message_stats"][stat] for queue in queue_views)
+        rates = (queue["message_stats"][f"{stat}_details"]["rate"] for queue in queue_views)
+        stats[f"{stat}_details"] = {"rate": sum(rates)}
+    return 200, {
+        "product_name": node.product,
+        "product_version": node.version,
+        "management_version": node.version,
+        "node": NODE_NAME,
+        "object_totals": {
+            "connections": len(visible),
+            "channels": sum(len(connection.channels) for connection in visible),
+            "exchanges": sum(len(vhost.exchanges) for vhost in shown),
+            "queues": len(queue_views),
+            "consumers": sum(queue["consumers"] for queue in queue_views),
+        },
+        "queue_totals": {
+            "messages": sum(queue["messages"] for queue in queue_views),
+            "messages_ready": sum(queue["messages_ready"] for queue in queue_views),
+            "messages_unacknowledged": sum(queue["messages_unacknowledged"] for queue in queue_views),
+        },
+        "message_stats": stats,
+    }
+
+
+def nodes(call: Call) -> tuple[int, Any]:
+    """``/api/nodes[/{name}]``: the one node, with its memory and disk readings and alarms
+    (for monitoring users and administrators, as RabbitMQ)."""
+    if not call.user.tags & SEE_ALL_TAGS:
+        raise not_authorised("Not monitor user")
+    node = call.node
+    monitor = node.resource_monitor
+    view = {
+        "name": NODE_NAME,
+        "type": "disc",
+        "running": True,
+        "mem_used": monitor.memory_used if monitor is not None else None,
+        "mem_limit": monitor.memory_limit if monitor is not None else None,
+        "mem_alarm": "memory" in node.alarms,
+        "disk_free": monitor.disk_free if monitor is not None else None,
+        "disk_free_limit": monitor.disk_limit if monitor is not None and monitor.disk_path else None,
+        "disk_free_alarm": "disk" in node.alarms,
+    }
+    if "node" not in call.params:
+        return 200, [view]
+    if call.params["node"] != view["name"]:
+        raise not_found()
+    return 200, view
+
+
+def vhosts(call: Call) -> tuple[int, Any]:
+    """``/api/vhosts`` (every vhost to a monitoring user too) or ``/api/vhosts/NAME``
+    (administrators only, as RabbitMQ 3.10)."""
+    name = call.params.get("vhost")
+    if name is None:
+        shown = call.api.vhosts(call.user, visible=True)
+    elif "administrator" not in call.user.tags:
+        raise not_authorised("Not administrator user")
+    else:
+        shown = call.api.vhosts(call.user, name)
+    views = [
+        {
+            "name": vhost.name,
+            "messages": sum(q.message_count + q.unacked_count for q in vhost.queues.values()),
+            "messages_ready": sum(q.message_count for q in vhost.queues.values()),
+            "messages_unacknowledged": sum(q.unacked_count for q in vhost.queues.values()),
+        }
+        for vhost in shown
+    ]
+    return 200, views if name is None else views[0]
+
+
+def queue_view(sampler: RateSampler, vhost: VirtualHost, queue: WorkQueue) -> dict[str, Any]:
+    rate = sampler.rate
+    active = queue.active_consumer
+    stats: dict[str, Any] = {}
+    for stat, attribute in QUEUE_STATS.items():
+        stats[stat] = getattr(queue, attribute)
+        stats[f"{stat}_details"] = {"rate": rate(vhost.name, queue.name, stat)}
+    view = {
+        "name": queue.name,
+        "vhost": vhost.name,
+        "node": NODE_NAME,
+        "durable": queue.durable,
+        "auto_delete": queue.auto_delete,
+        "exclusive": queue.exclusive,
+        "type": queue.kind,
+        "arguments": queue.arguments,
+        "messages": queue.message_count + queue.unacked_count,
+        "messages_ready": queue.message_count,
+        "messages_unacknowledged": queue.unacked_count,
+        "consumers": queue.consumer_count,
+        "message_stats": stats,
+        "dead_lettered": {reason.value: queue.dead_lettered.get(reason, 0) for reason in DeadLetterReason},
+        "visibility_timeouts": queue.visibility_timeouts,
+        "policy": queue.policy.name if queue.policy is not None else None,
+        "operator_policy": queue.operator_policy.name if queue.operator_policy is not None else None,
+        "effective_policy_definition": effective_definition(queue.policy, queue.operator_policy),
+    }
+    if isinstance(queue, StreamQueue):
+        # RabbitMQ's stream fields: one node holds the stream, its only member; ``readers``
+        # counts the consumers reading it there.
+        view.update(members=[NODE_NAME], online=[NODE_NAME], readers={NODE_NAME: queue.consumer_count})
+        view["state"] = "running"
+    else:
+        view["single_active_consumer_tag"] = active.tag if active is not None else None
+        view["exclusive_consumer_tag"] = next((c.tag for c in queue.consumers if c.exclusive), None)
+    return view
+
+
+def consumer_view(vhost: VirtualHost, queue: WorkQueue, consumer: Consumer) -> dict[str, Any]:
+    """A consumer as RabbitMQ's ``consumer_details`` show it: ``active`` and
+    ``activity_status`` (``single_active``, ``waiting``, or ``up`` on other queues)."""
+    channel = consumer.channel
+    connection = channel.connection  # type: ignore[attr-defined]
+    if queue.settings.single_active_consumer:
+        active = queue.active_consumer is consumer
+        status = "single_active" if active else "waiting"
+    else:
+        active, status = True, "up"
+    return {
+        "queue": {"name": queue.name, "vhost": vhost.name},
+        "channel_details": {
+            "name": f"{connection.peer} ({channel.id})",  # type: ignore[attr-defined]
+            "number": channel.id,  # type: ignore[attr-defined]
+            "connection_name": connection.peer,
+            "user": connection.user_name,
+        },
+        "consumer_tag": consumer.tag,
+        "exclusive": consumer.exclusive,
+        "ack_required": not consumer.no_ack,
+        "prefetch_count": consumer.prefetch,
+        "active": active,
+        "activity_status": status,
+        "arguments": dict(consumer.arguments),
+    }
+
+
+def consumers(call: Call) -> tuple[int, Any]:
+    """``GET /api/consumers[/VHOST]``: every consumer of the vhosts the user sees."""
+    return 200, [
+        consumer_view(vhost, queue, consumer)
+        for vhost in call.api.vhosts(call.user, call.params.get("vhost"))
+        for queue in sorted(vhost.queues.values(), key=lambda q: q.name)
+        for consumer in queue.consumers
+    ]
+
+
+def queues(call: Call) -> tuple[int, Any]:
+    user, params = call.user, call.params
+    if "queue" in params:
+        vhost = call.api.vhosts(user, params["vhost"])[0]
+        queue = call.api.queue(user, params["vhost"], params["queue"])
+        view = queue_view(call.sampler, vhost, queue)
+        view["consumer_details"] = [consumer_view(vhost, queue, c) for c in queue.consumers]
+        return 200, view
+    return 200, [
+        queue_view(call.sampler, vhost, queue)
+        for vhost in call.api.vhosts(user, params.get("vhost"))
+        for queue in sorted(vhost.queues.values(), key=lambda q: q.name)
+    ]
+
+
+def exchange_view(vhost: VirtualHost, exchange: Exchange) -> dict[str, Any]:
+    view = {
+        "name": exchange.name,
+        "vhost": vhost.name,
+        "type": exchange.type_name,
+        "durable": exchange.durable,
+        "auto_delete": exchange.auto_delete,
+        "internal": exchange.internal,
+        "arguments": exchange.arguments,
+    }
+    if exchange.policy is not None:  # as RabbitMQ: only when one applies
+        view["policy"] = exchange.policy.name
+    return view
+
+
+def exchanges(call: Call) -> tuple[int, Any]:
+    user, params = call.user, call.params
+    if "exchange" in params:
+        vhost = call.api.vhosts(user, params["vhost"])[0]
+        exchange = vhost.exchanges.get(params["exchange"])
+        if exchange is None:
+            raise not_found()
+        return 200, exchange_view(vhost, exchange)
+    return 200, [
+        exchange_view(vhost, exchange)
+        for vhost in call.api.vhosts(user, params.get("vhost"))
+        for exchange in vhost.exchanges.values()
+    ]
+
+
+def bindings(call: Call) -> tuple[int, Any]:
+    return 200, [
+        binding
+        for vhost in call.api.vhosts(call.user, call.params.get("vhost"))
+        for binding in vhost_bindings(vhost)
+    ]
+
+
+def vhost_bindings(vhost: VirtualHost) -> list[dict[str, Any]]:
+    result = []
+    for exchange in vhost.exchanges.values():
+        if exchange.name == "":
+            continue  # the default exchange's implicit bindings are not listed
+        for destination, routing_key, arguments in exchange.router.bindings():
+            is_queue = hasattr(destination, "kind")  # a queue of any kind (exchanges have none)
+            name = destination.name  # type: ignore[attr-defined]
+            result.append(binding_view(vhost, exchange.name, name, is_queue, routing_key, dict(arguments)))
+    return result
+
+
+def properties_key(routing_key: str, arguments: dict[str, Any]) -> str:
+    """What names one binding in a path: its routing key (``~`` alone for an empty key and
+    no arguments), then ``~`` and a hash of its arguments when it has any."""
+    if not arguments:
+        return quoted(routing_key) if routing_key else "~"
+    digest = hashlib.sha256(json.dumps(arguments, sort_keys=True, default=str).encode()).digest()[:4]
+    return f"{quoted(routing_key)}~{quoted(base64.urlsafe_b64encode(digest).decode().rstrip('='))}"
+
+
+def quoted(text: str) -> str:
+    """``text`` as RabbitMQ quotes a binding's key for a path (``quote_plus``, ``~`` too)."""
+    return quote_plus(text, safe="").replace("~", "%7E")
+
+
+def binding_view(
+    vhost: VirtualHost, source: str, destination: str, is_queue: bool, key: str, arguments: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "source": source,
+        "vhost": vhost.name,
+        "destination": destination,
+        "destination_type": "queue" if is_queue else "exchange",
+        "routing_key": key,
+        "arguments": arguments,
+        "properties_key": properties_key(key, arguments),
+    }
+
+
+def connections(call: Call) -> tuple[int, Any]:
+    return 200, [
+        {
+            "name": connection.peer,
+            "user": connection.user_name,
+            "vhost": connection.vhost.name if connection.vhost is not None else None,
+            "channels": len(connection.channels),
+            "frame_max": connection.frame_max,
+            "channel_max": connection.channel_max,
+            "timeout": connection.heartbeat,
+            "client_properties": connection.client_properties,
+            "state": "running",
+        }
+        for connection in sorted(call.api.visible_connections(call.user), key=lambda c: c.peer)
+    ]
+
+
+def channels(call: Call) -> tuple[int, Any]:
+    return 200, [
+        {
+            "name": f"{connection.peer} ({number})",
+            "number": number,
+            "connection_details": {"name": connection.peer},
+            "user": connection.user_name,
+            "vhost": connection.vhost.name if connection.vhost is not None else None,
+            "consumer_count": len(channel.consuming.consumers),
+            "messages_unacknowledged": channel.consuming.unacked_count,
+            "prefetch_count": channel.consuming.prefetch_consumer,
+            "global_prefetch_count": channel.consuming.prefetch_global,
+            "confirm": channel.confirms is not None,
+            "transactional": bool(channel.transactional),
+        }
+        for connection in sorted(call.api.visible_connections(call.user), key=lambda c: c.peer)
+        for number, channel in sorted(connection.channels.items())
+    ]
