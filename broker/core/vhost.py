@@ -22,6 +22,7 @@ from broker.core.policy import Policy, alternate_exchange, choose, queue_argumen
 from broker.core.queue import QueueSettings, WorkQueue
 from broker.core.stream import StreamQueue
 from broker.errors import ChannelException, ReplyCode
+from broker.wire.codec import FLAG_DELIVERY_MODE
 from exchanges.interfaces import BindingInvalid, IInterceptingRouter, IRouter
 from exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType, default_registry
 
@@ -664,7 +665,7 @@ class VirtualHost:
         """Put ``message`` in each of ``queues`` (what :meth:`route` gave), recorded in the log
         first for the durable ones when it is persistent; whether every queue took it."""
         journal = self.journal
-        if journal is not None and queues and message.persistent:
+        if journal is not None and queues and message.flags & FLAG_DELIVERY_MODE and message.persistent:
             durable = [queue.name for queue in queues if queue.journal is not None]
             if durable:
                 journal.published(message, self.name, durable)
