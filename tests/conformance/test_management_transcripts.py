@@ -15,6 +15,7 @@ import base64
 import hashlib
 import json
 import subprocess
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -909,5 +910,67 @@ def test_declaring_binding_publishing_and_getting_through_the_api_answer_as_on_r
         f"{label}: rabbitmq {want}, postroom {got}"
         for (label, want), (_, got) in zip(expected, actual, strict=True)
         if want != got
+    ]
+    assert not mismatches, "\n".join(mismatches)
+
+
+#: RabbitMQ's own ``rabbitmqadmin`` script, from the installed ``rabbitmq-server`` package.
+RABBITMQADMIN = Path("/usr/bin/rabbitmqadmin")
+
+
+def rabbitmqadmin_session(http_port: int) -> list[tuple[str, int, str]]:
+    """What ``rabbitmqadmin`` (unchanged) prints for a declare, bind, publish, get, list and
+    delete session, as tab-separated values; of lists, only the session's own rows."""
+    commands_run = [
+        ["declare", "queue", "name=adm.q", "durable=true"],
+        ["declare", "queue", "name=adm.q2", "durable=false", 'arguments={"x-max-length": 5}'],
+        ["declare", "exchange", "name=adm.e", "type=topic"],
+        ["declare", "binding", "source=adm.e", "destination=adm.q", "routing_key=a.*"],
+        ["declare", "binding", "source=adm.e", "destination=adm.q2", "routing_key=#"],
+        ["publish", "exchange=adm.e", "routing_key=a.b", "payload=hello"],
+        ["publish", "exchange=amq.default", "routing_key=adm.q2", "payload=direct", 'properties={"delivery_mode": 2}'],
+        ["list", "queues", "name", "durable", "auto_delete", "arguments"],
+        ["list", "exchanges", "name", "type", "durable"],
+        ["list", "bindings", "source", "destination", "destination_type", "routing_key"],
+        ["get", "queue=adm.q", "ackmode=ack_requeue_false"],
+        ["get", "queue=adm.q2", "count=5"],
+        ["get", "queue=adm.q2", "count=5"],
+        ["purge", "queue", "name=adm.q2"],
+        ["delete", "binding", "source=adm.e", "destination_type=queue", "destination=adm.q", "properties_key=a.*"],
+        ["list", "bindings", "source", "destination", "routing_key"],
+        ["declare", "exchange", "name=adm.e", "type=direct"],
+        ["delete", "exchange", "name=adm.e"],
+        ["delete", "queue", "name=adm.q"],
+        ["delete", "queue", "name=adm.q2"],
+        ["list", "queues", "name"],
+    ]
+    printed = []
+    for arguments in commands_run:
+        done = subprocess.run(
+            [sys.executable, str(RABBITMQADMIN), "-H", "127.0.0.1", "-P", str(http_port), "-f", "tsv", *arguments],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        output = done.stdout + done.stderr
+        if arguments[0] == "list":  # the session's rows (the brokers hold other things too)
+            output = "\n".join(line for line in output.splitlines() if "adm." in line)
+        printed.append((" ".join(arguments), done.returncode, output))
+    return printed
+
+
+def test_rabbitmqadmin_works_through_postroom_as_through_rabbitmq(
+    rabbitmq_management: tuple[int, int], postroom_management: tuple[int, int]
+) -> None:
+    assert RABBITMQADMIN.exists(), "rabbitmqadmin comes with rabbitmq-server: apt-get install -y rabbitmq-server"
+    expected = rabbitmqadmin_session(rabbitmq_management[1])
+    by_command = {command: (code, output) for command, code, output in expected}
+    assert by_command["publish exchange=adm.e routing_key=a.b payload=hello"][0] == 0  # what the oracle is about
+    assert by_command["declare exchange name=adm.e type=direct"][0] != 0, expected
+    actual = rabbitmqadmin_session(postroom_management[1])
+    mismatches = [
+        f"{command}: rabbitmq {code} {output!r}, postroom {got_code} {got!r}"
+        for (command, code, output), (_, got_code, got) in zip(expected, actual, strict=True)
+        if (code, output) != (got_code, got)
     ]
     assert not mismatches, "\n".join(mismatches)

@@ -24,6 +24,7 @@ from broker.errors import ChannelException
 from broker.server.http import BoundedSite
 from broker.server.management import definitions, health, objects, policies, streams, views
 from broker.server.management.common import (
+    DEFAULT_SORTS,
     MANAGEMENT_TAGS,
     REALM,
     SEE_ALL_TAGS,
@@ -34,6 +35,7 @@ from broker.server.management.common import (
     not_found,
     query_of,
     segments,
+    shaped,
 )
 from broker.server.management.rates import RateSampler
 from broker.server.management.router import Handler, Router
@@ -42,6 +44,15 @@ from broker.server.protocol import is_loopback
 if TYPE_CHECKING:
     from broker.core.node import Node, User
     from broker.core.vhost import VirtualHost
+
+
+#: Lists answered in the order they are made unless a ``sort`` is asked for (bindings come
+#: in their exchanges' order; the rest sort by vhost and name, as RabbitMQ's).
+UNSORTED = frozenset({"bindings", "definitions", "feature-flags", "extensions", "policies", "operator-policies"})
+
+
+def path_of(request: Request) -> list[str]:
+    return segments(request.uri) or [""]
 
 
 def routes() -> Router:
@@ -122,7 +133,10 @@ class ManagementAPI(Resource):
         try:
             if not user.tags & MANAGEMENT_TAGS:
                 raise not_authorised("Not management user")
-            status, body = handler(Call(self, user, request, params, query_of(request.uri)))
+            query = query_of(request.uri)
+            status, body = handler(Call(self, user, request, params, query))
+            if isinstance(body, list) and request.method == b"GET":
+                body = shaped(body, query, () if path_of(request)[0] in UNSORTED else DEFAULT_SORTS)
         except Problem as problem:
             return self._refused(request, problem)
         except Exception:

@@ -142,3 +142,57 @@ def query_of(uri: bytes) -> dict[str, list[str]]:
     """The query string's parameters, decoded as UTF-8 (what does not decode is replaced)."""
     _path, _, query = uri.partition(b"?")
     return parse_qs(query.decode("utf-8", "replace"), keep_blank_values=True)
+
+
+#: How RabbitMQ sorts a list it is not asked to sort otherwise.
+DEFAULT_SORTS = ("vhost", "name")
+
+
+def shaped(items: list[Any], query: dict[str, list[str]], default_sorts: tuple[str, ...] = DEFAULT_SORTS) -> Any:
+    """A list answer as RabbitMQ's ``reply_list`` shapes it: sorted by ``sort`` (a dotted
+    path), then by ``default_sorts``, reversed with ``sort_reverse=true`` (an empty ``sort``
+    leaves the order alone); with ``columns``, each item cut to those (dotted) paths."""
+    sort = query.get("sort", [None])[-1]
+    if sort != "":
+        keys = ([sort] if sort else []) + list(default_sorts)
+        items = sorted(items, key=lambda item: [_term_order(_at(item, key)) for key in keys])
+        if query.get("sort_reverse", [""])[-1] == "true":
+            items.reverse()
+    columns = [column for column in query.get("columns", [""])[-1].split(",") if column]
+    if columns:
+        items = [_columns(item, columns) for item in items]
+    return items
+
+
+def _at(item: Any, path: str) -> Any:
+    for part in path.split("."):
+        item = item.get(part) if isinstance(item, dict) else None
+    return item
+
+
+def _term_order(value: Any) -> tuple[int, Any]:
+    """A JSON value's place in Erlang's term order (numbers, then atoms, then lists and maps,
+    then binaries, byte by byte), the order RabbitMQ sorts by."""
+    if isinstance(value, bool) or value is None:
+        return (1, str(value).lower())
+    if isinstance(value, int | float):
+        return (0, value)
+    if isinstance(value, str):
+        return (3, value.encode("utf-8", "surrogateescape"))
+    return (2, json.dumps(value, sort_keys=True))
+
+
+def _columns(item: Any, columns: list[str]) -> Any:
+    if not isinstance(item, dict):
+        return item
+    kept: dict[str, Any] = {}
+    for column in columns:
+        head, _, rest = column.partition(".")
+        if head not in item:
+            continue
+        if rest and isinstance(item[head], dict):
+            inner = _columns(item[head], [rest])
+            kept[head] = {**kept.get(head, {}), **inner} if isinstance(kept.get(head), dict) else inner
+        else:
+            kept[head] = item[head]
+    return kept

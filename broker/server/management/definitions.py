@@ -123,7 +123,8 @@ def definitions(call: Call) -> tuple[int, Any]:
         bindings += [
             {key: value for key, value in binding.items() if key != "properties_key"}  # (not exported)
             for binding in vhost_bindings(vhost)
-            if (
+            if binding["source"]  # (the default exchange's are implicit)
+            and (
                 binding["destination"] in exported
                 if binding["destination_type"] == "queue"
                 else binding["destination"]

@@ -14,7 +14,7 @@ import binascii
 import struct
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote_plus
 
 from pamqp import commands
 from pamqp.exceptions import PAMQPException
@@ -198,12 +198,25 @@ def bindings_between(call: Call) -> tuple[int, Any]:
     return 200, _bindings_between(*_between(call))
 
 
+def _named(bindings: list[dict[str, Any]], props: str) -> dict[str, Any]:
+    """The binding ``props`` names, read as RabbitMQ reads it: the routing key (unquoted) and,
+    after a ``~``, the hash of its arguments (none: a binding without arguments).
+
+    :raises Problem: 404 when none is
+    """
+    key, _, hashed = props.partition("~")
+    key = unquote_plus(key)
+    for found in bindings:
+        if found["routing_key"] != key:
+            continue
+        if (not hashed and not found["arguments"]) or (hashed and found["properties_key"].endswith("~" + hashed)):
+            return found
+    raise not_found()
+
+
 def binding(call: Call) -> tuple[int, Any]:
     """``GET /api/bindings/VHOST/e/SOURCE/q|e/DESTINATION/PROPS``."""
-    found = [b for b in _bindings_between(*_between(call)) if b["properties_key"] == call.params["props"]]
-    if not found:
-        raise not_found()
-    return 200, found[0]
+    return 200, _named(_bindings_between(*_between(call)), call.params["props"])
 
 
 def bind(call: Call) -> tuple[int, Any]:
@@ -237,11 +250,8 @@ def bind(call: Call) -> tuple[int, Any]:
 def unbind(call: Call) -> tuple[int, None]:
     """``DELETE /api/bindings/VHOST/e/SOURCE/q|e/DESTINATION/PROPS``."""
     vhost, source, destination, is_queue = _between(call)
-    listed = _bindings_between(vhost, source, destination, is_queue)
-    found = [b for b in listed if b["properties_key"] == call.params["props"]]
-    if not found:
-        raise not_found()
-    key, arguments = found[0]["routing_key"], found[0]["arguments"]
+    found = _named(_bindings_between(vhost, source, destination, is_queue), call.params["props"])
+    key, arguments = found["routing_key"], found["arguments"]
     try:
         access = call.user.access(vhost.name)
         if access is not None:

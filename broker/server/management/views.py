@@ -16,7 +16,14 @@ from urllib.parse import quote_plus
 from broker.core.deadletter import DeadLetterReason
 from broker.core.policy import effective_definition
 from broker.core.stream import StreamQueue
-from broker.server.management.common import NODE_NAME, SEE_ALL_TAGS, Call, not_authorised, not_found
+from broker.server.management.common import (
+    NODE_NAME,
+    RABBITMQ_FORMAT_VERSION,
+    SEE_ALL_TAGS,
+    Call,
+    not_authorised,
+    not_found,
+)
 from broker.server.management.rates import QUEUE_STATS, VHOST_STATS, RateSampler
 from broker.server.management.router import Router
 
@@ -64,6 +71,9 @@ def overview(call: Call) -> tuple[int, Any]:
         "product_name": node.product,
         "product_version": node.version,
         "management_version": node.version,
+        # The RabbitMQ whose behaviour this broker follows (tools read it to know what to ask).
+        "rabbitmq_version": RABBITMQ_FORMAT_VERSION,
+        "cluster_name": NODE_NAME,
         "node": NODE_NAME,
         "object_totals": {
             "connections": len(visible),
@@ -234,19 +244,35 @@ def exchange_view(vhost: VirtualHost, exchange: Exchange) -> dict[str, Any]:
     return view
 
 
+def default_exchange_view(vhost: VirtualHost) -> dict[str, Any]:
+    """The default exchange, which RabbitMQ lists as ``""`` (and finds as ``amq.default``)."""
+    return {
+        "name": "",
+        "vhost": vhost.name,
+        "type": "direct",
+        "durable": True,
+        "auto_delete": False,
+        "internal": False,
+        "arguments": {},
+    }
+
+
 def exchanges(call: Call) -> tuple[int, Any]:
     user, params = call.user, call.params
     if "exchange" in params:
         vhost = call.api.vhosts(user, params["vhost"])[0]
-        exchange = vhost.exchanges.get(params["exchange"])
+        name = params["exchange"]
+        if name == "amq.default":
+            return 200, default_exchange_view(vhost)
+        exchange = vhost.exchanges.get(name)
         if exchange is None:
             raise not_found()
         return 200, exchange_view(vhost, exchange)
-    return 200, [
-        exchange_view(vhost, exchange)
-        for vhost in call.api.vhosts(user, params.get("vhost"))
-        for exchange in vhost.exchanges.values()
-    ]
+    views = []
+    for vhost in call.api.vhosts(user, params.get("vhost")):
+        views.append(default_exchange_view(vhost))
+        views += [exchange_view(vhost, exchange) for exchange in vhost.exchanges.values() if exchange.name]
+    return 200, views
 
 
 def bindings(call: Call) -> tuple[int, Any]:
@@ -258,10 +284,12 @@ def bindings(call: Call) -> tuple[int, Any]:
 
 
 def vhost_bindings(vhost: VirtualHost) -> list[dict[str, Any]]:
-    result = []
+    """Every binding of ``vhost``: first the default exchange's to each queue (by its name,
+    as RabbitMQ lists them), then those of each exchange."""
+    result = [binding_view(vhost, "", name, True, name, {}) for name in sorted(vhost.queues)]
     for exchange in vhost.exchanges.values():
         if exchange.name == "":
-            continue  # the default exchange's implicit bindings are not listed
+            continue
         for destination, routing_key, arguments in exchange.router.bindings():
             is_queue = hasattr(destination, "kind")  # a queue of any kind (exchanges have none)
             name = destination.name  # type: ignore[attr-defined]
