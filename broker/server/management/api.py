@@ -51,6 +51,10 @@ if TYPE_CHECKING:
 UNSORTED = frozenset({"bindings", "definitions", "feature-flags", "extensions", "policies", "operator-policies"})
 
 
+#: Lists that answer a ``page`` (RabbitMQ's).
+PAGINATED = frozenset({"queues", "exchanges", "vhosts", "connections", "channels"})
+
+
 def path_of(request: Request) -> list[str]:
     return segments(request.uri) or [""]
 
@@ -136,7 +140,8 @@ class ManagementAPI(Resource):
             query = query_of(request.uri)
             status, body = handler(Call(self, user, request, params, query))
             if isinstance(body, list) and request.method == b"GET":
-                body = shaped(body, query, () if path_of(request)[0] in UNSORTED else DEFAULT_SORTS)
+                kind = path_of(request)[0]
+                body = shaped(body, query, () if kind in UNSORTED else DEFAULT_SORTS, kind in PAGINATED)
         except Problem as problem:
             return self._refused(request, problem)
         except Exception:

@@ -4,6 +4,7 @@ request as a handler sees it, and RabbitMQ's names and constants."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote_to_bytes
@@ -148,25 +149,93 @@ def query_of(uri: bytes) -> dict[str, list[str]]:
 DEFAULT_SORTS = ("vhost", "name")
 
 
-def shaped(items: list[Any], query: dict[str, list[str]], default_sorts: tuple[str, ...] = DEFAULT_SORTS) -> Any:
+#: Items on a page unless ``page_size`` says, and the most it may say (RabbitMQ's).
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 500
+
+
+def shaped(
+    items: list[Any],
+    query: dict[str, list[str]],
+    default_sorts: tuple[str, ...] = DEFAULT_SORTS,
+    paginated: bool = False,
+) -> Any:
     """A list answer as RabbitMQ's ``reply_list`` shapes it: sorted by ``sort`` (a dotted
     path), then by ``default_sorts``, reversed with ``sort_reverse=true`` (an empty ``sort``
-    leaves the order alone); with ``columns``, each item cut to those (dotted) paths."""
+    leaves the order alone), each item cut to the (dotted) paths of ``columns`` (before the sort
+    where RabbitMQ cuts first, after it on the lists that paginate, as RabbitMQ's do). Where
+    ``paginated``, a ``page`` (with ``page_size``, and ``name`` to keep the items whose name
+    holds it, any case, or matches it with ``use_regex=true``) answers that page and its counts.
+
+    :raises Problem: 400 for pagination parameters that are not valid, or a page past the end
+    """
+    pagination = _pagination(query) if paginated else None
+    columns = [column for column in query.get("columns", [""])[-1].split(",") if column]
+    if columns and not paginated:  # RabbitMQ's reply_list cuts first: a sort by a field left out sorts by nothing
+        items = [_columns(item, columns) for item in items]
     sort = query.get("sort", [None])[-1]
     if sort != "":
         keys = ([sort] if sort else []) + list(default_sorts)
         items = sorted(items, key=lambda item: [_term_order(_at(item, key)) for key in keys])
         if query.get("sort_reverse", [""])[-1] == "true":
             items.reverse()
-    columns = [column for column in query.get("columns", [""])[-1].split(",") if column]
-    if columns:
+    if columns and paginated:  # its lists that paginate sort the whole items, then cut
         items = [_columns(item, columns) for item in items]
-    return items
+    if pagination is None:
+        return items
+    page, size, name, use_regex = pagination
+    kept = items
+    if name:
+        if use_regex:
+            try:
+                pattern = re.compile(name, re.IGNORECASE)
+            except re.error:
+                raise Problem(400, "bad_request", "Pagination parameters are invalid") from None
+            kept = [item for item in items if pattern.search(str(item.get("name", "")))]
+        else:
+            kept = [item for item in items if name.lower() in str(item.get("name", "")).lower()]
+    start = (page - 1) * size
+    if start > len(kept):
+        reason = f"Page out of range, page: {page} page size: {size}, len: {len(kept)}"
+        raise Problem(400, "page_out_of_range", reason)
+    shown = kept[start : start + size]
+    return {
+        "total_count": len(items),
+        "item_count": len(shown),
+        "filtered_count": len(kept),
+        "page": page,
+        "page_size": size,
+        "page_count": (len(kept) + size - 1) // size,
+        "items": shown,
+    }
+
+
+def _pagination(query: dict[str, list[str]]) -> tuple[int, int, str, bool] | None:
+    """``(page, page_size, name, use_regex)`` of a query, as RabbitMQ validates them;
+    ``None`` without ``page``."""
+    raw_page, raw_size = query.get("page", [None])[-1], query.get("page_size", [None])[-1]
+    try:
+        page = int(raw_page) if raw_page is not None else None
+        size = int(raw_size) if raw_size is not None else None
+    except ValueError:
+        raise Problem(400, "bad_request", "Pagination parameters are invalid") from None
+    if page is None:
+        return None
+    if page < 1 or (size is not None and not 0 < size <= MAX_PAGE_SIZE):
+        shown = "undefined" if size is None else size
+        reason = f"Invalid pagination parameters: page number {page}, page size {shown}"
+        raise Problem(400, "invalid_pagination_parameters", reason)
+    name = query.get("name", [""])[-1]
+    return page, size or DEFAULT_PAGE_SIZE, name, query.get("use_regex", [""])[-1] == "true"
 
 
 def _at(item: Any, path: str) -> Any:
+    """The value at a dotted ``path`` of ``item``; 0 where there is none (RabbitMQ's
+    ``get_dotted_value``: nothing sorts before everything else)."""
     for part in path.split("."):
-        item = item.get(part) if isinstance(item, dict) else None
+        if not isinstance(item, dict) or part not in item:
+            return 0
+        item = item[part]
     return item
 
 
