@@ -132,6 +132,16 @@ def api(
             return error.code, None
 
 
+def assert_alike(expected: list[tuple[str, Any]], actual: list[tuple[str, Any]]) -> None:
+    """Each step's answer on Postroom is RabbitMQ's; every one that is not is named."""
+    mismatches = [
+        f"{step}: rabbitmq {want!r}, postroom {got!r}"
+        for (step, want), (_, got) in zip(expected, actual, strict=True)
+        if want != got
+    ]
+    assert not mismatches, "\n".join(mismatches)
+
+
 def shown(status: int, body: Any, pick: Callable[[list[dict[str, Any]]], Any]) -> Any:
     """What an answer shows: the error of a refusal, else what ``pick`` takes from its list."""
     if status >= 400:
@@ -649,12 +659,7 @@ def test_stream_keys_of_policies_apply_as_on_rabbitmq(
     # What the oracle is about: the policy streams take, and the one they do not.
     assert by_step["stream keys: mg.s"] == "mg-s-good" and by_step["stream keys: mg.c"] is None
     assert by_step["a higher policy with a key streams do not take: mg.s"] == "mg-s-good"
-    mismatches = [
-        f"{step}: rabbitmq {want}, postroom {got}"
-        for (step, want), (_, got) in zip(expected, actual, strict=True)
-        if want != got
-    ]
-    assert not mismatches, "\n".join(mismatches)
+    assert_alike(expected, actual)
 
 
 #: What a stream's queue view says of it, besides what every queue's view says (the node's own
@@ -781,12 +786,7 @@ def test_health_checks_and_refusals_answer_as_on_rabbitmq(
     assert by_label["no credentials"] == [401, 'Basic realm="RabbitMQ Management"', None]
     assert by_label["a port nothing listens on"][0] == 503
     actual = health_answers(*postroom_management)
-    mismatches = [
-        f"{label}: rabbitmq {want}, postroom {got}"
-        for (label, want), (_, got) in zip(expected, actual, strict=True)
-        if want != got
-    ]
-    assert not mismatches, "\n".join(mismatches)
+    assert_alike(expected, actual)
 
 
 def send(port: int, path: str, method: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any, str | None]:
@@ -906,12 +906,7 @@ def test_declaring_binding_publishing_and_getting_through_the_api_answer_as_on_r
     by_label = dict(expected)
     assert by_label["declare a topic exchange"][0] == 201 and by_label["bind with no key"][2] == "mg.w1/~"
     actual = write_answers(postroom_management[1])
-    mismatches = [
-        f"{label}: rabbitmq {want}, postroom {got}"
-        for (label, want), (_, got) in zip(expected, actual, strict=True)
-        if want != got
-    ]
-    assert not mismatches, "\n".join(mismatches)
+    assert_alike(expected, actual)
 
 
 #: RabbitMQ's own ``rabbitmqadmin`` script, from the installed ``rabbitmq-server`` package.
@@ -968,12 +963,7 @@ def test_rabbitmqadmin_works_through_postroom_as_through_rabbitmq(
     assert by_command["publish exchange=adm.e routing_key=a.b payload=hello"][0] == 0  # what the oracle is about
     assert by_command["declare exchange name=adm.e type=direct"][0] != 0, expected
     actual = rabbitmqadmin_session(postroom_management[1])
-    mismatches = [
-        f"{command}: rabbitmq {code} {output!r}, postroom {got_code} {got!r}"
-        for (command, code, output), (_, got_code, got) in zip(expected, actual, strict=True)
-        if (code, output) != (got_code, got)
-    ]
-    assert not mismatches, "\n".join(mismatches)
+    assert_alike(*([(command, (code, output)) for command, code, output in run] for run in (expected, actual)))
 
 
 def list_answers(http_port: int) -> list[tuple[str, Any]]:
@@ -1021,9 +1011,4 @@ def test_lists_sort_cut_and_paginate_as_on_rabbitmq(
     expected = list_answers(rabbitmq_management[1])
     assert dict(expected)["page 1 of two"][1]["page_count"] == 3  # what the oracle is about
     actual = list_answers(postroom_management[1])
-    mismatches = [
-        f"{label}: rabbitmq {want}, postroom {got}"
-        for (label, want), (_, got) in zip(expected, actual, strict=True)
-        if want != got
-    ]
-    assert not mismatches, "\n".join(mismatches)
+    assert_alike(expected, actual)
