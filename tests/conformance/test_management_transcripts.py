@@ -1012,3 +1012,35 @@ def test_lists_sort_cut_and_paginate_as_on_rabbitmq(
     assert dict(expected)["page 1 of two"][1]["page_count"] == 3  # what the oracle is about
     actual = list_answers(postroom_management[1])
     assert_alike(expected, actual)
+
+
+def user_answers(http_port: int) -> list[tuple[str, Any]]:
+    """Users, permissions, topic permissions and limits as an administrator and a monitoring
+    user see them; of lists, the fixture's users only, and a password hash as whether there is one."""
+    ours = {"guest", *TAGGED}
+    requests = [
+        ("guest", "users"), ("guest", "users/mg-mon"), ("guest", "users/mg-missing"), ("mg-mon", "users"),
+        ("guest", "permissions"), ("guest", "permissions/%2F/mg-pol"), ("guest", "permissions/mg-other/mg-pol"),
+        ("guest", "users/mg-mon/permissions"), ("guest", "vhosts/mg-other/permissions"),
+        ("guest", "topic-permissions"), ("guest", "topic-permissions/%2F/mg-mon"),
+        ("guest", "users/mg-mon/topic-permissions"), ("guest", "user-limits"), ("guest", "user-limits/mg-pol"),
+        ("guest", "vhost-limits"), ("guest", "vhost-limits/mg-other"), ("mg-mgmt", "permissions"),
+    ]  # fmt: skip
+    answers = []
+    for user, path in requests:
+        status, body = api(http_port, user, path)
+        if isinstance(body, list):  # the fixture's users (and vhost limits, which name no user)
+            body = [item for item in body if item.get("user", item.get("name")) in ours or "value" in item]
+        for item in body if isinstance(body, list) else [body]:
+            if isinstance(item, dict) and "password_hash" in item:
+                item["password_hash"] = bool(item["password_hash"])
+        answers.append((f"{user} {path}", [status, body]))
+    return answers
+
+
+def test_users_permissions_and_limits_are_listed_as_on_rabbitmq(
+    rabbitmq_management: tuple[int, int], postroom_management: tuple[int, int]
+) -> None:
+    expected = user_answers(rabbitmq_management[1])
+    assert dict(expected)["guest users/mg-mon"][0] == 200  # what the oracle is about
+    assert_alike(expected, user_answers(postroom_management[1]))

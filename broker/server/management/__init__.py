@@ -10,6 +10,7 @@ Its parts, each routing its own paths (see :func:`~broker.server.management.api.
 * :mod:`~broker.server.management.objects`: purging and peeking at queues, closing connections;
 * :mod:`~broker.server.management.policies`: policies and operator policies;
 * :mod:`~broker.server.management.definitions`: the definitions export;
+* :mod:`~broker.server.management.users`: users, permissions and limits (listed);
 * :mod:`~broker.server.management.streams`: Postroom's ``/api/streams``.
 
 Requests authenticate with HTTP Basic and the AMQP users (a ``loopback_only`` user only from

@@ -22,7 +22,7 @@ from broker.amqp.connection import reply_text
 from broker.core.queue import WorkQueue
 from broker.errors import ChannelException
 from broker.server.http import BoundedSite
-from broker.server.management import definitions, health, objects, policies, streams, views
+from broker.server.management import definitions, health, objects, policies, streams, users, views
 from broker.server.management.common import (
     DEFAULT_SORTS,
     MANAGEMENT_TAGS,
@@ -62,7 +62,7 @@ def path_of(request: Request) -> list[str]:
 def routes() -> Router:
     """Every route of the API, in the order RabbitMQ's dispatcher lists them."""
     router = Router()
-    for part in (health, views, streams, policies, definitions, objects):
+    for part in (health, views, streams, policies, definitions, objects, users):
         part.install(router)
     return router
 
