@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from broker.tools.testing import free_port, write_test_pki
+from broker.tools.testing import free_port, wait_for_port, write_test_pki
 from tests.integration.test_crash import broker
 
 
@@ -30,6 +30,7 @@ def check(port: int, path: str) -> tuple[int, Any]:
 def test_the_listeners_bound_are_what_the_port_and_protocol_checks_see(tmp_path: Path) -> None:
     http = free_port()
     with broker(tmp_path / "data", management=http) as (_process, port):
+        wait_for_port(http, 30)  # (the broker is started once its AMQP port listens)
         assert check(http, f"port-listener/{port}") == (200, {"status": "ok", "port": port})
         assert check(http, f"port-listener/{http}") == (200, {"status": "ok", "port": http})
         status, failed = check(http, "port-listener/1")
@@ -46,6 +47,7 @@ def test_a_tls_listener_is_listed_and_its_certificates_checked_for_expiry(tmp_pa
     http, amqps = free_port(), free_port()
     tls = f'tls: {{certificate: "{files["server.crt"]}", key: "{files["server.key"]}", ca: ["{files["client-ca"]}"]}}\n'
     with broker(tmp_path / "data", management=http, amqps=amqps, extra=tls):
+        wait_for_port(http, 30)  # (the broker is started once its AMQP port listens)
         assert check(http, f"port-listener/{amqps}") == (200, {"status": "ok", "port": amqps})
         assert check(http, "protocol-listener/amqps") == (200, {"status": "ok", "protocol": "amqp/ssl"})
         assert check(http, "certificate-expiration/1/days") == (200, {"status": "ok"})
