@@ -57,6 +57,7 @@ __all__ = [
     "pack_stream_messages",
     "unpack_stream_entries",
     "unpack_stream_messages",
+    "as_entries",
     "DEAD_LETTER_RECORDS",
     "DEAD_LETTER_PREVIEW_BYTES",
     "DEAD_LETTER_HEADER_VALUE_BYTES",
@@ -1277,7 +1278,10 @@ def unpack_stream_entries(data: bytes, count: int) -> list[tuple[bytes, bytes, b
 
     :raises WALCorruption: ``data`` does not hold exactly ``count`` of them
     """
-    return [
-        (names[1 : 1 + names[0]], names[2 + names[0] :], header, body)
-        for names, header, body in unpack_stream_messages(data, 0, count)
-    ]
+    return as_entries(unpack_stream_messages(data, 0, count))
+
+
+def as_entries(messages: list[tuple[bytes, bytes, bytes]]) -> list[tuple[bytes, bytes, bytes, bytes]]:
+    """Messages as :func:`unpack_stream_messages` gives them, each with its names split into
+    the exchange and the routing key (as :func:`pack_stream_entries` takes them)."""
+    return [(names[1 : 1 + names[0]], names[2 + names[0] :], header, body) for names, header, body in messages]

@@ -42,12 +42,12 @@ from broker.wal.record import (
     RecordType,
     StreamChunk,
     WALCorruption,
+    as_entries,
     decode,
     encode_stream_chunk,
     pack_stream_entries,
     parse_segment_header,
     segment_header,
-    unpack_stream_entries,
     unpack_stream_messages,
 )
 
@@ -449,12 +449,7 @@ class StreamLog:
         :raises WALCorruption: the chunk's bytes are damaged
         :raises OSError: the storage failed (or its segment was removed)
         """
-        payload = self.storage.read_at(
-            chunk.segment, chunk.position + RECORD_HEADER_BYTES, chunk.length - RECORD_HEADER_BYTES
-        )
-        record = decode(_CHUNK_TYPE, payload)
-        assert isinstance(record, StreamChunk)
-        return unpack_stream_entries(record.entries, record.count)
+        return as_entries(self.read_messages(chunk))
 
     def read_messages(self, chunk: Chunk) -> list[tuple[bytes, bytes, bytes]]:
         """The messages of ``chunk`` as :func:`~broker.wal.record.unpack_stream_messages` gives

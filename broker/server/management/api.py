@@ -55,10 +55,6 @@ UNSORTED = frozenset({"bindings", "definitions", "feature-flags", "extensions", 
 PAGINATED = frozenset({"queues", "exchanges", "vhosts", "connections", "channels"})
 
 
-def path_of(request: Request) -> list[str]:
-    return segments(request.uri) or [""]
-
-
 def routes() -> Router:
     """Every route of the API, in the order RabbitMQ's dispatcher lists them."""
     router = Router()
@@ -117,7 +113,7 @@ class ManagementAPI(Resource):
                 return
             journal = self.node.journal
             before = journal.position if journal is not None else 0
-            answer = self._answer(request, user, handler, params)
+            answer = self._answer(request, user, handler, params, path[0])
             if journal is None or journal.position == before:
                 send(answer)
             else:
@@ -131,7 +127,10 @@ class ManagementAPI(Resource):
         self.node.login(username, password, is_loopback(host), host, checked)
         return NOT_DONE_YET
 
-    def _answer(self, request: Request, user: User | None, handler: Handler, params: dict[str, str]) -> bytes:
+    def _answer(
+        self, request: Request, user: User | None, handler: Handler, params: dict[str, str], kind: str
+    ) -> bytes:
+        """Run ``handler`` for ``user`` and render its answer (``kind``: the path's first segment)."""
         if user is None:
             return self._refused(request, Problem(401, "not_authorized", "Login failed"), challenge=True)
         try:
@@ -140,7 +139,6 @@ class ManagementAPI(Resource):
             query = query_of(request.uri)
             status, body = handler(Call(self, user, request, params, query))
             if isinstance(body, list) and request.method == b"GET":
-                kind = path_of(request)[0]
                 body = shaped(body, query, () if kind in UNSORTED else DEFAULT_SORTS, kind in PAGINATED)
         except Problem as problem:
             return self._refused(request, problem)
