@@ -148,7 +148,17 @@ class _Reader(ValueReader):
             )
         )
         return BrokerConfig(
-            listen, storage, limits, users, plugins, vhosts, self.source, metrics, tls=tls, auth_mechanisms=mechanisms
+            listen,
+            storage,
+            limits,
+            users,
+            plugins,
+            vhosts,
+            self.source,
+            metrics,
+            tls=tls,
+            auth_mechanisms=mechanisms,
+            defaulted=frozenset({"users", "vhosts"} - set(top)),
         )
 
     def tls(self, value: Any, listen: ListenConfig) -> TLSConfig | None:
@@ -474,14 +484,14 @@ class _Reader(ValueReader):
 
     def object_limits(self, value: Any, path: str, kinds: tuple[str, ...]) -> dict[str, int | None]:
         """A user's or a vhost's ``limits: {max_<kind>: N}``: RabbitMQ's, where a negative
-        number means no limit and 0 allows none."""
+        number means no limit (kept as -1, said apart from a limit left out) and 0 allows none."""
         section = self.mapping(value, path, {f"max_{kind}" for kind in kinds})
         result: dict[str, int | None] = {}
         for key, limit in section.items():
             limit = self.typed(
                 limit, f"{path}.{key}", lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer", -1
             )
-            result[key] = None if limit < 0 else limit
+            result[key] = max(limit, -1)
         return result
 
     def vhost(self, value: Any, path: str) -> VhostConfig:

@@ -177,7 +177,13 @@ class _Definitions:
             )
             for name, lists in self.vhosts.items()
         } or {"/": VhostConfig()}
-        return BrokerConfig(users=users, vhosts=vhosts, source=self.source, notes=tuple(self.notes))
+        return BrokerConfig(
+            users=users,
+            vhosts=vhosts,
+            source=self.source,
+            notes=tuple(self.notes),
+            defaulted=frozenset({"users"} - set(document)) | frozenset({"vhosts"} if not self.vhosts else ()),
+        )
 
     def vhost_entry(self, item: dict[str, Any], path: str) -> None:
         name = self.reader.name(item.get("name"), f"{path}.name")
@@ -253,7 +259,7 @@ class _Definitions:
             if not isinstance(value, int) or isinstance(value, bool):
                 self.reader.problem(f"{path}.{key}", f"must be an integer, not {value!r}")
                 continue
-            result[key.replace("-", "_")] = None if value < 0 else value
+            result[key.replace("-", "_")] = max(value, -1)
         return result
 
     def credentials(self, item: dict[str, Any], path: str, name: str) -> dict[str, Any] | None:

@@ -170,8 +170,8 @@ class TopicPermission:
 
 @dataclass(frozen=True, slots=True)
 class UserLimits:
-    """RabbitMQ's user limits (``max-connections``, ``max-channels``); ``None``: no limit
-    (in YAML a negative number is no limit, and 0 allows none)."""
+    """RabbitMQ's user limits (``max-connections``, ``max-channels``); ``None`` (left out)
+    or -1 (any negative number in YAML): no limit; 0 allows none."""
 
     #: Connections of this user, over all its connections.
     max_connections: int | None = None
@@ -383,8 +383,8 @@ PARTITION_ORDER = "x-super-stream-partition-order"
 
 @dataclass(frozen=True, slots=True)
 class VhostLimits:
-    """RabbitMQ's vhost limits (``max-connections``, ``max-queues``); ``None``: no limit
-    (in YAML a negative number is no limit, and 0 allows none)."""
+    """RabbitMQ's vhost limits (``max-connections``, ``max-queues``): -1 (a negative number in
+    YAML) is no limit, 0 allows none; ``None``, left out, keeps what is set at run time."""
 
     #: Connections open to the vhost.
     max_connections: int | None = None
@@ -493,3 +493,13 @@ class BrokerConfig:
     #: What the source holds that Postroom does not apply, one ``FILE: key.path: reason`` line
     #: each (a RabbitMQ definitions export's policies, quorum queues ...; see ``config.rabbitmq``).
     notes: tuple[str, ...] = ()
+    #: The sections the source left out, at their embedded defaults (``users``, ``vhosts``):
+    #: those apply on the first start only, as RabbitMQ creates its default user and vhost on
+    #: a fresh database (see ``broker.core.definitions``).
+    defaulted: frozenset[str] = frozenset()
+
+
+def embedded_default() -> BrokerConfig:
+    """The configuration of a broker started without a file: guest and vhost ``/`` are
+    created on its first start only (delete guest once, and it stays deleted)."""
+    return BrokerConfig(defaulted=frozenset({"users", "vhosts"}))

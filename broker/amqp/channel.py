@@ -392,6 +392,11 @@ class ChannelState:
         reply.channel.deliver_reply(reply, message)
         return True
 
+    def access_changed(self) -> None:
+        """The user's permissions changed (``connection.access``): forget the exchanges this
+        channel was allowed to publish to, so the next publish to each is checked again."""
+        self._writable = None if self.connection.access is None else set()
+
     def _check_writable(self, exchange_name: str, routing_key: str) -> None:
         """Publishing needs write permission on the exchange, and on a topic exchange with
         topic permissions, on the routing key too. An exchange without those is remembered by

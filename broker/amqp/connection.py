@@ -235,6 +235,13 @@ class ServerConnection:
             return True
         return False
 
+    def set_access(self, access: Access | None) -> None:
+        """The user's permissions on this connection's vhost changed (``broker.core.admin``):
+        every channel checks by them from its next operation on."""
+        self.access = access
+        for channel in self.channels.values():
+            channel.access_changed()
+
     def alarm_changed(self) -> None:
         """The node's alarms changed: once none is left, a blocked connection reads again
         (``connection.unblocked`` to a client that was told it was blocked). While only the
@@ -673,7 +680,7 @@ class ServerConnection:
                 10,
             )
         limit = self.user.max_channels
-        if limit is not None and self._user_channels() >= limit:
+        if limit is not None and 0 <= limit <= self._user_channels():  # (negative: no limit)
             raise ConnectionException(
                 ReplyCode.NOT_ALLOWED,
                 f"number of channels opened for user '{self.user_name}' has reached the maximum allowed user "

@@ -200,7 +200,7 @@ def open_vhost(connection: ServerConnection, method: commands.Connection.Open) -
         (node.limits.max_connections, len(node.connections)),
         (vhost.max_connections, vhost.connection_count),
     ):
-        if limit is not None and count >= limit:
+        if limit is not None and 0 <= limit <= count:  # (a negative limit is none, as in RabbitMQ)
             raise ConnectionException(
                 ReplyCode.NOT_ALLOWED,
                 f"access to vhost '{vhost.name}' refused for user '{connection.user_name}': "
@@ -209,7 +209,7 @@ def open_vhost(connection: ServerConnection, method: commands.Connection.Open) -
                 40,
             )
     own = node.user_connections.get(user.name)
-    if user.max_connections is not None and len(own or ()) >= user.max_connections:
+    if user.max_connections is not None and 0 <= user.max_connections <= len(own or ()):
         raise ConnectionException(
             ReplyCode.NOT_ALLOWED,
             f"connection refused for user '{connection.user_name}': user connection limit ({user.max_connections}) "

@@ -17,13 +17,13 @@ from twisted.logger import Logger
 from broker.core.deadlines import Scheduler
 from broker.core.deadlog import header_dead_letter_id
 from broker.core.message import Message
-from broker.core.node import Limits, Node, User
+from broker.core.node import DEFAULT_VHOST_DESCRIPTION, Limits, Node, User
 from broker.core.policy import Policy, PolicyRefused, from_value
 from broker.core.vhost import VirtualHost
 from broker.errors import AMQPError
 from broker.wal.recovery import Snapshot
 from broker.wire.codec import decode_field_table, shortstr
-from config.schema import BrokerConfig, ExchangeConfig, QueueConfig, VhostConfig
+from config.schema import BrokerConfig, ExchangeConfig, QueueConfig, UserConfig, VhostConfig
 from config.values import ConfigError, Problem
 from exchanges.registry import ExchangeTypeRegistry, default_registry
 
@@ -67,24 +67,10 @@ def node_from_config(
     :raises ConfigError: a definition was refused by the broker.
     """
     limits = config.limits
-    users = [
-        User(
-            user.name,
-            password=user.password,
-            password_hash=user.password_hash,
-            loopback_only=user.loopback_only,
-            permissions=user.permissions,
-            topic_permissions=user.topic_permissions,
-            tags=frozenset(user.tags),
-            max_connections=user.limits.max_connections,
-            max_channels=user.limits.max_channels,
-        )
-        for user in config.users
-    ]
     node = Node(
-        users=users,
+        users=(),
         auth_mechanisms=config.auth_mechanisms,
-        vhost_names=tuple(config.vhosts),
+        vhost_names=(),
         limits=Limits(
             frame_max=limits.frame_max,
             channel_max=limits.channel_max,
@@ -104,14 +90,51 @@ def node_from_config(
         node.set_pager(pager)
     if streams is not None:
         node.set_streams(streams)
+    initialised = False
     if snapshot is not None:
         _check_exchange_types(node, snapshot, config.source)
+        initialised = node.admin.restore(snapshot.definitions.values(), lambda text: _log.warn("{text}", text=text))
+    apply_accounts(node, config, initialised)
+    if snapshot is not None:
         restore_policies(node, snapshot)
     apply_policies(node, config)
     if snapshot is not None:
         restore_snapshot(node, snapshot, read, before_messages)
     apply_definitions(node, config)
+    if not initialised:
+        node.admin.initialise()
     return node
+
+
+def config_user(user: UserConfig) -> User:
+    """The user a configuration describes."""
+    return User(
+        user.name,
+        password=user.password,
+        password_hash=user.password_hash,
+        loopback_only=user.loopback_only,
+        permissions=user.permissions,
+        topic_permissions=user.topic_permissions,
+        tags=frozenset(user.tags),
+        max_connections=user.limits.max_connections,
+        max_channels=user.limits.max_channels,
+    )
+
+
+def apply_accounts(node: Node, config: BrokerConfig, initialised: bool) -> None:
+    """Apply the configuration's vhosts and users over what the log held, as RabbitMQ applies
+    its definitions file at boot: a vhost it lists is created when missing; a user it lists is
+    set as it says (password, tags, limits, permissions), replacing the stored one; what it does
+    not list stays as stored. Sections left at their embedded defaults (guest, vhost ``/``)
+    apply on the first start only (``initialised``: the log held definitions already)."""
+    if not initialised and "/" in config.vhosts:
+        node.admin.put_vhost("/", DEFAULT_VHOST_DESCRIPTION)  # (RabbitMQ's, on a fresh node)
+    if not (initialised and "vhosts" in config.defaulted):
+        for name in config.vhosts:
+            node.admin.put_vhost(name)
+    if not (initialised and "users" in config.defaulted):
+        for user in config.users:
+            node.admin.put_user(config_user(user))
 
 
 def _check_exchange_types(node: Node, snapshot: Snapshot, source: str) -> None:
@@ -156,9 +179,14 @@ def apply_definitions(node: Node, config: BrokerConfig) -> None:
     for vhost_name, definitions in config.vhosts.items():
         vhost = _vhost(node, vhost_name)
         problems += _apply_vhost(vhost, definitions, f"vhosts.{vhost_name}")
-        # After the definitions: the limits bound what clients declare and open.
-        vhost.max_connections = definitions.limits.max_connections
-        vhost.max_queues = definitions.limits.max_queues
+        # After the definitions: the limits bound what clients declare and open. A limit the
+        # file leaves out keeps the value stored (set at run time).
+        for limit, value in (
+            ("max-connections", definitions.limits.max_connections),
+            ("max-queues", definitions.limits.max_queues),
+        ):
+            if value is not None:
+                node.admin.set_vhost_limit(vhost_name, limit, value)
     if problems:
         raise ConfigError(config.source, problems)
 

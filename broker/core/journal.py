@@ -26,6 +26,7 @@ from broker.core.queue import WorkQueue
 from broker.core.spool import IN_LOG, SpoolRecord
 from broker.wal.record import (
     Bound,
+    Defined,
     DeliveryCounted,
     ExchangeDeclared,
     ExchangeDeleted,
@@ -37,6 +38,7 @@ from broker.wal.record import (
     Snapshot,
     StreamOffset,
     Unbound,
+    Undefined,
     encode,
     encode_published,
 )
@@ -190,6 +192,9 @@ class Journal:
         self.max_backlog = 1 << 62
         #: Called when :attr:`backlog_bytes` passes :attr:`max_backlog` (the shell pauses publishers).
         self.on_backlog: Callable[[], None] | None = None
+        #: The node's definitions (users, vhosts) as encoded records, for :meth:`topology`
+        #: (the node sets it: ``broker.core.admin.Administration.records``).
+        self.definitions: Callable[[], list[bytes]] | None = None
 
     @property
     def next_message_id(self) -> int:
@@ -483,6 +488,11 @@ class Journal:
         """Record a policy cleared."""
         self._add(encode(PolicyCleared(vhost, name, operator)))
 
+    def defined(self, kind: str, key: str, value: bytes | None) -> None:
+        """Record a definition of the node set (a user, a vhost: see ``broker.core.admin``),
+        or deleted with ``value`` ``None``."""
+        self._add(encode(Defined(kind, key, value) if value is not None else Undefined(kind, key)))
+
     def when_durable(self, callback: Callable[[bool], None]) -> None:
         """Call ``callback(True)`` once everything recorded so far is durable (at once if it
         is already), or ``callback(False)`` if writing it failed."""
@@ -492,13 +502,14 @@ class Journal:
         self.waiters.add(_Durable(self, self.position, callback))
 
     def topology(self, vhosts: Iterable[VirtualHost]) -> bytes:
-        """Every policy, durable exchange, queue (a stream's subscriptions with it) and binding as
-        records between ``Snapshot`` markers.
+        """The node's definitions (:attr:`definitions`), then every policy, durable exchange,
+        queue (a stream's subscriptions with it) and binding, as records between ``Snapshot``
+        markers.
 
         Written at the head of each new segment, so that older segments never hold the only
         record of something still declared, and can be retired once their messages are gone.
         """
-        parts = [encode(Snapshot(True))]
+        parts = [encode(Snapshot(True)), *(self.definitions() if self.definitions is not None else ())]
         for vhost in vhosts:
             for operator, policies in ((False, vhost.policies), (True, vhost.operator_policies)):
                 parts += [encode(_policy_record(vhost.name, policy, operator)) for policy in policies.values()]

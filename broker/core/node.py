@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from broker.core.access import Access, Patterns, TopicPatterns, compile_access
+from broker.core.admin import Administration
 from broker.core.deadlines import Scheduler
 from broker.core.login import LoginThrottle, decoy_hash, is_expensive
 from broker.core.queue import WorkQueue
@@ -34,6 +35,9 @@ DEFAULT_FRAME_MAX = 131072  # RabbitMQ's default: large enough for 128 KiB bodie
 DEFAULT_CHANNEL_MAX = 2047  # RabbitMQ's default; each channel costs a little memory per connection
 DEFAULT_HEARTBEAT = 60  # seconds, RabbitMQ's default: a dead peer is found within 2 minutes
 DEFAULT_MAX_MESSAGE_BYTES = 128 * 1024 * 1024  # RabbitMQ 3.x's default; a body is held in memory whole
+
+#: The description RabbitMQ gives the vhost ``/`` it creates on a fresh node.
+DEFAULT_VHOST_DESCRIPTION = "Default virtual host"
 
 #: The alarms clients are told of (``connection.blocked``), among :attr:`Node.alarms`.
 RESOURCE_ALARMS = frozenset({"memory", "disk"})
@@ -93,7 +97,10 @@ class User:
         return self._access.get(vhost)
 
     def check_password(self, password: str) -> bool:
-        """Whether ``password`` is this user's (constant time for the comparison)."""
+        """Whether ``password`` is this user's (constant time for the comparison). An empty
+        password never is, as in RabbitMQ: a user created without one cannot log in with one."""
+        if not password:
+            return False
         if self.password_hash is not None:
             if self.password_hash.startswith("rabbitmq-"):
                 return _rabbitmq_matches(self.password_hash, password)
@@ -203,8 +210,11 @@ class Node:
     auth_mechanisms: tuple[str, ...] = ("PLAIN", "AMQPLAIN")
 
     def __post_init__(self) -> None:
+        #: Who may log in, by name; changed through :attr:`admin` (then :meth:`users_changed`).
         self.users_by_name: dict[str, User] = {user.name: user for user in self.users}
         self._decoy_hash = decoy_hash(self.users_by_name.values())
+        #: Live administration of users and vhosts, recorded in the log.
+        self.admin = Administration(self)
         #: Runs ``fn`` and then ``callback(fn())``; the shell runs ``fn`` in a worker thread and
         #: the callback back on the reactor. Here: both at once, on the calling thread.
         self.run_blocking: Callable[[Callable[[], Any], Callable[[Any], None]], None] = _run_here
@@ -229,7 +239,7 @@ class Node:
         self.recovered_dead_letter_queues: set[str] = set()
         self.vhosts: dict[str, VirtualHost] = {}
         for name in self.vhost_names:
-            self.add_vhost(name)
+            self.add_vhost(name).description = DEFAULT_VHOST_DESCRIPTION if name == "/" else ""
         #: Event counts for metrics: stale_acks, stale_extends, auth_attempts, auth_failures, auth_successes...
         self.counters: Counter[str] = Counter()
         self.connections: set[Any] = set()
@@ -294,9 +304,14 @@ class Node:
         self.vhosts[name] = vhost
         return vhost
 
+    def users_changed(self) -> None:
+        """A user was added, changed or deleted in :attr:`users_by_name`."""
+        self._decoy_hash = decoy_hash(self.users_by_name.values())
+
     def set_journal(self, journal: Journal) -> None:
         """Persist durable state from now on: every vhost records into ``journal``."""
         self.journal = journal
+        journal.definitions = self.admin.records
         for vhost in self.vhosts.values():
             vhost.journal = journal
 

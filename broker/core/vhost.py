@@ -149,6 +149,9 @@ class VirtualHost:
         #: RabbitMQ's vhost limits (``None``: none): open connections, queues.
         self.max_connections: int | None = None
         self.max_queues: int | None = None
+        #: RabbitMQ's vhost metadata: what operators note about it (``PUT /api/vhosts/NAME``).
+        self.description = ""
+        self.tags: tuple[str, ...] = ()
         #: Policies and operator policies by name (see ``broker.core.policy``).
         self.policies: dict[str, Policy] = {}
         self.operator_policies: dict[str, Policy] = {}
@@ -514,7 +517,7 @@ class VirtualHost:
             existing.touch()
             return existing
         # RabbitMQ checks the limit for new queues only, before their arguments.
-        if self.max_queues is not None and len(self.queues) >= self.max_queues:
+        if self.max_queues is not None and 0 <= self.max_queues <= len(self.queues):  # (negative: none)
             raise ChannelException(
                 ReplyCode.PRECONDITION_FAILED,
                 f"cannot declare queue '{name}': queue limit in vhost '{self.name}' ({self.max_queues}) is reached",
@@ -597,6 +600,18 @@ class VirtualHost:
         for consumer in list(queue.consumers):
             queue.remove_consumer(consumer)
             consumer.channel.consumer_cancelled(consumer)  # type: ignore[attr-defined]
+
+    def delete_everything(self) -> None:
+        """The vhost is being deleted: remove every queue (with its messages) and exchange, and
+        clear its policies, each recorded as when a client removes it."""
+        for queue in list(self.queues.values()):
+            self.remove_queue(queue)
+        for exchange in list(self.exchanges.values()):
+            if self.exchanges.get(exchange.name) is exchange:
+                self._remove_exchange(exchange)
+        for operator, table in ((False, self.policies), (True, self.operator_policies)):
+            for name in list(table):
+                self.clear_policy(name, operator)
 
     # -- dead-lettering -----------------------------------------------------------------------
 

@@ -50,7 +50,7 @@ from broker.wal.log import RecoveryReport, WriteAheadLog
 from broker.wal.record import SEGMENT_HEADER_BYTES, WALCorruption
 from broker.wal.recovery import Snapshot, replay_located
 from broker.wal.streamlog import Staged
-from config.schema import BrokerConfig
+from config.schema import BrokerConfig, embedded_default
 from config.tls import TLSProblem, server_context
 from config.values import ConfigError, Problem
 
@@ -603,7 +603,7 @@ def make_broker_service(
         load (``PluginError``, naming the plugin and the reason)
     :raises WALCorruption: the log is damaged in the middle
     """
-    config = config or BrokerConfig()
+    config = config or embedded_default()
     wal = None
     if node is None and plugins is None:
         plugins = load_plugins(config.plugins, reactor, source=config.source)

@@ -33,11 +33,11 @@ def makeService(options: dict[str, Any]) -> IService:
 
     from broker.server.service import make_broker_service, tune_gc
     from config.loader import load
-    from config.schema import BrokerConfig
+    from config.schema import embedded_default
     from config.values import ConfigError
 
     try:
-        config = load(options["config"]) if options["config"] else BrokerConfig()
+        config = load(options["config"]) if options["config"] else embedded_default()
         service = make_broker_service(reactor, config, amqp_endpoints=options["listen"] or None)
     except ConfigError as error:
         raise SystemExit(str(error)) from error

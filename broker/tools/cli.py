@@ -22,12 +22,12 @@ from typing import Any
 
 from broker.text import EscapingWriter, printable
 from config.loader import load
-from config.schema import BindingConfig, BrokerConfig, ExchangeConfig, QueueConfig, StreamConfig
+from config.schema import BindingConfig, BrokerConfig, ExchangeConfig, QueueConfig, StreamConfig, embedded_default
 from config.values import ConfigError
 
 
 def _config(path: str | None) -> BrokerConfig:
-    return load(path) if path else BrokerConfig()
+    return load(path) if path else embedded_default()
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -143,6 +143,8 @@ class RecordType(IntEnum):
     POLICY_CLEARED = 14
     STREAM_CHUNK = 15
     STREAM_OFFSET = 16
+    DEFINED = 17
+    UNDEFINED = 18
 
 
 # Field order in each class below is the order on disk: do not reorder. ``arguments``,
@@ -360,6 +362,29 @@ class StreamOffset:
     offset: int
 
 
+@dataclass(frozen=True, slots=True)
+class Defined:
+    """A definition of the node was set, or replaced the one of that ``kind`` and ``key``:
+    a user (``kind`` ``user``, ``key`` its name), a vhost (``vhost``), a global parameter
+    (``global``) or the node's first-start mark (``node``).
+
+    ``value`` is the definition in UTF-8 JSON, as ``broker.core.admin`` writes and reads it:
+    an object, so later versions can add keys that earlier ones skip.
+    """
+
+    kind: str
+    key: str
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Undefined:
+    """The definition of ``kind`` and ``key`` was deleted (a user, a vhost)."""
+
+    kind: str
+    key: str
+
+
 #: The first bytes of a dead letter's body kept in its :class:`DeadLettered` record: enough to
 #: recognise a payload (a JSON object's first keys, a protobuf's first fields) without copying
 #: whole bodies (up to 64 MiB) into the event stream.
@@ -387,6 +412,8 @@ Record = Union[
     PolicyCleared,
     StreamChunk,
     StreamOffset,
+    Defined,
+    Undefined,
 ]
 
 _CLASSES: dict[RecordType, type] = {
@@ -406,6 +433,8 @@ _CLASSES: dict[RecordType, type] = {
     RecordType.POLICY_CLEARED: PolicyCleared,
     RecordType.STREAM_CHUNK: StreamChunk,
     RecordType.STREAM_OFFSET: StreamOffset,
+    RecordType.DEFINED: Defined,
+    RecordType.UNDEFINED: Undefined,
 }
 
 #: The record types of the dead-letter event stream (the write-ahead log holds none of them).

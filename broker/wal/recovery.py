@@ -1,9 +1,10 @@
 """Recovery as a pure fold: log records in, the durable state they describe out.
 
-:func:`replay` applies records in log order to a :class:`Snapshot`: policies, durable
-exchanges, queues and bindings, for each durable queue its persistent messages in publish order
-with their delivery counts, and for each stream its subscriptions' offsets. The broker then
-declares the topology and enqueues the messages without logging them again. Nothing here touches a file or a reactor.
+:func:`replay` applies records in log order to a :class:`Snapshot`: the node's definitions
+(users, vhosts), policies, durable exchanges, queues and bindings, for each durable queue its
+persistent messages in publish order with their delivery counts, and for each stream its
+subscriptions' offsets. The broker then declares the topology and enqueues the messages
+without logging them again. Nothing here touches a file or a reactor.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 
 from broker.wal.record import (
     Bound,
+    Defined,
     DeliveryCounted,
     ExchangeDeclared,
     ExchangeDeleted,
@@ -24,6 +26,7 @@ from broker.wal.record import (
     Removed,
     StreamOffset,
     Unbound,
+    Undefined,
 )
 
 QueueKey = tuple[str, str]  # (vhost, queue)
@@ -53,6 +56,8 @@ class Snapshot:
     messages: dict[QueueKey, dict[int, StoredMessage]] = field(default_factory=dict)
     #: Policies by (vhost, whether an operator policy, name), in the order they were first set.
     policies: dict[tuple[str, bool, str], PolicySet] = field(default_factory=dict)
+    #: The node's definitions (users, vhosts, ...) by (kind, key), in the order first set.
+    definitions: dict[tuple[str, str], Defined] = field(default_factory=dict)
     #: Each stream's subscriptions: the offset each named subscription reads on from.
     stream_offsets: dict[QueueKey, dict[str, int]] = field(default_factory=dict)
     max_message_id: int = 0
@@ -171,6 +176,12 @@ def replay_located(records: Iterable[tuple[int, int, int, object]], snapshot: Sn
         elif kind is PolicyCleared:
             assert isinstance(record, PolicyCleared)
             state.policies.pop((record.vhost, record.operator, record.name), None)
+        elif kind is Defined:
+            assert isinstance(record, Defined)
+            state.definitions[(record.kind, record.key)] = record
+        elif kind is Undefined:
+            assert isinstance(record, Undefined)
+            state.definitions.pop((record.kind, record.key), None)
         elif kind is StreamOffset:
             assert isinstance(record, StreamOffset)
             key = (record.vhost, record.stream)

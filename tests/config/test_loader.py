@@ -188,7 +188,7 @@ def test_user_and_vhost_limits_are_read_and_checked() -> None:
         "  /: {limits: {max_connections: 0, max_queues: 100}}\n",
         "broker.yaml",
     )
-    assert config.users[0].limits == UserLimits(max_connections=2, max_channels=None)
+    assert config.users[0].limits == UserLimits(max_connections=2, max_channels=-1)
     assert config.vhosts["/"].limits == VhostLimits(max_connections=0, max_queues=100)
     node = node_from_config(config)
     assert (node.vhosts["/"].max_connections, node.vhosts["/"].max_queues) == (0, 100)

@@ -237,7 +237,7 @@ def test_user_and_vhost_limits_are_imported_as_rabbitmq_imports_them(tmp_path: P
     )
     cfg = load(export)
     users = {user.name: user for user in cfg.users}
-    assert users["app"].limits == UserLimits(max_connections=3, max_channels=None)  # negative: no limit
+    assert users["app"].limits == UserLimits(max_connections=3, max_channels=-1)  # negative: no limit
     assert users["bulk"].limits == UserLimits(max_channels=0)
     assert cfg.vhosts["/"].limits == VhostLimits(max_queues=7)
     assert cfg.vhosts["edge"].limits == VhostLimits(max_connections=2, max_queues=5)

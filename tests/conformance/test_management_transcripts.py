@@ -16,6 +16,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -1044,3 +1045,216 @@ def test_users_permissions_and_limits_are_listed_as_on_rabbitmq(
     expected = user_answers(rabbitmq_management[1])
     assert dict(expected)["guest users/mg-mon"][0] == 200  # what the oracle is about
     assert_alike(expected, user_answers(postroom_management[1]))
+
+
+def admin_answers(http_port: int) -> list[tuple[str, Any]]:
+    """Users, vhosts, permissions, topic permissions, limits and the cluster name changed through
+    the API as guest (and refused to a management user), each change's answer and then what
+    the views show; a password hash as whether there is one."""
+    good_hash = base64.b64encode(b"salt" + hashlib.sha256(b"salt" + b"pw").digest()).decode()
+    steps: list[tuple[str, str, str, str, Any]] = [
+        ("create a user", "guest", "users/ad-u1", "PUT", {"password": "pw", "tags": "monitoring, management"}),
+        ("replace its password and tags", "guest", "users/ad-u1", "PUT", {"password": "pw2", "tags": ""}),
+        ("the user", "guest", "users/ad-u1", "GET", None),
+        ("create one from a hash", "guest", "users/ad-u2", "PUT",
+         {"password_hash": good_hash, "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": ["a", "b"]}),
+        ("the one from a hash", "guest", "users/ad-u2", "GET", None),
+        ("create one with tags only", "guest", "users/ad-u3", "PUT", {"tags": "management"}),
+        ("create one with an empty hash", "guest", "users/ad-u4", "PUT", {"password_hash": "", "tags": ""}),
+        ("the one with an empty hash", "guest", "users/ad-u4", "GET", None),
+        ("tags left out", "guest", "users/ad-bad", "PUT", {"password": "pw"}),
+        ("a hash that is not base64", "guest", "users/ad-bad", "PUT", {"password_hash": "no!", "tags": ""}),
+        ("a password and a hash", "guest", "users/ad-bad", "PUT",
+         {"password": "x", "password_hash": good_hash, "tags": ""}),
+        ("tags with blanks", "guest", "users/ad-u5", "PUT", {"password": "pw", "tags": " a , b,,c"}),
+        ("the tags with blanks", "guest", "users/ad-u5", "GET", None),
+        ("a new user's permissions", "guest", "users/ad-u1/permissions", "GET", None),
+        ("users without permissions", "guest", "users/without-permissions", "GET", None),
+        ("grant", "guest", "permissions/%2F/ad-u1", "PUT", {"configure": ".*", "write": ".*", "read": ".*"}),
+        ("grant again, narrower", "guest", "permissions/%2F/ad-u1", "PUT",
+         {"configure": "^a", "write": ".*", "read": ".*"}),
+        ("grant with keys missing", "guest", "permissions/%2F/ad-u1", "PUT", {"configure": "a"}),
+        ("grant in a missing vhost", "guest", "permissions/ad-missing/ad-u1", "PUT",
+         {"configure": ".*", "write": ".*", "read": ".*"}),
+        ("grant to a missing user", "guest", "permissions/%2F/ad-missing", "PUT",
+         {"configure": ".*", "write": ".*", "read": ".*"}),
+        ("the permission", "guest", "permissions/%2F/ad-u1", "GET", None),
+        ("topic permissions", "guest", "topic-permissions/%2F/ad-u1", "PUT",
+         {"exchange": "amq.topic", "write": "^a", "read": ".*"}),
+        ("topic permissions again", "guest", "topic-permissions/%2F/ad-u1", "PUT",
+         {"exchange": "amq.topic", "write": "^b", "read": ".*"}),
+        ("topic permissions on a second exchange", "guest", "topic-permissions/%2F/ad-u1", "PUT",
+         {"exchange": "ad.x", "write": ".*", "read": ".*"}),
+        ("topic permissions with keys missing", "guest", "topic-permissions/%2F/ad-u1", "PUT", {"write": "^a"}),
+        ("the topic permissions", "guest", "topic-permissions/%2F/ad-u1", "GET", None),
+        ("clear one exchange's", "guest", "topic-permissions/%2F/ad-u1/ad.x", "DELETE", None),
+        ("what is left", "guest", "topic-permissions/%2F/ad-u1", "GET", None),
+        ("clear them all", "guest", "topic-permissions/%2F/ad-u1", "DELETE", None),
+        ("clear them again", "guest", "topic-permissions/%2F/ad-u1", "DELETE", None),
+        ("a user limit", "guest", "user-limits/ad-u1/max-connections", "PUT", {"value": 5}),
+        ("a negative user limit", "guest", "user-limits/ad-u1/max-channels", "PUT", {"value": -1}),
+        ("an unknown user limit", "guest", "user-limits/ad-u1/max-queues", "PUT", {"value": 5}),
+        ("a user limit that is text", "guest", "user-limits/ad-u1/max-connections", "PUT", {"value": "x"}),
+        ("a user limit that is a fraction", "guest", "user-limits/ad-u1/max-connections", "PUT", {"value": 1.5}),
+        ("a user limit without a value", "guest", "user-limits/ad-u1/max-connections", "PUT", {}),
+        ("a missing user's limit", "guest", "user-limits/ad-missing/max-connections", "PUT", {"value": 5}),
+        ("the user's limits", "guest", "user-limits/ad-u1", "GET", None),
+        ("the user with limits", "guest", "users/ad-u1", "GET", None),
+        ("clear a user limit", "guest", "user-limits/ad-u1/max-connections", "DELETE", None),
+        ("clear it again", "guest", "user-limits/ad-u1/max-connections", "DELETE", None),
+        ("create a vhost", "guest", "vhosts/ad-v1", "PUT", {"description": "d", "tags": "a,b"}),
+        ("put it again with a description only", "guest", "vhosts/ad-v1", "PUT", {"description": "e"}),
+        ("the vhost", "guest", "vhosts/ad-v1", "GET", None),
+        ("its permissions (its creator's)", "guest", "vhosts/ad-v1/permissions", "GET", None),
+        ("create one with nothing said", "guest", "vhosts/ad-v2", "PUT", None),
+        ("create one with tags as a list", "guest", "vhosts/ad-v3", "PUT", {"tags": ["x", "y"]}),
+        ("the one with tags as a list", "guest", "vhosts/ad-v3", "GET", None),
+        ("a vhost limit", "guest", "vhost-limits/ad-v1/max-queues", "PUT", {"value": 5}),
+        ("a negative vhost limit", "guest", "vhost-limits/ad-v1/max-connections", "PUT", {"value": -5}),
+        ("an unknown vhost limit", "guest", "vhost-limits/ad-v1/max-channels", "PUT", {"value": 5}),
+        ("a vhost limit that is a fraction", "guest", "vhost-limits/ad-v1/max-queues", "PUT", {"value": 1.5}),
+        ("a missing vhost's limit", "guest", "vhost-limits/ad-missing/max-queues", "PUT", {"value": 1}),
+        ("the vhost's limits", "guest", "vhost-limits/ad-v1", "GET", None),
+        ("clear a vhost limit", "guest", "vhost-limits/ad-v1/max-queues", "DELETE", None),
+        ("clear it again", "guest", "vhost-limits/ad-v1/max-queues", "DELETE", None),
+        ("a management user creates a user", "mg-mgmt", "users/ad-u9", "PUT", {"password": "x", "tags": ""}),
+        ("a management user creates a vhost", "mg-mgmt", "vhosts/ad-v9", "PUT", {}),
+        ("a management user grants", "mg-mgmt", "permissions/%2F/mg-mgmt", "PUT",
+         {"configure": ".*", "write": ".*", "read": ".*"}),
+        ("a management user deletes a user", "mg-mgmt", "users/ad-u1", "DELETE", None),
+        ("a management user sets a limit", "mg-mgmt", "vhost-limits/ad-v1/max-queues", "PUT", {"value": 1}),
+        ("a monitoring user names the cluster", "mg-mon", "cluster-name", "PUT", {"name": "ad"}),
+        ("name the cluster", "guest", "cluster-name", "PUT", {"name": "ad-cluster"}),
+        ("the cluster's name", "guest", "cluster-name", "GET", None),
+        ("name it with no name", "guest", "cluster-name", "PUT", {}),
+        ("revoke", "guest", "permissions/%2F/ad-u1", "DELETE", None),
+        ("revoke again", "guest", "permissions/%2F/ad-u1", "DELETE", None),
+        ("delete a vhost", "guest", "vhosts/ad-v2", "DELETE", None),
+        ("delete it again", "guest", "vhosts/ad-v2", "DELETE", None),
+        ("delete a user", "guest", "users/ad-u3", "DELETE", None),
+        ("delete it again", "guest", "users/ad-u3", "DELETE", None),
+        ("bulk-delete up to a missing one", "guest", "users/bulk-delete", "POST",
+         {"users": ["ad-u2", "ad-missing", "ad-u4"]}),
+        ("bulk-delete without users", "guest", "users/bulk-delete", "POST", {}),
+        ("the users left", "guest", "users", "GET", None),
+        ("the vhosts left", "guest", "vhosts", "GET", None),
+    ]  # fmt: skip
+    status, named = api(http_port, "guest", "cluster-name")
+    answers = []
+    try:
+        for label, user, path, method, body in steps:
+            status, answer = api(http_port, user, path, method, body)
+            if isinstance(answer, list) and answer and isinstance(answer[0], dict):
+                answer = [  # the session's own items
+                    item for item in answer if str(item.get("name", item.get("user", ""))).startswith("ad-")
+                    or str(item.get("vhost", "")).startswith("ad-")
+                ]
+            for item in answer if isinstance(answer, list) else [answer]:
+                if isinstance(item, dict):
+                    if "password_hash" in item:
+                        item["password_hash"] = bool(item["password_hash"])
+                    item.pop("cluster_state", None)  # (names the node)
+            answers.append((label, [status, answer]))
+    finally:
+        api(http_port, "guest", "cluster-name", "PUT", named)
+        for name in ("ad-u1", "ad-u2", "ad-u3", "ad-u4", "ad-u5", "ad-u9"):
+            api(http_port, "guest", f"users/{name}", "DELETE")
+        for name in ("ad-v1", "ad-v2", "ad-v3", "ad-v9"):
+            api(http_port, "guest", f"vhosts/{name}", "DELETE")
+    return answers
+
+
+def test_users_vhosts_permissions_and_limits_are_changed_as_on_rabbitmq(
+    rabbitmq_management: tuple[int, int], postroom_management: tuple[int, int]
+) -> None:
+    expected = admin_answers(rabbitmq_management[1])
+    by_label = dict(expected)
+    assert by_label["create a user"][0] == 201 and by_label["the user"][1]["tags"] == []  # what the oracle is about
+    actual = admin_answers(postroom_management[1])
+    assert_alike(expected, actual)
+
+
+def closed_by(connection: pika.BlockingConnection, seconds: float = 5.0) -> Any:
+    """How the broker ended ``connection`` within ``seconds`` (its reply code and text), or
+    ``"open"``."""
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline and connection.is_open:
+            connection.process_data_events(time_limit=0.1)
+    except pika.exceptions.ConnectionClosedByBroker as closed:
+        return [closed.reply_code, closed.reply_text]
+    except pika.exceptions.AMQPConnectionError as error:
+        return type(error).__name__
+    return "open" if connection.is_open else "closed"
+
+
+def publish_answer(channel: Any, exchange: str) -> Any:
+    """What publishing to ``exchange`` with confirms gets: ``ack``, or the channel's closing."""
+    try:
+        channel.basic_publish(exchange, "k", b"m")
+        return "ack"
+    except pika.exceptions.ChannelClosedByBroker as closed:
+        return [closed.reply_code, closed.reply_text]
+
+
+def admin_effects(amqp_port: int, http_port: int) -> list[tuple[str, Any]]:
+    """What changes made through the API do to open connections: permissions narrowed (on an
+    exchange a channel used before, and one it did not), permissions cleared, a user deleted,
+    a vhost deleted."""
+    def connect(user: str, vhost: str = "/") -> pika.BlockingConnection:
+        credentials = pika.PlainCredentials(user, "secret")
+        return pika.BlockingConnection(
+            pika.ConnectionParameters("127.0.0.1", amqp_port, vhost, credentials, heartbeat=0)
+        )
+
+    everything = {"configure": ".*", "write": ".*", "read": ".*"}
+    answers: list[tuple[str, Any]] = []
+    for user in ("fx-u1", "fx-u2", "fx-u3"):
+        api(http_port, "guest", f"users/{user}", "PUT", {"password": "secret", "tags": ""})
+        api(http_port, "guest", f"permissions/%2F/{user}", "PUT", everything)
+    api(http_port, "guest", "vhosts/fx-v", "PUT", {})
+    api(http_port, "guest", "permissions/fx-v/fx-u3", "PUT", everything)
+    try:
+        first = connect("fx-u1")
+        channel = first.channel()
+        channel.confirm_delivery()
+        for name in ("fx.used", "fx.new"):
+            channel.exchange_declare(name, "fanout", auto_delete=False)
+        answers.append(("publish while allowed", publish_answer(channel, "fx.used")))
+        api(http_port, "guest", "permissions/%2F/fx-u1", "PUT", {"configure": ".*", "write": "^nothing$", "read": ".*"})
+        answers.append(("publish to the exchange used before, after write is narrowed",
+                        publish_answer(channel, "fx.used")))
+        second = first.channel()
+        second.confirm_delivery()
+        answers.append(("publish on a new channel to another exchange", publish_answer(second, "fx.new")))
+        answers.append(("the connection, once permissions are narrowed", closed_by(first, 1.0)))
+        api(http_port, "guest", "permissions/%2F/fx-u1", "DELETE")
+        answers.append(("the connection, once its permissions are cleared", closed_by(first)))
+        deleted = connect("fx-u2")
+        api(http_port, "guest", "users/fx-u2", "DELETE")
+        answers.append(("the connection of a deleted user", closed_by(deleted)))
+        elsewhere = connect("fx-u3", "fx-v")
+        api(http_port, "guest", "vhosts/fx-v", "DELETE")
+        answers.append(("a connection to a deleted vhost", closed_by(elsewhere)))
+    finally:
+        for user in ("fx-u1", "fx-u2", "fx-u3"):
+            api(http_port, "guest", f"users/{user}", "DELETE")
+        api(http_port, "guest", "vhosts/fx-v", "DELETE")
+        for name in ("fx.used", "fx.new"):
+            api(http_port, "guest", f"exchanges/%2F/{name}", "DELETE")
+    return answers
+
+
+def test_a_change_reaches_open_connections_as_on_rabbitmq(
+    rabbitmq_management: tuple[int, int], postroom_management: tuple[int, int]
+) -> None:
+    expected = admin_effects(*rabbitmq_management)
+    assert dict(expected)["publish while allowed"] == "ack"  # what the oracle is about
+    # A difference kept on purpose (docs/rabbitmq-compatibility.md): a RabbitMQ channel keeps its
+    # last permitted resources cached, so narrowed permissions miss an exchange it used before.
+    step = "publish to the exchange used before, after write is narrowed"
+    refused = [403, "ACCESS_REFUSED - access to exchange 'fx.used' in vhost '/' refused for user 'fx-u1'"]
+    assert dict(expected)[step] == "ack"
+    actual = admin_effects(*postroom_management)
+    assert dict(actual)[step] == refused
+    assert_alike([item for item in expected if item[0] != step], [item for item in actual if item[0] != step])

@@ -33,9 +33,10 @@ REALM = "RabbitMQ Management"
 
 
 class Problem(Exception):
-    """A refused request: its status, and RabbitMQ's ``error`` and ``reason``."""
+    """A refused request: its status, and RabbitMQ's ``error`` and ``reason`` (text, or a
+    list where RabbitMQ shows an Erlang term such as ``["no_such_user", "bob"]``)."""
 
-    def __init__(self, status: int, error: str, reason: str) -> None:
+    def __init__(self, status: int, error: str, reason: str | list[Any]) -> None:
         super().__init__(reason)
         self.status, self.error, self.reason = status, error, reason
 

@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from broker.core.admin import user_limits, vhost_limits
 from broker.server.management.common import RABBITMQ_FORMAT_VERSION, Call, Problem, not_authorised
 from broker.server.management.policies import policy_view
 from broker.server.management.router import Router
@@ -41,7 +42,7 @@ def export_users(
     on each vhost it may open: RabbitMQ needs permissions to open one at all.
     """
     users, permissions, topic_permissions = [], [], []
-    for user in node.users:
+    for user in node.users_by_name.values():
         scheme, _, encoded = (user.password_hash or "").partition("$")
         if scheme in _HASHING_ALGORITHMS:
             password_hash, algorithm = encoded, _HASHING_ALGORITHMS[scheme]
@@ -52,11 +53,7 @@ def export_users(
                 password_hash = base64.b64encode(
                     salted + hashlib.sha256(salted + user.password.encode("utf-8")).digest()
                 ).decode()
-        limits = {
-            key: value
-            for key, value in (("max-connections", user.max_connections), ("max-channels", user.max_channels))
-            if value is not None
-        }
+        limits = user_limits(user)
         users.append(
             {
                 "name": user.name,
@@ -135,11 +132,7 @@ def definitions(call: Call) -> tuple[int, Any]:
             {"value": policy.value(), "vhost": vhost.name, "component": "operator_policy", "name": policy.name}
             for policy in vhost.operator_policies.values()
         ]
-        limits = {
-            key: value
-            for key, value in (("max-connections", vhost.max_connections), ("max-queues", vhost.max_queues))
-            if value is not None
-        }
+        limits = vhost_limits(vhost)
         if limits:
             parameters.append({"value": limits, "vhost": vhost.name, "component": "vhost-limits", "name": "limits"})
     if one is not None:

@@ -12,7 +12,7 @@ from cryptography import x509
 
 from broker.core.message import Message
 from broker.core.node import ListenerInfo
-from broker.server.management.common import NODE_NAME, Call, Problem, not_found
+from broker.server.management.common import NODE_NAME, Call, Problem, not_authorised, not_found, required
 from broker.server.management.router import Router
 
 #: The queue ``/api/aliveness-test/VHOST`` declares and leaves in place, as RabbitMQ does.
@@ -62,7 +62,7 @@ FEATURE_FLAGS = (
 
 
 def install(router: Router) -> None:
-    router.add("/cluster-name", GET=cluster_name)
+    router.add("/cluster-name", GET=cluster_name, PUT=set_cluster_name)
     router.add("/extensions", GET=extensions)
     router.add("/feature-flags", GET=feature_flags)
     router.add("/whoami", GET=whoami)
@@ -89,7 +89,19 @@ def _single_node(call: Call) -> tuple[int, Any]:
 
 
 def cluster_name(call: Call) -> tuple[int, Any]:
-    return 200, {"name": NODE_NAME}
+    """The name set with ``PUT`` (kept in the log), else the node's."""
+    return 200, {"name": call.node.admin.cluster_name or NODE_NAME}
+
+
+def set_cluster_name(call: Call) -> tuple[int, Any]:
+    """``PUT /api/cluster-name`` with ``name`` (administrators)."""
+    if "administrator" not in call.user.tags:
+        raise not_authorised("Not administrator user")
+    (name,) = required(call.body(), ("name",))
+    if not isinstance(name, str):
+        raise Problem(400, "bad_request", "name must be a string")
+    call.node.admin.set_cluster_name(name)
+    return 204, None
 
 
 def extensions(call: Call) -> tuple[int, Any]:

@@ -73,7 +73,7 @@ def overview(call: Call) -> tuple[int, Any]:
         "management_version": node.version,
         # The RabbitMQ whose behaviour this broker follows (tools read it to know what to ask).
         "rabbitmq_version": RABBITMQ_FORMAT_VERSION,
-        "cluster_name": NODE_NAME,
+        "cluster_name": call.node.admin.cluster_name or NODE_NAME,
         "node": NODE_NAME,
         "object_totals": {
             "connections": len(visible),
@@ -126,16 +126,26 @@ def vhosts(call: Call) -> tuple[int, Any]:
         raise not_authorised("Not administrator user")
     else:
         shown = call.api.vhosts(call.user, name)
-    views = [
-        {
-            "name": vhost.name,
-            "messages": sum(q.message_count + q.unacked_count for q in vhost.queues.values()),
-            "messages_ready": sum(q.message_count for q in vhost.queues.values()),
-            "messages_unacknowledged": sum(q.unacked_count for q in vhost.queues.values()),
-        }
-        for vhost in shown
-    ]
-    return 200, views if name is None else views[0]
+    return 200, [vhost_view(vhost) for vhost in shown] if name is None else vhost_view(shown[0])
+
+
+def vhost_view(vhost: VirtualHost) -> dict[str, Any]:
+    """A vhost as RabbitMQ 3.10 shows it: message counts once it has queues (their stats)."""
+    view: dict[str, Any] = {
+        "name": vhost.name,
+        "description": vhost.description,
+        "tags": list(vhost.tags),
+        "default_queue_type": "undefined",
+        "metadata": {"description": vhost.description, "tags": list(vhost.tags)},
+        "tracing": False,
+        "cluster_state": {NODE_NAME: "running"},
+    }
+    if vhost.queues:
+        queues = vhost.queues.values()
+        view["messages"] = sum(q.message_count + q.unacked_count for q in queues)
+        view["messages_ready"] = sum(q.message_count for q in queues)
+        view["messages_unacknowledged"] = sum(q.unacked_count for q in queues)
+    return view
 
 
 def queue_view(sampler: RateSampler, vhost: VirtualHost, queue: WorkQueue) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from broker.core.node import Node
 from broker.core.policy import Policy
 from broker.tools.testing import Client, MemorySegmentStorage, publish_frames
 from broker.wal.log import WriteAheadLog
-from broker.wal.record import Published, QueueDeclared, QueueDeleted, Removed, StreamOffset, iter_records
+from broker.wal.record import PolicySet, Published, QueueDeclared, QueueDeleted, Removed, StreamOffset, iter_records
 from broker.wal.recovery import replay
 from config.loader import loads
 from config.schema import BrokerConfig
@@ -353,7 +353,8 @@ def test_a_configured_policy_replaces_a_recorded_one_of_its_name_at_start() -> N
         "kept": {"message-ttl": 5},
     }
     # Only the configured change is recorded: the recovered policy is in the log already.
-    assert [(r.name, json.loads(r.value)["definition"]) for r in records(restarted)] == [("ttl", {"message-ttl": 20})]
+    policies = [r for r in records(restarted) if isinstance(r, PolicySet)]
+    assert [(r.name, json.loads(r.value)["definition"]) for r in policies] == [("ttl", {"message-ttl": 20})]
 
 
 def test_when_durable_waits_for_the_writer_and_hears_of_a_failure() -> None:

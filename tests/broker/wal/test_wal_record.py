@@ -21,6 +21,7 @@ from broker.wal.record import (
     Bound,
     DeadLettered,
     DeadLetterSettled,
+    Defined,
     DeliveryCounted,
     ExchangeDeclared,
     ExchangeDeleted,
@@ -35,6 +36,7 @@ from broker.wal.record import (
     StreamChunk,
     StreamOffset,
     Unbound,
+    Undefined,
     WALCorruption,
     decode,
     encode,
@@ -88,6 +90,8 @@ EXAMPLES = [
     PolicyCleared("prod", "DLX", False),
     StreamChunk(1000, 1700000002.5, 2, pack_stream_entries([(b"", b"q", b"\x00\x3c", b"a"), (b"ex", b"k", b"", b"")])),
     StreamOffset("/", "events", "billing", 300),
+    Defined("user", "app", b'{"password_hash":"rabbitmq-sha256$abc=","tags":["monitoring"]}'),
+    Undefined("vhost", "staging"),
 ]
 
 #: Strings as they reach the broker: any text, or bytes that are not UTF-8 decoded with surrogateescape.
