@@ -286,7 +286,7 @@ class Administration:
         self._refresh(user)
         return user
 
-    def _granted(self, user: User) -> dict[str, Permission]:
+    def granted(self, user: User) -> dict[str, Permission]:
         """The user's permissions as a table: a configured user with none listed has ``.*`` on
         every vhost; changing one of them spells that out first."""
         if user.permissions is None:
@@ -296,7 +296,7 @@ class Administration:
     def set_permissions(self, name: str, vhost: str, permission: Permission) -> bool:
         """Set a user's permissions on a vhost; whether it had none there."""
         user = self.node.users_by_name[name]
-        granted = self._granted(user)
+        granted = self.granted(user)
         new = vhost not in granted
         if granted.get(vhost) == permission and user.permissions is not None:
             return False
@@ -308,7 +308,7 @@ class Administration:
         """Clear a user's permissions on a vhost (its connections there are closed); whether
         there were any."""
         user = self.node.users_by_name[name]
-        granted = self._granted(user)
+        granted = self.granted(user)
         if granted.pop(vhost, None) is None:
             return False
         self._change(name, permissions=granted, vhosts=None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
@@ -121,12 +122,17 @@ def config_user(user: UserConfig) -> User:
     )
 
 
-def apply_accounts(node: Node, config: BrokerConfig, initialised: bool) -> None:
+def apply_accounts(node: Node, config: BrokerConfig, initialised: bool, imported: bool = False) -> None:
     """Apply the configuration's vhosts and users over what the log held, as RabbitMQ applies
     its definitions file at boot: a vhost it lists is created when missing; a user it lists is
     set as it says (password, tags, limits, permissions), replacing the stored one; what it does
     not list stays as stored. Sections left at their embedded defaults (guest, vhost ``/``)
-    apply on the first start only (``initialised``: the log held definitions already)."""
+    apply on the first start only (``initialised``: the log held definitions already).
+
+    :param imported: a definitions import at run time (``POST /api/definitions``): a user it
+        lists keeps the permissions it has on vhosts the document does not grant, as RabbitMQ's
+        import only adds permissions
+    """
     if not initialised and "/" in config.vhosts:
         node.admin.put_vhost("/", DEFAULT_VHOST_DESCRIPTION)  # (RabbitMQ's, on a fresh node)
     if not (initialised and "vhosts" in config.defaulted):
@@ -134,7 +140,12 @@ def apply_accounts(node: Node, config: BrokerConfig, initialised: bool) -> None:
             node.admin.put_vhost(name)
     if not (initialised and "users" in config.defaulted):
         for user in config.users:
-            node.admin.put_user(config_user(user))
+            wanted, old = config_user(user), node.users_by_name.get(user.name)
+            if imported and old is not None:
+                granted = {**node.admin.granted(old), **(wanted.permissions or {})}
+                topics = {**(old.topic_permissions or {}), **(wanted.topic_permissions or {})}
+                wanted = replace(wanted, permissions=granted, topic_permissions=topics or None)
+            node.admin.put_user(wanted)
 
 
 def _check_exchange_types(node: Node, snapshot: Snapshot, source: str) -> None:

@@ -140,6 +140,8 @@ class ManagementAPI(Resource):
             status, body = handler(Call(self, user, request, params, query))
             if isinstance(body, list) and request.method == b"GET":
                 body = shaped(body, query, () if kind in UNSORTED else DEFAULT_SORTS, kind in PAGINATED)
+            elif isinstance(body, dict) and request.method == b"GET" and "columns" in query:
+                body = shaped([body], query, (), False)[0]  # (one object is cut to columns too)
         except Problem as problem:
             return self._refused(request, problem)
         except Exception:

@@ -5,25 +5,32 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from twisted.logger import Logger
+
 from broker.core.admin import user_limits, vhost_limits
+from broker.core.definitions import apply_accounts, apply_definitions, apply_policies
 from broker.server.management.common import RABBITMQ_FORMAT_VERSION, Call, Problem, not_authorised
 from broker.server.management.policies import policy_view
 from broker.server.management.router import Router
 from broker.server.management.views import exchange_view, vhost_bindings
-from config.rabbitmq import HASHING_ALGORITHMS
+from config.rabbitmq import HASHING_ALGORITHMS, loads_definitions
 from config.schema import Permission
+from config.values import ConfigError
 
 if TYPE_CHECKING:
     from broker.core.node import Node
 
+_log = Logger()
+
 
 def install(router: Router) -> None:
-    router.add("/definitions", GET=definitions)
-    router.add("/definitions/:vhost", GET=definitions)
+    router.add("/definitions", GET=definitions, POST=import_definitions)
+    router.add("/definitions/:vhost", GET=definitions, POST=import_definitions)
 
 
 #: ``password_hash`` prefixes of RabbitMQ's hashes and RabbitMQ's name for each algorithm.
@@ -163,3 +170,58 @@ def definitions(call: Call) -> tuple[int, Any]:
         "exchanges": exchanges,
         "bindings": bindings,
     }
+
+
+#: What a definitions document lists per vhost (items without ``vhost`` are ``/``'s).
+_PER_VHOST = ("queues", "exchanges", "bindings", "policies", "parameters", "permissions", "topic_permissions")
+
+
+def import_definitions(call: Call) -> tuple[int, Any]:
+    """``POST /api/definitions[/VHOST]``: apply a RabbitMQ definitions document, as RabbitMQ's
+    import does: what it lists is created or replaced, nothing it leaves out is deleted. The
+    whole node's takes users, vhosts, permissions, limits, policies, exchanges, queues and
+    bindings; one vhost's, its queues, exchanges, bindings and policies only (put in that
+    vhost). A vhost named by an item must exist or be in the document (RabbitMQ's 400
+    ``no_such_vhost``).
+
+    What Postroom cannot apply as it is (a quorum queue, declared classic; a shovel) is
+    applied as ``postroom serve --config`` applies a definitions file (``config.rabbitmq``),
+    and answered 200 with those ``notes``; a document without any is answered 204, as by
+    RabbitMQ. A definition the broker refuses is 400 with its key path.
+    """
+    if "administrator" not in call.user.tags:
+        raise not_authorised("Not administrator user")
+    node = call.node
+    try:
+        document = json.loads(call.request.content.read() or b"null")
+    except ValueError:
+        raise Problem(400, "bad_request", "failed_to_parse_json") from None
+    if not isinstance(document, dict):
+        raise Problem(400, "bad_request", "failed_to_parse_json")
+    one = call.params.get("vhost")
+    if one is not None:
+        if one not in node.vhosts:
+            raise Problem(404, "not_found", "vhost_not_found")
+        document = {
+            key: [{**item, "vhost": one} for item in document.get(key) or () if isinstance(item, dict)]
+            for key in ("queues", "exchanges", "bindings", "policies", "parameters")
+            if key in document
+        }
+        document["vhosts"] = [{"name": one}]
+    listed = {item.get("name") for item in document.get("vhosts") or () if isinstance(item, dict)}
+    for key in _PER_VHOST:
+        for item in document.get(key) or ():
+            name = item.get("vhost", "/") if isinstance(item, dict) else "/"
+            if name not in listed and name not in node.vhosts:
+                raise Problem(400, "bad_request", ["no_such_vhost", name])
+    try:
+        config = loads_definitions(json.dumps(document), "the definitions")
+        apply_accounts(node, config, initialised=True, imported=True)
+        apply_policies(node, config)
+        apply_definitions(node, config)
+    except ConfigError as error:
+        raise Problem(400, "bad_request", "; ".join(f"{p.key}: {p.reason}" for p in error.problems)) from None
+    notes = [note.removeprefix("the definitions: ") for note in config.notes]
+    for note in notes:
+        _log.warn("definitions imported through the management API: {note}", note=note)
+    return (200, {"notes": notes}) if notes else (204, None)

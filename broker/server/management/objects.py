@@ -475,13 +475,16 @@ def _properties_json(properties: commands.Basic.Properties) -> dict[str, Any]:
 
 def close_connection(call: Call) -> tuple[int, None]:
     """Close a connection: its own user's or, for an administrator, anyone's (RabbitMQ
-    checks this before it looks for the connection: 401 for a missing one too)."""
+    checks this before it looks for the connection: 401 for a missing one too), with the
+    ``X-Reason`` header's text, or RabbitMQ's default."""
     name, user = call.params["connection"], call.user
     found = next((connection for connection in call.node.connections if connection.peer == name), None)
     if "administrator" not in user.tags and (found is None or found.user_name != user.name):
         raise not_authorised("User not authorised to access object")
     if found is None:
         raise not_found()
-    found.close(ReplyCode.CONNECTION_FORCED, "Closed via management plugin")
+    # RabbitMQ's X-Reason header gives the text the client reads in connection.close.
+    reason = call.request.getHeader("x-reason") or "Closed via management plugin"
+    found.close(ReplyCode.CONNECTION_FORCED, reason[:200])
     _log.info("connection {peer} closed through the management API by {user}", peer=name, user=user.name)
     return 204, None
