@@ -96,7 +96,7 @@ def user_value(user: User) -> dict[str, Any]:
         password_hash = rabbitmq_hash(user.password)
     value: dict[str, Any] = {
         "password_hash": password_hash,
-        "tags": sorted(user.tags),
+        "tags": list(user.tags),
         "loopback_only": user.loopback_only,
         "limits": user_limits(user),
         "permissions": None
@@ -132,7 +132,7 @@ def user_from_value(name: str, value: Mapping[str, Any]) -> User:
             for vhost, exchanges in (value.get("topic_permissions") or {}).items()
         }
         or None,
-        tags=frozenset(value.get("tags") or ()),
+        tags=tuple(value.get("tags") or ()),
         max_connections=limits.get("max-connections"),
         max_channels=limits.get("max-channels"),
     )

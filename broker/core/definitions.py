@@ -116,7 +116,7 @@ def config_user(user: UserConfig) -> User:
         loopback_only=user.loopback_only,
         permissions=user.permissions,
         topic_permissions=user.topic_permissions,
-        tags=frozenset(user.tags),
+        tags=tuple(user.tags),
         max_connections=user.limits.max_connections,
         max_channels=user.limits.max_channels,
     )

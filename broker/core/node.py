@@ -77,7 +77,7 @@ class User:
     max_channels: int | None = None
     #: RabbitMQ's user tags: ``administrator``, ``monitoring``, ``policymaker`` and ``management``
     #: let the user into the management API (see ``broker.server.management``); others are kept.
-    tags: frozenset[str] = frozenset()
+    tags: tuple[str, ...] = ()
     #: The compiled permissions per vhost (``None``: nothing to check there), built once.
     _access: dict[str, Access | None] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
@@ -192,7 +192,7 @@ class Node:
     :param rng: source of generated names (injected so tests are repeatable)
     """
 
-    users: Iterable[User] = (User("guest", password="guest", loopback_only=True, tags=frozenset({"administrator"})),)
+    users: Iterable[User] = (User("guest", password="guest", loopback_only=True, tags=("administrator",)),)
     vhost_names: Iterable[str] = ("/",)
     limits: Limits = field(default_factory=Limits)
     registry: ExchangeTypeRegistry = field(default_factory=default_registry)

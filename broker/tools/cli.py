@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from broker.text import EscapingWriter, printable
+from broker.tools import ctl
 from config.loader import load
 from config.schema import BindingConfig, BrokerConfig, ExchangeConfig, QueueConfig, StreamConfig, embedded_default
 from config.values import ConfigError
@@ -179,6 +180,26 @@ def management_request(url: str, path: str, method: str = "GET", body: object = 
     :raises OSError: the broker cannot be reached, or answered with an error status (the
         message has the status and RabbitMQ's ``reason``)
     """
+    status, answer, where = management_call(url, path, method, body, timeout)
+    if status >= 400:
+        reason = answer.get("reason", answer) if isinstance(answer, dict) else answer
+        raise OSError(f"{method} {where}: HTTP {status}: {reason}")
+    return answer
+
+
+def management_call(
+    url: str,
+    path: str,
+    method: str = "GET",
+    body: object = None,
+    timeout: float = 10.0,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, object, str]:
+    """Send ``method`` to ``path`` of the management API at ``url`` (credentials in the URL):
+    the answer's status, its JSON (``None`` when empty; the text when not JSON) and the URL asked.
+
+    :raises OSError: the broker cannot be reached
+    """
     import base64
     import json
     import urllib.error
@@ -189,23 +210,21 @@ def management_request(url: str, path: str, method: str = "GET", body: object = 
     host = parts.hostname or "127.0.0.1"
     base = f"{parts.scheme or 'http'}://{host}:{parts.port or 15672}"
     credentials = f"{urllib.parse.unquote(parts.username or 'guest')}:{urllib.parse.unquote(parts.password or 'guest')}"
-    headers = {"Authorization": "Basic " + base64.b64encode(credentials.encode()).decode()}
+    sent = {"Authorization": "Basic " + base64.b64encode(credentials.encode()).decode(), **(headers or {})}
     data = None
     if body is not None:
         data = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
-    request = urllib.request.Request(base + path, data=data, method=method, headers=headers)
+        sent["Content-Type"] = "application/json"
+    request = urllib.request.Request(base + path, data=data, method=method, headers=sent)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            raw = response.read()
-            return json.loads(raw) if raw else None
+            status, raw = response.status, response.read()
     except urllib.error.HTTPError as error:
-        raw = error.read().decode("utf-8", "replace")
-        try:
-            reason = json.loads(raw)["reason"]
-        except (ValueError, KeyError, TypeError):
-            reason = raw
-        raise OSError(f"{method} {base + path}: HTTP {error.code}: {reason}") from error
+        status, raw = error.code, error.read()
+    try:
+        return status, json.loads(raw) if raw else None, base + path
+    except ValueError:
+        return status, raw.decode("utf-8", "replace"), base + path
 
 
 def _listing(args: argparse.Namespace, command: str, kind: str) -> list[dict[str, object]] | int:
@@ -550,7 +569,7 @@ def _declare(args: argparse.Namespace) -> int:
     if config.users != BrokerConfig().users:
         print(
             f"{args.file}: users and permissions are applied when the broker starts with this file"
-            " (postroom serve --config), not over AMQP",
+            " (postroom serve --config) or with postroom ctl (add_user, set_permissions ...), not over AMQP",
             file=sys.stderr,
         )
     if definitions.policies or definitions.operator_policies:
@@ -791,6 +810,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``postroom`` command."""
     parser = argparse.ArgumentParser(prog="postroom", description="Postroom: an AMQP 0-9-1 routing broker.")
     commands = parser.add_subparsers(dest="command", required=True)
+    ctl.add_parser(commands)
     serve = commands.add_parser("serve", help="run the broker in the foreground")
     serve.add_argument("--config", metavar="PATH", help="YAML configuration (default: the embedded default)")
     serve.add_argument(

@@ -134,7 +134,7 @@ class ManagementAPI(Resource):
         if user is None:
             return self._refused(request, Problem(401, "not_authorized", "Login failed"), challenge=True)
         try:
-            if not user.tags & MANAGEMENT_TAGS:
+            if MANAGEMENT_TAGS.isdisjoint(user.tags):
                 raise not_authorised("Not management user")
             query = query_of(request.uri)
             status, body = handler(Call(self, user, request, params, query))
@@ -228,7 +228,7 @@ class ManagementAPI(Resource):
         return [
             connection
             for connection in self.node.connections
-            if user.tags & SEE_ALL_TAGS or connection.user_name == user.name
+            if not SEE_ALL_TAGS.isdisjoint(user.tags) or connection.user_name == user.name
         ]
 
 

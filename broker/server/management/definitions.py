@@ -66,7 +66,7 @@ def export_users(
                 "name": user.name,
                 "password_hash": password_hash,
                 "hashing_algorithm": algorithm,
-                "tags": sorted(user.tags),
+                "tags": list(user.tags),
                 "limits": limits,
             }
         )

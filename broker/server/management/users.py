@@ -136,7 +136,7 @@ def _tags(value: Any) -> tuple[str, ...]:
         value = value.split(",")
     if not isinstance(value, list) or not all(isinstance(tag, str) for tag in value):
         raise Problem(400, "bad_request", "tags must be a comma-separated string or a list of strings")
-    return tuple(dict.fromkeys(tag.strip() for tag in value if tag.strip()))
+    return tuple(tag.strip() for tag in value if tag.strip())
 
 
 def _password_hash(body: dict[str, Any]) -> str | None:
@@ -186,7 +186,7 @@ def put_user(call: Call) -> tuple[int, Any]:
         user = User(name, loopback_only=name == "guest", permissions={})
     else:
         user = old
-    user = replace(user, password=password, password_hash=password_hash, tags=frozenset(tags))
+    user = replace(user, password=password, password_hash=password_hash, tags=tags)
     return (201 if call.node.admin.put_user(user) else 204), None
 
 
@@ -341,11 +341,14 @@ def clear_vhost_limit(call: Call) -> tuple[int, Any]:
 def put_vhost(call: Call) -> tuple[int, Any]:
     """``PUT /api/vhosts/NAME`` with ``description`` and ``tags`` (each replaced: left out,
     empty). The user who creates it gets ``.*`` permissions on it, as in RabbitMQ. Tracing
-    (the firehose) is not built: ``tracing: true`` is refused."""
+    (the firehose) is not built: ``tracing: true`` is refused, and so is a default queue type
+    (``defaultqueuetype``) other than classic."""
     _administrator(call)
     body = call.body()
-    if body.get("tracing") not in (None, False):
+    if body.get("tracing") not in (None, False, "false"):
         raise Problem(400, "bad_request", "tracing (the firehose) is not supported by Postroom")
+    if body.get("defaultqueuetype") not in (None, "", "classic", "undefined"):
+        raise Problem(400, "bad_request", "a vhost's default queue type is classic here: Postroom has no quorum queues")
     description = body.get("description", "")
     if not isinstance(description, str | int | float) or isinstance(description, bool):
         raise Problem(400, "bad_request", "description must be a string")

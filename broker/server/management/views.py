@@ -10,6 +10,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
+import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote_plus
 
@@ -32,6 +34,9 @@ if TYPE_CHECKING:
     from broker.core.queue import WorkQueue
     from broker.core.vhost import Exchange, VirtualHost
 
+
+#: When the process started, near enough (this module is loaded at start): the node's uptime.
+_STARTED = time.monotonic()
 
 def install(router: Router) -> None:
     router.add("/overview", GET=overview)
@@ -75,6 +80,11 @@ def overview(call: Call) -> tuple[int, Any]:
         "rabbitmq_version": RABBITMQ_FORMAT_VERSION,
         "cluster_name": call.node.admin.cluster_name or NODE_NAME,
         "node": NODE_NAME,
+        "listeners": [
+            {"node": NODE_NAME, "protocol": info.protocol, "ip_address": info.interface, "port": info.port,
+             "socket_opts": {}}
+            for info in node.listeners
+        ],  # fmt: skip
         "object_totals": {
             "connections": len(visible),
             "channels": sum(len(connection.channels) for connection in visible),
@@ -94,7 +104,7 @@ def overview(call: Call) -> tuple[int, Any]:
 def nodes(call: Call) -> tuple[int, Any]:
     """``/api/nodes[/{name}]``: the one node, with its memory and disk readings and alarms
     (for monitoring users and administrators, as RabbitMQ)."""
-    if not call.user.tags & SEE_ALL_TAGS:
+    if SEE_ALL_TAGS.isdisjoint(call.user.tags):
         raise not_authorised("Not monitor user")
     node = call.node
     monitor = node.resource_monitor
@@ -102,6 +112,8 @@ def nodes(call: Call) -> tuple[int, Any]:
         "name": NODE_NAME,
         "type": "disc",
         "running": True,
+        "os_pid": str(os.getpid()),
+        "uptime": int((time.monotonic() - _STARTED) * 1000),
         "mem_used": monitor.memory_used if monitor is not None else None,
         "mem_limit": monitor.memory_limit if monitor is not None else None,
         "mem_alarm": "memory" in node.alarms,
