@@ -27,6 +27,7 @@ import base64
 import hashlib
 import json
 import os
+import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -47,7 +48,7 @@ VHOST = "vhost"
 #: only on a fresh database; so does Postroom, see ``broker.core.definitions``).
 NODE = "node"
 INITIALISED = "initialised"
-#: Global parameters (``cluster_name``).
+#: Global parameters (``cluster_name``, ``internal_cluster_id`` and any an operator sets).
 GLOBAL = "global"
 
 #: The user limits and vhost limits RabbitMQ 3.10 knows, by their names in its API.
@@ -188,8 +189,10 @@ class Administration:
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        #: The cluster's name (``PUT /api/cluster-name``); ``None``: the node's default.
-        self.cluster_name: str | None = None
+        #: RabbitMQ's global parameters by name (``PUT /api/global-parameters/NAME``), in the
+        #: order set: ``cluster_name`` (``PUT /api/cluster-name``), ``internal_cluster_id``
+        #: (made on the first start) and any an operator sets (kept and listed, as RabbitMQ's).
+        self.globals: dict[str, Any] = {"internal_cluster_id": "rabbitmq-cluster-id-" + secrets.token_urlsafe(16)}
 
     # -- recording ---------------------------------------------------------------------------------
 
@@ -204,8 +207,7 @@ class Administration:
         records = [encode(Defined(NODE, INITIALISED, b"{}"))]
         records += [encode(Defined(VHOST, vhost.name, _dump(vhost_value(vhost)))) for vhost in node.vhosts.values()]
         records += [encode(Defined(USER, user.name, _dump(user_value(user)))) for user in node.users_by_name.values()]
-        if self.cluster_name is not None:
-            records.append(encode(Defined(GLOBAL, "cluster_name", _dump({"value": self.cluster_name}))))
+        records += [encode(Defined(GLOBAL, name, _dump({"value": value}))) for name, value in self.globals.items()]
         return records
 
     def initialise(self) -> None:
@@ -215,8 +217,8 @@ class Administration:
             self._record(VHOST, vhost.name, vhost_value(vhost))
         for user in self.node.users_by_name.values():
             self._record(USER, user.name, user_value(user))
-        if self.cluster_name is not None:
-            self._record(GLOBAL, "cluster_name", {"value": self.cluster_name})
+        for name, value in self.globals.items():
+            self._record(GLOBAL, name, {"value": value})
 
     def restore(self, definitions: Iterable[Defined], warn: Callable[[str], None]) -> bool:
         """Set the users, vhosts and global parameters the log holds, recording nothing.
@@ -237,8 +239,8 @@ class Administration:
                 elif record.kind == VHOST:
                     vhost = node.vhosts.get(record.key) or node.add_vhost(record.key)
                     _describe(vhost, value)
-                elif record.kind == GLOBAL and record.key == "cluster_name":
-                    self.cluster_name = str(value["value"])
+                elif record.kind == GLOBAL:
+                    self.globals[record.key] = value["value"]
                 else:
                     warn(f"the write-ahead log holds a definition this version does not know: {record.kind}")
             except (ValueError, TypeError, KeyError) as error:
@@ -412,11 +414,28 @@ class Administration:
                 self._change(user.name, **changes)
         return True
 
+    @property
+    def cluster_name(self) -> str | None:
+        """The cluster's name (``PUT /api/cluster-name``); ``None``: the node's default."""
+        name = self.globals.get("cluster_name")
+        return name if isinstance(name, str) else None
+
+    def set_global(self, name: str, value: Any) -> bool:
+        """Set a global parameter (``None``: clear it); whether it is new."""
+        new = name not in self.globals
+        if value is None:
+            if not new:
+                del self.globals[name]
+                self._record(GLOBAL, name, None)
+            return False
+        if new or self.globals[name] != value:
+            self.globals[name] = value
+            self._record(GLOBAL, name, {"value": value})
+        return new
+
     def set_cluster_name(self, name: str) -> None:
         """Name the cluster (``PUT /api/cluster-name``)."""
-        if name != self.cluster_name:
-            self.cluster_name = name
-            self._record(GLOBAL, "cluster_name", {"value": name})
+        self.set_global("cluster_name", name)
 
 
 def _describe(vhost: VirtualHost, value: Mapping[str, Any]) -> None:

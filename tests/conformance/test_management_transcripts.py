@@ -1339,3 +1339,106 @@ def test_definitions_are_imported_as_on_rabbitmq(
     expected = import_answers(rabbitmq_management[1])
     assert dict(expected)["import a node's definitions"] == [204, None]  # what the oracle is about
     assert_alike(expected, import_answers(postroom_management[1]))
+
+
+def connection_states(amqp_port: int, http_port: int, alarm: Callable[[bool], None]) -> list[tuple[str, Any]]:
+    """Each connection's ``state`` before a memory alarm, under it (one connection publishes,
+    one does not), and after it clears."""
+
+    def states() -> dict[str, str]:
+        listed = api(http_port, "guest", "connections")[1]
+        return {
+            c["client_properties"].get("connection_name", ""): c["state"]
+            for c in listed
+            if str(c["client_properties"].get("connection_name", "")).startswith("st-")
+        }
+
+    def settled(wanted: dict[str, str]) -> dict[str, str]:
+        wait_for(lambda: states() == wanted, 30)  # (RabbitMQ's stats come every few seconds)
+        return states()
+
+    def connect(name: str) -> pika.BlockingConnection:
+        return pika.BlockingConnection(
+            pika.ConnectionParameters("127.0.0.1", amqp_port, client_properties={"connection_name": name})
+        )
+
+    publisher, idle = connect("st-publisher"), connect("st-idle")
+    answers: list[tuple[str, Any]] = []
+    try:
+        channel = publisher.channel()
+        answers.append(("before the alarm", settled({"st-publisher": "running", "st-idle": "running"})))
+        alarm(True)
+        answers.append(("under the alarm", settled({"st-publisher": "blocking", "st-idle": "blocking"})))
+        channel.basic_publish("", "st-nowhere", b"m")
+        publisher.process_data_events(time_limit=0.5)
+        answers.append(("after a publish under it", settled({"st-publisher": "blocked", "st-idle": "blocking"})))
+        alarm(False)
+        publisher.process_data_events(time_limit=0.5)
+        answers.append(("once it clears", settled({"st-publisher": "running", "st-idle": "running"})))
+    finally:
+        alarm(False)
+        for connection in (publisher, idle):
+            if connection.is_open:
+                connection.close()
+    return answers
+
+
+def test_connections_show_blocked_and_blocking_under_an_alarm_as_on_rabbitmq(
+    rabbitmq_management: tuple[int, int], postroom_management: tuple[int, int]
+) -> None:
+    amqp_port = rabbitmq_management[0]
+
+    def rabbitmq_alarm(on: bool) -> None:
+        rabbitmqctl(amqp_port, "set_vm_memory_high_watermark", "0.000001" if on else "0.4")
+
+    def postroom_alarm(on: bool) -> None:
+        broker = POSTROOM_BROKERS[-1]
+        broker.call(lambda: broker.node.set_alarm("memory", on))
+
+    expected = connection_states(*rabbitmq_management, rabbitmq_alarm)
+    assert dict(expected)["after a publish under it"]["st-publisher"] == "blocked"  # what the oracle is about
+    assert_alike(expected, connection_states(*postroom_management, postroom_alarm))
+
+
+def parameter_answers(http_port: int) -> list[tuple[str, Any]]:
+    """Runtime and global parameters listed, set and cleared (the cluster's internal id, which
+    each broker makes its own, as whether there is one)."""
+    steps: list[tuple[str, str, str, Any]] = [
+        ("no parameters", "parameters/vhost-limits/mg-other", "GET", None),
+        ("set a vhost's limits as a parameter", "parameters/vhost-limits/mg-other/limits", "PUT",
+         {"value": {"max-queues": 7, "max-connections": 3}}),
+        ("the parameter", "parameters/vhost-limits/mg-other/limits", "GET", None),
+        ("the vhost's limits", "vhost-limits/mg-other", "GET", None),
+        ("an unknown limit", "parameters/vhost-limits/mg-other/limits", "PUT", {"value": {"max-channels": 1}}),
+        ("a component no plugin has", "parameters/bogus/%2F/x", "PUT", {"value": {}}),
+        ("a missing parameter", "parameters/bogus/%2F/x", "GET", None),
+        ("set a global parameter", "global-parameters/pm-x", "PUT", {"value": {"a": [1, 2]}}),
+        ("set it again", "global-parameters/pm-x", "PUT", {"value": 5}),
+        ("the global parameter", "global-parameters/pm-x", "GET", None),
+        ("global parameters without a value", "global-parameters/pm-y", "PUT", {}),
+        ("clear it", "global-parameters/pm-x", "DELETE", None),
+        ("clear it again", "global-parameters/pm-x", "DELETE", None),
+        ("a missing global parameter", "global-parameters/pm-x", "GET", None),
+        ("clear the vhost's limits parameter", "parameters/vhost-limits/mg-other/limits", "DELETE", None),
+        ("what is left", "parameters/vhost-limits/mg-other", "GET", None),
+    ]  # fmt: skip
+    answers = []
+    limits = api(http_port, "guest", "vhost-limits/mg-other")[1]
+    try:
+        for label, path, method, body in steps:
+            answers.append((label, list(api(http_port, "guest", path, method, body))))
+        listed = api(http_port, "guest", "global-parameters")[1]
+        answers.append(("the cluster has an internal id", any(p["name"] == "internal_cluster_id" for p in listed)))
+    finally:
+        for item in limits:  # (the fixture's limits, back as they were)
+            for name, value in item["value"].items():
+                api(http_port, "guest", f"vhost-limits/mg-other/{name}", "PUT", {"value": value})
+    return answers
+
+
+def test_parameters_are_listed_set_and_cleared_as_on_rabbitmq(
+    rabbitmq_management: tuple[int, int], postroom_management: tuple[int, int]
+) -> None:
+    expected = parameter_answers(rabbitmq_management[1])
+    assert dict(expected)["the parameter"][0] == 200  # what the oracle is about
+    assert_alike(expected, parameter_answers(postroom_management[1]))

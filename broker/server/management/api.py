@@ -22,7 +22,7 @@ from broker.amqp.connection import reply_text
 from broker.core.queue import WorkQueue
 from broker.errors import ChannelException
 from broker.server.http import BoundedSite
-from broker.server.management import definitions, health, objects, policies, streams, users, views
+from broker.server.management import definitions, health, objects, parameters, policies, streams, users, views
 from broker.server.management.common import (
     DEFAULT_SORTS,
     MANAGEMENT_TAGS,
@@ -58,7 +58,7 @@ PAGINATED = frozenset({"queues", "exchanges", "vhosts", "connections", "channels
 def routes() -> Router:
     """Every route of the API, in the order RabbitMQ's dispatcher lists them."""
     router = Router()
-    for part in (health, views, streams, policies, definitions, objects, users):
+    for part in (health, views, streams, policies, parameters, definitions, objects, users):
         part.install(router)
     return router
 

@@ -60,6 +60,15 @@ def required(body: dict[str, Any], keys: tuple[str, ...]) -> list[Any]:
     return [body[key] for key in keys]
 
 
+def erlang_term(value: Any) -> str:
+    """A JSON value as RabbitMQ's messages print it (a string is an Erlang binary)."""
+    if isinstance(value, str):
+        return '<<"' + value + '">>'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 def json_default(value: Any) -> Any:
     if isinstance(value, bytes | bytearray):
         return value.decode("utf-8", "replace")

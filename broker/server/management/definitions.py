@@ -164,7 +164,11 @@ def definitions(call: Call) -> tuple[int, Any]:
         "permissions": permissions,
         "topic_permissions": topic_permissions,
         "parameters": parameters,
-        "global_parameters": [],
+        "global_parameters": [  # (as RabbitMQ's export: without the cluster's internal id)
+            {"name": name, "value": value}
+            for name, value in node.admin.globals.items()
+            if name != "internal_cluster_id"
+        ],
         "policies": policies,
         "queues": queues,
         "exchanges": exchanges,

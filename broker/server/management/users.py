@@ -17,7 +17,7 @@ from typing import Any
 from broker.core.admin import HASHING_PREFIXES, USER_LIMITS, VHOST_LIMITS, rabbitmq_hash
 from broker.core.admin import vhost_limits as admin_vhost_limits
 from broker.core.node import User
-from broker.server.management.common import Call, Problem, not_authorised, not_found, required
+from broker.server.management.common import Call, Problem, erlang_term, not_authorised, not_found, required
 from broker.server.management.definitions import export_users
 from broker.server.management.router import Router
 from config.schema import Permission, TopicPermission
@@ -277,21 +277,12 @@ def _limit_value(call: Call, names: tuple[str, ...], where: str) -> tuple[str, i
     limit = call.params["limit"]
     vhost = where == "limits"
     if limit not in names:
-        reason = f'Unrecognised terms [{{<<"{limit}">>,{_erlang(value)}}}] in {where}'
+        reason = f'Unrecognised terms [{{<<"{limit}">>,{erlang_term(value)}}}] in {where}'
         raise Problem(400, "bad_request", f"Validation failed\n\n{reason}\n" if vhost else reason)
     if not isinstance(value, int) or isinstance(value, bool):
-        reason = f"{limit} should be a number, actually was {_erlang(value)}"
+        reason = f"{limit} should be a number, actually was {erlang_term(value)}"
         raise Problem(400, "bad_request", f"Validation failed\n\n{reason}\n" if vhost else reason)
     return limit, value
-
-
-def _erlang(value: Any) -> str:
-    """A JSON value as RabbitMQ's messages print it (a string is an Erlang binary)."""
-    if isinstance(value, str):
-        return '<<"' + value + '">>'
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 def set_user_limit(call: Call) -> tuple[int, Any]:

@@ -31,6 +31,7 @@ from broker.server.management.router import Router
 
 if TYPE_CHECKING:
     from broker.core.entry import Consumer
+    from broker.core.node import Node
     from broker.core.queue import WorkQueue
     from broker.core.vhost import Exchange, VirtualHost
 
@@ -358,10 +359,22 @@ def connections(call: Call) -> tuple[int, Any]:
             "channel_max": connection.channel_max,
             "timeout": connection.heartbeat,
             "client_properties": connection.client_properties,
-            "state": "running",
+            "state": connection_state(call.node, connection),
         }
         for connection in sorted(call.api.visible_connections(call.user), key=lambda c: c.peer)
     ]
+
+
+def connection_state(node: Node, connection: Any) -> str:
+    """RabbitMQ's ``state`` of a connection: ``blocked`` once it published under an alarm and
+    is no longer read, ``blocking`` while an alarm is in force and it has not published yet,
+    ``flow`` while the node slows every client down to the pace of deliveries (see
+    ``broker.core.node.Node.flow``), else ``running``."""
+    if connection.blocked:
+        return "blocked"
+    if node.alarms:
+        return "blocking"
+    return "flow" if node.flow else "running"
 
 
 def channels(call: Call) -> tuple[int, Any]:

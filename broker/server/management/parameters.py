@@ -1,0 +1,131 @@
+"""Runtime and global parameters, as RabbitMQ's management plugin shows and sets them:
+``/api/parameters[/COMPONENT[/VHOST[/NAME]]]`` and ``/api/global-parameters[/NAME]``.
+
+Postroom's runtime parameters are the components it has something behind: ``vhost-limits``
+(one parameter, ``limits``, per vhost: the vhost's limits) and ``operator_policy`` (the
+operator policies, set through ``/api/operator-policies``). Another component is refused as
+RabbitMQ refuses a component no plugin registered. Global parameters are kept as they are set
+(``cluster_name`` names the cluster, as ``PUT /api/cluster-name`` does).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from broker.core.admin import VHOST_LIMITS, vhost_limits
+from broker.server.management.common import Call, Problem, erlang_term, not_authorised, not_found, required
+from broker.server.management.router import Router
+
+
+def install(router: Router) -> None:
+    router.add("/parameters", GET=parameters)
+    router.add("/parameters/:component", GET=parameters)
+    router.add("/parameters/:component/:vhost", GET=parameters)
+    router.add("/parameters/:component/:vhost/:name", GET=parameters, PUT=set_parameter, DELETE=clear_parameter)
+    router.add("/global-parameters", GET=global_parameters)
+    router.add("/global-parameters/:name", GET=global_parameters, PUT=set_global, DELETE=clear_global)
+
+
+def _policymaker(call: Call) -> None:
+    """RabbitMQ lists and sets runtime parameters for policymakers and administrators."""
+    if not {"administrator", "policymaker"} & set(call.user.tags):
+        raise not_authorised("Not policymaker user")
+
+
+def _administrator(call: Call) -> None:
+    if "administrator" not in call.user.tags:
+        raise not_authorised("Not administrator user")
+
+
+def parameters(call: Call) -> tuple[int, Any]:
+    """The runtime parameters of the vhosts the user may see, narrowed by the path."""
+    _policymaker(call)
+    params = call.params
+    listed = []
+    for vhost in call.api.vhosts(call.user, params.get("vhost")):
+        limits = vhost_limits(vhost)
+        if limits:
+            listed.append({"value": limits, "vhost": vhost.name, "component": "vhost-limits", "name": "limits"})
+        listed += [
+            {"value": policy.value(), "vhost": vhost.name, "component": "operator_policy", "name": policy.name}
+            for policy in vhost.operator_policies.values()
+        ]
+    listed = [
+        item
+        for item in listed
+        if params.get("component", item["component"]) == item["component"]
+        and params.get("name", item["name"]) == item["name"]
+    ]
+    if "name" in params:
+        if not listed:
+            raise not_found()
+        return 200, listed[0]
+    return 200, listed
+
+
+def set_parameter(call: Call) -> tuple[int, Any]:
+    """``PUT /api/parameters/vhost-limits/VHOST/limits`` with ``value``: the vhost's limits,
+    replaced; another component is refused, as RabbitMQ refuses one it has no plugin for."""
+    _policymaker(call)
+    component, name = call.params["component"], call.params["name"]
+    if component != "vhost-limits":
+        raise Problem(400, "bad_request", f"Validation failed\n\ncomponent {component} not found\n")
+    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    (value,) = required(call.body(), ("value",))
+    if name != "limits" or not isinstance(value, dict):
+        raise Problem(400, "bad_request", "Validation failed\n\nvhost-limits takes one parameter, limits: an object\n")
+    unknown = [key for key in value if key not in VHOST_LIMITS]
+    wrong = [key for key, limit in value.items() if not isinstance(limit, int) or isinstance(limit, bool)]
+    if unknown or wrong:
+        terms = ",".join(f'{{<<"{key}">>,{erlang_term(value[key])}}}' for key in unknown)
+        reason = f"Unrecognised terms [{terms}] in limits" if unknown else f"{wrong[0]} should be a number"
+        # (RabbitMQ's answer escapes the term's angle brackets, as for HTML)
+        raise Problem(400, "bad_request", f"Validation failed\n\n{html.escape(reason, quote=False)}\n")
+    new = not vhost_limits(vhost)
+    for limit in VHOST_LIMITS:
+        call.node.admin.set_vhost_limit(vhost.name, limit, value.get(limit))
+    return (201 if new else 204), None
+
+
+def clear_parameter(call: Call) -> tuple[int, Any]:
+    _policymaker(call)
+    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    if call.params["component"] != "vhost-limits" or call.params["name"] != "limits" or not vhost_limits(vhost):
+        raise not_found()
+    for limit in VHOST_LIMITS:
+        call.node.admin.set_vhost_limit(vhost.name, limit, None)
+    return 204, None
+
+
+def global_parameters(call: Call) -> tuple[int, Any]:
+    """``GET /api/global-parameters[/NAME]`` (administrators)."""
+    _administrator(call)
+    listed = [{"name": name, "value": value} for name, value in call.node.admin.globals.items()]
+    if "name" not in call.params:
+        return 200, listed
+    for item in listed:
+        if item["name"] == call.params["name"]:
+            return 200, {"value": item["value"], "name": item["name"]}
+    raise not_found()
+
+
+def set_global(call: Call) -> tuple[int, Any]:
+    """``PUT /api/global-parameters/NAME`` with ``value`` (kept as it is)."""
+    _administrator(call)
+    (value,) = required(call.body(), ("value",))
+    name = call.params["name"]
+    if name == "cluster_name" and not isinstance(value, str):
+        raise Problem(400, "bad_request", "cluster_name must be a string")
+    if value is None:
+        raise Problem(400, "bad_request", "a global parameter's value cannot be null")
+    return (201 if call.node.admin.set_global(name, value) else 204), None
+
+
+def clear_global(call: Call) -> tuple[int, Any]:
+    _administrator(call)
+    name = call.params["name"]
+    if name not in call.node.admin.globals:
+        raise not_found()
+    call.node.admin.set_global(name, None)
+    return 204, None
