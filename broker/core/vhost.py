@@ -7,6 +7,7 @@ Errors are raised where they are detected, with RabbitMQ's reply code and wordin
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -134,6 +135,8 @@ class VirtualHost:
         self.dead_letters: DeadLetterLog | None = None
         #: Dead-lettered messages dropped: no such dead-letter exchange, or a cycle.
         self.dead_letters_dropped = 0
+        #: The queues dead letters reached in this run, with how many each took.
+        self.dead_letter_queues: Counter[str] = Counter()
         #: Messages published by clients into this vhost, and those no queue took (for metrics).
         self.published = 0
         self.unroutable = 0
@@ -672,6 +675,8 @@ class VirtualHost:
                 events.dead_lettered(
                     dead_letter_id, self.name, queue.name, reason, entry.delivery_count, message, targets
                 )
+            for target in targets:
+                self.dead_letter_queues[target.name] += 1
             self.enqueue_routed(targets, message)
 
     # -- routing ------------------------------------------------------------------------------

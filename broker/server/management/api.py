@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
 from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
@@ -22,7 +23,17 @@ from broker.amqp.connection import reply_text
 from broker.core.queue import WorkQueue
 from broker.errors import ChannelException
 from broker.server.http import BoundedSite
-from broker.server.management import definitions, health, objects, parameters, policies, streams, users, views
+from broker.server.management import (
+    deadletters,
+    definitions,
+    health,
+    objects,
+    parameters,
+    policies,
+    streams,
+    users,
+    views,
+)
 from broker.server.management.common import (
     DEFAULT_SORTS,
     MANAGEMENT_TAGS,
@@ -58,7 +69,7 @@ PAGINATED = frozenset({"queues", "exchanges", "vhosts", "connections", "channels
 def routes() -> Router:
     """Every route of the API, in the order RabbitMQ's dispatcher lists them."""
     router = Router()
-    for part in (health, views, streams, policies, parameters, definitions, objects, users):
+    for part in (health, views, streams, policies, parameters, definitions, objects, users, deadletters):
         part.install(router)
     return router
 
@@ -232,9 +243,41 @@ class ManagementAPI(Resource):
         ]
 
 
+class UIFile(Resource):
+    """One file of the web UI (``broker/server/management/ui``), with headers that keep it to
+    its own origin: scripts and styles from the broker only, never in a frame."""
+
+    isLeaf = True
+
+    def __init__(self, name: str, content_type: bytes) -> None:
+        super().__init__()
+        self.path = os.path.join(UI_DIRECTORY, name)
+        self.content_type = content_type
+
+    def render_GET(self, request: Request) -> bytes:
+        request.setHeader(b"content-type", self.content_type)
+        policy = b"default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"
+        request.setHeader(b"content-security-policy", policy)
+        request.setHeader(b"x-frame-options", b"DENY")
+        request.setHeader(b"x-content-type-options", b"nosniff")
+        request.setHeader(b"cache-control", b"no-cache")
+        with open(self.path, "rb") as file:
+            return file.read()
+
+
+#: The web UI's files, served as they are (no build step).
+UI_DIRECTORY = os.path.join(os.path.dirname(__file__), "ui")
+UI_FILES = {"app.js": b"text/javascript; charset=utf-8", "style.css": b"text/css; charset=utf-8"}
+
+
 def management_site(node: Node, sampler: RateSampler, reactor: Any = None) -> Site:
-    """A twisted.web ``Site`` serving the API under ``/api`` (its timeouts on ``reactor``,
-    the global one by default)."""
+    """A twisted.web ``Site`` serving the API under ``/api`` and the web UI at ``/`` (its
+    timeouts on ``reactor``, the global one by default)."""
     root = Resource()
     root.putChild(b"api", ManagementAPI(node, sampler))
+    root.putChild(b"", UIFile("index.html", b"text/html; charset=utf-8"))
+    ui = Resource()
+    for name, content_type in UI_FILES.items():
+        ui.putChild(name.encode(), UIFile(name, content_type))
+    root.putChild(b"ui", ui)
     return BoundedSite(root, reactor=reactor)

@@ -53,6 +53,7 @@ def install(router: Router) -> None:
     router.add("/queues", GET=queues)
     router.add("/queues/:vhost", GET=queues)
     router.add("/queues/:vhost/:queue", GET=queues)
+    router.add("/queues/:vhost/:queue/bindings", GET=queue_bindings)
     router.add("/bindings", GET=bindings)
     router.add("/bindings/:vhost", GET=bindings)
     router.add("/vhosts", GET=vhosts)
@@ -304,6 +305,21 @@ def bindings(call: Call) -> tuple[int, Any]:
         for vhost in call.api.vhosts(call.user, call.params.get("vhost"))
         for binding in vhost_bindings(vhost)
     ]
+
+
+def queue_bindings(call: Call) -> tuple[int, Any]:
+    """``GET /api/queues/VHOST/NAME/bindings``: the default exchange's, then each exchange's
+    bindings to the queue (the exchanges it is bound from only are looked at)."""
+    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    queue = vhost.queues.get(call.params["queue"])
+    if queue is None:
+        raise not_found()
+    result = [binding_view(vhost, "", queue.name, True, queue.name, {})]
+    for source in sorted(queue.sources, key=lambda exchange: exchange.name):
+        for destination, routing_key, arguments in source.router.bindings():
+            if destination is queue:
+                result.append(binding_view(vhost, source.name, queue.name, True, routing_key, dict(arguments)))
+    return 200, result
 
 
 def vhost_bindings(vhost: VirtualHost) -> list[dict[str, Any]]:

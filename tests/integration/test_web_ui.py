@@ -1,0 +1,193 @@
+"""The web UI in a real headless Chromium (Debian's ``chromium`` and ``chromium-driver``, driven by
+selenium) against a real ``postroom serve``: log in, watch a queue's depth change as messages
+are published, peek a message, filter dead letters by reason and redrive them back to the queue
+they died in, add a user and a permission and log in as that user, and see an action refused
+to a monitoring user (closing another user's connection). Each main page is written as a
+screenshot to ``docs/screenshots/``."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+
+from broker.tools.testing import free_port, wait_for_port
+from tests.integration.test_crash import ROOT, broker
+
+pytestmark = pytest.mark.integration
+
+SCREENSHOTS = ROOT / "docs" / "screenshots"
+
+PROGRAMS = {"chromium": shutil.which("chromium"), "chromedriver": shutil.which("chromedriver")}
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    missing = [name for name, path in PROGRAMS.items() if path is None]
+    try:
+        from selenium import webdriver
+    except ImportError:
+        missing.append("selenium")
+    if missing:
+        message = f"the browser tests need {', '.join(missing)} (scripts/test installs them)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    options = webdriver.ChromeOptions()
+    options.binary_location = PROGRAMS["chromium"]
+    arguments = ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000", "--disable-dev-shm-usage")
+    for argument in arguments:
+        options.add_argument(argument)
+    service = webdriver.ChromeService(executable_path=PROGRAMS["chromedriver"])
+    driver = webdriver.Chrome(options=options, service=service)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def until(check: Callable[[], Any], seconds: float = 20.0) -> Any:
+    """``check()``'s first truthy answer within ``seconds`` (the page refreshes itself)."""
+    deadline = time.monotonic() + seconds
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            answer = check()
+            if answer:
+                return answer
+        except Exception as error:  # (an element replaced by a refresh while it was read)
+            last_error = error
+        time.sleep(0.1)
+    raise AssertionError(f"not within {seconds} s (last error: {last_error!r})")
+
+
+def text_of(driver: Any, css: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    return str(driver.find_element(By.CSS_SELECTOR, css).text)
+
+
+def log_in(driver: Any, http: int, user: str, password: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.get(f"http://127.0.0.1:{http}/#/overview")
+    driver.execute_script("sessionStorage.clear()")
+    driver.refresh()
+    until(lambda: driver.find_element(By.ID, "login-user"))
+    driver.find_element(By.ID, "login-user").send_keys(user)
+    driver.find_element(By.ID, "login-password").send_keys(password)
+    driver.find_element(By.ID, "login").click()
+    until(lambda: user in text_of(driver, "#who"))
+
+
+def screenshot(driver: Any, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
+
+
+def api(http: int, path: str, user: str = "guest:guest") -> Any:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{http}/api/{path}",
+        headers={"Authorization": "Basic " + base64.b64encode(user.encode()).decode()},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_an_operator_watches_peeks_redrives_and_manages_users_in_the_browser(browser: Any, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    http = free_port()
+    with broker(tmp_path / "data", management=http) as (_process, port):
+        wait_for_port(http, 30)
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        channel = connection.channel()
+        channel.exchange_declare("dlx", "fanout", durable=True)
+        channel.queue_declare("orders.dead", durable=True)
+        channel.queue_bind("orders.dead", "dlx")
+        arguments = {"x-dead-letter-exchange": "dlx", "x-delivery-limit": 5}
+        channel.queue_declare("orders", durable=True, arguments=arguments)
+        channel.confirm_delivery()
+
+        log_in(browser, http, "guest", "guest")
+        browser.get(f"http://127.0.0.1:{http}/#/queues")
+        until(lambda: "orders" in text_of(browser, "#page"))
+        ready = lambda: [  # noqa: E731
+            row.find_elements(By.TAG_NAME, "td")[4].text
+            for row in browser.find_elements(By.CSS_SELECTOR, "#page tbody tr")
+            if row.find_elements(By.TAG_NAME, "td")[1].text == "orders"
+        ]
+        until(lambda: ready() == ["0"])
+        for number in range(3):
+            body = json.dumps({"order": number, "note": "paid"}).encode()
+            channel.basic_publish("", "orders", body, pika.BasicProperties(delivery_mode=2, headers={"region": "eu"}))
+        until(lambda: ready() == ["3"])  # the table refreshes on its own
+        screenshot(browser, "queues")
+
+        browser.get(f"http://127.0.0.1:{http}/#/queue/%2F/orders")
+        until(lambda: browser.find_element(By.ID, "peek"))
+        Select(browser.find_element(By.ID, "peek-mode")).select_by_value("json")
+        browser.find_element(By.ID, "peek").click()
+        first = until(lambda: browser.find_element(By.CSS_SELECTOR, "#peeked pre.body").text)
+        assert json.loads(first) == {"order": 0, "note": "paid"}
+        assert api(http, "queues/%2F/orders")["messages_ready"] == 3  # a peek takes nothing
+        screenshot(browser, "queue")
+
+        for _ in range(2):  # two die, rejected; one stays
+            method, _properties, _body = channel.basic_get("orders")
+            channel.basic_reject(method.delivery_tag, requeue=False)
+        browser.get(f"http://127.0.0.1:{http}/#/dead-letters")
+        link = until(lambda: browser.find_element(By.PARTIAL_LINK_TEXT, "orders.dead"))
+        until(lambda: "rejected 2" in text_of(browser, "#page table"))
+        link.click()
+        until(lambda: browser.find_element(By.ID, "dead-filter"))
+        Select(browser.find_element(By.ID, "dead-reason")).select_by_value("expired")
+        browser.find_element(By.ID, "dead-filter").click()
+        until(lambda: text_of(browser, "#dead-count").startswith("0 of 2"))
+        Select(browser.find_element(By.ID, "dead-reason")).select_by_value("rejected")
+        browser.find_element(By.ID, "dead-filter").click()
+        until(lambda: text_of(browser, "#dead-count").startswith("2 of 2"))
+        screenshot(browser, "dead-letters")
+        browser.find_element(By.ID, "redrive-filtered").click()
+        until(lambda: "done: 2 moved" in text_of(browser, "#redrive-progress"))
+        assert api(http, "queues/%2F/orders")["messages_ready"] == 3  # back where they died
+        assert api(http, "queues/%2F/orders.dead")["messages_ready"] == 0
+        browser.get(f"http://127.0.0.1:{http}/#/overview")
+        until(lambda: text_of(browser, "#total-ready .value") == "3")
+        screenshot(browser, "overview")
+
+        browser.get(f"http://127.0.0.1:{http}/#/users")
+        until(lambda: browser.find_element(By.ID, "add-user"))
+        browser.find_element(By.ID, "new-user").send_keys("watcher")
+        browser.find_element(By.ID, "new-password").send_keys("watcherpw")
+        browser.find_element(By.ID, "new-tags").send_keys("monitoring")
+        browser.find_element(By.ID, "add-user").click()
+        until(lambda: "watcher" in text_of(browser, "#page table"))
+        Select(browser.find_element(By.ID, "perm-user")).select_by_value("watcher")
+        browser.find_element(By.ID, "grant").click()
+        until(lambda: any(p["user"] == "watcher" for p in api(http, "permissions")))
+        screenshot(browser, "users")
+
+        log_in(browser, http, "watcher", "watcherpw")
+        assert "Users" not in text_of(browser, "#nav")  # not for a monitoring user
+        browser.get(f"http://127.0.0.1:{http}/#/connections")  # monitoring: every connection is shown ...
+        close = until(lambda: browser.find_element(By.CSS_SELECTOR, "#page tbody button.danger"))
+        close.click()
+        browser.switch_to.alert.accept()
+        until(lambda: "Refused" in text_of(browser, "#status"))  # ... but only an administrator closes guest's
+        connection.process_data_events(time_limit=0.5)
+        assert connection.is_open
+        screenshot(browser, "refused")
+        connection.close()
+    assert "Traceback" not in (tmp_path / "broker.log").read_text()
