@@ -44,8 +44,9 @@ def browser() -> Iterator[Any]:
         pytest.skip(message)
     options = webdriver.ChromeOptions()
     options.binary_location = PROGRAMS["chromium"]
-    arguments = ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000", "--disable-dev-shm-usage")
-    for argument in arguments:
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
+        options.add_argument(argument)
+    for argument in ("--disable-dev-shm-usage",):
         options.add_argument(argument)
     service = webdriver.ChromeService(executable_path=PROGRAMS["chromedriver"])
     driver = webdriver.Chrome(options=options, service=service)
