@@ -27,6 +27,15 @@ pytestmark = pytest.mark.integration
 
 SCREENSHOTS = ROOT / "docs" / "screenshots"
 
+#: Headless, in a window the size of a laptop's screen.
+CHROMIUM_ARGUMENTS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--window-size=1400,1000",
+)
+
 PROGRAMS = {"chromium": shutil.which("chromium"), "chromedriver": shutil.which("chromedriver")}
 
 
@@ -44,9 +53,7 @@ def browser() -> Iterator[Any]:
         pytest.skip(message)
     options = webdriver.ChromeOptions()
     options.binary_location = PROGRAMS["chromium"]
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
-        options.add_argument(argument)
-    for argument in ("--disable-dev-shm-usage",):
+    for argument in CHROMIUM_ARGUMENTS:
         options.add_argument(argument)
     service = webdriver.ChromeService(executable_path=PROGRAMS["chromedriver"])
     driver = webdriver.Chrome(options=options, service=service)
