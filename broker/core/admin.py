@@ -307,8 +307,8 @@ class Administration:
         return new
 
     def clear_permissions(self, name: str, vhost: str) -> bool:
-        """Clear a user's permissions on a vhost (its connections there are closed); whether
-        there were any."""
+        """Clear a user's permissions on a vhost (its connections there stay open, refused what
+        they ask, as in RabbitMQ); whether there were any."""
         user = self.node.users_by_name[name]
         granted = self.granted(user)
         if granted.pop(vhost, None) is None:
