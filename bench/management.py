@@ -63,7 +63,9 @@ def scenario_queues(args: argparse.Namespace, result: dict[str, Any]) -> None:
         print(f"declared {args.queues:,} queues in {seconds:.1f} s", file=sys.stderr)
         asks = {
             "page 1 of 100": "queues?page=1&page_size=100",
-            "page 1 of 100, sorted by ready, reversed": "queues?page=1&page_size=100&sort=messages_ready&sort_reverse=true",
+            "page 1 of 100, sorted by ready, reversed": (
+                "queues?page=1&page_size=100&sort=messages_ready&sort_reverse=true"
+            ),
             "page 1 of 100, filtered by name": "queues?page=1&page_size=100&name=q-0499",
             "one queue": "queues/%2F/q-025000",
         }

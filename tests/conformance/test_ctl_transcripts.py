@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -84,6 +85,10 @@ SESSION: list[list[str]] = [
 ]  # fmt: skip
 
 
+#: A line the Erlang runtime under rabbitmqctl logs (a time, then a level).
+LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d+ \[\w+\] ")
+
+
 def ours(line: str) -> bool:
     """A row of the session's own (its users, vhost, queues), or not a row."""
     return "\t" not in line or any(mark in line for mark in ("ct-", "ct.", "user\t", "name\t", "vhost\t"))
@@ -97,9 +102,14 @@ def shown(command: list[str], code: int, out: str, err: str) -> tuple[int, Any, 
     lines = out.splitlines()
     head = [line for line in lines if "\t" not in line or line.split("\t")[0] in ("user", "name", "vhost")]
     rows = sorted(line for line in lines if line not in head and ours(line))
-    if err.startswith("Error (argument validation)"):
-        err = err.splitlines()[0]  # (rabbitmqctl adds its usage)
-    return code, head + rows, err
+    # rabbitmqctl's Erlang side may log a line of its own to stderr (``11:12:09.625 [warning]
+    # Failed to delete user ...``) before the error, or not: it is not what the command says.
+    said = [line for line in err.splitlines() if not LOG_LINE.match(line)]
+    while said and not said[0]:
+        said.pop(0)
+    if said and said[0].startswith("Error (argument validation)"):
+        said = said[:1]  # (rabbitmqctl adds its usage)
+    return code, head + rows, "\n".join(said)
 
 
 def session(run: Callable[[list[str]], tuple[int, str, str]], amqp_port: int, http_port: int) -> list[Any]:

@@ -16,6 +16,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -939,9 +940,24 @@ def rabbitmqadmin_session(http_port: int) -> list[tuple[str, int, str]]:
         ["delete", "queue", "name=adm.q"],
         ["delete", "queue", "name=adm.q2"],
         ["list", "queues", "name"],
+        ["declare", "vhost", "name=adm.v"],
+        ["declare", "user", "name=adm.u", "password=pw", "tags=monitoring"],
+        ["declare", "permission", "vhost=adm.v", "user=adm.u", "configure=^adm", "write=.*", "read=.*"],
+        ["declare", "topic_permission", "vhost=adm.v", "user=adm.u", "exchange=amq.topic", "write=^a", "read=.*"],
+        ["list", "users", "name", "tags"],
+        ["list", "vhosts", "name"],
+        ["list", "permissions", "user", "vhost", "configure", "write", "read"],
+        ["list", "topic_permissions", "user", "vhost", "exchange", "write", "read"],
+        ["export", "EXPORT"],
+        ["delete", "permission", "vhost=adm.v", "user=adm.u"],
+        ["delete", "user", "name=adm.u"],
+        ["delete", "vhost", "name=adm.v"],
+        ["list", "users", "name"],
     ]
     printed = []
+    exported = Path(tempfile.mkdtemp(prefix="rabbitmqadmin-")) / "export.json"
     for arguments in commands_run:
+        arguments = [str(exported) if argument == "EXPORT" else argument for argument in arguments]
         done = subprocess.run(
             [sys.executable, str(RABBITMQADMIN), "-H", "127.0.0.1", "-P", str(http_port), "-f", "tsv", *arguments],
             capture_output=True,
@@ -951,6 +967,18 @@ def rabbitmqadmin_session(http_port: int) -> list[tuple[str, int, str]]:
         output = done.stdout + done.stderr
         if arguments[0] == "list":  # the session's rows (the brokers hold other things too)
             output = "\n".join(line for line in output.splitlines() if "adm." in line)
+        if arguments[0] == "export":  # what the file holds of the session (each broker holds more)
+            document = json.loads(exported.read_text())
+            output = output.replace(str(exported), "EXPORT") + json.dumps(
+                {
+                    "users": [(u["name"], u["tags"]) for u in document["users"] if u["name"].startswith("adm.")],
+                    "vhosts": [v["name"] for v in document["vhosts"] if v["name"].startswith("adm.")],
+                    "permissions": [p for p in document["permissions"] if p["user"].startswith("adm.")],
+                    "topic_permissions": [p for p in document["topic_permissions"] if p["user"].startswith("adm.")],
+                },
+                sort_keys=True,
+            )
+            arguments = ["export", "EXPORT"]
         printed.append((" ".join(arguments), done.returncode, output))
     return printed
 
