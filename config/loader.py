@@ -41,6 +41,7 @@ from config.schema import (
     StreamConfig,
     TLSConfig,
     TopicPermission,
+    UIConfig,
     UserConfig,
     UserLimits,
     VhostConfig,
@@ -130,7 +131,7 @@ class _Reader(ValueReader):
         top = self.mapping(
             document,
             "",
-            {"listen", "tls", "auth_mechanisms", "storage", "limits", "users", "plugins", "vhosts", "metrics"},
+            {"listen", "tls", "auth_mechanisms", "storage", "limits", "users", "plugins", "vhosts", "metrics", "ui"},
         )
         defaults = BrokerConfig()
         listen = self.listen(top.get("listen"))
@@ -142,6 +143,7 @@ class _Reader(ValueReader):
         users = self.users(top.get("users"), vhosts, "EXTERNAL" in mechanisms) if "users" in top else defaults.users
         plugins = self.plugins(top.get("plugins"))
         metrics_section = self.mapping(top.get("metrics"), "metrics", {"rabbitmq_compatible"})
+        ui_section = self.mapping(top.get("ui"), "ui", {"reports"})
         metrics = MetricsConfig(
             rabbitmq_compatible=self.boolean(
                 metrics_section.get("rabbitmq_compatible"), "metrics.rabbitmq_compatible", False
@@ -159,6 +161,7 @@ class _Reader(ValueReader):
             tls=tls,
             auth_mechanisms=mechanisms,
             defaulted=frozenset({"users", "vhosts"} - set(top)),
+            ui=UIConfig(reports=self.string(ui_section.get("reports"), "ui.reports", None)),
         )
 
     def tls(self, value: Any, listen: ListenConfig) -> TLSConfig | None:

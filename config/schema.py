@@ -448,6 +448,15 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class UIConfig:
+    """What the web UI on the management listener shows besides the broker's own state."""
+
+    #: The folder ``postroom dlq analyze --out`` writes its reports under (one folder each,
+    #: with ``summary.json`` and ``report.html``): the UI lists and opens them. Left out: none.
+    reports: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PluginConfig:
     """A plugin to enable: a bundled short name, a dotted module path or an installed
     package's entry point name (group ``postroom.plugins``), with its settings.
@@ -493,6 +502,8 @@ class BrokerConfig:
     #: What the source holds that Postroom does not apply, one ``FILE: key.path: reason`` line
     #: each (a RabbitMQ definitions export's policies, quorum queues ...; see ``config.rabbitmq``).
     notes: tuple[str, ...] = ()
+    #: The web UI's settings.
+    ui: UIConfig = field(default_factory=UIConfig)
     #: The sections the source left out, at their embedded defaults (``users``, ``vhosts``):
     #: those apply on the first start only, as RabbitMQ creates its default user and vhost on
     #: a fresh database (see ``broker.core.definitions``).

@@ -716,7 +716,7 @@ def make_broker_service(
             "metrics", config.listen.metrics, site, reactor, node, f"{http}/prometheus", http_certificates
         ).setServiceParent(service)
     if sampler is not None and config.listen.management:
-        site = management_site(node, sampler, reactor)
+        site = management_site(node, sampler, reactor, reports=config.ui.reports)
         site = http_tls(site) if http_tls else site
         Listener(
             "management", config.listen.management, site, reactor, node, http, http_certificates

@@ -1470,3 +1470,73 @@ def test_parameters_are_listed_set_and_cleared_as_on_rabbitmq(
     expected = parameter_answers(rabbitmq_management[1])
     assert dict(expected)["the parameter"][0] == 200  # what the oracle is about
     assert_alike(expected, parameter_answers(postroom_management[1]))
+
+
+def narrow_answers(amqp_port: int, http_port: int) -> list[tuple[str, Any]]:
+    """An exchange's bindings as source and as destination; one connection, its channels, one
+    channel and one vhost's connections and channels, each by its path (names as whether the
+    answer names what was asked: ports differ between the brokers)."""
+    send(http_port, "exchanges/%2F/nx.a", "PUT", {"type": "topic"})
+    send(http_port, "exchanges/%2F/nx.b", "PUT", {"type": "fanout"})
+    send(http_port, "queues/%2F/nx.q", "PUT", {})
+    send(http_port, "bindings/%2F/e/nx.a/e/nx.b", "POST", {"routing_key": "k.#"})
+    send(http_port, "bindings/%2F/e/nx.a/q/nx.q", "POST", {"routing_key": "q"})
+    connection = pika.BlockingConnection(
+        pika.ConnectionParameters("127.0.0.1", amqp_port, client_properties={"connection_name": "nx-conn"})
+    )
+    connection.channel()
+    connection.channel()
+    answers: list[tuple[str, Any]] = []
+    try:
+        for label, path in (
+            ("bindings from an exchange", "exchanges/%2F/nx.a/bindings/source"),
+            ("bindings into an exchange", "exchanges/%2F/nx.b/bindings/destination"),
+            ("bindings into the source exchange", "exchanges/%2F/nx.a/bindings/destination"),
+            ("bindings of a missing exchange", "exchanges/%2F/nx.missing/bindings/source"),
+        ):
+            status, body, _location = send(http_port, path, "GET")
+            if isinstance(body, list):
+                kept = ("source", "destination", "destination_type", "routing_key")
+                body = [{key: binding[key] for key in kept} for binding in body]
+            answers.append((label, [status, body]))
+        names: list[str] = []
+
+        def listed() -> bool:
+            names[:] = [c["name"] for c in send(http_port, "connections", "GET")[1]
+                        if c["client_properties"].get("connection_name") == "nx-conn"]
+            return bool(names)
+
+        assert wait_for(listed, 30)
+        name = urllib.parse.quote(names[0], safe="")
+        status, one, _location = send(http_port, f"connections/{name}", "GET")
+        answers.append(("one connection", [status, one["name"] == names[0]]))
+        wait_for(lambda: len(send(http_port, f"connections/{name}/channels", "GET")[1]) == 2, 30)
+        status, its, _location = send(http_port, f"connections/{name}/channels", "GET")
+        answers.append(("its channels", [status, sorted(c["number"] for c in its)]))
+        channel_name = urllib.parse.quote(its[0]["name"], safe="")
+        status, channel, _location = send(http_port, f"channels/{channel_name}", "GET")
+        answers.append(("one channel", [status, channel["name"] == its[0]["name"]]))
+        status, in_vhost, _location = send(http_port, "vhosts/%2F/connections", "GET")
+        answers.append(("the vhost's connections", [status, names[0] in [c["name"] for c in in_vhost]]))
+        status, none, _location = send(http_port, "vhosts/mg-other/connections", "GET")
+        answers.append(("another vhost's connections", [status, none]))
+        status, in_vhost, _location = send(http_port, "vhosts/%2F/channels", "GET")
+        mine = [c for c in in_vhost if c["connection_details"]["name"] == names[0]]
+        answers.append(("the vhost's channels", [status, len(mine)]))
+        answers.append(("a missing connection", list(send(http_port, "connections/nx-missing", "GET")[:2])))
+        answers.append(("a missing channel", list(send(http_port, "channels/nx-missing%20(1)", "GET")[:2])))
+        missing = send(http_port, "vhosts/nx-missing/connections", "GET")
+        answers.append(("a missing vhost's connections", list(missing[:2])))
+    finally:
+        connection.close()
+        for path in ("exchanges/%2F/nx.a", "exchanges/%2F/nx.b", "queues/%2F/nx.q"):
+            send(http_port, path, "DELETE")
+    return answers
+
+
+def test_one_connection_channel_and_an_exchanges_bindings_are_shown_as_on_rabbitmq(
+    rabbitmq_management: tuple[int, int], postroom_management: tuple[int, int]
+) -> None:
+    expected = narrow_answers(*rabbitmq_management)
+    assert dict(expected)["its channels"] == [200, [1, 2]]  # what the oracle is about
+    assert_alike(expected, narrow_answers(*postroom_management))

@@ -199,3 +199,37 @@ def test_an_operator_watches_peeks_redrives_and_manages_users_in_the_browser(bro
         screenshot(browser, "refused")
         connection.close()
     assert "Traceback" not in (tmp_path / "broker.log").read_text()
+
+
+def test_the_dead_letter_reports_in_the_configured_folder_are_listed_and_opened(browser: Any, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    from spark.report import render_html
+    from spark.transforms import Summary
+
+    folder = tmp_path / "reports"
+    for name, total, reason in (("2026-11-27", 12, "expired"), ("2026-11-28", 40, "rejected")):
+        summary = Summary(
+            total, 3, {reason: total}, {"orders": total}, {"orders.dead": total}, 0,
+            "2026-11-27T10:00:00", "2026-11-28T10:00:00", top_headers=[("region", "eu", total)],
+        )  # fmt: skip
+        (folder / name).mkdir(parents=True)
+        (folder / name / "summary.json").write_text(json.dumps(summary.as_json()))
+        (folder / name / "report.html").write_text(render_html(summary, {}))
+        written = time.time() - (3600 if name.endswith("27") else 0)
+        os.utime(folder / name / "summary.json", (written, written))
+    http = free_port()
+    with broker(tmp_path / "data", management=http, extra=f'ui: {{reports: "{folder}"}}\n') as (_process, _port):
+        wait_for_port(http, 30)
+        log_in(browser, http, "guest", "guest")
+        browser.get(f"http://127.0.0.1:{http}/#/reports")
+        until(lambda: "2026-11-28" in text_of(browser, "#page table"))
+        rows = [row.text for row in browser.find_elements(By.CSS_SELECTOR, "#page tbody tr")]
+        assert rows[0].startswith("2026-11-28") and "rejected 40" in rows[0] and "expired 12" in rows[1]
+        browser.find_element(By.LINK_TEXT, "2026-11-28").click()
+        until(lambda: browser.find_element(By.ID, "report-open"))
+        by_reason = browser.find_elements(By.CSS_SELECTOR, "#page table")[1]
+        assert [cell.text for cell in by_reason.find_elements(By.TAG_NAME, "td")] == ["rejected", "40"]
+        assert "region" in text_of(browser, "#page")
+        screenshot(browser, "reports")
+    assert "Traceback" not in (tmp_path / "broker.log").read_text()

@@ -58,8 +58,11 @@ if TYPE_CHECKING:
 
 
 #: Lists answered in the order they are made unless a ``sort`` is asked for (bindings come
-#: in their exchanges' order; the rest sort by vhost and name, as RabbitMQ's).
-UNSORTED = frozenset({"bindings", "definitions", "feature-flags", "extensions", "policies", "operator-policies"})
+#: in their exchanges' order; Postroom's dead-letter reports newest first; the rest sort by vhost
+#: and name, as RabbitMQ's).
+UNSORTED = frozenset(
+    {"bindings", "definitions", "feature-flags", "extensions", "policies", "operator-policies", "dead-letters"}
+)
 
 
 #: Lists that answer a ``page`` (RabbitMQ's).
@@ -84,10 +87,12 @@ class ManagementAPI(Resource):
     isLeaf = True
     _log = Logger()
 
-    def __init__(self, node: Node, sampler: RateSampler) -> None:
+    def __init__(self, node: Node, sampler: RateSampler, reports: str | None = None) -> None:
         super().__init__()
         self.node = node
         self.sampler = sampler
+        #: The folder of the dead-letter analysis' reports (``ui.reports``; ``None``: none).
+        self.reports = reports
         self.router = routes()
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -270,11 +275,12 @@ UI_DIRECTORY = os.path.join(os.path.dirname(__file__), "ui")
 UI_FILES = {"app.js": b"text/javascript; charset=utf-8", "style.css": b"text/css; charset=utf-8"}
 
 
-def management_site(node: Node, sampler: RateSampler, reactor: Any = None) -> Site:
+def management_site(node: Node, sampler: RateSampler, reactor: Any = None, reports: str | None = None) -> Site:
     """A twisted.web ``Site`` serving the API under ``/api`` and the web UI at ``/`` (its
-    timeouts on ``reactor``, the global one by default)."""
+    timeouts on ``reactor``, the global one by default; ``reports``: the folder of the
+    dead-letter analysis' reports the UI lists)."""
     root = Resource()
-    root.putChild(b"api", ManagementAPI(node, sampler))
+    root.putChild(b"api", ManagementAPI(node, sampler, reports))
     root.putChild(b"", UIFile("index.html", b"text/html; charset=utf-8"))
     ui = Resource()
     for name, content_type in UI_FILES.items():

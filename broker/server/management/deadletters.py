@@ -5,6 +5,9 @@
   :data:`SUMMARY_SCAN` messages, its dead letters by reason and by the queue they died in;
 * ``GET /api/dead-letters/VHOST/QUEUE?limit=&reason=&source=&header=NAME=VALUE&age=SECONDS``:
   its first messages that match, each with its whole ``x-death`` history (nothing is taken);
+* ``GET /api/dead-letters/reports[/NAME]``: the reports ``postroom dlq analyze`` wrote under the
+  folder ``ui.reports`` names (each a folder with ``summary.json`` and ``report.html``): listed
+  newest first with their totals, or one with its summary and its HTML report;
 * ``POST /api/dead-letters/VHOST/QUEUE/redrive`` with ``ids`` (dead-letter ids) or ``filter``,
   ``to`` (``{"exchange", "routing_key"}``; left out: where each died) and ``rate`` (moves a
   second): a redrive job, run on the reactor a batch at a time; ``GET
@@ -21,6 +24,8 @@ such queue, no write permission), stay where they are, in their order.
 from __future__ import annotations
 
 import itertools
+import json
+import os
 from collections import Counter
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -29,7 +34,7 @@ from broker.amqp.connection import reply_text
 from broker.core.message import Message
 from broker.core.seal import DEAD_LETTER_ID_HEADER, UNSEALED, without_entries
 from broker.errors import ChannelException
-from broker.server.management.common import Call, Problem, not_found
+from broker.server.management.common import SEE_ALL_TAGS, Call, Problem, not_authorised, not_found
 from broker.server.management.router import Router
 from broker.wire.codec import shortstr
 from broker.wire.content import ContentError
@@ -58,6 +63,8 @@ _NOT_COPIED = (*UNSEALED, DEAD_LETTER_ID_HEADER.encode())
 def install(router: Router) -> None:
     router.add("/dead-letters", GET=summary)
     router.add("/dead-letters/jobs/:job", GET=job_progress)
+    router.add("/dead-letters/reports", GET=reports)
+    router.add("/dead-letters/reports/:report", GET=report)
     router.add("/dead-letters/:vhost/:queue", GET=listing)
     router.add("/dead-letters/:vhost/:queue/redrive", POST=start_redrive)
 
@@ -378,3 +385,69 @@ def job_progress(call: Call) -> tuple[int, Any]:
     if job is None or (job.user.name != call.user.name and "administrator" not in call.user.tags):
         raise not_found()
     return 200, job.view()
+
+
+#: A report's files the API reads, at most this many bytes each.
+REPORT_BYTES = 16 << 20
+
+
+def _reports_folder(call: Call) -> str:
+    """The reports' folder; reports are for the users who see every queue's dead letters."""
+    if SEE_ALL_TAGS.isdisjoint(call.user.tags):
+        raise not_authorised("Not monitor user")
+    folder = call.api.reports
+    if folder is None:
+        raise Problem(404, "not_found", "no reports folder is configured (ui.reports)")
+    return folder
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as file:
+            return file.read(REPORT_BYTES)
+    except OSError:
+        return None
+
+
+def reports(call: Call) -> tuple[int, Any]:
+    folder = _reports_folder(call)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        names = []
+    listed = []
+    for name in names:
+        summary_path = os.path.join(folder, name, "summary.json")
+        raw = _read(summary_path)
+        if raw is None:
+            continue  # (not a report)
+        try:
+            summary = json.loads(raw)
+        except ValueError:
+            summary = {}
+        listed.append(
+            {
+                "name": name,
+                "modified": os.stat(summary_path).st_mtime,
+                "html": os.path.exists(os.path.join(folder, name, "report.html")),
+                **{key: summary.get(key) for key in ("total", "pending", "first_death", "last_death", "by_reason")},
+            }
+        )
+    return 200, sorted(listed, key=lambda item: item["modified"], reverse=True)
+
+
+def report(call: Call) -> tuple[int, Any]:
+    """One report: its ``summary`` and, as text, its self-contained ``html`` (plots inlined)."""
+    folder = _reports_folder(call)
+    name = call.params["report"]
+    if name.startswith(".") or os.sep in name:  # (a folder's name, nothing else)
+        raise not_found()
+    raw = _read(os.path.join(folder, name, "summary.json"))
+    if raw is None:
+        raise not_found()
+    try:
+        summary = json.loads(raw)
+    except ValueError:
+        raise Problem(500, "internal_error", f"report {name}: summary.json is not JSON") from None
+    html = _read(os.path.join(folder, name, "report.html"))
+    return 200, {"name": name, "summary": summary, "html": html.decode("utf-8", "replace") if html else None}

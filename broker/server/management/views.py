@@ -46,12 +46,19 @@ def install(router: Router) -> None:
     router.add("/nodes", GET=nodes)
     router.add("/nodes/:node", GET=nodes)
     router.add("/connections", GET=connections)
+    router.add("/connections/:connection", GET=connections)
+    router.add("/connections/:connection/channels", GET=channels)
+    router.add("/vhosts/:vhost/connections", GET=connections)
+    router.add("/vhosts/:vhost/channels", GET=channels)
     router.add("/channels", GET=channels)
+    router.add("/channels/:channel", GET=channels)
     router.add("/consumers", GET=consumers)
     router.add("/consumers/:vhost", GET=consumers)
     router.add("/exchanges", GET=exchanges)
     router.add("/exchanges/:vhost", GET=exchanges)
     router.add("/exchanges/:vhost/:exchange", GET=exchanges)
+    router.add("/exchanges/:vhost/:exchange/bindings/source", GET=exchange_bindings)
+    router.add("/exchanges/:vhost/:exchange/bindings/destination", GET=exchange_bindings)
     router.add("/queues", GET=queues)
     router.add("/queues/:vhost", GET=queues)
     router.add("/queues/:vhost/:queue", GET=queues)
@@ -341,6 +348,23 @@ def queue_bindings(call: Call) -> tuple[int, Any]:
     return 200, result
 
 
+def exchange_bindings(call: Call) -> tuple[int, Any]:
+    """``GET /api/exchanges/VHOST/NAME/bindings/source`` (the exchange's own bindings) or
+    ``.../destination`` (the exchange-to-exchange bindings into it)."""
+    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    name = call.params["exchange"]
+    name = "" if name == "amq.default" else name
+    if name not in vhost.exchanges:
+        return 200, []  # (RabbitMQ lists no bindings for an exchange that is not there)
+    if call.request.path.endswith(b"/source"):
+        return 200, [binding for binding in vhost_bindings(vhost) if binding["source"] == name]
+    return 200, [
+        binding
+        for binding in vhost_bindings(vhost)
+        if binding["destination_type"] == "exchange" and binding["destination"] == name
+    ]
+
+
 def vhost_bindings(vhost: VirtualHost) -> list[dict[str, Any]]:
     """Every binding of ``vhost``: first the default exchange's to each queue (by its name,
     as RabbitMQ lists them), then those of each exchange."""
@@ -383,21 +407,38 @@ def binding_view(
     }
 
 
+def connection_view(node: Node, connection: Any) -> dict[str, Any]:
+    return {
+        "name": connection.peer,
+        "user": connection.user_name,
+        "vhost": connection.vhost.name if connection.vhost is not None else None,
+        "channels": len(connection.channels),
+        "frame_max": connection.frame_max,
+        "channel_max": connection.channel_max,
+        "timeout": connection.heartbeat,
+        "client_properties": connection.client_properties,
+        "state": connection_state(node, connection),
+    }
+
+
+def _connections(call: Call) -> list[Any]:
+    """The connections the user sees, of the path's vhost or connection when it names one
+    (404 for a vhost or a connection that is not there)."""
+    shown = sorted(call.api.visible_connections(call.user), key=lambda c: c.peer)
+    if "vhost" in call.params:
+        vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+        shown = [connection for connection in shown if connection.vhost is vhost]
+    if "connection" in call.params:
+        shown = [connection for connection in shown if connection.peer == call.params["connection"]]
+        if not shown:
+            raise not_found()
+    return shown
+
+
 def connections(call: Call) -> tuple[int, Any]:
-    return 200, [
-        {
-            "name": connection.peer,
-            "user": connection.user_name,
-            "vhost": connection.vhost.name if connection.vhost is not None else None,
-            "channels": len(connection.channels),
-            "frame_max": connection.frame_max,
-            "channel_max": connection.channel_max,
-            "timeout": connection.heartbeat,
-            "client_properties": connection.client_properties,
-            "state": connection_state(call.node, connection),
-        }
-        for connection in sorted(call.api.visible_connections(call.user), key=lambda c: c.peer)
-    ]
+    """``/api/connections``, ``/api/vhosts/VHOST/connections``, ``/api/connections/NAME``."""
+    views = [connection_view(call.node, connection) for connection in _connections(call)]
+    return 200, views[0] if "connection" in call.params else views
 
 
 def connection_state(node: Node, connection: Any) -> str:
@@ -412,21 +453,33 @@ def connection_state(node: Node, connection: Any) -> str:
     return "flow" if node.flow else "running"
 
 
+def channel_view(connection: Any, number: int, channel: Any) -> dict[str, Any]:
+    return {
+        "name": f"{connection.peer} ({number})",
+        "number": number,
+        "connection_details": {"name": connection.peer},
+        "user": connection.user_name,
+        "vhost": connection.vhost.name if connection.vhost is not None else None,
+        "consumer_count": len(channel.consuming.consumers),
+        "messages_unacknowledged": channel.consuming.unacked_count,
+        "prefetch_count": channel.consuming.prefetch_consumer,
+        "global_prefetch_count": channel.consuming.prefetch_global,
+        "confirm": channel.confirms is not None,
+        "transactional": bool(channel.transactional),
+    }
+
+
 def channels(call: Call) -> tuple[int, Any]:
-    return 200, [
-        {
-            "name": f"{connection.peer} ({number})",
-            "number": number,
-            "connection_details": {"name": connection.peer},
-            "user": connection.user_name,
-            "vhost": connection.vhost.name if connection.vhost is not None else None,
-            "consumer_count": len(channel.consuming.consumers),
-            "messages_unacknowledged": channel.consuming.unacked_count,
-            "prefetch_count": channel.consuming.prefetch_consumer,
-            "global_prefetch_count": channel.consuming.prefetch_global,
-            "confirm": channel.confirms is not None,
-            "transactional": bool(channel.transactional),
-        }
-        for connection in sorted(call.api.visible_connections(call.user), key=lambda c: c.peer)
+    """``/api/channels``, ``/api/vhosts/VHOST/channels``, ``/api/connections/NAME/channels``
+    and ``/api/channels/NAME`` (one, by its name: ``CONNECTION (NUMBER)``)."""
+    views = [
+        channel_view(connection, number, channel)
+        for connection in _connections(call)
         for number, channel in sorted(connection.channels.items())
     ]
+    if "channel" in call.params:
+        views = [view for view in views if view["name"] == call.params["channel"]]
+        if not views:
+            raise not_found()
+        return 200, views[0]
+    return 200, views

@@ -475,6 +475,35 @@ async function policiesPage(main) {
   ].filter(Boolean), policies), canPolicy() && h("form", { class: "inline", onsubmit: save }, ...Object.entries(inputs).map(([key, input]) => field(key, input)), h("button", { type: "submit" }, "Set policy")));
 }
 
+const reportView = { name: null, url: null };
+
+async function reportsPage(main) {
+  const reports = await api("dead-letters/reports");
+  main.append(h("h1", {}, "Dead-letter reports"), h("p", { class: "muted" }, "What postroom dlq analyze wrote under the configured folder (ui.reports), newest first."),
+    table([
+      { title: "report", render: (r) => h("a", { href: "#/reports", onclick: (event) => { event.preventDefault(); reportView.name = r.name; render(); } }, r.name) },
+      { title: "written", render: (r) => new Date(r.modified * 1000).toISOString() },
+      { title: "dead letters", num: true, render: (r) => number(r.total) }, { title: "pending", num: true, render: (r) => number(r.pending) },
+      { title: "by reason", render: (r) => Object.entries(r.by_reason || {}).map(([reason, n]) => `${reason} ${n}`).join(", ") },
+      { title: "from", key: "first_death" }, { title: "to", key: "last_death" },
+    ], reports, { empty: "No reports in the folder." }));
+  if (!reportView.name) return;
+  const shown = await api(`dead-letters/reports/${q(reportView.name)}`);
+  const summary = shown.summary;
+  const pairs = (object) => Object.entries(object || {}).map(([key, value]) => ({ key, value }));
+  const actions = [];
+  if (shown.html) {
+    if (reportView.url) URL.revokeObjectURL(reportView.url); // (each refresh makes a new one)
+    const url = (reportView.url = URL.createObjectURL(new Blob([shown.html], { type: "text/html" })));
+    actions.push(h("a", { href: url, target: "_blank", rel: "noopener", id: "report-open" }, "Open the HTML report"), " ",
+      h("a", { href: url, download: `${shown.name}.html` }, "Download it"));
+  }
+  main.append(h("h2", {}, `Report ${shown.name}`), h("p", {}, actions),
+    h("h2", {}, "By reason"), table([{ title: "reason", key: "key" }, { title: "dead letters", key: "value", num: true }], pairs(summary.by_reason)),
+    h("h2", {}, "By queue"), table([{ title: "queue", key: "key" }, { title: "dead letters", key: "value", num: true }], pairs(summary.by_queue)),
+    h("h2", {}, "Most common header values"), table([{ title: "header", key: "header" }, { title: "value", key: "value" }, { title: "count", key: "count", num: true }], summary.top_headers || []));
+}
+
 // -- shell ----------------------------------------------------------------------------------------
 
 const PAGES = [
@@ -486,6 +515,7 @@ const PAGES = [
   ["policies", "Policies", policiesPage, () => true],
   ["vhosts", "Vhosts", vhostsPage, () => canSeeAll()],
   ["users", "Users", usersPage, () => isAdmin()],
+  ["reports", "Reports", reportsPage, () => canSeeAll()],
 ];
 
 function loginPage(main, problem = "") {
