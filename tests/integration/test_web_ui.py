@@ -150,6 +150,7 @@ def test_an_operator_watches_peeks_redrives_and_manages_users_in_the_browser(bro
         first = until(lambda: browser.find_element(By.CSS_SELECTOR, "#peeked pre.body").text)
         assert json.loads(first) == {"order": 0, "note": "paid"}
         assert api(http, "queues/%2F/orders")["messages_ready"] == 3  # a peek takes nothing
+        browser.execute_script("document.getElementById('peeked').scrollIntoView()")
         screenshot(browser, "queue")
 
         for _ in range(2):  # two die, rejected; one stays

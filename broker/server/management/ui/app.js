@@ -270,6 +270,7 @@ function bodyShown(message, mode) {
 }
 
 const queueHistory = new Map();
+let peekState = { key: null };
 
 async function queuePage(main, vhost, name) {
   const [queue, bindings] = await Promise.all([api(`queues/${q(vhost)}/${q(name)}`), api(`queues/${q(vhost)}/${q(name)}/bindings`)]);
@@ -278,19 +279,29 @@ async function queuePage(main, vhost, name) {
   samples.push({ publish: queue.message_stats?.publish_details?.rate || 0, deliver_get: queue.message_stats?.deliver_get_details?.rate || 0, ack: queue.message_stats?.ack_details?.rate || 0, redeliver: queue.message_stats?.redeliver_details?.rate || 0 });
   if (samples.length > HISTORY) samples.shift();
   queueHistory.set(key, samples);
-  const count = h("input", { id: "peek-count", type: "number", min: 1, max: 100, value: 10 });
-  const mode = h("select", { id: "peek-mode" }, ["text", "json", "hex"].map((value) => h("option", { value }, value)));
+  // What was peeked stays on the page through its refreshes, until the next peek.
+  const kept = peekState.key === key ? peekState : { key, messages: null, count: 10, mode: "text" };
+  const count = h("input", { id: "peek-count", type: "number", min: 1, max: 100, value: kept.count });
+  const mode = h("select", { id: "peek-mode" }, ["text", "json", "hex"].map((value) => h("option", { value, selected: value === kept.mode }, value)));
   const peeked = h("div", { id: "peeked" });
+  const show = () => {
+    if (!kept.messages) return;
+    peeked.replaceChildren(kept.messages.length ? "" : h("p", { class: "muted" }, "No ready messages."), ...kept.messages.map((message, index) => h("details", { open: index === 0, class: "message" },
+      h("summary", {}, `#${index + 1}: ${message.payload_bytes} bytes, routing key ${message.routing_key}${message.redelivered ? ", redelivered" : ""}`),
+      h("pre", { class: "properties" }, JSON.stringify(message.properties, null, 2)),
+      h("pre", { class: "body" }, bodyShown(message, kept.mode)))));
+  };
   const peek = async (event) => {
     event.preventDefault();
     try {
-      const messages = await api(`queues/${q(vhost)}/${q(name)}/get`, "POST", { count: Number(count.value), ackmode: "peek", encoding: "auto" });
-      peeked.replaceChildren(messages.length ? "" : h("p", { class: "muted" }, "No ready messages."), ...messages.map((message, index) => h("details", { open: index === 0, class: "message" },
-        h("summary", {}, `#${index + 1}: ${message.payload_bytes} bytes, routing key ${message.routing_key}${message.redelivered ? ", redelivered" : ""}`),
-        h("pre", { class: "properties" }, JSON.stringify(message.properties, null, 2)),
-        h("pre", { class: "body" }, bodyShown(message, mode.value)))));
+      kept.messages = await api(`queues/${q(vhost)}/${q(name)}/get`, "POST", { count: Number(count.value), ackmode: "peek", encoding: "auto" });
+      kept.count = Number(count.value);
+      kept.mode = mode.value;
+      peekState = kept;
+      show();
     } catch (error) { refused(error); }
   };
+  show();
   main.append(
     h("h1", {}, `Queue ${name}`, h("span", { class: "muted" }, ` in vhost ${vhost}`)),
     h("div", { class: "cards" },
