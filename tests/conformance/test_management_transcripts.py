@@ -1373,15 +1373,13 @@ def connection_states(amqp_port: int, http_port: int, alarm: Callable[[bool], No
     """Each connection's ``state`` before a memory alarm, under it (one connection publishes,
     one does not), and after it clears."""
 
-    def states() -> dict[str, str]:
+    def states() -> dict[str, Any]:
+        """Each connection's state (RabbitMQ lists one before its stats come: ``None`` then)."""
         listed = api(http_port, "guest", "connections")[1]
-        return {
-            c["client_properties"].get("connection_name", ""): c["state"]
-            for c in listed
-            if str(c["client_properties"].get("connection_name", "")).startswith("st-")
-        }
+        named = {str(c.get("client_properties", {}).get("connection_name", "")): c for c in listed}
+        return {name: c.get("state") for name, c in named.items() if name.startswith("st-")}
 
-    def settled(wanted: dict[str, str]) -> dict[str, str]:
+    def settled(wanted: dict[str, str]) -> dict[str, Any]:
         wait_for(lambda: states() == wanted, 30)  # (RabbitMQ's stats come every few seconds)
         return states()
 
