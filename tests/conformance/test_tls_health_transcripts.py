@@ -6,10 +6,6 @@ broker's own ports, files and node."""
 
 from __future__ import annotations
 
-import base64
-import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +14,9 @@ from transcript import oracle
 
 from broker.tools.testing import free_port, wait_for_port, write_test_pki
 from tests.integration.test_crash import broker
+from tests.integration.test_health_checks import check
 
 pytestmark = pytest.mark.integration
-
-
-def check(http: int, path: str) -> tuple[int, Any]:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{http}/api/health/checks/{path}",
-        headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
 
 
 def answers(http: int, amqps: int, node_name: str) -> list[tuple[str, Any]]:

@@ -220,31 +220,7 @@ def shaped(
         items = [_columns(item, columns) for item in items]
     if pagination is None:
         return items
-    page, size, name, use_regex = pagination
-    kept = items
-    if name:
-        if use_regex:
-            try:
-                pattern = re.compile(name, re.IGNORECASE)
-            except re.error:
-                raise Problem(400, "bad_request", "Pagination parameters are invalid") from None
-            kept = [item for item in items if pattern.search(str(item.get("name", "")))]
-        else:
-            kept = [item for item in items if name.lower() in str(item.get("name", "")).lower()]
-    start = (page - 1) * size
-    if start > len(kept):
-        reason = f"Page out of range, page: {page} page size: {size}, len: {len(kept)}"
-        raise Problem(400, "page_out_of_range", reason)
-    shown = kept[start : start + size]
-    return {
-        "total_count": len(items),
-        "item_count": len(shown),
-        "filtered_count": len(kept),
-        "page": page,
-        "page_size": size,
-        "page_count": (len(kept) + size - 1) // size,
-        "items": shown,
-    }
+    return _page(items, pagination, lambda item: str(item.get("name", "")))
 
 
 def _page_of(
@@ -256,10 +232,22 @@ def _page_of(
     which is UTF-8's byte order, numbers by value, ``false`` before ``true``.)"""
     getters = [lazy.fields[key] for key in keys]
     items = sorted(lazy, key=lambda item: [get(item) for get in getters], reverse=reverse)
+    return _page(items, pagination, lazy.fields["name"], lazy.built, columns)
+
+
+def _page(
+    items: list[Any],
+    pagination: tuple[int, int, str, bool],
+    name_of: Callable[[Any], str],
+    build: Callable[[list[Any]], list[Any]] | None = None,
+    columns: list[str] | None = None,
+) -> dict[str, Any]:
+    """The page of sorted ``items`` that ``pagination`` asks for, with RabbitMQ's counts: the
+    items whose name (``name_of``) holds the filter (any case) or matches it (``use_regex``);
+    ``build`` makes the page's views (and ``columns`` cuts them) when the items are not views."""
     page, size, name, use_regex = pagination
     kept = items
     if name:
-        name_of = lazy.fields["name"]
         if use_regex:
             try:
                 pattern = re.compile(name, re.IGNORECASE)
@@ -273,9 +261,11 @@ def _page_of(
     if start > len(kept):
         reason = f"Page out of range, page: {page} page size: {size}, len: {len(kept)}"
         raise Problem(400, "page_out_of_range", reason)
-    shown = lazy.built(kept[start : start + size])
-    if columns:
-        shown = [_columns(item, columns) for item in shown]
+    shown = kept[start : start + size]
+    if build is not None:
+        shown = build(shown)
+        if columns:
+            shown = [_columns(item, columns) for item in shown]
     return {
         "total_count": len(items),
         "item_count": len(shown),

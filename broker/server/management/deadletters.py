@@ -30,6 +30,8 @@ from collections import Counter
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from twisted.logger import Logger
+
 from broker.amqp.connection import reply_text
 from broker.core.message import Message
 from broker.core.seal import DEAD_LETTER_ID_HEADER, UNSEALED, without_entries
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
     from broker.core.node import User
     from broker.core.queue import WorkQueue
     from broker.core.vhost import VirtualHost
+
+_log = Logger()
 
 #: Messages of a dead-letter queue the summary reads (by reason, by source).
 SUMMARY_SCAN = 1000
@@ -244,7 +248,15 @@ class RedriveJob:
         }
 
     def start(self) -> None:
-        self._tick()
+        if self.node.clock is None:  # (no reactor: every batch at once)
+            while not self._step():
+                pass
+        else:
+            self._tick()
+
+    def _tick(self) -> None:
+        if not self._step():
+            self.node.clock.callLater(0.1, self._tick)  # type: ignore[union-attr]
 
     def _refuse(self, entry: Entry, reason: str) -> None:
         self.refused += 1
@@ -252,8 +264,21 @@ class RedriveJob:
         if reason not in self.refusals and len(self.refusals) < 5:
             self.refusals.append(reason)
 
-    def _tick(self) -> None:
-        clock = self.node.clock
+    def _step(self) -> bool:
+        """One batch; whether the job is over. A batch that fails on what a message holds ends
+        the job as failed, and what it held still goes back to the queue."""
+        try:
+            done = self._batch()
+        except Exception:
+            _log.failure("redrive of {queue} in vhost {vhost} failed", queue=self.queue.name, vhost=self.vhost.name)
+            self.state, done = "failed", True
+        if done or self.state != "running":
+            self._finish()
+            return True
+        return False
+
+    def _batch(self) -> bool:
+        """Move up to a tenth of a second's worth; whether no message is left to look at."""
         batch = max(1, int(self.rate / 10))  # ten batches a second
         moved: list[Entry] = []
         exhausted = False
@@ -272,7 +297,6 @@ class RedriveJob:
                 self._refuse(entry, reason)
                 continue
             moved.append(entry)
-        done = exhausted or self.left <= 0 or self.queue.deleted
         if moved:
             self.pending += 1
             journal = self.node.journal
@@ -280,10 +304,7 @@ class RedriveJob:
                 self._settle(moved, True)
             else:
                 journal.when_durable(lambda durable, moved=moved: self._settle(moved, durable))
-        if done or self.state != "running":
-            self._finish()
-        elif clock is not None:
-            clock.callLater(0.1, self._tick)
+        return exhausted or self.left <= 0 or self.queue.deleted
 
     def _send(self, message: Message) -> str | None:
         """Send ``message``'s copy on; why not, when it cannot go."""
@@ -340,12 +361,14 @@ class RedriveJob:
         self._maybe_done()
 
     def _finish(self) -> None:
+        if self.state not in ("running", "failed"):
+            return  # (finished already)
         held, self.held = self.held, []
         if held:
             self.queue.return_entries(held)
         if self.state == "running":
             self.state = "settling"
-        self._maybe_done()
+            self._maybe_done()
 
     def _maybe_done(self) -> None:
         if self.state == "settling" and not self.pending:
