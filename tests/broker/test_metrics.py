@@ -48,6 +48,27 @@ def test_rates_are_per_second_over_the_sampling_interval() -> None:
     assert clock.getDelayedCalls() == []
 
 
+def test_the_history_is_shown_at_whole_increments_newest_first_padded_with_the_oldest_kept() -> None:
+    clock = Clock()
+    clock.advance(1000.0)
+    node = Node(clock=clock)
+    vhost = node.vhosts["/"]
+    sampler = RateSampler(node, clock, interval=5.0)
+    sampler.start()  # a sample at 1000 s: 0 published
+    for published in (10, 30):
+        vhost.published = published
+        clock.advance(5.0)  # samples at 1005 s and 1010 s
+    shown = sampler.samples(["/"], "publish", age=20, increment=5)
+    assert [(sample["timestamp"], sample["sample"]) for sample in shown] == [
+        (1_010_000, 30), (1_005_000, 10), (1_000_000, 0), (995_000, 0), (990_000, 0),
+    ]  # fmt: skip
+    assert [sample["sample"] for sample in sampler.samples(["/"], "publish", age=10, increment=10)] == [30, 0]
+    assert sampler.samples(["other"], "publish", age=5, increment=5) == [
+        {"sample": 0, "timestamp": 1_010_000}, {"sample": 0, "timestamp": 1_005_000},
+    ]  # fmt: skip
+    sampler.stop()
+
+
 def test_a_queue_created_between_samples_counts_from_zero() -> None:
     clock = Clock()
     node = Node(clock=clock)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import json
 import subprocess
 import sys
@@ -92,7 +93,9 @@ def postroom_management(make_broker: Any, tmp_path: Path) -> Iterator[tuple[int,
     broker.node.set_streams(StreamFiles(str(tmp_path), Journal(1), broker.reactor))
     POSTROOM_BROKERS.append(broker)
     reactor = broker.reactor
-    site = management_site(broker.node, RateSampler(broker.node, reactor))
+    sampler = RateSampler(broker.node, reactor)  # (sampling every 5 s, as the broker and RabbitMQ do)
+    site = management_site(broker.node, sampler)
+    threads.blockingCallFromThread(reactor, sampler.start)
     listening = threads.blockingCallFromThread(reactor, lambda: reactor.listenTCP(0, site, interface="127.0.0.1"))
     # What the broker's listeners tell the node once they are bound (broker.server.service.Listener).
     broker.node.listeners += [
@@ -103,6 +106,7 @@ def postroom_management(make_broker: Any, tmp_path: Path) -> Iterator[tuple[int,
         yield broker.port, listening.getHost().port
     finally:
         threads.blockingCallFromThread(reactor, listening.stopListening)
+        threads.blockingCallFromThread(reactor, sampler.stop)
 
 
 #: The Postroom broker of the running test (policies are set on it in-process).
@@ -759,6 +763,8 @@ def health_answers(amqp_port: int, http_port: int) -> list[tuple[str, Any]]:
         ("the old node health check", "healthchecks/node", "GET", ("guest", "guest")),
         ("the cluster's name", "cluster-name", "GET", ("guest", "guest")),
         ("whoami, a policymaker", "whoami", "GET", ("mg-pol", "secret")),
+        ("how to log in, asked without credentials", "auth", "GET", None),
+        ("how to log in, with a wrong password", "auth", "GET", ("guest", "wrong")),
     ]
     answers = []
     for label, path, method, credentials in requests:
@@ -1538,3 +1544,50 @@ def test_one_connection_channel_and_an_exchanges_bindings_are_shown_as_on_rabbit
     expected = narrow_answers(*rabbitmq_management)
     assert dict(expected)["its channels"] == [200, [1, 2]]  # what the oracle is about
     assert_alike(expected, narrow_answers(*postroom_management))
+
+
+def history_answers(amqp_port: int, http_port: int) -> list[tuple[str, Any]]:
+    """The overview's rate history (``msg_rates_age``, ``msg_rates_incr``) after a few publishes."""
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqp_port))
+    try:
+        channel = connection.channel()
+        channel.queue_declare("mg.history")
+        for _ in range(3):
+            channel.basic_publish("", "mg.history", b"m")
+        status, overview = 0, {}
+
+        def published() -> bool:
+            nonlocal status, overview
+            status, overview = api(http_port, "guest", "overview?msg_rates_age=60&msg_rates_incr=5")
+            samples = overview.get("message_stats", {}).get("publish_details", {}).get("samples", [])
+            return bool(samples) and samples[0]["sample"] >= 3  # (the test's own, at least)
+
+        assert wait_for(published, seconds=30), overview
+        answers: list[tuple[str, Any]] = [("status", status)]
+        for stat in ("publish", "return_unroutable"):
+            details = overview["message_stats"][f"{stat}_details"]
+            samples = details["samples"]
+            counts = [sample["sample"] for sample in samples]
+            steps = {a["timestamp"] - b["timestamp"] for a, b in itertools.pairwise(samples)}
+            answers += [
+                (f"{stat} keys", sorted(details)),
+                (f"{stat} samples", len(samples)),
+                (f"{stat} sample keys", sorted({key for sample in samples for key in sample})),
+                (f"{stat} newest first, 5 s apart, on the 5 s", (steps, samples[0]["timestamp"] % 5000)),
+                (f"{stat} never more, further back", counts == sorted(counts, reverse=True)),
+                (f"{stat} average rate", details["avg_rate"] == (counts[0] - counts[-1]) / 60),
+            ]
+        status, bad = api(http_port, "guest", "overview?msg_rates_age=x&msg_rates_incr=5")
+        answers.append(("a bad age", (status, "samples" in bad["message_stats"]["publish_details"])))
+        return answers
+    finally:
+        channel.queue_delete("mg.history")
+        connection.close()
+
+
+def test_the_overview_keeps_its_rate_history_as_rabbitmq_does(
+    rabbitmq_management: tuple[int, int], postroom_management: tuple[int, int]
+) -> None:
+    expected = history_answers(*rabbitmq_management)
+    assert ("publish sample keys", ["sample", "timestamp"]) in expected  # what the oracle is about
+    assert_alike(expected, history_answers(*postroom_management))

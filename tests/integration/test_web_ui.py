@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -228,9 +229,84 @@ def test_the_dead_letter_reports_in_the_configured_folder_are_listed_and_opened(
         rows = [row.text for row in browser.find_elements(By.CSS_SELECTOR, "#page tbody tr")]
         assert rows[0].startswith("2026-11-28") and "rejected 40" in rows[0] and "expired 12" in rows[1]
         browser.find_element(By.LINK_TEXT, "2026-11-28").click()
-        until(lambda: browser.find_element(By.ID, "report-open"))
+        opener = until(lambda: browser.find_element(By.ID, "report-open"))
         by_reason = browser.find_elements(By.CSS_SELECTOR, "#page table")[1]
         assert [cell.text for cell in by_reason.find_elements(By.TAG_NAME, "td")] == ["rejected", "40"]
         assert "region" in text_of(browser, "#page")
         screenshot(browser, "reports")
+
+        link = opener.get_attribute("href")
+        opener.click()  # the HTML report, in a tab of its own, with its own style
+        until(lambda: len(browser.window_handles) == 2)
+        browser.switch_to.window(browser.window_handles[1])
+        until(lambda: "Dead letters" in text_of(browser, "h1"))
+        assert browser.execute_script("return getComputedStyle(document.body).marginTop") == "32px"  # (2em: styled)
+        assert "rejected" in text_of(browser, "body")
+        for forged in (link.replace("ticket=", "ticket=0"), link.replace("2026-11-28", "2026-11-27")):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(forged, timeout=10)  # a link opens only the report it was made for
+            assert refused.value.code == 404
+    assert "Traceback" not in (tmp_path / "broker.log").read_text()
+
+
+def test_an_operator_declares_binds_publishes_and_unbinds_in_the_browser(browser: Any, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    http = free_port()
+    with broker(tmp_path / "data", management=http) as (_process, _port):
+        wait_for_port(http, 30)
+        log_in(browser, http, "guest", "guest")
+
+        browser.get(f"http://127.0.0.1:{http}/#/queues")
+        until(lambda: browser.find_element(By.ID, "add-queue"))
+        browser.find_element(By.ID, "new-queue-name").send_keys("invoices")
+        browser.find_element(By.ID, "new-queue-arguments").send_keys('{"x-delivery-limit": 3}')
+        browser.find_element(By.ID, "add-queue").click()
+        queue = until(lambda: next((q for q in api(http, "queues") if q["name"] == "invoices"), None))
+        assert queue["arguments"] == {"x-delivery-limit": 3} and queue["durable"] is True
+
+        browser.get(f"http://127.0.0.1:{http}/#/exchanges")
+        until(lambda: browser.find_element(By.ID, "add-exchange"))
+        browser.find_element(By.ID, "exchange-name").send_keys("billing")
+        Select(browser.find_element(By.ID, "exchange-type")).select_by_value("topic")
+        browser.find_element(By.ID, "add-exchange").click()
+        until(lambda: api(http, "exchanges/%2F/billing")["type"] == "topic")
+        until(lambda: browser.find_element(By.LINK_TEXT, "billing")).click()
+
+        until(lambda: browser.find_element(By.ID, "bind"))
+        browser.find_element(By.ID, "bind-destination").send_keys("invoices")
+        browser.find_element(By.ID, "bind-key").send_keys("invoice.*")
+        browser.find_element(By.ID, "bind").click()
+        until(lambda: [b["routing_key"] for b in api(http, "exchanges/%2F/billing/bindings/source")] == ["invoice.*"])
+        until(lambda: "invoice.*" in text_of(browser, "#page table"))
+        for key, answer in (("invoice.paid", "Published and routed."), ("refund.paid", "not routed")):
+            field = browser.find_element(By.ID, "publish-key")
+            field.clear()
+            field.send_keys(key)
+            browser.find_element(By.ID, "publish-body").send_keys(key)
+            browser.find_element(By.ID, "publish").click()
+            until(lambda answer=answer: answer in text_of(browser, "#publish-result"))
+            browser.find_element(By.ID, "publish-body").clear()
+        assert api(http, "queues/%2F/invoices")["messages_ready"] == 1  # only what the binding routed
+        screenshot(browser, "exchange")
+
+        browser.get(f"http://127.0.0.1:{http}/#/queue/%2F/invoices")
+        until(lambda: browser.find_element(By.ID, "peek"))
+        Select(browser.find_element(By.ID, "peek-ackmode")).select_by_value("ack_requeue_false")
+        browser.find_element(By.ID, "peek").click()
+        assert until(lambda: browser.find_element(By.CSS_SELECTOR, "#peeked pre.body").text) == "invoice.paid"
+        assert api(http, "queues/%2F/invoices")["messages_ready"] == 0  # taken, as asked
+        browser.find_element(By.ID, "bind-source").send_keys("amq.direct")
+        browser.find_element(By.ID, "bind-key").send_keys("invoices")
+        browser.find_element(By.ID, "bind").click()
+        until(lambda: [b["source"] for b in api(http, "queues/%2F/invoices/bindings")] == ["", "amq.direct", "billing"])
+
+        browser.get(f"http://127.0.0.1:{http}/#/bindings")
+        until(lambda: "invoice.*" in text_of(browser, "#page table"))
+        screenshot(browser, "bindings")
+        row = next(r for r in browser.find_elements(By.CSS_SELECTOR, "#page tbody tr") if "invoice.*" in r.text)
+        row.find_element(By.CSS_SELECTOR, "button.danger").click()
+        browser.switch_to.alert.accept()
+        until(lambda: api(http, "exchanges/%2F/billing/bindings/source") == [])
     assert "Traceback" not in (tmp_path / "broker.log").read_text()

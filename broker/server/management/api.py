@@ -13,6 +13,7 @@ import base64
 import binascii
 import json
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
@@ -77,6 +78,11 @@ def routes() -> Router:
     return router
 
 
+#: ``GET /api/auth``, which RabbitMQ answers without a login: how the UI logs in (OAuth 2 is
+#: not offered here, as on a RabbitMQ without it configured).
+NO_OAUTH = {"enable_uaa": False, "uaa_client_id": "", "uaa_location": ""}
+
+
 class ManagementAPI(Resource):
     """The ``/api`` tree (a leaf resource: it routes the path itself).
 
@@ -103,6 +109,8 @@ class ManagementAPI(Resource):
         request.setHeader(b"Content-Type", b"application/json")
         try:
             path = segments(request.uri)
+            if path == ["auth"] and request.method == b"GET":  # (asked before any login, as RabbitMQ)
+                return json.dumps(NO_OAUTH).encode()
             found = self.router.find(path)
             if found is None:
                 raise not_found()
@@ -282,6 +290,7 @@ def management_site(node: Node, sampler: RateSampler, reactor: Any = None, repor
     root = Resource()
     root.putChild(b"api", ManagementAPI(node, sampler, reports))
     root.putChild(b"", UIFile("index.html", b"text/html; charset=utf-8"))
+    root.putChild(b"reports", deadletters.ReportPage(reports, time.time))
     ui = Resource()
     for name, content_type in UI_FILES.items():
         ui.putChild(name.encode(), UIFile(name, content_type))

@@ -7,7 +7,8 @@
   its first messages that match, each with its whole ``x-death`` history (nothing is taken);
 * ``GET /api/dead-letters/reports[/NAME]``: the reports ``postroom dlq analyze`` wrote under the
   folder ``ui.reports`` names (each a folder with ``summary.json`` and ``report.html``): listed
-  newest first with their totals, or one with its summary and its HTML report;
+  newest first with their totals, or one with its summary and a link to its HTML report
+  (:class:`ReportPage`, which a browser opens in a tab of its own);
 * ``POST /api/dead-letters/VHOST/QUEUE/redrive`` with ``ids`` (dead-letter ids) or ``filter``,
   ``to`` (``{"exchange", "routing_key"}``; left out: where each died) and ``rate`` (moves a
   second): a redrive job, run on the reactor a batch at a time; ``GET
@@ -23,14 +24,20 @@ such queue, no write permission), stay where they are, in their order.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import itertools
 import json
 import os
+import secrets
+import time
 from collections import Counter
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote
 
 from twisted.logger import Logger
+from twisted.web.resource import Resource
 
 from broker.amqp.connection import reply_text
 from broker.core.message import Message
@@ -42,6 +49,10 @@ from broker.wire.codec import shortstr
 from broker.wire.content import ContentError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from twisted.web.server import Request
+
     from broker.core.entry import Entry
     from broker.core.node import User
     from broker.core.queue import WorkQueue
@@ -472,5 +483,59 @@ def report(call: Call) -> tuple[int, Any]:
         summary = json.loads(raw)
     except ValueError:
         raise Problem(500, "internal_error", f"report {name}: summary.json is not JSON") from None
-    html = _read(os.path.join(folder, name, "report.html"))
-    return 200, {"name": name, "summary": summary, "html": html.decode("utf-8", "replace") if html else None}
+    html_url = None
+    if os.path.exists(os.path.join(folder, name, "report.html")):
+        expires = int(time.time()) + TICKET_SECONDS
+        html_url = f"reports/{quote(name, safe='')}?expires={expires}&ticket={ticket(name, expires)}"
+    return 200, {"name": name, "summary": summary, "html_url": html_url}
+
+
+#: How long the link to a report's HTML page lets a browser open it without credentials.
+TICKET_SECONDS = 600
+#: The key tickets are signed with: new in each run, so a restart ends every link.
+_TICKET_KEY = secrets.token_bytes(32)
+
+
+def ticket(name: str, expires: int) -> str:
+    """The signature that lets ``/reports/NAME?expires=&ticket=`` open one report until
+    ``expires``: a new tab cannot send the UI's credentials, so the UI asks for a link."""
+    signed = hmac.new(_TICKET_KEY, f"{name}\n{expires}".encode(), hashlib.sha256)
+    return signed.hexdigest()
+
+
+class ReportPage(Resource):
+    """``/reports/NAME?expires=&ticket=``: one report's ``report.html``, for a ticket from
+    ``GET /api/dead-letters/reports/NAME`` that has not expired. The report keeps to itself: its
+    inline style and inlined plots, no script, no request anywhere (``download=1`` saves it)."""
+
+    isLeaf = True
+
+    def __init__(self, folder: str | None, now: Callable[[], float]) -> None:
+        super().__init__()
+        self.folder = folder
+        self.now = now
+
+    def render_GET(self, request: Request) -> bytes:
+        name = unquote(b"/".join(request.postpath).decode("utf-8", "replace"))
+        arguments = request.args
+        try:
+            expires = int(arguments.get(b"expires", [b""])[0])
+            given = arguments.get(b"ticket", [b""])[0].decode("ascii")
+        except (ValueError, UnicodeDecodeError):
+            expires, given = 0, ""
+        html = None
+        if self.folder is not None and name and not name.startswith(".") and os.sep not in name:
+            if expires >= self.now() and hmac.compare_digest(given, ticket(name, expires)):
+                html = _read(os.path.join(self.folder, name, "report.html"))
+        request.setHeader(b"x-content-type-options", b"nosniff")
+        request.setHeader(b"cache-control", b"no-store")
+        if html is None:
+            request.setResponseCode(404)
+            request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+            return b"No such report, or its link has expired: open it again from the web UI.\n"
+        request.setHeader(b"content-type", b"text/html; charset=utf-8")
+        policy = b"default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'none'; sandbox"
+        request.setHeader(b"content-security-policy", policy)
+        if arguments.get(b"download") == [b"1"]:
+            request.setHeader(b"content-disposition", f'attachment; filename="{quote(name)}.html"'.encode())
+        return html

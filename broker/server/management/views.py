@@ -28,7 +28,7 @@ from broker.server.management.common import (
     not_authorised,
     not_found,
 )
-from broker.server.management.rates import QUEUE_STATS, VHOST_STATS, RateSampler
+from broker.server.management.rates import HISTORY_STATS, QUEUE_STATS, RATE_INTERVAL, VHOST_STATS, RateSampler
 from broker.server.management.router import Router
 
 if TYPE_CHECKING:
@@ -83,6 +83,17 @@ def overview(call: Call) -> tuple[int, Any]:
         stats[stat] = sum(queue["message_stats"][stat] for queue in queue_views)
         rates = (queue["message_stats"][f"{stat}_details"]["rate"] for queue in queue_views)
         stats[f"{stat}_details"] = {"rate": sum(rates)}
+    age, increment = _history_window(call)
+    if age:
+        names = [vhost.name for vhost in shown]
+        for stat in HISTORY_STATS:
+            details = stats.setdefault(f"{stat}_details", {"rate": 0.0})
+            details["samples"] = history = sampler.samples(names, stat, age, increment)
+            if history:
+                details["avg_rate"] = (history[0]["sample"] - history[-1]["sample"]) / age
+                details["avg"] = sum(sample["sample"] for sample in history) / len(history)
+        dead = stats["dead_lettered_details"]["samples"]
+        stats["dead_lettered"] = dead[0]["sample"] if dead else 0  # (Postroom's: dead letters so far)
     return 200, {
         "product_name": node.product,
         "product_version": node.version,
@@ -110,6 +121,23 @@ def overview(call: Call) -> tuple[int, Any]:
         },
         "message_stats": stats,
     }
+
+
+#: Samples one answer's history holds, at most (RabbitMQ's UI asks for a few hundred).
+MAX_SAMPLES = 10_000
+
+
+def _history_window(call: Call) -> tuple[float, float]:
+    """``msg_rates_age`` and ``msg_rates_incr`` (seconds), as RabbitMQ reads them; none, or
+    values that are not positive numbers: no history (RabbitMQ too answers without it)."""
+    values = {key: call.query.get(key, [""])[-1] for key in ("msg_rates_age", "msg_rates_incr")}
+    try:
+        age, increment = float(values["msg_rates_age"]), float(values["msg_rates_incr"] or RATE_INTERVAL)
+    except ValueError:
+        return 0.0, 0.0
+    if not (0 < age < 1e9 and 0 < increment < 1e9) or age / increment > MAX_SAMPLES:
+        return 0.0, 0.0
+    return age, increment
 
 
 def nodes(call: Call) -> tuple[int, Any]:

@@ -6,7 +6,7 @@ const REFRESH_MS = 5000;
 const HISTORY = 60; // chart samples kept: five minutes at one every 5 s
 const PAGE_SIZE = 100;
 
-const state = { user: null, timer: null, history: [], last: null, route: "" };
+const state = { user: null, timer: null, route: "" };
 
 // -- helpers --------------------------------------------------------------------------------------
 
@@ -147,28 +147,31 @@ function chart(samples, series = SERIES) {
   return h("div", {}, canvas, legend);
 }
 
-function remember(sample) {
-  state.history.push(sample);
-  if (state.history.length > HISTORY) state.history.shift();
-}
-
 // -- pages ----------------------------------------------------------------------------------------
+
+// Rates between the broker's own samples (it keeps ten minutes of them), oldest first.
+function ratesFrom(stats) {
+  const series = SERIES.map(([key]) => [key, (stats[`${key}_details`]?.samples || []).slice().reverse()]);
+  const length = Math.min(...series.map(([, samples]) => samples.length));
+  const rates = [];
+  for (let index = 1; index < length; index += 1) {
+    const rate = {};
+    for (const [key, samples] of series) {
+      const seconds = (samples[index].timestamp - samples[index - 1].timestamp) / 1000;
+      rate[key] = seconds > 0 ? Math.max(0, samples[index].sample - samples[index - 1].sample) / seconds : 0;
+    }
+    rates.push(rate);
+  }
+  return rates.slice(-HISTORY);
+}
 
 async function overviewPage(main) {
   const [overview, nodes, deadLetters] = await Promise.all([
-    api("overview"),
+    api(`overview?msg_rates_age=${HISTORY * 5}&msg_rates_incr=5`),
     canSeeAll() ? api("nodes") : Promise.resolve([]),
     api("dead-letters").catch(() => []),
   ]);
   const stats = overview.message_stats || {};
-  const deadTotal = deadLetters.reduce((sum, queue) => sum + queue.dead_lettered_total, 0);
-  const now = Date.now();
-  const deadRate = state.last ? Math.max(0, (deadTotal - state.last.dead) / ((now - state.last.at) / 1000)) : 0;
-  state.last = { dead: deadTotal, at: now };
-  remember({
-    publish: stats.publish_details?.rate || 0, deliver_get: stats.deliver_get_details?.rate || 0,
-    ack: stats.ack_details?.rate || 0, redeliver: stats.redeliver_details?.rate || 0, dead_lettered: deadRate,
-  });
   const node = nodes[0] || {};
   const totals = overview.queue_totals || {};
   const objects = overview.object_totals || {};
@@ -187,7 +190,7 @@ async function overviewPage(main) {
     h("h2", {}, "Alarms"),
     alarms.length ? h("p", {}, alarms.map((alarm) => h("span", { class: "alarm" }, `${alarm} alarm`))) : h("p", { class: "muted" }, "None in force."),
     h("h2", {}, "Message rates (last minutes)"),
-    chart(state.history),
+    chart(ratesFrom(stats)),
     h("h2", {}, "Listeners"),
     table([{ title: "protocol", key: "protocol" }, { title: "interface", key: "ip_address" }, { title: "port", key: "port", num: true }], overview.listeners || []),
   );
@@ -253,7 +256,26 @@ async function queuesPage(main) {
       h("button", { class: "secondary", disabled: queueView.page <= 1, onclick: go(queueView.page - 1) }, "Previous"),
       `page ${answer.page} of ${pages}`,
       h("button", { class: "secondary", disabled: queueView.page >= pages, onclick: go(queueView.page + 1) }, "Next")),
+    h("h2", {}, "Add a queue"), addQueueForm(names),
   );
+}
+
+function addQueueForm(names) {
+  const inputs = { vhost: vhostSelect("new-queue-vhost", names), name: h("input", { id: "new-queue-name", required: true }),
+    kind: h("select", { id: "new-queue-kind" }, ["classic", "quorum", "stream"].map((kind) => h("option", { value: kind }, kind))),
+    durable: h("input", { id: "new-queue-durable", type: "checkbox", checked: true }),
+    arguments: jsonInput("new-queue-arguments", '{"x-visibility-timeout": 30000, "x-delivery-limit": 5}') };
+  const add = async (event) => {
+    event.preventDefault();
+    try {
+      const args = parsed(inputs.arguments, "arguments");
+      if (inputs.kind.value !== "classic") args["x-queue-type"] = inputs.kind.value;
+      await api(`queues/${q(inputs.vhost.value)}/${q(inputs.name.value)}`, "PUT", { durable: inputs.durable.checked, auto_delete: false, arguments: args });
+      say(`Queue ${inputs.name.value} declared.`);
+    } catch (error) { refused(error); }
+    render();
+  };
+  return h("form", { class: "inline", onsubmit: add }, ...Object.entries(inputs).map(([key, input]) => field(key, input)), h("button", { type: "submit", id: "add-queue" }, "Add queue"));
 }
 
 function bodyShown(message, mode) {
@@ -270,6 +292,9 @@ function bodyShown(message, mode) {
 }
 
 const queueHistory = new Map();
+
+// What getting messages does to them: the broker's own peek takes nothing; RabbitMQ's modes.
+const GET_MODES = [["peek", "leave them (peek)"], ["ack_requeue_true", "requeue them"], ["reject_requeue_true", "reject, requeue"], ["ack_requeue_false", "take them (ack)"]];
 let peekState = { key: null };
 
 async function queuePage(main, vhost, name) {
@@ -280,7 +305,7 @@ async function queuePage(main, vhost, name) {
   if (samples.length > HISTORY) samples.shift();
   queueHistory.set(key, samples);
   // What was peeked stays on the page through its refreshes, until the next peek.
-  const kept = peekState.key === key ? peekState : { key, messages: null, count: 10, mode: "text" };
+  const kept = peekState.key === key ? peekState : { key, messages: null, count: 10, mode: "text", ackmode: "peek" };
   const count = h("input", { id: "peek-count", type: "number", min: 1, max: 100, value: kept.count });
   const mode = h("select", { id: "peek-mode" }, ["text", "json", "hex"].map((value) => h("option", { value, selected: value === kept.mode }, value)));
   const peeked = h("div", { id: "peeked" });
@@ -291,10 +316,12 @@ async function queuePage(main, vhost, name) {
       h("pre", { class: "properties" }, JSON.stringify(message.properties, null, 2)),
       h("pre", { class: "body" }, bodyShown(message, kept.mode)))));
   };
+  const ackmode = h("select", { id: "peek-ackmode" }, GET_MODES.map(([value, title]) => h("option", { value, selected: value === kept.ackmode }, title)));
   const peek = async (event) => {
     event.preventDefault();
     try {
-      kept.messages = await api(`queues/${q(vhost)}/${q(name)}/get`, "POST", { count: Number(count.value), ackmode: "peek", encoding: "auto" });
+      kept.messages = await api(`queues/${q(vhost)}/${q(name)}/get`, "POST", { count: Number(count.value), ackmode: ackmode.value, encoding: "auto" });
+      kept.ackmode = ackmode.value;
       kept.count = Number(count.value);
       kept.mode = mode.value;
       peekState = kept;
@@ -310,12 +337,16 @@ async function queuePage(main, vhost, name) {
     h("p", {}, argumentsSummary(queue) || h("span", { class: "muted" }, "No arguments or policy.")),
     h("h2", {}, "Rates"), chart(samples, SERIES.slice(0, 4)),
     h("h2", {}, "Bindings"),
-    table([{ title: "from exchange", render: (b) => b.source || "(default)" }, { title: "routing key", key: "routing_key" }, { title: "arguments", render: (b) => JSON.stringify(b.arguments) }], bindings),
+    table([{ title: "from exchange", render: (b) => (b.source ? link(b.source, `/exchange/${q(vhost)}/${q(b.source)}`) : "(AMQP default)") },
+      { title: "routing key", key: "routing_key" }, { title: "arguments", render: (b) => JSON.stringify(b.arguments) },
+      { title: "", render: (b) => (b.source ? unbindButton(b) : "") }], bindings),
+    bindForm(vhost, { destination: name }),
     h("h2", {}, "Consumers"),
     table([{ title: "tag", key: "consumer_tag" }, { title: "channel", render: (c) => c.channel_details?.name }, { title: "prefetch", key: "prefetch_count", num: true }, { title: "active", render: (c) => String(c.active) }], queue.consumer_details || []),
     h("h2", {}, "Messages"),
-    h("form", { class: "toolbar", onsubmit: peek }, field("first", count), field("body as", mode), h("button", { type: "submit", id: "peek" }, "Peek")),
+    h("form", { class: "toolbar", onsubmit: peek }, field("first", count), field("body as", mode), field("and", ackmode), h("button", { type: "submit", id: "peek" }, "Get messages")),
     peeked,
+    h("h2", {}, "Publish a message to this queue"), publishForm(vhost, "amq.default", name),
     h("h2", {}, "Actions"),
     h("div", { class: "toolbar" },
       h("button", { class: "danger", id: "purge", onclick: confirmed(`Purge every ready message of ${name}?`, () => api(`queues/${q(vhost)}/${q(name)}/contents`, "DELETE")) }, "Purge"),
@@ -444,14 +475,126 @@ async function vhostsPage(main) {
   );
 }
 
+const EXCHANGE_TYPES = ["direct", "fanout", "topic", "headers"];
+
+function jsonInput(id, placeholder) {
+  return h("input", { id, placeholder, "aria-label": "arguments as JSON" });
+}
+
+function parsed(input, what) {
+  const text = input.value.trim();
+  if (!text) return {};
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new ApiError(400, { reason: `${what} must be JSON, such as {"x-max-length": 1000}` });
+  }
+}
+
+function vhostSelect(id, names) {
+  return h("select", { id }, names.map((name) => h("option", { value: name }, name)));
+}
+
+// A binding's route in the API: the source exchange, the destination's kind and name, and
+// (to delete it) its properties key.
+function bindingPath(b, withKey = false) {
+  const kind = b.destination_type === "exchange" ? "e" : "q";
+  const path = `bindings/${q(b.vhost)}/e/${q(b.source)}/${kind}/${q(b.destination)}`;
+  return withKey ? `${path}/${q(b.properties_key)}` : path;
+}
+
+function unbindButton(b) {
+  return h("button", { class: "danger", onclick: confirmed(`Unbind ${b.destination} from ${b.source}?`, () => api(bindingPath(b, true), "DELETE")) }, "Unbind");
+}
+
+// A form that binds: a queue to an exchange it names (``destination`` given), or a queue or an
+// exchange it names to an exchange (``source`` given).
+function bindForm(vhost, { source, destination }) {
+  const kind = h("select", { id: "bind-kind" }, h("option", { value: "q" }, "to queue"), h("option", { value: "e" }, "to exchange"));
+  const other = h("input", { id: destination ? "bind-source" : "bind-destination", required: true, "aria-label": destination ? "exchange" : "destination" });
+  const routingKey = h("input", { id: "bind-key", "aria-label": "routing key" });
+  const args = jsonInput("bind-arguments", '{"x-match": "all"}');
+  const bind = async (event) => {
+    event.preventDefault();
+    const [from, to, toKind] = destination ? [other.value, destination, "q"] : [source, other.value, kind.value];
+    try {
+      await api(`bindings/${q(vhost)}/e/${q(from)}/${toKind}/${q(to)}`, "POST", { routing_key: routingKey.value, arguments: parsed(args, "arguments") });
+      say(`Bound ${to} to ${from}.`);
+    } catch (error) { refused(error); }
+    render();
+  };
+  const which = destination ? [field("from exchange", other)] : [field("bind", kind), field("destination", other)];
+  return h("form", { class: "inline", onsubmit: bind }, ...which, field("routing key", routingKey), field("arguments", args), h("button", { type: "submit", id: "bind" }, "Bind"));
+}
+
 async function exchangesPage(main) {
-  const exchanges = await api("exchanges?columns=vhost,name,type,durable,auto_delete,internal,arguments,policy");
+  const [exchanges, names] = await Promise.all([api("exchanges?columns=vhost,name,type,durable,auto_delete,internal,arguments,policy"), vhostNames()]);
+  const inputs = { vhost: vhostSelect("exchange-vhost", names), name: h("input", { id: "exchange-name", required: true }),
+    type: h("select", { id: "exchange-type" }, EXCHANGE_TYPES.map((type) => h("option", { value: type }, type))),
+    durable: h("input", { id: "exchange-durable", type: "checkbox", checked: true }), arguments: jsonInput("exchange-arguments", '{"alternate-exchange": "unrouted"}') };
+  const add = async (event) => {
+    event.preventDefault();
+    try {
+      await api(`exchanges/${q(inputs.vhost.value)}/${q(inputs.name.value)}`, "PUT",
+        { type: inputs.type.value, durable: inputs.durable.checked, auto_delete: false, internal: false, arguments: parsed(inputs.arguments, "arguments") });
+      say(`Exchange ${inputs.name.value} declared.`);
+    } catch (error) { refused(error); }
+    render();
+  };
   main.append(h("h1", {}, "Exchanges"), table([
-    { title: "vhost", key: "vhost" }, { title: "name", render: (e) => e.name || "(default)" }, { title: "type", key: "type" },
+    { title: "vhost", key: "vhost" },
+    { title: "name", render: (e) => link(e.name || "(AMQP default)", `/exchange/${q(e.vhost)}/${q(e.name || "amq.default")}`) }, { title: "type", key: "type" },
     { title: "flags", render: (e) => [e.durable && "durable", e.auto_delete && "auto-delete", e.internal && "internal"].filter(Boolean).join(", ") },
     { title: "arguments", render: (e) => JSON.stringify(e.arguments) }, { title: "policy", key: "policy" },
     { title: "", render: (e) => (e.name && !e.name.startsWith("amq.") ? h("button", { class: "danger", onclick: confirmed(`Delete exchange ${e.name}?`, () => api(`exchanges/${q(e.vhost)}/${q(e.name)}`, "DELETE")) }, "Delete") : "") },
-  ], exchanges));
+  ], exchanges), h("h2", {}, "Add an exchange"),
+  h("form", { class: "inline", onsubmit: add }, ...Object.entries(inputs).map(([key, input]) => field(key, input)), h("button", { type: "submit", id: "add-exchange" }, "Add exchange")));
+}
+
+function publishForm(vhost, exchange, fixedKey) {
+  const key = h("input", { id: "publish-key", value: fixedKey ?? "", disabled: fixedKey !== undefined, "aria-label": "routing key" });
+  const persistent = h("input", { id: "publish-persistent", type: "checkbox", checked: true });
+  const headers = h("input", { id: "publish-headers", placeholder: '{"region": "eu"}', "aria-label": "headers as JSON" });
+  const body = h("textarea", { id: "publish-body", rows: 3, "aria-label": "body" });
+  const result = h("span", { id: "publish-result", class: "muted" });
+  const publish = async (event) => {
+    event.preventDefault();
+    try {
+      const properties = { delivery_mode: persistent.checked ? 2 : 1, headers: parsed(headers, "headers") };
+      const answer = await api(`exchanges/${q(vhost)}/${q(exchange)}/publish`, "POST", { properties, routing_key: key.value, payload: body.value, payload_encoding: "string" });
+      result.textContent = answer.routed ? "Published and routed." : "Published, but no queue took it (not routed).";
+    } catch (error) { refused(error); }
+  };
+  return h("form", { class: "inline", onsubmit: publish }, field("routing key", key), field("persistent", persistent), field("headers", headers), field("body", body),
+    h("button", { type: "submit", id: "publish" }, "Publish"), result);
+}
+
+async function exchangePage(main, vhost, name) {
+  const shown = name === "amq.default" ? "" : name;
+  const [exchange, bindings] = await Promise.all([api(`exchanges/${q(vhost)}/${q(name)}`),
+    shown ? api(`exchanges/${q(vhost)}/${q(name)}/bindings/source`) : Promise.resolve([])]);
+  main.append(
+    h("h1", {}, `Exchange ${shown || "(AMQP default)"}`, h("span", { class: "muted" }, ` in vhost ${vhost}`)),
+    h("div", { class: "cards" }, [["type", exchange.type], ["durable", String(exchange.durable)], ["internal", String(exchange.internal)], ["policy", exchange.policy || "none"]]
+      .map(([label, value]) => h("div", { class: "card" }, h("div", { class: "value" }, value), h("div", { class: "label" }, label)))),
+    h("p", {}, `Arguments: ${JSON.stringify(exchange.arguments)}`),
+    shown && h("h2", {}, "Bindings from this exchange"),
+    shown && table([{ title: "to", render: (b) => (b.destination_type === "queue" ? link(b.destination, `/queue/${q(vhost)}/${q(b.destination)}`) : b.destination) },
+      { title: "kind", key: "destination_type" }, { title: "routing key", key: "routing_key" }, { title: "arguments", render: (b) => JSON.stringify(b.arguments) },
+      { title: "", render: unbindButton }], bindings, { empty: "No bindings." }),
+    shown && bindForm(vhost, { source: name }),
+    h("h2", {}, "Publish a message"), publishForm(vhost, name),
+  );
+}
+
+async function bindingsPage(main) {
+  const bindings = await api("bindings");
+  main.append(h("h1", {}, "Bindings"), table([
+    { title: "vhost", key: "vhost" }, { title: "from", render: (b) => (b.source ? link(b.source, `/exchange/${q(b.vhost)}/${q(b.source)}`) : "(AMQP default)") },
+    { title: "to", render: (b) => (b.destination_type === "queue" ? link(b.destination, `/queue/${q(b.vhost)}/${q(b.destination)}`) : link(b.destination, `/exchange/${q(b.vhost)}/${q(b.destination)}`)) },
+    { title: "kind", key: "destination_type" }, { title: "routing key", key: "routing_key" }, { title: "arguments", render: (b) => JSON.stringify(b.arguments) },
+    { title: "", render: (b) => (b.source ? unbindButton(b) : "") },
+  ], bindings, { empty: "No bindings." }));
 }
 
 async function connectionsPage(main) {
@@ -486,7 +629,7 @@ async function policiesPage(main) {
   ].filter(Boolean), policies), canPolicy() && h("form", { class: "inline", onsubmit: save }, ...Object.entries(inputs).map(([key, input]) => field(key, input)), h("button", { type: "submit" }, "Set policy")));
 }
 
-const reportView = { name: null, url: null };
+const reportView = { name: null };
 
 async function reportsPage(main) {
   const reports = await api("dead-letters/reports");
@@ -502,13 +645,9 @@ async function reportsPage(main) {
   const shown = await api(`dead-letters/reports/${q(reportView.name)}`);
   const summary = shown.summary;
   const pairs = (object) => Object.entries(object || {}).map(([key, value]) => ({ key, value }));
-  const actions = [];
-  if (shown.html) {
-    if (reportView.url) URL.revokeObjectURL(reportView.url); // (each refresh makes a new one)
-    const url = (reportView.url = URL.createObjectURL(new Blob([shown.html], { type: "text/html" })));
-    actions.push(h("a", { href: url, target: "_blank", rel: "noopener", id: "report-open" }, "Open the HTML report"), " ",
-      h("a", { href: url, download: `${shown.name}.html` }, "Download it"));
-  }
+  // (the report opens in a tab of its own, through a link that lets it in for ten minutes)
+  const actions = shown.html_url ? [h("a", { href: shown.html_url, target: "_blank", rel: "noopener", id: "report-open" }, "Open the HTML report"), " ",
+    h("a", { href: `${shown.html_url}&download=1`, id: "report-download" }, "Download it")] : [h("span", { class: "muted" }, "This report has no HTML page.")];
   main.append(h("h2", {}, `Report ${shown.name}`), h("p", {}, actions),
     h("h2", {}, "By reason"), table([{ title: "reason", key: "key" }, { title: "dead letters", key: "value", num: true }], pairs(summary.by_reason)),
     h("h2", {}, "By queue"), table([{ title: "queue", key: "key" }, { title: "dead letters", key: "value", num: true }], pairs(summary.by_queue)),
@@ -522,6 +661,7 @@ const PAGES = [
   ["queues", "Queues", queuesPage, () => true],
   ["dead-letters", "Dead letters", deadLettersPage, () => true],
   ["exchanges", "Exchanges", exchangesPage, () => true],
+  ["bindings", "Bindings", bindingsPage, () => true],
   ["connections", "Connections", connectionsPage, () => true],
   ["policies", "Policies", policiesPage, () => true],
   ["vhosts", "Vhosts", vhostsPage, () => canSeeAll()],
@@ -551,6 +691,7 @@ async function render() {
   const fresh = h("div", { id: "page", "data-page": page });
   try {
     if (page === "queue") await queuePage(fresh, decodeURIComponent(rest[0]), decodeURIComponent(rest.slice(1).join("/")));
+    else if (page === "exchange") await exchangePage(fresh, decodeURIComponent(rest[0]), decodeURIComponent(rest.slice(1).join("/")));
     else if (routed && routed[3]()) await routed[2](fresh);
     else fresh.append(h("h1", {}, "Not here"), h("p", {}, "This page is not for your user's tags."));
   } catch (error) {
