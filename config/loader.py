@@ -37,6 +37,7 @@ from config.schema import (
     PluginConfig,
     PolicyConfig,
     QueueConfig,
+    ShovelConfig,
     StorageConfig,
     StreamConfig,
     TLSConfig,
@@ -47,8 +48,11 @@ from config.schema import (
     VhostConfig,
     VhostLimits,
 )
+from config.shovels import validate as validate_shovel
 from config.values import ConfigError, Problem, ValueReader, is_list, is_string_list, is_text
 
+#: The keys a ``shovels:`` entry's problem names as examples.
+SHOVEL_KEYS = "src-uri, src-queue, dest-uri"
 #: The SASL mechanisms Postroom offers, in the order ``connection.start`` lists them.
 AUTH_MECHANISMS = ("AMQPLAIN", "PLAIN", "EXTERNAL")
 #: Exchange types Postroom has without plugins; plugin types start with ``x-``.
@@ -499,7 +503,9 @@ class _Reader(ValueReader):
 
     def vhost(self, value: Any, path: str) -> VhostConfig:
         section = self.mapping(
-            value, path, {"exchanges", "queues", "streams", "bindings", "limits", "policies", "operator_policies"}
+            value,
+            path,
+            {"exchanges", "queues", "streams", "bindings", "limits", "policies", "operator_policies", "shovels"},
         )
         exchanges = [
             self.exchange(item, f"{path}.exchanges[{index}]")
@@ -549,9 +555,35 @@ class _Reader(ValueReader):
         limits = VhostLimits(**self.object_limits(section.get("limits"), f"{path}.limits", ("connections", "queues")))
         policies = self.policies(section.get("policies"), f"{path}.policies", operator=False)
         operator_policies = self.policies(section.get("operator_policies"), f"{path}.operator_policies", operator=True)
+        shovels = self.shovels(section.get("shovels"), f"{path}.shovels")
         return VhostConfig(
-            tuple(exchanges), tuple(queues), tuple(bindings), limits, policies, operator_policies, tuple(streams)
+            tuple(exchanges),
+            tuple(queues),
+            tuple(bindings),
+            limits,
+            policies,
+            operator_policies,
+            tuple(streams),
+            shovels,
         )
+
+    def shovels(self, value: Any, path: str) -> tuple[ShovelConfig, ...]:
+        """``shovels:`` of a vhost: each a ``name`` and RabbitMQ's keys, checked as RabbitMQ
+        checks a shovel's definition (its messages, one problem each)."""
+        result = []
+        for index, item in enumerate(self.typed(value, path, is_list, "a list", [])):
+            where = f"{path}[{index}]"
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
+                self.problem(where, f"must be a mapping with a name and the shovel's keys ({SHOVEL_KEYS} ...)")
+                continue
+            definition = {key: entry for key, entry in item.items() if key != "name"}
+            problems = validate_shovel(item["name"], definition)
+            for problem in problems:
+                self.problem(where, problem)
+            if not problems:
+                result.append(ShovelConfig(item["name"], definition))
+        self._unique([shovel.name for shovel in result], path, "shovel")
+        return tuple(result)
 
     def stream(self, value: Any, path: str) -> StreamConfig:
         """A ``streams:`` entry: a stream, or with ``partitions`` a partitioned stream."""

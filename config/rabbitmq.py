@@ -49,12 +49,14 @@ from config.schema import (
     Permission,
     PolicyConfig,
     QueueConfig,
+    ShovelConfig,
     TopicPermission,
     UserConfig,
     UserLimits,
     VhostConfig,
     VhostLimits,
 )
+from config.shovels import validate as validate_shovel
 from config.values import ConfigError, Problem, is_list
 
 #: RabbitMQ's ``hashing_algorithm`` values and the ``password_hash`` prefix each becomes, with
@@ -174,6 +176,7 @@ class _Definitions:
                 VhostLimits(**self.limits_of(lists["limits"], lists["limits_path"], ("connections", "queues"))),
                 tuple(lists["policies"]),
                 tuple(lists["operator_policies"]),
+                shovels=tuple(lists["shovels"]),
             )
             for name, lists in self.vhosts.items()
         } or {"/": VhostConfig()}
@@ -500,10 +503,18 @@ class _Definitions:
                 entry["limits"] = item.get("value")
                 entry["limits_path"] = f"{path}.value"
                 continue
+            if item.get("component") == "shovel":
+                name, value = item.get("name"), item.get("value")
+                problems = validate_shovel(str(name), value)
+                for problem in problems:
+                    self.reader.problem(f"{path}.value", problem)
+                if not problems and isinstance(name, str):
+                    self.vhost(item, path)["shovels"].append(ShovelConfig(name, dict(value)))
+                continue
             self.note(
                 path,
                 f"{item.get('component')} parameter '{item.get('name')}' has no equivalent "
-                "(no shovels or federation): not applied",
+                "(no federation): not applied",
             )
         for path, item in self.items(document, "global_parameters"):
             self.note(path, f"global parameter '{item.get('name')}' has no equivalent: ignored")
@@ -518,6 +529,7 @@ def _new_vhost() -> dict[str, Any]:
         "limits_path": "vhosts",
         "policies": [],
         "operator_policies": [],
+        "shovels": [],
     }
 
 

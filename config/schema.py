@@ -410,6 +410,8 @@ class VhostConfig:
     operator_policies: tuple[PolicyConfig, ...] = ()
     #: Streams and partitioned streams to declare (after the exchanges and queues, before the bindings).
     streams: tuple[StreamConfig, ...] = ()
+    #: Dynamic shovels (RabbitMQ's ``shovel`` runtime parameters), run by the broker.
+    shovels: tuple[ShovelConfig, ...] = ()
 
     def declarations(self, path: str) -> Iterator[tuple[str, ExchangeConfig | QueueConfig | BindingConfig]]:
         """Each exchange, queue and binding with its key path under ``path``, in the order they
@@ -420,6 +422,15 @@ class VhostConfig:
         for index, stream in enumerate(self.streams):
             yield from ((f"{path}.streams[{index}]", item) for item in stream.declarations())
         yield from ((f"{path}.bindings[{index}]", binding) for index, binding in enumerate(self.bindings))
+
+
+@dataclass(frozen=True, slots=True)
+class ShovelConfig:
+    """A dynamic shovel: its name and its definition in RabbitMQ's keys (``src-uri``,
+    ``src-queue``, ``dest-uri`` ...), checked as RabbitMQ checks it (``config.shovels``)."""
+
+    name: str
+    value: Mapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,9 @@ NODE = "node"
 INITIALISED = "initialised"
 #: Global parameters (``cluster_name``, ``internal_cluster_id`` and any an operator sets).
 GLOBAL = "global"
+#: Runtime parameters of components kept as they are set (shovels), keyed by
+#: :func:`parameter_key`.
+PARAMETER = "parameter"
 
 #: The user limits and vhost limits RabbitMQ 3.10 knows, by their names in its API.
 USER_LIMITS = ("max-connections", "max-channels")
@@ -181,6 +184,15 @@ def user_limits(user: User) -> dict[str, int]:
     }
 
 
+def parameter_key(component: str, vhost: str, name: str) -> str:
+    """A runtime parameter's key in the log: its component, vhost and name (any characters)."""
+    return json.dumps([component, vhost, name])
+
+
+#: Told of each runtime parameter set (its value) or cleared (``None``).
+ParameterWatcher = Callable[[str, str, str, "Mapping[str, Any] | None"], None]
+
+
 class Administration:
     """Changes to a node's users and vhosts, applied at once and recorded.
 
@@ -193,6 +205,12 @@ class Administration:
         #: order set: ``cluster_name`` (``PUT /api/cluster-name``), ``internal_cluster_id``
         #: (made on the first start) and any an operator sets (kept and listed, as RabbitMQ's).
         self.globals: dict[str, Any] = {"internal_cluster_id": "rabbitmq-cluster-id-" + secrets.token_urlsafe(16)}
+        #: Runtime parameters kept as they are set, by ``(component, vhost, name)`` in the order
+        #: set: shovels (``config.shovels``); vhost limits and operator policies live on
+        #: their vhosts.
+        self.parameters: dict[tuple[str, str, str], dict[str, Any]] = {}
+        #: Told of every change to :attr:`parameters` (what runs shovels watches).
+        self.parameter_watchers: list[ParameterWatcher] = []
 
     # -- recording ---------------------------------------------------------------------------------
 
@@ -208,6 +226,9 @@ class Administration:
         records += [encode(Defined(VHOST, vhost.name, _dump(vhost_value(vhost)))) for vhost in node.vhosts.values()]
         records += [encode(Defined(USER, user.name, _dump(user_value(user)))) for user in node.users_by_name.values()]
         records += [encode(Defined(GLOBAL, name, _dump({"value": value}))) for name, value in self.globals.items()]
+        records += [
+            encode(Defined(PARAMETER, parameter_key(*key), _dump(value))) for key, value in self.parameters.items()
+        ]
         return records
 
     def initialise(self) -> None:
@@ -219,9 +240,11 @@ class Administration:
             self._record(USER, user.name, user_value(user))
         for name, value in self.globals.items():
             self._record(GLOBAL, name, {"value": value})
+        for key, value in self.parameters.items():
+            self._record(PARAMETER, parameter_key(*key), value)
 
     def restore(self, definitions: Iterable[Defined], warn: Callable[[str], None]) -> bool:
-        """Set the users, vhosts and global parameters the log holds, recording nothing.
+        """Set the users, vhosts, global and runtime parameters the log holds, recording nothing.
 
         :param warn: told of a definition this version cannot read (it is left out)
         :returns: whether the log was initialised (held the node's definitions)
@@ -241,6 +264,9 @@ class Administration:
                     _describe(vhost, value)
                 elif record.kind == GLOBAL:
                     self.globals[record.key] = value["value"]
+                elif record.kind == PARAMETER:
+                    component, vhost_name, name = json.loads(record.key)
+                    self.parameters[(component, vhost_name, name)] = value
                 else:
                     warn(f"the write-ahead log holds a definition this version does not know: {record.kind}")
             except (ValueError, TypeError, KeyError) as error:
@@ -401,6 +427,8 @@ class Administration:
         for connection in list(node.connections):
             if connection.vhost is vhost:
                 connection.close(ReplyCode.CONNECTION_FORCED, VHOST_DELETED.format(vhost=name))
+        for component, vhost_name, parameter in [key for key in self.parameters if key[1] == name]:
+            self.clear_parameter(component, vhost_name, parameter)
         vhost.delete_everything()
         del node.vhosts[name]
         self._record(VHOST, name, None)
@@ -432,6 +460,27 @@ class Administration:
             self.globals[name] = value
             self._record(GLOBAL, name, {"value": value})
         return new
+
+    def set_parameter(self, component: str, vhost: str, name: str, value: Mapping[str, Any]) -> bool:
+        """Set a runtime parameter (checked by the caller); whether it is new. An unchanged one
+        is left alone (a shovel keeps running, as RabbitMQ's)."""
+        key = (component, vhost, name)
+        new = key not in self.parameters
+        if new or self.parameters[key] != value:
+            self.parameters[key] = dict(value)
+            self._record(PARAMETER, parameter_key(*key), value)
+            for watcher in list(self.parameter_watchers):
+                watcher(component, vhost, name, value)
+        return new
+
+    def clear_parameter(self, component: str, vhost: str, name: str) -> bool:
+        """Clear a runtime parameter; whether there was one."""
+        if self.parameters.pop((component, vhost, name), None) is None:
+            return False
+        self._record(PARAMETER, parameter_key(component, vhost, name), None)
+        for watcher in list(self.parameter_watchers):
+            watcher(component, vhost, name, None)
+        return True
 
     def set_cluster_name(self, name: str) -> None:
         """Name the cluster (``PUT /api/cluster-name``)."""

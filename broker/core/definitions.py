@@ -25,6 +25,7 @@ from broker.errors import AMQPError
 from broker.wal.recovery import Snapshot
 from broker.wire.codec import decode_field_table, shortstr
 from config.schema import BrokerConfig, ExchangeConfig, QueueConfig, UserConfig, VhostConfig
+from config.shovels import COMPONENT as SHOVEL
 from config.values import ConfigError, Problem
 from exchanges.registry import ExchangeTypeRegistry, default_registry
 
@@ -99,6 +100,7 @@ def node_from_config(
     if snapshot is not None:
         restore_policies(node, snapshot)
     apply_policies(node, config)
+    apply_parameters(node, config)
     if snapshot is not None:
         restore_snapshot(node, snapshot, read, before_messages)
     apply_definitions(node, config)
@@ -178,6 +180,15 @@ def apply_policies(node: Node, config: BrokerConfig) -> None:
                 vhost.set_policy(
                     Policy(policy.name, policy.pattern, policy.definition, policy.priority, policy.apply_to), operator
                 )
+
+
+def apply_parameters(node: Node, config: BrokerConfig) -> None:
+    """Set the configuration's runtime parameters (its shovels) on ``node``: over what the log
+    holds, as the YAML's users are (one it lists is as it says, one it leaves out stays)."""
+    for vhost_name, definitions in config.vhosts.items():
+        _vhost(node, vhost_name)
+        for shovel in definitions.shovels:
+            node.admin.set_parameter(SHOVEL, vhost_name, shovel.name, shovel.value)
 
 
 def apply_definitions(node: Node, config: BrokerConfig) -> None:

@@ -215,6 +215,11 @@ class Node:
         self._decoy_hash = decoy_hash(self.users_by_name.values())
         #: Live administration of users and vhosts, recorded in the log.
         self.admin = Administration(self)
+        #: The broker's own login for its connections to itself (shovels to ``amqp://``): not
+        #: listed, not kept, loopback only; ``None`` until the shell sets one.
+        self.internal_user: User | None = None
+        #: The shell's running shovels (``broker.server.shovels.Shovels``), when it runs them.
+        self.shovels: Any = None
         #: Runs ``fn`` and then ``callback(fn())``; the shell runs ``fn`` in a worker thread and
         #: the callback back on the reactor. Here: both at once, on the calling thread.
         self.run_blocking: Callable[[Callable[[], Any], Callable[[Any], None]], None] = _run_here
@@ -383,6 +388,8 @@ class Node:
         """
         self.counters["auth_attempts"] += 1
         user = self.users_by_name.get(username)
+        if user is None and self.internal_user is not None and username == self.internal_user.name:
+            user = self.internal_user  # (the broker's own connections: shovels to the node itself)
 
         def finish(ok: bool) -> None:
             accepted, reason = self._accepted(user, ok, username, password, loopback)

@@ -233,11 +233,46 @@ class BrokerCollector:
         """The families that are not per queue (``totals``: sums over the queues, when known)."""
         yield from self._vhosts()
         yield from self._streams()
+        yield from self._shovels()
         yield from self._node()
         if self.wal is not None:
             yield from self._wal(self.wal)
         if self.rabbitmq_compatible:
             yield from RabbitMQNames(self, totals).collect()
+
+    def _shovels(self) -> Iterator[Metric]:
+        """Each dynamic shovel's state (1 for the one it is in) and what it moved."""
+        labels = ["vhost", "shovel"]
+        state = GaugeMetricFamily(
+            "postroom_shovel_state",
+            "A shovel's state (starting, running, terminated): 1 for its own.",
+            labels=[*labels, "state"],
+        )
+        moved = CounterMetricFamily(
+            "postroom_shovel_messages",
+            "Messages a shovel moved (settled at the source as its ack mode asks).",
+            labels=labels,
+        )
+        again = CounterMetricFamily(
+            "postroom_shovel_redelivered",
+            "Messages a shovel got again from its source after a failure: each may reach the destination twice.",
+            labels=labels,
+        )
+        refused = CounterMetricFamily(
+            "postroom_shovel_nacked", "Messages the destination refused (put back at the source).", labels=labels
+        )
+        restarts = CounterMetricFamily(
+            "postroom_shovel_restarts", "Times a shovel started again after a failure.", labels=labels
+        )
+        for shovel in self.node.shovels or ():
+            names = [shovel.spec.vhost, shovel.spec.name]
+            for name in ("starting", "running", "terminated"):
+                state.add_metric([*names, name], 1 if shovel.state == name else 0)
+            moved.add_metric(names, shovel.moved)
+            again.add_metric(names, shovel.redelivered)
+            refused.add_metric(names, shovel.nacked)
+            restarts.add_metric(names, shovel.restarts)
+        yield from (state, moved, again, refused, restarts)
 
     def _queues(self) -> Iterator[Metric]:
         families = []

@@ -29,6 +29,7 @@ from broker.server.management import RateSampler, management_site
 from broker.server.metrics import BrokerCollector, metrics_site
 from broker.server.pluginloader import LoadedPlugins, load_plugins
 from broker.server.protocol import AMQPServerFactory
+from broker.server.shovels import Shovels
 from broker.storage.checkpoint import (
     CHECKPOINT_BYTES,
     Captured,
@@ -721,6 +722,9 @@ def make_broker_service(
         Listener(
             "management", config.listen.management, site, reactor, node, http, http_certificates
         ).setServiceParent(service)
+    # Last: shovels start once the listeners are bound (one to amqp:// connects to them) and
+    # stop first, while the node still serves.
+    Shovels(node, reactor).setServiceParent(service)
     return service
 
 

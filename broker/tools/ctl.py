@@ -20,6 +20,7 @@ needs the node's cookie. What it prints is what ``rabbitmqctl`` 3.10 prints:
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import sys
 import urllib.parse
@@ -552,6 +553,104 @@ def status(args: argparse.Namespace, out: Out, broker: Broker) -> None:
     print("\n".join(lines))
 
 
+# -- runtime parameters and shovels -----------------------------------------------------------
+
+
+def set_parameter(args: argparse.Namespace, out: Out, broker: Broker) -> None:
+    out.banner(
+        f'Setting runtime parameter "{args.name}" for component "{args.component}" to "{args.value}" '
+        f'in vhost "{args.vhost}" ...'
+    )
+    try:
+        value = json.loads(args.value)
+    except ValueError:
+        raise Failed(f"Error:\nnot valid JSON: {args.value}", EX_DATAERR) from None
+    path = f"parameters/{_quote(args.component)}/{_quote(args.vhost)}/{_quote(args.name)}"
+    status, answer = broker.call(path, "PUT", {"value": value})
+    if status >= 400:
+        raise Failed(f"Error:\n{html.unescape(_reason(answer))}", EX_DATAERR)
+    out.done()
+
+
+def clear_parameter(args: argparse.Namespace, out: Out, broker: Broker) -> None:
+    out.banner(f'Clearing runtime parameter "{args.name}" for component "{args.component}" on vhost "{args.vhost}" ...')
+    missing = Failed("Error:\nParameter does not exist", EX_UNAVAILABLE)
+    broker.delete(f"parameters/{_quote(args.component)}/{_quote(args.vhost)}/{_quote(args.name)}", missing)
+    out.done()
+
+
+def list_parameters(args: argparse.Namespace, out: Out, broker: Broker) -> None:
+    out.banner(f'Listing runtime parameters for vhost "{args.vhost}" ...')
+    items = broker.must("parameters")
+    compact = (",", ":")
+    rows = [
+        {"component": item["component"], "name": item["name"], "value": json.dumps(item["value"], separators=compact)}
+        for item in items
+        if item["vhost"] == args.vhost
+    ]
+    out.table(("component", "name", "value"), rows)
+
+
+def _shovel_row(status: dict[str, Any]) -> dict[str, Any]:
+    """A status from ``/api/shovels`` as ``rabbitmqctl shovel_status`` prints it."""
+    row = {
+        "name": status["name"],
+        "vhost": status["vhost"],
+        "type": status["type"],
+        "state": status["state"],
+        "last_changed": _zero_padded(status["timestamp"]),
+        "source": status.get("src_uri", ""),
+        "destination": status.get("dest_uri", ""),
+        "termination_reason": status.get("reason", ""),
+    }
+    if status["state"] == "running":
+        row["source_protocol"] = status["src_protocol"]
+        row["destination_protocol"] = status["dest_protocol"]
+        for key, column in (
+            ("src_queue", "source_queue"), ("src_exchange", "source_exchange"),
+            ("src_exchange_key", "source_exchange_key"), ("dest_queue", "destination_queue"),
+            ("dest_exchange", "destination_exchange"), ("dest_exchange_key", "destination_exchange_key"),
+        ):  # fmt: skip
+            if key in status:
+                row[column] = status[key]
+    return row
+
+
+def _zero_padded(timestamp: str) -> str:
+    """``2026-11-28 9:05:03`` as ``rabbitmqctl`` prints it: ``2026-11-28 09:05:03``."""
+    day, _space, clock = timestamp.partition(" ")
+    return f"{day} {clock.zfill(8)}"
+
+
+def shovel_status(args: argparse.Namespace, out: Out, broker: Broker) -> None:
+    node = broker.must("overview")["node"]
+    out.banner(f"Shovel status on node {node}")
+    rows = [_shovel_row(status) for status in broker.must("shovels")]
+    out.table(sorted(rows[0]) if rows else (), rows)
+
+
+def _shovel_missing(broker: Broker, vhost: str) -> Failed:
+    node = broker.must("overview")["node"]
+    return Failed(
+        f"Error:\nShovel with the given name was not found on the target node '{node}' and / or virtual host '{vhost}'",
+        EX_UNAVAILABLE,
+    )
+
+
+def delete_shovel(args: argparse.Namespace, out: Out, broker: Broker) -> None:
+    out.banner(f"Deleting shovel {args.name} in vhost {args.vhost}")
+    broker.delete(f"shovels/vhost/{_quote(args.vhost)}/{_quote(args.name)}", _shovel_missing(broker, args.vhost))
+    out.done()
+
+
+def restart_shovel(args: argparse.Namespace, out: Out, broker: Broker) -> None:
+    node = broker.must("overview")["node"]
+    out.banner(f"Restarting dynamic Shovel {args.name} in virtual host {args.vhost} on node {node}")
+    path = f"shovels/vhost/{_quote(args.vhost)}/{_quote(args.name)}/restart"
+    broker.delete(path, _shovel_missing(broker, args.vhost))
+    out.done()
+
+
 # -- the parser -------------------------------------------------------------------------------
 
 Verb = Callable[[argparse.Namespace, Out, Broker], None]
@@ -614,7 +713,14 @@ def add_parser(commands: Any) -> None:
     verb("export_definitions", export_definitions, "write the definitions as JSON (- for stdout)", (("path",), {}))
     verb("import_definitions", import_definitions, "apply definitions from a JSON file (- for stdin)",
          (("path",), {}))
-    verb("status", status, "the node: version, uptime, listeners, alarms, memory, disk")  # fmt: skip
+    verb("status", status, "the node: version, uptime, listeners, alarms, memory, disk")
+    verb("set_parameter", set_parameter, "set a runtime parameter (a shovel: component shovel)",
+         (("component",), {}), (("name",), {}), (("value",), {"help": "the value as JSON"}))
+    verb("clear_parameter", clear_parameter, "clear a runtime parameter", (("component",), {}), (("name",), {}))
+    verb("list_parameters", list_parameters, "list the runtime parameters of a vhost")
+    verb("shovel_status", shovel_status, "the shovels and their state")
+    verb("delete_shovel", delete_shovel, "delete a shovel (its parameter is cleared)", (("name",), {}))
+    verb("restart_shovel", restart_shovel, "stop a shovel and start it again", (("name",), {}))  # fmt: skip
 
 
 def _run(run: Verb, args: argparse.Namespace) -> int:

@@ -321,3 +321,33 @@ def test_policies_are_read_checked_as_rabbitmq_checks_them_and_applied() -> None
             '[{<<"overflow">>,<<"drop-head">>}] are not recognised policy settings',
         ),
     ]
+
+
+def test_shovels_are_read_checked_as_rabbitmq_checks_them_and_kept_by_the_node() -> None:
+    config = loads(
+        "vhosts:\n"
+        "  /:\n"
+        "    shovels:\n"
+        "      - {name: out, src-uri: 'amqp://', src-queue: jobs,\n"
+        "         dest-uri: 'amqp://u:p@far:5672/v', ack-mode: on-publish}\n",
+        "s.yaml",
+    )
+    (shovel,) = config.vhosts["/"].shovels
+    assert shovel.name == "out" and shovel.value["dest-uri"] == "amqp://u:p@far:5672/v"
+    node = node_from_config(config)
+    assert node.admin.parameters[("shovel", "/", "out")] == dict(shovel.value)
+    assert problems(
+        "vhosts:\n"
+        "  /:\n"
+        "    shovels:\n"
+        "      - {name: a, src-uri: 'http://x', dest-uri: 'amqp://'}\n"
+        "      - [not, a, mapping]\n"
+    ) == [
+        (4, "vhosts./.shovels[0]", "Must specify 'src-exchange' or 'src-queue'"),
+        (4, "vhosts./.shovels[0]", '"http://x" not a valid URI: {{unexpected_uri_scheme,"http"},"http://x"}'),
+        (
+            5,
+            "vhosts./.shovels[1]",
+            "must be a mapping with a name and the shovel's keys (src-uri, src-queue, dest-uri ...)",
+        ),
+    ]

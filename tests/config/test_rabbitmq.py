@@ -107,6 +107,12 @@ def test_a_hash_from_a_real_export_matches_its_password() -> None:
     )
 
 
+def test_a_shovel_in_an_export_is_kept_for_the_broker_to_run() -> None:
+    (shovel,) = load(EXPORT).vhosts["/"].shovels
+    assert shovel.name == "dlq-to-archive"
+    assert (shovel.value["src-queue"], shovel.value["dest-uri"]) == ("orders.dlq", "amqp://archive")
+
+
 def test_the_report_lists_each_item_without_an_equivalent_with_its_key_path() -> None:
     notes = load(EXPORT).notes
     prefix = f"{EXPORT}: "
@@ -122,10 +128,9 @@ def test_the_report_lists_each_item_without_an_equivalent_with_its_key_path() ->
             "bindings[5]",
             "users[3].password_hash",
             "permissions[3]",
-            "parameters[0]",
             "global_parameters[0]",
         ]
-    )
+    )  # (parameters[0], a shovel, applies: the broker runs it)
     assert (
         f"{prefix}exchanges[5].type: unknown exchange type 'x-modulus-hash': "
         "exchange 'orders.sharded' and the bindings that need it are skipped"
@@ -169,9 +174,10 @@ def test_config_check_accepts_an_export_and_prints_the_report() -> None:
     lines = result.stdout.splitlines()
     assert lines[:2] == [
         f"{EXPORT}: ok (2 vhost(s), 6 exchange(s), 6 queue(s))",
-        "11 item(s) not applied, with the reason:",
+        "10 item(s) not applied, with the reason:",
     ]
     assert "policies[0]" not in result.stdout  # applied
+    assert "shovel parameter" not in result.stdout  # (a shovel: applied)
 
 
 def test_config_check_refuses_malformed_json_naming_the_file(tmp_path: Path) -> None:

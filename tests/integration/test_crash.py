@@ -44,13 +44,14 @@ def broker(
     extra: str = "",
     metrics: int = 0,
     amqps: int = 0,
+    port: int = 0,
 ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """``postroom serve`` over ``data``; with ``management``, its management API on that port
     (with ``metrics``, ``/metrics`` on that one; with ``amqps``, AMQP over TLS on that one, which
     needs a ``tls:`` section in ``extra``);
     ``limits``: the ``limits:`` keys, such as ``memory_high_watermark: 150MiB``; ``extra``: more
-    of the configuration (YAML lines)."""
-    port = free_port()
+    of the configuration (YAML lines); ``port``: AMQP's port (a free one when 0)."""
+    port = port or free_port()
     config = data.parent / f"broker-{port}.yaml"
     api = f'"tcp:{management}:interface=127.0.0.1"' if management else "false"
     scrape = f'"tcp:{metrics}:interface=127.0.0.1"' if metrics else "false"

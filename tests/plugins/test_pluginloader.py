@@ -313,7 +313,8 @@ def test_plugin_services_start_before_the_listeners_and_stop_with_the_broker(mod
     assert plugin.nodes == [(service.factory.node, None)]
     children = list(service)
     assert children[0] is plugin.service
-    assert [type(child).__name__ for child in children[1:]] == ["ResourceMonitor", "Listener"]
+    # (the shovels last: one to amqp:// connects to the listeners, and they stop first)
+    assert [type(child).__name__ for child in children[1:]] == ["ResourceMonitor", "Listener", "Shovels"]
     service.startService()
     assert plugin.service.running
     assert [port for port, *_ in reactor.tcpServers] == [5673]

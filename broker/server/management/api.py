@@ -31,6 +31,7 @@ from broker.server.management import (
     objects,
     parameters,
     policies,
+    shovels,
     streams,
     users,
     views,
@@ -73,7 +74,7 @@ PAGINATED = frozenset({"queues", "exchanges", "vhosts", "connections", "channels
 def routes() -> Router:
     """Every route of the API, in the order RabbitMQ's dispatcher lists them."""
     router = Router()
-    for part in (health, views, streams, policies, parameters, definitions, objects, users, deadletters):
+    for part in (health, views, streams, policies, parameters, definitions, objects, users, deadletters, shovels):
         part.install(router)
     return router
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.logger import Logger
 
 from broker.core.admin import user_limits, vhost_limits
-from broker.core.definitions import apply_accounts, apply_definitions, apply_policies
+from broker.core.definitions import apply_accounts, apply_definitions, apply_parameters, apply_policies
 from broker.server.management.common import RABBITMQ_FORMAT_VERSION, Call, Problem, not_authorised
 from broker.server.management.policies import policy_view
 from broker.server.management.router import Router
@@ -142,6 +142,11 @@ def definitions(call: Call) -> tuple[int, Any]:
         limits = vhost_limits(vhost)
         if limits:
             parameters.append({"value": limits, "vhost": vhost.name, "component": "vhost-limits", "name": "limits"})
+        parameters += [
+            {"value": value, "vhost": vhost.name, "component": component, "name": name}
+            for (component, vhost_name, name), value in sorted(node.admin.parameters.items())
+            if vhost_name == vhost.name
+        ]
     if one is not None:
         for item in (*queues, *exchanges, *bindings):
             del item["vhost"]
@@ -188,7 +193,7 @@ def import_definitions(call: Call) -> tuple[int, Any]:
     vhost). A vhost named by an item must exist or be in the document (RabbitMQ's 400
     ``no_such_vhost``).
 
-    What Postroom cannot apply as it is (a quorum queue, declared classic; a shovel) is
+    What Postroom cannot apply as it is (a quorum queue, declared classic; a federation upstream) is
     applied as ``postroom serve --config`` applies a definitions file (``config.rabbitmq``),
     and answered 200 with those ``notes``; a document without any is answered 204, as by
     RabbitMQ. A definition the broker refuses is 400 with its key path.
@@ -222,6 +227,7 @@ def import_definitions(call: Call) -> tuple[int, Any]:
         config = loads_definitions(json.dumps(document), "the definitions")
         apply_accounts(node, config, initialised=True, imported=True)
         apply_policies(node, config)
+        apply_parameters(node, config)
         apply_definitions(node, config)
     except ConfigError as error:
         raise Problem(400, "bad_request", "; ".join(f"{p.key}: {p.reason}" for p in error.problems)) from None

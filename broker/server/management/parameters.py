@@ -2,9 +2,10 @@
 ``/api/parameters[/COMPONENT[/VHOST[/NAME]]]`` and ``/api/global-parameters[/NAME]``.
 
 Postroom's runtime parameters are the components it has something behind: ``vhost-limits``
-(one parameter, ``limits``, per vhost: the vhost's limits) and ``operator_policy`` (the
-operator policies, set through ``/api/operator-policies``). Another component is refused as
-RabbitMQ refuses a component no plugin registered. Global parameters are kept as they are set
+(one parameter, ``limits``, per vhost: the vhost's limits), ``operator_policy`` (the
+operator policies, set through ``/api/operator-policies``) and ``shovel`` (dynamic shovels,
+checked as RabbitMQ checks them, run by ``broker.server.shovels``). Another component is
+refused as RabbitMQ refuses a component no plugin registered. Global parameters are kept as they are set
 (``cluster_name`` names the cluster, as ``PUT /api/cluster-name`` does).
 """
 
@@ -16,6 +17,8 @@ from typing import Any
 from broker.core.admin import VHOST_LIMITS, vhost_limits
 from broker.server.management.common import Call, Problem, erlang_term, not_authorised, not_found, required
 from broker.server.management.router import Router
+from config.shovels import COMPONENT as SHOVEL
+from config.shovels import validate as validate_shovel
 
 
 def install(router: Router) -> None:
@@ -51,6 +54,11 @@ def parameters(call: Call) -> tuple[int, Any]:
             {"value": policy.value(), "vhost": vhost.name, "component": "operator_policy", "name": policy.name}
             for policy in vhost.operator_policies.values()
         ]
+        listed += [
+            {"value": value, "vhost": vhost.name, "component": component, "name": name}
+            for (component, vhost_name, name), value in call.node.admin.parameters.items()
+            if vhost_name == vhost.name
+        ]
     listed = [
         item
         for item in listed
@@ -69,6 +77,10 @@ def set_parameter(call: Call) -> tuple[int, Any]:
     replaced; another component is refused, as RabbitMQ refuses one it has no plugin for."""
     _policymaker(call)
     component, name = call.params["component"], call.params["name"]
+    if call.params["vhost"] not in call.node.vhosts:
+        raise Problem(404, "not_found", "vhost_not_found")
+    if component == SHOVEL:
+        return _set_shovel(call)
     if component != "vhost-limits":
         raise Problem(400, "bad_request", f"Validation failed\n\ncomponent {component} not found\n")
     vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
@@ -88,9 +100,29 @@ def set_parameter(call: Call) -> tuple[int, Any]:
     return (201 if new else 204), None
 
 
+def _set_shovel(call: Call) -> tuple[int, Any]:
+    """``PUT /api/parameters/shovel/VHOST/NAME`` with ``value``: a dynamic shovel, checked as
+    RabbitMQ checks it (its messages, HTML-escaped as its answer has them), started (again,
+    when it changed)."""
+    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    (value,) = required(call.body(), ("value",))
+    user = call.user
+    may_open = lambda vhost: vhost in call.node.vhosts and user.may_open(vhost)  # noqa: E731
+    problems = validate_shovel(call.params["name"], value, (user.name, may_open))
+    if problems:
+        reason = "".join(f"{html.escape(problem, quote=False)}\n" for problem in problems)
+        raise Problem(400, "bad_request", f"Validation failed\n\n{reason}")
+    new = call.node.admin.set_parameter(SHOVEL, vhost.name, call.params["name"], value)
+    return (201 if new else 204), None
+
+
 def clear_parameter(call: Call) -> tuple[int, Any]:
     _policymaker(call)
     vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    if call.params["component"] == SHOVEL:
+        if not call.node.admin.clear_parameter(SHOVEL, vhost.name, call.params["name"]):
+            raise not_found()
+        return 204, None
     if call.params["component"] != "vhost-limits" or call.params["name"] != "limits" or not vhost_limits(vhost):
         raise not_found()
     for limit in VHOST_LIMITS:
