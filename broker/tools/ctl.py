@@ -564,11 +564,11 @@ def set_parameter(args: argparse.Namespace, out: Out, broker: Broker) -> None:
     try:
         value = json.loads(args.value)
     except ValueError:
-        raise Failed(f"Error:\nnot valid JSON: {args.value}", EX_DATAERR) from None
+        raise Failed("Error:\nJSON decoding error. Reason: badarg", EX_UNAVAILABLE) from None
     path = f"parameters/{_quote(args.component)}/{_quote(args.vhost)}/{_quote(args.name)}"
     status, answer = broker.call(path, "PUT", {"value": value})
     if status >= 400:
-        raise Failed(f"Error:\n{html.unescape(_reason(answer))}", EX_DATAERR)
+        raise Failed(f"Error:\n{html.unescape(_reason(answer))}", EX_UNAVAILABLE)
     out.done()
 
 
@@ -584,10 +584,16 @@ def list_parameters(args: argparse.Namespace, out: Out, broker: Broker) -> None:
     items = broker.must("parameters")
     compact = (",", ":")
     rows = [
-        {"component": item["component"], "name": item["name"], "value": json.dumps(item["value"], separators=compact)}
+        {
+            "component": item["component"],
+            "name": item["name"],
+            "value": json.dumps(item["value"], separators=compact, sort_keys=True),
+        }
         for item in items
         if item["vhost"] == args.vhost
     ]
+    if not rows and not out.json:
+        print()  # (rabbitmqctl prints an empty line for an empty list of parameters)
     out.table(("component", "name", "value"), rows)
 
 

@@ -5,6 +5,7 @@ rows, sorted: the brokers hold other things, and RabbitMQ lists in its tables' h
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -141,30 +142,37 @@ def session(run: Callable[[list[str]], tuple[int, str, str]], amqp_port: int, ht
     return printed
 
 
+def run_rabbitmqctl(amqp_port: int, command: list[str]) -> tuple[int, str, str]:
+    """``rabbitmqctl`` against the RabbitMQ node on ``amqp_port``: exit code, output, errors."""
+    node = f"postroom{amqp_port}@localhost"
+    home = RABBITMQ_HOMES[amqp_port]
+    # (the plugins' own verbs are found through the node's list of enabled plugins)
+    plugins = str(home / "enabled_plugins")
+    env = dict(os.environ, HOME=str(home), RABBITMQ_NODENAME=node, RABBITMQ_ENABLED_PLUGINS_FILE=plugins)
+    done = subprocess.run(
+        [str(RABBITMQCTL), "-n", node, *command], env=env, capture_output=True, text=True, timeout=120
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def run_postroom_ctl(http_port: int, command: list[str]) -> tuple[int, str, str]:
+    """``postroom ctl`` against the management API on ``http_port``: exit code, output, errors."""
+    url = f"http://guest:guest@127.0.0.1:{http_port}/"
+    done = subprocess.run(
+        [sys.executable, "-m", "broker.tools.cli", "ctl", *command, "--url", url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
 def test_postroom_ctl_prints_what_rabbitmqctl_prints(
     rabbitmq_management: tuple[int, int], postroom_management: tuple[int, int]
 ) -> None:
-    amqp_port = rabbitmq_management[0]
-
-    def rabbitmqctl(command: list[str]) -> tuple[int, str, str]:
-        node = f"postroom{amqp_port}@localhost"
-        env = dict(os.environ, HOME=str(RABBITMQ_HOMES[amqp_port]), RABBITMQ_NODENAME=node)
-        done = subprocess.run(
-            [str(RABBITMQCTL), "-n", node, *command], env=env, capture_output=True, text=True, timeout=120
-        )
-        return done.returncode, done.stdout, done.stderr
-
-    def postroom_ctl(command: list[str]) -> tuple[int, str, str]:
-        url = f"http://guest:guest@127.0.0.1:{postroom_management[1]}/"
-        done = subprocess.run(
-            [sys.executable, "-m", "broker.tools.cli", "ctl", *command, "--url", url],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        return done.returncode, done.stdout, done.stderr
-
+    rabbitmqctl = functools.partial(run_rabbitmqctl, rabbitmq_management[0])
+    postroom_ctl = functools.partial(run_postroom_ctl, postroom_management[1])
     expected = session(rabbitmqctl, *rabbitmq_management)
     assert expected[0][1][0] == 0 and expected[1][1][0] == 70  # what the oracle is about: added, then refused
     actual = session(postroom_ctl, *postroom_management)
