@@ -309,4 +309,27 @@ def test_an_operator_declares_binds_publishes_and_unbinds_in_the_browser(browser
         row.find_element(By.CSS_SELECTOR, "button.danger").click()
         browser.switch_to.alert.accept()
         until(lambda: api(http, "exchanges/%2F/billing/bindings/source") == [])
+
+        shovel = {"src-uri": "amqp://", "src-queue": "invoices", "dest-uri": "amqp://", "dest-queue": "invoices.copy"}
+        put(http, "parameters/shovel/%2F/copier", {"value": shovel})
+        browser.get(f"http://127.0.0.1:{http}/#/shovels")
+        until(lambda: "copier" in text_of(browser, "#page table") and "running" in text_of(browser, "#page table"))
+        screenshot(browser, "shovels")
+        # (a refresh may replace the button between finding and clicking it)
+        until(lambda: browser.find_element(By.XPATH, "//button[text()='Delete']").click() or True)
+        until(lambda: browser.switch_to.alert).accept()
+        until(lambda: api(http, "shovels") == [] and "No shovels." in text_of(browser, "#page"))
     assert "Traceback" not in (tmp_path / "broker.log").read_text()
+
+
+def put(http: int, path: str, body: Any) -> None:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{http}/api/{path}",
+        data=json.dumps(body).encode(),
+        method="PUT",
+        headers={
+            "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode(),
+            "Content-Type": "application/json",
+        },
+    )
+    urllib.request.urlopen(request, timeout=10).close()

@@ -629,6 +629,21 @@ async function policiesPage(main) {
   ].filter(Boolean), policies), canPolicy() && h("form", { class: "inline", onsubmit: save }, ...Object.entries(inputs).map(([key, input]) => field(key, input)), h("button", { type: "submit" }, "Set policy")));
 }
 
+async function shovelsPage(main) {
+  const shovels = await api("shovels");
+  const action = (shovel, path, question) => confirmed(question, () => api(`shovels/vhost/${q(shovel.vhost)}/${q(shovel.name)}${path}`, "DELETE"));
+  main.append(h("h1", {}, "Shovels"), h("p", { class: "muted" }, "Dynamic shovels (declared as parameters of component shovel), as /api/shovels shows them."),
+    table([
+      { title: "vhost", key: "vhost" }, { title: "name", key: "name" }, { title: "state", key: "state" },
+      { title: "from", render: (s) => [s.src_uri, s.src_queue || s.src_exchange].filter(Boolean).join(" ") },
+      { title: "to", render: (s) => [s.dest_uri, s.dest_queue || s.dest_exchange].filter(Boolean).join(" ") },
+      { title: "since", key: "timestamp" }, { title: "reason", key: "reason" },
+      { title: "", render: (s) => h("span", {},
+        h("button", { class: "secondary", onclick: action(s, "/restart", `Restart shovel ${s.name}?`) }, "Restart"), " ",
+        h("button", { class: "danger", onclick: action(s, "", `Delete shovel ${s.name}? Its parameter is cleared.`) }, "Delete")) },
+    ], shovels, { empty: "No shovels." }));
+}
+
 const reportView = { name: null };
 
 async function reportsPage(main) {
@@ -664,6 +679,7 @@ const PAGES = [
   ["bindings", "Bindings", bindingsPage, () => true],
   ["connections", "Connections", connectionsPage, () => true],
   ["policies", "Policies", policiesPage, () => true],
+  ["shovels", "Shovels", shovelsPage, () => canSeeAll()],
   ["vhosts", "Vhosts", vhostsPage, () => canSeeAll()],
   ["users", "Users", usersPage, () => isAdmin()],
   ["reports", "Reports", reportsPage, () => canSeeAll()],
