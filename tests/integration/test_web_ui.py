@@ -80,6 +80,27 @@ def until(check: Callable[[], Any], seconds: float = 20.0) -> Any:
     raise AssertionError(f"not within {seconds} s (last error: {last_error!r})")
 
 
+def type_into(driver: Any, element_id: str, text: str) -> None:
+    """Type ``text`` into a field, again if a refresh replaced the page meanwhile (once a field
+    has the focus, the page is left alone until it loses it)."""
+    from selenium.webdriver.common.by import By
+
+    def typed() -> bool:
+        field = driver.find_element(By.ID, element_id)
+        field.clear()
+        field.send_keys(text)
+        return bool(field.get_attribute("value") == text)
+
+    until(typed)
+
+
+def click(driver: Any, element_id: str) -> None:
+    """Click a button, again if a refresh replaced it between finding and clicking it."""
+    from selenium.webdriver.common.by import By
+
+    until(lambda: driver.find_element(By.ID, element_id).click() or True)
+
+
 def text_of(driver: Any, css: str) -> str:
     from selenium.webdriver.common.by import By
 
@@ -147,7 +168,7 @@ def test_an_operator_watches_peeks_redrives_and_manages_users_in_the_browser(bro
         browser.get(f"http://127.0.0.1:{http}/#/queue/%2F/orders")
         until(lambda: browser.find_element(By.ID, "peek"))
         Select(browser.find_element(By.ID, "peek-mode")).select_by_value("json")
-        browser.find_element(By.ID, "peek").click()
+        click(browser, "peek")
         first = until(lambda: browser.find_element(By.CSS_SELECTOR, "#peeked pre.body").text)
         assert json.loads(first) == {"order": 0, "note": "paid"}
         assert api(http, "queues/%2F/orders")["messages_ready"] == 3  # a peek takes nothing
@@ -158,18 +179,17 @@ def test_an_operator_watches_peeks_redrives_and_manages_users_in_the_browser(bro
             method, _properties, _body = channel.basic_get("orders")
             channel.basic_reject(method.delivery_tag, requeue=False)
         browser.get(f"http://127.0.0.1:{http}/#/dead-letters")
-        link = until(lambda: browser.find_element(By.PARTIAL_LINK_TEXT, "orders.dead"))
         until(lambda: "rejected 2" in text_of(browser, "#page table"))
-        link.click()
+        until(lambda: browser.find_element(By.PARTIAL_LINK_TEXT, "orders.dead").click() or True)
         until(lambda: browser.find_element(By.ID, "dead-filter"))
         Select(browser.find_element(By.ID, "dead-reason")).select_by_value("expired")
-        browser.find_element(By.ID, "dead-filter").click()
+        click(browser, "dead-filter")
         until(lambda: text_of(browser, "#dead-count").startswith("0 of 2"))
         Select(browser.find_element(By.ID, "dead-reason")).select_by_value("rejected")
-        browser.find_element(By.ID, "dead-filter").click()
+        click(browser, "dead-filter")
         until(lambda: text_of(browser, "#dead-count").startswith("2 of 2"))
         screenshot(browser, "dead-letters")
-        browser.find_element(By.ID, "redrive-filtered").click()
+        click(browser, "redrive-filtered")
         until(lambda: "done: 2 moved" in text_of(browser, "#redrive-progress"))
         assert api(http, "queues/%2F/orders")["messages_ready"] == 3  # back where they died
         assert api(http, "queues/%2F/orders.dead")["messages_ready"] == 0
@@ -179,22 +199,21 @@ def test_an_operator_watches_peeks_redrives_and_manages_users_in_the_browser(bro
 
         browser.get(f"http://127.0.0.1:{http}/#/users")
         until(lambda: browser.find_element(By.ID, "add-user"))
-        browser.find_element(By.ID, "new-user").send_keys("watcher")
-        browser.find_element(By.ID, "new-password").send_keys("watcherpw")
-        browser.find_element(By.ID, "new-tags").send_keys("monitoring")
-        browser.find_element(By.ID, "add-user").click()
+        type_into(browser, "new-user", "watcher")
+        type_into(browser, "new-password", "watcherpw")
+        type_into(browser, "new-tags", "monitoring")
+        click(browser, "add-user")
         until(lambda: "watcher" in text_of(browser, "#page table"))
         Select(browser.find_element(By.ID, "perm-user")).select_by_value("watcher")
-        browser.find_element(By.ID, "grant").click()
+        click(browser, "grant")
         until(lambda: any(p["user"] == "watcher" for p in api(http, "permissions")))
         screenshot(browser, "users")
 
         log_in(browser, http, "watcher", "watcherpw")
         assert "Users" not in text_of(browser, "#nav")  # not for a monitoring user
         browser.get(f"http://127.0.0.1:{http}/#/connections")  # monitoring: every connection is shown ...
-        close = until(lambda: browser.find_element(By.CSS_SELECTOR, "#page tbody button.danger"))
-        close.click()
-        browser.switch_to.alert.accept()
+        until(lambda: browser.find_element(By.CSS_SELECTOR, "#page tbody button.danger").click() or True)
+        until(lambda: browser.switch_to.alert).accept()
         until(lambda: "Refused" in text_of(browser, "#status"))  # ... but only an administrator closes guest's
         connection.process_data_events(time_limit=0.5)
         assert connection.is_open
@@ -226,17 +245,22 @@ def test_the_dead_letter_reports_in_the_configured_folder_are_listed_and_opened(
         log_in(browser, http, "guest", "guest")
         browser.get(f"http://127.0.0.1:{http}/#/reports")
         until(lambda: "2026-11-28" in text_of(browser, "#page table"))
-        rows = [row.text for row in browser.find_elements(By.CSS_SELECTOR, "#page tbody tr")]
+        rows = until(lambda: [row.text for row in browser.find_elements(By.CSS_SELECTOR, "#page tbody tr")])
         assert rows[0].startswith("2026-11-28") and "rejected 40" in rows[0] and "expired 12" in rows[1]
-        browser.find_element(By.LINK_TEXT, "2026-11-28").click()
-        opener = until(lambda: browser.find_element(By.ID, "report-open"))
-        by_reason = browser.find_elements(By.CSS_SELECTOR, "#page table")[1]
-        assert [cell.text for cell in by_reason.find_elements(By.TAG_NAME, "td")] == ["rejected", "40"]
+        until(lambda: browser.find_element(By.LINK_TEXT, "2026-11-28").click() or True)
+        until(lambda: browser.find_element(By.ID, "report-open"))
+        by_reason = until(
+            lambda: [
+                cell.text
+                for cell in browser.find_elements(By.CSS_SELECTOR, "#page table")[1].find_elements(By.TAG_NAME, "td")
+            ]
+        )
+        assert by_reason == ["rejected", "40"]
         assert "region" in text_of(browser, "#page")
         screenshot(browser, "reports")
 
-        link = opener.get_attribute("href")
-        opener.click()  # the HTML report, in a tab of its own, with its own style
+        link = until(lambda: browser.find_element(By.ID, "report-open").get_attribute("href"))
+        click(browser, "report-open")  # the HTML report, in a tab of its own, with its own style
         until(lambda: len(browser.window_handles) == 2)
         browser.switch_to.window(browser.window_handles[1])
         until(lambda: "Dead letters" in text_of(browser, "h1"))
@@ -260,54 +284,56 @@ def test_an_operator_declares_binds_publishes_and_unbinds_in_the_browser(browser
 
         browser.get(f"http://127.0.0.1:{http}/#/queues")
         until(lambda: browser.find_element(By.ID, "add-queue"))
-        browser.find_element(By.ID, "new-queue-name").send_keys("invoices")
-        browser.find_element(By.ID, "new-queue-arguments").send_keys('{"x-delivery-limit": 3}')
-        browser.find_element(By.ID, "add-queue").click()
+        type_into(browser, "new-queue-name", "invoices")
+        type_into(browser, "new-queue-arguments", '{"x-delivery-limit": 3}')
+        click(browser, "add-queue")
         queue = until(lambda: next((q for q in api(http, "queues") if q["name"] == "invoices"), None))
         assert queue["arguments"] == {"x-delivery-limit": 3} and queue["durable"] is True
 
         browser.get(f"http://127.0.0.1:{http}/#/exchanges")
         until(lambda: browser.find_element(By.ID, "add-exchange"))
-        browser.find_element(By.ID, "exchange-name").send_keys("billing")
+        type_into(browser, "exchange-name", "billing")
         Select(browser.find_element(By.ID, "exchange-type")).select_by_value("topic")
-        browser.find_element(By.ID, "add-exchange").click()
+        click(browser, "add-exchange")
         until(lambda: api(http, "exchanges/%2F/billing")["type"] == "topic")
-        until(lambda: browser.find_element(By.LINK_TEXT, "billing")).click()
+        until(lambda: browser.find_element(By.LINK_TEXT, "billing").click() or True)
 
         until(lambda: browser.find_element(By.ID, "bind"))
-        browser.find_element(By.ID, "bind-destination").send_keys("invoices")
-        browser.find_element(By.ID, "bind-key").send_keys("invoice.*")
-        browser.find_element(By.ID, "bind").click()
+        type_into(browser, "bind-destination", "invoices")
+        type_into(browser, "bind-key", "invoice.*")
+        click(browser, "bind")
         until(lambda: [b["routing_key"] for b in api(http, "exchanges/%2F/billing/bindings/source")] == ["invoice.*"])
         until(lambda: "invoice.*" in text_of(browser, "#page table"))
         for key, answer in (("invoice.paid", "Published and routed."), ("refund.paid", "not routed")):
-            field = browser.find_element(By.ID, "publish-key")
-            field.clear()
-            field.send_keys(key)
-            browser.find_element(By.ID, "publish-body").send_keys(key)
-            browser.find_element(By.ID, "publish").click()
+            type_into(browser, "publish-key", key)
+            type_into(browser, "publish-body", key)
+            click(browser, "publish")
             until(lambda answer=answer: answer in text_of(browser, "#publish-result"))
-            browser.find_element(By.ID, "publish-body").clear()
         assert api(http, "queues/%2F/invoices")["messages_ready"] == 1  # only what the binding routed
         screenshot(browser, "exchange")
 
         browser.get(f"http://127.0.0.1:{http}/#/queue/%2F/invoices")
         until(lambda: browser.find_element(By.ID, "peek"))
         Select(browser.find_element(By.ID, "peek-ackmode")).select_by_value("ack_requeue_false")
-        browser.find_element(By.ID, "peek").click()
+        click(browser, "peek")
         assert until(lambda: browser.find_element(By.CSS_SELECTOR, "#peeked pre.body").text) == "invoice.paid"
         assert api(http, "queues/%2F/invoices")["messages_ready"] == 0  # taken, as asked
-        browser.find_element(By.ID, "bind-source").send_keys("amq.direct")
-        browser.find_element(By.ID, "bind-key").send_keys("invoices")
-        browser.find_element(By.ID, "bind").click()
+        type_into(browser, "bind-source", "amq.direct")
+        type_into(browser, "bind-key", "invoices")
+        click(browser, "bind")
         until(lambda: [b["source"] for b in api(http, "queues/%2F/invoices/bindings")] == ["", "amq.direct", "billing"])
 
         browser.get(f"http://127.0.0.1:{http}/#/bindings")
         until(lambda: "invoice.*" in text_of(browser, "#page table"))
         screenshot(browser, "bindings")
-        row = next(r for r in browser.find_elements(By.CSS_SELECTOR, "#page tbody tr") if "invoice.*" in r.text)
-        row.find_element(By.CSS_SELECTOR, "button.danger").click()
-        browser.switch_to.alert.accept()
+
+        def unbind() -> bool:
+            row = next(r for r in browser.find_elements(By.CSS_SELECTOR, "#page tbody tr") if "invoice.*" in r.text)
+            row.find_element(By.CSS_SELECTOR, "button.danger").click()
+            return True
+
+        until(unbind)
+        until(lambda: browser.switch_to.alert).accept()
         until(lambda: api(http, "exchanges/%2F/billing/bindings/source") == [])
 
         shovel = {"src-uri": "amqp://", "src-queue": "invoices", "dest-uri": "amqp://", "dest-queue": "invoices.copy"}

@@ -739,5 +739,9 @@ async function start() {
   state.timer = setInterval(() => { if (!document.hidden && state.user) render(); }, REFRESH_MS);
 }
 
-window.addEventListener("hashchange", () => { if (state.user) render(); });
+window.addEventListener("hashchange", () => {
+  if (!state.user) return;
+  say(""); // (what the last action said belongs to the page it was done on)
+  render();
+});
 start();
