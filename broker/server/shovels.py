@@ -396,8 +396,9 @@ class Shovel:
 
     # -- what is shown --------------------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
-        """The shovel as ``GET /api/shovels`` shows it (RabbitMQ 3.10's fields)."""
+    def status(self, counters: bool = False) -> dict[str, Any]:
+        """The shovel as ``GET /api/shovels`` shows it (RabbitMQ 3.10's fields; with
+        ``counters``, Postroom's besides)."""
         spec = self.spec
         view: dict[str, Any] = {
             "node": NODE_NAME,
@@ -426,6 +427,8 @@ class Shovel:
                     view[key] = value
         elif self.state == "terminated":
             view["reason"] = self.reason
+        if counters:
+            view.update(messages=self.moved, redelivered=self.redelivered, nacked=self.nacked, restarts=self.restarts)
         return view
 
 

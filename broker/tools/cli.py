@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from broker.text import EscapingWriter, printable
-from broker.tools import ctl
+from broker.tools import ctl, migrate
 from config.loader import load
 from config.schema import BindingConfig, BrokerConfig, ExchangeConfig, QueueConfig, StreamConfig, embedded_default
 from config.values import ConfigError
@@ -360,7 +360,10 @@ def _definitions_export(args: argparse.Namespace) -> int:
 
     path = "/api/definitions" + (f"/{urllib.parse.quote(args.vhost, safe='')}" if args.vhost else "")
     try:
-        document = management_get(args.url, path)
+        document = management_get(migrate.api_url(args), path)
+    except migrate.Failed as failed:
+        print(f"postroom definitions export: {failed}", file=sys.stderr)
+        return 1
     except OSError as error:
         print(f"postroom definitions export: {error}", file=sys.stderr)
         return 1
@@ -811,6 +814,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="postroom", description="Postroom: an AMQP 0-9-1 routing broker.")
     commands = parser.add_subparsers(dest="command", required=True)
     ctl.add_parser(commands)
+    migrate.add_parser(commands, DEFAULT_MANAGEMENT_URL)
     serve = commands.add_parser("serve", help="run the broker in the foreground")
     serve.add_argument("--config", metavar="PATH", help="YAML configuration (default: the embedded default)")
     serve.add_argument(
@@ -908,6 +912,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("file", nargs="?", default="-", help="where to write them (default: standard output)")
     export.add_argument("--url", default=DEFAULT_MANAGEMENT_URL, help="management API (default: %(default)s)")
+    export.add_argument("--config", metavar="PATH", help="the broker's configuration: its management listener")
     export.add_argument("--vhost", help="one vhost's objects only (as GET /api/definitions/VHOST)")
     export.set_defaults(run=_definitions_export)
     dlq = commands.add_parser("dlq", help="look into a dead-letter queue, move messages back")

@@ -467,10 +467,20 @@ def _properties_json(properties: commands.Basic.Properties) -> dict[str, Any]:
         value = getattr(properties, name)
         if value is None or (name == "cluster_id" and not value):  # (pamqp's absent cluster_id is '')
             continue
-        if isinstance(value, datetime):
-            value = int(value.timestamp())
-        shown[key] = value
+        shown[key] = _plain(value)
     return shown
+
+
+def _plain(value: Any) -> Any:
+    """A property's value as RabbitMQ's API shows it: a timestamp as seconds, in a table or an
+    array too (``x-death``'s ``time``)."""
+    if isinstance(value, datetime):
+        return int(value.timestamp())
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
 
 
 def close_connection(call: Call) -> tuple[int, None]:

@@ -1,7 +1,9 @@
 """Shovels' status, as RabbitMQ's shovel management plugin shows it: ``GET /api/shovels``,
 ``/api/shovels/VHOST``, ``DELETE /api/shovels/vhost/VHOST/NAME`` (the shovel's parameter is
-cleared) and ``DELETE /api/shovels/vhost/VHOST/NAME/restart``. Shovels are declared as
-runtime parameters (``/api/parameters/shovel``, ``broker.server.management.parameters``).
+cleared) and ``DELETE /api/shovels/vhost/VHOST/NAME/restart``. With ``?counters=true`` a status
+has Postroom's counters besides: ``messages`` moved, ``redelivered`` (possible duplicates),
+``nacked`` and ``restarts``. Shovels are declared as runtime parameters
+(``/api/parameters/shovel``, ``broker.server.management.parameters``).
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ def status(call: Call) -> tuple[int, Any]:
     if "name" in call.params:
         _shovel(call)
     shown = {vhost.name for vhost in call.api.vhosts(call.user, call.params.get("vhost"))}
+    counters = call.query.get("counters", [""])[-1] == "true"
     shovels = call.node.shovels
-    return 200, [shovel.status() for shovel in shovels or () if shovel.spec.vhost in shown]
+    return 200, [shovel.status(counters) for shovel in shovels or () if shovel.spec.vhost in shown]
 
 
 def delete(call: Call) -> tuple[int, Any]:
