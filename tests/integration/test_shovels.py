@@ -10,11 +10,12 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pika
 import pytest
 
-from broker.tools.testing import free_port, rabbitmq_node
+from broker.tools.testing import free_port, rabbitmq_node, write_test_pki
 from tests.integration.test_crash import broker
 from tests.integration.test_live_administration import api as management
 
@@ -193,3 +194,33 @@ def test_a_shovel_moves_a_rabbitmq_queue_into_postroom(tmp_path: Path, ack_mode:
         assert wait_for(lambda: depth(rabbit, "from") == 0, 10)
         assert drain(port, "to") == list(range(1000))
     assert "Traceback" not in (tmp_path / "broker.log").read_text()
+
+
+def test_a_shovel_publishes_over_tls_checking_the_brokers_certificate(tmp_path: Path) -> None:
+    files = write_test_pki(tmp_path)
+    http_a, amqps = free_port(), free_port()
+    tls = f'tls: {{certificate: "{files["server.crt"]}", key: "{files["server.key"]}", ca: ["{files["client-ca"]}"]}}\n'
+    with broker(data_in(tmp_path, "a"), management=http_a) as (_a, port_a):
+        with broker(data_in(tmp_path, "b"), amqps=amqps, extra=tls) as (_b, port_b):
+            fill(port_a, "from", 500)
+            checked = (
+                f"?cacertfile={quote(str(files['server-ca']))}&verify=verify_peer&server_name_indication=localhost"
+            )
+            value = {
+                "src-uri": "amqp://", "src-queue": "from", "dest-queue": "to",
+                "dest-uri": f"amqps://guest:guest@127.0.0.1:{amqps}/%2F{checked}",
+            }  # fmt: skip
+            api(http_a, "parameters/shovel/%2F/tls", "PUT", {"value": value})
+            assert wait_for(lambda: depth(port_b, "to") == 500, 30)
+            (status,) = api(http_a, "shovels")
+            assert status["dest_uri"] == f"amqps://127.0.0.1:{amqps}/%2F"  # (no credentials, no query)
+            # A certificate the given CA did not sign is refused: the shovel does not run.
+            value["dest-uri"] = (
+                f"amqps://guest:guest@127.0.0.1:{amqps}/%2F?cacertfile={quote(str(files['client-ca']))}&verify=verify_peer"
+            )
+            api(http_a, "parameters/shovel/%2F/tls", "PUT", {"value": value})
+            time.sleep(2)
+            assert api(http_a, "shovels")[0]["state"] == "starting"
+    assert "certificate verify failed" in (tmp_path / "a" / "broker.log").read_text()
+    for folder in ("a", "b"):
+        assert "Traceback" not in (tmp_path / folder / "broker.log").read_text()
