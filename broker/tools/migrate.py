@@ -142,11 +142,11 @@ def migrate(args: argparse.Namespace, call: Call, say: Callable[[str], None]) ->
     status, document, _where = call(args.url, "/api/definitions")
     if status != 200 or not isinstance(document, dict):
         raise Failed(f"cannot export the definitions from {_shown(args.url)}: HTTP {status}: {document}")
-    wanted_vhost = urllib.parse.unquote(urllib.parse.urlsplit(args.to).path[1:]) or None
+    wanted_vhost = urllib.parse.unquote(urllib.parse.urlsplit(args.to[0]).path[1:]) or None
     if wanted_vhost is not None:
         document = _one_vhost(document, wanted_vhost)
     target = mapped(document, args.queues, args.queue_type, say)
-    api = target_api(args.to, args.to_api)
+    api = target_api(args.to[0], args.to_api)
     try:
         status, answer, _where = call(api, "/api/definitions", "POST", target)
     except OSError as error:
@@ -170,7 +170,10 @@ def migrate(args: argparse.Namespace, call: Call, say: Callable[[str], None]) ->
         value = {
             "src-uri": "amqp:///" + _q(vhost),
             "src-queue": name,
-            "dest-uri": target_uri(args.to, vhost),
+            # (several nodes of a cluster: the shovel picks one, and another when it fails)
+            "dest-uri": [target_uri(to, vhost) for to in args.to]
+            if len(args.to) > 1
+            else target_uri(args.to[0], vhost),
             "dest-queue": name,
             # (what a shovel may declare a queue with: the definitions carry the rest)
             "dest-queue-args": {k: v for k, v in (queue.get("arguments") or {}).items() if k in QUEUE_ARGUMENTS},
@@ -224,7 +227,7 @@ def _watch(
                 next_line = time.monotonic() + PROGRESS_EVERY
             time.sleep(0.5)
     say(f"moved {len(queues)} queue(s) in {time.monotonic() - started:.1f} s:")
-    api = target_api(args.to, args.to_api)
+    api = target_api(args.to[0], args.to_api)
     for queue in queues:
         key = (queue["vhost"], queue["name"])
         try:
@@ -287,7 +290,13 @@ def add_parser(commands: Any, default_url: str) -> None:
     parser.add_argument(
         "--url", default=default_url, help="the broker's management API, credentials in it (%(default)s)"
     )
-    parser.add_argument("--to", required=True, metavar="URL", help="the target: amqp://user:pass@host:port/[vhost]")
+    parser.add_argument(
+        "--to",
+        required=True,
+        action="append",
+        metavar="URL",
+        help="the target: amqp://user:pass@host:port/[vhost]; again for each node of a cluster",
+    )
     parser.add_argument("--to-api", metavar="URL", help="the target's management API (default: its host, port 15672)")
     parser.add_argument("--queues", metavar="PATTERN", help="only the queues whose name this regular expression finds")
     parser.add_argument("--queue-type", choices=("classic", "quorum"), default="classic")

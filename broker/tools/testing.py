@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -16,7 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -399,7 +400,9 @@ def rabbitmq_environment(home: Path, port: int, dist_port: int) -> dict[str, str
 
 
 @contextmanager
-def rabbitmq_node(config: str = "", plugins: Iterable[str] = ()) -> Iterator[tuple[int, int]]:
+def rabbitmq_node(
+    config: str = "", plugins: Iterable[str] = (), cookie: str | None = None
+) -> Iterator[tuple[int, int]]:
     """Run a private RabbitMQ node on free loopback ports, for comparisons; yield ``(port, pid)``.
 
     Uses the Debian package's launcher directly, as the current user, with every directory
@@ -407,6 +410,7 @@ def rabbitmq_node(config: str = "", plugins: Iterable[str] = ()) -> Iterator[tup
 
     :param config: lines of ``rabbitmq.conf`` (e.g. a TLS listener's ``ssl_options``)
     :param plugins: plugins to enable (e.g. ``rabbitmq_auth_mechanism_ssl``)
+    :param cookie: the Erlang cookie (nodes of one cluster share one; by default, a new one)
     :raises RabbitMQMissing: ``rabbitmq-server`` is not installed
     """
     if not RABBITMQ_LAUNCHER.exists():
@@ -414,6 +418,9 @@ def rabbitmq_node(config: str = "", plugins: Iterable[str] = ()) -> Iterator[tup
     port = free_port()
     home = Path(tempfile.mkdtemp(prefix="postroom-rabbitmq-"))
     (home / "enabled_plugins").write_text(f"[{','.join(plugins)}].\n")
+    if cookie is not None:
+        (home / ".erlang.cookie").write_text(cookie)
+        (home / ".erlang.cookie").chmod(0o400)
     env = rabbitmq_environment(home, port, free_port())
     if config:
         # Only when there is something to say: with a configuration file, even an empty one,
@@ -437,6 +444,33 @@ def rabbitmq_node(config: str = "", plugins: Iterable[str] = ()) -> Iterator[tup
             os.killpg(process.pid, signal.SIGKILL)
         subprocess.run(["pkill", "-f", f"postroom{port}@localhost"], check=False)
         shutil.rmtree(home, ignore_errors=True)
+
+
+@contextmanager
+def rabbitmq_cluster(
+    size: int = 2, plugins: Iterable[str] = ("rabbitmq_management",)
+) -> Iterator[list[tuple[int, int]]]:
+    """Run ``size`` private RabbitMQ nodes on loopback joined in one cluster (the first one's
+    cluster, with ``join_cluster``), each with its management API; yield ``[(amqp port,
+    management port), ...]``. The nodes share an Erlang cookie, each keeps its own home.
+
+    :raises RabbitMQMissing: ``rabbitmq-server`` is not installed
+    """
+    cookie = secrets.token_hex(16)
+    with ExitStack() as nodes:
+        started = []
+        for _ in range(size):
+            http = free_port()
+            config = f"management.tcp.port = {http}\nmanagement.tcp.ip = 127.0.0.1\n"
+            port, _pid = nodes.enter_context(rabbitmq_node(config, plugins, cookie=cookie))
+            started.append((port, http))
+        first = f"postroom{started[0][0]}@localhost"
+        for port, _http in started[1:]:
+            rabbitmqctl(port, "stop_app")
+            rabbitmqctl(port, "join_cluster", first)
+            rabbitmqctl(port, "start_app")
+            wait_for_port(port, 60)
+        yield started
 
 
 def rabbitmqctl(port: int, *arguments: str) -> str:

@@ -62,6 +62,16 @@ def consumed(port: int, queue: str) -> list[tuple[dict[str, Any], bytes]]:
     return taken
 
 
+def moved_to(http: int, queue: str) -> list[Any]:
+    """What a queue on RabbitMQ holds (taken), as :func:`contents` shows it, without the
+    ``x-delivery-count`` 0 a quorum queue adds on each delivery."""
+    moved = contents(http, queue, "ack_requeue_false")
+    for properties, _body in moved:
+        if properties.get("headers", {}).get("x-delivery-count") == 0:
+            del properties["headers"]["x-delivery-count"]
+    return moved
+
+
 def populate(port: int) -> None:
     connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
     channel = connection.channel()
@@ -133,10 +143,6 @@ def test_a_populated_broker_moves_to_rabbitmq_with_every_message_as_it_was(tmp_p
         # shovels were not disturbed: no duplicates) and in order.
         assert consumed(rabbit, "orders") == [order(number) for number in range(20, ORDERS)]
         for queue in ("prio", "orders.dead"):
-            moved = contents(rabbit_http, queue, "ack_requeue_false")
-            for properties, _body in moved:  # (what a quorum queue adds on each delivery)
-                if properties.get("headers", {}).get("x-delivery-count") == 0:
-                    del properties["headers"]["x-delivery-count"]
-            assert moved == before[queue], queue
+            assert moved_to(rabbit_http, queue) == before[queue], queue
         assert guest(http, "shovels") == []  # each ended when its queue was moved, and cleared itself
     assert "Traceback" not in (tmp_path / "broker.log").read_text()
