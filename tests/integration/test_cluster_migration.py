@@ -15,11 +15,13 @@ from pathlib import Path
 import pika
 import pytest
 
+from broker.clients.client import connect
 from broker.tools.testing import free_port, rabbitmq_cluster, rabbitmqctl
 from tests.integration.test_crash import ROOT, broker
 from tests.integration.test_migrate import consumed, contents, guest, moved_to, order, populate
 
-pytestmark = pytest.mark.integration
+#: A cluster's start, a populated broker and its move take minutes on two cores.
+pytestmark = [pytest.mark.integration, pytest.mark.hang_timeout(300)]
 
 #: Messages moved while a node stops.
 MOVING = 60_000
@@ -127,13 +129,9 @@ def test_a_node_stopped_during_the_move_the_shovels_go_on_through_the_other(
     http = free_port()
     (first, first_api), (second, _second_api) = cluster
     with broker(tmp_path / "data", management=http) as (_process, port):
-        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
-        channel = connection.channel()
-        channel.queue_declare("moving", durable=True)
-        channel.confirm_delivery()
-        for number in range(MOVING):
-            channel.basic_publish("", "moving", b"%d" % number, pika.BasicProperties(delivery_mode=2))
-        connection.close()
+        with connect(f"amqp://guest:guest@127.0.0.1:{port}/") as client:
+            client.declare_queue("moving", durable=True)
+            client.publish_batch((("", "moving", b"%d" % number) for number in range(MOVING)), window=1000)
         guest(first_api, "queues/%2F/moving", "PUT", {"durable": True, "arguments": {}})  # (on the first node)
         # (no path: vhost "/"; as in RabbitMQ, a URI ending in "/" names the vhost "")
         targets = [f"amqp://guest:guest@127.0.0.1:{second}", f"amqp://guest:guest@127.0.0.1:{first}"]

@@ -20,7 +20,8 @@ from broker.tools.testing import free_port, rabbitmq_node
 from tests.integration.test_crash import ROOT, broker
 from tests.integration.test_live_administration import api
 
-pytestmark = pytest.mark.integration
+#: Brokers filled, then moved (with kills and restarts): minutes on two cores.
+pytestmark = [pytest.mark.integration, pytest.mark.hang_timeout(300)]
 
 ORDERS = 10_000
 

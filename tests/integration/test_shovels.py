@@ -19,7 +19,8 @@ from broker.tools.testing import free_port, rabbitmq_node, write_test_pki
 from tests.integration.test_crash import broker
 from tests.integration.test_live_administration import api as management
 
-pytestmark = pytest.mark.integration
+#: Brokers filled, then moved (with kills and restarts): minutes on two cores.
+pytestmark = [pytest.mark.integration, pytest.mark.hang_timeout(300)]
 
 #: Messages the kill tests move.
 COUNT = 20_000
