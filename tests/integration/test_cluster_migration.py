@@ -1,10 +1,13 @@
 """``postroom migrate`` into a two-node RabbitMQ cluster started here on loopback (two nodes of
-the installed ``rabbitmq-server``, joined with ``join_cluster``): a populated broker moved to
-quorum queues with every message as it was; ``--follow`` under a running producer; one node
-stopped during a move, the shovels going on through the other."""
+the installed ``rabbitmq-server``, joined with ``join_cluster``): a populated broker (100,000
+orders, a priority queue, dead letters with their history, messages with a TTL) moved to
+quorum queues with every message as it was, through a migration killed midway and run again;
+``--follow`` under a running producer; one node stopped during a move, the shovels going on
+through the other."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -25,6 +28,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.hang_timeout(300)]
 
 #: Messages moved while a node stops.
 MOVING = 60_000
+#: Orders in the populated broker.
+ORDERS = 100_000
 
 
 @pytest.fixture(scope="module")
@@ -33,13 +38,21 @@ def cluster() -> Iterator[list[tuple[int, int]]]:
         yield nodes
 
 
-def migrate(http: int, nodes: list[tuple[int, int]], *extra: str) -> subprocess.CompletedProcess[str]:
+def migrate_command(http: int, nodes: list[tuple[int, int]], *extra: str) -> list[str]:
     targets = [arg for port, _http in nodes for arg in ("--to", f"amqp://guest:guest@127.0.0.1:{port}/")]
-    command = [
+    return [
         sys.executable, "-m", "broker.tools.cli", "migrate", "--url", f"http://guest:guest@127.0.0.1:{http}/",
         *targets, "--to-api", f"http://guest:guest@127.0.0.1:{nodes[0][1]}/", *extra,
     ]  # fmt: skip
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def migrate(http: int, nodes: list[tuple[int, int]], *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(migrate_command(http, nodes, *extra), cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def migrate_in_background(http: int, nodes: list[tuple[int, int]], *extra: str) -> subprocess.Popen[str]:
+    command = migrate_command(http, nodes, *extra)
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
 
 
 def test_the_cluster_is_one_cluster(cluster: list[tuple[int, int]]) -> None:
@@ -47,20 +60,26 @@ def test_the_cluster_is_one_cluster(cluster: list[tuple[int, int]]) -> None:
     assert names == {f"postroom{port}@localhost" for port, _http in cluster}
 
 
-def test_a_populated_broker_moves_into_quorum_queues_on_the_cluster(
+def test_a_populated_broker_moves_into_quorum_queues_on_the_cluster_through_a_killed_migration(
     cluster: list[tuple[int, int]], tmp_path: Path
 ) -> None:
     http = free_port()
     with broker(tmp_path / "data", management=http) as (_process, port):
-        populate(port)
+        populate(port, ORDERS)
         before = {queue: contents(http, queue, "peek") for queue in ("prio", "orders.dead")}
-        done = migrate(http, cluster, "--queue-type", "quorum")
+        first = migrate_in_background(http, cluster, "--queue-type", "quorum")
+        deadline = time.monotonic() + 120
+        while guest(http, "queues/%2F/orders")["messages"] > ORDERS // 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first.send_signal(signal.SIGKILL)  # the migration is killed midway (its shovels go on)
+        first.wait(10)
+        done = migrate(http, cluster, "--queue-type", "quorum")  # and run again: it resumes
         assert done.returncode == 0, done.stderr
         api = cluster[1][1]  # (the other node answers for the whole cluster)
         queues = {q["name"]: q for q in guest(api, "queues/%2F")}
         assert queues["orders"]["type"] == "quorum" and len(queues["orders"]["members"]) == 2
         assert queues["orders"]["arguments"]["x-delivery-limit"] == 5
-        assert consumed(cluster[1][0], "orders") == [order(number) for number in range(20, 10_000)]
+        assert consumed(cluster[1][0], "orders") == [order(number) for number in range(20, ORDERS)]
         for queue in ("prio", "orders.dead"):
             assert moved_to(api, queue) == before[queue], queue
         for queue in ("orders", "prio", "orders.dead"):

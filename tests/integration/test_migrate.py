@@ -73,10 +73,10 @@ def moved_to(http: int, queue: str) -> list[Any]:
     return moved
 
 
-def populate(port: int) -> None:
+def populate(port: int, orders: int = ORDERS) -> None:
+    """``orders`` orders (the first 20 dead-lettered, with their history), a priority queue."""
     connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
     channel = connection.channel()
-    channel.confirm_delivery()
     channel.exchange_declare("shop", "topic", durable=True)
     channel.exchange_declare("dlx", "fanout", durable=True)
     arguments = {"x-delivery-limit": 5, "x-visibility-timeout": 30_000, "x-dead-letter-exchange": "dlx"}
@@ -85,9 +85,14 @@ def populate(port: int) -> None:
     channel.queue_declare("prio", durable=True, arguments={"x-max-priority": 10})
     channel.queue_declare("orders.dead", durable=True)
     channel.queue_bind("orders.dead", "dlx")
-    for number in range(ORDERS):
+    for number in range(orders):  # (without confirms, for speed: the queue's depth says when all are in)
         properties, body = order(number)
         channel.basic_publish("shop", "order.paid", body, pika.BasicProperties(**properties))
+    deadline = time.monotonic() + 120
+    while channel.queue_declare("orders", passive=True).method.message_count < orders:
+        assert time.monotonic() < deadline, "the orders did not all arrive"
+        time.sleep(0.05)
+    channel.confirm_delivery()
     for number in range(100):
         channel.basic_publish("", "prio", b"p%d" % number, pika.BasicProperties(delivery_mode=2, priority=number % 10))
     for _ in range(20):  # dead letters with their history
