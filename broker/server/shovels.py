@@ -150,6 +150,9 @@ class Shovel:
     def _close(self) -> None:
         for link in (self.source, self.dest):
             if link is not None:
+                # What the link still reads (frames already received) is not for this shovel
+                # any more: a delivery left unacknowledged goes back to its queue.
+                link.on_deliver = link.on_confirm = link.on_cancel = None
                 link.close("shovel stopped")
         self.source = self.dest = None
         self.pending = {}
@@ -302,7 +305,8 @@ class Shovel:
             if spec.dest_exchange_key is not None:
                 routing_key = spec.dest_exchange_key
         dest, source = self.dest, self.source
-        assert dest is not None and source is not None
+        if dest is None or source is None:
+            return  # (stopped between two frames of one read: it goes back to its queue)
         sequence = dest.publish(exchange, routing_key, header, body)
         if spec.ack_mode == "on-confirm":
             self.pending[sequence] = tag

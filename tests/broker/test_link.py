@@ -162,3 +162,25 @@ def test_a_queue_that_exists_is_found_and_its_channel_closed() -> None:
     transport.clear()
     link.dataReceived(encode_method(2, commands.Channel.CloseOk()))
     assert answers == [True]
+
+
+def test_a_shovel_stopped_between_two_deliveries_of_one_read_takes_neither() -> None:
+    """The frames of one read after the shovel stopped reach no one: the deliveries go back to
+    the source queue when the link closes (nothing published, nothing acknowledged)."""
+    from broker.server.shovels import Shovel, Shovels
+    from config.shovels import parse
+
+    link, transport, clock = opened()
+    shovels = Shovels.__new__(Shovels)
+    shovels.clock = clock
+    shovel = Shovel(shovels, parse("/", "s", {"src-uri": "amqp://", "src-queue": "q", "dest-uri": "amqp://"}))
+    shovel.source, shovel.dest = link, link
+    link.on_deliver = shovel._deliver
+    header = bytes.fromhex("003c00000000000000000001" "0000")
+    deliver = commands.Basic.Deliver(consumer_tag="c", delivery_tag=1, exchange="", routing_key="q")
+    one = encode_method(1, deliver) + b"".join(content_frames(1, header, b"x", 4096))
+    shovel.stop()  # (as when its parameter changes)
+    transport.clear()
+    link.dataReceived(one + one)
+    assert b"\x00\x3c\x00\x28" not in transport.value()  # no basic.publish
+    assert shovel.pending == {}

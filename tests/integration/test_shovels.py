@@ -5,6 +5,8 @@ source: every message arrives (a few may arrive twice, and are counted), nothing
 from __future__ import annotations
 
 import signal
+import socket
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -225,3 +227,75 @@ def test_a_shovel_publishes_over_tls_checking_the_brokers_certificate(tmp_path: 
     assert "certificate verify failed" in (tmp_path / "a" / "broker.log").read_text()
     for folder in ("a", "b"):
         assert "Traceback" not in (tmp_path / folder / "broker.log").read_text()
+
+
+class Cutter:
+    """A TCP proxy on loopback whose connections can all be cut at once (the network failing
+    between a shovel and a broker); it goes on accepting new ones."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.sockets: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _address = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            with self.lock:
+                self.sockets += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        with self.lock:
+            cut, self.sockets = self.sockets, []
+        for end in cut:
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            end.close()
+
+    def close(self) -> None:
+        self.server.close()
+        self.cut()
+
+
+def test_on_confirm_loses_nothing_when_the_network_is_cut_under_the_shovel(
+    two: tuple[tuple[int, int], tuple[int, int]],
+) -> None:
+    (port_a, http_a), (port_b, _http_b) = two
+    fill(port_a, "from", COUNT)
+    to_source, to_dest = Cutter(port_a), Cutter(port_b)
+    try:
+        shovel(http_a, "move", to_source.port, to_dest.port, **{"src-prefetch-count": 500})
+        for cutter, depth_at_cut in ((to_dest, COUNT // 5), (to_source, COUNT // 2)):
+            assert wait_for(lambda depth_at_cut=depth_at_cut: depth(port_b, "to") > depth_at_cut, 60)
+            cutter.cut()  # both ways, mid-run: the shovel starts over through the proxy
+        assert wait_for(lambda: depth(port_a, "from") == 0 and settled(port_b, "to", COUNT), 120)
+        assert api(http_a, "shovels?counters=true")[0]["restarts"] >= 2
+        numbers = drain(port_b, "to")
+    finally:
+        to_source.close()
+        to_dest.close()
+    assert set(numbers) == set(range(COUNT)), f"lost: {sorted(set(range(COUNT)) - set(numbers))[:10]}"
