@@ -45,6 +45,7 @@ from zope.interface import implementer
 
 from broker.clients.link import Link, LinkClosed
 from broker.core.node import User
+from broker.server.management.common import NODE_NAME
 from broker.wire.content import ContentError, headers_content, replace_property, with_header_entry
 from broker.wire.table import Int64, decode_table
 from config.shovels import COMPONENT, Endpoint, ShovelInvalid, ShovelSpec, parse, parse_uri
@@ -56,8 +57,6 @@ _log = Logger()
 
 #: The user a shovel's ``amqp://`` URI (no host: the node itself) connects as, over loopback.
 INTERNAL_USER = "postroom-shovel"
-#: The node's name in statuses and ``x-shovelled`` (``broker.server.management.common``'s).
-NODE_NAME = "rabbit@localhost"
 #: Why a shovel whose consumer was cancelled (its source queue deleted) starts again.
 RESTART = "needed a restart"
 
@@ -121,8 +120,8 @@ class Shovel:
         self.remaining: int | None = None
         self.remaining_unacked: int | None = None
         #: Counters over the shovel's life: moved (published and settled as the ack mode
-        #: asks), confirmed, refused by the destination, delivered again (possible duplicates).
-        self.moved = self.confirmed = self.nacked = self.redelivered = 0
+        #: asks), refused by the destination, delivered again (possible duplicates).
+        self.moved = self.nacked = self.redelivered = 0
         #: Failures since the shovel last ran (the first one starts it again at once), and
         #: starts after a failure over its life.
         self.failures = self.restarts = 0
@@ -336,7 +335,6 @@ class Shovel:
         if source is not None:
             if acked:
                 source.ack(tag, multiple)
-                self.confirmed += settled
             else:
                 source.nack(tag, multiple)  # back to the source queue, as RabbitMQ's shovel does
                 self.nacked += settled
@@ -384,19 +382,26 @@ class Shovel:
             "src-uri": self.src_endpoint.shown,
             "dest-uri": self.dest_endpoint.shown,
         }
+        table.update(self._endpoints("-"))
+        return table
+
+    def _endpoints(self, joiner: str) -> dict[str, str]:
+        """Where the shovel takes from and puts to, as RabbitMQ names them (``src-queue`` in
+        ``x-shovelled``, ``src_queue`` in a status): the source's queue or exchange and key, and
+        whichever of the destination's exchange, key and queue were given."""
+        spec = self.spec
         if spec.src_exchange is not None:
-            table["src-exchange"] = spec.src_exchange
-            table["src-exchange-key"] = spec.src_exchange_key
+            shown = {"src-exchange": spec.src_exchange, "src-exchange-key": spec.src_exchange_key}
         else:
-            table["src-queue"] = spec.src_queue or ""
+            shown = {"src-queue": spec.src_queue or ""}
         for key, value in (
             ("dest-exchange", spec.dest_exchange),
             ("dest-exchange-key", spec.dest_exchange_key),
             ("dest-queue", spec.dest_queue),
         ):
             if value is not None:
-                table[key] = value
-        return table
+                shown[key] = value
+        return {key.replace("-", joiner): value for key, value in shown.items()}
 
     # -- what is shown --------------------------------------------------------------------------
 
@@ -417,18 +422,7 @@ class Shovel:
             view["src_protocol"] = "amqp091"
             view["dest_protocol"] = "amqp091"
             view["dest_uri"] = self.dest_endpoint.shown
-            if spec.src_queue is not None:
-                view["src_queue"] = spec.src_queue
-            else:
-                view["src_exchange"] = spec.src_exchange
-                view["src_exchange_key"] = spec.src_exchange_key
-            for key, value in (
-                ("dest_exchange", spec.dest_exchange),
-                ("dest_exchange_key", spec.dest_exchange_key),
-                ("dest_queue", spec.dest_queue),
-            ):
-                if value is not None:
-                    view[key] = value
+            view.update(self._endpoints("_"))
         elif self.state == "terminated":
             view["reason"] = self.reason
         if counters:
