@@ -35,6 +35,9 @@ QUEUE_ARGUMENTS = (
     "x-queue-leader-locator",
 )  # fmt: skip
 CONSUMER_ARGUMENTS = ("x-priority", "x-cancel-on-ha-failover", "x-stream-offset")
+#: Postroom's own consumer argument a shovel may also consume with: from a Postroom queue, each
+#: message comes with its remaining TTL as its ``expiration`` (``postroom migrate`` asks for it).
+REMAINING_TTL = "x-remaining-ttl"
 #: The properties ``dest-publish-properties`` may set, and which of them are numbers.
 PUBLISH_PROPERTIES = (
     "content_type", "content_encoding", "delivery_mode", "priority", "correlation_id", "reply_to", "expiration",
@@ -295,7 +298,7 @@ def _constraints(acting: Acting | None) -> list[tuple[str, Check | None, bool]]:
         ("src-exchange-key", _binary, False),
         ("src-queue", _binary, False),
         ("src-queue-args", _keys_of(QUEUE_ARGUMENTS), False),
-        ("src-consumer-args", _keys_of(CONSUMER_ARGUMENTS), False),
+        ("src-consumer-args", _keys_of((*CONSUMER_ARGUMENTS, REMAINING_TTL), {REMAINING_TTL: _boolean}), False),
         ("prefetch-count", _number, False),
         ("src-prefetch-count", _number, False),
         ("delete-after", _delete_after, False),

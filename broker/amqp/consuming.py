@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from broker.core.entry import UNACKED, Consumer, Entry
+from broker.core.entry import REMAINING_TTL, UNACKED, Consumer, Entry
 from broker.core.kinds import STREAM_TYPE_NAME
 from broker.core.message import Message
 from broker.core.queue import WorkQueue
@@ -42,6 +42,7 @@ from broker.wire.codec import (
     get_ok_method,
     shortstr,
 )
+from broker.wire.content import with_remaining_ttl
 
 if TYPE_CHECKING:
     from broker.amqp.channel import ChannelState
@@ -158,6 +159,11 @@ class Consuming:
             raise ChannelException(
                 ReplyCode.PRECONDITION_FAILED, f"invalid consumer arg 'x-visibility-timeout': {timeout!r}"
             )
+        remaining_ttl = arguments.get(REMAINING_TTL, False)
+        if not isinstance(remaining_ttl, bool):
+            raise ChannelException(
+                ReplyCode.PRECONDITION_FAILED, f"invalid consumer arg '{REMAINING_TTL}': {remaining_ttl!r}"
+            )
         consumer = Consumer(
             self,
             queue,
@@ -169,6 +175,7 @@ class Consuming:
             arguments=arguments,
             visibility_timeout=timeout / 1000.0 if timeout else None,
             priority=self.vhost.consumer_priority(queue, arguments),
+            remaining_ttl=remaining_ttl,
         )
         self.consumers[tag] = consumer
         if not method.nowait:
@@ -311,6 +318,7 @@ class Consuming:
         queue = consumer.queue
         sampled = queue.latency_samples
         packs = _DELIVERY_PACKS
+        now = queue.now() if consumer.remaining_ttl else None
         for entry in entries:
             tag += 1
             count += 1
@@ -321,6 +329,8 @@ class Consuming:
             if body is None:  # paged out to the log
                 body = message.body
             header = message.header if entry.header is None else entry.header
+            if now is not None and entry.expires_at is not None:
+                header = with_remaining_ttl(header, entry.expires_at - now)
             size = len(body)
             if 0 < size <= SMALL_BODY and size <= single_frame:
                 names = message.names

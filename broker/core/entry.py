@@ -88,6 +88,10 @@ class Entry:
         self.paged = False
 
 
+#: The consumer argument asking for each delivery's remaining TTL as its ``expiration``.
+REMAINING_TTL = "x-remaining-ttl"
+
+
 class Consumer:
     """A ``basic.consume`` subscription.
 
@@ -96,6 +100,7 @@ class Consumer:
     :param prefetch: at most this many unacked deliveries (0: no limit)
     :param visibility_timeout: overrides the queue's (seconds), from the consumer argument
     :param priority: the consumer's ``x-priority`` (RabbitMQ's consumer priorities)
+    :param remaining_ttl: the consumer's ``x-remaining-ttl`` (Postroom's own)
     """
 
     __slots__ = (
@@ -110,6 +115,7 @@ class Consumer:
         "arguments",
         "visibility_timeout",
         "priority",
+        "remaining_ttl",
     )
 
     def __init__(
@@ -124,6 +130,7 @@ class Consumer:
         arguments: Mapping[str, Any],
         visibility_timeout: float | None = None,
         priority: int = 0,
+        remaining_ttl: bool = False,
     ) -> None:
         self.channel = channel
         self.queue = queue
@@ -137,6 +144,9 @@ class Consumer:
         self.visibility_timeout = visibility_timeout if visibility_timeout else queue.settings.visibility_timeout
         #: ``x-priority``: deliveries go to the highest priority consumers that can take them.
         self.priority = priority
+        #: ``x-remaining-ttl``: a delivery with a TTL here carries the time it has left as its
+        #: ``expiration`` (how a shovel out of Postroom carries it to the next broker).
+        self.remaining_ttl = remaining_ttl
 
     def credit(self) -> int:
         """How many deliveries the consumer can take now (:data:`DISPATCH_BATCH` when unlimited)."""

@@ -24,8 +24,9 @@ broker (a RabbitMQ node or cluster), through the broker's own shovels.
 A rerun after an interruption resumes: an import applies what is already there unchanged, a
 shovel still declared goes on as it was, one that finished is declared again for what has
 arrived since. Messages keep their properties and headers byte for byte (``x-death`` history
-and priority included); a message's ``expiration`` starts again at the target, as with any
-shovel.
+and priority included), but for their time to live: the shovels consume with Postroom's
+``x-remaining-ttl``, so a message with a TTL on the broker (its own ``expiration`` or its
+queue's ``x-message-ttl``) arrives with the time it had left as its ``expiration``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
-from config.shovels import QUEUE_ARGUMENTS
+from config.shovels import QUEUE_ARGUMENTS, REMAINING_TTL
 
 #: Postroom's queue arguments RabbitMQ has no use for, and why they are dropped.
 DROPPED_ARGUMENTS = {
@@ -170,6 +171,8 @@ def migrate(args: argparse.Namespace, call: Call, say: Callable[[str], None]) ->
         value = {
             "src-uri": "amqp:///" + _q(vhost),
             "src-queue": name,
+            # (each message's time left to live goes with it, as its expiration)
+            "src-consumer-args": {REMAINING_TTL: True},
             # (several nodes of a cluster: the shovel picks one, and another when it fails)
             "dest-uri": [target_uri(to, vhost) for to in args.to]
             if len(args.to) > 1

@@ -6,13 +6,15 @@ present properties in flag order. The basic class has fourteen properties, each 
 whose length the bytes give (short strings, octets, a timestamp, the headers table), so a
 property is found by skipping those before it: no decoding, no allocation but the result.
 
-The broker changes a message's header only where RabbitMQ does (dead-lettering) or to add
-its own ``x-delivery-count``, and then by splicing: every byte the publisher sent that is not
+The broker changes a message's header only where RabbitMQ does (dead-lettering), to add
+its own ``x-delivery-count``, or to give a consumer that asks for it (``x-remaining-ttl``) a
+message's remaining time to live as its ``expiration``, and then by splicing: every byte the publisher sent that is not
 being changed is passed on as it came, whatever it holds.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Any
 
@@ -186,6 +188,16 @@ def with_header_entry(header: bytes, key: str, value: Any) -> bytes:
     try:
         content = headers_content(header)
         return with_headers_content(header, entry if content is None else set_entry(content, raw_key, entry))
+    except ContentError:
+        return header
+
+
+def with_remaining_ttl(header: bytes, seconds: float) -> bytes:
+    """The header with ``expiration`` set to ``seconds`` to live, in whole milliseconds
+    (rounded up, 0 when past). When the header does not parse it is returned unchanged."""
+    text = b"%d" % max(0, math.ceil(seconds * 1000))
+    try:
+        return replace_property(header, EXPIRATION, bytes((len(text),)) + text)
     except ContentError:
         return header
 

@@ -8,6 +8,7 @@ import pytest
 
 import config
 from broker.core.definitions import node_from_config
+from config import shovels
 from config.loader import load, loads
 from config.schema import TopicPermission, UserLimits, VhostLimits
 from config.values import ConfigError
@@ -350,4 +351,15 @@ def test_shovels_are_read_checked_as_rabbitmq_checks_them_and_kept_by_the_node()
             "vhosts./.shovels[1]",
             "must be a mapping with a name and the shovel's keys (src-uri, src-queue, dest-uri ...)",
         ),
+    ]
+
+
+def test_a_shovel_may_consume_with_postroom_s_remaining_ttl_argument_and_only_as_a_boolean() -> None:
+    base = {"src-uri": "amqp://", "src-queue": "jobs", "dest-uri": "amqp://far"}
+    assert shovels.validate("s", {**base, "src-consumer-args": {"x-remaining-ttl": True, "x-priority": 1}}) == []
+    assert shovels.validate("s", {**base, "src-consumer-args": {"x-remaining-ttl": "yes"}}) == [
+        'x-remaining-ttl should be boolean, actually was <<"yes">>'
+    ]
+    assert shovels.validate("s", {**base, "src-consumer-args": {"x-unknown": 1}}) == [
+        'Unrecognised terms [{<<"x-unknown">>,1}] in src-consumer-args'
     ]

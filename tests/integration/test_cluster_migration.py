@@ -21,7 +21,7 @@ import pytest
 from broker.clients.client import connect
 from broker.tools.testing import free_port, rabbitmq_cluster, rabbitmqctl
 from tests.integration.test_crash import ROOT, broker
-from tests.integration.test_migrate import consumed, contents, guest, moved_to, order, populate
+from tests.integration.test_migrate import consumed, contents, guest, moved_orders, moved_to, populate
 
 #: A cluster's start, a populated broker and its move take minutes on two cores.
 pytestmark = [pytest.mark.integration, pytest.mark.hang_timeout(300)]
@@ -65,6 +65,7 @@ def test_a_populated_broker_moves_into_quorum_queues_on_the_cluster_through_a_ki
 ) -> None:
     http = free_port()
     with broker(tmp_path / "data", management=http) as (_process, port):
+        populated = time.monotonic()
         populate(port, ORDERS)
         before = {queue: contents(http, queue, "peek") for queue in ("prio", "orders.dead")}
         first = migrate_in_background(http, cluster, "--queue-type", "quorum")
@@ -79,7 +80,7 @@ def test_a_populated_broker_moves_into_quorum_queues_on_the_cluster_through_a_ki
         queues = {q["name"]: q for q in guest(api, "queues/%2F")}
         assert queues["orders"]["type"] == "quorum" and len(queues["orders"]["members"]) == 2
         assert queues["orders"]["arguments"]["x-delivery-limit"] == 5
-        assert consumed(cluster[1][0], "orders") == [order(number) for number in range(20, ORDERS)]
+        moved_orders(consumed(cluster[1][0], "orders"), range(20, ORDERS), populated)
         for queue in ("prio", "orders.dead"):
             assert moved_to(api, queue) == before[queue], queue
         for queue in ("orders", "prio", "orders.dead"):

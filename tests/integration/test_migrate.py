@@ -1,7 +1,7 @@
 """``postroom migrate`` into a real RabbitMQ node: the topology imported (Postroom's own
 settings mapped or dropped, each said), every message moved with its properties and headers
-(priorities, ``x-death`` history, ``expiration``) as the broker held them, and a migration
-killed midway finished by a rerun with nothing lost."""
+(priorities, ``x-death`` history) as the broker held them and the time to live it had left as
+its ``expiration``, and a migration killed midway finished by a rerun with nothing lost."""
 
 from __future__ import annotations
 
@@ -47,6 +47,21 @@ def order(number: int) -> tuple[dict[str, Any], bytes]:
     if number % 10 == 0:
         properties["expiration"] = "3600000"
     return properties, json.dumps({"n": number}).encode()
+
+
+def moved_orders(got: list[tuple[dict[str, Any], bytes]], numbers: range, populated: float) -> None:
+    """``got`` are orders ``numbers`` as published, but each ``expiration`` is the time the
+    order had left when it was moved: its TTL less at most the time since ``populated``."""
+    assert len(got) == len(numbers)
+    spent = (time.monotonic() - populated) * 1000
+    for (properties, body), number in zip(got, numbers, strict=True):
+        published, sent = order(number)
+        assert body == sent
+        left, ttl = properties.pop("expiration", None), published.pop("expiration", None)
+        assert properties == published, number
+        assert (left is None) == (ttl is None), number
+        if left is not None:
+            assert int(ttl) - spent <= int(left) < int(ttl), (number, left)
 
 
 def consumed(port: int, queue: str) -> list[tuple[dict[str, Any], bytes]]:
@@ -117,7 +132,15 @@ def test_a_populated_broker_moves_to_rabbitmq_with_every_message_as_it_was(tmp_p
         rabbitmq_node(config, ["rabbitmq_management"]) as (rabbit, _pid),
         broker(tmp_path / "data", management=http) as (_process, port),
     ):
+        populated = time.monotonic()
         populate(port)
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        channel = connection.channel()
+        channel.queue_declare("aging", durable=True, arguments={"x-message-ttl": 3_600_000})
+        channel.confirm_delivery()
+        for number in range(10):
+            channel.basic_publish("", "aging", b"%d" % number, pika.BasicProperties(delivery_mode=2))
+        connection.close()
         before = {queue: contents(http, queue, "peek") for queue in ("prio", "orders.dead")}
         assert guest(http, "queues/%2F/orders")["messages"] == ORDERS - 20 and len(before["orders.dead"]) == 20
         assert "x-death" in before["orders.dead"][0][0]["headers"]
@@ -143,12 +166,18 @@ def test_a_populated_broker_moves_to_rabbitmq_with_every_message_as_it_was(tmp_p
         assert "x-visibility-timeout" not in queues["orders"]["arguments"]
         assert queues["prio"]["type"] == "classic"
         assert [b["destination"] for b in guest(rabbit_http, "exchanges/%2F/shop/bindings/source")] == ["orders"]
-        for queue in ("orders", "prio", "orders.dead"):
+        for queue in ("orders", "prio", "orders.dead", "aging"):
             assert guest(http, f"queues/%2F/{queue}")["messages"] == 0  # all moved
         # Every message, with its properties and headers as the broker held them, once (the
         # shovels were not disturbed: no duplicates) and in order.
-        assert consumed(rabbit, "orders") == [order(number) for number in range(20, ORDERS)]
+        moved_orders(consumed(rabbit, "orders"), range(20, ORDERS), populated)
         for queue in ("prio", "orders.dead"):
             assert moved_to(rabbit_http, queue) == before[queue], queue
+        # A message that had only its queue's TTL arrives with the time it had left.
+        assert queues["aging"]["arguments"]["x-message-ttl"] == 3_600_000
+        spent = (time.monotonic() - populated) * 1000
+        aged = consumed(rabbit, "aging")
+        assert [body for _properties, body in aged] == [b"%d" % number for number in range(10)]
+        assert all(3_600_000 - spent <= int(properties["expiration"]) < 3_600_000 for properties, _ in aged), aged
         assert guest(http, "shovels") == []  # each ended when its queue was moved, and cleared itself
     assert "Traceback" not in (tmp_path / "broker.log").read_text()

@@ -217,3 +217,58 @@ def test_a_single_active_consumer_with_priorities_delivery_limits_and_dead_lette
         if tags:
             assert [body for _, body in delivered(requeued)] == [b"p5", b"p1", b"p0"]  # by priority now
     assert node.vhosts["/"].queues["dead"].message_count == 3
+
+
+# -- x-remaining-ttl (Postroom's own) --------------------------------------------------------------
+
+
+def expirations(frames: list) -> list[tuple[bytes, str | None]]:
+    """(body, expiration) of each delivery in ``frames``."""
+    values = [value for _, value in frames]
+    return [
+        (values[index + 2].value, values[index + 1].properties.expiration)
+        for index, value in enumerate(values)
+        if isinstance(value, commands.Basic.Deliver)
+    ]
+
+
+def test_a_consumer_asking_for_the_remaining_ttl_gets_it_as_each_messages_expiration() -> None:
+    node, clock = setup()
+    c, plain = client(node), client(node)
+    c.call(1, commands.Queue.Declare(queue="aging", arguments={"x-message-ttl": 60_000}))
+    c.call(1, commands.Queue.Declare(queue="ageless"))
+    shorter = commands.Basic.Properties(expiration="30000", message_id="m-1")
+    c.send(
+        publish_frames(1, "", "aging", b"own", shorter)
+        + publish_frames(1, "", "aging", b"queue's")
+        + publish_frames(1, "", "ageless", b"none")
+    )
+    clock.advance(10.0004)
+    frames = consume(c, "aging", "carried", **{"x-remaining-ttl": True})
+    # The shorter of the two TTLs, less the 10 s spent here (rounded up to the millisecond);
+    # every other property as published.
+    assert expirations(frames) == [(b"own", "20000"), (b"queue's", "50000")]
+    assert [v.properties.message_id for _, v in frames if hasattr(v, "properties")] == ["m-1", None]
+    assert expirations(consume(c, "ageless", "untouched", **{"x-remaining-ttl": True})) == [(b"none", None)]
+    # Requeued, then taken again later: less time left.
+    c.call(1, commands.Basic.Cancel(consumer_tag="carried"))
+    c.call(1, commands.Basic.Nack(delivery_tag=0, multiple=True, requeue=True))
+    clock.advance(5)
+    assert expirations(consume(c, "aging", "again", **{"x-remaining-ttl": True})) == [
+        (b"own", "15000"),
+        (b"queue's", "45000"),
+    ]
+    c.call(1, commands.Basic.Cancel(consumer_tag="again"))
+    c.call(1, commands.Basic.Nack(delivery_tag=0, multiple=True, requeue=True))
+    # Without the argument, the expiration is as it was published.
+    assert expirations(consume(plain, "aging", "plain")) == [(b"own", "30000"), (b"queue's", None)]
+
+
+def test_x_remaining_ttl_must_be_a_boolean() -> None:
+    node, _ = setup()
+    c = client(node)
+    c.call(1, commands.Queue.Declare(queue="q"))
+    frames = consume(c, "q", "c", **{"x-remaining-ttl": 1})
+    closing = [v for _, v in frames if isinstance(v, commands.Channel.Close)][0]
+    assert closing.reply_code == ReplyCode.PRECONDITION_FAILED
+    assert closing.reply_text == "PRECONDITION_FAILED - invalid consumer arg 'x-remaining-ttl': 1"
