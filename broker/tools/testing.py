@@ -427,16 +427,16 @@ def rabbitmq_node(
         # RabbitMQ 3.10 lists its mechanisms in connection.start in another order.
         (home / "rabbitmq.conf").write_text(config)
         env["RABBITMQ_CONFIG_FILE"] = str(home / "rabbitmq.conf")
-    process = subprocess.Popen(
-        [str(RABBITMQ_LAUNCHER)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
+    process = _launch_rabbitmq(env)
     try:
         wait_for_port(port, 60)
         pid = int((home / "pid").read_text().strip()) if (home / "pid").exists() else process.pid
         RABBITMQ_HOMES[port] = home
+        _RABBITMQ_PROCESSES[port] = (process, env)
         yield port, pid
     finally:
         RABBITMQ_HOMES.pop(port, None)
+        process = _RABBITMQ_PROCESSES.pop(port, (process, env))[0]
         os.killpg(process.pid, signal.SIGTERM)
         try:
             process.wait(20)
@@ -444,6 +444,30 @@ def rabbitmq_node(
             os.killpg(process.pid, signal.SIGKILL)
         subprocess.run(["pkill", "-f", f"postroom{port}@localhost"], check=False)
         shutil.rmtree(home, ignore_errors=True)
+
+
+#: The launcher process and environment of each :func:`rabbitmq_node` running, by its port.
+_RABBITMQ_PROCESSES: dict[int, tuple[subprocess.Popen[bytes], dict[str, str]]] = {}
+
+
+def _launch_rabbitmq(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [str(RABBITMQ_LAUNCHER)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+
+
+def kill_rabbitmq(port: int, restart_after: float = 0.0) -> None:
+    """SIGKILL the :func:`rabbitmq_node` on ``port`` (its whole Erlang VM, nothing flushed),
+    then, ``restart_after`` seconds later, start it again on its port from what it had
+    written: back when this returns."""
+    process, env = _RABBITMQ_PROCESSES[port]
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(20)
+    subprocess.run(["pkill", "-KILL", "-f", f"postroom{port}@localhost"], check=False)
+    time.sleep(restart_after)
+    process = _launch_rabbitmq(env)
+    _RABBITMQ_PROCESSES[port] = (process, env)
+    wait_for_port(port, 90)
 
 
 @contextmanager

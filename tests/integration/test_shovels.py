@@ -1,6 +1,7 @@
-"""Shovels between real brokers over loopback: Postroom to Postroom with each ack mode,
-RabbitMQ to Postroom, and ``on-confirm`` through a SIGKILL of the destination and of the
-source: every message arrives (a few may arrive twice, and are counted), nothing is lost."""
+"""Shovels between real brokers over loopback: Postroom to Postroom and RabbitMQ to Postroom
+with each ack mode, and ``on-confirm`` through a SIGKILL of the destination, of the source
+(Postroom or RabbitMQ) and of the broker the shovel runs in: every message arrives (a few may
+arrive twice, and are counted), nothing is lost."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from urllib.parse import quote
 import pika
 import pytest
 
-from broker.tools.testing import free_port, rabbitmq_node, write_test_pki
+from broker.tools.testing import free_port, kill_rabbitmq, rabbitmq_node, write_test_pki
 from tests.integration.test_crash import broker
 from tests.integration.test_live_administration import api as management
 
@@ -196,6 +197,46 @@ def test_a_shovel_moves_a_rabbitmq_queue_into_postroom(tmp_path: Path, ack_mode:
         assert wait_for(lambda: depth(port, "to") == 1000, 30)
         assert wait_for(lambda: depth(rabbit, "from") == 0, 10)
         assert drain(port, "to") == list(range(1000))
+    assert "Traceback" not in (tmp_path / "broker.log").read_text()
+
+
+def test_on_confirm_loses_nothing_when_rabbitmq_the_source_is_killed(tmp_path: Path) -> None:
+    http = free_port()
+    with rabbitmq_node() as (rabbit, _pid), broker(tmp_path / "data", management=http) as (_p, port):
+        fill(rabbit, "from", COUNT)
+        value = {
+            "src-uri": f"amqp://guest:guest@127.0.0.1:{rabbit}", "src-queue": "from", "src-prefetch-count": 500,
+            "dest-uri": "amqp://", "dest-queue": "to", "reconnect-delay": 1,
+        }  # fmt: skip
+        api(http, "parameters/shovel/%2F/in", "PUT", {"value": value})
+        assert wait_for(lambda: depth(port, "to") > COUNT // 5, 30)
+        kill_rabbitmq(rabbit)  # its whole VM, mid-run; started again from its files
+        assert wait_for(lambda: depth(rabbit, "from") == 0 and settled(port, "to", COUNT), 120)
+        numbers = drain(port, "to")
+    assert set(numbers) == set(range(COUNT)), f"lost: {sorted(set(range(COUNT)) - set(numbers))[:10]}"
+    assert "Traceback" not in (tmp_path / "broker.log").read_text()
+
+
+def test_on_confirm_loses_nothing_when_the_broker_running_the_shovel_is_killed(tmp_path: Path) -> None:
+    """RabbitMQ into Postroom, the shovel in Postroom: killed with it, it starts again with it
+    (its definition is in the log), and what it had not acknowledged RabbitMQ delivers again."""
+    port, http = free_port(), free_port()
+    with rabbitmq_node() as (rabbit, _pid):
+        fill(rabbit, "from", COUNT)
+        with broker(tmp_path / "data", port=port, management=http) as (process, _port):
+            value = {
+                "src-uri": f"amqp://guest:guest@127.0.0.1:{rabbit}", "src-queue": "from", "src-prefetch-count": 500,
+                "dest-uri": "amqp://", "dest-queue": "to", "reconnect-delay": 1,
+            }  # fmt: skip
+            api(http, "parameters/shovel/%2F/in", "PUT", {"value": value})
+            assert wait_for(lambda: depth(port, "to") > COUNT // 5, 30)
+            process.send_signal(signal.SIGKILL)
+            process.wait(10)
+        with broker(tmp_path / "data", port=port, management=http):
+            assert wait_for(lambda: depth(rabbit, "from") == 0 and settled(port, "to", COUNT), 60)
+            assert api(http, "shovels")[0]["state"] == "running"
+            numbers = drain(port, "to")
+    assert set(numbers) == set(range(COUNT)), f"lost: {sorted(set(range(COUNT)) - set(numbers))[:10]}"
     assert "Traceback" not in (tmp_path / "broker.log").read_text()
 
 
