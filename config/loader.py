@@ -261,13 +261,14 @@ class _Reader(ValueReader):
         return tuple(result)
 
     def listen(self, value: Any) -> ListenConfig:
-        section = self.mapping(value, "listen", {"amqp", "amqps", "metrics", "management"})
+        section = self.mapping(value, "listen", {"amqp", "amqps", "metrics", "management", "stream"})
         default = ListenConfig()
         return ListenConfig(
             amqp=self.endpoint(section.get("amqp"), "listen.amqp", default.amqp),
             amqps=self.endpoint(section.get("amqps"), "listen.amqps", default.amqps),
             metrics=self.optional_listener(section.get("metrics"), "listen.metrics", default.metrics),
             management=self.optional_listener(section.get("management"), "listen.management", default.management),
+            stream=self.endpoint(section.get("stream"), "listen.stream", default.stream),
         )
 
     def endpoint(self, value: Any, path: str, default: str | None) -> str | None:

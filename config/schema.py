@@ -23,6 +23,8 @@ class ListenConfig:
     metrics: str | None = "tcp:15692:interface=127.0.0.1"
     #: The JSON management API under ``/api/``.
     management: str | None = "tcp:15672:interface=127.0.0.1"
+    #: RabbitMQ's stream protocol (its port is 5552); off unless set.
+    stream: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -248,6 +248,8 @@ class Node:
         #: Event counts for metrics: stale_acks, stale_extends, auth_attempts, auth_failures, auth_successes...
         self.counters: Counter[str] = Counter()
         self.connections: set[Any] = set()
+        #: Open connections of the stream protocol (``broker.streams``).
+        self.stream_connections: set[Any] = set()
         #: The channels' direct reply-to consumers (``amq.rabbitmq.reply-to``).
         self.replies = DirectReplyTo()
         #: Open connections per user name (for users' connection and channel limits).

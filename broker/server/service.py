@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from broker.server.metrics import BrokerCollector, metrics_site
 from broker.server.pluginloader import LoadedPlugins, load_plugins
 from broker.server.protocol import AMQPServerFactory
 from broker.server.shovels import Shovels
+from broker.server.streamprotocol import StreamServerFactory
 from broker.storage.checkpoint import (
     CHECKPOINT_BYTES,
     Captured,
@@ -707,6 +709,9 @@ def make_broker_service(
         Listener(
             "amqps", config.listen.amqps, tls(factory), reactor, node, "amqp/ssl", certificates
         ).setServiceParent(service)
+    if config.listen.stream:
+        streams = StreamServerFactory(node, reactor, advertised(config.listen.stream))
+        Listener("stream", config.listen.stream, streams, reactor, node, "stream").setServiceParent(service)
     http_tls = tls if tls is not None and config.tls is not None and config.tls.http else None
     http, http_certificates = ("https", certificates) if http_tls else ("http", None)
     if config.listen.metrics:
@@ -726,6 +731,16 @@ def make_broker_service(
     # stop first, while the node still serves.
     Shovels(node, reactor).setServiceParent(service)
     return service
+
+
+def advertised(endpoint: str) -> tuple[str, int]:
+    """The host and port a listener on ``endpoint`` tells stream clients to connect to: its
+    interface (the machine's name when it listens on all of them) and its port."""
+    fields = dict(part.split("=", 1) for part in endpoint.split(":")[2:] if "=" in part)
+    parts = endpoint.split(":")
+    port = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 5552
+    interface = fields.get("interface", "")
+    return (interface if interface not in ("", "0.0.0.0", "::") else socket.gethostname()), port
 
 
 def tls_wrapper(config: BrokerConfig, reactor: Any) -> Callable[[Any], Any] | None:

@@ -363,3 +363,11 @@ def test_a_shovel_may_consume_with_postroom_s_remaining_ttl_argument_and_only_as
     assert shovels.validate("s", {**base, "src-consumer-args": {"x-unknown": 1}}) == [
         'Unrecognised terms [{<<"x-unknown">>,1}] in src-consumer-args'
     ]
+
+
+def test_the_stream_protocol_listens_only_where_listen_stream_says() -> None:
+    assert loads("listen: {amqp: 'tcp:5672'}\n", "s.yaml").listen.stream is None
+    assert loads("listen: {stream: 'tcp:5552:interface=127.0.0.1'}\n", "s.yaml").listen.stream == (
+        "tcp:5552:interface=127.0.0.1"
+    )
+    assert problems("listen: {stream: 'ssl:5551'}\n")[0][1] == "listen.stream"

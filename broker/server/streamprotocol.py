@@ -1,0 +1,137 @@
+"""The Twisted shell around the stream protocol's sans-IO connection (``listen.stream``).
+
+:class:`StreamServerProtocol` moves bytes between a transport and a
+:class:`~broker.streams.connection.StreamConnection`, writes what the connection has to say
+once per read (one write for all its frames), and runs its timers on the injected clock: 10
+seconds for each handshake step (RabbitMQ's ``connection_negotiation_step_timeout``), and
+once tuned, heartbeats both ways: one is sent after an interval with nothing written, and a
+client heard from in neither of two intervals is dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from broker.core.node import Node
+from broker.server.protocol import is_loopback
+from broker.streams.connection import StreamConnection
+from broker.wire.streamframes import HEARTBEAT_FRAME
+
+_log = Logger()
+
+#: Seconds a client has for each step of the handshake.
+STEP_TIMEOUT = 10.0
+
+
+class StreamServerProtocol(Protocol):
+    """One stream-protocol client (see the module's docstring)."""
+
+    def __init__(self, factory: StreamServerFactory) -> None:
+        self.factory = factory
+        self.connection: StreamConnection | None = None
+        self._step_timer: IDelayedCall | None = None
+        self._heartbeat_timer: IDelayedCall | None = None
+        self._wrote = False
+        self._silent_intervals = 0
+
+    def connectionMade(self) -> None:
+        peer = self.transport.getPeer()  # type: ignore[attr-defined]
+        host = getattr(peer, "host", "")
+        connection = StreamConnection(
+            self.factory.node, f"{host}:{getattr(peer, 'port', 0)}", is_loopback(host), self.factory.advertised
+        )
+        connection.wake = self._flush
+        self.connection = connection
+        self._arm_step()
+
+    def dataReceived(self, data: bytes) -> None:
+        connection = self.connection
+        if connection is None:
+            return
+        step = connection.step
+        connection.receive(data)
+        if connection.step != step:
+            self._arm_step()
+        self._flush()
+
+    def _flush(self) -> None:
+        connection = self.connection
+        if connection is None or self.transport is None:
+            return
+        if connection.out:
+            self.transport.write(b"".join(connection.out))
+            connection.out.clear()
+            self._wrote = True
+        if connection.step in ("tuned", "open") and self._heartbeat_timer is None and connection.heartbeat:
+            self._heartbeat_timer = self.factory.clock.callLater(connection.heartbeat, self._heartbeat)
+        if connection.finished:
+            if connection.reason:
+                _log.info("stream connection {peer} closed: {reason}", peer=connection.peer, reason=connection.reason)
+            self.transport.loseConnection()
+
+    def _arm_step(self) -> None:
+        if self._step_timer is not None and self._step_timer.active():
+            self._step_timer.cancel()
+        self._step_timer = None
+        connection = self.connection
+        if connection is not None and connection.step not in ("open", "closing", "close_sent"):
+            self._step_timer = self.factory.clock.callLater(STEP_TIMEOUT, self._step_timed_out)
+
+    def _step_timed_out(self) -> None:
+        self._step_timer = None
+        connection = self.connection
+        if connection is None:
+            return
+        _log.info(
+            "stream connection {peer} closed: timeout in state '{step}', likely due to lack of client action",
+            peer=connection.peer,
+            step=connection.step,
+        )
+        connection.finished = True
+        self.transport.abortConnection()  # type: ignore[attr-defined]
+
+    def _heartbeat(self) -> None:
+        self._heartbeat_timer = None
+        connection = self.connection
+        if connection is None or connection.finished:
+            return
+        if connection.heard:
+            connection.heard = False
+            self._silent_intervals = 0
+        else:
+            self._silent_intervals += 1
+            if self._silent_intervals >= 2:
+                _log.info("stream connection {peer} closed: missed heartbeats", peer=connection.peer)
+                connection.finished = True
+                self.transport.abortConnection()  # type: ignore[attr-defined]
+                return
+        if not self._wrote:
+            self.transport.write(HEARTBEAT_FRAME)
+        self._wrote = False
+        self._heartbeat_timer = self.factory.clock.callLater(connection.heartbeat, self._heartbeat)
+
+    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+        for timer in (self._step_timer, self._heartbeat_timer):
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._step_timer = self._heartbeat_timer = None
+        if self.connection is not None:
+            self.connection.connection_lost()
+
+
+class StreamServerFactory(Factory):
+    """Stream-protocol connections to ``node``; ``advertised`` is the host and port ``open``
+    tells clients to connect to (this listener's)."""
+
+    def __init__(self, node: Node, clock: IReactorTime, advertised: tuple[str, int]) -> None:
+        self.node = node
+        self.clock = clock
+        self.advertised = advertised
+
+    def buildProtocol(self, addr: Any) -> StreamServerProtocol:
+        return StreamServerProtocol(self)

@@ -1,0 +1,466 @@
+"""RabbitMQ's stream protocol (port 5552) on the wire: frames, the types they are made of,
+and the commands a server reads and writes (``deps/rabbitmq_stream/docs/PROTOCOL.adoc``).
+
+A frame is ``size:uint32`` then ``size`` bytes: ``key:uint16 version:uint16`` and the
+command's fields. A key's top bit says a response. Strings are ``int16`` length and UTF-8
+bytes (-1: null), byte strings ``int32`` length and bytes, arrays ``int32`` count and items;
+every integer is big-endian.
+
+:class:`FrameReader` cuts frames out of what the socket gives; :func:`parse_request` turns
+one into a command tuple, as RabbitMQ 3.10's ``rabbit_stream_core:parse_request`` reads it
+(what it does not match is :data:`UNKNOWN`); the ``*_response`` functions build frames.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+#: Command keys (``rabbit_stream.hrl``).
+DECLARE_PUBLISHER = 1
+PUBLISH = 2
+PUBLISH_CONFIRM = 3
+PUBLISH_ERROR = 4
+QUERY_PUBLISHER_SEQUENCE = 5
+DELETE_PUBLISHER = 6
+SUBSCRIBE = 7
+DELIVER = 8
+CREDIT = 9
+STORE_OFFSET = 10
+QUERY_OFFSET = 11
+UNSUBSCRIBE = 12
+CREATE_STREAM = 13
+DELETE_STREAM = 14
+METADATA = 15
+METADATA_UPDATE = 16
+PEER_PROPERTIES = 17
+SASL_HANDSHAKE = 18
+SASL_AUTHENTICATE = 19
+TUNE = 20
+OPEN = 21
+CLOSE = 22
+HEARTBEAT = 23
+ROUTE = 24
+PARTITIONS = 25
+
+RESPONSE = 0x8000
+
+#: Response codes.
+OK = 1
+STREAM_DOES_NOT_EXIST = 2
+SUBSCRIPTION_ID_ALREADY_EXISTS = 3
+SUBSCRIPTION_ID_DOES_NOT_EXIST = 4
+STREAM_ALREADY_EXISTS = 5
+STREAM_NOT_AVAILABLE = 6
+SASL_MECHANISM_NOT_SUPPORTED = 7
+AUTHENTICATION_FAILURE = 8
+SASL_ERROR = 9
+SASL_CHALLENGE = 10
+SASL_AUTHENTICATION_FAILURE_LOOPBACK = 11
+VHOST_ACCESS_FAILURE = 12
+UNKNOWN_FRAME = 13
+FRAME_TOO_LARGE = 14
+INTERNAL_ERROR = 15
+ACCESS_REFUSED = 16
+PRECONDITION_FAILED = 17
+PUBLISHER_DOES_NOT_EXIST = 18
+NO_OFFSET = 19
+
+#: Offset specifications of ``subscribe``.
+OFFSET_FIRST = 1
+OFFSET_LAST = 2
+OFFSET_NEXT = 3
+OFFSET_OFFSET = 4
+OFFSET_TIMESTAMP = 5
+
+#: What :func:`parse_request` gives for a frame it does not read.
+UNKNOWN = "unknown"
+
+_u8 = struct.Struct(">B")
+_u16 = struct.Struct(">H")
+_i16 = struct.Struct(">h")
+_u32 = struct.Struct(">I")
+_i32 = struct.Struct(">i")
+_u64 = struct.Struct(">Q")
+_i64 = struct.Struct(">q")
+_head = struct.Struct(">HH")  # key, version
+_request = struct.Struct(">HHI")  # key, version, correlation id
+_response = struct.Struct(">IHHIH")  # size, key, version, correlation id, code
+
+
+class Malformed(ValueError):
+    """A frame's fields do not add up to its size (RabbitMQ's parser matches nothing)."""
+
+
+class FrameReader:
+    """Frames out of a byte stream: :meth:`feed` what arrived, take whole frames back."""
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The whole frames (without their size) now in, in order; the rest waits."""
+        buffer = self._buffer
+        buffer += data
+        frames = []
+        at = 0
+        end = len(buffer)
+        while end - at >= 4:
+            size = _u32.unpack_from(buffer, at)[0]
+            if end - at - 4 < size:
+                break
+            frames.append(bytes(buffer[at + 4 : at + 4 + size]))
+            at += 4 + size
+        if at:
+            del buffer[:at]
+        return frames
+
+    @property
+    def waiting(self) -> int:
+        """Bytes of a frame not whole yet."""
+        return len(self._buffer)
+
+    def pending_size(self) -> int | None:
+        """The size the next frame says it has, once its size is in."""
+        return _u32.unpack_from(self._buffer)[0] if len(self._buffer) >= 4 else None
+
+
+# -- reading fields ------------------------------------------------------------------------------
+
+
+class _Fields:
+    """A cursor over one frame's fields; every read checks that the bytes are there."""
+
+    __slots__ = ("data", "at")
+
+    def __init__(self, data: bytes, at: int) -> None:
+        self.data = data
+        self.at = at
+
+    def _take(self, shape: struct.Struct) -> Any:
+        if self.at + shape.size > len(self.data):
+            raise Malformed("short")
+        value = shape.unpack_from(self.data, self.at)[0]
+        self.at += shape.size
+        return value
+
+    def u8(self) -> int:
+        return int(self._take(_u8))
+
+    def u16(self) -> int:
+        return int(self._take(_u16))
+
+    def i16(self) -> int:
+        return int(self._take(_i16))
+
+    def u32(self) -> int:
+        return int(self._take(_u32))
+
+    def i32(self) -> int:
+        return int(self._take(_i32))
+
+    def u64(self) -> int:
+        return int(self._take(_u64))
+
+    def i64(self) -> int:
+        return int(self._take(_i64))
+
+    def raw_string(self) -> bytes:
+        """A string's bytes (``int16`` length; -1, a null, is read as empty, as RabbitMQ's
+        ``?STRING`` match has it only for non-negative lengths: a null does not match)."""
+        size = self.i16()
+        if size < 0 or self.at + size > len(self.data):
+            raise Malformed("string")
+        value = self.data[self.at : self.at + size]
+        self.at += size
+        return value
+
+    def string(self) -> str:
+        return self.raw_string().decode("utf-8", "surrogateescape")
+
+    def rest(self) -> bytes:
+        value = self.data[self.at :]
+        self.at = len(self.data)
+        return value
+
+    def end(self) -> None:
+        if self.at != len(self.data):
+            raise Malformed("trailing bytes")
+
+    def string_map(self) -> dict[str, str]:
+        """``[key:string value:string]`` to the end of the frame (the count is not checked,
+        as RabbitMQ's ``parse_map`` reads pairs while bytes are left)."""
+        pairs: dict[str, str] = {}
+        while self.at < len(self.data):
+            key = self.string()
+            pairs[key] = self.string()
+        return pairs
+
+
+def parse_request(frame: bytes) -> tuple[Any, ...]:
+    """One frame from a client as a command tuple: ``(name, correlation id or None, fields...)``,
+    or ``(UNKNOWN, None)`` for one RabbitMQ 3.10 does not read (another key or version,
+    fields that do not add up).
+
+    Responses a client sends (to ``tune``, and any other) are ``("response", None, key, ...)``.
+    """
+    if len(frame) < 4:
+        return (UNKNOWN, None)
+    key, version = _head.unpack_from(frame)
+    if version != 1:
+        return (UNKNOWN, None)
+    fields = _Fields(frame, 4)
+    try:
+        if key & RESPONSE:
+            command = key & ~RESPONSE
+            if command == TUNE:
+                frame_max, heartbeat = fields.u32(), fields.u32()
+                fields.end()
+                return ("tune", None, frame_max, heartbeat)
+            return ("response", None, command)
+        return _REQUESTS[key](fields)
+    except (KeyError, Malformed):
+        return (UNKNOWN, None)
+
+
+def _publish(f: _Fields) -> tuple[Any, ...]:
+    publisher, count = f.u8(), f.u32()
+    return ("publish", None, publisher, count, f.rest())
+
+
+def _credit(f: _Fields) -> tuple[Any, ...]:
+    subscription, credit = f.u8(), f.i16()
+    f.end()
+    return ("credit", None, subscription, credit)
+
+
+def _store_offset(f: _Fields) -> tuple[Any, ...]:
+    reference, stream, offset = f.string(), f.string(), f.u64()
+    f.end()
+    return ("store_offset", None, reference, stream, offset)
+
+
+def _heartbeat(f: _Fields) -> tuple[Any, ...]:
+    f.end()
+    return ("heartbeat", None)
+
+
+def _declare_publisher(f: _Fields) -> tuple[Any, ...]:
+    correlation, publisher, reference, stream = f.u32(), f.u8(), f.string(), f.string()
+    f.end()
+    return ("declare_publisher", correlation, publisher, reference, stream)
+
+
+def _query_publisher_sequence(f: _Fields) -> tuple[Any, ...]:
+    correlation, reference, stream = f.u32(), f.string(), f.string()
+    f.end()
+    return ("query_publisher_sequence", correlation, reference, stream)
+
+
+def _one_id(name: str) -> Callable[[_Fields], tuple[Any, ...]]:
+    def parse(f: _Fields) -> tuple[Any, ...]:
+        correlation, which = f.u32(), f.u8()
+        f.end()
+        return (name, correlation, which)
+
+    return parse
+
+
+def _subscribe(f: _Fields) -> tuple[Any, ...]:
+    correlation, subscription, stream, kind = f.u32(), f.u8(), f.string(), f.i16()
+    offset: Any
+    if kind == OFFSET_FIRST:
+        offset = ("first",)
+    elif kind == OFFSET_LAST:
+        offset = ("last",)
+    elif kind == OFFSET_NEXT:
+        offset = ("next",)
+    elif kind == OFFSET_OFFSET:
+        offset = ("offset", f.u64())
+    elif kind == OFFSET_TIMESTAMP:
+        offset = ("timestamp", f.i64())
+    else:
+        raise Malformed("offset type")
+    credit = f.u16()
+    properties: dict[str, str] = {}
+    if f.at < len(f.data):
+        if len(f.data) - f.at >= 4:
+            f.u32()
+            properties = f.string_map()
+        else:
+            f.rest()  # (RabbitMQ logs "incorrect binary for subscription properties" and goes on)
+    return ("subscribe", correlation, subscription, stream, offset, credit, properties)
+
+
+def _query_offset(f: _Fields) -> tuple[Any, ...]:
+    correlation, reference, stream = f.u32(), f.string(), f.string()
+    f.end()
+    return ("query_offset", correlation, reference, stream)
+
+
+def _create_stream(f: _Fields) -> tuple[Any, ...]:
+    correlation, stream = f.u32(), f.string()
+    f.u32()
+    return ("create_stream", correlation, stream, f.string_map())
+
+
+def _named(name: str) -> Callable[[_Fields], tuple[Any, ...]]:
+    def parse(f: _Fields) -> tuple[Any, ...]:
+        correlation, stream = f.u32(), f.string()
+        f.end()
+        return (name, correlation, stream)
+
+    return parse
+
+
+def _metadata(f: _Fields) -> tuple[Any, ...]:
+    correlation = f.u32()
+    f.u32()
+    streams = []
+    while f.at < len(f.data):
+        streams.append(f.string())
+    return ("metadata", correlation, streams)
+
+
+def _peer_properties(f: _Fields) -> tuple[Any, ...]:
+    correlation = f.u32()
+    f.u32()
+    return ("peer_properties", correlation, f.string_map())
+
+
+def _sasl_handshake(f: _Fields) -> tuple[Any, ...]:
+    correlation = f.u32()
+    f.end()
+    return ("sasl_handshake", correlation)
+
+
+def _sasl_authenticate(f: _Fields) -> tuple[Any, ...]:
+    correlation, mechanism = f.u32(), f.string()
+    size = f.i32()
+    if size == -1:
+        response = b""
+    elif size < 0 or f.at + size != len(f.data):
+        raise Malformed("sasl data")
+    else:
+        response = f.rest()
+    f.end()
+    return ("sasl_authenticate", correlation, mechanism, response)
+
+
+def _tune(f: _Fields) -> tuple[Any, ...]:
+    frame_max, heartbeat = f.u32(), f.u32()
+    f.end()
+    return ("tune", None, frame_max, heartbeat)
+
+
+def _open(f: _Fields) -> tuple[Any, ...]:
+    correlation, vhost = f.u32(), f.string()
+    f.end()
+    return ("open", correlation, vhost)
+
+
+def _close(f: _Fields) -> tuple[Any, ...]:
+    correlation, code, reason = f.u32(), f.u16(), f.string()
+    f.end()
+    return ("close", correlation, code, reason)
+
+
+def _route(f: _Fields) -> tuple[Any, ...]:
+    correlation, key, stream = f.u32(), f.string(), f.string()
+    f.end()
+    return ("route", correlation, key, stream)
+
+
+_REQUESTS: dict[int, Callable[[_Fields], tuple[Any, ...]]] = {
+    PUBLISH: _publish,
+    CREDIT: _credit,
+    STORE_OFFSET: _store_offset,
+    HEARTBEAT: _heartbeat,
+    DECLARE_PUBLISHER: _declare_publisher,
+    QUERY_PUBLISHER_SEQUENCE: _query_publisher_sequence,
+    DELETE_PUBLISHER: _one_id("delete_publisher"),
+    SUBSCRIBE: _subscribe,
+    QUERY_OFFSET: _query_offset,
+    UNSUBSCRIBE: _one_id("unsubscribe"),
+    CREATE_STREAM: _create_stream,
+    DELETE_STREAM: _named("delete_stream"),
+    METADATA: _metadata,
+    PEER_PROPERTIES: _peer_properties,
+    SASL_HANDSHAKE: _sasl_handshake,
+    SASL_AUTHENTICATE: _sasl_authenticate,
+    TUNE: _tune,
+    OPEN: _open,
+    CLOSE: _close,
+    ROUTE: _route,
+    PARTITIONS: _named("partitions"),
+}
+
+
+# -- writing -----------------------------------------------------------------------------------
+
+
+def string(value: str | bytes) -> bytes:
+    raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
+    return _i16.pack(len(raw)) + raw
+
+
+def string_map(pairs: Mapping[str, str]) -> bytes:
+    return _u32.pack(len(pairs)) + b"".join(string(k) + string(v) for k, v in pairs.items())
+
+
+def frame(key: int, body: bytes) -> bytes:
+    """A frame of ``key`` (version 1) with ``body`` after the key and version."""
+    return _u32.pack(4 + len(body)) + _head.pack(key, 1) + body
+
+
+def response(key: int, correlation: int, code: int, extra: bytes = b"") -> bytes:
+    """The response to request ``key``: its correlation id, ``code``, then ``extra``."""
+    if not extra:
+        return _response.pack(10, key | RESPONSE, 1, correlation, code)
+    return _response.pack(10 + len(extra), key | RESPONSE, 1, correlation, code) + extra
+
+
+def tune(frame_max: int, heartbeat: int) -> bytes:
+    return frame(TUNE, _u32.pack(frame_max) + _u32.pack(heartbeat))
+
+
+def close(correlation: int, code: int, reason: str) -> bytes:
+    return frame(CLOSE, _u32.pack(correlation) + _u16.pack(code) + string(reason))
+
+
+HEARTBEAT_FRAME = frame(HEARTBEAT, b"")
+
+
+def strings(values: Iterable[str]) -> bytes:
+    items = list(values)
+    return _u32.pack(len(items)) + b"".join(string(v) for v in items)
+
+
+def metadata_response(
+    correlation: int, brokers: list[tuple[int, str, int]], streams: list[tuple[str, int, int, list[int]]]
+) -> bytes:
+    """``metadata``'s answer: brokers ``(reference, host, port)``, then per stream its name,
+    code, leader reference and replica references."""
+    body = [_u32.pack(correlation), _u32.pack(len(brokers))]
+    for reference, host, port in brokers:
+        body += (_u16.pack(reference), string(host), _u32.pack(port))
+    body.append(_u32.pack(len(streams)))
+    for name, code, leader, replicas in streams:
+        body += (string(name), _u16.pack(code), _u16.pack(leader), _u32.pack(len(replicas)))
+        body += [_u16.pack(replica) for replica in replicas]
+    return frame(METADATA | RESPONSE, b"".join(body))
+
+
+def metadata_update(code: int, stream: str) -> bytes:
+    return frame(METADATA_UPDATE, _u16.pack(code) + string(stream))
+
+
+def u64(value: int) -> bytes:
+    return _u64.pack(value)
+
+
+def u32(value: int) -> bytes:
+    return _u32.pack(value)

@@ -1,0 +1,249 @@
+"""The stream protocol's connection and its Twisted shell, in memory: frames through
+StringTransport, timers on a Clock. (RabbitMQ's answers to the same frames are compared in
+``tests/conformance/test_stream_protocol_transcripts.py``.)"""
+
+from __future__ import annotations
+
+import random
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+from broker.core.journal import Journal
+from broker.core.node import Node, User
+from broker.server.streamprotocol import STEP_TIMEOUT, StreamServerFactory, StreamServerProtocol
+from broker.storage.streams import StreamFiles
+from broker.streams.connection import FRAME_MAX, HEARTBEAT, StreamConnection
+from broker.wire import streamframes as wire
+from config.schema import Permission
+from tests.broker.core.test_login import SCRYPT
+
+
+class Transport(StringTransport):
+    def __init__(self) -> None:
+        super().__init__(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
+        self.aborted = False
+
+    def abortConnection(self) -> None:
+        self.aborted = True
+        self.loseConnection()
+
+
+def request(key: int, correlation: int, body: bytes = b"") -> bytes:
+    return wire.frame(key, struct.pack(">I", correlation) + body)
+
+
+def plain(user: str, password: str) -> bytes:
+    response = f"\0{user}\0{password}".encode()
+    return wire.string("PLAIN") + struct.pack(">I", len(response)) + response
+
+
+def handshake_frames(vhost: str = "/", password: str = "guest", heartbeat: int = 0) -> list[bytes]:
+    return [
+        request(wire.PEER_PROPERTIES, 1, wire.string_map({"product": "test"})),
+        request(wire.SASL_HANDSHAKE, 2),
+        request(wire.SASL_AUTHENTICATE, 3, plain("guest", password)),
+        wire.frame(wire.TUNE | wire.RESPONSE, struct.pack(">II", FRAME_MAX, heartbeat)),
+        request(wire.OPEN, 4, wire.string(vhost)),
+    ]
+
+
+def responses(out: list[bytes] | bytes) -> list[tuple[int, int, int]]:
+    """``(key, correlation id, code)`` of each response written (``tune`` as ``(20, 0, 0)``)."""
+    found = []
+    for frame in wire.FrameReader().feed(out if isinstance(out, bytes) else b"".join(out)):
+        key = struct.unpack_from(">H", frame)[0]
+        if key & wire.RESPONSE:
+            correlation, code = struct.unpack_from(">IH", frame, 4)
+            found.append((key & ~wire.RESPONSE, correlation, code))
+        else:
+            found.append((key, 0, 0))
+    return found
+
+
+def with_streams(tmp_path: Path, node: Node | None = None) -> Node:
+    """A node whose streams keep their files under ``tmp_path``."""
+    node = node or Node()
+    node.set_streams(StreamFiles(str(tmp_path), Journal(1), Clock()))
+    return node
+
+
+def opened(node: Node | None = None) -> StreamConnection:
+    connection = StreamConnection(node or Node(), "127.0.0.1:40000", True, ("127.0.0.1", 5552))
+    connection.receive(b"".join(handshake_frames()))
+    assert connection.step == "open" and not connection.finished
+    return connection
+
+
+def test_the_handshake_answers_each_step_and_opens() -> None:
+    connection = opened()
+    assert responses(connection.out) == [
+        (wire.PEER_PROPERTIES, 1, wire.OK),
+        (wire.SASL_HANDSHAKE, 2, wire.OK),
+        (wire.SASL_AUTHENTICATE, 3, wire.OK),
+        (wire.TUNE, 0, 0),
+        (wire.OPEN, 4, wire.OK),
+    ]
+    assert connection in connection.node.stream_connections
+    connection.connection_lost()
+    assert connection not in connection.node.stream_connections
+
+
+def test_frames_may_arrive_a_byte_at_a_time() -> None:
+    connection = StreamConnection(Node(), "127.0.0.1:40000", True, ("127.0.0.1", 5552))
+    for byte in b"".join(handshake_frames()):
+        connection.receive(bytes((byte,)))
+    assert connection.step == "open"
+    assert [code for _, _, code in responses(connection.out)] == [1, 1, 1, 0, 1]
+
+
+def test_a_login_checked_later_holds_what_arrives_meanwhile() -> None:
+    later: list[Callable[[], None]] = []
+    node = Node(users=[User("guest", password_hash=SCRYPT)])
+
+    def run_blocking(work: Callable[[], Any], done: Callable[[Any], None]) -> None:
+        later.append(lambda: done(work()))
+
+    node.run_blocking = run_blocking
+    connection = StreamConnection(node, "127.0.0.1:40000", True, ("127.0.0.1", 5552))
+    connection.receive(b"".join(handshake_frames(password="secret")))
+    assert connection.step == "authenticating" and len(responses(connection.out)) == 2
+    woken: list[bool] = []
+    connection.wake = lambda: woken.append(True)
+    later.pop()()
+    assert connection.step == "open" and woken == [True]
+    assert [key for key, _, _ in responses(connection.out)][2:] == [wire.SASL_AUTHENTICATE, wire.TUNE, wire.OPEN]
+
+
+def test_a_wrong_password_is_answered_then_the_connection_ends() -> None:
+    connection = StreamConnection(Node(), "127.0.0.1:40000", True, ("127.0.0.1", 5552))
+    connection.receive(b"".join(handshake_frames(password="wrong")))
+    assert responses(connection.out)[-1] == (wire.SASL_AUTHENTICATE, 3, wire.AUTHENTICATION_FAILURE)
+    assert connection.finished and "login refused" in connection.reason
+
+
+def test_guest_from_another_address_is_refused_as_loopback_only() -> None:
+    connection = StreamConnection(Node(), "10.0.0.2:40000", False, ("127.0.0.1", 5552))
+    connection.receive(b"".join(handshake_frames()))
+    assert responses(connection.out)[-1] == (wire.SASL_AUTHENTICATE, 3, wire.SASL_AUTHENTICATION_FAILURE_LOOPBACK)
+    assert connection.finished
+
+
+def test_a_step_left_out_ends_the_connection() -> None:
+    frames = handshake_frames()
+    connection = StreamConnection(Node(), "127.0.0.1:40000", True, ("127.0.0.1", 5552))
+    connection.receive(frames[0] + frames[2])  # no sasl_handshake
+    assert connection.finished and connection.step == "peer_properties_exchanged"
+
+
+def test_create_and_delete_once_open(tmp_path: Path) -> None:
+    connection = opened(with_streams(tmp_path))
+    connection.out.clear()
+    connection.receive(
+        request(wire.CREATE_STREAM, 5, wire.string("events") + wire.string_map({"max-age": "1h"}))
+        + request(wire.CREATE_STREAM, 6, wire.string("events") + wire.string_map({}))
+        + request(wire.CREATE_STREAM, 7, wire.string("amq.x") + wire.string_map({}))
+        + request(wire.DELETE_STREAM, 8, wire.string("events"))
+        + request(wire.DELETE_STREAM, 9, wire.string("events"))
+    )
+    assert responses(connection.out) == [
+        (wire.CREATE_STREAM, 5, wire.OK),
+        (wire.CREATE_STREAM, 6, wire.STREAM_ALREADY_EXISTS),
+        (wire.CREATE_STREAM, 7, wire.PRECONDITION_FAILED),
+        (wire.DELETE_STREAM, 8, wire.OK),
+        (wire.DELETE_STREAM, 9, wire.STREAM_DOES_NOT_EXIST),
+    ]
+
+
+def test_a_user_without_configure_permission_is_refused() -> None:
+    node = Node(users=[User("app", "secret", permissions={"/": Permission(configure="^$", write=".*", read=".*")})])
+    connection = StreamConnection(node, "127.0.0.1:40000", True, ("127.0.0.1", 5552))
+    frames = handshake_frames()
+    frames[2] = request(wire.SASL_AUTHENTICATE, 3, plain("app", "secret"))
+    connection.receive(b"".join(frames))
+    connection.receive(request(wire.CREATE_STREAM, 5, wire.string("events") + wire.string_map({})))
+    assert responses(connection.out)[-1] == (wire.CREATE_STREAM, 5, wire.ACCESS_REFUSED)
+    assert "events" not in node.vhosts["/"].queues
+
+
+def test_an_unknown_command_once_open_is_answered_with_close_13() -> None:
+    connection = opened()
+    connection.out.clear()
+    connection.receive(wire.frame(99, b"\x00\x00\x00\x01"))
+    (close,) = wire.FrameReader().feed(b"".join(connection.out))
+    assert close == wire.close(1, wire.UNKNOWN_FRAME, "unknown frame")[4:]
+    connection.receive(wire.frame(wire.CLOSE | wire.RESPONSE, struct.pack(">IH", 1, wire.OK)))
+    assert connection.finished
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.booleans())
+def test_garbage_never_raises(garbage: bytes, open_first: bool) -> None:
+    connection = opened() if open_first else StreamConnection(Node(), "127.0.0.1:1", True, ("h", 1))
+    connection.receive(garbage)
+    connection.receive(struct.pack(">I", len(garbage)) + garbage)
+
+
+def test_every_request_shape_cut_short_is_read_as_unknown() -> None:
+    rng = random.Random(3)
+    for key in range(1, 32):
+        for size in range(0, 24):
+            body = bytes(rng.randrange(256) for _ in range(size))
+            command = wire.parse_request(struct.pack(">HH", key, 1) + body)
+            assert isinstance(command, tuple) and command[0]
+
+
+# -- the Twisted shell ---------------------------------------------------------------------------
+
+
+def shell(clock: Clock, node: Node | None = None) -> tuple[StreamServerProtocol, Transport]:
+    factory = StreamServerFactory(node or Node(), clock, ("127.0.0.1", 5552))
+    protocol = factory.buildProtocol(None)
+    transport = Transport()
+    protocol.makeConnection(transport)
+    return protocol, transport
+
+
+def test_each_handshake_step_has_ten_seconds() -> None:
+    clock = Clock()
+    protocol, transport = shell(clock)
+    clock.advance(STEP_TIMEOUT - 1)
+    protocol.dataReceived(handshake_frames()[0])  # a step taken: its own ten seconds
+    clock.advance(STEP_TIMEOUT - 1)
+    assert not transport.aborted
+    clock.advance(1)
+    assert transport.aborted
+
+
+def test_an_open_connection_gets_heartbeats_and_is_dropped_when_silent() -> None:
+    clock = Clock()
+    protocol, transport = shell(clock)
+    protocol.dataReceived(b"".join(handshake_frames(heartbeat=5)))
+    assert [key for key, _, _ in responses(transport.value())][-1] == wire.OPEN
+    transport.clear()
+    clock.advance(5)  # the answers to the handshake were written in this interval: no heartbeat
+    assert transport.value() == b""
+    protocol.dataReceived(wire.HEARTBEAT_FRAME)
+    clock.advance(5)  # nothing written in this one: a heartbeat
+    assert transport.value() == wire.HEARTBEAT_FRAME
+    assert not transport.aborted
+    clock.advance(5)
+    assert not transport.aborted
+    clock.advance(5)  # two intervals without a word from the client
+    assert transport.aborted
+    protocol.connectionLost()
+    assert protocol.connection is not None and protocol.connection not in protocol.factory.node.stream_connections
+
+
+def test_the_tune_offered_is_rabbitmqs_default() -> None:
+    clock = Clock()
+    protocol, transport = shell(clock)
+    protocol.dataReceived(b"".join(handshake_frames()[:3]))
+    assert wire.tune(FRAME_MAX, HEARTBEAT) in transport.value()

@@ -1,0 +1,256 @@
+"""RabbitMQ's stream protocol (port 5552), frame for frame against RabbitMQ 3.10.8 with its
+``rabbitmq_stream`` plugin: the handshake and its refusals, ``create``, ``delete``,
+``metadata``, ``close`` both ways, and what ends a connection before it is open.
+
+Each scenario sends the same frames to both brokers, one at a time, and records every frame
+that comes back (decoded to its fields) and whether the socket was closed. What differs by
+nature is normalised before the comparison: the server's peer properties (product, version
+...; both must answer with the same keys), and the host and port each advertises.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from transcript import oracle
+
+from broker.tools.testing import free_port, wait_for_port
+from broker.wire import streamframes as wire
+from tests.integration.test_crash import broker
+
+pytestmark = pytest.mark.integration
+
+#: The keys both brokers' peer properties have.
+SERVER_PROPERTIES = ["cluster_name", "copyright", "information", "platform", "product", "version"]
+
+
+@pytest.fixture(scope="module")
+def ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
+    """``(postroom, rabbitmq)``: the stream ports of a Postroom process and of a RabbitMQ node."""
+    rabbit_stream, stream = free_port(), free_port()
+    config = f"stream.listeners.tcp.1 = 127.0.0.1:{rabbit_stream}\nstream.advertised_host = 127.0.0.1\n"
+    directory = tmp_path_factory.mktemp("stream-protocol")
+    with oracle(config, ["rabbitmq_stream"], also=[rabbit_stream]), broker(directory / "data", stream=stream):
+        wait_for_port(stream, 30)
+        yield stream, rabbit_stream
+    assert "Traceback" not in (directory / "broker.log").read_text()
+
+
+class Peer:
+    """A blocking stream-protocol client that records what it gets."""
+
+    def __init__(self, port: int) -> None:
+        self.socket = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.reader = wire.FrameReader()
+        self.log: list[Any] = []
+        self.correlation = 0
+
+    def send(self, key: int, body: bytes, correlated: bool = True) -> None:
+        if correlated:
+            self.correlation += 1
+            body = struct.pack(">I", self.correlation) + body
+        self.write(wire.frame(key, body))
+
+    def write(self, data: bytes) -> None:
+        """Send ``data``; a socket the server closed already is recorded as closed."""
+        try:
+            self.socket.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            if self.log[-1:] != ["closed"]:
+                self.log.append("closed")
+
+    def read(self, wait: float = 2.0) -> None:
+        """Record the frames that arrive within ``wait`` seconds, or the socket's end."""
+        self.socket.settimeout(wait)
+        frames: list[bytes] = []
+        try:
+            while not frames:
+                data = self.socket.recv(65536)
+                if not data:
+                    self.log.append("closed")
+                    return
+                frames = self.reader.feed(data)
+        except TimeoutError:
+            self.log.append("nothing")
+            return
+        except ConnectionResetError:
+            self.log.append("closed")
+            return
+        self.log += [decoded(frame) for frame in frames]
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+def decoded(frame: bytes) -> Any:
+    """A frame from a server as comparable fields (what differs by nature normalised)."""
+    key, version = struct.unpack_from(">HH", frame)
+    body = frame[4:]
+    command = key & ~wire.RESPONSE
+    if key == wire.PEER_PROPERTIES | wire.RESPONSE:
+        correlation, code = struct.unpack_from(">IH", body)
+        return ("peer_properties", correlation, code, sorted(strings_map(body[6:])))
+    if key == wire.OPEN | wire.RESPONSE:
+        correlation, code = struct.unpack_from(">IH", body)
+        if len(body) > 6:
+            return ("open", correlation, code, sorted(strings_map(body[6:])))
+        return ("open", correlation, code)
+    if key == wire.SASL_HANDSHAKE | wire.RESPONSE:
+        correlation, code = struct.unpack_from(">IH", body)
+        return ("sasl_handshake", correlation, code, strings_list(body[6:]))
+    if key == wire.METADATA | wire.RESPONSE:
+        return ("metadata", *metadata(body))
+    return (key, version, command, body.hex())
+
+
+def strings_map(body: bytes) -> dict[str, str]:
+    (count,) = struct.unpack_from(">I", body)
+    at, found = 4, {}
+    for _ in range(count):
+        key, at = read_string(body, at)
+        value, at = read_string(body, at)
+        found[key] = value
+    return found
+
+
+def strings_list(body: bytes) -> list[str]:
+    (count,) = struct.unpack_from(">I", body)
+    at, found = 4, []
+    for _ in range(count):
+        value, at = read_string(body, at)
+        found.append(value)
+    return found
+
+
+def read_string(body: bytes, at: int) -> tuple[str, int]:
+    (size,) = struct.unpack_from(">h", body, at)
+    return body[at + 2 : at + 2 + size].decode(), at + 2 + size
+
+
+def metadata(body: bytes) -> tuple[Any, ...]:
+    """Correlation id, broker references, and per stream its name, code, leader and replicas
+    (the brokers' hosts and ports left out: each advertises its own)."""
+    correlation, count = struct.unpack_from(">II", body)
+    at, brokers = 8, []
+    for _ in range(count):
+        (reference,) = struct.unpack_from(">H", body, at)
+        _host, at = read_string(body, at + 2)
+        brokers.append(reference)
+        at += 4
+    (count,) = struct.unpack_from(">I", body, at)
+    at += 4
+    streams = []
+    for _ in range(count):
+        name, at = read_string(body, at)
+        code, leader, replicas = struct.unpack_from(">HHI", body, at)
+        at += 8 + 2 * replicas
+        streams.append((name, code, leader, replicas))
+    return correlation, brokers, streams
+
+
+def s(value: str) -> bytes:
+    return wire.string(value)
+
+
+def handshake(peer: Peer, user: str = "guest", password: str = "guest", vhost: str = "/") -> None:
+    peer.send(wire.PEER_PROPERTIES, wire.string_map({"product": "transcript"}))
+    peer.read()
+    peer.send(wire.SASL_HANDSHAKE, b"")
+    peer.read()
+    response = f"\0{user}\0{password}".encode()
+    peer.send(wire.SASL_AUTHENTICATE, s("PLAIN") + struct.pack(">I", len(response)) + response)
+    peer.read()
+    if peer.log[-1] in ("closed", "nothing"):
+        return
+    if peer.log[-1][0] != wire.TUNE:
+        peer.read()  # the server's tune (RabbitMQ writes it on its own)
+    peer.write(wire.frame(wire.TUNE | wire.RESPONSE, struct.pack(">II", 1048576, 60)))
+    peer.send(wire.OPEN, s(vhost))
+    peer.read()
+
+
+def compare(ports: tuple[int, int], scenario: Callable[[Peer], None]) -> list[Any]:
+    """Run ``scenario`` against both brokers; their logs must be equal. Returns Postroom's."""
+    logs = []
+    for port in ports:
+        peer = Peer(port)
+        try:
+            scenario(peer)
+        finally:
+            peer.close()
+        logs.append(peer.log)
+    assert logs[0] == logs[1], "\n".join(f"{a!r:80} | {b!r}" for a, b in zip(*logs, strict=False))
+    return logs[0]
+
+
+def test_the_handshake_creates_describes_and_deletes_streams_as_rabbitmq(ports: tuple[int, int]) -> None:
+    def scenario(peer: Peer) -> None:
+        handshake(peer)
+        for name, arguments in [
+            ("sp-a", {}),
+            ("sp-a", {}),  # again: "stream already exists"
+            ("sp-b", {"max-length-bytes": "1000000", "max-age": "1h", "something-else": "x"}),
+            ("amq.sp", {}),  # reserved
+            ("", {}),
+            ("sp-c", {"initial-cluster-size": "0"}),  # not valid
+        ]:
+            peer.send(wire.CREATE_STREAM, s(name) + wire.string_map(arguments))
+            peer.read()
+        peer.send(wire.METADATA, wire.strings(["sp-a", "missing", "sp-b", "sp-a"]))
+        peer.read()
+        peer.send(wire.METADATA, wire.strings(["missing"]))
+        peer.read()
+        for name in ("sp-a", "sp-a", "missing", "sp-b"):
+            peer.send(wire.DELETE_STREAM, s(name))
+            peer.read()
+        peer.send(wire.HEARTBEAT, b"", correlated=False)
+        peer.read(0.5)
+        peer.send(wire.CLOSE, struct.pack(">H", 1) + s("done"))
+        peer.read()
+
+    log = compare(ports, scenario)
+    assert log[0][2] == wire.OK and log[0][3] == SERVER_PROPERTIES
+    assert ("open", 4, wire.OK, ["advertised_host", "advertised_port"]) in log
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["wrong password", "unknown user", "unknown mechanism", "unknown vhost", "heartbeat first", "sasl first"],
+)
+def test_what_ends_a_connection_before_it_is_open_as_rabbitmq(ports: tuple[int, int], case: str) -> None:
+    def scenario(peer: Peer) -> None:
+        if case == "wrong password":
+            handshake(peer, password="wrong")
+        elif case == "unknown user":
+            handshake(peer, user="nobody")
+        elif case == "unknown vhost":
+            handshake(peer, vhost="nowhere")
+        elif case == "unknown mechanism":
+            peer.send(wire.PEER_PROPERTIES, wire.string_map({}))
+            peer.read()
+            peer.send(wire.SASL_AUTHENTICATE, s("CRAM") + struct.pack(">i", -1))
+            peer.read()
+        elif case == "heartbeat first":
+            peer.send(wire.HEARTBEAT, b"", correlated=False)
+        elif case == "sasl first":
+            peer.send(wire.SASL_HANDSHAKE, b"")
+            peer.read()
+        peer.read()
+
+    assert compare(ports, scenario)[-1] == "closed"
+
+
+def test_an_unknown_command_once_open_is_answered_with_close_13_as_rabbitmq(ports: tuple[int, int]) -> None:
+    def scenario(peer: Peer) -> None:
+        handshake(peer)
+        peer.send(wire.PEER_PROPERTIES, wire.string_map({}))  # (a handshake command, once open)
+        peer.read()
+        peer.write(wire.frame(wire.CLOSE | wire.RESPONSE, struct.pack(">IH", 1, wire.OK)))
+        peer.read()
+
+    log = compare(ports, scenario)
+    assert log[-1] == "closed"
