@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from pamqp.commands import Basic
 from twisted.logger import Logger
 
 from broker.core.entry import Consumer, Entry
@@ -37,7 +38,8 @@ from broker.core.queue import QueueSettings
 from broker.errors import ChannelCrash, ChannelException, ReplyCode
 from broker.wal.record import WALCorruption, pack_stream_messages
 from broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, Chunk, Staged, StreamLog
-from broker.wire.codec import split_names
+from broker.wire.amqp10 import AMQP10Error, to_amqp091
+from broker.wire.codec import encode_content_header, shortstr, split_names
 from broker.wire.content import ContentError, headers_content, with_headers_content
 from broker.wire.table import Int64, TableError, encode_entry, iter_table
 from config.policies import STREAM_KEYS
@@ -58,6 +60,21 @@ _INTERVAL = re.compile(r"([0-9]*)(.*)", re.DOTALL)
 #: of one name a failover group (one reads at a time).
 CONSUMER_NAME = "x-stream-consumer-name"
 SINGLE_ACTIVE = "x-single-active-consumer"
+
+#: The exchange and routing key kept with a message published over the stream protocol.
+RAW_NAMES = b"\x00\x00"
+
+
+def amqp091_of(message: bytes, stream: str) -> tuple[bytes, bytes, bytes]:
+    """A message published over the stream protocol to ``stream`` as AMQP 0-9-1 delivers it
+    (names, content header, body); one that is not AMQP 1.0 is delivered as its body, with no
+    properties."""
+    try:
+        return to_amqp091(message, stream)
+    except AMQP10Error:
+        names = b"\x00" + shortstr(stream)
+        return names, encode_content_header(len(message), Basic.Properties()), message
+
 
 #: Body bytes past which the messages waiting for a chunk go into the next one.
 CHUNK_BYTES = 1 << 20
@@ -285,6 +302,11 @@ class StreamQueue:
         self.dead_lettered: dict[Any, int] = {}
         #: Deliveries are not sampled for latency on a stream (the channel reads this).
         self.latency_samples: dict[Entry, float] = {}
+        #: Called with the stream when chunks were written (the stream protocol's readers).
+        self.watchers: set[Any] = set()
+        #: The stream protocol's named publishers: the last publishing id each wrote here
+        #: (a message with an id not above it is a resend, confirmed and not written again).
+        self.publishers: dict[str, int] = {}
 
     # -- what it holds ------------------------------------------------------------------------
 
@@ -367,6 +389,21 @@ class StreamQueue:
 
     # -- appending ----------------------------------------------------------------------------
 
+    def append_raw(self, messages: Iterable[bytes]) -> int:
+        """Take messages published over the stream protocol, as their clients encoded them
+        (AMQP 1.0), for the next chunk; kept with an empty content header, which no AMQP 0-9-1
+        message has (see :meth:`_entries`). Returns how many."""
+        pending = self._pending
+        store = self.store
+        count = 0
+        for body in messages:
+            pending.append((RAW_NAMES, b"", body))
+            count += 1
+            if store is not None:
+                store.pending(self, len(body))
+        self.published += count
+        return count
+
     def enqueue(self, message: Message) -> bool:
         """Take ``message`` for the next chunk (readable once that chunk is written)."""
         self._pending.append((message.names, message.header, message.body))
@@ -420,6 +457,8 @@ class StreamQueue:
                 self._staged.popleft()
             self.committed = max(self.committed, item.chunk.next_offset)
         self.dispatch()
+        for watcher in list(self.watchers):
+            watcher(self)
 
     # -- consumers ----------------------------------------------------------------------------
 
@@ -585,6 +624,8 @@ class StreamQueue:
         messages = self.log.read_messages(chunk)
         first = max(0, skip_below - chunk.first_offset)
         for offset, (names, header, body) in enumerate(messages[first:], chunk.first_offset + first):
+            if not header:  # published over the stream protocol: its AMQP 0-9-1 form
+                names, header, body = amqp091_of(body, self.name)
             strings = decoded.get(names)
             if strings is None:
                 strings = decoded[names] = split_names(names)

@@ -598,8 +598,11 @@ class VirtualHost:
             self._maybe_auto_delete(source)
         queue.sources.clear()
         queue.purge()
-        if queue.kind == "stream" and self.streams is not None:
-            self.streams.delete(queue)
+        if queue.kind == "stream":
+            if self.streams is not None:
+                self.streams.delete(queue)
+            for watcher in list(queue.watchers):  # type: ignore[attr-defined]  # (the stream protocol's users)
+                watcher(queue)
         for consumer in list(queue.consumers):
             queue.remove_consumer(consumer)
             consumer.channel.consumer_cancelled(consumer)  # type: ignore[attr-defined]

@@ -16,13 +16,25 @@ Bytes come in through :meth:`StreamConnection.receive`; what is to be written co
 from __future__ import annotations
 
 import struct
+import zlib
 from collections.abc import Callable
 from typing import Any
 
+from twisted.logger import Logger
+
 from broker.core.node import Node
+from broker.core.stream import StreamQueue
 from broker.errors import ChannelException
+from broker.wal.record import WALCorruption
+from broker.wal.streamlog import Chunk
 from broker.wire import streamframes as wire
+from broker.wire.amqp10 import from_amqp091
 from broker.wire.codec import decode_table
+
+_log = Logger()
+
+#: The longest offset reference stored (the protocol's limit: 256 characters).
+MAX_REFERENCE = 256
 
 #: The frame size and heartbeat (seconds) the server offers in ``tune`` (RabbitMQ's defaults).
 FRAME_MAX = 1_048_576
@@ -76,6 +88,9 @@ class StreamConnection:
         self.user: Any = None
         self.user_name = ""
         self.vhost: Any = None
+        #: Publishers and subscriptions by the ids the client gave them.
+        self.publishers: dict[int, _Publisher] = {}
+        self.subscriptions: dict[int, _Subscription] = {}
         self.frame_max = FRAME_MAX
         self.heartbeat = HEARTBEAT
         #: Whether the client sent anything since the last heartbeat check.
@@ -236,9 +251,28 @@ class StreamConnection:
             self._delete(correlation, command[2])
         elif name == "metadata":
             self._metadata(correlation, command[2])
+        elif name == "declare_publisher":
+            self._declare_publisher(correlation, *command[2:])
+        elif name == "publish":
+            self._publish(*command[2:])
+        elif name == "query_publisher_sequence":
+            self._query_publisher_sequence(correlation, *command[2:])
+        elif name == "delete_publisher":
+            self._delete_publisher(correlation, command[2])
+        elif name == "subscribe":
+            self._subscribe(correlation, *command[2:])
+        elif name == "credit":
+            self._credit(*command[2:])
+        elif name == "unsubscribe":
+            self._unsubscribe(correlation, command[2])
+        elif name == "store_offset":
+            self._store_offset(*command[2:])
+        elif name == "query_offset":
+            self._query_offset(correlation, *command[2:])
         elif name == "close":
             self.out.append(wire.response(wire.CLOSE, correlation, wire.OK))
             self.step = "closing"
+            self.finished = True  # (RabbitMQ closes the socket once it answered)
         else:
             self.out.append(wire.close(1, wire.UNKNOWN_FRAME, "unknown frame"))
             self.step = "close_sent"
@@ -298,8 +332,8 @@ class StreamConnection:
         if queue is None or queue.kind != "stream":
             self.out.append(wire.response(wire.DELETE_STREAM, correlation, wire.STREAM_DOES_NOT_EXIST))
             return
-        self.vhost.remove_queue(queue)
         self.out.append(wire.response(wire.DELETE_STREAM, correlation, wire.OK))
+        self.vhost.remove_queue(queue)  # (this connection's metadata_update follows the answer)
 
     def _metadata(self, correlation: int, names: list[str]) -> None:
         host, port = self.advertised
@@ -316,12 +350,329 @@ class StreamConnection:
         brokers = [(0, host, port)] if found else []
         self.out.append(wire.metadata_response(correlation, brokers, streams))
 
+    def _stream(self, name: str) -> StreamQueue | None:
+        queue = self.vhost.queues.get(name) if self.vhost is not None else None
+        return queue if isinstance(queue, StreamQueue) else None
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    def _declare_publisher(self, correlation: int, publisher: int, reference: str, name: str) -> None:
+        def answer(code: int) -> None:
+            self.out.append(wire.response(wire.DECLARE_PUBLISHER, correlation, code))
+
+        if not self._permitted("write", name):
+            answer(wire.ACCESS_REFUSED)
+        elif publisher in self.publishers:
+            answer(wire.PRECONDITION_FAILED)
+        elif (stream := self._stream(name)) is None:
+            answer(wire.STREAM_DOES_NOT_EXIST)
+        elif reference and any(p.reference == reference and p.stream is stream for p in self.publishers.values()):
+            answer(wire.PRECONDITION_FAILED)
+        else:
+            self.publishers[publisher] = _Publisher(publisher, reference, stream)
+            stream.watchers.add(self._stream_changed)
+            answer(wire.OK)
+
+    def _publish(self, publisher_id: int, count: int, data: bytes) -> None:
+        publisher = self.publishers.get(publisher_id)
+        try:
+            messages = _published(data)
+        except wire.Malformed:
+            messages = None
+        if messages is None:
+            # A frame whose messages do not add up (or a sub-entry batch, not taken yet):
+            # refused whole.
+            self.out.append(_publish_error(publisher_id, [], wire.PRECONDITION_FAILED))
+            return
+        ids = [publishing_id for publishing_id, _ in messages]
+        if publisher is None or publisher.stream.deleted:
+            self.out.append(_publish_error(publisher_id, ids, wire.PUBLISHER_DOES_NOT_EXIST))
+            return
+        stream = publisher.stream
+        if not self._permitted("write", stream.name):
+            self.out.append(_publish_error(publisher_id, ids, wire.ACCESS_REFUSED))
+            return
+        if publisher.reference:
+            last = stream.publishers.get(publisher.reference, -1)
+            fresh = [body for publishing_id, body in messages if publishing_id > last]
+            stream.publishers[publisher.reference] = max(last, max(ids, default=last))
+        else:
+            fresh = [body for _, body in messages]
+        publisher.published += len(fresh)
+        if fresh:
+            stream.append_raw(fresh)
+        journal = getattr(stream.store, "journal", None)
+        if journal is None or not fresh:
+            self.out.append(_publish_confirm(publisher_id, ids))
+            publisher.confirmed += len(ids)
+            return
+        journal.when_durable(lambda durable: self._written(publisher, ids, durable))
+
+    def _written(self, publisher: _Publisher, ids: list[int], durable: bool) -> None:
+        if self.finished:
+            return
+        if durable:
+            self.out.append(_publish_confirm(publisher.id, ids))
+            publisher.confirmed += len(ids)
+        else:
+            self.out.append(_publish_error(publisher.id, ids, wire.INTERNAL_ERROR))
+        self.wake()
+
+    def _query_publisher_sequence(self, correlation: int, reference: str, name: str) -> None:
+        stream = self._stream(name)
+        if stream is None:
+            self.out.append(
+                wire.response(wire.QUERY_PUBLISHER_SEQUENCE, correlation, wire.STREAM_DOES_NOT_EXIST, wire.u64(0))
+            )
+            return
+        sequence = max(stream.publishers.get(reference, 0), 0)
+        self.out.append(wire.response(wire.QUERY_PUBLISHER_SEQUENCE, correlation, wire.OK, wire.u64(sequence)))
+
+    def _delete_publisher(self, correlation: int, publisher: int) -> None:
+        gone = self.publishers.pop(publisher, None)
+        code = wire.OK if gone is not None else wire.PUBLISHER_DOES_NOT_EXIST
+        self.out.append(wire.response(wire.DELETE_PUBLISHER, correlation, code))
+        if gone is not None:
+            self._unwatch(gone.stream)
+
+    # -- subscribing ----------------------------------------------------------------------------
+
+    def _subscribe(
+        self,
+        correlation: int,
+        subscription: int,
+        name: str,
+        offset: tuple[Any, ...],
+        credit: int,
+        _properties: dict[str, str],
+    ) -> None:
+        def answer(code: int) -> None:
+            self.out.append(wire.response(wire.SUBSCRIBE, correlation, code))
+
+        stream = self._stream(name)
+        if stream is None:
+            answer(wire.STREAM_DOES_NOT_EXIST)
+            return
+        if subscription in self.subscriptions:
+            answer(wire.SUBSCRIPTION_ID_ALREADY_EXISTS)
+            return
+        if not self._permitted("read", name):
+            answer(wire.ACCESS_REFUSED)
+            return
+        reader = _Subscription(subscription, stream, _start(stream, offset), credit)
+        self.subscriptions[subscription] = reader
+        stream.watchers.add(self._stream_changed)
+        answer(wire.OK)
+        self._pump(reader)
+
+    def _stream_changed(self, stream: StreamQueue) -> None:
+        """``stream`` has new chunks written: deliver them. Or it was deleted: its publishers
+        and subscriptions here go, and the client is told (``metadata_update``, 6)."""
+        if stream.deleted:
+            self.publishers = {k: p for k, p in self.publishers.items() if p.stream is not stream}
+            self.subscriptions = {k: r for k, r in self.subscriptions.items() if r.stream is not stream}
+            stream.watchers.discard(self._stream_changed)
+            if not self.finished:
+                self.out.append(wire.metadata_update(wire.STREAM_NOT_AVAILABLE, stream.name))
+        else:
+            for reader in list(self.subscriptions.values()):
+                if reader.stream is stream:
+                    self._pump(reader)
+        self.wake()
+
+    def _pump(self, reader: _Subscription) -> None:
+        """Deliver the written chunks ``reader`` has not had while it has credit, a chunk each."""
+        stream = reader.stream
+        while reader.credit > 0 and not self.finished and reader.active:
+            try:
+                chunk = _next_chunk(stream, reader)
+                if chunk is None:
+                    return
+                frame = _deliver(reader.id, chunk, stream.log.read_messages(chunk))
+            except (OSError, WALCorruption) as error:
+                reader.active = False
+                self.reason = f"reading stream '{stream.name}' at offset {reader.next_offset} failed: {error}"
+                _log.error(
+                    "stream protocol subscription {id} on {stream!r}: {reason}",
+                    id=reader.id,
+                    stream=stream.name,
+                    reason=self.reason,
+                )
+                return
+            reader.chunk = chunk
+            reader.next_offset = chunk.next_offset
+            reader.credit -= 1
+            reader.delivered += chunk.count
+            self.out.append(frame)
+
+    def _credit(self, subscription: int, credit: int) -> None:
+        reader = self.subscriptions.get(subscription)
+        if reader is None:
+            self.out.append(
+                wire.frame(
+                    wire.CREDIT | wire.RESPONSE, wire.u16(wire.SUBSCRIPTION_ID_DOES_NOT_EXIST) + bytes((subscription,))
+                )
+            )
+            return
+        reader.credit += credit
+        self._pump(reader)
+
+    def _unsubscribe(self, correlation: int, subscription: int) -> None:
+        reader = self.subscriptions.pop(subscription, None)
+        if reader is None:
+            self.out.append(wire.response(wire.UNSUBSCRIBE, correlation, wire.SUBSCRIPTION_ID_DOES_NOT_EXIST))
+            return
+        self._unwatch(reader.stream)
+        self.out.append(wire.response(wire.UNSUBSCRIBE, correlation, wire.OK))
+
+    def _unwatch(self, stream: StreamQueue) -> None:
+        """Stop watching ``stream`` once no publisher or subscription here uses it."""
+        users = [*self.subscriptions.values(), *self.publishers.values()]
+        if not any(user.stream is stream for user in users):
+            stream.watchers.discard(self._stream_changed)
+
+    # -- offsets ----------------------------------------------------------------------------------
+
+    def _store_offset(self, reference: str, name: str, offset: int) -> None:
+        """No answer, as RabbitMQ: for a stream missing or that the user may not write to (as
+        RabbitMQ checks it), or a reference longer than 256 characters, nothing is stored."""
+        stream = self._stream(name)
+        if stream is None or not reference or len(reference) > MAX_REFERENCE or not self._permitted("write", name):
+            return
+        stream.subscriptions[reference] = offset
+        if stream.store is not None:
+            stream.store.offset_stored(stream, reference, offset)
+
+    def _query_offset(self, correlation: int, reference: str, name: str) -> None:
+        stream = self._stream(name)
+        if stream is None:
+            self.out.append(wire.response(wire.QUERY_OFFSET, correlation, wire.STREAM_DOES_NOT_EXIST, wire.u64(0)))
+            return
+        stored = stream.subscriptions.get(reference)
+        if stored is None:
+            self.out.append(wire.response(wire.QUERY_OFFSET, correlation, wire.NO_OFFSET, wire.u64(0)))
+            return
+        self.out.append(wire.response(wire.QUERY_OFFSET, correlation, wire.OK, wire.u64(stored)))
+
     # -- the end ----------------------------------------------------------------------------------
 
     def connection_lost(self) -> None:
-        """The socket closed: the connection is gone from the node."""
+        """The socket closed: the connection is gone from the node, with its publishers and
+        subscriptions."""
         self.finished = True
         self.node.stream_connections.discard(self)
+        for user in [*self.subscriptions.values(), *self.publishers.values()]:
+            user.stream.watchers.discard(self._stream_changed)
+        self.subscriptions.clear()
+        self.publishers.clear()
+
+
+class _Publisher:
+    __slots__ = ("id", "reference", "stream", "published", "confirmed")
+
+    def __init__(self, publisher_id: int, reference: str, stream: StreamQueue) -> None:
+        self.id = publisher_id
+        self.reference = reference
+        self.stream = stream
+        self.published = 0
+        self.confirmed = 0
+
+
+class _Subscription:
+    """Where one subscription is in its stream, and the chunks it may still be sent."""
+
+    __slots__ = ("id", "stream", "chunk", "next_offset", "credit", "active", "delivered")
+
+    def __init__(self, subscription: int, stream: StreamQueue, start: int, credit: int) -> None:
+        self.id = subscription
+        self.stream = stream
+        #: The last chunk sent (its successor comes next), or ``None``: the chunk holding
+        #: :attr:`next_offset` comes next.
+        self.chunk: Chunk | None = None
+        self.next_offset = start
+        self.credit = credit
+        self.active = True
+        self.delivered = 0
+
+
+def _start(stream: StreamQueue, offset: tuple[Any, ...]) -> int:
+    """The offset a subscription starts at (the chunk holding it is sent whole)."""
+    log = stream.log
+    first, end = log.first_offset, stream.committed
+    kind = offset[0]
+    if kind == "first":
+        return first
+    if kind == "last":
+        last = log.locate(end - 1) if end > first else None
+        return last.first_offset if last is not None else end
+    if kind == "offset":
+        return min(max(int(offset[1]), first), end)
+    if kind == "timestamp" and first < end:
+        chunk = log.locate_time(offset[1] / 1000.0)
+        return chunk.first_offset if chunk is not None and chunk.first_offset < end else end
+    return end
+
+
+def _next_chunk(stream: StreamQueue, reader: _Subscription) -> Chunk | None:
+    if reader.next_offset >= stream.committed:
+        return None
+    chunk = stream.log.next_chunk(reader.chunk) if reader.chunk is not None else stream.log.locate(reader.next_offset)
+    if chunk is None or chunk.first_offset >= stream.committed:
+        return None
+    return chunk
+
+
+_CHUNK_HEAD = struct.Struct(">HHBBBHIqQQIIII")  # frame key, version, subscription; osiris's head
+_ENTRY = struct.Struct(">I")
+
+
+def _deliver(subscription: int, chunk: Chunk, messages: list[tuple[bytes, bytes, bytes]]) -> bytes:
+    """A ``deliver`` frame of ``chunk``: RabbitMQ's chunk format (osiris's), each message a
+    simple entry, as AMQP 1.0 (those published over AMQP 0-9-1 converted)."""
+    entries = []
+    pack = _ENTRY.pack
+    for names, header, body in messages:
+        message = body if not header else from_amqp091(names, header, body)
+        entries += (pack(len(message)), message)
+    data = b"".join(entries)
+    count = len(messages)
+    head = _CHUNK_HEAD.pack(
+        wire.DELIVER, 1, subscription,
+        0x50, 0, count, count, int(chunk.timestamp * 1000), 1, chunk.first_offset,
+        zlib.crc32(data), len(data), 0, 0,
+    )  # fmt: skip
+    return wire.u32(len(head) + len(data)) + head + data
+
+
+def _published(data: bytes) -> list[tuple[int, bytes]] | None:
+    """The publishing ids and messages of a ``publish`` frame; ``None`` for a sub-entry batch."""
+    messages = []
+    at, end = 0, len(data)
+    unpack = _ID_SIZE.unpack_from
+    while at < end:
+        if end - at < 12:
+            raise wire.Malformed("short")
+        publishing_id, size = unpack(data, at)
+        if size & 0x80000000:
+            return None
+        at += 12
+        if at + size > end:
+            raise wire.Malformed("short")
+        messages.append((publishing_id, data[at : at + size]))
+        at += size
+    return messages
+
+
+_ID_SIZE = struct.Struct(">QI")
+
+
+def _publish_confirm(publisher: int, ids: list[int]) -> bytes:
+    return wire.frame(wire.PUBLISH_CONFIRM, bytes((publisher,)) + wire.u32(len(ids)) + b"".join(map(wire.u64, ids)))
+
+
+def _publish_error(publisher: int, ids: list[int], code: int) -> bytes:
+    errors = b"".join(wire.u64(i) + wire.u16(code) for i in ids)
+    return wire.frame(wire.PUBLISH_ERROR, bytes((publisher,)) + wire.u32(len(ids)) + errors)
 
 
 def _amqplain(response: bytes) -> tuple[str, str] | None:

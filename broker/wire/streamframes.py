@@ -462,5 +462,9 @@ def u64(value: int) -> bytes:
     return _u64.pack(value)
 
 
+def u16(value: int) -> bytes:
+    return _u16.pack(value)
+
+
 def u32(value: int) -> bytes:
     return _u32.pack(value)

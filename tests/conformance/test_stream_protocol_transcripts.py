@@ -24,6 +24,9 @@ from tests.integration.test_crash import broker
 
 pytestmark = pytest.mark.integration
 
+#: Seconds without a byte after which an answer is taken as whole.
+SETTLE = 0.2
+
 #: The keys both brokers' peer properties have.
 SERVER_PROPERTIES = ["cluster_name", "copyright", "information", "platform", "product", "version"]
 
@@ -80,7 +83,19 @@ class Peer:
         except ConnectionResetError:
             self.log.append("closed")
             return
+        # What follows at once belongs to the same answer (a broker may write it apart).
+        self.socket.settimeout(SETTLE)
+        closed = True
+        try:
+            while data := self.socket.recv(65536):
+                frames += self.reader.feed(data)
+        except TimeoutError:
+            closed = False
+        except ConnectionResetError:
+            pass
         self.log += [decoded(frame) for frame in frames]
+        if closed:
+            self.log.append("closed")
 
     def close(self) -> None:
         self.socket.close()
@@ -254,3 +269,46 @@ def test_an_unknown_command_once_open_is_answered_with_close_13_as_rabbitmq(port
 
     log = compare(ports, scenario)
     assert log[-1] == "closed"
+
+
+def test_publishers_subscriptions_and_offsets_are_refused_as_on_rabbitmq(ports: tuple[int, int]) -> None:
+    def scenario(peer: Peer) -> None:
+        handshake(peer)
+        peer.send(wire.CREATE_STREAM, s("sp-p") + wire.string_map({}))
+        peer.read()
+        for publisher, reference, stream in [
+            (1, "", "missing"),  # stream does not exist
+            (1, "ref-1", "sp-p"),
+            (1, "ref-2", "sp-p"),  # the id is taken
+            (2, "ref-1", "sp-p"),  # the reference is taken
+            (3, "x" * 300, "sp-p"),  # too long
+        ]:
+            peer.send(wire.DECLARE_PUBLISHER, bytes((publisher,)) + s(reference) + s(stream))
+            peer.read()
+        for reference, stream in [("ref-1", "sp-p"), ("nobody", "sp-p"), ("ref-1", "missing")]:
+            peer.send(wire.QUERY_PUBLISHER_SEQUENCE, s(reference) + s(stream))
+            peer.read()
+        # A publish of an unknown publisher: a publish_error per message.
+        message = b"\x00\x53\x75\xa0\x01x"
+        entry = struct.pack(">QI", 7, len(message)) + message
+        peer.write(wire.frame(wire.PUBLISH, bytes((9,)) + struct.pack(">I", 1) + entry))
+        peer.read()
+        for subscription, stream in [(1, "missing"), (1, "sp-p"), (1, "sp-p")]:
+            peer.send(wire.SUBSCRIBE, bytes((subscription,)) + s(stream) + struct.pack(">hH", wire.OFFSET_NEXT, 10))
+            peer.read()
+        peer.write(wire.frame(wire.CREDIT, bytes((5,)) + struct.pack(">h", 1)))  # unknown subscription
+        peer.read()
+        for reference, stream in [("nobody", "sp-p"), ("r", "missing")]:
+            peer.send(wire.QUERY_OFFSET, s(reference) + s(stream))
+            peer.read()
+        for subscription in (1, 1):
+            peer.send(wire.UNSUBSCRIBE, bytes((subscription,)))
+            peer.read()
+        for publisher in (1, 1):
+            peer.send(wire.DELETE_PUBLISHER, bytes((publisher,)))
+            peer.read()
+        peer.send(wire.DELETE_STREAM, s("sp-p"))
+        peer.read()
+
+    log = compare(ports, scenario)
+    assert (wire.QUERY_OFFSET | wire.RESPONSE, 1, wire.QUERY_OFFSET, "00000011" + "0013" + "00" * 8) in log

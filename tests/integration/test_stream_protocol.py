@@ -1,0 +1,184 @@
+"""RabbitMQ's stream protocol with a stock client: ``rstream`` (1.1.1) against Postroom and
+against RabbitMQ 3.10.8 with ``rabbitmq_stream``, the same session on each, the same results.
+
+The session publishes with confirms (one at a time and in a batch), resends a named
+publisher's messages (deduplicated: none is written twice), reads from ``first``, ``next``,
+an offset and a timestamp, and stores and queries an offset. Then it crosses protocols on
+Postroom: what rstream published is read by pika over AMQP 0-9-1 and the other way round.
+Postroom is killed and started again: the stored offset is still there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+from rstream import (
+    AMQPMessage,
+    Consumer,
+    ConsumerOffsetSpecification,
+    MessageContext,
+    OffsetType,
+    Producer,
+    amqp_decoder,
+    schema,
+)
+from rstream.client import Client
+from rstream.exceptions import OffsetNotFound
+
+from broker.tools.testing import free_port, rabbitmq_node, wait_for_port
+from tests.integration.test_crash import broker
+
+pytestmark = [pytest.mark.integration, pytest.mark.hang_timeout(300)]
+
+STREAM = "orders-s"
+
+
+async def read(port: int, offset: ConsumerOffsetSpecification, until: int, seconds: float = 5.0) -> list[Any]:
+    """``(offset, body, n)`` of what a consumer from ``offset`` gets (up to ``until`` messages)."""
+    got: list[Any] = []
+    done = asyncio.Event()
+
+    async def on(message: AMQPMessage, context: MessageContext) -> None:
+        properties = message.application_properties or {}
+        got.append((context.offset, bytes(message.body), properties.get(b"n", properties.get("n"))))
+        if len(got) >= until:
+            done.set()
+
+    async with Consumer("127.0.0.1", port=port, username="guest", password="guest") as consumer:
+        await consumer.start()
+        await consumer.subscribe(STREAM, on, decoder=amqp_decoder, offset_specification=offset)
+        try:
+            await asyncio.wait_for(done.wait(), seconds)
+        except TimeoutError:
+            pass
+    return got[:until]  # (a chunk is delivered whole: one may bring more)
+
+
+async def resend(port: int) -> list[int]:
+    """A named publisher sends ids 1-20, then 11-30 again (as after a lost connection): the
+    publisher sequence it is told after each."""
+    client = Client("127.0.0.1", port, frame_max=1048576, heartbeat=60)
+    await client.start()
+    await client.authenticate("/", "guest", "guest")
+    confirmed: list[int] = []
+    arrived = asyncio.Event()
+
+    def on_confirm(frame: schema.PublishConfirm) -> None:
+        confirmed.extend(frame.publishing_ids)
+        arrived.set()
+
+    client.add_handler(schema.PublishConfirm, on_confirm)
+    await client.declare_publisher(STREAM, "app-1", 1)
+    sequences = []
+    for ids in (range(1, 21), range(11, 31)):
+        messages = [schema.Message(i, None, bytes(AMQPMessage(body=b"d%d" % i))) for i in ids]
+        await client.publish(messages, 1)
+        deadline = time.monotonic() + 5
+        while not set(ids) <= set(confirmed) and time.monotonic() < deadline:
+            arrived.clear()
+            try:
+                await asyncio.wait_for(arrived.wait(), 1)
+            except TimeoutError:
+                pass
+        sequences.append(await client.query_publisher_sequence(STREAM, "app-1"))
+    await client.delete_publisher(1)
+    await client.close()
+    return sequences
+
+
+async def session(port: int) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    async with Producer("127.0.0.1", port=port, username="guest", password="guest") as producer:
+        await producer.create_stream(STREAM, exists_ok=True)
+        for n in range(30):
+            await producer.send_wait(STREAM, AMQPMessage(body=b"o%d" % n, application_properties={"n": n}))
+        await producer.send_batch(
+            STREAM, [AMQPMessage(body=b"o%d" % n, application_properties={"n": n}) for n in range(30, 60)]
+        )
+    await asyncio.sleep(0.5)
+    results["sequences"] = await resend(port)
+    everything = await read(port, ConsumerOffsetSpecification(OffsetType.FIRST, None), 90)
+    results["first"] = [(body, n) for _offset, body, n in everything]
+    results["offsets are consecutive"] = [offset for offset, _, _ in everything] == list(range(len(everything)))
+    results["from offset 10"] = [
+        body for _o, body, _n in await read(port, ConsumerOffsetSpecification(OffsetType.OFFSET, 10), 70)
+    ]
+    an_hour_ago = int((time.time() - 3600) * 1000)
+    results["from a timestamp"] = len(
+        await read(port, ConsumerOffsetSpecification(OffsetType.TIMESTAMP, an_hour_ago), 100)
+    )
+
+    async def next_only() -> list[Any]:
+        reader = asyncio.create_task(read(port, ConsumerOffsetSpecification(OffsetType.NEXT, None), 1))
+        await asyncio.sleep(1.5)
+        async with Producer("127.0.0.1", port=port, username="guest", password="guest") as producer:
+            await producer.send_wait(STREAM, AMQPMessage(body=b"late", application_properties={"n": -1}))
+        return [(body, n) for _o, body, n in await reader]
+
+    results["next"] = await next_only()
+    async with Consumer("127.0.0.1", port=port, username="guest", password="guest") as consumer:
+        await consumer.start()
+        try:
+            await consumer.query_offset(STREAM, "reader")
+            results["unknown reference"] = "found"
+        except OffsetNotFound:
+            results["unknown reference"] = "OffsetNotFound"
+        await consumer.store_offset(STREAM, "reader", 57)
+        await asyncio.sleep(0.5)
+        results["stored"] = await consumer.query_offset(STREAM, "reader")
+    return results
+
+
+def test_rstream_gets_the_same_from_postroom_as_from_rabbitmq(tmp_path: Path) -> None:
+    rabbit_stream, stream, http = free_port(), free_port(), free_port()
+    config = f"stream.listeners.tcp.1 = 127.0.0.1:{rabbit_stream}\nstream.advertised_host = 127.0.0.1\n"
+    with rabbitmq_node(config, ["rabbitmq_stream"]):
+        wait_for_port(rabbit_stream, 60)
+        theirs = asyncio.run(session(rabbit_stream))
+    with broker(tmp_path / "data", stream=stream, management=http) as (process, amqp):
+        ours = asyncio.run(session(stream))
+        assert ours == theirs
+        assert ours["first"][:2] == [(b"o0", 0), (b"o1", 1)] and len(ours["first"]) == 90
+        assert ours["first"][60:] == [(b"d%d" % n, None) for n in range(1, 31)]  # each once
+        assert ours["sequences"] == [20, 30] and ours["next"] == [(b"late", -1)]
+
+        # Across protocols: pika reads rstream's messages, rstream reads pika's.
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqp))
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=200)
+        channel.confirm_delivery()
+        channel.basic_publish(
+            "",
+            STREAM,
+            b"from amqp",
+            pika.BasicProperties(headers={"n": 99}, content_type="text/plain", message_id="a1"),
+        )
+        seen = []
+        for method, properties, body in channel.consume(
+            STREAM, arguments={"x-stream-offset": "first"}, inactivity_timeout=2
+        ):
+            if method is None:
+                break
+            seen.append((body, properties.headers.get("n"), properties.headers["x-stream-offset"]))
+        connection.close()
+        assert seen[0] == (b"o0", 0, 0) and seen[-1] == (b"from amqp", 99, len(seen) - 1)
+        last = asyncio.run(read(stream, ConsumerOffsetSpecification(OffsetType.LAST, None), 1))
+        assert last == [(len(seen) - 1, b"from amqp", 99)]
+
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+    with broker(tmp_path / "data", stream=stream):
+
+        async def stored() -> int:
+            async with Consumer("127.0.0.1", port=stream, username="guest", password="guest") as consumer:
+                await consumer.start()
+                return await consumer.query_offset(STREAM, "reader")
+
+        assert asyncio.run(stored()) == 57
+    assert "Traceback" not in (tmp_path / "broker.log").read_text()
