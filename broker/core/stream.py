@@ -61,6 +61,10 @@ _INTERVAL = re.compile(r"([0-9]*)(.*)", re.DOTALL)
 CONSUMER_NAME = "x-stream-consumer-name"
 SINGLE_ACTIVE = "x-single-active-consumer"
 
+#: Where a stream-protocol publisher's last publishing id is kept among the stored offsets
+#: (a name no subscription has: it starts with a NUL).
+PUBLISHER_PREFIX = "\x00publisher:"
+
 #: The exchange and routing key kept with a message published over the stream protocol.
 RAW_NAMES = b"\x00\x00"
 
@@ -304,9 +308,6 @@ class StreamQueue:
         self.latency_samples: dict[Entry, float] = {}
         #: Called with the stream when chunks were written (the stream protocol's readers).
         self.watchers: set[Any] = set()
-        #: The stream protocol's named publishers: the last publishing id each wrote here
-        #: (a message with an id not above it is a resend, confirmed and not written again).
-        self.publishers: dict[str, int] = {}
 
     # -- what it holds ------------------------------------------------------------------------
 
@@ -403,6 +404,20 @@ class StreamQueue:
                 store.pending(self, len(body))
         self.published += count
         return count
+
+    def publisher_sequence(self, reference: str) -> int | None:
+        """The last publishing id the stream protocol's publisher ``reference`` wrote here
+        (a message with an id not above it is a resend: confirmed, not written again)."""
+        return self.subscriptions.get(PUBLISHER_PREFIX + reference)
+
+    def set_publisher_sequence(self, reference: str, sequence: int) -> None:
+        """Publisher ``reference`` wrote up to ``sequence``: kept with the stored offsets (in
+        the log, with the write that holds the messages)."""
+        name = PUBLISHER_PREFIX + reference
+        if self.subscriptions.get(name) != sequence:
+            self.subscriptions[name] = sequence
+            if self.store is not None:
+                self.store.offset_stored(self, name, sequence)
 
     def enqueue(self, message: Message) -> bool:
         """Take ``message`` for the next chunk (readable once that chunk is written)."""
@@ -686,7 +701,9 @@ class StreamQueue:
         for reader in self._readers.values():
             if reader.name is not None:
                 consumers[reader.name] = consumers.get(reader.name, 0) + 1
-        names = sorted(set(self.subscriptions) | set(consumers))
+        names = sorted(
+            name for name in set(self.subscriptions) | set(consumers) if not name.startswith(PUBLISHER_PREFIX)
+        )
         return [
             {
                 "name": name,

@@ -393,9 +393,10 @@ class StreamConnection:
             self.out.append(_publish_error(publisher_id, ids, wire.ACCESS_REFUSED))
             return
         if publisher.reference:
-            last = stream.publishers.get(publisher.reference, -1)
+            known = stream.publisher_sequence(publisher.reference)
+            last = -1 if known is None else known
             fresh = [body for publishing_id, body in messages if publishing_id > last]
-            stream.publishers[publisher.reference] = max(last, max(ids, default=last))
+            stream.set_publisher_sequence(publisher.reference, max(last, max(ids, default=last)))
         else:
             fresh = [body for _, body in messages]
         publisher.published += len(fresh)
@@ -425,7 +426,7 @@ class StreamConnection:
                 wire.response(wire.QUERY_PUBLISHER_SEQUENCE, correlation, wire.STREAM_DOES_NOT_EXIST, wire.u64(0))
             )
             return
-        sequence = max(stream.publishers.get(reference, 0), 0)
+        sequence = max(stream.publisher_sequence(reference) or 0, 0)
         self.out.append(wire.response(wire.QUERY_PUBLISHER_SEQUENCE, correlation, wire.OK, wire.u64(sequence)))
 
     def _delete_publisher(self, correlation: int, publisher: int) -> None:

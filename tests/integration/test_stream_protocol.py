@@ -5,7 +5,8 @@ The session publishes with confirms (one at a time and in a batch), resends a na
 publisher's messages (deduplicated: none is written twice), reads from ``first``, ``next``,
 an offset and a timestamp, and stores and queries an offset. Then it crosses protocols on
 Postroom: what rstream published is read by pika over AMQP 0-9-1 and the other way round.
-Postroom is killed and started again: the stored offset is still there.
+Postroom is killed and started again: the stored offset and the publisher's sequence are
+still there.
 """
 
 from __future__ import annotations
@@ -175,10 +176,17 @@ def test_rstream_gets_the_same_from_postroom_as_from_rabbitmq(tmp_path: Path) ->
         process.wait(10)
     with broker(tmp_path / "data", stream=stream):
 
-        async def stored() -> int:
+        async def stored() -> tuple[int, int]:
             async with Consumer("127.0.0.1", port=stream, username="guest", password="guest") as consumer:
                 await consumer.start()
-                return await consumer.query_offset(STREAM, "reader")
+                offset = await consumer.query_offset(STREAM, "reader")
+            client = Client("127.0.0.1", stream, frame_max=1048576, heartbeat=60)
+            await client.start()
+            await client.authenticate("/", "guest", "guest")
+            sequence = await client.query_publisher_sequence(STREAM, "app-1")
+            await client.close()
+            return offset, sequence
 
-        assert asyncio.run(stored()) == 57
+        # The stored offset and the publisher's sequence outlived the kill.
+        assert asyncio.run(stored()) == (57, 30)
     assert "Traceback" not in (tmp_path / "broker.log").read_text()
