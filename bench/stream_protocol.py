@@ -1,0 +1,227 @@
+"""RabbitMQ's stream protocol, Postroom against RabbitMQ 3.10.8's ``rabbitmq_stream``, with
+one raw-socket load generator for both (as ``../shared/bench/amqp_bench.py`` is for AMQP).
+
+For each broker in turn, started here on loopback (Postroom with storage, RabbitMQ with its
+stream plugin): create a stream, publish ``--messages`` messages of each ``--sizes`` with
+confirms, ``--batch`` messages a ``publish`` frame, at most ``--in-flight`` unconfirmed; then
+read them all back from ``first`` (credit 10 chunks, one more for each chunk received).
+Reports messages a second for each, and the broker's resident memory after. ::
+
+    python bench/stream_protocol.py --messages 1000000 --sizes 16,1024 [--brokers postroom,rabbitmq] [--json F]
+
+The messages are AMQP 1.0 (one data section), as stream clients send them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.flood import rss  # noqa: E402
+from broker.tools.testing import free_port, rabbitmq_node, wait_for_port  # noqa: E402
+
+_u32 = struct.Struct(">I")
+_head = struct.Struct(">IHH")
+
+
+def frame(key: int, body: bytes) -> bytes:
+    return _head.pack(4 + len(body), key, 1) + body
+
+
+def string(value: str) -> bytes:
+    raw = value.encode()
+    return struct.pack(">h", len(raw)) + raw
+
+
+class Peer:
+    """A blocking stream-protocol connection: the handshake, requests, and raw frames."""
+
+    def __init__(self, port: int) -> None:
+        self.socket = socket.create_connection(("127.0.0.1", port))
+        self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buffer = bytearray()
+        self.correlation = 0
+        self.request(17, _u32.pack(0))  # peer_properties
+        self.request(18, b"")  # sasl_handshake
+        plain = b"\0guest\0guest"
+        self.socket.sendall(self._correlated(19, string("PLAIN") + _u32.pack(len(plain)) + plain))
+        while not any(struct.unpack_from(">H", f)[0] == 20 for f in self.frames()):
+            pass
+        self.socket.sendall(frame(20 | 0x8000, struct.pack(">II", 1048576, 0)))
+        self.request(21, string("/"))  # open
+
+    def _correlated(self, key: int, body: bytes) -> bytes:
+        self.correlation += 1
+        return frame(key, _u32.pack(self.correlation) + body)
+
+    def request(self, key: int, body: bytes) -> bytes:
+        """Send a request and wait for its response (other frames in between are dropped)."""
+        self.socket.sendall(self._correlated(key, body))
+        while True:
+            for got in self.frames():
+                if struct.unpack_from(">H", got)[0] == key | 0x8000:
+                    return got
+
+    def frames(self) -> list[bytes]:
+        """The whole frames in what one read brings (waiting for one)."""
+        found: list[bytes] = []
+        while not found:
+            data = self.socket.recv(1 << 20)
+            if not data:
+                raise ConnectionError("closed")
+            buffer = self.buffer
+            buffer += data
+            at = 0
+            while len(buffer) - at >= 4:
+                size = _u32.unpack_from(buffer, at)[0]
+                if len(buffer) - at - 4 < size:
+                    break
+                found.append(bytes(buffer[at + 4 : at + 4 + size]))
+                at += 4 + size
+            del buffer[:at]
+        return found
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+def message(size: int) -> bytes:
+    """An AMQP 1.0 message of one data section holding ``size`` bytes."""
+    payload = b"x" * size
+    section = b"\xa0" + bytes((size,)) if size < 256 else b"\xb0" + _u32.pack(size)
+    return b"\x00\x53\x75" + section + payload
+
+
+def publish(port: int, stream: str, count: int, size: int, batch: int, in_flight: int) -> float:
+    """Messages a second, from the first publish to the last confirm."""
+    peer = Peer(port)
+    peer.request(13, string(stream) + _u32.pack(0))  # create
+    peer.request(1, bytes((1,)) + string("") + string(stream))  # declare_publisher 1
+    body = message(size)
+    entry = struct.Struct(f">QI{len(body)}s")
+    pack = entry.pack
+    sock = peer.socket
+    next_id, confirmed = 1, 0
+    started = time.perf_counter()
+    while confirmed < count:
+        while next_id <= count and next_id - 1 - confirmed < in_flight:
+            last = min(next_id + batch, count + 1)
+            parts = [pack(i, len(body), body) for i in range(next_id, last)]
+            payload = b"".join(parts)
+            sock.sendall(_head.pack(9 + len(payload), 2, 1) + bytes((1,)) + _u32.pack(last - next_id) + payload)
+            next_id = last
+        for got in peer.frames():
+            key = struct.unpack_from(">H", got)[0]
+            if key == 3:  # publish_confirm: publisher, then the count of ids
+                confirmed += _u32.unpack_from(got, 5)[0]
+            elif key == 4:
+                raise RuntimeError("publish_error")
+    elapsed = time.perf_counter() - started
+    peer.close()
+    return count / elapsed
+
+
+def consume(port: int, stream: str, count: int) -> float:
+    """Messages a second, reading ``count`` from ``first``."""
+    peer = Peer(port)
+    sock = peer.socket
+    credit = frame(9, bytes((1,)) + struct.pack(">h", 1))
+    started = time.perf_counter()
+    sock.sendall(peer._correlated(7, bytes((1,)) + string(stream) + struct.pack(">hH", 1, 10)))
+    read = 0
+    while read < count:
+        chunks = 0
+        for got in peer.frames():
+            if struct.unpack_from(">H", got)[0] == 8:  # deliver: subscription, magic, type, entries, records
+                read += _u32.unpack_from(got, 9)[0]
+                chunks += 1
+        if chunks:
+            sock.sendall(credit * chunks)
+    elapsed = time.perf_counter() - started
+    peer.close()
+    return count / elapsed
+
+
+@contextmanager
+def postroom() -> Iterator[tuple[int, int]]:
+    """A Postroom process with storage and the stream listener: ``(port, pid)``."""
+    with tempfile.TemporaryDirectory(prefix="postroom-stream-bench-") as directory:
+        port = free_port()
+        config = Path(directory) / "broker.yaml"
+        config.write_text(
+            f'listen: {{amqp: "tcp:{free_port()}:interface=127.0.0.1", stream: "tcp:{port}:interface=127.0.0.1",'
+            " metrics: false, management: false}\n"
+            f'storage: {{dir: "{directory}/data"}}\n'
+        )
+        log = open(Path(directory) / "broker.log", "wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "broker.tools.cli", "serve", "--config", str(config)],
+            cwd=ROOT,
+            stdout=log,
+            stderr=log,
+        )
+        try:
+            wait_for_port(port, 60)
+            yield port, process.pid
+        finally:
+            process.terminate()
+            process.wait(30)
+
+
+@contextmanager
+def rabbitmq() -> Iterator[tuple[int, int]]:
+    """A RabbitMQ node with its stream plugin: ``(stream port, pid)``."""
+    port = free_port()
+    config = f"stream.listeners.tcp.1 = 127.0.0.1:{port}\nstream.advertised_host = 127.0.0.1\n"
+    with rabbitmq_node(config, ["rabbitmq_stream"]) as (_amqp, pid):
+        wait_for_port(port, 60)
+        yield port, pid
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--brokers", default="postroom,rabbitmq")
+    parser.add_argument("--sizes", default="16,1024")
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--in-flight", type=int, default=10_000)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results: list[dict[str, Any]] = []
+    for name in args.brokers.split(","):
+        with postroom() if name == "postroom" else rabbitmq() as (port, pid):
+            for size in (int(s) for s in args.sizes.split(",")):
+                stream = f"bench-{size}"
+                published = publish(port, stream, args.messages, size, args.batch, args.in_flight)
+                consumed = consume(port, stream, args.messages)
+                row = {
+                    "broker": name,
+                    "size": size,
+                    "publish": published,
+                    "consume": consumed,
+                    "rss_mib": rss(pid) / 2**20,
+                }
+                results.append(row)
+                print(
+                    f"{name:9} {size:5} B  publish {published:11,.0f} msg/s  consume {consumed:11,.0f} msg/s"
+                    f"  RSS {row['rss_mib']:,.0f} MiB",
+                    flush=True,
+                )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
