@@ -30,6 +30,7 @@ from broker.wal.streamlog import Chunk
 from broker.wire import streamframes as wire
 from broker.wire.amqp10 import from_amqp091
 from broker.wire.codec import decode_table
+from exchanges.partitions import partition_order
 
 _log = Logger()
 
@@ -269,6 +270,10 @@ class StreamConnection:
             self._store_offset(*command[2:])
         elif name == "query_offset":
             self._query_offset(correlation, *command[2:])
+        elif name == "route":
+            self._route(correlation, command[2], command[3])
+        elif name == "partitions":
+            self._partitions(correlation, command[2])
         elif name == "close":
             self.out.append(wire.response(wire.CLOSE, correlation, wire.OK))
             self.step = "closing"
@@ -531,6 +536,39 @@ class StreamConnection:
         users = [*self.subscriptions.values(), *self.publishers.values()]
         if not any(user.stream is stream for user in users):
             stream.watchers.discard(self._stream_changed)
+
+    # -- super streams ----------------------------------------------------------------------------
+
+    def _super_stream(self, name: str) -> list[tuple[str, str, int | None]] | None:
+        """The streams bound to exchange ``name``: ``(stream, binding key, partition order)``
+        each, in their partition order (those without one last); ``None``: no such exchange."""
+        exchange = self.vhost.exchanges.get(name)
+        if exchange is None:
+            return None
+        bound = []
+        for index, (destination, key, arguments) in enumerate(exchange.router.bindings()):
+            if isinstance(destination, StreamQueue):
+                order = partition_order(arguments)
+                bound.append((order is None, order or 0, index, destination.name, key, order))
+        return [(stream, key, order) for *_, stream, key, order in sorted(bound)]
+
+    def _route(self, correlation: int, routing_key: str, name: str) -> None:
+        """``route``: the partitions whose binding key is ``routing_key`` (as RabbitMQ routes it
+        through the super stream's direct exchange); answered in the protocol's list form."""
+        bound = self._super_stream(name)
+        if bound is None:
+            self.out.append(wire.response(wire.ROUTE, correlation, wire.STREAM_DOES_NOT_EXIST, wire.strings([])))
+            return
+        streams = list(dict.fromkeys(stream for stream, key, _ in bound if key == routing_key))
+        self.out.append(wire.response(wire.ROUTE, correlation, wire.OK, wire.strings(streams)))
+
+    def _partitions(self, correlation: int, name: str) -> None:
+        bound = self._super_stream(name)
+        if bound is None:
+            self.out.append(wire.response(wire.PARTITIONS, correlation, wire.STREAM_DOES_NOT_EXIST, wire.strings([])))
+            return
+        streams = list(dict.fromkeys(stream for stream, _, _ in bound))
+        self.out.append(wire.response(wire.PARTITIONS, correlation, wire.OK, wire.strings(streams)))
 
     # -- offsets ----------------------------------------------------------------------------------
 

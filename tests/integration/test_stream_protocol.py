@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import mmh3
 import pika
 import pytest
 from rstream import (
@@ -26,6 +27,9 @@ from rstream import (
     MessageContext,
     OffsetType,
     Producer,
+    RouteType,
+    SuperStreamConsumer,
+    SuperStreamProducer,
     amqp_decoder,
     schema,
 )
@@ -189,4 +193,82 @@ def test_rstream_gets_the_same_from_postroom_as_from_rabbitmq(tmp_path: Path) ->
 
         # The stored offset and the publisher's sequence outlived the kill.
         assert asyncio.run(stored()) == (57, 30)
+    assert "Traceback" not in (tmp_path / "broker.log").read_text()
+
+
+def declare_super_stream(amqp: int, name: str, partitions: int) -> None:
+    """A super stream as RabbitMQ lays one out, declared over AMQP 0-9-1: a direct exchange,
+    streams ``name-0`` ..., each bound with its number as key and its partition order."""
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqp))
+    channel = connection.channel()
+    channel.exchange_declare(name, "direct", durable=True, arguments={"x-super-stream": True})
+    for index in range(partitions):
+        stream = f"{name}-{index}"
+        channel.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
+        channel.queue_bind(stream, name, str(index), arguments={"x-super-stream-partition-order": index})
+    connection.close()
+
+
+async def routing_key(message: AMQPMessage) -> str:
+    return str(message.application_properties["key"])
+
+
+def rstream_partition(key: str, partitions: int) -> int:
+    """The partition rstream's hash routing picks (its own: MurmurHash3 x64 128 of the key's
+    UTF-16, seed 104729; RabbitMQ's Java, Go and .NET clients hash its UTF-8 with x86 32)."""
+    return int.from_bytes(mmh3.hash_bytes(bytes(key, "UTF-16"), 104729), "little") % partitions
+
+
+async def super_session(port: int) -> dict[str, Any]:
+    """Partitions and routes as rstream asks for them, and a SuperStreamProducer (hash
+    routing) with a SuperStreamConsumer reading every partition."""
+    client = Client("127.0.0.1", port, frame_max=1048576, heartbeat=60)
+    await client.start()
+    await client.authenticate("/", "guest", "guest")
+    results: dict[str, Any] = {
+        "partitions": await client.partitions("invoices"),
+        "route 1": await client.route("1", "invoices"),
+        "route none": await client.route("nope", "invoices"),
+    }
+    await client.close()
+    async with SuperStreamProducer(
+        "127.0.0.1", port=port, username="guest", password="guest", super_stream="invoices",
+        routing_extractor=routing_key, routing=RouteType.Hash,
+    ) as producer:  # fmt: skip
+        for n in range(60):
+            await producer.send(AMQPMessage(body=b"i%d" % n, application_properties={"key": f"customer-{n % 7}"}))
+        await asyncio.sleep(1)
+    got: dict[str, list[bytes]] = {}
+
+    async def on(message: AMQPMessage, context: MessageContext) -> None:
+        got.setdefault(context.stream, []).append(bytes(message.body))
+
+    async with SuperStreamConsumer(
+        "127.0.0.1", port=port, username="guest", password="guest", super_stream="invoices"
+    ) as consumer:
+        await consumer.start()
+        await consumer.subscribe(
+            on, decoder=amqp_decoder, offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None)
+        )
+        await asyncio.sleep(3)
+    results["read"] = {stream: sorted(bodies) for stream, bodies in sorted(got.items())}
+    return results
+
+
+def test_rstreams_super_stream_producer_and_consumer_work_against_postroom(tmp_path: Path) -> None:
+    """``route`` and ``partitions`` in the protocol reference's form (RabbitMQ 3.11's: 3.10.8
+    answers them without the response bit, which rstream never reads, so there is no RabbitMQ
+    3.10 to compare with): the producer hashes each key to a partition as RabbitMQ's stream
+    clients do, and the consumer reads every partition."""
+    stream = free_port()
+    with broker(tmp_path / "data", stream=stream) as (_process, amqp):
+        declare_super_stream(amqp, "invoices", 3)
+        ours = asyncio.run(super_session(stream))
+    assert ours["partitions"] == ["invoices-0", "invoices-1", "invoices-2"]
+    assert (ours["route 1"], ours["route none"]) == (["invoices-1"], [])
+    expected: dict[str, list[bytes]] = {}
+    for n in range(60):
+        place = rstream_partition(f"customer-{n % 7}", 3)
+        expected.setdefault(f"invoices-{place}", []).append(b"i%d" % n)
+    assert ours["read"] == {stream: sorted(bodies) for stream, bodies in sorted(expected.items())}
     assert "Traceback" not in (tmp_path / "broker.log").read_text()
