@@ -5,12 +5,16 @@ The handshake goes ``peer_properties``, ``sasl_handshake``, ``sasl_authenticate`
 server then sends ``tune``), ``tune`` back, ``open``. Each step has one next step: a frame
 that leads anywhere else (a step left out, a heartbeat before ``open``, a failed login or
 vhost) gets its answer, then the socket is closed without a word, as RabbitMQ closes it.
-Once open: streams are created, deleted and described (``metadata``); a command the
-connection does not read is answered with ``close`` 13 "unknown frame".
+Once open: streams are created, deleted and described (``metadata``, and ``partitions`` and
+``route`` of super streams); publishers publish, confirmed once the log's group commit synced
+their chunk and deduplicated by reference; subscriptions get whole chunks while they have
+credit; offsets are stored and queried. A command the connection does not read is answered
+with ``close`` 13 "unknown frame".
 
 Bytes come in through :meth:`StreamConnection.receive`; what is to be written collects in
-:attr:`StreamConnection.out` for the transport to take. The node's login may answer later
-(an expensive hash): frames that arrive meanwhile wait.
+:attr:`StreamConnection.out` for the transport to take. Some of it comes later, outside a
+read (a login checked later, confirms, chunks written, a stream deleted): :attr:`wake` tells
+the transport. Frames that arrive while the login is checked wait.
 """
 
 from __future__ import annotations
@@ -98,8 +102,7 @@ class StreamConnection:
         self.heard = True
         #: The reason the connection ended (for the log), when it was not the client's close.
         self.reason = ""
-        #: Called when something was added to :attr:`out` outside :meth:`receive` (a login
-        #: answered later).
+        #: Called when something was added to :attr:`out` outside :meth:`receive`.
         self.wake: Callable[[], None] = lambda: None
 
     # -- input ----------------------------------------------------------------------------------
