@@ -308,6 +308,9 @@ class StreamQueue:
         self.latency_samples: dict[Entry, float] = {}
         #: Called with the stream when chunks were written (the stream protocol's readers).
         self.watchers: set[Any] = set()
+        #: The stream protocol's single-active-consumer groups: their members by group name,
+        #: in the order they came.
+        self.stream_groups: dict[str, list[Any]] = {}
 
     # -- what it holds ------------------------------------------------------------------------
 

@@ -93,6 +93,9 @@ class StreamConnection:
         self.user: Any = None
         self.user_name = ""
         self.vhost: Any = None
+        #: ``consumer_update`` requests sent and not answered yet, by correlation id.
+        self.pending_updates: dict[int, tuple[_Subscription, bool]] = {}
+        self._updates = 0
         #: Publishers and subscriptions by the ids the client gave them.
         self.publishers: dict[int, _Publisher] = {}
         self.subscriptions: dict[int, _Subscription] = {}
@@ -277,6 +280,8 @@ class StreamConnection:
             self._route(correlation, command[2], command[3])
         elif name == "partitions":
             self._partitions(correlation, command[2])
+        elif name == "consumer_update":
+            self._updated(correlation, *command[2:])
         elif name == "close":
             self.out.append(wire.response(wire.CLOSE, correlation, wire.OK))
             self.step = "closing"
@@ -453,7 +458,7 @@ class StreamConnection:
         name: str,
         offset: tuple[Any, ...],
         credit: int,
-        _properties: dict[str, str],
+        properties: dict[str, str],
     ) -> None:
         def answer(code: int) -> None:
             self.out.append(wire.response(wire.SUBSCRIBE, correlation, code))
@@ -468,10 +473,43 @@ class StreamConnection:
         if not self._permitted("read", name):
             answer(wire.ACCESS_REFUSED)
             return
-        reader = _Subscription(subscription, stream, _start(stream, offset), credit)
+        reader = _Subscription(self, subscription, stream, _start(stream, offset), credit)
         self.subscriptions[subscription] = reader
         stream.watchers.add(self._stream_changed)
         answer(wire.OK)
+        group = properties.get("name") if properties.get("single-active-consumer") == "true" else None
+        if group:
+            reader.group, reader.super_stream, reader.waiting = group, "super-stream" in properties, True
+            stream.stream_groups.setdefault(group, []).append(reader)
+            _rebalance(stream, group)
+        else:
+            self._pump(reader)
+
+    def consumer_update(self, reader: _Subscription, active: bool) -> None:
+        """Tell the client ``reader`` becomes its group's active member (it answers where to
+        read from) or stops being it."""
+        self._updates += 1
+        self.pending_updates[self._updates] = (reader, active)
+        body = wire.u32(self._updates) + bytes((reader.id, 1 if active else 0))
+        self.out.append(wire.frame(wire.CONSUMER_UPDATE, body))
+        self.wake()
+
+    def _updated(self, correlation: int, code: int, kind: int, value: int) -> None:
+        """The client's answer to ``consumer_update``: an active member reads from where it says."""
+        pending = self.pending_updates.get(correlation)
+        if pending is None:
+            return
+        reader, active = pending
+        members = reader.stream.stream_groups.get(reader.group or "", [])
+        chosen = reader in members and _chosen(reader.stream, members) is reader
+        del self.pending_updates[correlation]
+        if not active or not chosen or self.subscriptions.get(reader.id) is not reader or code != wire.OK:
+            return  # (a step down answered, or the group changed meanwhile: another reads)
+        spec = {
+            wire.OFFSET_FIRST: ("first",), wire.OFFSET_LAST: ("last",), wire.OFFSET_NEXT: ("next",),
+            wire.OFFSET_OFFSET: ("offset", value), wire.OFFSET_TIMESTAMP: ("timestamp", value),
+        }.get(kind, ("next",))  # fmt: skip
+        reader.chunk, reader.next_offset, reader.waiting = None, _start(reader.stream, spec), False
         self._pump(reader)
 
     def _stream_changed(self, stream: StreamQueue) -> None:
@@ -480,6 +518,7 @@ class StreamConnection:
         if stream.deleted:
             self.publishers = {k: p for k, p in self.publishers.items() if p.stream is not stream}
             self.subscriptions = {k: r for k, r in self.subscriptions.items() if r.stream is not stream}
+            stream.stream_groups.clear()
             stream.watchers.discard(self._stream_changed)
             if not self.finished:
                 self.out.append(wire.metadata_update(wire.STREAM_NOT_AVAILABLE, stream.name))
@@ -492,7 +531,7 @@ class StreamConnection:
     def _pump(self, reader: _Subscription) -> None:
         """Deliver the written chunks ``reader`` has not had while it has credit, a chunk each."""
         stream = reader.stream
-        while reader.credit > 0 and not self.finished and reader.active:
+        while reader.credit > 0 and not self.finished and reader.active and not reader.waiting:
             try:
                 chunk = _next_chunk(stream, reader)
                 if chunk is None:
@@ -532,6 +571,7 @@ class StreamConnection:
             self.out.append(wire.response(wire.UNSUBSCRIBE, correlation, wire.SUBSCRIPTION_ID_DOES_NOT_EXIST))
             return
         self._unwatch(reader.stream)
+        _leave(reader)
         self.out.append(wire.response(wire.UNSUBSCRIBE, correlation, wire.OK))
 
     def _unwatch(self, stream: StreamQueue) -> None:
@@ -605,6 +645,8 @@ class StreamConnection:
         self.node.stream_connections.discard(self)
         for user in [*self.subscriptions.values(), *self.publishers.values()]:
             user.stream.watchers.discard(self._stream_changed)
+        for reader in list(self.subscriptions.values()):
+            _leave(reader)
         self.subscriptions.clear()
         self.publishers.clear()
 
@@ -623,9 +665,15 @@ class _Publisher:
 class _Subscription:
     """Where one subscription is in its stream, and the chunks it may still be sent."""
 
-    __slots__ = ("id", "stream", "chunk", "next_offset", "credit", "active", "delivered")
+    __slots__ = (
+        "connection", "id", "stream", "chunk", "next_offset", "credit", "active", "delivered", "group",
+        "super_stream", "waiting",
+    )  # fmt: skip
 
-    def __init__(self, subscription: int, stream: StreamQueue, start: int, credit: int) -> None:
+    def __init__(
+        self, connection: StreamConnection, subscription: int, stream: StreamQueue, start: int, credit: int
+    ) -> None:
+        self.connection = connection
         self.id = subscription
         self.stream = stream
         #: The last chunk sent (its successor comes next), or ``None``: the chunk holding
@@ -635,6 +683,52 @@ class _Subscription:
         self.credit = credit
         self.active = True
         self.delivered = 0
+        #: Its single-active-consumer group (``None``: none), whether the group is a super
+        #: stream's, and whether it waits (not its group's active member).
+        self.group: str | None = None
+        self.super_stream = False
+        self.waiting = False
+
+
+def _rebalance(stream: StreamQueue, group: str) -> None:
+    """Give ``group`` the active member it should have: in a super stream's group, member
+    ``p mod n`` of the ``n`` members in the order they came for the partition at place ``p``
+    (RabbitMQ's rule), the member reading so far stepping down; otherwise the one reading so
+    far, or the first to come."""
+    members = stream.stream_groups.get(group)
+    if not members:
+        stream.stream_groups.pop(group, None)
+        return
+    chosen = _chosen(stream, members)
+    for member in members:
+        if member is not chosen and not member.waiting:
+            member.waiting = True
+            member.connection.consumer_update(member, False)
+    if chosen.waiting and chosen not in _activating(chosen):
+        chosen.connection.consumer_update(chosen, True)
+
+
+def _chosen(stream: StreamQueue, members: list[_Subscription]) -> _Subscription:
+    """The member that should read for a group of ``members`` (see :func:`_rebalance`)."""
+    if members[0].super_stream:
+        return members[stream.partition() % len(members)]
+    reading = [m for m in members if not m.waiting or m in _activating(m)]
+    return reading[0] if reading else members[0]
+
+
+def _activating(member: _Subscription) -> list[_Subscription]:
+    """The members ``member``'s connection asked to become active, still to answer."""
+    return [reader for reader, active in member.connection.pending_updates.values() if active]
+
+
+def _leave(reader: _Subscription) -> None:
+    """``reader`` leaves its group (unsubscribed, or its connection gone): another may read."""
+    if reader.group is None:
+        return
+    members = reader.stream.stream_groups.get(reader.group, [])
+    if reader in members:
+        members.remove(reader)
+        _rebalance(reader.stream, reader.group)
 
 
 def _start(stream: StreamQueue, offset: tuple[Any, ...]) -> int:

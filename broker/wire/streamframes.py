@@ -43,6 +43,7 @@ CLOSE = 22
 HEARTBEAT = 23
 ROUTE = 24
 PARTITIONS = 25
+CONSUMER_UPDATE = 26
 
 RESPONSE = 0x8000
 
@@ -220,6 +221,10 @@ def parse_request(frame: bytes) -> tuple[Any, ...]:
                 frame_max, heartbeat = fields.u32(), fields.u32()
                 fields.end()
                 return ("tune", None, frame_max, heartbeat)
+            if command == CONSUMER_UPDATE:
+                correlation, code, kind, offset = fields.u32(), fields.u16(), fields.u16(), fields.u64()
+                fields.end()
+                return ("consumer_update", correlation, code, kind, offset)
             return ("response", None, command)
         return _REQUESTS[key](fields)
     except (KeyError, Malformed):

@@ -25,6 +25,7 @@ from rstream import (
     Consumer,
     ConsumerOffsetSpecification,
     MessageContext,
+    OffsetSpecification,
     OffsetType,
     Producer,
     RouteType,
@@ -271,4 +272,62 @@ def test_rstreams_super_stream_producer_and_consumer_work_against_postroom(tmp_p
         place = rstream_partition(f"customer-{n % 7}", 3)
         expected.setdefault(f"invoices-{place}", []).append(b"i%d" % n)
     assert ours["read"] == {stream: sorted(bodies) for stream, bodies in sorted(expected.items())}
+    assert "Traceback" not in (tmp_path / "broker.log").read_text()
+
+
+async def group_session(port: int) -> tuple[dict[str, set[bytes]], set[bytes]]:
+    """Two members of one consumer group on super stream ``invoices`` (single active consumer
+    per partition), 60 messages published, then the second member leaves: what each read,
+    and what the first read after."""
+    read: dict[str, set[bytes]] = {"a": set(), "b": set()}
+
+    def member(name: str) -> Any:
+        async def on(message: AMQPMessage, context: MessageContext) -> None:
+            read[name].add(bytes(message.body))
+
+        return on
+
+    async def from_first(active: bool, context: Any) -> OffsetSpecification:
+        return OffsetSpecification(OffsetType.FIRST, 0)
+
+    properties = {"single-active-consumer": "true", "name": "billing", "super-stream": "invoices"}
+    consumers = []
+    for name in ("a", "b"):
+        consumer = SuperStreamConsumer(
+            "127.0.0.1", port=port, username="guest", password="guest", super_stream="invoices"
+        )
+        await consumer.start()
+        await consumer.subscribe(
+            member(name), decoder=amqp_decoder, properties=dict(properties), consumer_update_listener=from_first,
+            offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None),
+        )  # fmt: skip
+        consumers.append(consumer)
+        await asyncio.sleep(1)
+    async with SuperStreamProducer(
+        "127.0.0.1", port=port, username="guest", password="guest", super_stream="invoices",
+        routing_extractor=routing_key, routing=RouteType.Hash,
+    ) as producer:  # fmt: skip
+        for n in range(60):
+            await producer.send(AMQPMessage(body=b"i%d" % n, application_properties={"key": f"customer-{n % 7}"}))
+        await asyncio.sleep(2)
+    before = {name: set(bodies) for name, bodies in read.items()}
+    await consumers[1].close()  # b leaves: its partition goes to a, from the first offset
+    await asyncio.sleep(3)
+    after = set(read["a"])
+    await consumers[0].close()
+    return before, after
+
+
+def test_a_consumer_group_shares_a_super_streams_partitions_and_fails_over(tmp_path: Path) -> None:
+    stream = free_port()
+    with broker(tmp_path / "data", stream=stream) as (_process, amqp):
+        declare_super_stream(amqp, "invoices", 3)
+        before, after = asyncio.run(group_session(stream))
+    by_partition: dict[int, set[bytes]] = {0: set(), 1: set(), 2: set()}
+    for n in range(60):
+        by_partition[rstream_partition(f"customer-{n % 7}", 3)].add(b"i%d" % n)
+    # Two members: partition p is read by member p mod 2 (RabbitMQ's rule), each message once.
+    assert before == {"a": by_partition[0] | by_partition[2], "b": by_partition[1]}
+    # b left: a reads partition 1 too.
+    assert after == by_partition[0] | by_partition[1] | by_partition[2]
     assert "Traceback" not in (tmp_path / "broker.log").read_text()
