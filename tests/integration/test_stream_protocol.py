@@ -220,6 +220,17 @@ def rstream_partition(key: str, partitions: int) -> int:
     return int.from_bytes(mmh3.hash_bytes(bytes(key, "UTF-16"), 104729), "little") % partitions
 
 
+async def publish_invoices(port: int) -> None:
+    """60 invoices through rstream's SuperStreamProducer (hash routing), keys of 7 customers."""
+    async with SuperStreamProducer(
+        "127.0.0.1", port=port, username="guest", password="guest", super_stream="invoices",
+        routing_extractor=routing_key, routing=RouteType.Hash,
+    ) as producer:  # fmt: skip
+        for n in range(60):
+            await producer.send(AMQPMessage(body=b"i%d" % n, application_properties={"key": f"customer-{n % 7}"}))
+        await asyncio.sleep(1)
+
+
 async def super_session(port: int) -> dict[str, Any]:
     """Partitions and routes as rstream asks for them, and a SuperStreamProducer (hash
     routing) with a SuperStreamConsumer reading every partition."""
@@ -232,13 +243,7 @@ async def super_session(port: int) -> dict[str, Any]:
         "route none": await client.route("nope", "invoices"),
     }
     await client.close()
-    async with SuperStreamProducer(
-        "127.0.0.1", port=port, username="guest", password="guest", super_stream="invoices",
-        routing_extractor=routing_key, routing=RouteType.Hash,
-    ) as producer:  # fmt: skip
-        for n in range(60):
-            await producer.send(AMQPMessage(body=b"i%d" % n, application_properties={"key": f"customer-{n % 7}"}))
-        await asyncio.sleep(1)
+    await publish_invoices(port)
     got: dict[str, list[bytes]] = {}
 
     async def on(message: AMQPMessage, context: MessageContext) -> None:
@@ -303,13 +308,8 @@ async def group_session(port: int) -> tuple[dict[str, set[bytes]], set[bytes]]:
         )  # fmt: skip
         consumers.append(consumer)
         await asyncio.sleep(1)
-    async with SuperStreamProducer(
-        "127.0.0.1", port=port, username="guest", password="guest", super_stream="invoices",
-        routing_extractor=routing_key, routing=RouteType.Hash,
-    ) as producer:  # fmt: skip
-        for n in range(60):
-            await producer.send(AMQPMessage(body=b"i%d" % n, application_properties={"key": f"customer-{n % 7}"}))
-        await asyncio.sleep(2)
+    await publish_invoices(port)
+    await asyncio.sleep(1)
     before = {name: set(bodies) for name, bodies in read.items()}
     await consumers[1].close()  # b leaves: its partition goes to a, from the first offset
     await asyncio.sleep(3)
