@@ -28,6 +28,7 @@ import pyarrow as pa
 from broker.wal.deadevents import stream_dead_letter
 from broker.wal.paths import incarnations, stream_directory
 from broker.wal.record import StreamChunk, unpack_stream_entries
+from broker.wire.amqp10 import delivered_as_amqp091
 from spark.events import BATCH_ROWS, _Columns, _date, list_segments, walk_segment
 
 __all__ = ["Selection", "parse_bound", "stream_segment_batches", "stream_segments"]
@@ -105,8 +106,11 @@ def stream_segment_batches(
                     selection.end is not None and offset >= selection.end
                 ):
                     continue
-                through = exchange.decode("utf-8", "surrogateescape")
                 vhost, stream = selection.vhost, selection.stream
+                if not header:  # published over the stream protocol: its AMQP 0-9-1 form
+                    names, header, body = delivered_as_amqp091(body, stream)
+                    exchange = names[1 : 1 + names[0]]
+                through = exchange.decode("utf-8", "surrogateescape")
                 columns.add(position, stream_dead_letter(vhost, stream, offset, item.timestamp, through, header, body))
         if columns.rows >= batch_rows:
             yield columns.batch(segment, default_date)

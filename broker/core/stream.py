@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from pamqp.commands import Basic
 from twisted.logger import Logger
 
 from broker.core.entry import Consumer, Entry
@@ -38,8 +37,8 @@ from broker.core.queue import QueueSettings
 from broker.errors import ChannelCrash, ChannelException, ReplyCode
 from broker.wal.record import WALCorruption, pack_stream_messages
 from broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, Chunk, Staged, StreamLog
-from broker.wire.amqp10 import AMQP10Error, to_amqp091
-from broker.wire.codec import encode_content_header, shortstr, split_names
+from broker.wire.amqp10 import delivered_as_amqp091
+from broker.wire.codec import split_names
 from broker.wire.content import ContentError, headers_content, with_headers_content
 from broker.wire.table import Int64, TableError, encode_entry, iter_table
 from config.policies import STREAM_KEYS
@@ -67,17 +66,6 @@ PUBLISHER_PREFIX = "\x00publisher:"
 
 #: The exchange and routing key kept with a message published over the stream protocol.
 RAW_NAMES = b"\x00\x00"
-
-
-def amqp091_of(message: bytes, stream: str) -> tuple[bytes, bytes, bytes]:
-    """A message published over the stream protocol to ``stream`` as AMQP 0-9-1 delivers it
-    (names, content header, body); one that is not AMQP 1.0 is delivered as its body, with no
-    properties."""
-    try:
-        return to_amqp091(message, stream)
-    except AMQP10Error:
-        names = b"\x00" + shortstr(stream)
-        return names, encode_content_header(len(message), Basic.Properties()), message
 
 
 #: Body bytes past which the messages waiting for a chunk go into the next one.
@@ -643,7 +631,7 @@ class StreamQueue:
         first = max(0, skip_below - chunk.first_offset)
         for offset, (names, header, body) in enumerate(messages[first:], chunk.first_offset + first):
             if not header:  # published over the stream protocol: its AMQP 0-9-1 form
-                names, header, body = amqp091_of(body, self.name)
+                names, header, body = delivered_as_amqp091(body, self.name)
             strings = decoded.get(names)
             if strings is None:
                 strings = decoded[names] = split_names(names)

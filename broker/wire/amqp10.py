@@ -231,6 +231,20 @@ def to_amqp091(message: bytes, stream: str = "") -> tuple[bytes, bytes, bytes]:
         raise AMQP10Error(f"not convertible: {error}") from None
 
 
+def delivered_as_amqp091(message: bytes, stream: str) -> tuple[bytes, bytes, bytes]:
+    """:func:`to_amqp091`, and for bytes that are not an AMQP 1.0 message: the bytes as the
+    body, with no properties, on the default exchange with the stream's name as routing key."""
+    try:
+        return to_amqp091(message, stream)
+    except AMQP10Error:
+        name = stream.encode("utf-8", "surrogateescape")[:255]
+        return (
+            b"\x00" + bytes((len(name),)) + name,
+            encode_content_header(len(message), commands.Basic.Properties()),
+            message,
+        )
+
+
 def _to_amqp091(message: bytes, stream: str) -> tuple[bytes, bytes, bytes]:
     found = sections(message)
     fields: dict[str, Typed] = {}

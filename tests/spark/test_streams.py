@@ -145,3 +145,15 @@ def test_a_dead_letter_stream_is_exported_and_analysed_as_dead_letters(spark: An
     assert sorted(table.column("body_preview").to_pylist())[:2] == [b"full 0", b"late 0"]
     from_parquet = job("parquet", input=[str(parquet)])  # the exported segment is not read raw again
     assert {key: from_parquet[key] for key in expected} == expected
+
+
+def test_messages_published_over_the_stream_protocol_are_read_in_their_amqp_0_9_1_form(tmp_path: Path) -> None:
+    log = StreamLog(DirectoryStorage(str(tmp_path)), 1 << 20)
+    log.open()
+    message = b"\x00\x53\x73\xc0\x06\x01\xa1\x03m-9" + b"\x00\x53\x75\xa0\x04body"  # message-id, one data section
+    log.append([(b"", b"", b"", message), (b"", b"", b"", b"not AMQP 1.0")], 300.0)
+    rows = _rows(str(tmp_path / "00000000000000000001.wal"), 1, Selection("/", "events"))
+    assert [(r["dead_letter_id"], r["message_id"], r["body_preview"], r["dead_letter_exchange"]) for r in rows] == [
+        (0, "m-9", b"body", ""),
+        (1, None, b"not AMQP 1.0", ""),
+    ]
