@@ -51,7 +51,7 @@ from broker.wal.record import (
     unpack_stream_messages,
 )
 
-__all__ = ["DEFAULT_STREAM_SEGMENT_BYTES", "INDEX_EVERY", "Chunk", "Staged", "StreamLog"]
+__all__ = ["DEFAULT_STREAM_SEGMENT_BYTES", "ENTRIES_AT", "INDEX_EVERY", "Chunk", "Staged", "StreamLog"]
 
 #: A segment is rolled once it holds this many bytes (RabbitMQ's default for
 #: ``x-stream-max-segment-size-bytes``).
@@ -62,7 +62,8 @@ INDEX_EVERY = 64 << 10
 
 _RECORD_HEAD = struct.Struct(">IIB")  # length, crc, type
 _CHUNK_HEAD = struct.Struct(">QdQ")  # first offset, timestamp, count: a StreamChunk's first fields
-_ENTRIES_AT = STREAM_CHUNK_HEAD.size
+#: Where a chunk's packed entries start in its record payload (:meth:`StreamLog.read_entries`).
+ENTRIES_AT = _ENTRIES_AT = STREAM_CHUNK_HEAD.size
 _CHUNK_TYPE = int(RecordType.STREAM_CHUNK)
 _CHUNK_CRC = zlib.crc32(bytes((_CHUNK_TYPE,)))
 #: Bytes read to learn a chunk's place: its record header and its first fields.
@@ -70,7 +71,6 @@ _PEEK = RECORD_HEADER_BYTES + _CHUNK_HEAD.size
 #: Where a chunk may start: a sane length's top byte, then the chunk type byte (found in C, so
 #: looking past damage does not run a Python loop per byte).
 _CANDIDATE = re.compile(b"(?=[\\x00-%c][\\x00-\\xff]{7}%c)" % (MAX_RECORD_BYTES >> 24, _CHUNK_TYPE))
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -458,6 +458,15 @@ class StreamLog:
         :raises WALCorruption: the chunk's bytes are damaged
         :raises OSError: the storage failed (or its segment was removed)
         """
+        return unpack_stream_messages(self.read_entries(chunk), _ENTRIES_AT, chunk.count)
+
+    def read_entries(self, chunk: Chunk) -> bytes:
+        """``chunk``'s record payload, its packed entries from :data:`ENTRIES_AT` on (checked
+        against what its head says, not decoded).
+
+        :raises WALCorruption: the chunk's bytes are damaged
+        :raises OSError: the storage failed (or its segment was removed)
+        """
         payload = self.storage.read_at(
             chunk.segment, chunk.position + RECORD_HEADER_BYTES, chunk.length - RECORD_HEADER_BYTES
         )
@@ -466,7 +475,7 @@ class StreamLog:
         first_offset, _timestamp, count, length = STREAM_CHUNK_HEAD.unpack_from(payload)
         if (first_offset, count, length) != (chunk.first_offset, chunk.count, len(payload) - _ENTRIES_AT):
             raise WALCorruption(f"stream chunk at offset {chunk.first_offset} does not hold what its head says")
-        return unpack_stream_messages(payload, _ENTRIES_AT, count)
+        return payload
 
     # -- retention ----------------------------------------------------------------------------
 
