@@ -327,15 +327,16 @@ class StreamConnection:
             self.out.append(wire.response(wire.CREATE_STREAM, correlation, wire.PRECONDITION_FAILED))
             return
         vhost = self.vhost
-        if name in vhost.queues:
-            self.out.append(wire.response(wire.CREATE_STREAM, correlation, wire.STREAM_ALREADY_EXISTS))
-            return
+        existed = name in vhost.queues
         try:
+            # (an existing queue is checked as a declaration checks it: the same stream is
+            # "already exists", another queue or other arguments "precondition failed")
             vhost.declare_queue(name, self, durable=True, arguments=declared)
         except ChannelException:
             self.out.append(wire.response(wire.CREATE_STREAM, correlation, wire.PRECONDITION_FAILED))
             return
-        self.out.append(wire.response(wire.CREATE_STREAM, correlation, wire.OK))
+        code = wire.STREAM_ALREADY_EXISTS if existed else wire.OK
+        self.out.append(wire.response(wire.CREATE_STREAM, correlation, code))
 
     def _delete(self, correlation: int, name: str) -> None:
         if not self._permitted("configure", name):

@@ -148,7 +148,8 @@ def test_create_and_delete_once_open(tmp_path: Path) -> None:
     connection.out.clear()
     connection.receive(
         request(wire.CREATE_STREAM, 5, wire.string("events") + wire.string_map({"max-age": "1h"}))
-        + request(wire.CREATE_STREAM, 6, wire.string("events") + wire.string_map({}))
+        + request(wire.CREATE_STREAM, 6, wire.string("events") + wire.string_map({"max-age": "1h"}))
+        + request(wire.CREATE_STREAM, 10, wire.string("events") + wire.string_map({}))
         + request(wire.CREATE_STREAM, 7, wire.string("amq.x") + wire.string_map({}))
         + request(wire.DELETE_STREAM, 8, wire.string("events"))
         + request(wire.DELETE_STREAM, 9, wire.string("events"))
@@ -156,6 +157,7 @@ def test_create_and_delete_once_open(tmp_path: Path) -> None:
     assert responses(connection.out) == [
         (wire.CREATE_STREAM, 5, wire.OK),
         (wire.CREATE_STREAM, 6, wire.STREAM_ALREADY_EXISTS),
+        (wire.CREATE_STREAM, 10, wire.PRECONDITION_FAILED),  # (without its max-age: not the same stream)
         (wire.CREATE_STREAM, 7, wire.PRECONDITION_FAILED),
         (wire.DELETE_STREAM, 8, wire.OK),
         (wire.DELETE_STREAM, 9, wire.STREAM_DOES_NOT_EXIST),

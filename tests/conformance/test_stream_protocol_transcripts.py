@@ -208,6 +208,7 @@ def test_the_handshake_creates_describes_and_deletes_streams_as_rabbitmq(ports: 
         for name, arguments in [
             ("sp-a", {}),
             ("sp-a", {}),  # again: "stream already exists"
+            ("sp-a", {"max-age": "2h"}),  # again, other arguments: "precondition failed"
             ("sp-b", {"max-length-bytes": "1000000", "max-age": "1h", "something-else": "x"}),
             ("amq.sp", {}),  # reserved
             ("", {}),
