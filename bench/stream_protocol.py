@@ -18,9 +18,7 @@ import argparse
 import json
 import socket
 import struct
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.flood import rss  # noqa: E402
+from bench.run import postroom  # noqa: E402
 from broker.tools.testing import free_port, rabbitmq_node, wait_for_port  # noqa: E402
 
 _u32 = struct.Struct(">I")
@@ -155,29 +154,12 @@ def consume(port: int, stream: str, count: int) -> float:
 
 
 @contextmanager
-def postroom() -> Iterator[tuple[int, int]]:
-    """A Postroom process with storage and the stream listener: ``(port, pid)``."""
-    with tempfile.TemporaryDirectory(prefix="postroom-stream-bench-") as directory:
-        port = free_port()
-        config = Path(directory) / "broker.yaml"
-        config.write_text(
-            f'listen: {{amqp: "tcp:{free_port()}:interface=127.0.0.1", stream: "tcp:{port}:interface=127.0.0.1",'
-            " metrics: false, management: false}\n"
-            f'storage: {{dir: "{directory}/data"}}\n'
-        )
-        log = open(Path(directory) / "broker.log", "wb")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "broker.tools.cli", "serve", "--config", str(config)],
-            cwd=ROOT,
-            stdout=log,
-            stderr=log,
-        )
-        try:
-            wait_for_port(port, 60)
-            yield port, process.pid
-        finally:
-            process.terminate()
-            process.wait(30)
+def postroom_streams() -> Iterator[tuple[int, int]]:
+    """A Postroom process with storage and the stream listener: ``(stream port, pid)``."""
+    port = free_port()
+    with postroom(listen=f'stream: "tcp:{port}:interface=127.0.0.1", metrics: false, management: false') as (_, pid):
+        wait_for_port(port, 60)
+        yield port, pid
 
 
 @contextmanager
@@ -201,7 +183,7 @@ def main() -> None:
     args = parser.parse_args()
     results: list[dict[str, Any]] = []
     for name in args.brokers.split(","):
-        with postroom() if name == "postroom" else rabbitmq() as (port, pid):
+        with postroom_streams() if name == "postroom" else rabbitmq() as (port, pid):
             for size in (int(s) for s in args.sizes.split(",")):
                 stream = f"bench-{size}"
                 published = publish(port, stream, args.messages, size, args.batch, args.in_flight)

@@ -8,15 +8,15 @@ them for the methods of channel 0 before it is open; the life-cycle :class:`Stat
 
 from __future__ import annotations
 
-import struct
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 from pamqp.constants import FRAME_MIN_SIZE
 
+from broker.core.login import sasl_credentials
 from broker.errors import ConnectionException, ReplyCode
-from broker.wire.codec import decode_table, encode_method
+from broker.wire.codec import encode_method
 
 if TYPE_CHECKING:
     from broker.amqp.connection import ServerConnection
@@ -85,21 +85,11 @@ def credentials(method: commands.Connection.StartOk) -> tuple[str, str]:
     """The user name and password in a ``PLAIN`` or ``AMQPLAIN`` response."""
     response = method.response
     raw = response if isinstance(response, bytes) else response.encode("utf-8", "surrogateescape")
-    if method.mechanism == "PLAIN":
-        parts = raw.split(b"\x00")
-        if len(parts) != 3:
-            raise ConnectionException(ReplyCode.ACCESS_REFUSED, "malformed PLAIN response")
-        return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
-    try:
-        table = decode_table(raw)
-    except (ValueError, struct.error, IndexError) as err:
-        raise ConnectionException(ReplyCode.ACCESS_REFUSED, "malformed AMQPLAIN response") from err
-    login, password = table.get("LOGIN", ""), table.get("PASSWORD", "")
-    if isinstance(login, bytes):
-        login = login.decode("utf-8", "replace")
-    if isinstance(password, bytes):
-        password = password.decode("utf-8", "replace")
-    return str(login), str(password)
+    found = sasl_credentials(method.mechanism, raw)
+    if found is None:
+        raise ConnectionException(ReplyCode.ACCESS_REFUSED, f"malformed {method.mechanism} response")
+    login, password = found
+    return login or "", password or ""
 
 
 def start_ok(connection: ServerConnection, method: commands.Connection.StartOk) -> None:

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import struct
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Protocol
+
+from broker.wire.codec import decode_table
 
 
 class HashedUser(Protocol):
@@ -30,6 +33,7 @@ class HashedUser(Protocol):
 
     @property
     def password_hash(self) -> str | None: ...
+
 
 #: Failed logins for one name from one host within :data:`FAILURE_WINDOW` before their
 #: refusals are slowed.
@@ -103,3 +107,27 @@ class LoginThrottle:
     def _forget_quiet(self) -> None:
         for key in list(self._failures):
             self._recent(key)
+
+
+def sasl_credentials(mechanism: str, response: bytes) -> tuple[str | None, str | None] | None:
+    """The user name and password in a ``PLAIN`` response (``\0user\0password``) or an
+    ``AMQPLAIN`` one (a field table's entries, ``LOGIN`` and ``PASSWORD``: ``None`` for one
+    absent); ``None`` for a response that does not parse. AMQP 0-9-1's ``start-ok`` and the
+    stream protocol's ``sasl_authenticate`` carry the same responses."""
+    if mechanism == "PLAIN":
+        parts = response.split(b"\x00")
+        if len(parts) != 3:
+            return None
+        return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
+    try:
+        table = decode_table(response)
+    except (ValueError, struct.error, IndexError):
+        return None
+    login, password = (table.get(name) for name in ("LOGIN", "PASSWORD"))
+    return _text(login), _text(password)
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

@@ -598,14 +598,14 @@ class VirtualHost:
             self._maybe_auto_delete(source)
         queue.sources.clear()
         queue.purge()
-        if queue.kind == "stream":
-            if self.streams is not None:
-                self.streams.delete(queue)
-            for watcher in list(queue.watchers):  # type: ignore[attr-defined]  # (the stream protocol's users)
-                watcher(queue)
+        if queue.kind == "stream" and self.streams is not None:
+            self.streams.delete(queue)
         for consumer in list(queue.consumers):
             queue.remove_consumer(consumer)
             consumer.channel.consumer_cancelled(consumer)  # type: ignore[attr-defined]
+        if queue.kind == "stream":  # last: the stream protocol's publishers and readers are told
+            for watcher in list(queue.watchers):  # type: ignore[attr-defined]
+                watcher(queue)
 
     def delete_everything(self) -> None:
         """The vhost is being deleted: remove every queue (with its messages) and exchange, and

@@ -26,6 +26,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
+from broker.core.login import sasl_credentials
 from broker.core.node import Node
 from broker.core.stream import StreamQueue
 from broker.errors import ChannelException
@@ -33,7 +34,6 @@ from broker.wal.record import WALCorruption
 from broker.wal.streamlog import ENTRIES_AT, Chunk
 from broker.wire import streamframes as wire
 from broker.wire.amqp10 import from_amqp091
-from broker.wire.codec import decode_table
 from exchanges.partitions import partition_order
 
 _log = Logger()
@@ -89,7 +89,6 @@ class StreamConnection:
         #: Set while the login is checked: what arrives waits in :attr:`_held`.
         self._waiting = False
         self._held: list[bytes] = []
-        self.client_properties: dict[str, str] = {}
         self.user: Any = None
         self.user_name = ""
         self.vhost: Any = None
@@ -142,7 +141,6 @@ class StreamConnection:
         before = self.step
         name, correlation = command[0], command[1]
         if name == "peer_properties":
-            self.client_properties = command[2]
             self.out.append(
                 wire.response(wire.PEER_PROPERTIES, correlation, wire.OK, wire.string_map(self._server_properties()))
             )
@@ -189,18 +187,14 @@ class StreamConnection:
             self.out.append(wire.response(wire.SASL_AUTHENTICATE, correlation, wire.SASL_MECHANISM_NOT_SUPPORTED))
             self._step(self.step, "failure")
             return
-        parts = response.split(b"\x00")
-        if mechanism != "PLAIN" or len(parts) != 3:
-            # RabbitMQ's PLAIN answers a response without two NULs as a protocol error;
-            # AMQPLAIN's table is read as the AMQP listener reads it.
-            credentials = _amqplain(response) if mechanism == "AMQPLAIN" else None
-            if credentials is None:
-                self.out.append(wire.response(wire.SASL_AUTHENTICATE, correlation, wire.SASL_ERROR))
-                self._step(self.step, "failure")
-                return
-            username, password = credentials
-        else:
-            username, password = parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
+        credentials = sasl_credentials(mechanism, response)
+        if credentials is None or None in credentials:
+            # RabbitMQ answers a response that does not parse (or an AMQPLAIN table without
+            # LOGIN or PASSWORD) as a SASL error.
+            self.out.append(wire.response(wire.SASL_AUTHENTICATE, correlation, wire.SASL_ERROR))
+            self._step(self.step, "failure")
+            return
+        username, password = credentials[0] or "", credentials[1] or ""
         self._waiting = True
         self.node.login(
             username,
@@ -413,13 +407,11 @@ class StreamConnection:
             stream.set_publisher_sequence(publisher.reference, max(last, max(ids, default=last)))
         else:
             fresh = [body for _, body in messages]
-        publisher.published += len(fresh)
         if fresh:
             stream.append_raw(fresh)
         journal = getattr(stream.store, "journal", None)
         if journal is None or not fresh:
             self.out.append(_publish_confirm(publisher_id, ids))
-            publisher.confirmed += len(ids)
             return
         journal.when_durable(lambda durable: self._written(publisher, ids, durable))
 
@@ -428,7 +420,6 @@ class StreamConnection:
             return
         if durable:
             self.out.append(_publish_confirm(publisher.id, ids))
-            publisher.confirmed += len(ids)
         else:
             self.out.append(_publish_error(publisher.id, ids, wire.INTERNAL_ERROR))
         self.wake()
@@ -551,7 +542,6 @@ class StreamConnection:
             reader.chunk = chunk
             reader.next_offset = chunk.next_offset
             reader.credit -= 1
-            reader.delivered += chunk.count
             self.out += (head, data)
 
     def _credit(self, subscription: int, credit: int) -> None:
@@ -644,30 +634,29 @@ class StreamConnection:
         subscriptions."""
         self.finished = True
         self.node.stream_connections.discard(self)
-        for user in [*self.subscriptions.values(), *self.publishers.values()]:
-            user.stream.watchers.discard(self._stream_changed)
-        for reader in list(self.subscriptions.values()):
-            _leave(reader)
+        readers, publishers = list(self.subscriptions.values()), list(self.publishers.values())
         self.subscriptions.clear()
         self.publishers.clear()
+        for user in [*readers, *publishers]:
+            user.stream.watchers.discard(self._stream_changed)
+        for reader in readers:  # (last: a group's next member is told on its own connection)
+            _leave(reader)
 
 
 class _Publisher:
-    __slots__ = ("id", "reference", "stream", "published", "confirmed")
+    __slots__ = ("id", "reference", "stream")
 
     def __init__(self, publisher_id: int, reference: str, stream: StreamQueue) -> None:
         self.id = publisher_id
         self.reference = reference
         self.stream = stream
-        self.published = 0
-        self.confirmed = 0
 
 
 class _Subscription:
     """Where one subscription is in its stream, and the chunks it may still be sent."""
 
     __slots__ = (
-        "connection", "id", "stream", "chunk", "next_offset", "credit", "active", "delivered", "group",
+        "connection", "id", "stream", "chunk", "next_offset", "credit", "active", "group",
         "super_stream", "waiting",
     )  # fmt: skip
 
@@ -683,7 +672,6 @@ class _Subscription:
         self.next_offset = start
         self.credit = credit
         self.active = True
-        self.delivered = 0
         #: Its single-active-consumer group (``None``: none), whether the group is a super
         #: stream's, and whether it waits (not its group's active member).
         self.group: str | None = None
@@ -833,16 +821,3 @@ def _publish_confirm(publisher: int, ids: list[int]) -> bytes:
 def _publish_error(publisher: int, ids: list[int], code: int) -> bytes:
     errors = b"".join(wire.u64(i) + wire.u16(code) for i in ids)
     return wire.frame(wire.PUBLISH_ERROR, bytes((publisher,)) + wire.u32(len(ids)) + errors)
-
-
-def _amqplain(response: bytes) -> tuple[str, str] | None:
-    """The LOGIN and PASSWORD of an AMQPLAIN response (a field table without its length)."""
-    try:
-        table = decode_table(response)
-    except (ValueError, struct.error, IndexError):
-        return None
-    login, password = table.get("LOGIN"), table.get("PASSWORD")
-    if login is None or password is None:
-        return None
-    as_text = [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in (login, password)]
-    return as_text[0], as_text[1]

@@ -119,15 +119,6 @@ class FrameReader:
             del buffer[:at]
         return frames
 
-    @property
-    def waiting(self) -> int:
-        """Bytes of a frame not whole yet."""
-        return len(self._buffer)
-
-    def pending_size(self) -> int | None:
-        """The size the next frame says it has, once its size is in."""
-        return _u32.unpack_from(self._buffer)[0] if len(self._buffer) >= 4 else None
-
 
 # -- reading fields ------------------------------------------------------------------------------
 
@@ -170,8 +161,8 @@ class _Fields:
         return int(self._take(_i64))
 
     def raw_string(self) -> bytes:
-        """A string's bytes (``int16`` length; -1, a null, is read as empty, as RabbitMQ's
-        ``?STRING`` match has it only for non-negative lengths: a null does not match)."""
+        """A string's bytes (``int16`` length). A null (length -1) does not read, as RabbitMQ's
+        ``?STRING`` match takes non-negative lengths only."""
         size = self.i16()
         if size < 0 or self.at + size > len(self.data):
             raise Malformed("string")

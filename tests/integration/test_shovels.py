@@ -200,15 +200,21 @@ def test_a_shovel_moves_a_rabbitmq_queue_into_postroom(tmp_path: Path, ack_mode:
     assert "Traceback" not in (tmp_path / "broker.log").read_text()
 
 
+def shovel_in(http: int, rabbit: int) -> None:
+    """A shovel in the Postroom of management port ``http`` taking RabbitMQ's queue ``from``
+    into its own ``to`` (``on-confirm``, 500 in flight)."""
+    value = {
+        "src-uri": f"amqp://guest:guest@127.0.0.1:{rabbit}", "src-queue": "from", "src-prefetch-count": 500,
+        "dest-uri": "amqp://", "dest-queue": "to", "reconnect-delay": 1,
+    }  # fmt: skip
+    api(http, "parameters/shovel/%2F/in", "PUT", {"value": value})
+
+
 def test_on_confirm_loses_nothing_when_rabbitmq_the_source_is_killed(tmp_path: Path) -> None:
     http = free_port()
     with rabbitmq_node() as (rabbit, _pid), broker(tmp_path / "data", management=http) as (_p, port):
         fill(rabbit, "from", COUNT)
-        value = {
-            "src-uri": f"amqp://guest:guest@127.0.0.1:{rabbit}", "src-queue": "from", "src-prefetch-count": 500,
-            "dest-uri": "amqp://", "dest-queue": "to", "reconnect-delay": 1,
-        }  # fmt: skip
-        api(http, "parameters/shovel/%2F/in", "PUT", {"value": value})
+        shovel_in(http, rabbit)
         assert wait_for(lambda: depth(port, "to") > COUNT // 5, 30)
         kill_rabbitmq(rabbit)  # its whole VM, mid-run; started again from its files
         assert wait_for(lambda: depth(rabbit, "from") == 0 and settled(port, "to", COUNT), 120)
@@ -224,11 +230,7 @@ def test_on_confirm_loses_nothing_when_the_broker_running_the_shovel_is_killed(t
     with rabbitmq_node() as (rabbit, _pid):
         fill(rabbit, "from", COUNT)
         with broker(tmp_path / "data", port=port, management=http) as (process, _port):
-            value = {
-                "src-uri": f"amqp://guest:guest@127.0.0.1:{rabbit}", "src-queue": "from", "src-prefetch-count": 500,
-                "dest-uri": "amqp://", "dest-queue": "to", "reconnect-delay": 1,
-            }  # fmt: skip
-            api(http, "parameters/shovel/%2F/in", "PUT", {"value": value})
+            shovel_in(http, rabbit)
             assert wait_for(lambda: depth(port, "to") > COUNT // 5, 30)
             process.send_signal(signal.SIGKILL)
             process.wait(10)
