@@ -29,7 +29,7 @@ from twisted.logger import Logger
 from broker.core.login import sasl_credentials
 from broker.core.node import Node
 from broker.core.stream import StreamQueue
-from broker.errors import ChannelException
+from broker.errors import ChannelCrash, ChannelException
 from broker.wal.record import WALCorruption
 from broker.wal.streamlog import ENTRIES_AT, Chunk
 from broker.wire import streamframes as wire
@@ -284,6 +284,11 @@ class StreamConnection:
             self.out.append(wire.close(1, wire.UNKNOWN_FRAME, "unknown frame"))
             self.step = "close_sent"
 
+    def _end(self, reason: str) -> None:
+        """End the connection without a word (where RabbitMQ's reader fails), for ``reason``."""
+        self.reason = reason
+        self.finished = True
+
     def _after_close(self, command: tuple[Any, ...]) -> None:
         """After our ``close``: the client's answer ends the connection; after theirs, nothing
         more is read (RabbitMQ ignores what follows)."""
@@ -312,20 +317,26 @@ class StreamConnection:
             self.out.append(wire.response(wire.CREATE_STREAM, correlation, wire.ACCESS_REFUSED))
             return
         declared: dict[str, Any] = {"x-queue-type": "stream"}
-        try:
-            for key, value in arguments.items():
-                if key in CREATE_ARGUMENTS:
-                    argument, kind = CREATE_ARGUMENTS[key]
+        for key, value in arguments.items():
+            if key in CREATE_ARGUMENTS:
+                argument, kind = CREATE_ARGUMENTS[key]
+                try:
                     declared[argument] = int(value) if kind is int else value
-        except ValueError:
-            self.out.append(wire.response(wire.CREATE_STREAM, correlation, wire.PRECONDITION_FAILED))
-            return
+                except ValueError:
+                    # (RabbitMQ's reader fails on the conversion, and the socket closes)
+                    self._end(f"create of stream '{name}': '{key}' is not an integer: {value!r}")
+                    return
         vhost = self.vhost
         existed = name in vhost.queues
         try:
             # (an existing queue is checked as a declaration checks it: the same stream is
             # "already exists", another queue or other arguments "precondition failed")
             vhost.declare_queue(name, self, durable=True, arguments=declared)
+        except ChannelCrash:
+            # (a max-age that is not one: RabbitMQ's stream coordinator fails, and so does
+            # the reader waiting on it)
+            self._end(f"create of stream '{name}': its arguments do not hold: {arguments!r}")
+            return
         except ChannelException:
             self.out.append(wire.response(wire.CREATE_STREAM, correlation, wire.PRECONDITION_FAILED))
             return

@@ -1,4 +1,4 @@
-"""Fuzzing the sans-IO core: bytes from strangers go in, a reply code or an action comes out.
+"""Fuzzing the sans-IO cores: bytes from strangers go in, a reply code or an action comes out.
 
 :func:`run_once` feeds one input to a fresh :class:`ServerConnection` and checks the invariant
 that holds for any input: the core acts or closes with a reply code, never raises, never
@@ -11,6 +11,13 @@ queue with a consumer, confirms) and in what pieces the bytes arrive.
 encoded by hand (pamqp refuses to marshal values a client should not send), for structured
 inputs: ``tests/broker/amqp/test_fuzz_core.py`` draws them with hypothesis, and
 ``bench/fuzz_core.py`` seeds atheris, the coverage-guided fuzzer, with them.
+
+:func:`stream_run_once` does the same for the stream protocol's
+:class:`~broker.streams.connection.StreamConnection` (``tests/broker/test_stream_fuzz.py``,
+``bench/fuzz_streams.py``): after an optional session start (a stream with messages, a
+publisher, a subscription, a single-active-consumer group shared with a second connection), the
+connection answers or closes, never raises, never answers 15 INTERNAL_ERROR, and once gone
+leaves no publisher, subscription, group member or watcher behind.
 """
 
 from __future__ import annotations
@@ -23,11 +30,21 @@ from pamqp import commands
 from pamqp.base import Frame
 
 from broker.amqp.connection import ServerConnection
+from broker.core.journal import Journal
 from broker.core.node import Node, User
+from broker.core.stream import StreamQueue
+from broker.storage.streams import StreamFiles
+from broker.streams.connection import FRAME_MAX, StreamConnection
+from broker.tools.testing import MemorySegmentStorage
+from broker.wal.streamlog import StreamLog
+from broker.wire import streamframes as stream_wire
 from broker.wire.codec import FRAME_METHOD, PROTOCOL_HEADER
 from broker.wire.table import encode_table
 
-__all__ = ["SESSION_START", "method_frame", "raw_frame", "run_once"]
+__all__ = [
+    "SESSION_START", "STREAM_SESSION_START", "method_frame", "raw_frame", "run_once", "stream_request",
+    "stream_run_once",
+]  # fmt: skip
 
 _frame_head = struct.Struct(">BHI")
 _CONNECTION_CLOSE = 0x000A0032
@@ -144,3 +161,132 @@ def run_once(data: bytes) -> None:
     assert all(not queue.consumers for vhost in node.vhosts.values() for queue in vhost.queues.values()), (
         "a consumer outlived its connection"
     )
+
+
+# -- the stream protocol -----------------------------------------------------------------------
+
+
+def stream_request(key: int, correlation: int, body: bytes = b"") -> bytes:
+    """A stream-protocol request frame: ``key``, its correlation id, then ``body``."""
+    return stream_wire.frame(key, struct.pack(">I", correlation) + body)
+
+
+def stream_publish(publisher: int, messages: list[tuple[int, bytes]]) -> bytes:
+    """A ``publish`` frame of ``(publishing id, message)`` pairs."""
+    body = struct.pack(">BI", publisher, len(messages))
+    body += b"".join(struct.pack(">QI", number, len(data)) + data for number, data in messages)
+    return stream_wire.frame(stream_wire.PUBLISH, body)
+
+
+def _stream_handshake() -> bytes:
+    plain = stream_wire.string("PLAIN") + struct.pack(">I", 12) + b"\0guest\0guest"
+    return b"".join([
+        stream_request(stream_wire.PEER_PROPERTIES, 1, stream_wire.string_map({"product": "fuzz"})),
+        stream_request(stream_wire.SASL_HANDSHAKE, 2),
+        stream_request(stream_wire.SASL_AUTHENTICATE, 3, plain),
+        stream_wire.frame(stream_wire.TUNE | stream_wire.RESPONSE, struct.pack(">II", FRAME_MAX, 0)),
+        stream_request(stream_wire.OPEN, 4, stream_wire.string("/")),
+    ])  # fmt: skip
+
+
+def _subscribe(correlation: int, subscription: int, properties: dict[str, str]) -> bytes:
+    body = struct.pack(">B", subscription) + stream_wire.string("s") + struct.pack(">hH", stream_wire.OFFSET_FIRST, 2)
+    return stream_request(stream_wire.SUBSCRIBE, correlation, body + stream_wire.string_map(properties))
+
+
+#: A valid session start: stream ``s`` with two messages from publisher 1 (reference ``p``),
+#: subscription 1 on it from the first offset, offset ``c`` stored, and subscription 2 in
+#: the single-active-consumer group ``g`` (shared with a second connection).
+STREAM_SESSION_START = b"".join([
+    _stream_handshake(),
+    stream_request(stream_wire.CREATE_STREAM, 5, stream_wire.string("s") + stream_wire.string_map({})),
+    stream_request(stream_wire.DECLARE_PUBLISHER, 6, b"\x01" + stream_wire.string("p") + stream_wire.string("s")),
+    stream_publish(1, [(1, b"\x00Sw\xa1\x01a"), (2, b"\x00Sw\xa1\x01b")]),
+    _subscribe(7, 1, {}),
+    stream_wire.frame(stream_wire.STORE_OFFSET, stream_wire.string("c") + stream_wire.string("s") + bytes(8)),
+    _subscribe(8, 2, {"single-active-consumer": "true", "name": "g"}),
+])  # fmt: skip
+
+
+class _MemoryStreams(StreamFiles):
+    """Streams kept in memory (each run starts with none)."""
+
+    def open(self, name: str, vhost_name: str, arguments: Any) -> StreamQueue:
+        log = StreamLog(MemorySegmentStorage(), 64 * 1024)
+        log.open()
+        stream = StreamQueue(name, vhost_name, arguments, log, self.clock, store=self)
+        self._paths[stream] = name
+        return stream
+
+
+class _NoClock:
+    def seconds(self) -> float:
+        return 0.0
+
+    def callLater(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 (Twisted's name)
+        raise AssertionError("the stream connection set a timer")
+
+
+def _write_streams(journal: Journal) -> None:
+    """What the log writer does with the streams' waiting messages, and then a sync."""
+    for stream, staged, dropped in journal.take_streams():
+        stream.log.write(staged)
+        stream.log.remove(dropped)
+        stream.written(staged)
+    journal.take_stream_deletions()
+    journal.synced_to(journal.position)
+
+
+def _internal_error_codes(out: list[bytes]) -> list[bytes]:
+    """Frames in ``out`` that answer or close with 15 INTERNAL_ERROR."""
+    found = []
+    for frame in stream_wire.FrameReader().feed(b"".join(out)):
+        key = struct.unpack_from(">H", frame)[0]
+        if (key & stream_wire.RESPONSE and len(frame) >= 10 and struct.unpack_from(">H", frame, 8)[0] == 15) or (
+            key == stream_wire.CLOSE and len(frame) >= 10 and struct.unpack_from(">H", frame, 8)[0] == 15
+        ):
+            found.append(frame)
+    return found
+
+
+def stream_run_once(data: bytes) -> None:
+    """Feed ``data`` to a fresh stream connection (see the module's text). The first byte:
+    bit 0, the session start first; bit 1, a second connection in group ``g``; the rest, the
+    size of each read (1 to 505 bytes).
+
+    :raises AssertionError: the connection answered with an internal error, or failed to release
+    :raises Exception: whatever escaped the connection: every such exception is a bug
+    """
+    if not data:
+        return
+    mode, data = data[0], data[1:]
+    stream = STREAM_SESSION_START + data if mode & 1 else data
+    step = 1 + (mode >> 2) * 8
+    journal = Journal(1)
+    node = Node(users=[User("guest", "guest")], rng=random.Random(0))
+    node.set_streams(_MemoryStreams("", journal, _NoClock()))
+    connections = []
+    if mode & 2:
+        other = StreamConnection(node, "127.0.0.1:2", True, ("127.0.0.1", 5552))
+        other.receive(STREAM_SESSION_START)
+        _write_streams(journal)
+        connections.append(other)
+    connection = StreamConnection(node, "127.0.0.1:1", True, ("127.0.0.1", 5552))
+    connections.append(connection)
+    for start in range(0, len(stream), step):
+        connection.receive(stream[start : start + step])
+        _write_streams(journal)
+        for each in connections:
+            errors = _internal_error_codes(each.out)
+            assert not errors, f"15 INTERNAL_ERROR: {errors}"
+            each.out.clear()
+        if connection.finished:
+            break
+    for each in connections:
+        each.connection_lost()
+    assert not node.stream_connections, "a connection is still listed after it was lost"
+    for vhost in node.vhosts.values():
+        for queue in vhost.queues.values():
+            if isinstance(queue, StreamQueue):
+                assert not queue.watchers, f"stream {queue.name!r} still has watchers"
+                assert not any(queue.stream_groups.values()), f"stream {queue.name!r} still has group members"

@@ -260,6 +260,42 @@ def test_what_ends_a_connection_before_it_is_open_as_rabbitmq(ports: tuple[int, 
     assert compare(ports, scenario)[-1] == "closed"
 
 
+@pytest.mark.parametrize(
+    ("arguments", "outcome"),
+    [
+        ({"max-age": "true"}, "closed"),
+        ({"max-age": ""}, "closed"),
+        ({"max-age": "-1h"}, "closed"),
+        ({"max-length-bytes": "x"}, "closed"),
+        ({"stream-max-segment-size-bytes": "0"}, "created"),
+        ({"stream-max-segment-size-bytes": "x"}, "closed"),
+        ({"initial-cluster-size": "x"}, "closed"),
+        ({"queue-leader-locator": "anywhere"}, "refused"),
+        ({"queue-leader-locator": "balanced"}, "created"),
+    ],
+    ids=lambda value: ",".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else value,
+)
+def test_create_with_an_argument_value_that_does_not_hold_as_rabbitmq(
+    ports: tuple[int, int], arguments: dict[str, str], outcome: str
+) -> None:
+    """(A ``max-length-bytes`` below 0 is the one value answered otherwise: see the docs'
+    differences.)"""
+    name = "sp-bad-" + "-".join(arguments)
+
+    def scenario(peer: Peer) -> None:
+        handshake(peer)
+        peer.send(wire.CREATE_STREAM, s(name) + wire.string_map(arguments))
+        peer.read()
+        peer.send(wire.METADATA, wire.strings([name]))
+        peer.read()
+        peer.send(wire.DELETE_STREAM, s(name))
+        peer.read()
+
+    answer = compare(ports, scenario)[5]
+    code = {"closed": None, "created": wire.OK, "refused": wire.PRECONDITION_FAILED}[outcome]
+    assert answer == "closed" if code is None else answer[3] == f"00000005{code:04x}"
+
+
 def test_an_unknown_command_once_open_is_answered_with_close_13_as_rabbitmq(ports: tuple[int, int]) -> None:
     def scenario(peer: Peer) -> None:
         handshake(peer)

@@ -1,0 +1,141 @@
+"""The stream protocol's connection under structured random input: any run of requests of every
+command (fields of any value, some cut short or with a wrong version), responses, publish
+batches whose counts lie and stray bytes, cut and mutated, leaves it answering or closing,
+never raising, never with 15 INTERNAL_ERROR, and releasing everything once gone.
+
+A short run of this is part of the test command; ``bench/fuzz_streams.py`` runs the
+coverage-guided fuzzer for as long as it is asked (docs/stream-protocol.md has its figures).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.streams.connection import StreamConnection
+from broker.tools.fuzzing import STREAM_SESSION_START, stream_publish, stream_request, stream_run_once
+from broker.wire import streamframes as wire
+
+NAMES = st.one_of(st.sampled_from(["s", "p", "c", "g", "", "amq.x", "s" * 256]), st.text(max_size=12))
+MAPS = st.dictionaries(
+    st.one_of(st.sampled_from(["single-active-consumer", "name", "super-stream", "max-age"]), st.text(max_size=6)),
+    st.one_of(st.sampled_from(["true", "false", "g", "1h", "1000"]), st.text(max_size=6)),
+    max_size=4,
+)
+U8, U16, U32, U64 = (st.integers(0, 2**bits - 1) for bits in (8, 16, 32, 64))
+I16 = st.integers(-(2**15), 2**15 - 1)
+
+
+def _string(value: str) -> bytes:
+    return wire.string(value)
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> bytes:
+    """One request of any command, its fields drawn by their types."""
+    key = draw(st.integers(1, 27))
+    correlation = draw(U32)
+    offset_kind = draw(st.one_of(st.integers(1, 5), I16))
+    offset = struct.pack(">Q", draw(U64)) if offset_kind in (4, 5) else b""
+    bodies = {
+        wire.DECLARE_PUBLISHER: lambda: bytes([draw(U8)]) + _string(draw(NAMES)) + _string(draw(NAMES)),
+        wire.QUERY_PUBLISHER_SEQUENCE: lambda: _string(draw(NAMES)) + _string(draw(NAMES)),
+        wire.DELETE_PUBLISHER: lambda: bytes([draw(U8)]),
+        wire.SUBSCRIBE: lambda: (
+            bytes([draw(U8)])
+            + _string(draw(NAMES))
+            + struct.pack(">h", offset_kind)
+            + offset
+            + struct.pack(">H", draw(U16))
+            + (wire.string_map(draw(MAPS)) if draw(st.booleans()) else b"")
+        ),  # fmt: skip
+        wire.QUERY_OFFSET: lambda: _string(draw(NAMES)) + _string(draw(NAMES)),
+        wire.UNSUBSCRIBE: lambda: bytes([draw(U8)]),
+        wire.CREATE_STREAM: lambda: _string(draw(NAMES)) + wire.string_map(draw(MAPS)),
+        wire.DELETE_STREAM: lambda: _string(draw(NAMES)),
+        wire.METADATA: lambda: wire.strings(draw(st.lists(NAMES, max_size=3))),
+        wire.PEER_PROPERTIES: lambda: wire.string_map(draw(MAPS)),
+        wire.SASL_AUTHENTICATE: lambda: (
+            _string(draw(st.sampled_from(["PLAIN", "AMQPLAIN", "EXTERNAL", ""])))
+            + struct.pack(">i", len(response := draw(st.binary(max_size=20))))
+            + response
+        ),  # fmt: skip
+        wire.OPEN: lambda: _string(draw(st.sampled_from(["/", "other", ""]))),
+        wire.CLOSE: lambda: struct.pack(">H", draw(U16)) + _string(draw(NAMES)),
+        wire.ROUTE: lambda: _string(draw(NAMES)) + _string(draw(NAMES)),
+        wire.PARTITIONS: lambda: _string(draw(NAMES)),
+    }
+    if key == wire.PUBLISH:
+        messages = draw(st.lists(st.tuples(U64, st.binary(max_size=30)), max_size=4))
+        return stream_publish(draw(U8), messages)
+    if key == wire.CREDIT:
+        return wire.frame(wire.CREDIT, bytes([draw(U8)]) + struct.pack(">h", draw(I16)))
+    if key == wire.STORE_OFFSET:
+        return wire.frame(wire.STORE_OFFSET, _string(draw(NAMES)) + _string(draw(NAMES)) + struct.pack(">Q", draw(U64)))
+    if key == wire.HEARTBEAT:
+        return wire.HEARTBEAT_FRAME
+    if key == wire.TUNE:
+        return wire.frame(wire.TUNE | wire.RESPONSE, struct.pack(">II", draw(U32), draw(U32)))
+    if key == wire.CONSUMER_UPDATE:
+        body = struct.pack(">IHHQ", draw(st.integers(0, 3)), draw(st.integers(0, 2)), offset_kind & 0xFFFF, draw(U64))
+        return wire.frame(wire.CONSUMER_UPDATE | wire.RESPONSE, body)
+    make = bodies.get(key)
+    if make is None:  # a response to anything, or a key no one reads
+        return wire.frame(key | draw(st.sampled_from([0, wire.RESPONSE])), draw(st.binary(max_size=12)))
+    return stream_request(key, correlation, make())
+
+
+@st.composite
+def sessions(draw: st.DrawFn) -> bytes:
+    """A run of requests, then perhaps cut short and a few bytes changed."""
+    frames = draw(st.lists(st.one_of(requests(), st.binary(min_size=1, max_size=12)), min_size=1, max_size=12))
+    data = b"".join(frames)
+    if data and draw(st.booleans()):
+        data = data[: draw(st.integers(0, len(data)))]
+    for _ in range(draw(st.integers(0, 3))):
+        if data:
+            index = draw(st.integers(0, len(data) - 1))
+            data = data[:index] + bytes([draw(st.integers(0, 255))]) + data[index + 1 :]
+    return data
+
+
+@settings(max_examples=400, deadline=None)
+@given(mode=st.integers(0, 255), session=sessions())
+def test_any_request_stream_gets_an_answer_or_a_close(mode: int, session: bytes) -> None:
+    stream_run_once(bytes([mode]) + session)
+
+
+def test_the_session_start_opens_and_reaches_every_kind_of_user() -> None:
+    """(What the fuzzer builds on: a run of it ends open, with a publisher and subscriptions.)"""
+    seen: list[StreamConnection] = []
+    lost = StreamConnection.connection_lost
+
+    def record(self: StreamConnection) -> None:
+        seen.append(self)
+        assert self.step == "open" and set(self.publishers) == {1} and set(self.subscriptions) == {1, 2}
+        lost(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(StreamConnection, "connection_lost", record)
+        stream_run_once(b"\x03")
+    assert len(seen) == 2
+    assert STREAM_SESSION_START.count(b"single-active-consumer") == 1
+
+
+def test_the_harness_can_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: StreamConnection, correlation: int, name: str) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(StreamConnection, "_partitions", broken)
+    with pytest.raises(RuntimeError):
+        stream_run_once(b"\x01" + stream_request(wire.PARTITIONS, 9, wire.string("s")))
+
+    def leaky(self: StreamConnection) -> None:
+        self.finished = True
+
+    monkeypatch.setattr(StreamConnection, "connection_lost", leaky)
+    with pytest.raises(AssertionError, match="still listed"):
+        stream_run_once(b"\x01")
