@@ -41,6 +41,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 from broker.core.deadletter import DeadLetterReason
 from broker.core.histogram import Histogram
 from broker.server.alarms import disk_free, memory_total, resident_memory
+from broker.wire.streamframes import ERROR_NAMES
 
 if TYPE_CHECKING:
     from broker.core.node import Node
@@ -406,6 +407,42 @@ class BrokerCollector:
         yield GaugeMetricFamily(
             "postroom_channels", "Open AMQP channels.", value=sum(len(c.channels) for c in connections)
         )
+        yield from self._stream_protocol()
+
+    def _stream_protocol(self) -> Iterator[Metric]:
+        streaming = self.node.stream_connections
+        counters = self.node.counters
+        yield GaugeMetricFamily(
+            "postroom_stream_protocol_connections", "Open connections of the stream protocol.", value=len(streaming)
+        )
+        yield GaugeMetricFamily(
+            "postroom_stream_protocol_publishers",
+            "Publishers declared on the stream protocol's connections.",
+            value=sum(len(c.publishers) for c in streaming),
+        )
+        yield GaugeMetricFamily(
+            "postroom_stream_protocol_consumers",
+            "Subscriptions on the stream protocol's connections.",
+            value=sum(len(c.subscriptions) for c in streaming),
+        )
+        yield CounterMetricFamily(
+            "postroom_stream_protocol_messages_received_total",
+            "Messages published over the stream protocol (deduplicated ones included).",
+            value=counters["stream_messages_received"],
+        )
+        yield CounterMetricFamily(
+            "postroom_stream_protocol_messages_confirmed_total",
+            "Messages confirmed to stream-protocol publishers.",
+            value=counters["stream_messages_confirmed"],
+        )
+        errors = CounterMetricFamily(
+            "postroom_stream_protocol_errors_total",
+            "Commands of the stream protocol refused, by the reason's name (RabbitMQ's codes).",
+            labels=["reason"],
+        )
+        for code, name in ERROR_NAMES.items():
+            errors.add_metric([name], counters[f"stream_error:{code}"])
+        yield errors
 
     def _wal(self, wal: WALService) -> Iterator[Metric]:
         yield GaugeMetricFamily("postroom_wal_bytes", "Bytes in the write-ahead log's segment files.", value=wal.size)
@@ -537,6 +574,48 @@ class RabbitMQNames:
         }
         for metric, (documentation, value) in counts.items():
             yield CounterMetricFamily(metric, documentation, value=max(0, value))
+        yield from _global_stream_counters(node)
+
+
+#: RabbitMQ's protocol counters (``rabbit_global_counters``) that the stream protocol never
+#: moves in Postroom: exported at 0 with it, as RabbitMQ exports them.
+_GLOBAL_UNUSED = [
+    ("messages_routed_total", "counter"), ("messages_unroutable_dropped_total", "counter"),
+    ("messages_unroutable_returned_total", "counter"), ("messages_delivered_total", "counter"),
+    ("messages_delivered_consume_manual_ack_total", "counter"),
+    ("messages_delivered_consume_auto_ack_total", "counter"),
+    ("messages_delivered_get_manual_ack_total", "counter"), ("messages_delivered_get_auto_ack_total", "counter"),
+    ("messages_get_empty_total", "counter"), ("messages_redelivered_total", "counter"),
+    ("messages_acknowledged_total", "counter"),
+]  # fmt: skip
+
+
+def _global_stream_counters(node: Node) -> Iterator[Metric]:
+    """RabbitMQ's ``rabbitmq_global_*{protocol="stream"}``: the stream protocol's messages,
+    publishers, consumers and refusals by code."""
+    counters = node.counters
+    streaming = node.stream_connections
+    received = counters["stream_messages_received"]
+    values: list[tuple[str, str, int]] = [
+        ("messages_received_total", "counter", received),
+        ("messages_received_confirm_total", "counter", received),
+        ("messages_confirmed_total", "counter", counters["stream_messages_confirmed"]),
+        ("publishers", "gauge", sum(len(c.publishers) for c in streaming)),
+        ("consumers", "gauge", sum(len(c.subscriptions) for c in streaming)),
+    ]
+    values += [(name, kind, 0) for name, kind in _GLOBAL_UNUSED]
+    values += [
+        (f"stream_error_{name}_total", "counter", counters[f"stream_error:{code}"])
+        for code, name in ERROR_NAMES.items()
+    ]
+    for name, kind, value in values:
+        family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+            f"rabbitmq_global_{name.removesuffix('_total') if kind == 'counter' else name}",
+            f"The stream protocol's {name.removesuffix('_total').replace('_', ' ')}.",
+            labels=["protocol"],
+        )
+        family.add_metric(["stream"], value)
+        yield family
 
 
 def _disk_free(wal: WALService | None) -> int:

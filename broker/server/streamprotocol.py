@@ -46,6 +46,7 @@ class StreamServerProtocol(Protocol):
             self.factory.node, f"{host}:{getattr(peer, 'port', 0)}", is_loopback(host), self.factory.advertised
         )
         connection.wake = self._flush
+        connection.connected_at = int(self.factory.clock.seconds() * 1000)
         self.connection = connection
         self._arm_step()
 

@@ -106,6 +106,11 @@ class StreamConnection:
         self.reason = ""
         #: Called when something was added to :attr:`out` outside :meth:`receive`.
         self.wake: Callable[[], None] = lambda: None
+        #: What the client said of itself (``peer_properties``), and how it logged in.
+        self.client_properties: dict[str, str] = {}
+        self.auth_mechanism = ""
+        #: When it connected, in milliseconds since the epoch (the shell sets it).
+        self.connected_at = 0
 
     # -- input ----------------------------------------------------------------------------------
 
@@ -141,12 +146,11 @@ class StreamConnection:
         before = self.step
         name, correlation = command[0], command[1]
         if name == "peer_properties":
-            self.out.append(
-                wire.response(wire.PEER_PROPERTIES, correlation, wire.OK, wire.string_map(self._server_properties()))
-            )
+            self.client_properties = command[2]
+            self._answer(wire.PEER_PROPERTIES, correlation, wire.OK, wire.string_map(self._server_properties()))
             after = "peer_properties_exchanged"
         elif name == "sasl_handshake":
-            self.out.append(wire.response(wire.SASL_HANDSHAKE, correlation, wire.OK, wire.strings(self._mechanisms())))
+            self._answer(wire.SASL_HANDSHAKE, correlation, wire.OK, wire.strings(self._mechanisms()))
             after = "authenticating"
         elif name == "sasl_authenticate":
             self._authenticate(correlation, command[2], command[3])
@@ -184,14 +188,15 @@ class StreamConnection:
 
     def _authenticate(self, correlation: int, mechanism: str, response: bytes) -> None:
         if mechanism not in self._mechanisms():
-            self.out.append(wire.response(wire.SASL_AUTHENTICATE, correlation, wire.SASL_MECHANISM_NOT_SUPPORTED))
+            self._answer(wire.SASL_AUTHENTICATE, correlation, wire.SASL_MECHANISM_NOT_SUPPORTED)
             self._step(self.step, "failure")
             return
+        self.auth_mechanism = mechanism
         credentials = sasl_credentials(mechanism, response)
         if credentials is None or None in credentials:
             # RabbitMQ answers a response that does not parse (or an AMQPLAIN table without
             # LOGIN or PASSWORD) as a SASL error.
-            self.out.append(wire.response(wire.SASL_AUTHENTICATE, correlation, wire.SASL_ERROR))
+            self._answer(wire.SASL_AUTHENTICATE, correlation, wire.SASL_ERROR)
             self._step(self.step, "failure")
             return
         username, password = credentials[0] or "", credentials[1] or ""
@@ -212,12 +217,12 @@ class StreamConnection:
         if user is None:
             loopback_only = reason.endswith("can only connect via localhost")
             code = wire.SASL_AUTHENTICATION_FAILURE_LOOPBACK if loopback_only else wire.AUTHENTICATION_FAILURE
-            self.out.append(wire.response(wire.SASL_AUTHENTICATE, correlation, code))
+            self._answer(wire.SASL_AUTHENTICATE, correlation, code)
             self.reason = f"login refused for user '{username}': {reason}"
             self._step(before, "failure")
         else:
             self.user, self.user_name = user, user.name
-            self.out.append(wire.response(wire.SASL_AUTHENTICATE, correlation, wire.OK))
+            self._answer(wire.SASL_AUTHENTICATE, correlation, wire.OK)
             self.out.append(wire.tune(FRAME_MAX, HEARTBEAT))
             self._step(before, "authenticated")
             if self.step == "authenticated":
@@ -230,13 +235,13 @@ class StreamConnection:
         node, user = self.node, self.user
         vhost = node.vhosts.get(vhost_name)
         if user is None or vhost is None or not user.may_open(vhost_name):
-            self.out.append(wire.response(wire.OPEN, correlation, wire.VHOST_ACCESS_FAILURE))
+            self._answer(wire.OPEN, correlation, wire.VHOST_ACCESS_FAILURE)
             self.reason = f"access to vhost '{vhost_name}' refused for user '{self.user_name}'"
             return "failure"
         self.vhost = vhost
         host, port = self.advertised
         properties = {"advertised_host": host, "advertised_port": str(port)}
-        self.out.append(wire.response(wire.OPEN, correlation, wire.OK, wire.string_map(properties)))
+        self._answer(wire.OPEN, correlation, wire.OK, wire.string_map(properties))
         node.stream_connections.add(self)
         return "opened"
 
@@ -277,12 +282,34 @@ class StreamConnection:
         elif name == "consumer_update":
             self._updated(correlation, *command[2:])
         elif name == "close":
-            self.out.append(wire.response(wire.CLOSE, correlation, wire.OK))
+            self._answer(wire.CLOSE, correlation, wire.OK)
             self.step = "closing"
             self.finished = True  # (RabbitMQ closes the socket once it answered)
         else:
+            self.node.counters[f"stream_error:{wire.UNKNOWN_FRAME}"] += 1
             self.out.append(wire.close(1, wire.UNKNOWN_FRAME, "unknown frame"))
             self.step = "close_sent"
+
+    def _answer(self, key: int, correlation: int, code: int, extra: bytes = b"") -> None:
+        """Answer request ``key`` with ``code``. Once open, each code but OK and 19 is counted,
+        as RabbitMQ 3.10 counts them (``rabbitmq_global_stream_error_*``; not the handshake's)."""
+        if code != wire.OK and code != wire.NO_OFFSET and self.step == "open":
+            self.node.counters[f"stream_error:{code}"] += 1
+        self.out.append(wire.response(key, correlation, code, extra))
+
+    def _refuse(self, publisher_id: int, ids: list[int], code: int) -> None:
+        """``publish_error`` with ``code`` for each of ``ids`` (one counted error a frame)."""
+        self.node.counters[f"stream_error:{code}"] += 1
+        publisher = self.publishers.get(publisher_id)
+        if publisher is not None:
+            publisher.errored += len(ids)
+        self.out.append(_publish_error(publisher_id, ids, code))
+
+    def force_close(self, reason: str) -> None:
+        """Close the socket without a word (RabbitMQ's way when its management closes a
+        stream connection)."""
+        self._end(reason)
+        self.wake()
 
     def _end(self, reason: str) -> None:
         """End the connection without a word (where RabbitMQ's reader fails), for ``reason``."""
@@ -311,10 +338,10 @@ class StreamConnection:
     def _create(self, correlation: int, name: str, arguments: dict[str, str]) -> None:
         name = name.replace("\n", "").replace("\r", "")
         if not name or name.startswith("amq."):
-            self.out.append(wire.response(wire.CREATE_STREAM, correlation, wire.PRECONDITION_FAILED))
+            self._answer(wire.CREATE_STREAM, correlation, wire.PRECONDITION_FAILED)
             return
         if not self._permitted("configure", name):
-            self.out.append(wire.response(wire.CREATE_STREAM, correlation, wire.ACCESS_REFUSED))
+            self._answer(wire.CREATE_STREAM, correlation, wire.ACCESS_REFUSED)
             return
         declared: dict[str, Any] = {"x-queue-type": "stream"}
         for key, value in arguments.items():
@@ -338,20 +365,20 @@ class StreamConnection:
             self._end(f"create of stream '{name}': its arguments do not hold: {arguments!r}")
             return
         except ChannelException:
-            self.out.append(wire.response(wire.CREATE_STREAM, correlation, wire.PRECONDITION_FAILED))
+            self._answer(wire.CREATE_STREAM, correlation, wire.PRECONDITION_FAILED)
             return
         code = wire.STREAM_ALREADY_EXISTS if existed else wire.OK
-        self.out.append(wire.response(wire.CREATE_STREAM, correlation, code))
+        self._answer(wire.CREATE_STREAM, correlation, code)
 
     def _delete(self, correlation: int, name: str) -> None:
         if not self._permitted("configure", name):
-            self.out.append(wire.response(wire.DELETE_STREAM, correlation, wire.ACCESS_REFUSED))
+            self._answer(wire.DELETE_STREAM, correlation, wire.ACCESS_REFUSED)
             return
         queue = self.vhost.queues.get(name)
         if queue is None or queue.kind != "stream":
-            self.out.append(wire.response(wire.DELETE_STREAM, correlation, wire.STREAM_DOES_NOT_EXIST))
+            self._answer(wire.DELETE_STREAM, correlation, wire.STREAM_DOES_NOT_EXIST)
             return
-        self.out.append(wire.response(wire.DELETE_STREAM, correlation, wire.OK))
+        self._answer(wire.DELETE_STREAM, correlation, wire.OK)
         self.vhost.remove_queue(queue)  # (this connection's metadata_update follows the answer)
 
     def _metadata(self, correlation: int, names: list[str]) -> None:
@@ -377,7 +404,7 @@ class StreamConnection:
 
     def _declare_publisher(self, correlation: int, publisher: int, reference: str, name: str) -> None:
         def answer(code: int) -> None:
-            self.out.append(wire.response(wire.DECLARE_PUBLISHER, correlation, code))
+            self._answer(wire.DECLARE_PUBLISHER, correlation, code)
 
         if not self._permitted("write", name):
             answer(wire.ACCESS_REFUSED)
@@ -401,15 +428,17 @@ class StreamConnection:
         if messages is None:
             # A frame whose messages do not add up (or a sub-entry batch, not taken yet):
             # refused whole.
-            self.out.append(_publish_error(publisher_id, [], wire.PRECONDITION_FAILED))
+            self._refuse(publisher_id, [], wire.PRECONDITION_FAILED)
             return
         ids = [publishing_id for publishing_id, _ in messages]
         if publisher is None or publisher.stream.deleted:
-            self.out.append(_publish_error(publisher_id, ids, wire.PUBLISHER_DOES_NOT_EXIST))
+            self._refuse(publisher_id, ids, wire.PUBLISHER_DOES_NOT_EXIST)
             return
+        publisher.published += len(ids)
+        self.node.counters["stream_messages_received"] += len(ids)
         stream = publisher.stream
         if not self._permitted("write", stream.name):
-            self.out.append(_publish_error(publisher_id, ids, wire.ACCESS_REFUSED))
+            self._refuse(publisher_id, ids, wire.ACCESS_REFUSED)
             return
         if publisher.reference:
             known = stream.publisher_sequence(publisher.reference)
@@ -422,7 +451,7 @@ class StreamConnection:
             stream.append_raw(fresh)
         journal = getattr(stream.store, "journal", None)
         if journal is None or not fresh:
-            self.out.append(_publish_confirm(publisher_id, ids))
+            self._confirm(publisher, ids)
             return
         journal.when_durable(lambda durable: self._written(publisher, ids, durable))
 
@@ -430,25 +459,28 @@ class StreamConnection:
         if self.finished:
             return
         if durable:
-            self.out.append(_publish_confirm(publisher.id, ids))
+            self._confirm(publisher, ids)
         else:
-            self.out.append(_publish_error(publisher.id, ids, wire.INTERNAL_ERROR))
+            self._refuse(publisher.id, ids, wire.INTERNAL_ERROR)
         self.wake()
+
+    def _confirm(self, publisher: _Publisher, ids: list[int]) -> None:
+        publisher.confirmed += len(ids)
+        self.node.counters["stream_messages_confirmed"] += len(ids)
+        self.out.append(_publish_confirm(publisher.id, ids))
 
     def _query_publisher_sequence(self, correlation: int, reference: str, name: str) -> None:
         stream = self._stream(name)
         if stream is None:
-            self.out.append(
-                wire.response(wire.QUERY_PUBLISHER_SEQUENCE, correlation, wire.STREAM_DOES_NOT_EXIST, wire.u64(0))
-            )
+            self._answer(wire.QUERY_PUBLISHER_SEQUENCE, correlation, wire.STREAM_DOES_NOT_EXIST, wire.u64(0))
             return
         sequence = max(stream.publisher_sequence(reference) or 0, 0)
-        self.out.append(wire.response(wire.QUERY_PUBLISHER_SEQUENCE, correlation, wire.OK, wire.u64(sequence)))
+        self._answer(wire.QUERY_PUBLISHER_SEQUENCE, correlation, wire.OK, wire.u64(sequence))
 
     def _delete_publisher(self, correlation: int, publisher: int) -> None:
         gone = self.publishers.pop(publisher, None)
         code = wire.OK if gone is not None else wire.PUBLISHER_DOES_NOT_EXIST
-        self.out.append(wire.response(wire.DELETE_PUBLISHER, correlation, code))
+        self._answer(wire.DELETE_PUBLISHER, correlation, code)
         if gone is not None:
             self._unwatch(gone.stream)
 
@@ -464,7 +496,7 @@ class StreamConnection:
         properties: dict[str, str],
     ) -> None:
         def answer(code: int) -> None:
-            self.out.append(wire.response(wire.SUBSCRIBE, correlation, code))
+            self._answer(wire.SUBSCRIBE, correlation, code)
 
         stream = self._stream(name)
         if stream is None:
@@ -477,6 +509,7 @@ class StreamConnection:
             answer(wire.ACCESS_REFUSED)
             return
         reader = _Subscription(self, subscription, stream, _start(stream, offset), credit)
+        reader.properties = properties
         self.subscriptions[subscription] = reader
         stream.watchers.add(self._stream_changed)
         answer(wire.OK)
@@ -524,6 +557,7 @@ class StreamConnection:
             stream.stream_groups.clear()
             stream.watchers.discard(self._stream_changed)
             if not self.finished:
+                self.node.counters[f"stream_error:{wire.STREAM_NOT_AVAILABLE}"] += 1
                 self.out.append(wire.metadata_update(wire.STREAM_NOT_AVAILABLE, stream.name))
         else:
             for reader in list(self.subscriptions.values()):
@@ -553,11 +587,14 @@ class StreamConnection:
             reader.chunk = chunk
             reader.next_offset = chunk.next_offset
             reader.credit -= 1
+            reader.consumed += chunk.count
+            reader.offset = chunk.first_offset
             self.out += (head, data)
 
     def _credit(self, subscription: int, credit: int) -> None:
         reader = self.subscriptions.get(subscription)
         if reader is None:
+            self.node.counters[f"stream_error:{wire.SUBSCRIPTION_ID_DOES_NOT_EXIST}"] += 1
             self.out.append(
                 wire.frame(
                     wire.CREDIT | wire.RESPONSE, wire.u16(wire.SUBSCRIPTION_ID_DOES_NOT_EXIST) + bytes((subscription,))
@@ -570,11 +607,11 @@ class StreamConnection:
     def _unsubscribe(self, correlation: int, subscription: int) -> None:
         reader = self.subscriptions.pop(subscription, None)
         if reader is None:
-            self.out.append(wire.response(wire.UNSUBSCRIBE, correlation, wire.SUBSCRIPTION_ID_DOES_NOT_EXIST))
+            self._answer(wire.UNSUBSCRIBE, correlation, wire.SUBSCRIPTION_ID_DOES_NOT_EXIST)
             return
         self._unwatch(reader.stream)
         _leave(reader)
-        self.out.append(wire.response(wire.UNSUBSCRIBE, correlation, wire.OK))
+        self._answer(wire.UNSUBSCRIBE, correlation, wire.OK)
 
     def _unwatch(self, stream: StreamQueue) -> None:
         """Stop watching ``stream`` once no publisher or subscription here uses it."""
@@ -602,18 +639,18 @@ class StreamConnection:
         through the super stream's direct exchange); answered in the protocol's list form."""
         bound = self._super_stream(name)
         if bound is None:
-            self.out.append(wire.response(wire.ROUTE, correlation, wire.STREAM_DOES_NOT_EXIST, wire.strings([])))
+            self._answer(wire.ROUTE, correlation, wire.STREAM_DOES_NOT_EXIST, wire.strings([]))
             return
         streams = list(dict.fromkeys(stream for stream, key, _ in bound if key == routing_key))
-        self.out.append(wire.response(wire.ROUTE, correlation, wire.OK, wire.strings(streams)))
+        self._answer(wire.ROUTE, correlation, wire.OK, wire.strings(streams))
 
     def _partitions(self, correlation: int, name: str) -> None:
         bound = self._super_stream(name)
         if bound is None:
-            self.out.append(wire.response(wire.PARTITIONS, correlation, wire.STREAM_DOES_NOT_EXIST, wire.strings([])))
+            self._answer(wire.PARTITIONS, correlation, wire.STREAM_DOES_NOT_EXIST, wire.strings([]))
             return
         streams = list(dict.fromkeys(stream for stream, _, _ in bound))
-        self.out.append(wire.response(wire.PARTITIONS, correlation, wire.OK, wire.strings(streams)))
+        self._answer(wire.PARTITIONS, correlation, wire.OK, wire.strings(streams))
 
     # -- offsets ----------------------------------------------------------------------------------
 
@@ -630,13 +667,13 @@ class StreamConnection:
     def _query_offset(self, correlation: int, reference: str, name: str) -> None:
         stream = self._stream(name)
         if stream is None:
-            self.out.append(wire.response(wire.QUERY_OFFSET, correlation, wire.STREAM_DOES_NOT_EXIST, wire.u64(0)))
+            self._answer(wire.QUERY_OFFSET, correlation, wire.STREAM_DOES_NOT_EXIST, wire.u64(0))
             return
         stored = stream.subscriptions.get(reference)
         if stored is None:
-            self.out.append(wire.response(wire.QUERY_OFFSET, correlation, wire.NO_OFFSET, wire.u64(0)))
+            self._answer(wire.QUERY_OFFSET, correlation, wire.NO_OFFSET, wire.u64(0))
             return
-        self.out.append(wire.response(wire.QUERY_OFFSET, correlation, wire.OK, wire.u64(stored)))
+        self._answer(wire.QUERY_OFFSET, correlation, wire.OK, wire.u64(stored))
 
     # -- the end ----------------------------------------------------------------------------------
 
@@ -655,12 +692,14 @@ class StreamConnection:
 
 
 class _Publisher:
-    __slots__ = ("id", "reference", "stream")
+    __slots__ = ("id", "reference", "stream", "published", "confirmed", "errored")
 
     def __init__(self, publisher_id: int, reference: str, stream: StreamQueue) -> None:
         self.id = publisher_id
         self.reference = reference
         self.stream = stream
+        #: Messages it sent, confirmed and refused (RabbitMQ's counts of a publisher).
+        self.published = self.confirmed = self.errored = 0
 
 
 class _Subscription:
@@ -668,7 +707,7 @@ class _Subscription:
 
     __slots__ = (
         "connection", "id", "stream", "chunk", "next_offset", "credit", "active", "group",
-        "super_stream", "waiting",
+        "super_stream", "waiting", "properties", "consumed", "offset",
     )  # fmt: skip
 
     def __init__(
@@ -688,6 +727,11 @@ class _Subscription:
         self.group: str | None = None
         self.super_stream = False
         self.waiting = False
+        #: The subscription's properties as sent; the messages sent so far, and the first
+        #: offset of the last chunk sent (RabbitMQ's ``consumed`` and ``offset``).
+        self.properties: dict[str, str] = {}
+        self.consumed = 0
+        self.offset = 0
 
 
 def _rebalance(stream: StreamQueue, group: str) -> None:

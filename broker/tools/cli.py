@@ -501,6 +501,54 @@ def _streams(args: argparse.Namespace) -> int:
     if len(subscriptions) > 1:
         print()
         _print_table(subscriptions, left=(0, 1, 2, 6))
+    return _stream_protocol_users(args)
+
+
+def _stream_protocol_users(args: argparse.Namespace) -> int:
+    """The stream protocol's publishers and consumers (``/api/stream/...``), when there are any."""
+    publishers = _listing(args, "streams", "stream/publishers")
+    consumers = _listing(args, "streams", "stream/consumers")
+    if isinstance(publishers, int) or isinstance(consumers, int):
+        return 1
+    rows = [("vhost", "stream", "connection", "publisher", "reference", "published", "confirmed", "errored")]
+    for each in publishers:
+        queue, connection = each["queue"], each["connection_details"]
+        assert isinstance(queue, dict) and isinstance(connection, dict)
+        rows.append(
+            (
+                printable(queue["vhost"]),
+                printable(queue["name"]),
+                printable(connection["name"]),
+                str(each["publisher_id"]),
+                printable(each["reference"] or "-"),
+                str(each["published"]),
+                str(each["confirmed"]),
+                str(each["errored"]),
+            )
+        )
+    if len(rows) > 1:
+        print()
+        _print_table(rows, left=(0, 1, 2, 4))
+    rows = [("vhost", "stream", "connection", "subscription", "offset", "lag", "consumed", "credits", "active")]
+    for each in consumers:
+        queue, connection = each["queue"], each["connection_details"]
+        assert isinstance(queue, dict) and isinstance(connection, dict)
+        rows.append(
+            (
+                printable(queue["vhost"]),
+                printable(queue["name"]),
+                printable(connection["name"]),
+                str(each["subscription_id"]),
+                str(each["offset"]),
+                str(each["offset_lag"]),
+                str(each["consumed"]),
+                str(each["credits"]),
+                "yes" if each["active"] else "no",
+            )
+        )
+    if len(rows) > 1:
+        print()
+        _print_table(rows, left=(0, 1, 2, 8))
     return 0
 
 

@@ -68,6 +68,27 @@ PRECONDITION_FAILED = 17
 PUBLISHER_DOES_NOT_EXIST = 18
 NO_OFFSET = 19
 
+#: Each error code's name, as RabbitMQ names its counter (``rabbitmq_global_stream_error_*``).
+ERROR_NAMES = {
+    STREAM_DOES_NOT_EXIST: "stream_does_not_exist",
+    SUBSCRIPTION_ID_ALREADY_EXISTS: "subscription_id_already_exists",
+    SUBSCRIPTION_ID_DOES_NOT_EXIST: "subscription_id_does_not_exist",
+    STREAM_ALREADY_EXISTS: "stream_already_exists",
+    STREAM_NOT_AVAILABLE: "stream_not_available",
+    SASL_MECHANISM_NOT_SUPPORTED: "sasl_mechanism_not_supported",
+    AUTHENTICATION_FAILURE: "authentication_failure",
+    SASL_ERROR: "sasl_error",
+    SASL_CHALLENGE: "sasl_challenge",
+    SASL_AUTHENTICATION_FAILURE_LOOPBACK: "sasl_authentication_failure_loopback",
+    VHOST_ACCESS_FAILURE: "vhost_access_failure",
+    UNKNOWN_FRAME: "unknown_frame",
+    FRAME_TOO_LARGE: "frame_too_large",
+    INTERNAL_ERROR: "internal_error",
+    ACCESS_REFUSED: "access_refused",
+    PRECONDITION_FAILED: "precondition_failed",
+    PUBLISHER_DOES_NOT_EXIST: "publisher_does_not_exist",
+}
+
 #: Offset specifications of ``subscribe``.
 OFFSET_FIRST = 1
 OFFSET_LAST = 2

@@ -256,6 +256,17 @@ class ManagementAPI(Resource):
             if not SEE_ALL_TAGS.isdisjoint(user.tags) or connection.user_name == user.name
         ]
 
+    def visible_stream_connections(self, user: User) -> list[Any]:
+        """The stream protocol's open connections ``user`` sees (as for AMQP's), by name."""
+        return sorted(
+            (
+                connection
+                for connection in self.node.stream_connections
+                if not SEE_ALL_TAGS.isdisjoint(user.tags) or connection.user_name == user.name
+            ),
+            key=lambda connection: connection.peer,
+        )
+
 
 class UIFile(Resource):
     """One file of the web UI (``broker/server/management/ui``), with headers that keep it to

@@ -489,8 +489,14 @@ def close_connection(call: Call) -> tuple[int, None]:
     ``X-Reason`` header's text, or RabbitMQ's default."""
     name, user = call.params["connection"], call.user
     found = next((connection for connection in call.node.connections if connection.peer == name), None)
-    if "administrator" not in user.tags and (found is None or found.user_name != user.name):
+    streaming = next((connection for connection in call.node.stream_connections if connection.peer == name), None)
+    target = found or streaming
+    if "administrator" not in user.tags and (target is None or target.user_name != user.name):
         raise not_authorised("User not authorised to access object")
+    if streaming is not None and found is None:
+        streaming.force_close(f"closed through the management API by {user.name}")
+        _log.info("stream connection {peer} closed through the management API by {user}", peer=name, user=user.name)
+        return 204, None
     if found is None:
         raise not_found()
     # RabbitMQ's X-Reason header gives the text the client reads in connection.close.

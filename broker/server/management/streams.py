@@ -1,5 +1,7 @@
 """Postroom's ``/api/streams``: streams, their offsets and retention, their subscriptions,
-and moving a subscription (what ``postroom streams`` runs over)."""
+and moving a subscription (what ``postroom streams`` runs over). And RabbitMQ's
+``/api/stream/...`` (its ``rabbitmq_stream_management`` plugin): the stream protocol's
+connections, publishers and consumers."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.logger import Logger
 
 from broker.core.stream import OffsetSpec, StreamQueue
-from broker.server.management.common import Call, Problem
+from broker.server.management.common import NODE_NAME, Call, Problem, not_authorised, not_found
 from broker.server.management.router import Router
 
 if TYPE_CHECKING:
@@ -23,6 +25,16 @@ def install(router: Router) -> None:
     router.add("/streams/:vhost", GET=streams)
     router.add("/streams/:vhost/:stream", GET=streams)
     router.add("/streams/:vhost/:stream/subscriptions/:subscription", PUT=reset_subscription)
+    router.add("/stream/connections", GET=stream_connections)
+    router.add("/stream/connections/:vhost", GET=stream_connections)
+    router.add("/stream/connections/:vhost/:connection", GET=stream_connections, DELETE=close_stream_connection)
+    router.add("/stream/connections/:vhost/:connection/publishers", GET=stream_publishers)
+    router.add("/stream/connections/:vhost/:connection/consumers", GET=stream_consumers)
+    router.add("/stream/publishers", GET=stream_publishers)
+    router.add("/stream/publishers/:vhost", GET=stream_publishers)
+    router.add("/stream/publishers/:vhost/:stream", GET=stream_publishers)
+    router.add("/stream/consumers", GET=stream_consumers)
+    router.add("/stream/consumers/:vhost", GET=stream_consumers)
 
 
 def stream_view(vhost: VirtualHost, stream: StreamQueue) -> dict[str, Any]:
@@ -112,3 +124,147 @@ def reset_spec(value: Any) -> OffsetSpec:
     raise Problem(
         400, "bad_request", f"'to' must be first, last, next, an offset or a time (ISO 8601 or seconds), not {value!r}"
     )
+
+
+# -- the stream protocol's connections, publishers and consumers --------------------------------
+
+
+def stream_connection_view(connection: Any) -> dict[str, Any]:
+    """A stream-protocol connection as ``/api/stream/connections`` (and ``/api/connections``)
+    show it: RabbitMQ's fields."""
+    peer_host, _, peer_port = connection.peer.rpartition(":")
+    host, port = connection.advertised
+    return {
+        "name": connection.peer,
+        "node": NODE_NAME,
+        "protocol": "stream",
+        "user": connection.user_name,
+        "user_who_performed_action": connection.user_name,
+        "vhost": connection.vhost.name if connection.vhost is not None else None,
+        "auth_mechanism": connection.auth_mechanism,
+        "client_properties": connection.client_properties,
+        "user_provided_name": connection.client_properties.get("connection_name"),
+        "connected_at": connection.connected_at,
+        "channel_max": 0,
+        "frame_max": connection.frame_max,
+        "timeout": connection.heartbeat,
+        "host": host,
+        "port": port,
+        "peer_host": peer_host,
+        "peer_port": int(peer_port) if peer_port.isdigit() else None,
+        "ssl": False,
+        "ssl_protocol": None,
+        "ssl_key_exchange": None,
+        "ssl_cipher": None,
+        "ssl_hash": None,
+        "peer_cert_issuer": None,
+        "peer_cert_subject": None,
+        "peer_cert_validity": None,
+        "state": "running",
+    }
+
+
+def _details(connection: Any) -> dict[str, Any]:
+    peer_host, _, peer_port = connection.peer.rpartition(":")
+    return {
+        "name": connection.peer,
+        "node": NODE_NAME,
+        "peer_host": peer_host,
+        "peer_port": int(peer_port) if peer_port.isdigit() else None,
+        "user": connection.user_name,
+    }
+
+
+def publisher_view(connection: Any, publisher: Any) -> dict[str, Any]:
+    """One publisher as ``/api/stream/publishers`` shows it."""
+    stream = publisher.stream
+    return {
+        "connection_details": _details(connection),
+        "publisher_id": publisher.id,
+        "reference": publisher.reference,
+        "queue": {"name": stream.name, "vhost": stream.vhost_name},
+        "published": publisher.published,
+        "confirmed": publisher.confirmed,
+        "errored": publisher.errored,
+    }
+
+
+def consumer_view(connection: Any, reader: Any) -> dict[str, Any]:
+    """One subscription as ``/api/stream/consumers`` shows it: its offset is the first of the
+    last chunk sent, its lag what the stream committed beyond it (RabbitMQ's measures)."""
+    stream = reader.stream
+    last_chunk = stream.log.locate(max(stream.committed - 1, 0)) if stream.committed else None
+    committed_chunk = last_chunk.first_offset if last_chunk is not None else 0
+    return {
+        "connection_details": _details(connection),
+        "subscription_id": reader.id,
+        "queue": {"name": stream.name, "vhost": stream.vhost_name},
+        "credits": reader.credit,
+        "consumed": reader.consumed,
+        "offset": reader.offset,
+        "offset_lag": max(committed_chunk - reader.offset, 0),
+        "properties": reader.properties,
+        "active": reader.active and not reader.waiting,  # (RabbitMQ 3.11's, with its groups)
+    }
+
+
+def _stream_connections(call: Call) -> list[Any]:
+    """The stream connections the user sees, of the path's vhost and connection when it names
+    them (404 for either when it is not there)."""
+    params = call.params
+    shown = call.api.visible_stream_connections(call.user)
+    if "vhost" in params:
+        vhost = call.api.vhosts(call.user, params["vhost"])[0]
+        shown = [connection for connection in shown if connection.vhost is vhost]
+    if "connection" in params:
+        shown = [connection for connection in shown if connection.peer == params["connection"]]
+        if not shown:
+            raise not_found()
+    return shown
+
+
+def stream_connections(call: Call) -> tuple[int, Any]:
+    """``GET /api/stream/connections[/VHOST[/NAME]]`` (one connection shows its TLS fields as
+    empty strings where the list shows nulls, as RabbitMQ's plugin does)."""
+    views = [stream_connection_view(connection) for connection in _stream_connections(call)]
+    if "connection" not in call.params:
+        return 200, views
+    tls = ("ssl_", "peer_cert_")
+    return 200, {key: "" if value is None and key.startswith(tls) else value for key, value in views[0].items()}
+
+
+def stream_publishers(call: Call) -> tuple[int, Any]:
+    """``GET /api/stream/publishers[/VHOST[/STREAM]]`` and a connection's (404 for a stream
+    that is not there)."""
+    stream = call.params.get("stream")
+    if stream is not None:
+        call.api.queue(call.user, call.params["vhost"], stream)
+    return 200, [
+        publisher_view(connection, publisher)
+        for connection in _stream_connections(call)
+        for _id, publisher in sorted(connection.publishers.items())
+        if stream is None or publisher.stream.name == stream
+    ]
+
+
+def stream_consumers(call: Call) -> tuple[int, Any]:
+    """``GET /api/stream/consumers[/VHOST]`` and a connection's."""
+    return 200, [
+        consumer_view(connection, reader)
+        for connection in _stream_connections(call)
+        for _id, reader in sorted(connection.subscriptions.items())
+    ]
+
+
+def close_stream_connection(call: Call) -> tuple[int, None]:
+    """``DELETE /api/stream/connections/VHOST/NAME``: its own user's, or for an administrator
+    anyone's; the socket is closed without a frame, as RabbitMQ closes it."""
+    user = call.user
+    found = next((c for c in call.node.stream_connections if c.peer == call.params["connection"]), None)
+    if "administrator" not in user.tags and (found is None or found.user_name != user.name):
+        raise not_authorised("User not authorised to access object")
+    if found is None:
+        raise not_found()
+    found.force_close(f"closed through the management API by {user.name}")
+    _log.info("stream connection {peer} closed through the management API by {user}", peer=found.peer, user=user.name)
+    return 204, None

@@ -30,6 +30,7 @@ from broker.server.management.common import (
 )
 from broker.server.management.rates import HISTORY_STATS, QUEUE_STATS, RATE_INTERVAL, VHOST_STATS, RateSampler
 from broker.server.management.router import Router
+from broker.server.management.streams import stream_connection_view
 
 if TYPE_CHECKING:
     from broker.core.entry import Consumer
@@ -438,6 +439,7 @@ def binding_view(
 def connection_view(node: Node, connection: Any) -> dict[str, Any]:
     return {
         "name": connection.peer,
+        "protocol": "AMQP 0-9-1",
         "user": connection.user_name,
         "vhost": connection.vhost.name if connection.vhost is not None else None,
         "channels": len(connection.channels),
@@ -464,9 +466,22 @@ def _connections(call: Call) -> list[Any]:
 
 
 def connections(call: Call) -> tuple[int, Any]:
-    """``/api/connections``, ``/api/vhosts/VHOST/connections``, ``/api/connections/NAME``."""
+    """``/api/connections``, ``/api/vhosts/VHOST/connections``, ``/api/connections/NAME``: AMQP's
+    and the stream protocol's, by name."""
+    params = call.params
+    shown = call.api.visible_stream_connections(call.user)
+    if "vhost" in params:
+        vhost = call.api.vhosts(call.user, params["vhost"])[0]
+        shown = [connection for connection in shown if connection.vhost is vhost]
+    if "connection" in params:
+        streaming = [connection for connection in shown if connection.peer == params["connection"]]
+        if streaming:
+            return 200, stream_connection_view(streaming[0])
     views = [connection_view(call.node, connection) for connection in _connections(call)]
-    return 200, views[0] if "connection" in call.params else views
+    if "connection" in params:
+        return 200, views[0]
+    views += [stream_connection_view(connection) for connection in shown]
+    return 200, sorted(views, key=lambda view: view["name"])
 
 
 def connection_state(node: Node, connection: Any) -> str:
