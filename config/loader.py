@@ -174,6 +174,8 @@ class _Reader(ValueReader):
         if value is None:
             if listen.amqps is not None:
                 self.problem("listen.amqps", "needs the tls: section (certificate and key)")
+            if listen.stream_tls is not None:
+                self.problem("listen.stream_tls", "needs the tls: section (certificate and key)")
             return None
         section = self.mapping(
             value, "tls", {"certificate", "key", "ca", "verify", "fail_if_no_peer_cert", "http"}, {"certificate", "key"}
@@ -200,9 +202,12 @@ class _Reader(ValueReader):
             self.problem("tls.verify", "peer needs the CA certificates to verify clients against (tls.ca)")
         if tls.fail_if_no_peer_cert and verify != "peer":
             self.problem("tls.fail_if_no_peer_cert", "needs verify: peer (certificates are not asked for otherwise)")
-        if listen.amqps is None and not (tls.http and (listen.metrics or listen.management)):
+        uses = listen.amqps or listen.stream_tls or (tls.http and (listen.metrics or listen.management))
+        if not uses:
             self.problem(
-                "tls", "no listener uses it: set listen.amqps, or http: true with a metrics or management listener"
+                "tls",
+                "no listener uses it: set listen.amqps or listen.stream_tls, or http: true with a metrics or management"
+                " listener",
             )
         if not tls.certificate or not tls.key:
             return tls
@@ -261,7 +266,7 @@ class _Reader(ValueReader):
         return tuple(result)
 
     def listen(self, value: Any) -> ListenConfig:
-        section = self.mapping(value, "listen", {"amqp", "amqps", "metrics", "management", "stream"})
+        section = self.mapping(value, "listen", {"amqp", "amqps", "metrics", "management", "stream", "stream_tls"})
         default = ListenConfig()
         return ListenConfig(
             amqp=self.endpoint(section.get("amqp"), "listen.amqp", default.amqp),
@@ -269,6 +274,7 @@ class _Reader(ValueReader):
             metrics=self.optional_listener(section.get("metrics"), "listen.metrics", default.metrics),
             management=self.optional_listener(section.get("management"), "listen.management", default.management),
             stream=self.endpoint(section.get("stream"), "listen.stream", default.stream),
+            stream_tls=self.endpoint(section.get("stream_tls"), "listen.stream_tls", default.stream_tls),
         )
 
     def endpoint(self, value: Any, path: str, default: str | None) -> str | None:

@@ -25,11 +25,13 @@ class ListenConfig:
     management: str | None = "tcp:15672:interface=127.0.0.1"
     #: RabbitMQ's stream protocol (its port is 5552); off unless set.
     stream: str | None = None
+    #: The stream protocol over TLS (RabbitMQ's port is 5551), with the ``tls:`` section.
+    stream_tls: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class TLSConfig:
-    """TLS for the ``listen.amqps`` listener, and for the HTTP listeners with ``http``
+    """TLS for the ``listen.amqps`` and ``listen.stream_tls`` listeners, and for the HTTP listeners with ``http``
     (RabbitMQ's ``ssl_options``). Paths are as written: relative ones are relative to the
     working directory, as ``storage.dir`` is.
 

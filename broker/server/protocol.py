@@ -66,6 +66,17 @@ SHUTDOWN_TEXT = "broker forced connection closure with reason 'shutdown'"
 SHUTDOWN_GRACE = 1.0
 
 
+def certificate_common_names(certificate: Any) -> str | None:
+    """The common names in a client's certificate (an OpenSSL ``X509``), joined by commas as
+    RabbitMQ joins them (``""``: it has none); ``None`` when it presented none."""
+    from cryptography.x509.oid import NameOID
+
+    if certificate is None:
+        return None
+    subject = certificate.to_cryptography().subject
+    return ",".join(str(attribute.value) for attribute in subject.get_attributes_for_oid(NameOID.COMMON_NAME))
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` is a loopback address (127.0.0.0/8, ::1, or an IPv4-mapped loopback)."""
     try:
@@ -124,16 +135,9 @@ class AMQPServerProtocol(Protocol):
         self._handshake_timer = self.factory.clock.callLater(HANDSHAKE_TIMEOUT, self._handshake_expired)
 
     def _certificate_name(self) -> str | None:
-        """The common names in the client's certificate, joined by commas as RabbitMQ joins
-        them (``""``: it has none); ``None`` when it presented none. Asked only after the
-        handshake: the client's first bytes come after it."""
-        from cryptography.x509.oid import NameOID
-
-        certificate = self.transport.getPeerCertificate()
-        if certificate is None:
-            return None
-        subject = certificate.to_cryptography().subject
-        return ",".join(str(attribute.value) for attribute in subject.get_attributes_for_oid(NameOID.COMMON_NAME))
+        """The common names in the client's certificate (:func:`certificate_common_names`).
+        Asked only after the handshake: the client's first bytes come after it."""
+        return certificate_common_names(self.transport.getPeerCertificate())
 
     def dataReceived(self, data: bytes) -> None:
         connection = self.connection

@@ -712,6 +712,11 @@ def make_broker_service(
     if config.listen.stream:
         streams = StreamServerFactory(node, reactor, advertised(config.listen.stream))
         Listener("stream", config.listen.stream, streams, reactor, node, "stream").setServiceParent(service)
+    if config.listen.stream_tls and tls is not None:
+        streams = StreamServerFactory(node, reactor, advertised(config.listen.stream_tls))
+        Listener(
+            "stream_tls", config.listen.stream_tls, tls(streams), reactor, node, "stream/ssl", certificates
+        ).setServiceParent(service)
     http_tls = tls if tls is not None and config.tls is not None and config.tls.http else None
     http, http_certificates = ("https", certificates) if http_tls else ("http", None)
     if config.listen.metrics:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime, ISSLTransport
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from broker.core.node import Node
-from broker.server.protocol import is_loopback
+from broker.server.protocol import certificate_common_names, is_loopback
 from broker.streams.connection import StreamConnection
 from broker.wire.streamframes import HEARTBEAT_FRAME
 
@@ -43,12 +43,21 @@ class StreamServerProtocol(Protocol):
         peer = self.transport.getPeer()  # type: ignore[attr-defined]
         host = getattr(peer, "host", "")
         connection = StreamConnection(
-            self.factory.node, f"{host}:{getattr(peer, 'port', 0)}", is_loopback(host), self.factory.advertised
+            self.factory.node,
+            f"{host}:{getattr(peer, 'port', 0)}",
+            is_loopback(host),
+            self.factory.advertised,
+            certificate_name=self._certificate_name if ISSLTransport.providedBy(self.transport) else None,
         )
         connection.wake = self._flush
         connection.connected_at = int(self.factory.clock.seconds() * 1000)
         self.connection = connection
         self._arm_step()
+
+    def _certificate_name(self) -> str | None:
+        """The common names in the client's certificate (``""``: it has none; ``None``: it
+        presented none), as for AMQP's ``EXTERNAL``."""
+        return certificate_common_names(self.transport.getPeerCertificate())
 
     def dataReceived(self, data: bytes) -> None:
         connection = self.connection

@@ -72,13 +72,24 @@ class StreamConnection:
     :param peer: the client's address, ``host:port``
     :param loopback: whether the client connects from a loopback address
     :param advertised: the host and port ``open`` advertises (this listener's)
+    :param certificate_name: over TLS, what names the client's certificate (``EXTERNAL``)
     """
 
-    def __init__(self, node: Node, peer: str, loopback: bool, advertised: tuple[str, int]) -> None:
+    def __init__(
+        self,
+        node: Node,
+        peer: str,
+        loopback: bool,
+        advertised: tuple[str, int],
+        certificate_name: Callable[[], str | None] | None = None,
+    ) -> None:
         self.node = node
         self.peer = peer
         self.loopback = loopback
         self.advertised = advertised
+        #: Over TLS: the common names of the client's certificate (``None`` from it: it
+        #: presented none), for ``EXTERNAL``; ``None`` on a plain socket.
+        self.certificate_name = certificate_name
         self.reader = wire.FrameReader()
         #: Frames to write, in order.
         self.out: list[bytes] = []
@@ -183,8 +194,12 @@ class StreamConnection:
         }
 
     def _mechanisms(self) -> list[str]:
-        offered = self.node.mechanisms(tls=False).split()
-        return [m for m in ("PLAIN", "AMQPLAIN") if m in offered]  # (in RabbitMQ's registry order)
+        """The mechanisms offered here (``EXTERNAL`` over TLS only), in the order RabbitMQ
+        lists them: its registry's, which is PLAIN before AMQPLAIN, unless the plugin that
+        brings EXTERNAL is in it too."""
+        offered = self.node.mechanisms(tls=self.certificate_name is not None).split()
+        order = ("AMQPLAIN", "PLAIN", "EXTERNAL") if "EXTERNAL" in self.node.auth_mechanisms else ("PLAIN", "AMQPLAIN")
+        return [mechanism for mechanism in order if mechanism in offered]
 
     def _authenticate(self, correlation: int, mechanism: str, response: bytes) -> None:
         if mechanism not in self._mechanisms():
@@ -192,6 +207,9 @@ class StreamConnection:
             self._step(self.step, "failure")
             return
         self.auth_mechanism = mechanism
+        if mechanism == "EXTERNAL":
+            self._external(correlation)
+            return
         credentials = sasl_credentials(mechanism, response)
         if credentials is None or None in credentials:
             # RabbitMQ answers a response that does not parse (or an AMQPLAIN table without
@@ -204,6 +222,26 @@ class StreamConnection:
         self.node.login(
             username,
             password,
+            self.loopback,
+            self.peer.rpartition(":")[0],
+            lambda user, reason: self._login_done(correlation, username, user, reason),
+        )
+
+    def _external(self, correlation: int) -> None:
+        """``EXTERNAL``: the user named by the verified client certificate's common name, with
+        no password (RabbitMQ's ``rabbitmq_auth_mechanism_ssl``, ``ssl_cert_login_from =
+        common_name``)."""
+        assert self.certificate_name is not None  # (offered over TLS only)
+        username = self.certificate_name()
+        if not username:
+            self._answer(wire.SASL_AUTHENTICATE, correlation, wire.AUTHENTICATION_FAILURE)
+            self.reason = "EXTERNAL: " + ("no name found" if username == "" else "no client certificate")
+            self._step(self.step, "failure")
+            return
+        self._waiting = True
+        self.node.login(
+            username,
+            None,
             self.loopback,
             self.peer.rpartition(":")[0],
             lambda user, reason: self._login_done(correlation, username, user, reason),

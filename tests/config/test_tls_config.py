@@ -202,7 +202,11 @@ def test_verify_settings_that_cannot_work_are_refused(files: dict[str, str]) -> 
     ]
     found = problems(f"tls: {{certificate: {files['server.crt']}, key: {files['server.key']}}}\n")
     assert [(key, reason) for _line, key, reason in found] == [
-        ("tls", "no listener uses it: set listen.amqps, or http: true with a metrics or management listener")
+        (
+            "tls",
+            "no listener uses it: set listen.amqps or listen.stream_tls, or http: true with a metrics or management"
+            " listener",
+        )
     ]
 
 

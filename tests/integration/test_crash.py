@@ -46,11 +46,13 @@ def broker(
     amqps: int = 0,
     port: int = 0,
     stream: int = 0,
+    stream_tls: int = 0,
 ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """``postroom serve`` over ``data``; with ``management``, its management API on that port
     (with ``metrics``, ``/metrics`` on that one; with ``amqps``, AMQP over TLS on that one, which
     needs a ``tls:`` section in ``extra``);
-    ``stream``: the stream protocol's port (none when 0);
+    ``stream``: the stream protocol's port (none when 0), ``stream_tls`` its TLS port (which needs
+    a ``tls:`` section in ``extra``);
     ``limits``: the ``limits:`` keys, such as ``memory_high_watermark: 150MiB``; ``extra``: more
     of the configuration (YAML lines); ``port``: AMQP's port (a free one when 0)."""
     port = port or free_port()
@@ -59,6 +61,7 @@ def broker(
     scrape = f'"tcp:{metrics}:interface=127.0.0.1"' if metrics else "false"
     tls = f', amqps: "tcp:{amqps}:interface=127.0.0.1"' if amqps else ""
     tls += f', stream: "tcp:{stream}:interface=127.0.0.1"' if stream else ""
+    tls += f', stream_tls: "tcp:{stream_tls}:interface=127.0.0.1"' if stream_tls else ""
     config.write_text(
         f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1", metrics: {scrape}, management: {api}{tls}}}\n'
         f'storage: {{dir: "{data}", fsync: batch, segment_bytes: {segment_bytes}, memory_budget: {memory_budget}, '

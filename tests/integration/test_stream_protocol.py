@@ -12,8 +12,12 @@ still there.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import signal
+import ssl
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,7 @@ from rstream import (
     OffsetType,
     Producer,
     RouteType,
+    SlasMechanism,
     SuperStreamConsumer,
     SuperStreamProducer,
     amqp_decoder,
@@ -37,7 +42,7 @@ from rstream import (
 from rstream.client import Client
 from rstream.exceptions import OffsetNotFound
 
-from broker.tools.testing import free_port, rabbitmq_node, wait_for_port
+from broker.tools.testing import free_port, rabbitmq_node, wait_for_port, write_test_pki
 from tests.integration.test_crash import broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.hang_timeout(300)]
@@ -330,4 +335,59 @@ def test_a_consumer_group_shares_a_super_streams_partitions_and_fails_over(tmp_p
     assert before == {"a": by_partition[0] | by_partition[2], "b": by_partition[1]}
     # b left: a reads partition 1 too.
     assert after == by_partition[0] | by_partition[1] | by_partition[2]
+    assert "Traceback" not in (tmp_path / "broker.log").read_text()
+
+
+async def tls_session(port: int, context: ssl.SSLContext, http: int) -> tuple[list[bytes], list[Any]]:
+    """rstream over TLS, logged in by its client certificate (EXTERNAL): what it reads back of
+    what it published, and how the API shows its connections."""
+    login: dict[str, Any] = {
+        "username": "", "password": "", "ssl_context": context,
+        "sasl_configuration_mechanism": SlasMechanism.MechanismExternal,
+    }  # fmt: skip
+    async with Producer("127.0.0.1", port=port, connection_name="tls-producer", **login) as producer:
+        await producer.create_stream("tls-s", exists_ok=True)
+        await producer.send_batch("tls-s", [AMQPMessage(body=b"t%d" % n) for n in range(3)])
+        await asyncio.sleep(0.5)
+        got: list[bytes] = []
+
+        async def on(message: AMQPMessage, context: MessageContext) -> None:
+            got.append(bytes(message.body))
+
+        async with Consumer("127.0.0.1", port=port, connection_name="tls-consumer", **login) as consumer:
+            await consumer.start()
+            await consumer.subscribe(
+                "tls-s", on, decoder=amqp_decoder, offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST)
+            )
+            deadline = time.monotonic() + 5
+            while len(got) < 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{http}/api/stream/connections",
+                headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()},
+            )
+            with urllib.request.urlopen(request, timeout=10) as response:
+                shown = json.loads(response.read())
+    return got, [(c["user_provided_name"], c["user"], c["auth_mechanism"], c["ssl"]) for c in shown]
+
+
+def test_rstream_logs_in_with_its_client_certificate_over_tls(tmp_path: Path) -> None:
+    """EXTERNAL over the stream protocol's TLS listener. (RabbitMQ 3.10.8's stream reader
+    crashes on EXTERNAL: ``tests/conformance/test_stream_tls_transcripts.py``.)"""
+    pki = write_test_pki(tmp_path)
+    stream, secured, http = free_port(), free_port(), free_port()
+    extra = (
+        f"tls: {{certificate: '{pki['server.crt']}', key: '{pki['server.key']}', "
+        f"ca: ['{pki['client-ca']}'], verify: peer}}\n"
+        "auth_mechanisms: [PLAIN, AMQPLAIN, EXTERNAL]\n"
+        "users:\n"
+        "  - {name: guest, password: guest, loopback_only: true, tags: [administrator]}\n"
+        "  - {name: app, password: app-password}\n"
+    )
+    context = ssl.create_default_context(cafile=str(pki["server-ca"]))
+    context.load_cert_chain(pki["app.crt"], pki["app.key"])
+    with broker(tmp_path / "data", stream=stream, stream_tls=secured, management=http, extra=extra):
+        got, shown = asyncio.run(tls_session(secured, context, http))
+    assert got == [b"t0", b"t1", b"t2"]
+    assert ("tls-producer", "app", "EXTERNAL", True) in shown and ("tls-consumer", "app", "EXTERNAL", True) in shown
     assert "Traceback" not in (tmp_path / "broker.log").read_text()

@@ -152,7 +152,7 @@ def stream_connection_view(connection: Any) -> dict[str, Any]:
         "port": port,
         "peer_host": peer_host,
         "peer_port": int(peer_port) if peer_port.isdigit() else None,
-        "ssl": False,
+        "ssl": connection.certificate_name is not None,
         "ssl_protocol": None,
         "ssl_key_exchange": None,
         "ssl_cipher": None,
