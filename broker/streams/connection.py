@@ -34,12 +34,15 @@ from broker.wal.record import WALCorruption
 from broker.wal.streamlog import ENTRIES_AT, Chunk
 from broker.wire import streamframes as wire
 from broker.wire.amqp10 import from_amqp091
-from exchanges.partitions import partition_order
+from exchanges.partitions import PARTITION_ORDER, SUPER_STREAM, partition_order
 
 _log = Logger()
 
 #: The longest offset reference stored (the protocol's limit: 256 characters).
 MAX_REFERENCE = 256
+
+#: The most partitions ``create_super_stream`` makes (a partitioned stream's in the YAML).
+MAX_SUPER_STREAM_PARTITIONS = 1024
 
 #: The frame size and heartbeat (seconds) the server offers in ``tune`` (RabbitMQ's defaults).
 FRAME_MAX = 1_048_576
@@ -317,6 +320,10 @@ class StreamConnection:
             self._route(correlation, command[2], command[3])
         elif name == "partitions":
             self._partitions(correlation, command[2])
+        elif name == "create_super_stream":
+            self._create_super_stream(correlation, *command[2:])
+        elif name == "delete_super_stream":
+            self._delete_super_stream(correlation, command[2])
         elif name == "consumer_update":
             self._updated(correlation, *command[2:])
         elif name == "close":
@@ -360,18 +367,33 @@ class StreamConnection:
         if self.step == "close_sent" and command[0] == "response" and command[2] == wire.CLOSE:
             self.finished = True
 
-    def _permitted(self, what: str, name: str) -> bool:
-        """Whether the user has ``what`` on queue ``name`` now (permissions change live)."""
+    def _permitted(self, what: str, name: str, kind: str = "queue") -> bool:
+        """Whether the user has ``what`` on queue (or ``kind``) ``name`` now (permissions
+        change live)."""
         user = self.node.users_by_name.get(self.user_name)
         if user is None or not user.may_open(self.vhost.name):
             return False
         access = user.access(self.vhost.name)
         try:
             if access is not None:
-                access.check(what, "queue", name)
+                access.check(what, kind, name)
         except ChannelException:
             return False
         return True
+
+    def _stream_arguments(self, name: str, arguments: dict[str, str]) -> dict[str, Any] | None:
+        """A stream's declaration arguments from ``create``'s; ``None`` (the connection ends,
+        as RabbitMQ's reader fails on the conversion) for a number that is not one."""
+        declared: dict[str, Any] = {"x-queue-type": "stream"}
+        for key, value in arguments.items():
+            if key in CREATE_ARGUMENTS:
+                argument, kind = CREATE_ARGUMENTS[key]
+                try:
+                    declared[argument] = int(value) if kind is int else value
+                except ValueError:
+                    self._end(f"create of stream '{name}': '{key}' is not an integer: {value!r}")
+                    return None
+        return declared
 
     def _create(self, correlation: int, name: str, arguments: dict[str, str]) -> None:
         name = name.replace("\n", "").replace("\r", "")
@@ -381,16 +403,9 @@ class StreamConnection:
         if not self._permitted("configure", name):
             self._answer(wire.CREATE_STREAM, correlation, wire.ACCESS_REFUSED)
             return
-        declared: dict[str, Any] = {"x-queue-type": "stream"}
-        for key, value in arguments.items():
-            if key in CREATE_ARGUMENTS:
-                argument, kind = CREATE_ARGUMENTS[key]
-                try:
-                    declared[argument] = int(value) if kind is int else value
-                except ValueError:
-                    # (RabbitMQ's reader fails on the conversion, and the socket closes)
-                    self._end(f"create of stream '{name}': '{key}' is not an integer: {value!r}")
-                    return
+        declared = self._stream_arguments(name, arguments)
+        if declared is None:
+            return
         vhost = self.vhost
         existed = name in vhost.queues
         try:
@@ -418,6 +433,73 @@ class StreamConnection:
             return
         self._answer(wire.DELETE_STREAM, correlation, wire.OK)
         self.vhost.remove_queue(queue)  # (this connection's metadata_update follows the answer)
+
+    def _create_super_stream(
+        self, correlation: int, name: str, partitions: list[str], keys: list[str], arguments: dict[str, str]
+    ) -> None:
+        """RabbitMQ 3.13's ``create_super_stream``: a direct exchange ``name`` (``x-super-stream``)
+        and its ``partitions``, each bound with its key and its place; all or nothing."""
+
+        def answer(code: int) -> None:
+            self._answer(wire.CREATE_SUPER_STREAM, correlation, code)
+
+        name = name.replace("\n", "").replace("\r", "")
+        if not name or name.startswith("amq."):
+            answer(wire.PRECONDITION_FAILED)
+            return
+        allowed = (
+            self._permitted("configure", name, "exchange")
+            and self._permitted("read", name, "exchange")
+            and all(self._permitted("configure", p) and self._permitted("write", p) for p in partitions)
+        )
+        if not allowed:
+            answer(wire.ACCESS_REFUSED)
+            return
+        valid = all(p and not p.startswith("amq.") for p in partitions) and len(set(partitions)) == len(partitions)
+        if not partitions or len(partitions) != len(keys) or not valid or len(partitions) > MAX_SUPER_STREAM_PARTITIONS:
+            answer(wire.PRECONDITION_FAILED)
+            return
+        vhost = self.vhost
+        if name in vhost.exchanges or any(p in vhost.queues for p in partitions):
+            answer(wire.STREAM_ALREADY_EXISTS)
+            return
+        declared = self._stream_arguments(name, arguments)
+        if declared is None:
+            return
+        made: list[Any] = []
+        try:
+            vhost.declare_exchange(name, "direct", durable=True, arguments={SUPER_STREAM: True})
+            for order, (partition, key) in enumerate(zip(partitions, keys, strict=True)):
+                made.append(vhost.declare_queue(partition, self, durable=True, arguments=declared))
+                vhost.bind_queue(partition, name, key, {PARTITION_ORDER: order}, self)
+        except (ChannelException, ChannelCrash):
+            for queue in made:  # (RabbitMQ rolls back what it made, in the same way)
+                vhost.remove_queue(queue)
+            vhost.delete_exchange(name)
+            answer(wire.PRECONDITION_FAILED)
+            return
+        answer(wire.OK)
+
+    def _delete_super_stream(self, correlation: int, name: str) -> None:
+        """RabbitMQ 3.13's ``delete_super_stream``: the exchange and its partitions' streams."""
+        partitions = self._super_stream(name)
+        allowed = self._permitted("configure", name, "exchange") and (
+            partitions is None
+            or all(self._permitted("configure", p) and self._permitted("write", p) for p, _key, _order in partitions)
+        )
+        if not allowed:
+            self._answer(wire.DELETE_SUPER_STREAM, correlation, wire.ACCESS_REFUSED)
+            return
+        if partitions is None:
+            self._answer(wire.DELETE_SUPER_STREAM, correlation, wire.STREAM_DOES_NOT_EXIST)
+            return
+        self._answer(wire.DELETE_SUPER_STREAM, correlation, wire.OK)
+        vhost = self.vhost
+        vhost.delete_exchange(name)
+        for partition, _key, _order in partitions:
+            queue = vhost.queues.get(partition)
+            if queue is not None and queue.kind == "stream":
+                vhost.remove_queue(queue)
 
     def _metadata(self, correlation: int, names: list[str]) -> None:
         host, port = self.advertised

@@ -44,6 +44,8 @@ HEARTBEAT = 23
 ROUTE = 24
 PARTITIONS = 25
 CONSUMER_UPDATE = 26
+CREATE_SUPER_STREAM = 29
+DELETE_SUPER_STREAM = 30
 
 RESPONSE = 0x8000
 
@@ -385,6 +387,20 @@ def _close(f: _Fields) -> tuple[Any, ...]:
     return ("close", correlation, code, reason)
 
 
+def _string_array(f: _Fields) -> list[str]:
+    count = f.i32()
+    if count < 0:
+        raise Malformed("array")
+    return [f.string() for _ in range(count)]
+
+
+def _create_super_stream(f: _Fields) -> tuple[Any, ...]:
+    correlation, name = f.u32(), f.string()
+    partitions, keys = _string_array(f), _string_array(f)
+    f.u32()
+    return ("create_super_stream", correlation, name, partitions, keys, f.string_map())
+
+
 def _route(f: _Fields) -> tuple[Any, ...]:
     correlation, key, stream = f.u32(), f.string(), f.string()
     f.end()
@@ -413,6 +429,8 @@ _REQUESTS: dict[int, Callable[[_Fields], tuple[Any, ...]]] = {
     CLOSE: _close,
     ROUTE: _route,
     PARTITIONS: _named("partitions"),
+    CREATE_SUPER_STREAM: _create_super_stream,
+    DELETE_SUPER_STREAM: _named("delete_super_stream"),
 }
 
 

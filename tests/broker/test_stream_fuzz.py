@@ -33,10 +33,14 @@ def _string(value: str) -> bytes:
     return wire.string(value)
 
 
+def _strings(values: list[str]) -> bytes:
+    return wire.strings(values)
+
+
 @st.composite
 def requests(draw: st.DrawFn) -> bytes:
     """One request of any command, its fields drawn by their types."""
-    key = draw(st.integers(1, 27))
+    key = draw(st.integers(1, 31))
     correlation = draw(U32)
     offset_kind = draw(st.one_of(st.integers(1, 5), I16))
     offset = struct.pack(">Q", draw(U64)) if offset_kind in (4, 5) else b""
@@ -67,6 +71,13 @@ def requests(draw: st.DrawFn) -> bytes:
         wire.CLOSE: lambda: struct.pack(">H", draw(U16)) + _string(draw(NAMES)),
         wire.ROUTE: lambda: _string(draw(NAMES)) + _string(draw(NAMES)),
         wire.PARTITIONS: lambda: _string(draw(NAMES)),
+        wire.CREATE_SUPER_STREAM: lambda: (
+            _string(draw(NAMES))
+            + _strings(draw(st.lists(NAMES, max_size=3)))
+            + _strings(draw(st.lists(NAMES, max_size=3)))
+            + wire.string_map(draw(MAPS))
+        ),  # fmt: skip
+        wire.DELETE_SUPER_STREAM: lambda: _string(draw(NAMES)),
     }
     if key == wire.PUBLISH:
         messages = draw(st.lists(st.tuples(U64, st.binary(max_size=30)), max_size=4))

@@ -40,7 +40,7 @@ from rstream import (
     schema,
 )
 from rstream.client import Client
-from rstream.exceptions import OffsetNotFound
+from rstream.exceptions import OffsetNotFound, ServerError, StreamAlreadyExists
 
 from broker.tools.testing import free_port, rabbitmq_node, wait_for_port, write_test_pki
 from tests.integration.test_crash import broker
@@ -390,4 +390,90 @@ def test_rstream_logs_in_with_its_client_certificate_over_tls(tmp_path: Path) ->
         got, shown = asyncio.run(tls_session(secured, context, http))
     assert got == [b"t0", b"t1", b"t2"]
     assert ("tls-producer", "app", "EXTERNAL", True) in shown and ("tls-consumer", "app", "EXTERNAL", True) in shown
+    assert "Traceback" not in (tmp_path / "broker.log").read_text()
+
+
+async def super_stream_lifecycle(port: int) -> dict[str, Any]:
+    """rstream's own create_super_stream and delete_super_stream (RabbitMQ 3.13's commands),
+    with the refusals the protocol reference gives."""
+    results: dict[str, Any] = {}
+    settings: dict[str, Any] = {
+        "username": "guest", "password": "guest", "super_stream": "orders-ss",
+        "routing_extractor": routing_key, "routing": RouteType.Hash,
+    }  # fmt: skip
+    async with SuperStreamProducer("127.0.0.1", port=port, **settings) as creator:
+        await creator.create_super_stream("orders-ss", n_partitions=3, arguments={"max-age": "1h"})
+        try:
+            await creator.create_super_stream("orders-ss", n_partitions=3)
+            results["again"] = "created"
+        except StreamAlreadyExists:
+            results["again"] = "StreamAlreadyExists"
+    # (rstream's create_super_stream closes the connection its producer routes with: a new one)
+    async with SuperStreamProducer("127.0.0.1", port=port, **settings) as producer:
+        for n in range(30):
+            await producer.send(AMQPMessage(body=b"s%d" % n, application_properties={"key": f"k{n}"}))
+        await asyncio.sleep(1)
+    client = Client("127.0.0.1", port, frame_max=1048576, heartbeat=60)
+    await client.start()
+    await client.authenticate("/", "guest", "guest")
+    results["partitions"] = await client.partitions("orders-ss")
+    results["route 2"] = await client.route("2", "orders-ss")
+    for name, partitions, keys in [("bad-ss", ["bad-ss-a", "bad-ss-b"], ["a"]), ("amq.ss", ["amq-ss-0"], ["0"])]:
+        try:
+            await client.create_super_stream(name, partitions, keys)
+            results[name] = "created"
+        except ServerError as error:
+            results[name] = type(error).__name__
+    await client.close()
+    return results
+
+
+async def delete_super_stream(port: int) -> list[str]:
+    client = Client("127.0.0.1", port, frame_max=1048576, heartbeat=60)
+    await client.start()
+    await client.authenticate("/", "guest", "guest")
+    outcomes = []
+    for _ in range(2):
+        try:
+            await client.delete_super_stream("orders-ss")
+            outcomes.append("deleted")
+        except ServerError as error:
+            outcomes.append(type(error).__name__)
+    await client.close()
+    return outcomes
+
+
+def test_rstream_creates_and_deletes_a_super_stream(tmp_path: Path) -> None:
+    stream, http = free_port(), free_port()
+    with broker(tmp_path / "data", stream=stream) as (process, amqp):
+        results = asyncio.run(super_stream_lifecycle(stream))
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+    assert results == {
+        "again": "StreamAlreadyExists",
+        "partitions": ["orders-ss-0", "orders-ss-1", "orders-ss-2"],
+        "route 2": ["orders-ss-2"],
+        "bad-ss": "PreconditionFailed",
+        "amq.ss": "PreconditionFailed",
+    }
+    with broker(tmp_path / "data", stream=stream, management=http) as (_process, amqp):
+        # The super stream outlived the kill, with its messages and its streams' max-age.
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqp))
+        counts = [
+            connection.channel().queue_declare(f"orders-ss-{n}", passive=True).method.message_count for n in range(3)
+        ]
+        connection.close()
+        assert sum(counts) == 30 and all(counts)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{http}/api/queues/%2F/orders-ss-0",
+            headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert json.loads(response.read())["arguments"]["x-max-age"] == "1h"
+        assert asyncio.run(delete_super_stream(stream)) == ["deleted", "StreamDoesNotExist"]
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqp))
+        channel = connection.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker):
+            channel.exchange_declare("orders-ss", passive=True)
+        connection.close()
     assert "Traceback" not in (tmp_path / "broker.log").read_text()
