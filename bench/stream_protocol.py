@@ -9,6 +9,14 @@ Reports messages a second for each, and the broker's resident memory after. ::
 
     python bench/stream_protocol.py --messages 1000000 --sizes 16,1024 [--brokers postroom,rabbitmq] [--json F]
 
+``--latency RATE``: instead, one publisher sends ``RATE`` messages a second (16 B, a frame each
+millisecond, for ``--seconds``) while a subscriber from ``next`` on another connection reads
+them; each message carries the time it was sent, and the end-to-end latencies' percentiles
+are reported. ``--readers N``: instead, ``--messages`` messages of the first size are
+published, then N subscribers read them all from ``first`` at once, each on its connection and
+thread, with the broker's resident memory sampled all along (its growth over the start of the
+reading is reported). ``--cpus 0``: the broker runs on those CPUs only (``taskset``).
+
 The messages are AMQP 1.0 (one data section), as stream clients send them.
 """
 
@@ -18,7 +26,9 @@ import argparse
 import json
 import socket
 import struct
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +37,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.flood import rss  # noqa: E402
+from bench.flood import Sampler, rss  # noqa: E402
 from bench.run import postroom  # noqa: E402
 from broker.tools.testing import free_port, rabbitmq_node, wait_for_port  # noqa: E402
 
@@ -153,6 +163,96 @@ def consume(port: int, stream: str, count: int) -> float:
     return count / elapsed
 
 
+_ENTRY_SIZE = struct.Struct(">I")
+_SENT = struct.Struct(">Q")
+#: Where a deliver frame's first entry starts: key, version, subscription, then osiris's head.
+_DATA_AT = 2 + 2 + 1 + 44
+
+
+def latency(port: int, stream: str, rate: int, seconds: float) -> dict[str, float]:
+    """End-to-end latency percentiles (milliseconds) of 16 B messages sent at ``rate`` a second."""
+    peer = Peer(port)
+    peer.request(13, string(stream) + _u32.pack(0))
+    peer.request(1, bytes((1,)) + string("") + string(stream))
+    reader = Peer(port)
+    reader.request(7, bytes((1,)) + string(stream) + struct.pack(">hH", 3, 10))  # from next
+    total = int(rate * seconds)
+    latencies: list[int] = []
+    credit = frame(9, bytes((1,)) + struct.pack(">h", 1))
+
+    def read() -> None:
+        while len(latencies) < total:
+            frames = reader.frames()
+            now = time.perf_counter_ns()
+            chunks = 0
+            for got in frames:
+                if struct.unpack_from(">H", got)[0] != 8:
+                    continue
+                chunks += 1
+                at = _DATA_AT
+                while at < len(got):
+                    size = _ENTRY_SIZE.unpack_from(got, at)[0]
+                    # the message: 0x00 0x53 0x75, a data section's head (2 bytes), the time sent
+                    latencies.append(now - _SENT.unpack_from(got, at + 4 + 5)[0])
+                    at += 4 + size
+            if chunks:
+                reader.socket.sendall(credit * chunks)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    per_tick = max(1, rate // 1000)
+    sock = peer.socket
+    sent, next_id, started = 0, 1, time.perf_counter()
+    while sent < total:
+        due = started + sent / rate
+        while time.perf_counter() < due:
+            pass
+        count = min(per_tick, total - sent)
+        now = time.perf_counter_ns()
+        parts = [
+            struct.pack(">QI", next_id + i, 21) + b"\x00\x53\x75\xa0\x10" + _SENT.pack(now) + bytes(8)
+            for i in range(count)
+        ]
+        payload = b"".join(parts)
+        sock.sendall(_head.pack(9 + len(payload), 2, 1) + bytes((1,)) + _u32.pack(count) + payload)
+        sent += count
+        next_id += count
+    thread.join(seconds + 30)
+    peer.close()
+    reader.close()
+    ordered = sorted(latencies)
+
+    def at(share: float) -> float:
+        return ordered[min(len(ordered) - 1, int(share * len(ordered)))] / 1e6 if ordered else float("nan")
+
+    return {"received": len(latencies), "p50_ms": at(0.5), "p99_ms": at(0.99), "p999_ms": at(0.999), "max_ms": at(1.0)}
+
+
+def readers(port: int, pid: int, stream: str, count: int, size: int, many: int) -> dict[str, float]:
+    """``many`` subscribers read ``count`` messages from ``first`` at once: the seconds it took
+    and the broker's resident memory (MiB) at the start and at its peak."""
+    publish(port, stream, count, size, 100, 10_000)
+    sampler = Sampler(pid)
+    sampler.start()
+    time.sleep(0.5)
+    before = rss(pid)
+    threads = [threading.Thread(target=consume, args=(port, stream, count)) for _ in range(many)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    sampler.done.set()
+    sampler.join()
+    return {"seconds": elapsed, "rss_before_mib": before / 2**20, "rss_peak_mib": sampler.peak / 2**20}
+
+
+def pin(pid: int, cpus: str) -> None:
+    """Run every thread of process ``pid`` on ``cpus`` only."""
+    subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(pid)], check=True, capture_output=True)
+
+
 @contextmanager
 def postroom_streams() -> Iterator[tuple[int, int]]:
     """A Postroom process with storage and the stream listener: ``(stream port, pid)``."""
@@ -180,10 +280,37 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--in-flight", type=int, default=10_000)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--latency", type=int, default=0, help="messages a second (the latency run)")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--readers", type=int, default=0, help="subscribers at once (the memory run)")
+    parser.add_argument("--cpus", default="", help="the CPUs the broker may run on")
     args = parser.parse_args()
     results: list[dict[str, Any]] = []
     for name in args.brokers.split(","):
         with postroom_streams() if name == "postroom" else rabbitmq() as (port, pid):
+            if args.cpus:
+                pin(pid, args.cpus)
+            if args.latency:
+                row: dict[str, Any] = {"broker": name, "rate": args.latency}
+                row.update(latency(port, "bench-latency", args.latency, args.seconds))
+                results.append(row)
+                print(
+                    f"{name:9} {args.latency:,} msg/s  received {row['received']:,}  p50 {row['p50_ms']:.2f} ms"
+                    f"  p99 {row['p99_ms']:.2f} ms  p99.9 {row['p999_ms']:.2f} ms  max {row['max_ms']:.2f} ms",
+                    flush=True,
+                )
+                continue
+            if args.readers:
+                size = int(args.sizes.split(",")[0])
+                row = {"broker": name, "size": size, "messages": args.messages, "readers": args.readers}
+                row.update(readers(port, pid, "bench-readers", args.messages, size, args.readers))
+                results.append(row)
+                print(
+                    f"{name:9} {args.readers} readers of {args.messages:,} x {size} B: {row['seconds']:.1f} s,"
+                    f"  RSS {row['rss_before_mib']:,.0f} -> peak {row['rss_peak_mib']:,.0f} MiB",
+                    flush=True,
+                )
+                continue
             for size in (int(s) for s in args.sizes.split(",")):
                 stream = f"bench-{size}"
                 published = publish(port, stream, args.messages, size, args.batch, args.in_flight)

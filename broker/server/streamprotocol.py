@@ -6,6 +6,12 @@ once per read (one write for all its frames), and runs its timers on the injecte
 seconds for each handshake step (RabbitMQ's ``connection_negotiation_step_timeout``), and
 once tuned, heartbeats both ways: one is sent after an interval with nothing written, and a
 client heard from in neither of two intervals is dropped.
+
+A client that does not read costs a bounded amount: the shell is the transport's producer.
+Deliveries stop while the socket's buffer is full (``pauseProducing``) and go on once it
+drains, and the connection queues at most ``DELIVERY_BOUND`` bytes of chunks between two
+writes, whatever the credit. Answers do not stop there, so past :data:`OUTPUT_BOUND` bytes
+written to a full buffer, nothing more is read from the client until it has read them.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from broker.core.node import Node
-from broker.server.protocol import certificate_common_names, is_loopback
+from broker.server.protocol import OUTPUT_BOUND, certificate_common_names, is_loopback
 from broker.streams.connection import StreamConnection
 from broker.wire.streamframes import HEARTBEAT_FRAME
 
@@ -38,6 +44,12 @@ class StreamServerProtocol(Protocol):
         self._heartbeat_timer: IDelayedCall | None = None
         self._wrote = False
         self._silent_intervals = 0
+        #: Whether the socket's buffer is full, the bytes written since, whether reading is
+        #: held for it, and the call that goes on delivering after a write.
+        self._full = False
+        self._written_while_full = 0
+        self._reading_held = False
+        self._continuing: IDelayedCall | None = None
 
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()  # type: ignore[attr-defined]
@@ -52,6 +64,7 @@ class StreamServerProtocol(Protocol):
         connection.wake = self._flush
         connection.connected_at = int(self.factory.clock.seconds() * 1000)
         self.connection = connection
+        self.transport.registerProducer(self, True)
         self._arm_step()
 
     def _certificate_name(self) -> str | None:
@@ -74,15 +87,55 @@ class StreamServerProtocol(Protocol):
         if connection is None or self.transport is None:
             return
         if connection.out:
-            self.transport.write(b"".join(connection.out))
+            data = b"".join(connection.out)
+            self.transport.write(data)
             connection.out.clear()
+            connection.queued = 0
             self._wrote = True
+            if self._full:
+                self._written_while_full += len(data)
+                if self._written_while_full > OUTPUT_BOUND and not self._reading_held:
+                    self._reading_held = True
+                    self.transport.pauseProducing()
+        if connection.behind and not connection.paused and self._continuing is None and not connection.finished:
+            self._continuing = self.factory.clock.callLater(0, self._continue)
         if connection.step in ("tuned", "open") and self._heartbeat_timer is None and connection.heartbeat:
             self._heartbeat_timer = self.factory.clock.callLater(connection.heartbeat, self._heartbeat)
         if connection.finished:
             if connection.reason:
                 _log.info("stream connection {peer} closed: {reason}", peer=connection.peer, reason=connection.reason)
+            # (unregistered first: loseConnection waits for a paused producer otherwise)
+            self.transport.unregisterProducer()
             self.transport.loseConnection()
+
+    def _continue(self) -> None:
+        self._continuing = None
+        connection = self.connection
+        if connection is not None and not connection.finished:
+            connection.resume()
+            self._flush()
+
+    # -- the transport's producer: its buffer full, then drained ---------------------------------
+
+    def pauseProducing(self) -> None:  # noqa: N802 (IPushProducer)
+        self._full = True
+        if self.connection is not None:
+            self.connection.paused = True
+
+    def resumeProducing(self) -> None:  # noqa: N802 (IPushProducer)
+        self._full = False
+        self._written_while_full = 0
+        if self._reading_held:
+            self._reading_held = False
+            self.transport.resumeProducing()
+        connection = self.connection
+        if connection is not None and not connection.finished:
+            connection.paused = False
+            connection.resume()
+            self._flush()
+
+    def stopProducing(self) -> None:  # noqa: N802 (IPushProducer)
+        pass
 
     def _arm_step(self) -> None:
         if self._step_timer is not None and self._step_timer.active():
@@ -126,10 +179,10 @@ class StreamServerProtocol(Protocol):
         self._heartbeat_timer = self.factory.clock.callLater(connection.heartbeat, self._heartbeat)
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
-        for timer in (self._step_timer, self._heartbeat_timer):
+        for timer in (self._step_timer, self._heartbeat_timer, self._continuing):
             if timer is not None and timer.active():
                 timer.cancel()
-        self._step_timer = self._heartbeat_timer = None
+        self._step_timer = self._heartbeat_timer = self._continuing = None
         if self.connection is not None:
             self.connection.connection_lost()
 

@@ -44,6 +44,10 @@ MAX_REFERENCE = 256
 #: The most partitions ``create_super_stream`` makes (a partitioned stream's in the YAML).
 MAX_SUPER_STREAM_PARTITIONS = 1024
 
+#: Bytes of chunks queued for the socket at which deliveries pause until the shell has written
+#: them and the socket takes more (:meth:`StreamConnection.resume`).
+DELIVERY_BOUND = 1 << 20
+
 #: The frame size and heartbeat (seconds) the server offers in ``tune`` (RabbitMQ's defaults).
 FRAME_MAX = 1_048_576
 HEARTBEAT = 60
@@ -125,6 +129,12 @@ class StreamConnection:
         self.auth_mechanism = ""
         #: When it connected, in milliseconds since the epoch (the shell sets it).
         self.connected_at = 0
+        #: Bytes of chunks in :attr:`out` (the shell zeroes it as it writes them), and whether
+        #: the socket is full (the shell says so): either stops deliveries until
+        #: :meth:`resume`; :attr:`behind` says that a subscription has more to send then.
+        self.queued = 0
+        self.paused = False
+        self.behind = False
 
     # -- input ----------------------------------------------------------------------------------
 
@@ -689,6 +699,9 @@ class StreamConnection:
         """Deliver the written chunks ``reader`` has not had while it has credit, a chunk each."""
         stream = reader.stream
         while reader.credit > 0 and not self.finished and reader.active and not reader.waiting:
+            if self.paused or self.queued >= DELIVERY_BOUND:
+                self.behind = True
+                return
             try:
                 chunk = _next_chunk(stream, reader)
                 if chunk is None:
@@ -709,7 +722,14 @@ class StreamConnection:
             reader.credit -= 1
             reader.consumed += chunk.count
             reader.offset = chunk.first_offset
+            self.queued += len(data)
             self.out += (head, data)
+
+    def resume(self) -> None:
+        """The shell wrote what was queued and the socket takes more: deliveries go on."""
+        self.behind = False
+        for reader in list(self.subscriptions.values()):
+            self._pump(reader)
 
     def _credit(self, subscription: int, credit: int) -> None:
         reader = self.subscriptions.get(subscription)

@@ -20,7 +20,7 @@ from broker.core.journal import Journal
 from broker.core.node import Node, User
 from broker.server.streamprotocol import STEP_TIMEOUT, StreamServerFactory, StreamServerProtocol
 from broker.storage.streams import StreamFiles
-from broker.streams.connection import FRAME_MAX, HEARTBEAT, StreamConnection
+from broker.streams.connection import DELIVERY_BOUND, FRAME_MAX, HEARTBEAT, StreamConnection
 from broker.wire import streamframes as wire
 from config.schema import Permission
 from tests.broker.core.test_login import SCRYPT
@@ -30,10 +30,16 @@ class Transport(StringTransport):
     def __init__(self) -> None:
         super().__init__(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
         self.aborted = False
+        #: The size of each write.
+        self.sizes: list[int] = []
 
     def abortConnection(self) -> None:
         self.aborted = True
         self.loseConnection()
+
+    def write(self, data: bytes) -> None:
+        self.sizes.append(len(data))
+        super().write(data)
 
 
 def request(key: int, correlation: int, body: bytes = b"") -> bytes:
@@ -249,3 +255,57 @@ def test_the_tune_offered_is_rabbitmqs_default() -> None:
     protocol, transport = shell(clock)
     protocol.dataReceived(b"".join(handshake_frames()[:3]))
     assert wire.tune(FRAME_MAX, HEARTBEAT) in transport.value()
+
+
+def written_chunks(node: Node) -> None:
+    """What the log writer does with the streams' waiting messages, then a sync."""
+    journal = node.streams.journal
+    for stream, staged, dropped in journal.take_streams():
+        stream.log.write(staged)
+        stream.log.remove(dropped)
+        stream.written(staged)
+    journal.synced_to(journal.position)
+
+
+def delivered(data: bytes) -> int:
+    """How many ``deliver`` frames ``data`` holds."""
+    return sum(1 for key, _, _ in responses(data) if key == wire.DELIVER)
+
+
+def test_a_client_that_does_not_read_costs_a_bounded_output(tmp_path: Path) -> None:
+    clock = Clock()
+    node = with_streams(tmp_path, Node(users=[User("guest", "guest")]))
+    protocol, transport = shell(clock, node)
+    protocol.dataReceived(b"".join(handshake_frames()))
+    protocol.dataReceived(request(wire.CREATE_STREAM, 5, wire.string("big") + wire.string_map({})))
+    protocol.dataReceived(request(wire.DECLARE_PUBLISHER, 6, b"\x01" + wire.string("") + wire.string("big")))
+    body = b"x" * 100_000
+    for number in range(40):  # 40 chunks of 100 kB
+        protocol.dataReceived(wire.frame(wire.PUBLISH, struct.pack(">BIQI", 1, 1, number, len(body)) + body))
+        written_chunks(node)
+    transport.clear()
+    subscribe = b"\x01" + wire.string("big") + struct.pack(">hH", wire.OFFSET_FIRST, 1000)
+    protocol.dataReceived(request(wire.SUBSCRIBE, 7, subscribe))
+    # Whatever the credit, about DELIVERY_BOUND bytes of chunks are queued between two writes
+    # (the rest follows in the reactor's next turns).
+    first = delivered(transport.value())
+    assert 10 <= first <= 12 and max(transport.sizes) < DELIVERY_BOUND + len(body) + 100
+    # The socket's buffer is full: nothing more goes out until it drains.
+    protocol.pauseProducing()
+    clock.advance(0)
+    clock.advance(0)
+    assert delivered(transport.value()) == first
+    # Answers go on, but past OUTPUT_BOUND bytes written to the full buffer, reading stops.
+    missing = [f"{number:0>200}" for number in range(2000)]  # (an answer of 400 kB each)
+    for correlation in range(100, 200):
+        protocol.dataReceived(request(wire.METADATA, correlation, wire.strings(missing)))
+        if transport.producerState == "paused":
+            break
+    assert transport.producerState == "paused"
+    protocol.resumeProducing()
+    assert transport.producerState == "producing"
+    for _ in range(5):
+        clock.advance(0)
+    assert delivered(transport.value()) == 40
+    assert max(transport.sizes) < DELIVERY_BOUND + len(body) + 100
+    protocol.connectionLost()
