@@ -204,9 +204,9 @@ def latency(port: int, stream: str, rate: int, seconds: float) -> dict[str, floa
     sock = peer.socket
     sent, next_id, started = 0, 1, time.perf_counter()
     while sent < total:
-        due = started + sent / rate
-        while time.perf_counter() < due:
-            pass
+        wait = started + sent / rate - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
         count = min(per_tick, total - sent)
         now = time.perf_counter_ns()
         parts = [

@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from broker.wal.deadevents import stream_dead_letter
 from broker.wal.paths import incarnations, stream_directory
-from broker.wal.record import StreamChunk, unpack_stream_entries
+from broker.wal.record import StreamChunk, StreamRawChunk, as_entries, unpack_raw_messages, unpack_stream_entries
 from broker.wire.amqp10 import delivered_as_amqp091
 from spark.events import BATCH_ROWS, _Columns, _date, list_segments, walk_segment
 
@@ -99,9 +99,11 @@ def stream_segment_batches(
                 continue
             if default_date == "unknown":
                 default_date = _date(item.timestamp)
-            for offset, (exchange, _key, header, body) in enumerate(
-                unpack_stream_entries(item.entries, item.count), item.first_offset
-            ):
+            if type(item) is StreamRawChunk:
+                entries = as_entries(unpack_raw_messages(item.entries, 0, item.count))
+            else:
+                entries = unpack_stream_entries(item.entries, item.count)
+            for offset, (exchange, _key, header, body) in enumerate(entries, item.first_offset):
                 if (selection.first is not None and offset < selection.first) or (
                     selection.end is not None and offset >= selection.end
                 ):
@@ -130,7 +132,7 @@ def stream_file_batches(path: str, segment: int, selection: Selection) -> Iterat
     yield from stream_segment_batches(data, segment, selection)
 
 
-def _wanted_chunk(chunk: StreamChunk, selection: Selection) -> bool:
+def _wanted_chunk(chunk: StreamChunk | StreamRawChunk, selection: Selection) -> bool:
     """Whether any of ``chunk``'s messages may be selected."""
     if selection.end is not None and chunk.first_offset >= selection.end:
         return False
@@ -141,11 +143,11 @@ def _wanted_chunk(chunk: StreamChunk, selection: Selection) -> bool:
     return selection.until is None or chunk.timestamp < selection.until
 
 
-def _chunks(data: bytes, segment: int) -> Iterator[tuple[int, StreamChunk | str]]:
+def _chunks(data: bytes, segment: int) -> Iterator[tuple[int, StreamChunk | StreamRawChunk | str]]:
     """``(position, chunk)`` for each chunk of a stream segment file, ``(position, problem)``
     for each damaged span and each record of another type (:func:`spark.events.walk_segment`)."""
     for position, record in walk_segment(data, segment):
-        if type(record) is StreamChunk or type(record) is str:
+        if type(record) is StreamChunk or type(record) is StreamRawChunk or type(record) is str:
             yield position, record  # type: ignore[misc]
         else:
             yield position, f"not a stream chunk: {type(record).__name__}"

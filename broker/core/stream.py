@@ -35,7 +35,7 @@ from broker.core.message import Message
 from broker.core.policy import effective_definition
 from broker.core.queue import QueueSettings
 from broker.errors import ChannelCrash, ChannelException, ReplyCode
-from broker.wal.record import WALCorruption, pack_stream_messages
+from broker.wal.record import WALCorruption, pack_raw_entries, pack_stream_messages
 from broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, Chunk, Staged, StreamLog
 from broker.wire.amqp10 import delivered_as_amqp091
 from broker.wire.codec import split_names
@@ -429,10 +429,20 @@ class StreamQueue:
         size = 0
         rolled = False
         last = len(pending) - 1
+        # A chunk ends at CHUNK_BYTES, and where stream-protocol messages (kept as simple
+        # entries, sent to that protocol's readers as stored) meet AMQP 0-9-1's.
+        kinds = [header == b"" and names == RAW_NAMES for names, header, _body in pending]
+        kinds.append(not kinds[-1] if kinds else False)
         for at, entry in enumerate(pending):
             size += len(entry[2])
-            if size >= CHUNK_BYTES or at == last:
-                staged = self.log.stage_packed(pack_stream_messages(pending[start : at + 1]), at + 1 - start, now)
+            raw = kinds[at]
+            if size >= CHUNK_BYTES or at == last or raw != kinds[at + 1]:
+                run = pending[start : at + 1]
+                if raw:
+                    packed = pack_raw_entries([body for _names, _header, body in run])
+                else:
+                    packed = pack_stream_messages(run)
+                staged = self.log.stage_packed(packed, len(run), now, raw)
                 rolled = rolled or staged.roll
                 self._staged.append(staged)
                 start, size = at + 1, 0

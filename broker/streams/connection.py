@@ -946,14 +946,17 @@ _CHUNK_HEAD = struct.Struct(">HHBBBHIqQQIIII")  # frame key, version, subscripti
 _ENTRY = struct.Struct(">I")
 
 
-def _deliver(subscription: int, chunk: Chunk, payload: bytes) -> tuple[bytes, bytes]:
+def _deliver(subscription: int, chunk: Chunk, payload: bytes) -> tuple[bytes, Any]:
     """A ``deliver`` frame of ``chunk`` (its record ``payload``), as its head and its data (not
     joined: one copy less of a chunk that may be a megabyte): RabbitMQ's chunk format
     (osiris's), each message a simple entry, as AMQP 1.0.
 
-    A message published over this protocol is stored as ``0 | 0 | header size 0 | body size
-    | body``: from its sixth byte on, it is a simple entry already (size, then the message),
-    sliced out as it is. One published over AMQP 0-9-1 is converted."""
+    A chunk of messages published over this protocol (``chunk.raw``) holds them as simple
+    entries already, and goes out as it is stored. In a chunk of AMQP 0-9-1's, such a message
+    (from before those chunks existed) is ``0 | 0 | header size 0 | body size | body``: from
+    its sixth byte on, a simple entry, sliced out as it is. Other messages are converted."""
+    if chunk.raw:
+        return _deliver_head(subscription, chunk, memoryview(payload)[ENTRIES_AT:])
     entries = []
     pack, sizes = _ENTRY.pack, _SIZES.unpack_from
     at = ENTRIES_AT
@@ -974,7 +977,11 @@ def _deliver(subscription: int, chunk: Chunk, payload: bytes) -> tuple[bytes, by
         at = -1
     if at != len(payload):
         raise WALCorruption(f"stream chunk at offset {chunk.first_offset}: its entries do not add up")
-    data = b"".join(entries)
+    return _deliver_head(subscription, chunk, b"".join(entries))
+
+
+def _deliver_head(subscription: int, chunk: Chunk, data: bytes | memoryview) -> tuple[bytes, Any]:
+    """The frame head of a ``deliver`` of ``chunk`` holding ``data`` (its entries), and ``data``."""
     count = chunk.count
     head = _CHUNK_HEAD.pack(
         wire.DELIVER, 1, subscription,

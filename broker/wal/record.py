@@ -52,11 +52,14 @@ __all__ = [
     "STREAM_CHUNK_HEAD",
     "STREAM_CHUNK_OVERHEAD",
     "StreamChunk",
+    "StreamRawChunk",
     "StreamOffset",
     "pack_stream_entries",
     "pack_stream_messages",
     "unpack_stream_entries",
     "unpack_stream_messages",
+    "pack_raw_entries",
+    "unpack_raw_messages",
     "as_entries",
     "DEAD_LETTER_RECORDS",
     "DEAD_LETTER_PREVIEW_BYTES",
@@ -145,6 +148,7 @@ class RecordType(IntEnum):
     STREAM_OFFSET = 16
     DEFINED = 17
     UNDEFINED = 18
+    STREAM_RAW_CHUNK = 19
 
 
 # Field order in each class below is the order on disk: do not reorder. ``arguments``,
@@ -352,6 +356,20 @@ class StreamChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamRawChunk:
+    """Messages published over the stream protocol and appended to a stream together, kept as
+    their clients encoded them (AMQP 1.0): ``entries`` is each one as a simple entry of
+    RabbitMQ's chunk format (osiris's), its size (u32) then its bytes, so that a chunk goes to
+    the protocol's readers as it is stored (:func:`pack_raw_entries`). The other fields are
+    :class:`StreamChunk`'s."""
+
+    first_offset: int
+    timestamp: float
+    count: int
+    entries: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class StreamOffset:
     """A stream's subscription ``name`` (a consumer's ``x-stream-consumer-name``) reads on from
     ``offset``: every offset below it was acknowledged (or passed over) by that subscription."""
@@ -414,6 +432,7 @@ Record = Union[
     StreamOffset,
     Defined,
     Undefined,
+    StreamRawChunk,
 ]
 
 _CLASSES: dict[RecordType, type] = {
@@ -435,6 +454,7 @@ _CLASSES: dict[RecordType, type] = {
     RecordType.STREAM_OFFSET: StreamOffset,
     RecordType.DEFINED: Defined,
     RecordType.UNDEFINED: Undefined,
+    RecordType.STREAM_RAW_CHUNK: StreamRawChunk,
 }
 
 #: The record types of the dead-letter event stream (the write-ahead log holds none of them).
@@ -661,16 +681,19 @@ def encode(record: Record) -> bytes:
 #: A :class:`StreamChunk` payload's head: first_offset, timestamp, count, then its entries' length.
 STREAM_CHUNK_HEAD = struct.Struct(">QdQI")
 _STREAM_CHUNK_TYPE = int(RecordType.STREAM_CHUNK)
+_STREAM_RAW_CHUNK_TYPE = int(RecordType.STREAM_RAW_CHUNK)
 #: Bytes a :class:`StreamChunk` record takes besides its packed entries.
 STREAM_CHUNK_OVERHEAD = _RECORD_HEADER.size + STREAM_CHUNK_HEAD.size
 
 
-def encode_stream_chunk(first_offset: int, timestamp: float, count: int, entries: bytes) -> bytes:
-    """``encode(StreamChunk(first_offset, timestamp, count, entries))``, copying ``entries``
-    once (the CRC runs over it without the GIL): a chunk is most of what a stream writes.
+def encode_stream_chunk(first_offset: int, timestamp: float, count: int, entries: bytes, raw: bool = False) -> bytes:
+    """``encode(StreamChunk(first_offset, timestamp, count, entries))`` (with ``raw``, of a
+    :class:`StreamRawChunk`), copying ``entries`` once (the CRC runs over it without the GIL):
+    a chunk is most of what a stream writes.
 
     :raises ValueError: as :func:`encode`
     """
+    record_type = _STREAM_RAW_CHUNK_TYPE if raw else _STREAM_CHUNK_TYPE
     payload_bytes = STREAM_CHUNK_HEAD.size + len(entries)
     if payload_bytes > MAX_RECORD_BYTES:
         raise ValueError(f"StreamChunk payload of {payload_bytes} bytes is over {MAX_RECORD_BYTES}")
@@ -678,8 +701,8 @@ def encode_stream_chunk(first_offset: int, timestamp: float, count: int, entries
         head = STREAM_CHUNK_HEAD.pack(first_offset, timestamp, count, len(entries))
     except struct.error as err:
         raise ValueError(f"StreamChunk does not fit the WAL format: {err}") from err
-    crc = zlib.crc32(entries, zlib.crc32(head, _TYPE_CRC[_STREAM_CHUNK_TYPE]))
-    return b"".join((_RECORD_HEADER.pack(payload_bytes, crc, _STREAM_CHUNK_TYPE), head, entries))
+    crc = zlib.crc32(entries, zlib.crc32(head, _TYPE_CRC[record_type]))
+    return b"".join((_RECORD_HEADER.pack(payload_bytes, crc, record_type), head, entries))
 
 
 class _Malformed(Exception):
@@ -1295,6 +1318,43 @@ def unpack_stream_messages(data: bytes, start: int, count: int) -> list[tuple[by
             if pos > size:
                 raise IndexError(pos)
             messages.append((names, header, body))
+    except (IndexError, struct.error):
+        raise WALCorruption(f"stream chunk entries cut short at byte {pos - start} of {size - start}") from None
+    if pos != size:
+        raise WALCorruption(f"{size - pos} bytes after the stream chunk's {count} entries")
+    return messages
+
+
+_RAW_SIZE = struct.Struct(">I")
+#: The names a message published over the stream protocol has among AMQP 0-9-1's (two empty
+#: shortstrs), and its content header (none: that marks it).
+_RAW_NAMES = b"\x00\x00"
+
+
+def pack_raw_entries(messages: Iterable[bytes]) -> bytes:
+    """A :class:`StreamRawChunk`'s ``entries``: each message as a simple entry (size, bytes)."""
+    size = _RAW_SIZE.pack
+    return b"".join([part for message in messages for part in (size(len(message)), message)])
+
+
+def unpack_raw_messages(data: bytes, start: int, count: int) -> list[tuple[bytes, bytes, bytes]]:
+    """The ``count`` messages of a :class:`StreamRawChunk`'s entries in ``data`` from ``start``,
+    as :func:`unpack_stream_messages` gives a stream's messages: ``(names, header, body)`` with
+    empty names and no content header (a message published over the stream protocol).
+
+    :raises WALCorruption: the entries do not add up
+    """
+    messages = []
+    pos, size = start, len(data)
+    unpack = _RAW_SIZE.unpack_from
+    try:
+        for _ in range(count):
+            length = unpack(data, pos)[0]
+            pos += 4
+            messages.append((_RAW_NAMES, b"", data[pos : pos + length]))
+            pos += length
+            if pos > size:
+                raise IndexError(pos)
     except (IndexError, struct.error):
         raise WALCorruption(f"stream chunk entries cut short at byte {pos - start} of {size - start}") from None
     if pos != size:

@@ -41,6 +41,7 @@ from broker.wal.record import (
     STREAM_CHUNK_OVERHEAD,
     RecordType,
     StreamChunk,
+    StreamRawChunk,
     WALCorruption,
     as_entries,
     decode,
@@ -48,6 +49,7 @@ from broker.wal.record import (
     pack_stream_entries,
     parse_segment_header,
     segment_header,
+    unpack_raw_messages,
     unpack_stream_messages,
 )
 
@@ -65,12 +67,16 @@ _CHUNK_HEAD = struct.Struct(">QdQ")  # first offset, timestamp, count: a StreamC
 #: Where a chunk's packed entries start in its record payload (:meth:`StreamLog.read_entries`).
 ENTRIES_AT = _ENTRIES_AT = STREAM_CHUNK_HEAD.size
 _CHUNK_TYPE = int(RecordType.STREAM_CHUNK)
-_CHUNK_CRC = zlib.crc32(bytes((_CHUNK_TYPE,)))
+_RAW_CHUNK_TYPE = int(RecordType.STREAM_RAW_CHUNK)
+#: Each chunk record type's CRC seed.
+_CHUNK_CRCS = {kind: zlib.crc32(bytes((kind,))) for kind in (_CHUNK_TYPE, _RAW_CHUNK_TYPE)}
 #: Bytes read to learn a chunk's place: its record header and its first fields.
 _PEEK = RECORD_HEADER_BYTES + _CHUNK_HEAD.size
 #: Where a chunk may start: a sane length's top byte, then the chunk type byte (found in C, so
 #: looking past damage does not run a Python loop per byte).
-_CANDIDATE = re.compile(b"(?=[\\x00-%c][\\x00-\\xff]{7}%c)" % (MAX_RECORD_BYTES >> 24, _CHUNK_TYPE))
+_CANDIDATE = re.compile(
+    b"(?=[\\x00-%c][\\x00-\\xff]{7}[%c%c])" % (MAX_RECORD_BYTES >> 24, _CHUNK_TYPE, _RAW_CHUNK_TYPE)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +90,9 @@ class Chunk:
     position: int
     #: Bytes of its record (header included): the next chunk starts at ``position + length``.
     length: int
+    #: Whether it is a :class:`~broker.wal.record.StreamRawChunk` (stream-protocol messages
+    #: as simple entries) rather than a :class:`~broker.wal.record.StreamChunk`.
+    raw: bool = False
 
     @property
     def next_offset(self) -> int:
@@ -111,7 +120,7 @@ class Staged:
         """Its record's bytes (``chunk.length`` of them)."""
         if self._data is None:
             chunk = self.chunk
-            self._data = encode_stream_chunk(chunk.first_offset, chunk.timestamp, chunk.count, self._entries)
+            self._data = encode_stream_chunk(chunk.first_offset, chunk.timestamp, chunk.count, self._entries, chunk.raw)
             self._entries = b""
         return self._data
 
@@ -243,9 +252,9 @@ class StreamLog:
     def _valid_at(data: bytes, start: int) -> bool:
         length, crc, record_type = _RECORD_HEAD.unpack_from(data, start)
         end = start + RECORD_HEADER_BYTES + length
-        if record_type != _CHUNK_TYPE or length > MAX_RECORD_BYTES or end > len(data):
+        if record_type not in _CHUNK_CRCS or length > MAX_RECORD_BYTES or end > len(data):
             return False
-        return bool(zlib.crc32(data[start + RECORD_HEADER_BYTES : end], _CHUNK_CRC) == crc)
+        return bool(zlib.crc32(data[start + RECORD_HEADER_BYTES : end], _CHUNK_CRCS[record_type]) == crc)
 
     def _read_chunk(self, number: int, position: int, size: int) -> Chunk | None:
         """The chunk at ``position`` if a whole valid one is there (CRC checked), else ``None``."""
@@ -254,17 +263,18 @@ class StreamLog:
         head = self.storage.read_at(number, position, RECORD_HEADER_BYTES)
         length, crc, record_type = _RECORD_HEAD.unpack(head)
         end = position + RECORD_HEADER_BYTES + length
-        if record_type != _CHUNK_TYPE or length > MAX_RECORD_BYTES or end > size:
+        if record_type not in _CHUNK_CRCS or length > MAX_RECORD_BYTES or end > size:
             return None
         payload = self.storage.read_at(number, position + RECORD_HEADER_BYTES, length)
-        if len(payload) != length or zlib.crc32(payload, _CHUNK_CRC) != crc:
+        if len(payload) != length or zlib.crc32(payload, _CHUNK_CRCS[record_type]) != crc:
             return None
         try:
-            record = decode(_CHUNK_TYPE, payload)
+            record = decode(record_type, payload)
         except WALCorruption:
             return None
-        assert isinstance(record, StreamChunk)
-        return Chunk(record.first_offset, record.count, record.timestamp, number, position, end - position)
+        assert isinstance(record, (StreamChunk, StreamRawChunk))
+        raw = record_type == _RAW_CHUNK_TYPE
+        return Chunk(record.first_offset, record.count, record.timestamp, number, position, end - position, raw)
 
     def _peek(self, segment: _Segment, position: int) -> Chunk | None:
         """The place of the chunk at ``position`` from its head alone (no CRC check: the
@@ -273,10 +283,11 @@ class StreamLog:
             return None
         head = self.storage.read_at(segment.number, position, _PEEK)
         length, _crc, record_type = _RECORD_HEAD.unpack_from(head)
-        if record_type != _CHUNK_TYPE:
+        if record_type not in _CHUNK_CRCS:
             raise WALCorruption("not a stream chunk", segment.number, position)
         first_offset, timestamp, count = _CHUNK_HEAD.unpack_from(head, RECORD_HEADER_BYTES)
-        return Chunk(first_offset, count, timestamp, segment.number, position, RECORD_HEADER_BYTES + length)
+        raw = record_type == _RAW_CHUNK_TYPE
+        return Chunk(first_offset, count, timestamp, segment.number, position, RECORD_HEADER_BYTES + length, raw)
 
     @staticmethod
     def _indexed(segment: _Segment, chunk: Chunk) -> None:
@@ -349,9 +360,10 @@ class StreamLog:
         entries = list(entries)
         return self.stage_packed(pack_stream_entries(entries), len(entries), timestamp)
 
-    def stage_packed(self, packed: bytes, count: int, timestamp: float) -> Staged:
+    def stage_packed(self, packed: bytes, count: int, timestamp: float, raw: bool = False) -> Staged:
         """:meth:`stage` of ``count`` messages already packed (:func:`~broker.wal.record.pack_stream_entries`
-        or :func:`~broker.wal.record.pack_stream_messages`).
+        or :func:`~broker.wal.record.pack_stream_messages`; with ``raw``,
+        :func:`~broker.wal.record.pack_raw_entries`, as a :class:`~broker.wal.record.StreamRawChunk`).
 
         :raises ValueError: no messages
         """
@@ -365,7 +377,7 @@ class StreamLog:
         if roll:
             active = _Segment(active.number + 1, SEGMENT_HEADER_BYTES, index=[])
             self._segments.append(active)
-        chunk = Chunk(self.next_offset, count, timestamp, active.number, active.size, length)
+        chunk = Chunk(self.next_offset, count, timestamp, active.number, active.size, length, raw)
         active.size += length
         self._indexed(active, chunk)
         self.next_offset = chunk.next_offset
@@ -458,6 +470,8 @@ class StreamLog:
         :raises WALCorruption: the chunk's bytes are damaged
         :raises OSError: the storage failed (or its segment was removed)
         """
+        if chunk.raw:
+            return unpack_raw_messages(self.read_entries(chunk), _ENTRIES_AT, chunk.count)
         return unpack_stream_messages(self.read_entries(chunk), _ENTRIES_AT, chunk.count)
 
     def read_entries(self, chunk: Chunk) -> bytes:

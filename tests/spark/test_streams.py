@@ -20,6 +20,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from broker.wal.files import DirectoryStorage  # noqa: E402
+from broker.wal.record import pack_raw_entries  # noqa: E402
 from broker.wal.streamlog import StreamLog  # noqa: E402
 from broker.wire.codec import shortstr  # noqa: E402
 from broker.wire.table import encode_table  # noqa: E402
@@ -152,8 +153,12 @@ def test_messages_published_over_the_stream_protocol_are_read_in_their_amqp_0_9_
     log.open()
     message = b"\x00\x53\x73\xc0\x06\x01\xa1\x03m-9" + b"\x00\x53\x75\xa0\x04body"  # message-id, one data section
     log.append([(b"", b"", b"", message), (b"", b"", b"", b"not AMQP 1.0")], 300.0)
+    # (and as they are kept now: a chunk of simple entries)
+    log.write([log.stage_packed(pack_raw_entries([message, b"raw"]), 2, 301.0, raw=True)])
     rows = _rows(str(tmp_path / "00000000000000000001.wal"), 1, Selection("/", "events"))
     assert [(r["dead_letter_id"], r["message_id"], r["body_preview"], r["dead_letter_exchange"]) for r in rows] == [
         (0, "m-9", b"body", ""),
         (1, None, b"not AMQP 1.0", ""),
+        (2, "m-9", b"body", ""),
+        (3, None, b"raw", ""),
     ]

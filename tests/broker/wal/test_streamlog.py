@@ -12,12 +12,13 @@ from broker.wal.files import DirectoryStorage
 from broker.wal.record import (
     SEGMENT_HEADER_BYTES,
     WALCorruption,
+    pack_raw_entries,
     pack_stream_entries,
     pack_stream_messages,
     unpack_stream_entries,
     unpack_stream_messages,
 )
-from broker.wal.streamlog import StreamLog
+from broker.wal.streamlog import ENTRIES_AT, StreamLog
 
 
 def message(n: int, size: int = 10) -> tuple[bytes, bytes, bytes, bytes]:
@@ -256,3 +257,32 @@ def test_a_chunk_over_the_record_limit_is_refused_when_staged_and_takes_no_offse
     assert "over 200" in str(excinfo.value)
     log.write([log.stage([message(0)], 1.0)])
     assert everything(log) == [(0, message(0))]
+
+
+def test_raw_chunks_reopen_with_the_others_and_read_back_as_stream_protocol_messages(tmp_path: Path) -> None:
+    log = opened(DirectoryStorage(str(tmp_path)))
+    log.append([message(0)], 1.0)
+    bodies = [b"\x00Sw\xa1\x01a", b"\x00Sw\xa1\x01bb"]
+    raw = log.stage_packed(pack_raw_entries(bodies), 2, 2.0, raw=True)
+    log.write([raw])
+    log.append([message(3)], 3.0)
+    again = opened(DirectoryStorage(str(tmp_path)))
+    assert again.next_offset == 4
+    chunk = again.locate(1)
+    assert chunk is not None and chunk.raw and (chunk.first_offset, chunk.count) == (1, 2)
+    assert again.read_messages(chunk) == [(b"\x00\x00", b"", body) for body in bodies]
+    # As stored: RabbitMQ's simple entries, from ENTRIES_AT on.
+    assert again.read_entries(chunk)[ENTRIES_AT:] == b"".join(len(b).to_bytes(4, "big") + b for b in bodies)
+    later = again.next_chunk(chunk)
+    assert later is not None and not later.raw and again.read(later) == [message(3)]
+
+
+def test_damage_before_a_valid_raw_chunk_is_refused_not_cut() -> None:
+    storage = MemorySegmentStorage()
+    log = opened(storage)
+    first = log.append([message(0)], 1.0)
+    log.write([log.stage_packed(pack_raw_entries([b"later"]), 1, 2.0, raw=True)])
+    log.sync()
+    storage.corrupt(1, first.position + 20, b"\xff\xff")
+    with pytest.raises(WALCorruption, match="valid chunk at offset"):
+        opened(storage)

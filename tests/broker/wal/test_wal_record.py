@@ -89,6 +89,7 @@ EXAMPLES = [
     PolicySet("prod", "DLX", True, b'{"pattern":"^orders\\.","definition":{"message-ttl":1000}}'),
     PolicyCleared("prod", "DLX", False),
     StreamChunk(1000, 1700000002.5, 2, pack_stream_entries([(b"", b"q", b"\x00\x3c", b"a"), (b"ex", b"k", b"", b"")])),
+    record.StreamRawChunk(1002, 1700000002.75, 2, record.pack_raw_entries([b"\x00Sw\xa1\x01a", b""])),
     StreamOffset("/", "events", "billing", 300),
     Defined("user", "app", b'{"password_hash":"rabbitmq-sha256$abc=","tags":["monitoring"]}'),
     Undefined("vhost", "staging"),
@@ -265,6 +266,22 @@ def test_encode_stream_chunk_matches_encode_of_the_record(
     data = record.encode_stream_chunk(first, timestamp, count, entries)
     assert data == encode(StreamChunk(first, timestamp, count, entries))
     assert len(data) == record.STREAM_CHUNK_OVERHEAD + len(entries)
+    raw = record.encode_stream_chunk(first, timestamp, count, entries, raw=True)
+    assert raw == encode(record.StreamRawChunk(first, timestamp, count, entries))
+
+
+@given(messages=st.lists(st.binary(max_size=40), max_size=8), junk=st.binary(min_size=1, max_size=3))
+def test_raw_entries_are_simple_entries_and_come_back_as_stream_protocol_messages(
+    messages: list[bytes], junk: bytes
+) -> None:
+    packed = record.pack_raw_entries(messages)
+    assert packed == b"".join(struct.pack(">I", len(m)) + m for m in messages)
+    assert record.unpack_raw_messages(b"head" + packed, 4, len(messages)) == [(b"\x00\x00", b"", m) for m in messages]
+    with pytest.raises(record.WALCorruption):
+        record.unpack_raw_messages(packed + junk, 0, len(messages))
+    if messages:
+        with pytest.raises(record.WALCorruption):
+            record.unpack_raw_messages(packed[:-1], 0, len(messages))
 
 
 def test_encode_stream_chunk_refuses_what_encode_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
