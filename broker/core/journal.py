@@ -247,9 +247,10 @@ class Journal:
         if self._pending_bytes + self._stream_bytes > self.max_backlog and self.on_backlog is not None:
             self.on_backlog()
 
-    def stream_published(self, stream: StreamQueue, size: int) -> None:
-        """A message of ``size`` body bytes waits for ``stream``'s next chunk: it is written with
-        the next write, and its confirm waits for :attr:`position` as it is now."""
+    def stream_published(self, stream: StreamQueue, size: int, count: int = 1) -> None:
+        """``count`` messages of ``size`` body bytes in all wait for ``stream``'s next chunk:
+        they are written with the next write, and their confirms wait for :attr:`position`
+        as it is now."""
         if self.replaying:
             return
         if self._removing is not None:
@@ -257,7 +258,7 @@ class Journal:
         streams = self._streams
         first = not streams and not self.has_pending  # (a stream waiting: something is pending)
         streams[stream] = None
-        self._position += size + 1
+        self._position += size + count
         self._stream_bytes += size
         if first and self.on_pending is not None:
             self.on_pending()

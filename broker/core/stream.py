@@ -35,7 +35,7 @@ from broker.core.message import Message
 from broker.core.policy import effective_definition
 from broker.core.queue import QueueSettings
 from broker.errors import ChannelCrash, ChannelException, ReplyCode
-from broker.wal.record import WALCorruption, pack_raw_entries, pack_stream_messages
+from broker.wal.record import WALCorruption, pack_stream_messages
 from broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, Chunk, Staged, StreamLog
 from broker.wire.amqp10 import delivered_as_amqp091
 from broker.wire.codec import split_names
@@ -193,8 +193,9 @@ def with_offset(header: bytes, offset: int) -> bytes:
 class StreamStore(Protocol):
     """Where streams keep their messages (``broker.storage.streams.StreamFiles``)."""
 
-    def pending(self, stream: StreamQueue, size: int) -> None:
-        """``stream`` has a message of ``size`` body bytes waiting: write it with the next write."""
+    def pending(self, stream: StreamQueue, size: int, count: int = 1) -> None:
+        """``stream`` has ``count`` messages of ``size`` body bytes in all waiting: write them
+        with the next write."""
 
     def offset_stored(self, stream: StreamQueue, name: str, offset: int) -> None:
         """``stream``'s subscription ``name`` reads on from ``offset``: record it with the next write."""
@@ -381,18 +382,16 @@ class StreamQueue:
 
     # -- appending ----------------------------------------------------------------------------
 
-    def append_raw(self, messages: Iterable[bytes]) -> int:
-        """Take messages published over the stream protocol, as their clients encoded them
-        (AMQP 1.0), for the next chunk; kept with an empty content header, which no AMQP 0-9-1
-        message has (see :meth:`_entries`). Returns how many."""
-        pending = self._pending
-        store = self.store
-        count = 0
-        for body in messages:
-            pending.append((RAW_NAMES, b"", body))
-            count += 1
-            if store is not None:
-                store.pending(self, len(body))
+    def append_raw(self, entries: list[bytes]) -> int:
+        """Take messages published over the stream protocol for the next chunk, each as a
+        simple entry of RabbitMQ's chunk format (its size, then the message as its client
+        encoded it: AMQP 1.0), which is how a :class:`~broker.wal.record.StreamRawChunk` keeps
+        them; marked by an empty content header, which no AMQP 0-9-1 message has. Returns how
+        many."""
+        self._pending += [(RAW_NAMES, b"", entry) for entry in entries]
+        count = len(entries)
+        if self.store is not None and count:
+            self.store.pending(self, sum(map(len, entries)) - 4 * count, count)
         self.published += count
         return count
 
@@ -439,7 +438,7 @@ class StreamQueue:
             if size >= CHUNK_BYTES or at == last or raw != kinds[at + 1]:
                 run = pending[start : at + 1]
                 if raw:
-                    packed = pack_raw_entries([body for _names, _header, body in run])
+                    packed = b"".join([entry for _names, _header, entry in run])
                 else:
                     packed = pack_stream_messages(run)
                 staged = self.log.stage_packed(packed, len(run), now, raw)

@@ -80,9 +80,9 @@ class StreamFiles:
         self._paths[stream] = path
         return stream
 
-    def pending(self, stream: StreamQueue, size: int) -> None:
-        """``stream`` has a message waiting: the journal has the writer write it next."""
-        self.journal.stream_published(stream, size)
+    def pending(self, stream: StreamQueue, size: int, count: int = 1) -> None:
+        """``stream`` has messages waiting: the journal has the writer write them next."""
+        self.journal.stream_published(stream, size, count)
 
     def offset_stored(self, stream: StreamQueue, name: str, offset: int) -> None:
         """``stream``'s subscription ``name`` moved: the journal records it with the next write."""

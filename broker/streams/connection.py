@@ -560,7 +560,7 @@ class StreamConnection:
             # refused whole.
             self._refuse(publisher_id, [], wire.PRECONDITION_FAILED)
             return
-        ids = [publishing_id for publishing_id, _ in messages]
+        ids, entries = messages
         if publisher is None or publisher.stream.deleted:
             self._refuse(publisher_id, ids, wire.PUBLISHER_DOES_NOT_EXIST)
             return
@@ -573,10 +573,12 @@ class StreamConnection:
         if publisher.reference:
             known = stream.publisher_sequence(publisher.reference)
             last = -1 if known is None else known
-            fresh = [body for publishing_id, body in messages if publishing_id > last]
+            fresh = (
+                entries if min(ids, default=0) > last else [e for i, e in zip(ids, entries, strict=True) if i > last]
+            )
             stream.set_publisher_sequence(publisher.reference, max(last, max(ids, default=last)))
         else:
-            fresh = [body for _, body in messages]
+            fresh = entries
         if fresh:
             stream.append_raw(fresh)
         journal = getattr(stream.store, "journal", None)
@@ -994,9 +996,12 @@ def _deliver_head(subscription: int, chunk: Chunk, data: bytes | memoryview) -> 
 _SIZES = struct.Struct(">II")
 
 
-def _published(data: bytes) -> list[tuple[int, bytes]] | None:
-    """The publishing ids and messages of a ``publish`` frame; ``None`` for a sub-entry batch."""
-    messages = []
+def _published(data: bytes) -> tuple[list[int], list[bytes]] | None:
+    """The publishing ids and the messages of a ``publish`` frame, each message as a simple
+    entry (its size, then its bytes: as the frame carries it after its id); ``None`` for a
+    sub-entry batch."""
+    ids: list[int] = []
+    entries: list[bytes] = []
     at, end = 0, len(data)
     unpack = _ID_SIZE.unpack_from
     while at < end:
@@ -1005,19 +1010,21 @@ def _published(data: bytes) -> list[tuple[int, bytes]] | None:
         publishing_id, size = unpack(data, at)
         if size & 0x80000000:
             return None
-        at += 12
-        if at + size > end:
+        stop = at + 12 + size
+        if stop > end:
             raise wire.Malformed("short")
-        messages.append((publishing_id, data[at : at + size]))
-        at += size
-    return messages
+        ids.append(publishing_id)
+        entries.append(data[at + 8 : stop])
+        at = stop
+    return ids, entries
 
 
 _ID_SIZE = struct.Struct(">QI")
 
 
 def _publish_confirm(publisher: int, ids: list[int]) -> bytes:
-    return wire.frame(wire.PUBLISH_CONFIRM, bytes((publisher,)) + wire.u32(len(ids)) + b"".join(map(wire.u64, ids)))
+    count = len(ids)
+    return wire.frame(wire.PUBLISH_CONFIRM, bytes((publisher,)) + struct.pack(f">I{count}Q", count, *ids))
 
 
 def _publish_error(publisher: int, ids: list[int], code: int) -> bytes:
