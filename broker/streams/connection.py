@@ -330,6 +330,8 @@ class StreamConnection:
             self._route(correlation, command[2], command[3])
         elif name == "partitions":
             self._partitions(correlation, command[2])
+        elif name == "stream_stats":
+            self._stream_stats(correlation, command[2])
         elif name == "create_super_stream":
             self._create_super_stream(correlation, *command[2:])
         elif name == "delete_super_stream":
@@ -793,6 +795,29 @@ class StreamConnection:
             return
         streams = list(dict.fromkeys(stream for stream, _, _ in bound))
         self._answer(wire.PARTITIONS, correlation, wire.OK, wire.strings(streams))
+
+    def _stream_stats(self, correlation: int, name: str) -> None:
+        """RabbitMQ 3.11's ``stream_stats``: osiris's ``first_chunk_id`` and ``committed_chunk_id``
+        (the first offsets of the oldest chunk and of the newest one written; -1 when there is
+        none), for a user who may read the stream."""
+        if not self._permitted("read", name):
+            self._answer(wire.STREAM_STATS, correlation, wire.ACCESS_REFUSED, wire.u32(0))
+            return
+        stream = self._stream(name)
+        if stream is None:
+            self._answer(wire.STREAM_STATS, correlation, wire.STREAM_DOES_NOT_EXIST, wire.u32(0))
+            return
+        log = stream.log
+        first = log.locate(log.first_offset) if stream.committed else None
+        last = log.locate(stream.committed - 1) if stream.committed else None
+        stats = {
+            "first_chunk_id": first.first_offset if first is not None else -1,
+            "committed_chunk_id": last.first_offset if last is not None else -1,
+        }
+        body = wire.u32(len(stats)) + b"".join(
+            wire.string(key) + struct.pack(">q", value) for key, value in stats.items()
+        )
+        self._answer(wire.STREAM_STATS, correlation, wire.OK, body)
 
     # -- offsets ----------------------------------------------------------------------------------
 

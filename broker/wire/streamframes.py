@@ -44,6 +44,7 @@ HEARTBEAT = 23
 ROUTE = 24
 PARTITIONS = 25
 CONSUMER_UPDATE = 26
+STREAM_STATS = 28
 CREATE_SUPER_STREAM = 29
 DELETE_SUPER_STREAM = 30
 
@@ -429,6 +430,7 @@ _REQUESTS: dict[int, Callable[[_Fields], tuple[Any, ...]]] = {
     CLOSE: _close,
     ROUTE: _route,
     PARTITIONS: _named("partitions"),
+    STREAM_STATS: _named("stream_stats"),
     CREATE_SUPER_STREAM: _create_super_stream,
     DELETE_SUPER_STREAM: _named("delete_super_stream"),
 }

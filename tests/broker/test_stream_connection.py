@@ -309,3 +309,34 @@ def test_a_client_that_does_not_read_costs_a_bounded_output(tmp_path: Path) -> N
     assert delivered(transport.value()) == 40
     assert max(transport.sizes) < DELIVERY_BOUND + len(body) + 100
     protocol.connectionLost()
+
+
+def stats(connection: StreamConnection, correlation: int, name: str) -> tuple[int, dict[str, int]]:
+    """The code and the statistics of a ``stream_stats`` answer."""
+    connection.out.clear()
+    connection.receive(request(wire.STREAM_STATS, correlation, wire.string(name)))
+    (frame,) = wire.FrameReader().feed(b"".join(connection.out))
+    key, _version, answered, code, count = struct.unpack_from(">HHIHI", frame)
+    assert (key, answered) == (wire.STREAM_STATS | wire.RESPONSE, correlation)
+    found, at = {}, 14
+    for _ in range(count):
+        size = struct.unpack_from(">h", frame, at)[0]
+        found[frame[at + 2 : at + 2 + size].decode()] = struct.unpack_from(">q", frame, at + 2 + size)[0]
+        at += 2 + size + 8
+    return code, found
+
+
+def test_stream_stats_give_the_first_and_the_committed_chunk(tmp_path: Path) -> None:
+    node = with_streams(tmp_path, Node(users=[User("guest", "guest")]))
+    connection = opened(node)
+    connection.receive(request(wire.CREATE_STREAM, 5, wire.string("events") + wire.string_map({})))
+    assert stats(connection, 6, "events") == (wire.OK, {"first_chunk_id": -1, "committed_chunk_id": -1})
+    connection.receive(request(wire.DECLARE_PUBLISHER, 7, b"\x01" + wire.string("") + wire.string("events")))
+    for number in range(3):  # three chunks of 2 messages: at offsets 0, 2 and 4
+        body = struct.pack(">QI", 2 * number, 1) + b"a" + struct.pack(">QI", 2 * number + 1, 1) + b"b"
+        connection.receive(wire.frame(wire.PUBLISH, struct.pack(">BI", 1, 2) + body))
+        written_chunks(node)
+    assert stats(connection, 8, "events") == (wire.OK, {"first_chunk_id": 0, "committed_chunk_id": 4})
+    assert stats(connection, 9, "missing") == (wire.STREAM_DOES_NOT_EXIST, {})
+    node.users_by_name["guest"] = User("guest", "guest", permissions={"/": Permission(".*", ".*", "^$")})
+    assert stats(connection, 10, "events") == (wire.ACCESS_REFUSED, {})

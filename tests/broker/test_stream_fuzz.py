@@ -78,6 +78,7 @@ def requests(draw: st.DrawFn) -> bytes:
             + wire.string_map(draw(MAPS))
         ),  # fmt: skip
         wire.DELETE_SUPER_STREAM: lambda: _string(draw(NAMES)),
+        wire.STREAM_STATS: lambda: _string(draw(NAMES)),
     }
     if key == wire.PUBLISH:
         messages = draw(st.lists(st.tuples(U64, st.binary(max_size=30)), max_size=4))
