@@ -254,10 +254,12 @@ def pin(pid: int, cpus: str) -> None:
 
 
 @contextmanager
-def postroom_streams() -> Iterator[tuple[int, int]]:
-    """A Postroom process with storage and the stream listener: ``(stream port, pid)``."""
+def postroom_streams(storage: str = "") -> Iterator[tuple[int, int]]:
+    """A Postroom process with storage and the stream listener: ``(stream port, pid)``;
+    ``storage``: more ``storage:`` keys."""
     port = free_port()
-    with postroom(listen=f'stream: "tcp:{port}:interface=127.0.0.1", metrics: false, management: false') as (_, pid):
+    listen = f'stream: "tcp:{port}:interface=127.0.0.1", metrics: false, management: false'
+    with postroom(storage=storage, listen=listen) as (_, pid):
         wait_for_port(port, 60)
         yield port, pid
 
@@ -284,10 +286,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--readers", type=int, default=0, help="subscribers at once (the memory run)")
     parser.add_argument("--cpus", default="", help="the CPUs the broker may run on")
+    parser.add_argument("--fsync-interval-ms", type=int, help="Postroom's storage.fsync_interval_ms")
     args = parser.parse_args()
     results: list[dict[str, Any]] = []
     for name in args.brokers.split(","):
-        with postroom_streams() if name == "postroom" else rabbitmq() as (port, pid):
+        interval = "" if args.fsync_interval_ms is None else f"fsync_interval_ms: {args.fsync_interval_ms}"
+        with postroom_streams(interval) if name == "postroom" else rabbitmq() as (port, pid):
             if args.cpus:
                 pin(pid, args.cpus)
             if args.latency:

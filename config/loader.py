@@ -321,7 +321,7 @@ class _Reader(ValueReader):
             dir=self.string(section.get("dir"), "storage.dir", default.dir),
             fsync=fsync,
             fsync_interval_ms=self.integer(
-                section.get("fsync_interval_ms"), "storage.fsync_interval_ms", default.fsync_interval_ms, 1, 1000
+                section.get("fsync_interval_ms"), "storage.fsync_interval_ms", default.fsync_interval_ms, 0, 1000
             ),
             segment_bytes=self.size(section.get("segment_bytes"), "storage.segment_bytes", default.segment_bytes),
             memory_budget=self.size(section.get("memory_budget"), "storage.memory_budget", default.memory_budget),

@@ -63,6 +63,13 @@ def test_the_dead_letter_stream_retention_is_read_and_checked() -> None:
     ]
 
 
+def test_the_group_commit_window_may_be_zero_and_not_below() -> None:
+    assert loads("storage: {fsync_interval_ms: 0}\n", "t.yaml").storage.fsync_interval_ms == 0
+    assert [key for _line, key, _reason in problems("storage: {fsync_interval_ms: -1}\n")] == [
+        "storage.fsync_interval_ms"
+    ]
+
+
 def test_duplicate_keys_are_refused() -> None:
     assert problems("limits:\n  frame_max: 8192\n  frame_max: 16384\n") == [(3, "limits.frame_max", "duplicate key")]
 
