@@ -16,13 +16,14 @@ libFuzzer as they are.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import atheris  # noqa: E402
+
+from bench.atheris_loop import fuzz  # noqa: E402
 
 with atheris.instrument_imports(include=["broker"]):
     from broker.tools.fuzzing import run_once
@@ -37,28 +38,9 @@ SEEDS = [
     b"\x00AMQP\x00\x00\x09\x01",
 ]
 
-_started = time.monotonic()
-_runs = 0
-
-
-def test_one_input(data: bytes) -> None:
-    global _runs
-    _runs += 1
-    run_once(data)
-
 
 def main() -> None:
-    corpus = [Path(arg) for arg in sys.argv[1:] if not arg.startswith("-") and Path(arg).is_dir()]
-    for directory in corpus:
-        if not any(directory.iterdir()):
-            for number, seed in enumerate(SEEDS):
-                (directory / f"seed-{number}").write_bytes(seed)
-    atheris.Setup(sys.argv, test_one_input)
-    try:
-        atheris.Fuzz()
-    finally:
-        seconds = time.monotonic() - _started
-        print(f"fuzz_core: {_runs:,} inputs in {seconds:,.0f} s", file=sys.stderr)
+    fuzz("fuzz_core", SEEDS, run_once)
 
 
 if __name__ == "__main__":

@@ -510,46 +510,26 @@ def _stream_protocol_users(args: argparse.Namespace) -> int:
     consumers = _listing(args, "streams", "stream/consumers")
     if isinstance(publishers, int) or isinstance(consumers, int):
         return 1
-    rows = [("vhost", "stream", "connection", "publisher", "reference", "published", "confirmed", "errored")]
-    for each in publishers:
-        queue, connection = each["queue"], each["connection_details"]
-        assert isinstance(queue, dict) and isinstance(connection, dict)
-        rows.append(
-            (
-                printable(queue["vhost"]),
-                printable(queue["name"]),
-                printable(connection["name"]),
-                str(each["publisher_id"]),
-                printable(each["reference"] or "-"),
-                str(each["published"]),
-                str(each["confirmed"]),
-                str(each["errored"]),
-            )
-        )
-    if len(rows) > 1:
-        print()
-        _print_table(rows, left=(0, 1, 2, 4))
-    rows = [("vhost", "stream", "connection", "subscription", "offset", "lag", "consumed", "credits", "active")]
-    for each in consumers:
-        queue, connection = each["queue"], each["connection_details"]
-        assert isinstance(queue, dict) and isinstance(connection, dict)
-        rows.append(
-            (
-                printable(queue["vhost"]),
-                printable(queue["name"]),
-                printable(connection["name"]),
-                str(each["subscription_id"]),
-                str(each["offset"]),
-                str(each["offset_lag"]),
-                str(each["consumed"]),
-                str(each["credits"]),
-                "yes" if each["active"] else "no",
-            )
-        )
-    if len(rows) > 1:
-        print()
-        _print_table(rows, left=(0, 1, 2, 8))
+    fields = ["publisher_id", "reference", "published", "confirmed", "errored"]
+    _print_users(publishers, ["publisher", "reference", "published", "confirmed", "errored"], fields, (4,))
+    fields = ["subscription_id", "offset", "offset_lag", "consumed", "credits", "active"]
+    _print_users(consumers, ["subscription", "offset", "lag", "consumed", "credits", "active"], fields, (8,))
     return 0
+
+
+def _print_users(items: list[dict[str, object]], titles: list[str], fields: list[str], left: tuple[int, ...]) -> None:
+    """A table of stream-protocol publishers or consumers: their stream and connection, then
+    ``fields`` under ``titles`` (text columns in ``left`` besides the first three)."""
+    rows = [("vhost", "stream", "connection", *titles)]
+    for each in items:
+        queue, connection = each["queue"], each["connection_details"]
+        assert isinstance(queue, dict) and isinstance(connection, dict)
+        values = [each[field] for field in fields]
+        shown = ["yes" if v is True else "no" if v is False else printable(str(v)) if v != "" else "-" for v in values]
+        rows.append((printable(queue["vhost"]), printable(queue["name"]), printable(connection["name"]), *shown))
+    if len(rows) > 1:
+        print()
+        _print_table(rows, left=(0, 1, 2, *left))
 
 
 def _stream_reset(args: argparse.Namespace) -> int:

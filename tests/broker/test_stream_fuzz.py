@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from broker.streams.connection import StreamConnection
 from broker.tools.fuzzing import STREAM_SESSION_START, stream_publish, stream_request, stream_run_once
 from broker.wire import streamframes as wire
+from tests.broker.amqp.test_fuzz_core import cut_and_mutated
 
 NAMES = st.one_of(st.sampled_from(["s", "p", "c", "g", "", "amq.x", "s" * 256]), st.text(max_size=12))
 MAPS = st.dictionaries(
@@ -100,18 +101,9 @@ def requests(draw: st.DrawFn) -> bytes:
     return stream_request(key, correlation, make())
 
 
-@st.composite
-def sessions(draw: st.DrawFn) -> bytes:
-    """A run of requests, then perhaps cut short and a few bytes changed."""
-    frames = draw(st.lists(st.one_of(requests(), st.binary(min_size=1, max_size=12)), min_size=1, max_size=12))
-    data = b"".join(frames)
-    if data and draw(st.booleans()):
-        data = data[: draw(st.integers(0, len(data)))]
-    for _ in range(draw(st.integers(0, 3))):
-        if data:
-            index = draw(st.integers(0, len(data) - 1))
-            data = data[:index] + bytes([draw(st.integers(0, 255))]) + data[index + 1 :]
-    return data
+def sessions() -> st.SearchStrategy[bytes]:
+    """A run of requests and stray bytes, then perhaps cut short and a few bytes changed."""
+    return cut_and_mutated(st.one_of(requests(), st.binary(min_size=1, max_size=12)))
 
 
 @settings(max_examples=400, deadline=None)

@@ -23,6 +23,7 @@ from transcript import oracle
 from broker.tools.testing import free_port, rabbitmqctl, wait_for_port, write_test_pki
 from broker.wire import streamframes as wire
 from tests.conformance.test_stream_protocol_transcripts import Peer, s
+from tests.conformance.test_tls_transcripts import rabbitmq_tls_options
 from tests.integration.test_crash import broker
 
 pytestmark = pytest.mark.integration
@@ -57,16 +58,7 @@ def ports(pki: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Ite
         f"stream.listeners.tcp.1 = 127.0.0.1:{rabbit[0]}\n"
         f"stream.listeners.ssl.1 = 127.0.0.1:{rabbit[1]}\n"
         "stream.advertised_host = 127.0.0.1\n"
-        f"ssl_options.cacertfile = {pki['cas']}\n"
-        f"ssl_options.certfile = {pki['server.crt']}\n"
-        f"ssl_options.keyfile = {pki['server.key']}\n"
-        "ssl_options.verify = verify_peer\n"
-        "ssl_options.fail_if_no_peer_cert = false\n"
-        "auth_mechanisms.1 = PLAIN\n"
-        "auth_mechanisms.2 = AMQPLAIN\n"
-        "auth_mechanisms.3 = EXTERNAL\n"
-        "ssl_cert_login_from = common_name\n"
-    )
+    ) + rabbitmq_tls_options(pki)
     ours = (free_port(), free_port())
     directory = tmp_path_factory.mktemp("stream-tls-postroom")
     extra = (

@@ -54,12 +54,10 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return write_test_pki(tmp_path_factory.mktemp("tls-oracle"))
 
 
-@pytest.fixture(scope="module")
-def rabbitmq_tls(pki: dict[str, Path]) -> Iterator[tuple[int, int]]:
-    """A RabbitMQ node with a TLS listener: ``(amqp port, amqps port)``."""
-    tls_port = free_port()
-    config = (
-        f"listeners.ssl.default = {tls_port}\n"
+def rabbitmq_tls_options(pki: dict[str, Path]) -> str:
+    """The lines of ``rabbitmq.conf`` for TLS as the tests here set it: ``verify_peer`` against
+    both CAs without ``fail_if_no_peer_cert``, and EXTERNAL by the common name."""
+    return (
         f"ssl_options.cacertfile = {pki['cas']}\n"
         f"ssl_options.certfile = {pki['server.crt']}\n"
         f"ssl_options.keyfile = {pki['server.key']}\n"
@@ -70,6 +68,13 @@ def rabbitmq_tls(pki: dict[str, Path]) -> Iterator[tuple[int, int]]:
         "auth_mechanisms.3 = EXTERNAL\n"
         "ssl_cert_login_from = common_name\n"
     )
+
+
+@pytest.fixture(scope="module")
+def rabbitmq_tls(pki: dict[str, Path]) -> Iterator[tuple[int, int]]:
+    """A RabbitMQ node with a TLS listener: ``(amqp port, amqps port)``."""
+    tls_port = free_port()
+    config = f"listeners.ssl.default = {tls_port}\n" + rabbitmq_tls_options(pki)
     with oracle(config, ["rabbitmq_auth_mechanism_ssl"], also=[tls_port]) as port:
         rabbitmqctl(port, "add_user", "app", "app-password")
         rabbitmqctl(port, "set_permissions", "app", ".*", ".*", ".*")

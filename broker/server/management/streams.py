@@ -208,9 +208,9 @@ def consumer_view(connection: Any, reader: Any) -> dict[str, Any]:
     }
 
 
-def _stream_connections(call: Call) -> list[Any]:
+def stream_connections_shown(call: Call, required: bool = True) -> list[Any]:
     """The stream connections the user sees, of the path's vhost and connection when it names
-    them (404 for either when it is not there)."""
+    them (404 for a vhost that is not there, and with ``required`` for a connection)."""
     params = call.params
     shown = call.api.visible_stream_connections(call.user)
     if "vhost" in params:
@@ -218,7 +218,7 @@ def _stream_connections(call: Call) -> list[Any]:
         shown = [connection for connection in shown if connection.vhost is vhost]
     if "connection" in params:
         shown = [connection for connection in shown if connection.peer == params["connection"]]
-        if not shown:
+        if not shown and required:
             raise not_found()
     return shown
 
@@ -226,7 +226,7 @@ def _stream_connections(call: Call) -> list[Any]:
 def stream_connections(call: Call) -> tuple[int, Any]:
     """``GET /api/stream/connections[/VHOST[/NAME]]`` (one connection shows its TLS fields as
     empty strings where the list shows nulls, as RabbitMQ's plugin does)."""
-    views = [stream_connection_view(connection) for connection in _stream_connections(call)]
+    views = [stream_connection_view(connection) for connection in stream_connections_shown(call)]
     if "connection" not in call.params:
         return 200, views
     tls = ("ssl_", "peer_cert_")
@@ -241,7 +241,7 @@ def stream_publishers(call: Call) -> tuple[int, Any]:
         call.api.queue(call.user, call.params["vhost"], stream)
     return 200, [
         publisher_view(connection, publisher)
-        for connection in _stream_connections(call)
+        for connection in stream_connections_shown(call)
         for _id, publisher in sorted(connection.publishers.items())
         if stream is None or publisher.stream.name == stream
     ]
@@ -251,7 +251,7 @@ def stream_consumers(call: Call) -> tuple[int, Any]:
     """``GET /api/stream/consumers[/VHOST]`` and a connection's."""
     return 200, [
         consumer_view(connection, reader)
-        for connection in _stream_connections(call)
+        for connection in stream_connections_shown(call)
         for _id, reader in sorted(connection.subscriptions.items())
     ]
 

@@ -30,7 +30,7 @@ from broker.server.management.common import (
 )
 from broker.server.management.rates import HISTORY_STATS, QUEUE_STATS, RATE_INTERVAL, VHOST_STATS, RateSampler
 from broker.server.management.router import Router
-from broker.server.management.streams import stream_connection_view
+from broker.server.management.streams import stream_connection_view, stream_connections_shown
 
 if TYPE_CHECKING:
     from broker.core.entry import Consumer
@@ -468,19 +468,13 @@ def _connections(call: Call) -> list[Any]:
 def connections(call: Call) -> tuple[int, Any]:
     """``/api/connections``, ``/api/vhosts/VHOST/connections``, ``/api/connections/NAME``: AMQP's
     and the stream protocol's, by name."""
-    params = call.params
-    shown = call.api.visible_stream_connections(call.user)
-    if "vhost" in params:
-        vhost = call.api.vhosts(call.user, params["vhost"])[0]
-        shown = [connection for connection in shown if connection.vhost is vhost]
-    if "connection" in params:
-        streaming = [connection for connection in shown if connection.peer == params["connection"]]
-        if streaming:
-            return 200, stream_connection_view(streaming[0])
+    streaming = stream_connections_shown(call, required=False)
+    if "connection" in call.params and streaming:
+        return 200, stream_connection_view(streaming[0])
     views = [connection_view(call.node, connection) for connection in _connections(call)]
-    if "connection" in params:
+    if "connection" in call.params:
         return 200, views[0]
-    views += [stream_connection_view(connection) for connection in shown]
+    views += [stream_connection_view(connection) for connection in streaming]
     return 200, sorted(views, key=lambda view: view["name"])
 
 

@@ -70,9 +70,9 @@ FRAMES = st.one_of(
 
 
 @st.composite
-def streams(draw: st.DrawFn) -> bytes:
-    """A run of frames, then perhaps cut short and a few bytes changed."""
-    data = b"".join(draw(st.lists(FRAMES, min_size=1, max_size=12)))
+def cut_and_mutated(draw: st.DrawFn, frames: st.SearchStrategy[bytes]) -> bytes:
+    """A run of ``frames``, then perhaps cut short and a few bytes changed."""
+    data = b"".join(draw(st.lists(frames, min_size=1, max_size=12)))
     if data and draw(st.booleans()):
         data = data[: draw(st.integers(0, len(data)))]
     for _ in range(draw(st.integers(0, 3))):
@@ -83,7 +83,7 @@ def streams(draw: st.DrawFn) -> bytes:
 
 
 @settings(max_examples=500)
-@given(mode=st.integers(0, 255), stream=streams())
+@given(mode=st.integers(0, 255), stream=cut_and_mutated(FRAMES))
 def test_any_frame_stream_gets_an_action_or_a_reply_code(mode: int, stream: bytes) -> None:
     run_once(bytes([mode]) + stream)
 
