@@ -403,11 +403,15 @@ class StreamQueue:
     def set_publisher_sequence(self, reference: str, sequence: int) -> None:
         """Publisher ``reference`` wrote up to ``sequence``: kept with the stored offsets (in
         the log, with the write that holds the messages)."""
-        name = PUBLISHER_PREFIX + reference
-        if self.subscriptions.get(name) != sequence:
-            self.subscriptions[name] = sequence
+        self.store_offset(PUBLISHER_PREFIX + reference, sequence)
+
+    def store_offset(self, name: str, offset: int) -> None:
+        """Subscription ``name`` reads on from ``offset``: kept, and recorded in the log with
+        its next write when it moved."""
+        if self.subscriptions.get(name) != offset:
+            self.subscriptions[name] = offset
             if self.store is not None:
-                self.store.offset_stored(self, name, sequence)
+                self.store.offset_stored(self, name, offset)
 
     def enqueue(self, message: Message) -> bool:
         """Take ``message`` for the next chunk (readable once that chunk is written)."""
@@ -672,11 +676,8 @@ class StreamQueue:
                 reader.acked.add(entry.seq)
             stored = unacked[0] if unacked else reader.next_offset
             name = reader.name
-            storer = not reader.group or self._holders.get(name) is entry.consumer
-            if storer and self.subscriptions.get(name) != stored:
-                self.subscriptions[name] = stored
-                if self.store is not None:
-                    self.store.offset_stored(self, name, stored)
+            if not reader.group or self._holders.get(name) is entry.consumer:
+                self.store_offset(name, stored)
             if reader.group and not reader.active and not unacked:
                 self._rebalance(name)  # it has finished: the next member reads on
 
@@ -685,9 +686,7 @@ class StreamQueue:
         offset, a timestamp); its consumers start again from there. Returns the offset."""
         probe = _Reader(spec, None, False)
         self._start(probe)
-        self.subscriptions[name] = probe.next_offset if spec.kind != "offset" else probe.skip_below
-        if self.store is not None:
-            self.store.offset_stored(self, name, self.subscriptions[name])
+        self.store_offset(name, probe.next_offset if spec.kind != "offset" else probe.skip_below)
         for reader in self._readers.values():
             if reader.name == name and reader.active:
                 self._start(reader)

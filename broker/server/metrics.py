@@ -41,6 +41,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 from broker.core.deadletter import DeadLetterReason
 from broker.core.histogram import Histogram
 from broker.server.alarms import disk_free, memory_total, resident_memory
+from broker.streams.connection import error_counter
 from broker.wire.streamframes import ERROR_NAMES
 
 if TYPE_CHECKING:
@@ -441,7 +442,7 @@ class BrokerCollector:
             labels=["reason"],
         )
         for code, name in ERROR_NAMES.items():
-            errors.add_metric([name], counters[f"stream_error:{code}"])
+            errors.add_metric([name], counters[error_counter(code)])
         yield errors
 
     def _wal(self, wal: WALService) -> Iterator[Metric]:
@@ -605,8 +606,7 @@ def _global_stream_counters(node: Node) -> Iterator[Metric]:
     ]
     values += [(name, kind, 0) for name, kind in _GLOBAL_UNUSED]
     values += [
-        (f"stream_error_{name}_total", "counter", counters[f"stream_error:{code}"])
-        for code, name in ERROR_NAMES.items()
+        (f"stream_error_{name}_total", "counter", counters[error_counter(code)]) for code, name in ERROR_NAMES.items()
     ]
     for name, kind, value in values:
         family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(

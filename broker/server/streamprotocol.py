@@ -44,9 +44,8 @@ class StreamServerProtocol(Protocol):
         self._heartbeat_timer: IDelayedCall | None = None
         self._wrote = False
         self._silent_intervals = 0
-        #: Whether the socket's buffer is full, the bytes written since, whether reading is
-        #: held for it, and the call that goes on delivering after a write.
-        self._full = False
+        #: The bytes written since the socket's buffer filled (``connection.paused``), whether
+        #: reading is held for them, and the call that goes on delivering after a write.
         self._written_while_full = 0
         self._reading_held = False
         self._continuing: IDelayedCall | None = None
@@ -92,7 +91,7 @@ class StreamServerProtocol(Protocol):
             connection.out.clear()
             connection.queued = 0
             self._wrote = True
-            if self._full:
+            if connection.paused:
                 self._written_while_full += len(data)
                 if self._written_while_full > OUTPUT_BOUND and not self._reading_held:
                     self._reading_held = True
@@ -118,12 +117,10 @@ class StreamServerProtocol(Protocol):
     # -- the transport's producer: its buffer full, then drained ---------------------------------
 
     def pauseProducing(self) -> None:  # noqa: N802 (IPushProducer)
-        self._full = True
         if self.connection is not None:
             self.connection.paused = True
 
     def resumeProducing(self) -> None:  # noqa: N802 (IPushProducer)
-        self._full = False
         self._written_while_full = 0
         if self._reading_held:
             self._reading_held = False

@@ -48,6 +48,13 @@ MAX_SUPER_STREAM_PARTITIONS = 1024
 #: them and the socket takes more (:meth:`StreamConnection.resume`).
 DELIVERY_BOUND = 1 << 20
 
+
+def error_counter(code: int) -> str:
+    """The key of :attr:`Node.counters <broker.core.node.Node.counters>` that counts the
+    stream protocol's refusals with ``code``."""
+    return f"stream_error:{code}"
+
+
 #: The frame size and heartbeat (seconds) the server offers in ``tune`` (RabbitMQ's defaults).
 FRAME_MAX = 1_048_576
 HEARTBEAT = 60
@@ -220,41 +227,30 @@ class StreamConnection:
             self._step(self.step, "failure")
             return
         self.auth_mechanism = mechanism
+        password: str | None = None
         if mechanism == "EXTERNAL":
-            self._external(correlation)
-            return
-        credentials = sasl_credentials(mechanism, response)
-        if credentials is None or None in credentials:
-            # RabbitMQ answers a response that does not parse (or an AMQPLAIN table without
-            # LOGIN or PASSWORD) as a SASL error.
-            self._answer(wire.SASL_AUTHENTICATE, correlation, wire.SASL_ERROR)
-            self._step(self.step, "failure")
-            return
-        username, password = credentials[0] or "", credentials[1] or ""
+            # The user named by the verified client certificate's common name, with no
+            # password (RabbitMQ's rabbitmq_auth_mechanism_ssl, ssl_cert_login_from = common_name).
+            assert self.certificate_name is not None  # (offered over TLS only)
+            username = self.certificate_name()
+            if not username:
+                self._answer(wire.SASL_AUTHENTICATE, correlation, wire.AUTHENTICATION_FAILURE)
+                self.reason = "EXTERNAL: " + ("no name found" if username == "" else "no client certificate")
+                self._step(self.step, "failure")
+                return
+        else:
+            credentials = sasl_credentials(mechanism, response)
+            if credentials is None or None in credentials:
+                # RabbitMQ answers a response that does not parse (or an AMQPLAIN table
+                # without LOGIN or PASSWORD) as a SASL error.
+                self._answer(wire.SASL_AUTHENTICATE, correlation, wire.SASL_ERROR)
+                self._step(self.step, "failure")
+                return
+            username, password = credentials[0] or "", credentials[1] or ""
         self._waiting = True
         self.node.login(
             username,
             password,
-            self.loopback,
-            self.peer.rpartition(":")[0],
-            lambda user, reason: self._login_done(correlation, username, user, reason),
-        )
-
-    def _external(self, correlation: int) -> None:
-        """``EXTERNAL``: the user named by the verified client certificate's common name, with
-        no password (RabbitMQ's ``rabbitmq_auth_mechanism_ssl``, ``ssl_cert_login_from =
-        common_name``)."""
-        assert self.certificate_name is not None  # (offered over TLS only)
-        username = self.certificate_name()
-        if not username:
-            self._answer(wire.SASL_AUTHENTICATE, correlation, wire.AUTHENTICATION_FAILURE)
-            self.reason = "EXTERNAL: " + ("no name found" if username == "" else "no client certificate")
-            self._step(self.step, "failure")
-            return
-        self._waiting = True
-        self.node.login(
-            username,
-            None,
             self.loopback,
             self.peer.rpartition(":")[0],
             lambda user, reason: self._login_done(correlation, username, user, reason),
@@ -343,7 +339,7 @@ class StreamConnection:
             self.step = "closing"
             self.finished = True  # (RabbitMQ closes the socket once it answered)
         else:
-            self.node.counters[f"stream_error:{wire.UNKNOWN_FRAME}"] += 1
+            self._count_error(wire.UNKNOWN_FRAME)
             self.out.append(wire.close(1, wire.UNKNOWN_FRAME, "unknown frame"))
             self.step = "close_sent"
 
@@ -351,16 +347,20 @@ class StreamConnection:
         """Answer request ``key`` with ``code``. Once open, each code but OK and 19 is counted,
         as RabbitMQ 3.10 counts them (``rabbitmq_global_stream_error_*``; not the handshake's)."""
         if code != wire.OK and code != wire.NO_OFFSET and self.step == "open":
-            self.node.counters[f"stream_error:{code}"] += 1
+            self._count_error(code)
         self.out.append(wire.response(key, correlation, code, extra))
 
     def _refuse(self, publisher_id: int, ids: list[int], code: int) -> None:
         """``publish_error`` with ``code`` for each of ``ids`` (one counted error a frame)."""
-        self.node.counters[f"stream_error:{code}"] += 1
+        self._count_error(code)
         publisher = self.publishers.get(publisher_id)
         if publisher is not None:
             publisher.errored += len(ids)
         self.out.append(_publish_error(publisher_id, ids, code))
+
+    def _count_error(self, code: int) -> None:
+        """One more refusal with ``code`` (``rabbitmq_global_stream_error_*``)."""
+        self.node.counters[error_counter(code)] += 1
 
     def force_close(self, reason: str) -> None:
         """Close the socket without a word (RabbitMQ's way when its management closes a
@@ -439,12 +439,12 @@ class StreamConnection:
         if not self._permitted("configure", name):
             self._answer(wire.DELETE_STREAM, correlation, wire.ACCESS_REFUSED)
             return
-        queue = self.vhost.queues.get(name)
-        if queue is None or queue.kind != "stream":
+        stream = self._stream(name)
+        if stream is None:
             self._answer(wire.DELETE_STREAM, correlation, wire.STREAM_DOES_NOT_EXIST)
             return
         self._answer(wire.DELETE_STREAM, correlation, wire.OK)
-        self.vhost.remove_queue(queue)  # (this connection's metadata_update follows the answer)
+        self.vhost.remove_queue(stream)  # (this connection's metadata_update follows the answer)
 
     def _create_super_stream(
         self, correlation: int, name: str, partitions: list[str], keys: list[str], arguments: dict[str, str]
@@ -509,9 +509,9 @@ class StreamConnection:
         vhost = self.vhost
         vhost.delete_exchange(name)
         for partition, _key, _order in partitions:
-            queue = vhost.queues.get(partition)
-            if queue is not None and queue.kind == "stream":
-                vhost.remove_queue(queue)
+            stream = self._stream(partition)
+            if stream is not None:
+                vhost.remove_queue(stream)
 
     def _metadata(self, correlation: int, names: list[str]) -> None:
         host, port = self.advertised
@@ -519,8 +519,7 @@ class StreamConnection:
         found = False
         # (RabbitMQ folds a map of the names: each once, the last in byte order first)
         for name in sorted(set(names), key=lambda n: n.encode("utf-8", "surrogateescape"), reverse=True):
-            queue = self.vhost.queues.get(name)
-            if queue is None or queue.kind != "stream":
+            if self._stream(name) is None:
                 streams.append((name, wire.STREAM_DOES_NOT_EXIST, 0xFFFF, []))
             else:
                 found = True
@@ -675,10 +674,7 @@ class StreamConnection:
         del self.pending_updates[correlation]
         if not active or not chosen or self.subscriptions.get(reader.id) is not reader or code != wire.OK:
             return  # (a step down answered, or the group changed meanwhile: another reads)
-        spec = {
-            wire.OFFSET_FIRST: ("first",), wire.OFFSET_LAST: ("last",), wire.OFFSET_NEXT: ("next",),
-            wire.OFFSET_OFFSET: ("offset", value), wire.OFFSET_TIMESTAMP: ("timestamp", value),
-        }.get(kind, ("next",))  # fmt: skip
+        spec = wire.offset_spec(kind, value) or ("next",)
         reader.chunk, reader.next_offset, reader.waiting = None, _start(reader.stream, spec), False
         self._pump(reader)
 
@@ -691,7 +687,7 @@ class StreamConnection:
             stream.stream_groups.clear()
             stream.watchers.discard(self._stream_changed)
             if not self.finished:
-                self.node.counters[f"stream_error:{wire.STREAM_NOT_AVAILABLE}"] += 1
+                self._count_error(wire.STREAM_NOT_AVAILABLE)
                 self.out.append(wire.metadata_update(wire.STREAM_NOT_AVAILABLE, stream.name))
         else:
             for reader in list(self.subscriptions.values()):
@@ -738,7 +734,7 @@ class StreamConnection:
     def _credit(self, subscription: int, credit: int) -> None:
         reader = self.subscriptions.get(subscription)
         if reader is None:
-            self.node.counters[f"stream_error:{wire.SUBSCRIPTION_ID_DOES_NOT_EXIST}"] += 1
+            self._count_error(wire.SUBSCRIPTION_ID_DOES_NOT_EXIST)
             self.out.append(
                 wire.frame(
                     wire.CREDIT | wire.RESPONSE, wire.u16(wire.SUBSCRIPTION_ID_DOES_NOT_EXIST) + bytes((subscription,))
@@ -827,9 +823,7 @@ class StreamConnection:
         stream = self._stream(name)
         if stream is None or not reference or len(reference) > MAX_REFERENCE or not self._permitted("write", name):
             return
-        stream.subscriptions[reference] = offset
-        if stream.store is not None:
-            stream.store.offset_stored(stream, reference, offset)
+        stream.store_offset(reference, offset)
 
     def _query_offset(self, correlation: int, reference: str, name: str) -> None:
         stream = self._stream(name)

@@ -289,20 +289,25 @@ def _one_id(name: str) -> Callable[[_Fields], tuple[Any, ...]]:
     return parse
 
 
+def offset_spec(kind: int, value: int = 0) -> tuple[Any, ...] | None:
+    """An offset specification (``subscribe``'s, or a ``consumer_update`` answer's) as a tuple:
+    ``("first",)``, ``("last",)``, ``("next",)``, ``("offset", n)`` or ``("timestamp", ms)``;
+    ``None`` for a kind there is not."""
+    if kind == OFFSET_OFFSET:
+        return ("offset", value)
+    if kind == OFFSET_TIMESTAMP:
+        return ("timestamp", value)
+    return _PLAIN_SPECS.get(kind)
+
+
+_PLAIN_SPECS: dict[int, tuple[Any, ...]] = {OFFSET_FIRST: ("first",), OFFSET_LAST: ("last",), OFFSET_NEXT: ("next",)}
+
+
 def _subscribe(f: _Fields) -> tuple[Any, ...]:
     correlation, subscription, stream, kind = f.u32(), f.u8(), f.string(), f.i16()
-    offset: Any
-    if kind == OFFSET_FIRST:
-        offset = ("first",)
-    elif kind == OFFSET_LAST:
-        offset = ("last",)
-    elif kind == OFFSET_NEXT:
-        offset = ("next",)
-    elif kind == OFFSET_OFFSET:
-        offset = ("offset", f.u64())
-    elif kind == OFFSET_TIMESTAMP:
-        offset = ("timestamp", f.i64())
-    else:
+    value = f.u64() if kind == OFFSET_OFFSET else f.i64() if kind == OFFSET_TIMESTAMP else 0
+    offset = offset_spec(kind, value)
+    if offset is None:
         raise Malformed("offset type")
     credit = f.u16()
     properties: dict[str, str] = {}
