@@ -27,7 +27,14 @@ import pyarrow as pa
 
 from broker.wal.deadevents import stream_dead_letter
 from broker.wal.paths import incarnations, stream_directory
-from broker.wal.record import StreamChunk, StreamRawChunk, as_entries, unpack_raw_messages, unpack_stream_entries
+from broker.wal.record import (
+    StreamBatchChunk,
+    StreamChunk,
+    StreamRawChunk,
+    unpack_batched_messages,
+    unpack_raw_messages,
+    unpack_stream_messages,
+)
 from broker.wire.amqp10 import delivered_as_amqp091
 from spark.events import BATCH_ROWS, _Columns, _date, list_segments, walk_segment
 
@@ -99,20 +106,25 @@ def stream_segment_batches(
                 continue
             if default_date == "unknown":
                 default_date = _date(item.timestamp)
-            if type(item) is StreamRawChunk:
-                entries = as_entries(unpack_raw_messages(item.entries, 0, item.count))
+            messages: list[tuple[bytes, bytes, bytes] | None]
+            if type(item) is StreamChunk:
+                messages = unpack_stream_messages(item.entries, 0, item.count)  # type: ignore[assignment]
+            elif type(item) is StreamRawChunk:
+                messages = unpack_raw_messages(item.entries, 0, item.count)  # type: ignore[assignment]
             else:
-                entries = unpack_stream_entries(item.entries, item.count)
-            for offset, (exchange, _key, header, body) in enumerate(entries, item.first_offset):
-                if (selection.first is not None and offset < selection.first) or (
-                    selection.end is not None and offset >= selection.end
+                messages = unpack_batched_messages(item.entries, 0, item.count)
+            for offset, message in enumerate(messages, item.first_offset):
+                if (
+                    message is None  # in a compressed sub-entry batch: the stream protocol's clients read it
+                    or (selection.first is not None and offset < selection.first)
+                    or (selection.end is not None and offset >= selection.end)
                 ):
                     continue
+                names, header, body = message
                 vhost, stream = selection.vhost, selection.stream
                 if not header:  # published over the stream protocol: its AMQP 0-9-1 form
                     names, header, body = delivered_as_amqp091(body, stream)
-                    exchange = names[1 : 1 + names[0]]
-                through = exchange.decode("utf-8", "surrogateescape")
+                through = names[1 : 1 + names[0]].decode("utf-8", "surrogateescape")
                 columns.add(position, stream_dead_letter(vhost, stream, offset, item.timestamp, through, header, body))
         if columns.rows >= batch_rows:
             yield columns.batch(segment, default_date)
@@ -132,7 +144,7 @@ def stream_file_batches(path: str, segment: int, selection: Selection) -> Iterat
     yield from stream_segment_batches(data, segment, selection)
 
 
-def _wanted_chunk(chunk: StreamChunk | StreamRawChunk, selection: Selection) -> bool:
+def _wanted_chunk(chunk: StreamChunk | StreamRawChunk | StreamBatchChunk, selection: Selection) -> bool:
     """Whether any of ``chunk``'s messages may be selected."""
     if selection.end is not None and chunk.first_offset >= selection.end:
         return False
@@ -143,11 +155,14 @@ def _wanted_chunk(chunk: StreamChunk | StreamRawChunk, selection: Selection) -> 
     return selection.until is None or chunk.timestamp < selection.until
 
 
-def _chunks(data: bytes, segment: int) -> Iterator[tuple[int, StreamChunk | StreamRawChunk | str]]:
+_CHUNK_RECORDS = (StreamChunk, StreamRawChunk, StreamBatchChunk)
+
+
+def _chunks(data: bytes, segment: int) -> Iterator[tuple[int, StreamChunk | StreamRawChunk | StreamBatchChunk | str]]:
     """``(position, chunk)`` for each chunk of a stream segment file, ``(position, problem)``
     for each damaged span and each record of another type (:func:`spark.events.walk_segment`)."""
     for position, record in walk_segment(data, segment):
-        if type(record) is StreamChunk or type(record) is StreamRawChunk or type(record) is str:
+        if type(record) in _CHUNK_RECORDS or type(record) is str:
             yield position, record  # type: ignore[misc]
         else:
             yield position, f"not a stream chunk: {type(record).__name__}"

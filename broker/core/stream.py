@@ -35,7 +35,7 @@ from broker.core.message import Message
 from broker.core.policy import effective_definition
 from broker.core.queue import QueueSettings
 from broker.errors import ChannelCrash, ChannelException, ReplyCode
-from broker.wal.record import WALCorruption, pack_stream_messages
+from broker.wal.record import BATCHED, RAW, WALCorruption, batch_records, pack_stream_messages
 from broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, Chunk, Staged, StreamLog
 from broker.wire.amqp10 import delivered_as_amqp091
 from broker.wire.codec import split_names
@@ -270,6 +270,9 @@ class StreamQueue:
         #: Messages waiting for the next chunk.
         #: Messages waiting for the next chunk: the publish's names, the header, the body.
         self._pending: list[tuple[bytes, bytes, bytes]] = []
+        #: Whether :meth:`append_raw` took sub-entry batches among the pending entries (nearly
+        #: never: then each entry is one message).
+        self._batched = False
         #: Chunks staged and not yet written, oldest first.
         self._staged: deque[Staged] = deque()
         self._readers: dict[Consumer, _Reader] = {}
@@ -382,16 +385,23 @@ class StreamQueue:
 
     # -- appending ----------------------------------------------------------------------------
 
-    def append_raw(self, entries: list[bytes]) -> int:
+    def append_raw(self, entries: list[bytes], records: int | None = None) -> int:
         """Take messages published over the stream protocol for the next chunk, each as a
         simple entry of RabbitMQ's chunk format (its size, then the message as its client
         encoded it: AMQP 1.0), which is how a :class:`~broker.wal.record.StreamRawChunk` keeps
-        them; marked by an empty content header, which no AMQP 0-9-1 message has. Returns how
-        many."""
+        them; marked by an empty content header, which no AMQP 0-9-1 message has.
+
+        With ``records``, the entries may be sub-entry batches too (several messages as one
+        entry, :data:`~broker.wal.record.BATCH_HEAD`), and ``records`` is how many messages they
+        hold in all: kept as they are, in a :class:`~broker.wal.record.StreamBatchChunk`.
+        Returns how many messages."""
         self._pending += [(RAW_NAMES, b"", entry) for entry in entries]
         count = len(entries)
+        if records is not None:
+            self._batched = True
+            count = records
         if self.store is not None and count:
-            self.store.pending(self, sum(map(len, entries)) - 4 * count, count)
+            self.store.pending(self, sum(map(len, entries)) - 4 * len(entries), count)
         self.published += count
         return count
 
@@ -427,6 +437,7 @@ class StreamQueue:
         and, when one opens a segment, the segments retention drops (``x-max-length-bytes``,
         ``x-max-age``, evaluated as RabbitMQ does: at a segment's roll), for the writer to remove."""
         pending, self._pending = self._pending, []
+        batched, self._batched = self._batched, False
         now = self.now()
         start = 0
         size = 0
@@ -441,11 +452,16 @@ class StreamQueue:
             raw = kinds[at]
             if size >= CHUNK_BYTES or at == last or raw != kinds[at + 1]:
                 run = pending[start : at + 1]
+                count, kind = len(run), 0
                 if raw:
                     packed = b"".join([entry for _names, _header, entry in run])
+                    kind = RAW
+                    if batched and any([entry[0] & 0x80 for _names, _header, entry in run]):
+                        count = sum([batch_records(entry) for _names, _header, entry in run])
+                        kind = BATCHED
                 else:
                     packed = pack_stream_messages(run)
-                staged = self.log.stage_packed(packed, len(run), now, raw)
+                staged = self.log.stage_packed(packed, count, now, kind)
                 rolled = rolled or staged.roll
                 self._staged.append(staged)
                 start, size = at + 1, 0
@@ -642,7 +658,10 @@ class StreamQueue:
         pack = _OFFSET_VALUE.pack
         messages = self.log.read_messages(chunk)
         first = max(0, skip_below - chunk.first_offset)
-        for offset, (names, header, body) in enumerate(messages[first:], chunk.first_offset + first):
+        for offset, message in enumerate(messages[first:], chunk.first_offset + first):
+            if message is None:  # in a compressed sub-entry batch: the stream protocol's clients read it
+                continue
+            names, header, body = message
             if not header:  # published over the stream protocol: its AMQP 0-9-1 form
                 names, header, body = delivered_as_amqp091(body, self.name)
             strings = decoded.get(names)

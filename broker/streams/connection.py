@@ -30,7 +30,7 @@ from broker.core.login import sasl_credentials
 from broker.core.node import Node
 from broker.core.stream import StreamQueue
 from broker.errors import ChannelCrash, ChannelException
-from broker.wal.record import WALCorruption
+from broker.wal.record import BATCH_HEAD, BATCHED, WALCorruption, batch_records, count_entries, unpack_batched_messages
 from broker.wal.streamlog import ENTRIES_AT, Chunk
 from broker.wire import streamframes as wire
 from broker.wire.amqp10 import from_amqp091
@@ -552,25 +552,29 @@ class StreamConnection:
 
     def _publish(self, publisher_id: int, count: int, data: bytes) -> None:
         publisher = self.publishers.get(publisher_id)
+        refused: list[int] = []
+        batched = False
         try:
             messages = _published(data)
+            if messages is None:
+                ids, entries, refused = _published_batches(data)
+                messages, batched = (ids, entries), True
         except wire.Malformed:
-            messages = None
-        if messages is None:
-            # A frame whose messages do not add up (or a sub-entry batch, not taken yet):
-            # refused whole.
+            # A frame whose messages do not add up: refused whole.
             self._refuse(publisher_id, [], wire.PRECONDITION_FAILED)
             return
         ids, entries = messages
         if publisher is None or publisher.stream.deleted:
-            self._refuse(publisher_id, ids, wire.PUBLISHER_DOES_NOT_EXIST)
+            self._refuse(publisher_id, ids + refused, wire.PUBLISHER_DOES_NOT_EXIST)
             return
-        publisher.published += len(ids)
-        self.node.counters["stream_messages_received"] += len(ids)
+        publisher.published += len(ids) + len(refused)
+        self.node.counters["stream_messages_received"] += len(ids) + len(refused)
         stream = publisher.stream
         if not self._permitted("write", stream.name):
-            self._refuse(publisher_id, ids, wire.ACCESS_REFUSED)
+            self._refuse(publisher_id, ids + refused, wire.ACCESS_REFUSED)
             return
+        if refused:
+            self._refuse(publisher_id, refused, wire.PRECONDITION_FAILED)
         if publisher.reference:
             known = stream.publisher_sequence(publisher.reference)
             last = -1 if known is None else known
@@ -581,7 +585,7 @@ class StreamConnection:
         else:
             fresh = entries
         if fresh:
-            stream.append_raw(fresh)
+            stream.append_raw(fresh, sum(map(batch_records, fresh)) if batched else None)
         journal = getattr(stream.store, "journal", None)
         if journal is None or not fresh:
             self._confirm(publisher, ids)
@@ -1004,9 +1008,10 @@ def _deliver(subscription: int, chunk: Chunk, payload: bytes) -> tuple[bytes, An
 def _deliver_head(subscription: int, chunk: Chunk, data: bytes | memoryview) -> tuple[bytes, Any]:
     """The frame head of a ``deliver`` of ``chunk`` holding ``data`` (its entries), and ``data``."""
     count = chunk.count
+    entries = count_entries(data, 0) if chunk.raw == BATCHED else count
     head = _CHUNK_HEAD.pack(
         wire.DELIVER, 1, subscription,
-        0x50, 0, count, count, int(chunk.timestamp * 1000), 1, chunk.first_offset,
+        0x50, 0, entries, count, int(chunk.timestamp * 1000), 1, chunk.first_offset,
         zlib.crc32(data), len(data), 0, 0,
     )  # fmt: skip
     return wire.u32(len(head) + len(data)) + head, data
@@ -1039,6 +1044,53 @@ def _published(data: bytes) -> tuple[list[int], list[bytes]] | None:
 
 
 _ID_SIZE = struct.Struct(">QI")
+
+
+def _published_batches(data: bytes) -> tuple[list[int], list[bytes], list[int]]:
+    """:func:`_published` of a ``publish`` frame with sub-entry batches among its messages:
+    each batch is one entry (kept as osiris keeps it: its reserved bits cleared). Returns the
+    ids and entries taken, and the ids of batches refused: one of no messages, or an
+    uncompressed one whose messages do not add up to its count (RabbitMQ takes those, and its
+    AMQP 0-9-1 readers then fail on them).
+
+    :raises wire.Malformed: the frame's messages do not add up
+    """
+    ids: list[int] = []
+    entries: list[bytes] = []
+    refused: list[int] = []
+    at, end = 0, len(data)
+    while at < end:
+        if end - at < 12:
+            raise wire.Malformed("short")
+        publishing_id, size = _ID_SIZE.unpack_from(data, at)
+        if size & 0x80000000:
+            if end - at < 8 + BATCH_HEAD.size:
+                raise wire.Malformed("short")
+            flags, records, _uncompressed, length = BATCH_HEAD.unpack_from(data, at + 8)
+            stop = at + 8 + BATCH_HEAD.size + length
+            entry = bytes((flags & 0xF0,)) + data[at + 9 : stop]
+        else:
+            stop = at + 12 + size
+            entry, records = data[at + 8 : stop], 1
+        if stop > end:
+            raise wire.Malformed("short")
+        if records and _holds(entry, records):
+            ids.append(publishing_id)
+            entries.append(entry)
+        else:
+            refused.append(publishing_id)
+        at = stop
+    return ids, entries, refused
+
+
+def _holds(entry: bytes, records: int) -> bool:
+    """Whether a sub-entry batch holds its ``records`` messages (as far as can be told without
+    uncompressing it)."""
+    try:
+        unpack_batched_messages(entry, 0, records)
+    except WALCorruption:
+        return False
+    return True
 
 
 def _publish_confirm(publisher: int, ids: list[int]) -> bytes:

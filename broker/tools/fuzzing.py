@@ -22,8 +22,10 @@ leaves no publisher, subscription, group member or watcher behind.
 
 from __future__ import annotations
 
+import gzip
 import random
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 from pamqp import commands
@@ -36,6 +38,7 @@ from broker.core.stream import StreamQueue
 from broker.storage.streams import StreamFiles
 from broker.streams.connection import FRAME_MAX, StreamConnection
 from broker.tools.testing import MemorySegmentStorage
+from broker.wal.record import BATCH_HEAD, pack_raw_entries
 from broker.wal.streamlog import StreamLog
 from broker.wire import streamframes as stream_wire
 from broker.wire.codec import FRAME_METHOD, PROTOCOL_HEADER
@@ -43,7 +46,7 @@ from broker.wire.table import encode_table
 
 __all__ = [
     "SESSION_START", "STREAM_SESSION_START", "method_frame", "raw_frame", "run_once", "stream_request",
-    "stream_run_once",
+    "stream_publish", "stream_run_once", "sub_entry_batch",
 ]  # fmt: skip
 
 _frame_head = struct.Struct(">BHI")
@@ -171,11 +174,23 @@ def stream_request(key: int, correlation: int, body: bytes = b"") -> bytes:
     return stream_wire.frame(key, struct.pack(">I", correlation) + body)
 
 
-def stream_publish(publisher: int, messages: list[tuple[int, bytes]]) -> bytes:
-    """A ``publish`` frame of ``(publishing id, message)`` pairs."""
-    body = struct.pack(">BI", publisher, len(messages))
+def stream_publish(
+    publisher: int, messages: list[tuple[int, bytes]], batches: Sequence[tuple[int, bytes]] = ()
+) -> bytes:
+    """A ``publish`` frame of ``(publishing id, message)`` pairs, then of ``(publishing id,
+    sub-entry batch)`` pairs (:func:`sub_entry_batch`)."""
+    body = struct.pack(">BI", publisher, len(messages) + len(batches))
     body += b"".join(struct.pack(">QI", number, len(data)) + data for number, data in messages)
+    body += b"".join(struct.pack(">Q", number) + batch for number, batch in batches)
     return stream_wire.frame(stream_wire.PUBLISH, body)
+
+
+def sub_entry_batch(messages: list[bytes], compression: int = 0) -> bytes:
+    """The stream protocol's sub-entry batch of ``messages`` (osiris's: several messages as
+    one entry), gzipped with ``compression`` 1, as rstream's ``send_sub_entry`` sends it."""
+    data = pack_raw_entries(messages)
+    stored = gzip.compress(data, mtime=0) if compression == 1 else data
+    return BATCH_HEAD.pack(0x80 | compression << 4, len(messages), len(data), len(stored)) + stored
 
 
 def _stream_handshake() -> bytes:
@@ -194,7 +209,8 @@ def _subscribe(correlation: int, subscription: int, properties: dict[str, str]) 
     return stream_request(stream_wire.SUBSCRIBE, correlation, body + stream_wire.string_map(properties))
 
 
-#: A valid session start: stream ``s`` with two messages from publisher 1 (reference ``p``),
+#: A valid session start: stream ``s`` with two messages from publisher 1 (reference ``p``) and
+#: two sub-entry batches (one gzipped),
 #: subscription 1 on it from the first offset, offset ``c`` stored, and subscription 2 in
 #: the single-active-consumer group ``g`` (shared with a second connection).
 STREAM_SESSION_START = b"".join([
@@ -202,6 +218,7 @@ STREAM_SESSION_START = b"".join([
     stream_request(stream_wire.CREATE_STREAM, 5, stream_wire.string("s") + stream_wire.string_map({})),
     stream_request(stream_wire.DECLARE_PUBLISHER, 6, b"\x01" + stream_wire.string("p") + stream_wire.string("s")),
     stream_publish(1, [(1, b"\x00Sw\xa1\x01a"), (2, b"\x00Sw\xa1\x01b")]),
+    stream_publish(1, [], [(3, sub_entry_batch([b"\x00Sw\xa1\x01c", b"d"])), (4, sub_entry_batch([b"e"], 1))]),
     _subscribe(7, 1, {}),
     stream_wire.frame(stream_wire.STORE_OFFSET, stream_wire.string("c") + stream_wire.string("s") + bytes(8)),
     _subscribe(8, 2, {"single-active-consumer": "true", "name": "g"}),

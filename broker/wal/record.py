@@ -51,8 +51,12 @@ __all__ = [
     "PolicyCleared",
     "STREAM_CHUNK_HEAD",
     "STREAM_CHUNK_OVERHEAD",
+    "STREAM_CHUNK_TYPES",
+    "RAW",
+    "BATCHED",
     "StreamChunk",
     "StreamRawChunk",
+    "StreamBatchChunk",
     "StreamOffset",
     "pack_stream_entries",
     "pack_stream_messages",
@@ -60,6 +64,10 @@ __all__ = [
     "unpack_stream_messages",
     "pack_raw_entries",
     "unpack_raw_messages",
+    "unpack_batched_messages",
+    "BATCH_HEAD",
+    "batch_records",
+    "count_entries",
     "as_entries",
     "DEAD_LETTER_RECORDS",
     "DEAD_LETTER_PREVIEW_BYTES",
@@ -149,6 +157,7 @@ class RecordType(IntEnum):
     DEFINED = 17
     UNDEFINED = 18
     STREAM_RAW_CHUNK = 19
+    STREAM_BATCH_CHUNK = 20
 
 
 # Field order in each class below is the order on disk: do not reorder. ``arguments``,
@@ -370,6 +379,19 @@ class StreamRawChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamBatchChunk:
+    """A :class:`StreamRawChunk` that holds sub-entry batches too: the stream protocol's
+    publishers may send several messages as one entry (osiris's sub-entry batch, compressed or
+    not), kept as it came. ``count`` is the chunk's messages (its offsets), not its entries: a
+    batch of ``n`` messages takes ``n`` offsets. :func:`unpack_batched_messages` reads it."""
+
+    first_offset: int
+    timestamp: float
+    count: int
+    entries: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class StreamOffset:
     """A stream's subscription ``name`` (a consumer's ``x-stream-consumer-name``) reads on from
     ``offset``: every offset below it was acknowledged (or passed over) by that subscription."""
@@ -433,6 +455,7 @@ Record = Union[
     Defined,
     Undefined,
     StreamRawChunk,
+    StreamBatchChunk,
 ]
 
 _CLASSES: dict[RecordType, type] = {
@@ -455,6 +478,7 @@ _CLASSES: dict[RecordType, type] = {
     RecordType.DEFINED: Defined,
     RecordType.UNDEFINED: Undefined,
     RecordType.STREAM_RAW_CHUNK: StreamRawChunk,
+    RecordType.STREAM_BATCH_CHUNK: StreamBatchChunk,
 }
 
 #: The record types of the dead-letter event stream (the write-ahead log holds none of them).
@@ -680,20 +704,28 @@ def encode(record: Record) -> bytes:
 
 #: A :class:`StreamChunk` payload's head: first_offset, timestamp, count, then its entries' length.
 STREAM_CHUNK_HEAD = struct.Struct(">QdQI")
-_STREAM_CHUNK_TYPE = int(RecordType.STREAM_CHUNK)
-_STREAM_RAW_CHUNK_TYPE = int(RecordType.STREAM_RAW_CHUNK)
+#: A stream chunk's kind, as :class:`~broker.wal.streamlog.Chunk` keeps it (0: a
+#: :class:`StreamChunk`): a :class:`StreamRawChunk`, a :class:`StreamBatchChunk`.
+RAW, BATCHED = 1, 2
+#: The record type of each kind of stream chunk.
+STREAM_CHUNK_TYPES = (
+    int(RecordType.STREAM_CHUNK),
+    int(RecordType.STREAM_RAW_CHUNK),
+    int(RecordType.STREAM_BATCH_CHUNK),
+)
 #: Bytes a :class:`StreamChunk` record takes besides its packed entries.
 STREAM_CHUNK_OVERHEAD = _RECORD_HEADER.size + STREAM_CHUNK_HEAD.size
 
 
-def encode_stream_chunk(first_offset: int, timestamp: float, count: int, entries: bytes, raw: bool = False) -> bytes:
-    """``encode(StreamChunk(first_offset, timestamp, count, entries))`` (with ``raw``, of a
-    :class:`StreamRawChunk`), copying ``entries`` once (the CRC runs over it without the GIL):
-    a chunk is most of what a stream writes.
+def encode_stream_chunk(first_offset: int, timestamp: float, count: int, entries: bytes, kind: int = 0) -> bytes:
+    """``encode(StreamChunk(first_offset, timestamp, count, entries))`` (of a
+    :class:`StreamRawChunk` for the kind :data:`RAW`, a :class:`StreamBatchChunk` for
+    :data:`BATCHED`), copying ``entries`` once (the CRC runs over it without the GIL): a chunk
+    is most of what a stream writes.
 
     :raises ValueError: as :func:`encode`
     """
-    record_type = _STREAM_RAW_CHUNK_TYPE if raw else _STREAM_CHUNK_TYPE
+    record_type = STREAM_CHUNK_TYPES[kind]
     payload_bytes = STREAM_CHUNK_HEAD.size + len(entries)
     if payload_bytes > MAX_RECORD_BYTES:
         raise ValueError(f"StreamChunk payload of {payload_bytes} bytes is over {MAX_RECORD_BYTES}")
@@ -1359,6 +1391,73 @@ def unpack_raw_messages(data: bytes, start: int, count: int) -> list[tuple[bytes
         raise WALCorruption(f"stream chunk entries cut short at byte {pos - start} of {size - start}") from None
     if pos != size:
         raise WALCorruption(f"{size - pos} bytes after the stream chunk's {count} entries")
+    return messages
+
+
+#: A sub-entry batch's head: its flags (1, compression u3, reserved u4), how many messages it
+#: holds, their size uncompressed, and its size (the messages, compressed or not, follow).
+BATCH_HEAD = struct.Struct(">BHII")
+
+
+def batch_records(entry: bytes) -> int:
+    """How many messages (offsets) one entry of a :class:`StreamBatchChunk` holds: 1 for a
+    simple entry, its count for a sub-entry batch (whose first bit is set)."""
+    return 1 if entry[0] < 0x80 else entry[1] << 8 | entry[2]
+
+
+def count_entries(data: bytes | memoryview, start: int) -> int:
+    """How many entries (simple entries and sub-entry batches) a :class:`StreamBatchChunk`'s
+    entries in ``data`` from ``start`` are.
+
+    :raises WALCorruption: they do not add up
+    """
+    pos, size, entries = start, len(data), 0
+    unpack = _RAW_SIZE.unpack_from
+    try:
+        while pos < size:
+            word = unpack(data, pos)[0]
+            pos += 4 + word if word < 0x80000000 else BATCH_HEAD.size + unpack(data, pos + 7)[0]
+            entries += 1
+    except struct.error:
+        pos = -1
+    if pos != size:
+        raise WALCorruption(f"stream chunk entries do not add up ({size - start} bytes)")
+    return entries
+
+
+def unpack_batched_messages(data: bytes, start: int, count: int) -> list[tuple[bytes, bytes, bytes] | None]:
+    """The ``count`` messages of a :class:`StreamBatchChunk`'s entries in ``data`` from
+    ``start``, one for each offset, as :func:`unpack_raw_messages` gives them: an uncompressed
+    sub-entry batch's messages each on its own, ``None`` for each of a compressed one's (the
+    stream protocol's clients read those; RabbitMQ's AMQP readers pass over them too).
+
+    :raises WALCorruption: the entries do not add up
+    """
+    messages: list[tuple[bytes, bytes, bytes] | None] = []
+    pos, size = start, len(data)
+    unpack = _RAW_SIZE.unpack_from
+    try:
+        while pos < size:
+            word = unpack(data, pos)[0]
+            if word < 0x80000000:
+                pos += 4
+                messages.append((_RAW_NAMES, b"", data[pos : pos + word]))
+                pos += word
+                continue
+            flags, records, _uncompressed, length = BATCH_HEAD.unpack_from(data, pos)
+            pos += BATCH_HEAD.size
+            end = pos + length
+            if end > size:
+                break
+            if flags & 0x70:
+                messages += [None] * records
+            else:
+                messages += unpack_raw_messages(data[pos:end], 0, records)
+            pos = end
+    except struct.error:
+        pos = -1
+    if pos != size or len(messages) != count:
+        raise WALCorruption(f"stream chunk entries do not add up to its {count} messages")
     return messages
 
 

@@ -28,18 +28,20 @@ import bisect
 import re
 import struct
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from broker.wal.files import ISegmentStorage
 from broker.wal.log import WriteAheadLog
 from broker.wal.record import (
     MAX_RECORD_BYTES,
+    RAW,
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
     STREAM_CHUNK_HEAD,
     STREAM_CHUNK_OVERHEAD,
-    RecordType,
+    STREAM_CHUNK_TYPES,
+    StreamBatchChunk,
     StreamChunk,
     StreamRawChunk,
     WALCorruption,
@@ -49,6 +51,7 @@ from broker.wal.record import (
     pack_stream_entries,
     parse_segment_header,
     segment_header,
+    unpack_batched_messages,
     unpack_raw_messages,
     unpack_stream_messages,
 )
@@ -66,16 +69,16 @@ _RECORD_HEAD = struct.Struct(">IIB")  # length, crc, type
 _CHUNK_HEAD = struct.Struct(">QdQ")  # first offset, timestamp, count: a StreamChunk's first fields
 #: Where a chunk's packed entries start in its record payload (:meth:`StreamLog.read_entries`).
 ENTRIES_AT = _ENTRIES_AT = STREAM_CHUNK_HEAD.size
-_CHUNK_TYPE = int(RecordType.STREAM_CHUNK)
-_RAW_CHUNK_TYPE = int(RecordType.STREAM_RAW_CHUNK)
 #: Each chunk record type's CRC seed.
-_CHUNK_CRCS = {kind: zlib.crc32(bytes((kind,))) for kind in (_CHUNK_TYPE, _RAW_CHUNK_TYPE)}
+_CHUNK_CRCS = {kind: zlib.crc32(bytes((kind,))) for kind in STREAM_CHUNK_TYPES}
+#: Each chunk record type's kind (:attr:`Chunk.raw`).
+_KINDS = {kind: at for at, kind in enumerate(STREAM_CHUNK_TYPES)}
 #: Bytes read to learn a chunk's place: its record header and its first fields.
 _PEEK = RECORD_HEADER_BYTES + _CHUNK_HEAD.size
 #: Where a chunk may start: a sane length's top byte, then the chunk type byte (found in C, so
 #: looking past damage does not run a Python loop per byte).
 _CANDIDATE = re.compile(
-    b"(?=[\\x00-%c][\\x00-\\xff]{7}[%c%c])" % (MAX_RECORD_BYTES >> 24, _CHUNK_TYPE, _RAW_CHUNK_TYPE)
+    b"(?=[\\x00-%c][\\x00-\\xff]{7}[%s])" % (MAX_RECORD_BYTES >> 24, bytes(STREAM_CHUNK_TYPES))
 )
 
 
@@ -90,9 +93,11 @@ class Chunk:
     position: int
     #: Bytes of its record (header included): the next chunk starts at ``position + length``.
     length: int
-    #: Whether it is a :class:`~broker.wal.record.StreamRawChunk` (stream-protocol messages
-    #: as simple entries) rather than a :class:`~broker.wal.record.StreamChunk`.
-    raw: bool = False
+    #: Its kind: 0 for a :class:`~broker.wal.record.StreamChunk`, :data:`~broker.wal.record.RAW`
+    #: for a :class:`~broker.wal.record.StreamRawChunk` (stream-protocol messages as simple
+    #: entries), :data:`~broker.wal.record.BATCHED` for a
+    #: :class:`~broker.wal.record.StreamBatchChunk` (sub-entry batches among them).
+    raw: int = 0
 
     @property
     def next_offset(self) -> int:
@@ -272,9 +277,9 @@ class StreamLog:
             record = decode(record_type, payload)
         except WALCorruption:
             return None
-        assert isinstance(record, (StreamChunk, StreamRawChunk))
-        raw = record_type == _RAW_CHUNK_TYPE
-        return Chunk(record.first_offset, record.count, record.timestamp, number, position, end - position, raw)
+        assert isinstance(record, (StreamChunk, StreamRawChunk, StreamBatchChunk))
+        kind = _KINDS[record_type]
+        return Chunk(record.first_offset, record.count, record.timestamp, number, position, end - position, kind)
 
     def _peek(self, segment: _Segment, position: int) -> Chunk | None:
         """The place of the chunk at ``position`` from its head alone (no CRC check: the
@@ -286,8 +291,8 @@ class StreamLog:
         if record_type not in _CHUNK_CRCS:
             raise WALCorruption("not a stream chunk", segment.number, position)
         first_offset, timestamp, count = _CHUNK_HEAD.unpack_from(head, RECORD_HEADER_BYTES)
-        raw = record_type == _RAW_CHUNK_TYPE
-        return Chunk(first_offset, count, timestamp, segment.number, position, RECORD_HEADER_BYTES + length, raw)
+        kind = _KINDS[record_type]
+        return Chunk(first_offset, count, timestamp, segment.number, position, RECORD_HEADER_BYTES + length, kind)
 
     @staticmethod
     def _indexed(segment: _Segment, chunk: Chunk) -> None:
@@ -360,10 +365,12 @@ class StreamLog:
         entries = list(entries)
         return self.stage_packed(pack_stream_entries(entries), len(entries), timestamp)
 
-    def stage_packed(self, packed: bytes, count: int, timestamp: float, raw: bool = False) -> Staged:
+    def stage_packed(self, packed: bytes, count: int, timestamp: float, raw: int = 0) -> Staged:
         """:meth:`stage` of ``count`` messages already packed (:func:`~broker.wal.record.pack_stream_entries`
-        or :func:`~broker.wal.record.pack_stream_messages`; with ``raw``,
-        :func:`~broker.wal.record.pack_raw_entries`, as a :class:`~broker.wal.record.StreamRawChunk`).
+        or :func:`~broker.wal.record.pack_stream_messages`; with ``raw`` :data:`~broker.wal.record.RAW`,
+        :func:`~broker.wal.record.pack_raw_entries`, as a :class:`~broker.wal.record.StreamRawChunk`;
+        with :data:`~broker.wal.record.BATCHED`, simple entries and sub-entry batches, as a
+        :class:`~broker.wal.record.StreamBatchChunk`).
 
         :raises ValueError: no messages
         """
@@ -456,22 +463,27 @@ class StreamLog:
         return self.locate(chunk.next_offset)
 
     def read(self, chunk: Chunk) -> list[tuple[bytes, bytes, bytes, bytes]]:
-        """The messages of ``chunk`` (exchange, routing key, content header, body each).
+        """The messages of ``chunk`` (exchange, routing key, content header, body each), but
+        those of compressed sub-entry batches (which only the stream protocol's clients read).
 
         :raises WALCorruption: the chunk's bytes are damaged
         :raises OSError: the storage failed (or its segment was removed)
         """
-        return as_entries(self.read_messages(chunk))
+        return as_entries([message for message in self.read_messages(chunk) if message is not None])
 
-    def read_messages(self, chunk: Chunk) -> list[tuple[bytes, bytes, bytes]]:
+    def read_messages(self, chunk: Chunk) -> Sequence[tuple[bytes, bytes, bytes] | None]:
         """The messages of ``chunk`` as :func:`~broker.wal.record.unpack_stream_messages` gives
-        them (``names``, content header, body each), for delivery.
+        them (``names``, content header, body each), for delivery: one for each offset, ``None``
+        where it is in a compressed sub-entry batch
+        (:func:`~broker.wal.record.unpack_batched_messages`).
 
         :raises WALCorruption: the chunk's bytes are damaged
         :raises OSError: the storage failed (or its segment was removed)
         """
-        if chunk.raw:
+        if chunk.raw == RAW:
             return unpack_raw_messages(self.read_entries(chunk), _ENTRIES_AT, chunk.count)
+        if chunk.raw:
+            return unpack_batched_messages(self.read_entries(chunk), _ENTRIES_AT, chunk.count)
         return unpack_stream_messages(self.read_entries(chunk), _ENTRIES_AT, chunk.count)
 
     def read_entries(self, chunk: Chunk) -> bytes:

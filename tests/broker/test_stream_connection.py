@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import struct
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from broker.core.node import Node, User
 from broker.server.streamprotocol import STEP_TIMEOUT, StreamServerFactory, StreamServerProtocol
 from broker.storage.streams import StreamFiles
 from broker.streams.connection import DELIVERY_BOUND, FRAME_MAX, HEARTBEAT, StreamConnection
+from broker.tools.fuzzing import sub_entry_batch
+from broker.wal import record
 from broker.wire import streamframes as wire
 from config.schema import Permission
 from tests.broker.core.test_login import SCRYPT
@@ -340,3 +343,63 @@ def test_stream_stats_give_the_first_and_the_committed_chunk(tmp_path: Path) -> 
     assert stats(connection, 9, "missing") == (wire.STREAM_DOES_NOT_EXIST, {})
     node.users_by_name["guest"] = User("guest", "guest", permissions={"/": Permission(".*", ".*", "^$")})
     assert stats(connection, 10, "events") == (wire.ACCESS_REFUSED, {})
+
+
+def test_sub_entry_batches_are_kept_as_they_came_and_take_an_offset_for_each_message(tmp_path: Path) -> None:
+    node = with_streams(tmp_path, Node(users=[User("guest", "guest")]))
+    connection = opened(node)
+    connection.receive(request(wire.CREATE_STREAM, 5, wire.string("events") + wire.string_map({})))
+    connection.receive(request(wire.DECLARE_PUBLISHER, 6, b"\x01" + wire.string("") + wire.string("events")))
+    plain_batch = sub_entry_batch([b"b", b"cc"])
+    gzipped = sub_entry_batch([b"d", b"e", b"f"], 1)
+    lying = plain_batch[:1] + struct.pack(">H", 3) + plain_batch[3:]
+    published = [
+        struct.pack(">QI", 0, 1) + b"a",
+        struct.pack(">Q", 1) + bytes((plain_batch[0] | 0x0F,)) + plain_batch[1:],  # (reserved bits set)
+        struct.pack(">Q", 2) + gzipped,
+        struct.pack(">Q", 3) + record.BATCH_HEAD.pack(0x80, 0, 0, 0),  # no messages
+        struct.pack(">Q", 4) + lying,
+    ]
+    connection.out.clear()
+    connection.receive(wire.frame(wire.PUBLISH, struct.pack(">BI", 1, 5) + b"".join(published)))
+    (error,) = wire.FrameReader().feed(b"".join(connection.out))
+    assert error == b"\x00\x04\x00\x01\x01" + struct.pack(">IQHQH", 2, 3, 17, 4, 17)
+    connection.out.clear()
+    written_chunks(node)
+    (confirm,) = wire.FrameReader().feed(b"".join(connection.out))
+    assert confirm == b"\x00\x03\x00\x01\x01" + struct.pack(">I3Q", 3, 0, 1, 2)
+    stream = node.vhosts["/"].queues["events"]
+    chunk = stream.log.locate(0)
+    assert (chunk.count, chunk.raw, stream.committed) == (6, record.BATCHED, 6)
+    raw = (b"\x00\x00", b"")
+    assert stream.log.read_messages(chunk) == [(*raw, b"a"), (*raw, b"b"), (*raw, b"cc"), None, None, None]
+    # Delivered as stored (the reserved bits cleared, as osiris stores them): 3 entries, 6 messages.
+    connection.out.clear()
+    subscribe = b"\x01" + wire.string("events") + struct.pack(">hH", wire.OFFSET_FIRST, 10)
+    connection.receive(request(wire.SUBSCRIBE, 7, subscribe))
+    deliver = wire.FrameReader().feed(b"".join(connection.out))[-1]
+    head = struct.Struct(">HHBBBHIqQQIIII")
+    fields = head.unpack_from(deliver)
+    entries = deliver[head.size :]
+    assert entries == struct.pack(">I", 1) + b"a" + plain_batch + gzipped
+    assert (fields[0], fields[5], fields[6], fields[9], fields[11]) == (wire.DELIVER, 3, 6, 0, len(entries))
+    assert fields[10] == zlib.crc32(entries)
+    # The next message takes offset 6.
+    connection.receive(wire.frame(wire.PUBLISH, struct.pack(">BIQI", 1, 1, 5, 1) + b"g"))
+    written_chunks(node)
+    assert stream.log.locate(6).first_offset == 6 and stream.committed == 7
+
+
+def test_a_frame_of_batches_cut_short_is_refused_whole(tmp_path: Path) -> None:
+    node = with_streams(tmp_path, Node(users=[User("guest", "guest")]))
+    connection = opened(node)
+    connection.receive(request(wire.CREATE_STREAM, 5, wire.string("events") + wire.string_map({})))
+    connection.receive(request(wire.DECLARE_PUBLISHER, 6, b"\x01" + wire.string("") + wire.string("events")))
+    batch = struct.pack(">Q", 0) + sub_entry_batch([b"b", b"cc"])
+    for cut in (batch[:12], batch[:18], batch[:-1]):
+        connection.out.clear()
+        connection.receive(wire.frame(wire.PUBLISH, struct.pack(">BI", 1, 1) + cut))
+        (error,) = wire.FrameReader().feed(b"".join(connection.out))
+        assert error == b"\x00\x04\x00\x01\x01" + struct.pack(">I", 0)
+    written_chunks(node)
+    assert node.vhosts["/"].queues["events"].committed == 0

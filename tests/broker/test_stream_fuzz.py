@@ -16,7 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.streams.connection import StreamConnection
-from broker.tools.fuzzing import STREAM_SESSION_START, stream_publish, stream_request, stream_run_once
+from broker.tools.fuzzing import (
+    STREAM_SESSION_START,
+    stream_publish,
+    stream_request,
+    stream_run_once,
+    sub_entry_batch,
+)
 from broker.wire import streamframes as wire
 from tests.broker.amqp.test_fuzz_core import cut_and_mutated
 
@@ -83,7 +89,13 @@ def requests(draw: st.DrawFn) -> bytes:
     }
     if key == wire.PUBLISH:
         messages = draw(st.lists(st.tuples(U64, st.binary(max_size=30)), max_size=4))
-        return stream_publish(draw(U8), messages)
+        inner = st.lists(st.binary(max_size=12), max_size=3)
+        batches = draw(st.lists(st.tuples(U64, st.builds(sub_entry_batch, inner, st.integers(0, 7))), max_size=2))
+        batches = [
+            (number, draw(st.sampled_from([batch, batch[:1] + batch[2:3] + batch[1:2] + batch[3:]])))
+            for number, batch in batches
+        ]  # (some with their count's bytes swapped)
+        return stream_publish(draw(U8), messages, batches)
     if key == wire.CREDIT:
         return wire.frame(wire.CREDIT, bytes([draw(U8)]) + struct.pack(">h", draw(I16)))
     if key == wire.STORE_OFFSET:

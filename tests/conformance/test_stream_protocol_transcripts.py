@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from transcript import oracle
 
+from broker.tools.fuzzing import sub_entry_batch
 from broker.tools.testing import free_port, wait_for_port
 from broker.wire import streamframes as wire
 from tests.integration.test_crash import broker
@@ -119,6 +120,13 @@ def decoded(frame: bytes) -> Any:
         return ("sasl_handshake", correlation, code, strings_list(body[6:]))
     if key == wire.METADATA | wire.RESPONSE:
         return ("metadata", *metadata(body))
+    if key == wire.DELIVER:
+        # The chunk's head but its timestamp (each broker's clock), then its entries.
+        subscription, magic, kind, entries, records, _time, epoch, first, crc, size, trailer = struct.unpack_from(
+            ">BBBHIqQQIII", body
+        )
+        data = body[struct.calcsize(">BBBHIqQQIIII") :]
+        return ("deliver", subscription, magic, kind, entries, records, epoch, first, crc, size, trailer, data.hex())
     return (key, version, command, body.hex())
 
 
@@ -349,3 +357,36 @@ def test_publishers_subscriptions_and_offsets_are_refused_as_on_rabbitmq(ports: 
 
     log = compare(ports, scenario)
     assert (wire.QUERY_OFFSET | wire.RESPONSE, 1, wire.QUERY_OFFSET, "00000011" + "0013" + "00" * 8) in log
+
+
+def test_sub_entry_batches_are_stored_and_delivered_as_rabbitmq(ports: tuple[int, int]) -> None:
+    """A publish of a simple entry, an uncompressed sub-entry batch and a gzipped one (its
+    reserved bits set): confirmed by their publishing ids, then delivered as one chunk of three
+    entries and six messages, the reserved bits cleared."""
+    plain = sub_entry_batch([b"\x00Su\xa0\x01b", b"\x00Su\xa0\x02cc"])
+    gzipped = sub_entry_batch([b"\x00Su\xa0\x01d", b"\x00Su\xa0\x01e", b"\x00Su\xa0\x01f"], 1)
+    single = b"\x00Su\xa0\x01a"
+    messages = [
+        struct.pack(">QI", 1, len(single)) + single,
+        struct.pack(">Q", 2) + plain,
+        struct.pack(">Q", 3) + bytes((gzipped[0] | 0x0F,)) + gzipped[1:],
+    ]
+
+    def scenario(peer: Peer) -> None:
+        handshake(peer)
+        peer.send(wire.CREATE_STREAM, s("sp-batches") + wire.string_map({}))
+        peer.read()
+        peer.send(wire.DECLARE_PUBLISHER, bytes((1,)) + s("") + s("sp-batches"))
+        peer.read()
+        peer.write(wire.frame(wire.PUBLISH, bytes((1,)) + struct.pack(">I", len(messages)) + b"".join(messages)))
+        peer.read()
+        peer.send(wire.SUBSCRIBE, bytes((1,)) + s("sp-batches") + struct.pack(">hH", wire.OFFSET_FIRST, 10))
+        peer.read()
+        if len(peer.log) and peer.log[-1][0] != "deliver":
+            peer.read()
+        peer.send(wire.DELETE_STREAM, s("sp-batches"))
+        peer.read()
+
+    log = compare(ports, scenario)
+    (deliver,) = [entry for entry in log if entry[0] == "deliver"]
+    assert deliver[4:6] == (3, 6) and bytes.fromhex(deliver[-1]).endswith(gzipped)

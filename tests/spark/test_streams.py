@@ -19,8 +19,9 @@ pika = pytest.importorskip("pika")
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from broker.tools.fuzzing import sub_entry_batch  # noqa: E402
 from broker.wal.files import DirectoryStorage  # noqa: E402
-from broker.wal.record import pack_raw_entries  # noqa: E402
+from broker.wal.record import BATCHED, RAW, pack_raw_entries  # noqa: E402
 from broker.wal.streamlog import StreamLog  # noqa: E402
 from broker.wire.codec import shortstr  # noqa: E402
 from broker.wire.table import encode_table  # noqa: E402
@@ -154,11 +155,17 @@ def test_messages_published_over_the_stream_protocol_are_read_in_their_amqp_0_9_
     message = b"\x00\x53\x73\xc0\x06\x01\xa1\x03m-9" + b"\x00\x53\x75\xa0\x04body"  # message-id, one data section
     log.append([(b"", b"", b"", message), (b"", b"", b"", b"not AMQP 1.0")], 300.0)
     # (and as they are kept now: a chunk of simple entries)
-    log.write([log.stage_packed(pack_raw_entries([message, b"raw"]), 2, 301.0, raw=True)])
+    log.write([log.stage_packed(pack_raw_entries([message, b"raw"]), 2, 301.0, raw=RAW)])
+    # (and sub-entry batches: a compressed one's messages are for the stream protocol's clients)
+    batches = sub_entry_batch([b"one", message]) + sub_entry_batch([b"gzipped"], 1) + pack_raw_entries([b"last"])
+    log.write([log.stage_packed(batches, 4, 302.0, raw=BATCHED)])
     rows = _rows(str(tmp_path / "00000000000000000001.wal"), 1, Selection("/", "events"))
     assert [(r["dead_letter_id"], r["message_id"], r["body_preview"], r["dead_letter_exchange"]) for r in rows] == [
         (0, "m-9", b"body", ""),
         (1, None, b"not AMQP 1.0", ""),
         (2, "m-9", b"body", ""),
         (3, None, b"raw", ""),
+        (4, None, b"one", ""),
+        (5, "m-9", b"body", ""),
+        (7, None, b"last", ""),
     ]

@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from broker.tools.fuzzing import sub_entry_batch
 from broker.tools.testing import MemorySegmentStorage
 from broker.wal.files import DirectoryStorage
 from broker.wal.record import (
+    BATCHED,
+    RAW,
     SEGMENT_HEADER_BYTES,
     WALCorruption,
     pack_raw_entries,
@@ -263,7 +266,7 @@ def test_raw_chunks_reopen_with_the_others_and_read_back_as_stream_protocol_mess
     log = opened(DirectoryStorage(str(tmp_path)))
     log.append([message(0)], 1.0)
     bodies = [b"\x00Sw\xa1\x01a", b"\x00Sw\xa1\x01bb"]
-    raw = log.stage_packed(pack_raw_entries(bodies), 2, 2.0, raw=True)
+    raw = log.stage_packed(pack_raw_entries(bodies), 2, 2.0, raw=RAW)
     log.write([raw])
     log.append([message(3)], 3.0)
     again = opened(DirectoryStorage(str(tmp_path)))
@@ -277,11 +280,30 @@ def test_raw_chunks_reopen_with_the_others_and_read_back_as_stream_protocol_mess
     assert later is not None and not later.raw and again.read(later) == [message(3)]
 
 
-def test_damage_before_a_valid_raw_chunk_is_refused_not_cut() -> None:
+def test_batched_chunks_reopen_holding_an_offset_for_each_message_of_their_batches(tmp_path: Path) -> None:
+    log = opened(DirectoryStorage(str(tmp_path)))
+    log.append([message(0)], 1.0)
+    entries = sub_entry_batch([b"a", b"bb"]) + pack_raw_entries([b"c"]) + sub_entry_batch([b"d", b"e", b"f"], 1)
+    log.write([log.stage_packed(entries, 6, 2.0, raw=BATCHED)])
+    log.append([message(7)], 3.0)
+    again = opened(DirectoryStorage(str(tmp_path)))
+    assert again.next_offset == 8
+    chunk = again.locate(4)
+    assert chunk is not None and chunk.raw == BATCHED and (chunk.first_offset, chunk.count) == (1, 6)
+    raw = (b"\x00\x00", b"")
+    assert again.read_messages(chunk) == [(*raw, b"a"), (*raw, b"bb"), (*raw, b"c"), None, None, None]
+    assert again.read(chunk) == [(b"", b"", b"", body) for body in (b"a", b"bb", b"c")]
+    assert again.read_entries(chunk)[ENTRIES_AT:] == entries
+    later = again.next_chunk(chunk)
+    assert later is not None and later.first_offset == 7 and again.read(later) == [message(7)]
+
+
+@pytest.mark.parametrize("kind", [RAW, BATCHED])
+def test_damage_before_a_valid_raw_chunk_is_refused_not_cut(kind: int) -> None:
     storage = MemorySegmentStorage()
     log = opened(storage)
     first = log.append([message(0)], 1.0)
-    log.write([log.stage_packed(pack_raw_entries([b"later"]), 1, 2.0, raw=True)])
+    log.write([log.stage_packed(pack_raw_entries([b"later"]), 1, 2.0, raw=kind)])
     log.sync()
     storage.corrupt(1, first.position + 20, b"\xff\xff")
     with pytest.raises(WALCorruption, match="valid chunk at offset"):

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.tools.fuzzing import sub_entry_batch
 from broker.wal import record
 from broker.wal.record import (
     MAGIC,
@@ -90,6 +91,7 @@ EXAMPLES = [
     PolicyCleared("prod", "DLX", False),
     StreamChunk(1000, 1700000002.5, 2, pack_stream_entries([(b"", b"q", b"\x00\x3c", b"a"), (b"ex", b"k", b"", b"")])),
     record.StreamRawChunk(1002, 1700000002.75, 2, record.pack_raw_entries([b"\x00Sw\xa1\x01a", b""])),
+    record.StreamBatchChunk(1004, 1700000002.875, 3, sub_entry_batch([b"a", b"b"]) + record.pack_raw_entries([b"c"])),
     StreamOffset("/", "events", "billing", 300),
     Defined("user", "app", b'{"password_hash":"rabbitmq-sha256$abc=","tags":["monitoring"]}'),
     Undefined("vhost", "staging"),
@@ -266,8 +268,10 @@ def test_encode_stream_chunk_matches_encode_of_the_record(
     data = record.encode_stream_chunk(first, timestamp, count, entries)
     assert data == encode(StreamChunk(first, timestamp, count, entries))
     assert len(data) == record.STREAM_CHUNK_OVERHEAD + len(entries)
-    raw = record.encode_stream_chunk(first, timestamp, count, entries, raw=True)
+    raw = record.encode_stream_chunk(first, timestamp, count, entries, record.RAW)
     assert raw == encode(record.StreamRawChunk(first, timestamp, count, entries))
+    batched = record.encode_stream_chunk(first, timestamp, count, entries, record.BATCHED)
+    assert batched == encode(record.StreamBatchChunk(first, timestamp, count, entries))
 
 
 @given(messages=st.lists(st.binary(max_size=40), max_size=8), junk=st.binary(min_size=1, max_size=3))
@@ -282,6 +286,49 @@ def test_raw_entries_are_simple_entries_and_come_back_as_stream_protocol_message
     if messages:
         with pytest.raises(record.WALCorruption):
             record.unpack_raw_messages(packed[:-1], 0, len(messages))
+
+
+@given(
+    entries=st.lists(
+        st.tuples(
+            st.sampled_from(["simple", "batch", "gzip"]), st.lists(st.binary(max_size=20), min_size=1, max_size=4)
+        ),
+        max_size=6,
+    ),
+    junk=st.binary(min_size=1, max_size=3),
+)
+def test_batched_entries_give_a_message_for_each_offset_but_in_compressed_batches(
+    entries: list[tuple[str, list[bytes]]], junk: bytes
+) -> None:
+    packed, expected, kinds = b"", [], []
+    for kind, messages in entries:
+        if kind == "simple":
+            entry = record.pack_raw_entries(messages[:1])
+            expected.append((b"\x00\x00", b"", messages[0]))
+        else:
+            entry = sub_entry_batch(messages, 1 if kind == "gzip" else 0)
+            expected += [None] * len(messages) if kind == "gzip" else [(b"\x00\x00", b"", m) for m in messages]
+        packed += entry
+        kinds.append(record.batch_records(entry))
+    assert sum(kinds) == len(expected)
+    assert record.unpack_batched_messages(b"head" + packed, 4, len(expected)) == expected
+    assert record.count_entries(memoryview(b"head" + packed), 4) == len(entries)
+    for damaged, count in ((packed + junk, len(expected)), (packed, len(expected) + 1)):
+        with pytest.raises(record.WALCorruption):
+            record.unpack_batched_messages(damaged, 0, count)
+    if entries:
+        with pytest.raises(record.WALCorruption):
+            record.unpack_batched_messages(packed[:-1], 0, len(expected))
+        with pytest.raises(record.WALCorruption):
+            record.count_entries(packed[:-1], 0)
+
+
+def test_an_uncompressed_batch_that_does_not_hold_its_count_is_corrupt() -> None:
+    batch = sub_entry_batch([b"a", b"b"])
+    for records in (1, 3):
+        lying = batch[:1] + struct.pack(">H", records) + batch[3:]
+        with pytest.raises(record.WALCorruption):
+            record.unpack_batched_messages(lying, 0, records)
 
 
 def test_encode_stream_chunk_refuses_what_encode_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
