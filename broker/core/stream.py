@@ -35,7 +35,7 @@ from broker.core.message import Message
 from broker.core.policy import effective_definition
 from broker.core.queue import QueueSettings
 from broker.errors import ChannelCrash, ChannelException, ReplyCode
-from broker.wal.record import BATCHED, RAW, WALCorruption, batch_records, pack_stream_messages
+from broker.wal.record import BATCHED, RAW, WALCorruption, pack_stream_messages
 from broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, Chunk, Staged, StreamLog
 from broker.wire.amqp10 import delivered_as_amqp091
 from broker.wire.codec import split_names
@@ -64,8 +64,9 @@ SINGLE_ACTIVE = "x-single-active-consumer"
 #: (a name no subscription has: it starts with a NUL).
 PUBLISHER_PREFIX = "\x00publisher:"
 
-#: The exchange and routing key kept with a message published over the stream protocol.
-RAW_NAMES = b"\x00\x00"
+#: What marks :meth:`StreamQueue.append_raw`'s blocks among the messages waiting for a chunk
+#: (of simple entries only; with sub-entry batches among them).
+_RAW_BLOCK, _BATCH_BLOCK = object(), object()
 
 
 #: Body bytes past which the messages waiting for a chunk go into the next one.
@@ -267,12 +268,10 @@ class StreamQueue:
         self.store = store
         #: Offsets below this are written and readable.
         self.committed = log.next_offset
-        #: Messages waiting for the next chunk.
-        #: Messages waiting for the next chunk: the publish's names, the header, the body.
-        self._pending: list[tuple[bytes, bytes, bytes]] = []
-        #: Whether :meth:`append_raw` took sub-entry batches among the pending entries (nearly
-        #: never: then each entry is one message).
-        self._batched = False
+        #: Messages waiting for the next chunk: the publish's names, the header and the body of
+        #: each AMQP 0-9-1 message, and :meth:`append_raw`'s blocks (a marker, the count, the
+        #: block).
+        self._pending: list[tuple[Any, Any, bytes]] = []
         #: Chunks staged and not yet written, oldest first.
         self._staged: deque[Staged] = deque()
         self._readers: dict[Consumer, _Reader] = {}
@@ -385,23 +384,20 @@ class StreamQueue:
 
     # -- appending ----------------------------------------------------------------------------
 
-    def append_raw(self, entries: list[bytes], records: int | None = None) -> int:
-        """Take messages published over the stream protocol for the next chunk, each as a
-        simple entry of RabbitMQ's chunk format (its size, then the message as its client
-        encoded it: AMQP 1.0), which is how a :class:`~broker.wal.record.StreamRawChunk` keeps
-        them; marked by an empty content header, which no AMQP 0-9-1 message has.
+    def append_raw(self, block: bytes, count: int, batched: bool = False) -> int:
+        """Take messages published over the stream protocol for the next chunk: ``block`` is
+        ``count`` of them, each as a simple entry of RabbitMQ's chunk format (its size, then the
+        message as its client encoded it: AMQP 1.0), which is how a
+        :class:`~broker.wal.record.StreamRawChunk` keeps them. Kept whole, as one piece of the
+        chunk: nothing here looks at each message.
 
-        With ``records``, the entries may be sub-entry batches too (several messages as one
-        entry, :data:`~broker.wal.record.BATCH_HEAD`), and ``records`` is how many messages they
-        hold in all: kept as they are, in a :class:`~broker.wal.record.StreamBatchChunk`.
-        Returns how many messages."""
-        self._pending += [(RAW_NAMES, b"", entry) for entry in entries]
-        count = len(entries)
-        if records is not None:
-            self._batched = True
-            count = records
+        With ``batched``, sub-entry batches may be among the entries (several messages as one
+        entry, :data:`~broker.wal.record.BATCH_HEAD`), and ``count`` is the messages they hold
+        in all: kept as they are, in a :class:`~broker.wal.record.StreamBatchChunk`.
+        Returns ``count``."""
+        self._pending.append((_BATCH_BLOCK if batched else _RAW_BLOCK, count, block))
         if self.store is not None and count:
-            self.store.pending(self, sum(map(len, entries)) - 4 * len(entries), count)
+            self.store.pending(self, len(block), count)
         self.published += count
         return count
 
@@ -432,12 +428,12 @@ class StreamQueue:
         return True
 
     def stage(self) -> tuple[list[Staged], list[int]]:
-        """Place the messages waiting as chunks for the writer (at most :data:`CHUNK_BYTES` of
-        bodies each, one message at least). Returns every chunk not written yet, oldest first,
+        """Place the messages waiting as chunks for the writer (each ends once it holds
+        :data:`CHUNK_BYTES` of bodies, with the message or the publish frame's block that
+        reached it). Returns every chunk not written yet, oldest first,
         and, when one opens a segment, the segments retention drops (``x-max-length-bytes``,
         ``x-max-age``, evaluated as RabbitMQ does: at a segment's roll), for the writer to remove."""
         pending, self._pending = self._pending, []
-        batched, self._batched = self._batched, False
         now = self.now()
         start = 0
         size = 0
@@ -445,23 +441,19 @@ class StreamQueue:
         last = len(pending) - 1
         # A chunk ends at CHUNK_BYTES, and where stream-protocol messages (kept as simple
         # entries, sent to that protocol's readers as stored) meet AMQP 0-9-1's.
-        kinds = [header == b"" and names == RAW_NAMES for names, header, _body in pending]
+        kinds = [names is _RAW_BLOCK or names is _BATCH_BLOCK for names, _header, _body in pending]
         kinds.append(not kinds[-1] if kinds else False)
         for at, entry in enumerate(pending):
             size += len(entry[2])
             raw = kinds[at]
             if size >= CHUNK_BYTES or at == last or raw != kinds[at + 1]:
                 run = pending[start : at + 1]
-                count, kind = len(run), 0
                 if raw:
-                    packed = b"".join([entry for _names, _header, entry in run])
-                    kind = RAW
-                    if batched and any([entry[0] & 0x80 for _names, _header, entry in run]):
-                        count = sum([batch_records(entry) for _names, _header, entry in run])
-                        kind = BATCHED
+                    kind = BATCHED if any([marker is _BATCH_BLOCK for marker, _count, _block in run]) else RAW
+                    blocks = [block for _marker, _count, block in run]
+                    staged = self.log.stage_packed(blocks, sum([count for _m, count, _b in run]), now, kind)
                 else:
-                    packed = pack_stream_messages(run)
-                staged = self.log.stage_packed(packed, count, now, kind)
+                    staged = self.log.stage_packed(pack_stream_messages(run), len(run), now)
                 rolled = rolled or staged.roll
                 self._staged.append(staged)
                 start, size = at + 1, 0

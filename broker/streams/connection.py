@@ -550,20 +550,21 @@ class StreamConnection:
             stream.watchers.add(self._stream_changed)
             answer(wire.OK)
 
-    def _publish(self, publisher_id: int, count: int, data: bytes) -> None:
+    def _publish(self, publisher_id: int, count: int, data: memoryview) -> None:
         publisher = self.publishers.get(publisher_id)
         refused: list[int] = []
-        batched = False
+        entries: list[bytes | memoryview] | None = None
         try:
-            messages = _published(data)
-            if messages is None:
-                ids, entries, refused = _published_batches(data)
-                messages, batched = (ids, entries), True
+            simple = _published(data, count)
+            if simple is None:  # sub-entry batches among the messages
+                ids, entries, refused = _published_entries(data)
+                block = b""
+            else:
+                ids, block = simple
         except wire.Malformed:
             # A frame whose messages do not add up: refused whole.
             self._refuse(publisher_id, [], wire.PRECONDITION_FAILED)
             return
-        ids, entries = messages
         if publisher is None or publisher.stream.deleted:
             self._refuse(publisher_id, ids + refused, wire.PUBLISHER_DOES_NOT_EXIST)
             return
@@ -578,16 +579,20 @@ class StreamConnection:
         if publisher.reference:
             known = stream.publisher_sequence(publisher.reference)
             last = -1 if known is None else known
-            fresh = (
-                entries if min(ids, default=0) > last else [e for i, e in zip(ids, entries, strict=True) if i > last]
-            )
+            if ids and min(ids) <= last:  # a resend: what was written is not written again
+                if entries is None:
+                    entries = _published_entries(data)[1]
+                entries = [entry for number, entry in zip(ids, entries, strict=True) if number > last]
             stream.set_publisher_sequence(publisher.reference, max(last, max(ids, default=last)))
-        else:
-            fresh = entries
-        if fresh:
-            stream.append_raw(fresh, sum(map(batch_records, fresh)) if batched else None)
+        fresh, batched = len(ids), False
+        if entries is not None:
+            fresh = sum(map(batch_records, entries))
+            batched = any([entry[0] & 0x80 for entry in entries])
+            block = b"".join(entries)
+        if block:
+            stream.append_raw(block, fresh, batched)
         journal = getattr(stream.store, "journal", None)
-        if journal is None or not fresh:
+        if journal is None or not block:
             self._confirm(publisher, ids)
             return
         journal.when_durable(lambda durable: self._written(publisher, ids, durable))
@@ -1018,15 +1023,41 @@ def _deliver_head(subscription: int, chunk: Chunk, data: bytes | memoryview) -> 
 
 
 _SIZES = struct.Struct(">II")
+#: The layout of a ``publish`` frame's messages when they are all of one size, by their count
+#: and size (a producer's frames mostly are): their ids and sizes read by one call (and the
+#: messages too, when they are small).
+_UNIFORM: dict[tuple[int, int], struct.Struct] = {}
+_UNIFORM_MOST = 1024
+#: Messages from this size on are copied out of the frame by slices of it, once.
+_SLICED = 256
 
 
-def _published(data: bytes) -> tuple[list[int], list[bytes]] | None:
-    """The publishing ids and the messages of a ``publish`` frame, each message as a simple
-    entry (its size, then its bytes: as the frame carries it after its id); ``None`` for a
-    sub-entry batch."""
+def _published(data: bytes | memoryview, count: int) -> tuple[list[int], bytes] | None:
+    """The publishing ids and the messages of a ``publish`` frame of ``count`` messages, the
+    messages as the simple entries of a chunk (each its size, then its bytes: as the frame
+    carries it after its id), joined; ``None`` when sub-entry batches are among them.
+
+    :raises wire.Malformed: the frame's messages do not add up
+    """
+    end = len(data)
+    if 0 < count <= _UNIFORM_MOST and end >= 12:
+        size = _ID_SIZE.unpack_from(data, 0)[1]
+        if end == count * (12 + size) and size < 0x80000000:
+            layout = _UNIFORM.get((count, size))
+            if layout is None:
+                if len(_UNIFORM) >= 64:
+                    _UNIFORM.clear()
+                shape = f"QI{size}x" if size >= _SLICED else f"QI{size}s"
+                layout = _UNIFORM[count, size] = struct.Struct(">" + shape * count)
+            values = layout.unpack(data)
+            if size >= _SLICED and values[1::2].count(size) == count:
+                view = memoryview(data)
+                return list(values[0::2]), b"".join([view[at : at + 4 + size] for at in range(8, end, 12 + size)])
+            if size < _SLICED and values[1::3].count(size) == count:
+                return list(values[0::3]), wire.u32(size).join((b"", *values[2::3]))
     ids: list[int] = []
-    entries: list[bytes] = []
-    at, end = 0, len(data)
+    entries: list[bytes | memoryview] = []
+    at = 0
     unpack = _ID_SIZE.unpack_from
     while at < end:
         if end - at < 12:
@@ -1040,23 +1071,23 @@ def _published(data: bytes) -> tuple[list[int], list[bytes]] | None:
         ids.append(publishing_id)
         entries.append(data[at + 8 : stop])
         at = stop
-    return ids, entries
+    return ids, b"".join(entries)
 
 
 _ID_SIZE = struct.Struct(">QI")
 
 
-def _published_batches(data: bytes) -> tuple[list[int], list[bytes], list[int]]:
-    """:func:`_published` of a ``publish`` frame with sub-entry batches among its messages:
-    each batch is one entry (kept as osiris keeps it: its reserved bits cleared). Returns the
-    ids and entries taken, and the ids of batches refused: one of no messages, or an
-    uncompressed one whose messages do not add up to its count (RabbitMQ takes those, and its
-    AMQP 0-9-1 readers then fail on them).
+def _published_entries(data: bytes | memoryview) -> tuple[list[int], list[bytes | memoryview], list[int]]:
+    """The messages of a ``publish`` frame one by one, sub-entry batches among them, each
+    batch one entry (kept as osiris keeps it: its reserved bits cleared). Returns the ids and
+    entries taken, and the ids of batches refused: one of no messages, or an uncompressed one
+    whose messages do not add up to its count (RabbitMQ takes those, and its AMQP 0-9-1
+    readers then fail on them).
 
     :raises wire.Malformed: the frame's messages do not add up
     """
     ids: list[int] = []
-    entries: list[bytes] = []
+    entries: list[bytes | memoryview] = []
     refused: list[int] = []
     at, end = 0, len(data)
     while at < end:

@@ -717,24 +717,30 @@ STREAM_CHUNK_TYPES = (
 STREAM_CHUNK_OVERHEAD = _RECORD_HEADER.size + STREAM_CHUNK_HEAD.size
 
 
-def encode_stream_chunk(first_offset: int, timestamp: float, count: int, entries: bytes, kind: int = 0) -> bytes:
+def encode_stream_chunk(
+    first_offset: int, timestamp: float, count: int, entries: bytes | list[bytes], kind: int = 0
+) -> bytes:
     """``encode(StreamChunk(first_offset, timestamp, count, entries))`` (of a
     :class:`StreamRawChunk` for the kind :data:`RAW`, a :class:`StreamBatchChunk` for
     :data:`BATCHED`), copying ``entries`` once (the CRC runs over it without the GIL): a chunk
-    is most of what a stream writes.
+    is most of what a stream writes. ``entries`` may come in pieces, joined here.
 
     :raises ValueError: as :func:`encode`
     """
     record_type = STREAM_CHUNK_TYPES[kind]
-    payload_bytes = STREAM_CHUNK_HEAD.size + len(entries)
+    pieces = [entries] if isinstance(entries, bytes) else entries
+    size = sum(map(len, pieces))
+    payload_bytes = STREAM_CHUNK_HEAD.size + size
     if payload_bytes > MAX_RECORD_BYTES:
         raise ValueError(f"StreamChunk payload of {payload_bytes} bytes is over {MAX_RECORD_BYTES}")
     try:
-        head = STREAM_CHUNK_HEAD.pack(first_offset, timestamp, count, len(entries))
+        head = STREAM_CHUNK_HEAD.pack(first_offset, timestamp, count, size)
     except struct.error as err:
         raise ValueError(f"StreamChunk does not fit the WAL format: {err}") from err
-    crc = zlib.crc32(entries, zlib.crc32(head, _TYPE_CRC[record_type]))
-    return b"".join((_RECORD_HEADER.pack(payload_bytes, crc, record_type), head, entries))
+    crc = zlib.crc32(head, _TYPE_CRC[record_type])
+    for piece in pieces:
+        crc = zlib.crc32(piece, crc)
+    return b"".join((_RECORD_HEADER.pack(payload_bytes, crc, record_type), head, *pieces))
 
 
 class _Malformed(Exception):
@@ -1399,7 +1405,7 @@ def unpack_raw_messages(data: bytes, start: int, count: int) -> list[tuple[bytes
 BATCH_HEAD = struct.Struct(">BHII")
 
 
-def batch_records(entry: bytes) -> int:
+def batch_records(entry: bytes | memoryview) -> int:
     """How many messages (offsets) one entry of a :class:`StreamBatchChunk` holds: 1 for a
     simple entry, its count for a sub-entry batch (whose first bit is set)."""
     return 1 if entry[0] < 0x80 else entry[1] << 8 | entry[2]

@@ -77,9 +77,7 @@ _KINDS = {kind: at for at, kind in enumerate(STREAM_CHUNK_TYPES)}
 _PEEK = RECORD_HEADER_BYTES + _CHUNK_HEAD.size
 #: Where a chunk may start: a sane length's top byte, then the chunk type byte (found in C, so
 #: looking past damage does not run a Python loop per byte).
-_CANDIDATE = re.compile(
-    b"(?=[\\x00-%c][\\x00-\\xff]{7}[%s])" % (MAX_RECORD_BYTES >> 24, bytes(STREAM_CHUNK_TYPES))
-)
+_CANDIDATE = re.compile(b"(?=[\\x00-%c][\\x00-\\xff]{7}[%s])" % (MAX_RECORD_BYTES >> 24, bytes(STREAM_CHUNK_TYPES)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +111,7 @@ class Staged:
 
     __slots__ = ("chunk", "roll", "_entries", "_data")
 
-    def __init__(self, chunk: Chunk, entries: bytes, roll: bool) -> None:
+    def __init__(self, chunk: Chunk, entries: bytes | list[bytes], roll: bool) -> None:
         self.chunk = chunk
         #: Whether it opens a new segment.
         self.roll = roll
@@ -365,9 +363,10 @@ class StreamLog:
         entries = list(entries)
         return self.stage_packed(pack_stream_entries(entries), len(entries), timestamp)
 
-    def stage_packed(self, packed: bytes, count: int, timestamp: float, raw: int = 0) -> Staged:
-        """:meth:`stage` of ``count`` messages already packed (:func:`~broker.wal.record.pack_stream_entries`
-        or :func:`~broker.wal.record.pack_stream_messages`; with ``raw`` :data:`~broker.wal.record.RAW`,
+    def stage_packed(self, packed: bytes | list[bytes], count: int, timestamp: float, raw: int = 0) -> Staged:
+        """:meth:`stage` of ``count`` messages already packed, whole or in pieces to be joined
+        (:func:`~broker.wal.record.pack_stream_entries` or
+        :func:`~broker.wal.record.pack_stream_messages`; with ``raw`` :data:`~broker.wal.record.RAW`,
         :func:`~broker.wal.record.pack_raw_entries`, as a :class:`~broker.wal.record.StreamRawChunk`;
         with :data:`~broker.wal.record.BATCHED`, simple entries and sub-entry batches, as a
         :class:`~broker.wal.record.StreamBatchChunk`).
@@ -376,7 +375,7 @@ class StreamLog:
         """
         if not count:
             raise ValueError("a chunk holds at least one message")
-        length = STREAM_CHUNK_OVERHEAD + len(packed)
+        length = STREAM_CHUNK_OVERHEAD + (len(packed) if isinstance(packed, bytes) else sum(map(len, packed)))
         if length - RECORD_HEADER_BYTES > MAX_RECORD_BYTES:
             raise ValueError(f"StreamChunk payload of {length - RECORD_HEADER_BYTES} bytes is over {MAX_RECORD_BYTES}")
         active = self._segments[-1]

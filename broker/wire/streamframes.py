@@ -127,21 +127,32 @@ class FrameReader:
         self._buffer = bytearray()
 
     def feed(self, data: bytes) -> list[bytes]:
-        """The whole frames (without their size) now in, in order; the rest waits."""
+        """The whole frames (without their size) now in, in order; the rest waits. Each
+        frame's bytes are copied once (from ``data`` when nothing was waiting)."""
         buffer = self._buffer
-        buffer += data
-        frames = []
-        at = 0
-        end = len(buffer)
-        while end - at >= 4:
-            size = _u32.unpack_from(buffer, at)[0]
-            if end - at - 4 < size:
-                break
-            frames.append(bytes(buffer[at + 4 : at + 4 + size]))
-            at += 4 + size
-        if at:
+        if buffer:
+            buffer += data
+            with memoryview(buffer) as view:
+                frames, at = _frames(view)
             del buffer[:at]
+        else:
+            frames, at = _frames(data)
+            buffer += data[at:]
         return frames
+
+
+def _frames(data: bytes | memoryview) -> tuple[list[bytes], int]:
+    """The whole frames at the start of ``data`` (each copied out), and where they end."""
+    frames = []
+    at = 0
+    end = len(data)
+    while end - at >= 4:
+        size = _u32.unpack_from(data, at)[0]
+        if end - at - 4 < size:
+            break
+        frames.append(bytes(data[at + 4 : at + 4 + size]))
+        at += 4 + size
+    return frames, at
 
 
 # -- reading fields ------------------------------------------------------------------------------
@@ -248,7 +259,8 @@ def parse_request(frame: bytes) -> tuple[Any, ...]:
 
 def _publish(f: _Fields) -> tuple[Any, ...]:
     publisher, count = f.u8(), f.u32()
-    return ("publish", None, publisher, count, f.rest())
+    at, f.at = f.at, len(f.data)
+    return ("publish", None, publisher, count, memoryview(f.data)[at:])  # (the messages: not copied)
 
 
 def _credit(f: _Fields) -> tuple[Any, ...]:

@@ -21,7 +21,7 @@ from broker.core.journal import Journal
 from broker.core.node import Node, User
 from broker.server.streamprotocol import STEP_TIMEOUT, StreamServerFactory, StreamServerProtocol
 from broker.storage.streams import StreamFiles
-from broker.streams.connection import DELIVERY_BOUND, FRAME_MAX, HEARTBEAT, StreamConnection
+from broker.streams.connection import DELIVERY_BOUND, FRAME_MAX, HEARTBEAT, StreamConnection, _published
 from broker.tools.fuzzing import sub_entry_batch
 from broker.wal import record
 from broker.wire import streamframes as wire
@@ -403,3 +403,21 @@ def test_a_frame_of_batches_cut_short_is_refused_whole(tmp_path: Path) -> None:
         assert error == b"\x00\x04\x00\x01\x01" + struct.pack(">I", 0)
     written_chunks(node)
     assert node.vhosts["/"].queues["events"].committed == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ids=st.lists(st.integers(0, 2**64 - 1), max_size=6),
+    size=st.sampled_from([0, 5, 255, 256, 300]),
+    uneven=st.booleans(),
+    lie=st.integers(-1, 1),
+)
+def test_a_publish_frames_messages_are_read_alike_whatever_their_sizes(
+    ids: list[int], size: int, uneven: bool, lie: int
+) -> None:
+    """(Frames of messages of one size are read by one call; the others one by one.)"""
+    messages = [bytes([n % 256]) * (size + (n % 3 if uneven else 0)) for n in range(len(ids))]
+    data = b"".join(struct.pack(">QI", i, len(m)) + m for i, m in zip(ids, messages, strict=True))
+    expected = (ids, b"".join(struct.pack(">I", len(m)) + m for m in messages))
+    assert _published(memoryview(data), max(0, len(ids) + lie)) == expected
+    assert _published(data, len(ids)) == expected
