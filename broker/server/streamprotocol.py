@@ -26,12 +26,35 @@ from twisted.python.failure import Failure
 from broker.core.node import Node
 from broker.server.protocol import OUTPUT_BOUND, certificate_common_names, is_loopback
 from broker.streams.connection import StreamConnection
+from broker.wal.streamlog import Region
 from broker.wire.streamframes import HEARTBEAT_FRAME
 
 _log = Logger()
 
 #: Seconds a client has for each step of the handshake.
 STEP_TIMEOUT = 10.0
+
+
+def _send_some(sock: Any, data: bytes) -> int:
+    """As much of ``data`` as the non-blocking socket ``sock`` takes now."""
+    try:
+        return int(sock.send(data))
+    except OSError:  # full, or gone (the transport finds out which)
+        return 0
+
+
+def _send_region(fileno: int, region: Region) -> int:
+    """As much of ``region`` as the non-blocking socket ``fileno`` takes now (``sendfile``)."""
+    done = 0
+    while done < region.length:
+        try:
+            sent = region.send(fileno, done)
+        except OSError:  # full, or gone: the rest is read and goes through the transport
+            break
+        if not sent:
+            break
+        done += sent
+    return done
 
 
 class StreamServerProtocol(Protocol):
@@ -86,13 +109,18 @@ class StreamServerProtocol(Protocol):
         if connection is None or self.transport is None:
             return
         if connection.out:
-            data = b"".join(connection.out)
-            self.transport.write(data)
+            if connection.regions:
+                written = self._send(connection.out)
+            else:
+                data = b"".join(connection.out)
+                self.transport.write(data)
+                written = len(data)
             connection.out.clear()
             connection.queued = 0
+            connection.regions = 0
             self._wrote = True
             if connection.paused:
-                self._written_while_full += len(data)
+                self._written_while_full += written
                 if self._written_while_full > OUTPUT_BOUND and not self._reading_held:
                     self._reading_held = True
                     self.transport.pauseProducing()
@@ -106,6 +134,56 @@ class StreamServerProtocol(Protocol):
             # (unregistered first: loseConnection waits for a paused producer otherwise)
             self.transport.unregisterProducer()
             self.transport.loseConnection()
+
+    def _send(self, out: list[Any]) -> int:
+        """Write ``out``, chunks to send from their file among it (:class:`Region`). While
+        nothing waits in the transport's buffer (and it is plain TCP), they go from the page
+        cache straight to the socket (``sendfile``), the bytes before them straight too. What
+        the socket does not take now, and everything after it, goes through the transport,
+        the chunks read. Returns the bytes given to the transport."""
+        sock = self._direct_socket()
+        waiting: list[Any] = []
+        try:
+            for item in out:
+                if type(item) is not Region:
+                    waiting.append(item)
+                    continue
+                if sock is not None and item.sendable:
+                    if waiting:
+                        data = b"".join(waiting)
+                        sent = _send_some(sock, data)
+                        waiting = [] if sent == len(data) else [data[sent:]]
+                    if not waiting:
+                        done = _send_region(sock.fileno(), item)
+                        if done == item.length:
+                            continue
+                        waiting.append(item.read(done))
+                    sock = None
+                    continue
+                waiting.append(item.read())
+        except OSError as error:
+            # (the segment went, or its file failed: as when a read fails in the connection)
+            _log.error(
+                "stream connection {peer}: sending a chunk failed: {error}", peer=self.connection.peer, error=error
+            )
+            self.transport.abortConnection()
+            return 0
+        data = b"".join(waiting)
+        if data:
+            self.transport.write(data)
+        return len(data)
+
+    def _direct_socket(self) -> Any:
+        """The transport's socket when it is plain TCP with nothing in its buffer (so bytes
+        sent to the socket itself go out in order), else ``None``."""
+        transport = self.transport
+        if ISSLTransport.providedBy(transport) or getattr(transport, "disconnecting", True):
+            return None
+        pending = getattr(transport, "_tempDataLen", None)
+        buffered = len(getattr(transport, "dataBuffer", b"")) - getattr(transport, "offset", 0)
+        if pending != 0 or buffered:
+            return None
+        return getattr(transport, "socket", None)
 
     def _continue(self) -> None:
         self._continuing = None

@@ -30,8 +30,16 @@ from broker.core.login import sasl_credentials
 from broker.core.node import Node
 from broker.core.stream import StreamQueue
 from broker.errors import ChannelCrash, ChannelException
-from broker.wal.record import BATCH_HEAD, BATCHED, WALCorruption, batch_records, count_entries, unpack_batched_messages
-from broker.wal.streamlog import ENTRIES_AT, Chunk
+from broker.wal.record import (
+    BATCH_HEAD,
+    BATCHED,
+    RAW,
+    WALCorruption,
+    batch_records,
+    count_entries,
+    unpack_batched_messages,
+)
+from broker.wal.streamlog import ENTRIES_AT, Chunk, Region
 from broker.wire import streamframes as wire
 from broker.wire.amqp10 import from_amqp091
 from exchanges.partitions import PARTITION_ORDER, SUPER_STREAM, partition_order
@@ -47,6 +55,11 @@ MAX_SUPER_STREAM_PARTITIONS = 1024
 #: Bytes of chunks queued for the socket at which deliveries pause until the shell has written
 #: them and the socket takes more (:meth:`StreamConnection.resume`).
 DELIVERY_BOUND = 1 << 20
+
+#: Chunks of stream-protocol messages from this size on (their record, in bytes) go out from
+#: their segment as they are stored (:class:`~broker.wal.streamlog.Region`: by ``sendfile``
+#: where the socket allows), their CRC worked out from the record's; smaller ones are read.
+SENT_FROM_FILE = 64 << 10
 
 
 def error_counter(code: int) -> str:
@@ -142,6 +155,9 @@ class StreamConnection:
         self.queued = 0
         self.paused = False
         self.behind = False
+        #: How many of :attr:`out`'s items are a :class:`~broker.wal.streamlog.Region` (a
+        #: chunk to send from its file) rather than bytes (the shell zeroes it too).
+        self.regions = 0
 
     # -- input ----------------------------------------------------------------------------------
 
@@ -715,7 +731,13 @@ class StreamConnection:
                 chunk = _next_chunk(stream, reader)
                 if chunk is None:
                     return
-                head, data = _deliver(reader.id, chunk, stream.log.read_entries(chunk))
+                if chunk.raw == RAW and chunk.length >= SENT_FROM_FILE:
+                    # Sent from its file as it is (the shell sends it, or reads it).
+                    crc, region = stream.log.entries_region(chunk)
+                    head, data = _chunk_head(reader.id, chunk, chunk.count, crc, region.length), region
+                    self.regions += 1
+                else:
+                    head, data = _deliver(reader.id, chunk, stream.log.read_entries(chunk))
             except (OSError, WALCorruption) as error:
                 reader.active = False
                 self.reason = f"reading stream '{stream.name}' at offset {reader.next_offset} failed: {error}"
@@ -731,7 +753,7 @@ class StreamConnection:
             reader.credit -= 1
             reader.consumed += chunk.count
             reader.offset = chunk.first_offset
-            self.queued += len(data)
+            self.queued += data.length if type(data) is Region else len(data)
             self.out += (head, data)
 
     def resume(self) -> None:
@@ -1012,14 +1034,19 @@ def _deliver(subscription: int, chunk: Chunk, payload: bytes) -> tuple[bytes, An
 
 def _deliver_head(subscription: int, chunk: Chunk, data: bytes | memoryview) -> tuple[bytes, Any]:
     """The frame head of a ``deliver`` of ``chunk`` holding ``data`` (its entries), and ``data``."""
-    count = chunk.count
-    entries = count_entries(data, 0) if chunk.raw == BATCHED else count
+    entries = count_entries(data, 0) if chunk.raw == BATCHED else chunk.count
+    return _chunk_head(subscription, chunk, entries, zlib.crc32(data), len(data)), data
+
+
+def _chunk_head(subscription: int, chunk: Chunk, entries: int, crc: int, size: int) -> bytes:
+    """The frame head of a ``deliver`` of ``chunk``: its ``entries`` (simple entries and
+    sub-entry batches) are ``size`` bytes whose CRC-32 is ``crc``."""
     head = _CHUNK_HEAD.pack(
         wire.DELIVER, 1, subscription,
-        0x50, 0, entries, count, int(chunk.timestamp * 1000), 1, chunk.first_offset,
-        zlib.crc32(data), len(data), 0, 0,
+        0x50, 0, entries, chunk.count, int(chunk.timestamp * 1000), 1, chunk.first_offset,
+        crc, size, 0, 0,
     )  # fmt: skip
-    return wire.u32(len(head) + len(data)) + head, data
+    return wire.u32(len(head) + size) + head
 
 
 _SIZES = struct.Struct(">II")

@@ -143,6 +143,12 @@ class DirectoryStorage:
             fd = self._fds[number] = os.open(self._path(number), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         return fd
 
+    def _read_fd(self, number: int) -> int:
+        fd = self._read_fds.get(number)
+        if fd is None:
+            fd = self._read_fds[number] = os.open(self._path(number), os.O_RDONLY | os.O_CLOEXEC)
+        return fd
+
     def list_segments(self) -> list[int]:
         """The numbers of the segment files in the directory, ascending; other files are ignored."""
         numbers = []
@@ -159,13 +165,17 @@ class DirectoryStorage:
 
     def read_at(self, number: int, offset: int, length: int) -> bytes:
         """``length`` bytes of segment ``number`` from ``offset``, with ``os.pread`` on a read-only descriptor."""
-        fd = self._read_fds.get(number)
-        if fd is None:
-            fd = self._read_fds[number] = os.open(self._path(number), os.O_RDONLY | os.O_CLOEXEC)
-        data = os.pread(fd, length, offset)
+        data = os.pread(self._read_fd(number), length, offset)
         if len(data) != length:
             raise OSError(errno.EIO, f"short read of segment {number} at {offset}: {len(data)} of {length} bytes")
         return data
+
+    def send_at(self, number: int, offset: int, length: int, out: int) -> int:
+        """Send up to ``length`` bytes of segment ``number`` from ``offset`` to the socket
+        ``out`` (``os.sendfile``: from the page cache, not copied through the process).
+        Returns how many went; a non-blocking socket that is full raises
+        :exc:`BlockingIOError`."""
+        return os.sendfile(out, self._read_fd(number), offset, length)
 
     def create(self, number: int, header: bytes) -> None:
         """Create segment ``number`` holding ``header``, then fsync it and the directory.

@@ -68,6 +68,8 @@ __all__ = [
     "BATCH_HEAD",
     "batch_records",
     "count_entries",
+    "crc32_shifted",
+    "stream_entries_crc",
     "as_entries",
     "DEAD_LETTER_RECORDS",
     "DEAD_LETTER_PREVIEW_BYTES",
@@ -741,6 +743,51 @@ def encode_stream_chunk(
     for piece in pieces:
         crc = zlib.crc32(piece, crc)
     return b"".join((_RECORD_HEADER.pack(payload_bytes, crc, record_type), head, *pieces))
+
+
+def _gf2_times(matrix: list[int], vector: int) -> int:
+    total = at = 0
+    while vector:
+        if vector & 1:
+            total ^= matrix[at]
+        vector >>= 1
+        at += 1
+    return total
+
+
+@functools.cache
+def _zero_bytes_operators() -> list[list[int]]:
+    """For each ``k``, the linear map that runs a CRC-32 register over ``2**k`` zero bytes
+    (zlib's ``crc32_combine``'s matrices), built once, when first needed (about 2 ms)."""
+    operator = [0xEDB88320] + [1 << n for n in range(31)]  # one zero bit
+    operators = []
+    for step in range(34):
+        operator = [_gf2_times(operator, row) for row in operator]  # twice as many
+        if step >= 2:  # eight bits on
+            operators.append(operator)
+    return operators
+
+
+def crc32_shifted(crc: int, length: int) -> int:
+    """What ``crc`` becomes run over ``length`` zero bytes, less what 0 does: for any ``data``
+    of that length, ``zlib.crc32(data, crc) ^ crc32_shifted(crc, length) == zlib.crc32(data)``.
+    Costs about 20 µs, however long ``length`` is."""
+    operators = _zero_bytes_operators()
+    at = 0
+    while length:
+        if length & 1:
+            crc = _gf2_times(operators[at], crc)
+        length >>= 1
+        at += 1
+    return crc
+
+
+def stream_entries_crc(record_crc: int, record_type: int, head: bytes, length: int) -> int:
+    """The CRC-32 of a stream chunk record's ``length`` bytes of entries alone (as osiris's
+    chunk head carries it), from the record's own CRC (over its type, its ``head`` and the
+    entries), without reading the entries. Damage to them since the record was written then
+    shows in the reader's check of the chunk."""
+    return record_crc ^ crc32_shifted(zlib.crc32(head, _TYPE_CRC[record_type]), length)
 
 
 class _Malformed(Exception):

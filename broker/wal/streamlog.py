@@ -51,12 +51,13 @@ from broker.wal.record import (
     pack_stream_entries,
     parse_segment_header,
     segment_header,
+    stream_entries_crc,
     unpack_batched_messages,
     unpack_raw_messages,
     unpack_stream_messages,
 )
 
-__all__ = ["DEFAULT_STREAM_SEGMENT_BYTES", "ENTRIES_AT", "INDEX_EVERY", "Chunk", "Staged", "StreamLog"]
+__all__ = ["DEFAULT_STREAM_SEGMENT_BYTES", "ENTRIES_AT", "INDEX_EVERY", "Chunk", "Region", "Staged", "StreamLog"]
 
 #: A segment is rolled once it holds this many bytes (RabbitMQ's default for
 #: ``x-stream-max-segment-size-bytes``).
@@ -100,6 +101,41 @@ class Chunk:
     @property
     def next_offset(self) -> int:
         return self.first_offset + self.count
+
+
+class Region:
+    """Where a chunk's entries are in its segment: to send them as they are stored."""
+
+    __slots__ = ("storage", "segment", "offset", "length")
+
+    def __init__(self, storage: ISegmentStorage, segment: int, offset: int, length: int) -> None:
+        self.storage = storage
+        self.segment = segment
+        self.offset = offset
+        self.length = length
+
+    @property
+    def sendable(self) -> bool:
+        """Whether its storage sends from the file itself (:meth:`send`)."""
+        return hasattr(self.storage, "send_at")
+
+    def read(self, start: int = 0) -> bytes:
+        """Its bytes from ``start`` on.
+
+        :raises OSError: the storage failed (or its segment was removed)
+        """
+        return self.storage.read_at(self.segment, self.offset + start, self.length - start)
+
+    def send(self, out: int, start: int = 0) -> int:
+        """Send its bytes from ``start`` on to the socket ``out``, as many as it takes now.
+
+        :raises BlockingIOError: the socket takes nothing now
+        :raises OSError: the storage or the socket failed
+        """
+        return int(self.storage.send_at(self.segment, self.offset + start, self.length - start, out))  # type: ignore[attr-defined]
+
+    def __repr__(self) -> str:
+        return f"Region({self.segment}, {self.offset}, {self.length})"
 
 
 class Staged:
@@ -501,6 +537,28 @@ class StreamLog:
         if (first_offset, count, length) != (chunk.first_offset, chunk.count, len(payload) - _ENTRIES_AT):
             raise WALCorruption(f"stream chunk at offset {chunk.first_offset} does not hold what its head says")
         return payload
+
+    def entries_region(self, chunk: Chunk) -> tuple[int, Region]:
+        """Where ``chunk``'s packed entries are, and their CRC-32 (osiris's, worked out from the
+        record's own: the entries are not read).
+
+        :raises WALCorruption: the chunk's head is damaged
+        :raises OSError: the storage failed (or its segment was removed)
+        """
+        head = self.storage.read_at(chunk.segment, chunk.position, RECORD_HEADER_BYTES + STREAM_CHUNK_HEAD.size)
+        length, crc, record_type = _RECORD_HEAD.unpack_from(head)
+        first_offset, _timestamp, count, size = STREAM_CHUNK_HEAD.unpack_from(head, RECORD_HEADER_BYTES)
+        if (first_offset, count, length, _KINDS.get(record_type)) != (
+            chunk.first_offset,
+            chunk.count,
+            chunk.length - RECORD_HEADER_BYTES,
+            chunk.raw,
+        ) or size != length - _ENTRIES_AT:
+            raise WALCorruption(f"stream chunk at offset {chunk.first_offset} does not hold what its head says")
+        entries_crc = stream_entries_crc(crc, record_type, head[RECORD_HEADER_BYTES:], size)
+        return entries_crc, Region(
+            self.storage, chunk.segment, chunk.position + RECORD_HEADER_BYTES + _ENTRIES_AT, size
+        )
 
     # -- retention ----------------------------------------------------------------------------
 

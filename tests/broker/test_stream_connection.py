@@ -21,7 +21,14 @@ from broker.core.journal import Journal
 from broker.core.node import Node, User
 from broker.server.streamprotocol import STEP_TIMEOUT, StreamServerFactory, StreamServerProtocol
 from broker.storage.streams import StreamFiles
-from broker.streams.connection import DELIVERY_BOUND, FRAME_MAX, HEARTBEAT, StreamConnection, _published
+from broker.streams.connection import (
+    DELIVERY_BOUND,
+    FRAME_MAX,
+    HEARTBEAT,
+    SENT_FROM_FILE,
+    StreamConnection,
+    _published,
+)
 from broker.tools.fuzzing import sub_entry_batch
 from broker.wal import record
 from broker.wire import streamframes as wire
@@ -421,3 +428,42 @@ def test_a_publish_frames_messages_are_read_alike_whatever_their_sizes(
     expected = (ids, b"".join(struct.pack(">I", len(m)) + m for m in messages))
     assert _published(memoryview(data), max(0, len(ids) + lie)) == expected
     assert _published(data, len(ids)) == expected
+
+
+def deliveries(data: bytes) -> list[tuple[int, int, bytes]]:
+    """``(first offset, messages, entries)`` of each ``deliver`` frame in ``data``, each
+    checked against the CRC-32 its head carries."""
+    found = []
+    head = struct.Struct(">HHBBBHIqQQIIII")
+    for frame in wire.FrameReader().feed(data):
+        if struct.unpack_from(">H", frame)[0] == wire.DELIVER:
+            fields = head.unpack_from(frame)
+            entries = frame[head.size :]
+            assert (fields[10], fields[11]) == (zlib.crc32(entries), len(entries))
+            found.append((fields[9], fields[6], entries))
+    return found
+
+
+def test_a_large_chunk_is_sent_as_stored_with_the_crc_of_its_entries(tmp_path: Path) -> None:
+    clock = Clock()
+    node = with_streams(tmp_path, Node(users=[User("guest", "guest")]))
+    protocol, transport = shell(clock, node)
+    protocol.dataReceived(b"".join(handshake_frames()))
+    protocol.dataReceived(request(wire.CREATE_STREAM, 5, wire.string("big") + wire.string_map({})))
+    protocol.dataReceived(request(wire.DECLARE_PUBLISHER, 6, b"\x01" + wire.string("") + wire.string("big")))
+    bodies = [bytes([n]) * (30_000 + n) for n in range(3)]  # one chunk of 90 kB: sent from its file
+    published = b"".join(struct.pack(">QI", n, len(b)) + b for n, b in enumerate(bodies))
+    protocol.dataReceived(wire.frame(wire.PUBLISH, struct.pack(">BI", 1, 3) + published))
+    written_chunks(node)
+    protocol.dataReceived(wire.frame(wire.PUBLISH, struct.pack(">BIQI", 1, 1, 3, 1) + b"s"))
+    written_chunks(node)
+    transport.clear()
+    subscribe = b"\x01" + wire.string("big") + struct.pack(">hH", wire.OFFSET_FIRST, 10)
+    protocol.dataReceived(request(wire.SUBSCRIBE, 7, subscribe))
+    expected = b"".join(struct.pack(">I", len(b)) + b for b in bodies)
+    found = deliveries(transport.value())
+    assert [(first, count) for first, count, _ in found] == [(0, 3), (3, 1)]  # (not their bytes: too long to show)
+    assert found[0][2] == expected and found[1][2] == struct.pack(">I", 1) + b"s"
+    stream = node.vhosts["/"].queues["big"]
+    assert stream.log.locate(0).length >= SENT_FROM_FILE > stream.log.locate(3).length
+    protocol.connectionLost()

@@ -15,9 +15,12 @@ import asyncio
 import base64
 import json
 import signal
+import socket
 import ssl
+import struct
 import time
 import urllib.request
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,8 @@ from rstream.client import Client
 from rstream.exceptions import OffsetNotFound, ServerError, StreamAlreadyExists
 
 from broker.tools.testing import free_port, rabbitmq_node, wait_for_port, write_test_pki
+from broker.wire import streamframes as wire
+from tests.broker.test_stream_connection import handshake_frames, request
 from tests.integration.test_crash import broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.hang_timeout(300)]
@@ -561,4 +566,72 @@ def test_sub_entry_batches_read_back_as_from_rabbitmq(tmp_path: Path) -> None:
             ]
 
         assert asyncio.run(reread()) == [expected, expected]
+    assert "Traceback" not in (tmp_path / "broker.log").read_text()
+
+
+class RawClient:
+    """A blocking stream-protocol client that reads frames whole."""
+
+    def __init__(self, port: int) -> None:
+        self.socket = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.reader = wire.FrameReader()
+        self.frames: list[bytes] = []
+        self.socket.sendall(b"".join(handshake_frames()))
+        while not any(struct.unpack_from(">H", f)[0] == wire.OPEN | wire.RESPONSE for f in self.frames):
+            self.read()
+
+    def read(self) -> None:
+        data = self.socket.recv(1 << 20)
+        if not data:
+            raise ConnectionError("closed")
+        self.frames += self.reader.feed(data)
+
+
+def test_large_chunks_reach_a_slow_reader_whole_and_checked(tmp_path: Path) -> None:
+    """Chunks of 64 KiB and more go from their file (sendfile) while the socket takes them,
+    and through the transport when it is full: a reader that waits before reading gets every
+    chunk whole, its CRC right, and every message once, in order."""
+    port = free_port()
+    with broker(tmp_path / "data", stream=port):
+        client = RawClient(port)
+        client.socket.sendall(request(wire.CREATE_STREAM, 5, wire.string("large") + wire.string_map({})))
+        client.socket.sendall(request(wire.DECLARE_PUBLISHER, 6, b"\x01" + wire.string("") + wire.string("large")))
+        frames, per_frame = 400, 50  # 20 MB
+        bodies = [bytes([n % 251]) * (1000 + n % 50) for n in range(per_frame)]
+        for number in range(frames):
+            messages = b"".join(
+                struct.pack(">QI", number * per_frame + n, len(body)) + body for n, body in enumerate(bodies)
+            )
+            client.socket.sendall(wire.frame(wire.PUBLISH, struct.pack(">BI", 1, per_frame) + messages))
+        confirmed = 0
+        while confirmed < frames * per_frame:
+            client.read()
+            for got in client.frames:
+                if struct.unpack_from(">H", got)[0] == wire.PUBLISH_CONFIRM:
+                    confirmed += struct.unpack_from(">I", got, 5)[0]
+            client.frames.clear()
+        subscribe = b"\x01" + wire.string("large") + struct.pack(">hH", wire.OFFSET_FIRST, 1000)
+        client.socket.sendall(request(wire.SUBSCRIBE, 7, subscribe))
+        time.sleep(1.0)  # (the socket's buffers fill meanwhile)
+        head = struct.Struct(">HHBBBHIqQQIIII")
+        offset, sizes = 0, []
+        while offset < frames * per_frame:
+            client.read()
+            for got in client.frames:
+                if struct.unpack_from(">H", got)[0] != wire.DELIVER:
+                    continue
+                fields = head.unpack_from(got)
+                entries = got[head.size :]
+                assert (fields[9], fields[10], fields[11]) == (offset, zlib.crc32(entries), len(entries))
+                at = 0
+                for n in range(fields[6]):
+                    size = struct.unpack_from(">I", entries, at)[0]
+                    assert entries[at + 4 : at + 4 + size] == bodies[(offset + n) % per_frame]
+                    at += 4 + size
+                assert at == len(entries)
+                offset += fields[6]
+                sizes.append(len(entries))
+            client.frames.clear()
+        client.socket.close()
+        assert max(sizes) >= 64 << 10 and offset == frames * per_frame
     assert "Traceback" not in (tmp_path / "broker.log").read_text()

@@ -663,3 +663,21 @@ def test_decoding_published_records_that_came_different_ways_keeps_each_ones_nam
     other = Published(3, "v", ("a",), "ex", "k", 1.0, b"h" * 14, b"z")
     for published in [first, first, longer, first, other, other, longer]:
         assert decode(RecordType.PUBLISHED, encode(published)[RECORD_HEADER_BYTES:]) == published
+
+
+@given(head=st.binary(max_size=40), data=st.binary(max_size=3000), record_type=st.integers(0, 255))
+def test_a_crc_over_data_after_a_head_gives_the_datas_own_crc(head: bytes, data: bytes, record_type: int) -> None:
+    start = zlib.crc32(bytes((record_type,)) + head)
+    assert zlib.crc32(data, start) ^ record.crc32_shifted(start, len(data)) == zlib.crc32(data)
+    whole = zlib.crc32(bytes((record_type,)) + head + data)
+    assert record.stream_entries_crc(whole, record_type, head, len(data)) == zlib.crc32(data)
+
+
+def test_a_stream_chunk_records_entries_crc_comes_from_its_own() -> None:
+    entries = record.pack_raw_entries([b"x" * 70_000, b"y"])
+    data = record.encode_stream_chunk(5, 1.5, 2, [entries[:1000], entries[1000:]], record.RAW)
+    crc, record_type = struct.unpack_from(">IB", data, 4)
+    head = data[record.RECORD_HEADER_BYTES : record.RECORD_HEADER_BYTES + record.STREAM_CHUNK_HEAD.size]
+    assert record_type == record.STREAM_CHUNK_TYPES[record.RAW]
+    assert record.stream_entries_crc(crc, record_type, head, len(entries)) == zlib.crc32(entries)
+    assert data == encode(record.StreamRawChunk(5, 1.5, 2, entries))
