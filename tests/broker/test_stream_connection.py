@@ -282,13 +282,19 @@ def delivered(data: bytes) -> int:
     return sum(1 for key, _, _ in responses(data) if key == wire.DELIVER)
 
 
-def test_a_client_that_does_not_read_costs_a_bounded_output(tmp_path: Path) -> None:
-    clock = Clock()
+def publishing_shell(tmp_path: Path, clock: Clock) -> tuple[Node, StreamServerProtocol, Transport]:
+    """A shell whose client opened, created stream ``big`` and declared publisher 1 on it."""
     node = with_streams(tmp_path, Node(users=[User("guest", "guest")]))
     protocol, transport = shell(clock, node)
     protocol.dataReceived(b"".join(handshake_frames()))
     protocol.dataReceived(request(wire.CREATE_STREAM, 5, wire.string("big") + wire.string_map({})))
     protocol.dataReceived(request(wire.DECLARE_PUBLISHER, 6, b"\x01" + wire.string("") + wire.string("big")))
+    return node, protocol, transport
+
+
+def test_a_client_that_does_not_read_costs_a_bounded_output(tmp_path: Path) -> None:
+    clock = Clock()
+    node, protocol, transport = publishing_shell(tmp_path, clock)
     body = b"x" * 100_000
     for number in range(40):  # 40 chunks of 100 kB
         protocol.dataReceived(wire.frame(wire.PUBLISH, struct.pack(">BIQI", 1, 1, number, len(body)) + body))
@@ -445,12 +451,7 @@ def deliveries(data: bytes) -> list[tuple[int, int, bytes]]:
 
 
 def test_a_large_chunk_is_sent_as_stored_with_the_crc_of_its_entries(tmp_path: Path) -> None:
-    clock = Clock()
-    node = with_streams(tmp_path, Node(users=[User("guest", "guest")]))
-    protocol, transport = shell(clock, node)
-    protocol.dataReceived(b"".join(handshake_frames()))
-    protocol.dataReceived(request(wire.CREATE_STREAM, 5, wire.string("big") + wire.string_map({})))
-    protocol.dataReceived(request(wire.DECLARE_PUBLISHER, 6, b"\x01" + wire.string("") + wire.string("big")))
+    node, protocol, transport = publishing_shell(tmp_path, Clock())
     bodies = [bytes([n]) * (30_000 + n) for n in range(3)]  # one chunk of 90 kB: sent from its file
     published = b"".join(struct.pack(">QI", n, len(b)) + b for n, b in enumerate(bodies))
     protocol.dataReceived(wire.frame(wire.PUBLISH, struct.pack(">BI", 1, 3) + published))
