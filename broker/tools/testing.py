@@ -299,8 +299,10 @@ class MemorySegmentStorage:
             raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), f"segment {number}")
         self._segments[number] = _MemorySegment(header, header)
 
-    def append(self, number: int, data: bytes) -> None:
-        """Append ``data``; a fault writes its ``written`` bytes first."""
+    def append(self, number: int, data: bytes | list[bytes]) -> None:
+        """Append ``data`` (or its pieces); a fault writes its ``written`` bytes first."""
+        if not isinstance(data, bytes):
+            data = b"".join(data)
         fault = self._call("append", number)
         segment = self._segment(number)
         if fault:

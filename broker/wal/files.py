@@ -49,8 +49,9 @@ class ISegmentStorage(Interface):
         Raises :exc:`FileExistsError` if the segment exists.
         """
 
-    def append(number: int, data: bytes) -> None:
-        """Append all of ``data`` to segment ``number`` (not synced).
+    def append(number: int, data: bytes | list[bytes]) -> None:
+        """Append all of ``data`` (bytes, or pieces of them in order) to segment ``number``
+        (not synced).
 
         On error some prefix of ``data`` may have been written.
         """
@@ -92,6 +93,25 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
+
+
+#: The most pieces one ``writev`` takes.
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
+
+def _writev_all(fd: int, pieces: list[bytes]) -> None:
+    """``os.writev`` of ``pieces`` until all of them are written (a write may be short)."""
+    views = [memoryview(piece) for piece in pieces if piece]
+    at = 0
+    while at < len(views):
+        written = os.writev(fd, views[at : at + _IOV_MAX])
+        while written:
+            size = len(views[at])
+            if written < size:
+                views[at] = views[at][written:]
+                break
+            written -= size
+            at += 1
 
 
 #: Segments hold message bodies: readable by the broker's user only (RabbitMQ's data
@@ -199,9 +219,13 @@ class DirectoryStorage:
             raise
         self._fds[number] = fd
 
-    def append(self, number: int, data: bytes) -> None:
-        """Append all of ``data`` to segment ``number``; on error a prefix may be written."""
-        _write_all(self._fd(number), data)
+    def append(self, number: int, data: bytes | list[bytes]) -> None:
+        """Append all of ``data`` to segment ``number`` (pieces of it with one ``writev``, not
+        joined first); on error a prefix may be written."""
+        if isinstance(data, bytes):
+            _write_all(self._fd(number), data)
+        else:
+            _writev_all(self._fd(number), data)
 
     def sync(self, number: int) -> None:
         """``fsync`` segment ``number``."""

@@ -295,6 +295,10 @@ def dump(storage: ISegmentStorage) -> Iterator[str]:
             yield f"segment {number} offset {segment.torn_at}: torn tail, {segment.size - segment.torn_at} bytes"
 
 
+def _pieces(data: bytes | list[bytes]) -> list[bytes]:
+    return [data] if isinstance(data, bytes) else data
+
+
 class WriteAheadLog:
     """Append-only segments of records, one of them active, over ``storage``.
 
@@ -322,7 +326,7 @@ class WriteAheadLog:
         self._active: int | None = None
         self._size = 0  # bytes of the active segment that are ours (header and whole records)
         self._synced = 0  # of those, bytes known durable
-        self._unsynced: list[bytes] = []  # what was appended after _synced, to write again if need be
+        self._unsynced: list[bytes | list[bytes]] = []  # what was appended after _synced, to write again if need be
         self._damaged = False  # the file may differ from what we wrote past _synced
         self._recovered: list[tuple[int, int, int, Record]] | None = None
 
@@ -463,11 +467,12 @@ class WriteAheadLog:
         active = self.active
         self._storage.truncate(active, self._synced)
         if self._unsynced:
-            self._storage.append(active, b"".join(self._unsynced))
+            self._storage.append(active, [piece for data in self._unsynced for piece in _pieces(data)])
         self._damaged = False
 
-    def append(self, data: bytes) -> int:
-        """Append encoded records (from :func:`broker.wal.record.encode`) to the active segment.
+    def append(self, data: bytes | list[bytes]) -> int:
+        """Append encoded records (from :func:`broker.wal.record.encode`) to the active segment,
+        whole or in pieces (written together, not joined first).
 
         One storage write; not durable until :meth:`sync`. ``data`` is kept until then, so it
         must not change (pass ``bytes``).
@@ -484,7 +489,7 @@ class WriteAheadLog:
         except OSError:
             self._damaged = True  # a prefix of data may be in the file
             raise
-        self._size += len(data)
+        self._size += len(data) if isinstance(data, bytes) else sum(map(len, data))
         self._unsynced.append(data)
         return active
 

@@ -81,6 +81,7 @@ __all__ = [
     "parse_segment_header",
     "encode",
     "encode_stream_chunk",
+    "stream_chunk_pieces",
     "decode",
     "iter_records",
     "scan",
@@ -722,10 +723,18 @@ STREAM_CHUNK_OVERHEAD = _RECORD_HEADER.size + STREAM_CHUNK_HEAD.size
 def encode_stream_chunk(
     first_offset: int, timestamp: float, count: int, entries: bytes | list[bytes], kind: int = 0
 ) -> bytes:
+    """:func:`stream_chunk_pieces`, joined."""
+    return b"".join(stream_chunk_pieces(first_offset, timestamp, count, entries, kind))
+
+
+def stream_chunk_pieces(
+    first_offset: int, timestamp: float, count: int, entries: bytes | list[bytes], kind: int = 0
+) -> list[bytes]:
     """``encode(StreamChunk(first_offset, timestamp, count, entries))`` (of a
     :class:`StreamRawChunk` for the kind :data:`RAW`, a :class:`StreamBatchChunk` for
-    :data:`BATCHED`), copying ``entries`` once (the CRC runs over it without the GIL): a chunk
-    is most of what a stream writes. ``entries`` may come in pieces, joined here.
+    :data:`BATCHED`) in pieces, for a write that takes them so (``writev``): its header and
+    head, then ``entries`` (which may come in pieces), not copied (the CRC runs over them
+    without the GIL). A chunk is most of what a stream writes.
 
     :raises ValueError: as :func:`encode`
     """
@@ -742,7 +751,7 @@ def encode_stream_chunk(
     crc = zlib.crc32(head, _TYPE_CRC[record_type])
     for piece in pieces:
         crc = zlib.crc32(piece, crc)
-    return b"".join((_RECORD_HEADER.pack(payload_bytes, crc, record_type), head, *pieces))
+    return [_RECORD_HEADER.pack(payload_bytes, crc, record_type) + head, *pieces]
 
 
 def _gf2_times(matrix: list[int], vector: int) -> int:

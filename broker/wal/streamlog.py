@@ -47,10 +47,10 @@ from broker.wal.record import (
     WALCorruption,
     as_entries,
     decode,
-    encode_stream_chunk,
     pack_stream_entries,
     parse_segment_header,
     segment_header,
+    stream_chunk_pieces,
     stream_entries_crc,
     unpack_batched_messages,
     unpack_raw_messages,
@@ -152,14 +152,14 @@ class Staged:
         #: Whether it opens a new segment.
         self.roll = roll
         self._entries = entries
-        self._data: bytes | None = None
+        self._data: list[bytes] | None = None
 
     @property
-    def data(self) -> bytes:
-        """Its record's bytes (``chunk.length`` of them)."""
+    def data(self) -> list[bytes]:
+        """Its record's bytes (``chunk.length`` of them), in pieces (:func:`~broker.wal.record.stream_chunk_pieces`)."""
         if self._data is None:
             chunk = self.chunk
-            self._data = encode_stream_chunk(chunk.first_offset, chunk.timestamp, chunk.count, self._entries, chunk.raw)
+            self._data = stream_chunk_pieces(chunk.first_offset, chunk.timestamp, chunk.count, self._entries, chunk.raw)
             self._entries = b""
         return self._data
 

@@ -234,3 +234,25 @@ def test_prune_archive_with_keep_newest_never_deletes_a_stream_s_active_segment(
     assert prune_archive(tmp_path, retention=86400, max_bytes=10, now=now, keep_newest=True) == [segment_name(1)]
     assert [p.name for p in tmp_path.iterdir()] == [segment_name(2)]
     assert prune_archive(tmp_path, retention=86400, max_bytes=10, now=now) == [segment_name(2)]
+
+
+@pytest.mark.parametrize("most", [1, 3, 1 << 20])
+def test_pieces_are_appended_whole_however_short_each_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, most: int
+) -> None:
+    writev = os.writev
+
+    def short(fd: int, buffers: list[memoryview]) -> int:  # (a write that takes at most `most` bytes)
+        return writev(fd, [bytes(b"".join(buffers)[:most])])
+
+    monkeypatch.setattr(os, "writev", short)
+    storage = DirectoryStorage(tmp_path)
+    storage.create(1, b"head")
+    pieces = [b"ab", b"", b"cdefg", b"h" * 10]
+    storage.append(1, pieces)
+    storage.append(1, b"tail")
+    assert storage.read(1) == b"head" + b"".join(pieces) + b"tail"
+    memory = MemorySegmentStorage()
+    memory.create(1, b"head")
+    memory.append(1, pieces)
+    assert memory.read(1) == storage.read(1)[:-4]
