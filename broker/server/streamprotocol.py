@@ -86,6 +86,11 @@ class StreamServerProtocol(Protocol):
         connection.wake = self._flush
         connection.connected_at = int(self.factory.clock.seconds() * 1000)
         self.connection = connection
+        if hasattr(self.transport, "setTcpNoDelay"):
+            # Deliveries and confirms are latency-bound small writes: never wait for Nagle
+            # (a chunk written while the last is not acknowledged would wait for the client's
+            # delayed acknowledgement, 40 ms).
+            self.transport.setTcpNoDelay(True)
         self.transport.registerProducer(self, True)
         self._arm_step()
 

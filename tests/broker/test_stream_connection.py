@@ -42,6 +42,7 @@ class Transport(StringTransport):
         self.aborted = False
         #: The size of each write.
         self.sizes: list[int] = []
+        self.no_delay = False
 
     def abortConnection(self) -> None:
         self.aborted = True
@@ -50,6 +51,9 @@ class Transport(StringTransport):
     def write(self, data: bytes) -> None:
         self.sizes.append(len(data))
         super().write(data)
+
+    def setTcpNoDelay(self, enabled: bool) -> None:  # noqa: N802 (Twisted's name)
+        self.no_delay = enabled
 
 
 def request(key: int, correlation: int, body: bytes = b"") -> bytes:
@@ -227,6 +231,13 @@ def shell(clock: Clock, node: Node | None = None) -> tuple[StreamServerProtocol,
     transport = Transport()
     protocol.makeConnection(transport)
     return protocol, transport
+
+
+def test_writes_do_not_wait_for_nagle() -> None:
+    """(Else a chunk written while the one before is not acknowledged waits for the client's
+    delayed acknowledgement: 40 ms at the start of a subscription.)"""
+    _protocol, transport = shell(Clock())
+    assert transport.no_delay
 
 
 def test_each_handshake_step_has_ten_seconds() -> None:
