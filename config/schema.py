@@ -87,8 +87,9 @@ class StorageConfig:
     #: at the end of every reactor turn) or ``never`` (confirm once written).
     fsync: str = "batch"
     #: With ``fsync: batch``, how long the first record after a quiet spell waits for others
-    #: (under load, writes follow one another at once and group what arrived meanwhile).
-    fsync_interval_ms: int = 1
+    #: (under load, writes follow one another at once and group what arrived meanwhile). 0: it
+    #: is written at the reactor's next turn.
+    fsync_interval_ms: int = 0
     #: The size of a log segment file.
     segment_bytes: int = 64 << 20
     #: Bytes of queued messages kept in memory (each counted as its body and 412 bytes, plus 176
