@@ -153,6 +153,7 @@ class StreamServerProtocol(Protocol):
                 if type(item) is not Region:
                     waiting.append(item)
                     continue
+                done = 0
                 if sock is not None and item.sendable:
                     if waiting:
                         data = b"".join(waiting)
@@ -162,10 +163,8 @@ class StreamServerProtocol(Protocol):
                         done = _send_region(sock.fileno(), item)
                         if done == item.length:
                             continue
-                        waiting.append(item.read(done))
-                    sock = None
-                    continue
-                waiting.append(item.read())
+                    sock = None  # (the socket is full: the rest goes through the transport)
+                waiting.append(item.read(done))
         except OSError as error:
             # (the segment went, or its file failed: as when a read fails in the connection)
             _log.error(

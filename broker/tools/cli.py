@@ -459,7 +459,12 @@ def _declare_items(conn: Any, items: Iterable[ExchangeConfig | QueueConfig | Bin
 
 
 def _streams(args: argparse.Namespace) -> int:
-    """``postroom streams``: each stream, then its subscriptions (offset and lag)."""
+    """``postroom streams``: each stream, then its subscriptions (offset and lag), then the
+    stream protocol's publishers and consumers. With ``--json``, one object per stream, its
+    stream-protocol publishers and consumers in it (``stream_publishers``,
+    ``stream_consumers``: as ``/api/stream/...`` shows them)."""
+    if args.json:
+        return _streams_json(args)
     streams = _listing(args, "streams", "streams")
     if isinstance(streams, int):
         return streams
@@ -502,6 +507,28 @@ def _streams(args: argparse.Namespace) -> int:
         print()
         _print_table(subscriptions, left=(0, 1, 2, 6))
     return _stream_protocol_users(args)
+
+
+def _streams_json(args: argparse.Namespace) -> int:
+    import json
+    import urllib.parse
+
+    where = f"/{urllib.parse.quote(args.vhost, safe='')}" if args.vhost else ""
+    try:
+        streams, publishers, consumers = (
+            management_get(args.url, f"/api/{kind}{where}")
+            for kind in ("streams", "stream/publishers", "stream/consumers")
+        )
+    except OSError as error:
+        print(f"postroom streams: {error}", file=sys.stderr)
+        return 1
+    assert isinstance(streams, list) and isinstance(publishers, list) and isinstance(consumers, list)
+    for stream in streams:
+        place = {"name": stream["name"], "vhost": stream["vhost"]}
+        stream["stream_publishers"] = [each for each in publishers if each["queue"] == place]
+        stream["stream_consumers"] = [each for each in consumers if each["queue"] == place]
+        print(json.dumps(stream, default=str))
+    return 0
 
 
 def _stream_protocol_users(args: argparse.Namespace) -> int:

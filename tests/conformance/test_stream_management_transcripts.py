@@ -313,7 +313,7 @@ def test_postroom_streams_lists_the_stream_protocols_publishers_and_consumers(
 ) -> None:
     port, http, _metrics = brokers["postroom"]
 
-    async def listed() -> str:
+    async def listed() -> tuple[str, str]:
         producer, consumer, _views = await users(port, http, "mg-cli")
         try:
             command = [
@@ -324,14 +324,23 @@ def test_postroom_streams_lists_the_stream_protocols_publishers_and_consumers(
                 "--url",
                 f"http://guest:guest@127.0.0.1:{http}/",
             ]
-            done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=60)
-            assert done.returncode == 0, done.stderr
-            return done.stdout
+            outputs = []
+            for extra in ([], ["--json"]):
+                done = await asyncio.to_thread(
+                    subprocess.run, command + extra, capture_output=True, text=True, timeout=60
+                )
+                assert done.returncode == 0, done.stderr
+                outputs.append(done.stdout)
+            return outputs[0], outputs[1]
         finally:
             await producer.close()
             await consumer.close()
 
-    table = asyncio.run(listed()).splitlines()
+    text, lines = asyncio.run(listed())
+    (stream,) = [each for each in map(json.loads, lines.splitlines()) if each["name"] == "mg-cli"]
+    assert [(p["published"], p["confirmed"]) for p in stream["stream_publishers"]] == [(5, 5)]
+    assert [(c["offset_lag"], c["credits"], c["active"]) for c in stream["stream_consumers"]] == [(0, 10, True)]
+    table = text.splitlines()
     rows = [line.split() for line in table if "127.0.0.1:" in line]  # (the stream protocol's users)
     publisher = next(row for row in rows if len(row) == 8)
     assert publisher[3:] == ["0", "-", "5", "5", "0"]
