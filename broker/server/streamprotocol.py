@@ -71,6 +71,8 @@ class StreamServerProtocol(Protocol):
         #: reading is held for them, and the call that goes on delivering after a write.
         self._written_while_full = 0
         self._reading_held = False
+        #: What the socket did not take when it filled, in order (see :meth:`_keep_unsent`).
+        self._unsent: list[Any] = []
         self._continuing: IDelayedCall | None = None
 
     def connectionMade(self) -> None:
@@ -114,7 +116,7 @@ class StreamServerProtocol(Protocol):
         if connection is None or self.transport is None:
             return
         if connection.out:
-            if connection.regions:
+            if connection.regions or self._unsent:
                 written = self._send(connection.out)
             else:
                 data = b"".join(connection.out)
@@ -134,6 +136,12 @@ class StreamServerProtocol(Protocol):
         if connection.step in ("tuned", "open") and self._heartbeat_timer is None and connection.heartbeat:
             self._heartbeat_timer = self.factory.clock.callLater(connection.heartbeat, self._heartbeat)
         if connection.finished:
+            if self._unsent:  # (what the socket did not take yet goes before the end, read)
+                unsent, self._unsent = self._unsent, []
+                try:
+                    self.transport.write(b"".join(i.read() if type(i) is Region else i for i in unsent))
+                except OSError:
+                    pass  # (the chunks' segment went: the connection ends anyway)
             if connection.reason:
                 _log.info("stream connection {peer} closed: {reason}", peer=connection.peer, reason=connection.reason)
             # (unregistered first: loseConnection waits for a paused producer otherwise)
@@ -143,28 +151,33 @@ class StreamServerProtocol(Protocol):
     def _send(self, out: list[Any]) -> int:
         """Write ``out``, chunks to send from their file among it (:class:`Region`). While
         nothing waits in the transport's buffer (and it is plain TCP), they go from the page
-        cache straight to the socket (``sendfile``), the bytes before them straight too. What
-        the socket does not take now, and everything after it, goes through the transport,
-        the chunks read. Returns the bytes given to the transport."""
+        cache straight to the socket (``sendfile``), the bytes before them straight too. When
+        the socket is full, the rest is held (:meth:`_keep_unsent`) until it takes more. Otherwise
+        (TLS, or the transport's buffer not empty) chunks are read and written through the
+        transport. Returns the bytes written or held."""
+        if self._unsent:
+            self._unsent += out
+            return sum(item.length if type(item) is Region else len(item) for item in out)
         sock = self._direct_socket()
         waiting: list[Any] = []
         try:
-            for item in out:
+            for at, item in enumerate(out):
                 if type(item) is not Region:
                     waiting.append(item)
                     continue
-                done = 0
                 if sock is not None and item.sendable:
                     if waiting:
                         data = b"".join(waiting)
                         sent = _send_some(sock, data)
-                        waiting = [] if sent == len(data) else [data[sent:]]
-                    if not waiting:
-                        done = _send_region(sock.fileno(), item)
-                        if done == item.length:
-                            continue
-                    sock = None  # (the socket is full: the rest goes through the transport)
-                waiting.append(item.read(done))
+                        waiting = []
+                        if sent < len(data):
+                            return self._keep_unsent([data[sent:], *out[at:]])
+                    done = _send_region(sock.fileno(), item)
+                    if done < item.length:
+                        rest = Region(item.storage, item.segment, item.offset + done, item.length - done)
+                        return self._keep_unsent([rest, *out[at + 1 :]])
+                    continue
+                waiting.append(item.read())
         except OSError as error:
             # (the segment went, or its file failed: as when a read fails in the connection)
             _log.error(
@@ -176,6 +189,18 @@ class StreamServerProtocol(Protocol):
         if data:
             self.transport.write(data)
         return len(data)
+
+    def _keep_unsent(self, items: list[Any]) -> int:
+        """The socket is full: keep ``items`` (in order, before anything written later) until
+        the transport finds it writable again and calls :meth:`resumeProducing`. Deliveries
+        stop meanwhile. Returns their bytes."""
+        self._unsent = items
+        if self.connection is not None:
+            self.connection.paused = True
+        transport = self.transport
+        transport.producerPaused = True  # (so that its next write turn, finding its buffer empty, resumes us)
+        transport.startWriting()
+        return sum(item.length if type(item) is Region else len(item) for item in items)
 
     def _direct_socket(self) -> Any:
         """The transport's socket when it is plain TCP with nothing in its buffer (so bytes
@@ -203,6 +228,11 @@ class StreamServerProtocol(Protocol):
             self.connection.paused = True
 
     def resumeProducing(self) -> None:  # noqa: N802 (IPushProducer)
+        if self._unsent:
+            unsent, self._unsent = self._unsent, []
+            self._send(unsent)
+            if self._unsent:  # (full again)
+                return
         self._written_while_full = 0
         if self._reading_held:
             self._reading_held = False
@@ -262,6 +292,7 @@ class StreamServerProtocol(Protocol):
             if timer is not None and timer.active():
                 timer.cancel()
         self._step_timer = self._heartbeat_timer = self._continuing = None
+        self._unsent = []
         if self.connection is not None:
             self.connection.connection_lost()
 
