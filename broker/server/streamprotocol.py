@@ -16,6 +16,7 @@ written to a full buffer, nothing more is read from the client until it has read
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime, ISSLTransport
@@ -35,11 +36,15 @@ _log = Logger()
 STEP_TIMEOUT = 10.0
 
 
+#: What ``sendfile`` raises when the client has gone (the connection ends without a word).
+_GONE = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN})
+
+
 def _send_some(sock: Any, data: bytes) -> int:
     """As much of ``data`` as the non-blocking socket ``sock`` takes now."""
     try:
         return int(sock.send(data))
-    except OSError:  # full, or gone (the transport finds out which)
+    except BlockingIOError:  # full
         return 0
 
 
@@ -49,7 +54,7 @@ def _send_region(fileno: int, region: Region) -> int:
     while done < region.length:
         try:
             sent = region.send(fileno, done)
-        except OSError:  # full, or gone: the rest is read and goes through the transport
+        except BlockingIOError:  # full: the rest waits
             break
         if not sent:
             break
@@ -179,10 +184,12 @@ class StreamServerProtocol(Protocol):
                     continue
                 waiting.append(item.read())
         except OSError as error:
-            # (the segment went, or its file failed: as when a read fails in the connection)
-            _log.error(
-                "stream connection {peer}: sending a chunk failed: {error}", peer=self.connection.peer, error=error
-            )
+            if error.errno not in _GONE:
+                # (the segment went, or its file failed: as when a read fails in the connection)
+                _log.error(
+                    "stream connection {peer}: sending a chunk failed: {error}", peer=self.connection.peer, error=error
+                )
+            self._unsent = []
             self.transport.abortConnection()
             return 0
         data = b"".join(waiting)

@@ -38,6 +38,7 @@ from broker.wal.streamlog import Region
 from broker.wire import streamframes as wire
 from config.schema import Permission
 from tests.broker.core.test_login import SCRYPT
+from tests.broker.test_spooling import logged_errors
 
 
 class Transport(StringTransport):
@@ -500,6 +501,7 @@ class SocketTransport:
         #: Whether the shell waits for the socket to take more (it calls resumeProducing then).
         self.waiting = False
         self.producerPaused = False
+        self.aborted = False
 
     def write(self, data: bytes) -> None:
         self.written.append(data)
@@ -507,6 +509,9 @@ class SocketTransport:
 
     def startWriting(self) -> None:  # noqa: N802 (Twisted's name)
         self.waiting = True
+
+    def abortConnection(self) -> None:  # noqa: N802 (Twisted's name)
+        self.aborted = True
 
 
 @pytest.mark.parametrize(
@@ -557,3 +562,21 @@ def test_chunks_from_their_file_and_bytes_reach_the_client_in_order_however_full
     theirs.close()
     got = received + b"".join(transport.written)
     assert len(got) == len(expected) and got == expected  # (not shown whole: too long)
+
+
+def test_a_chunk_whose_segment_went_ends_the_connection_and_is_not_tried_again(tmp_path: Path) -> None:
+    storage = DirectoryStorage(tmp_path)
+    storage.create(1, b"")
+    storage.append(1, b"x" * 100_000)
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    protocol = StreamServerFactory(Node(), Clock(), ("127.0.0.1", 5552)).buildProtocol(None)
+    protocol.transport = transport = SocketTransport(ours)
+    protocol.connection = StreamConnection(Node(), "127.0.0.1:1", True, ("127.0.0.1", 5552))
+    storage.retire(1)  # (retention removed it)
+    with logged_errors() as errors:
+        assert protocol._send([b"head", Region(storage, 1, 0, 100_000)]) == 0
+    assert transport.aborted and not transport.waiting and not protocol._unsent
+    assert any("sending a chunk failed" in error for error in errors)
+    ours.close()
+    theirs.close()

@@ -69,7 +69,12 @@ def broker(
         + (f"limits: {{{limits}}}\n" if limits else "")
         + extra
     )
-    log = open(data.parent / "broker.log", "ab")
+    log_path = data.parent / "broker.log"
+    # This start's listening line: the port answering could be another test's broker that took
+    # the same free port meanwhile.
+    listening = f"AMQPServerFactory starting on {port}\n"
+    before = log_path.read_text().count(listening) if log_path.exists() else 0
+    log = open(log_path, "ab")
     process = subprocess.Popen(
         [sys.executable, "-m", "broker.tools.cli", "serve", "--config", str(config)], cwd=ROOT, stdout=log, stderr=log
     )
@@ -77,7 +82,7 @@ def broker(
         deadline = time.monotonic() + 60  # a start that reads a whole log of a million messages
         while True:
             with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                if sock.connect_ex(("127.0.0.1", port)) == 0 and log_path.read_text().count(listening) > before:
                     break
             if time.monotonic() > deadline or process.poll() is not None:
                 raise AssertionError(f"broker did not start: {(data.parent / 'broker.log').read_text()[-2000:]}")
