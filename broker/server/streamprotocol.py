@@ -40,6 +40,11 @@ STEP_TIMEOUT = 10.0
 _GONE = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN})
 
 
+def _bytes(items: list[Any]) -> int:
+    """Bytes of ``items``: bytes, and chunks to send from their file."""
+    return sum(item.length if type(item) is Region else len(item) for item in items)
+
+
 def _send_some(sock: Any, data: bytes) -> int:
     """As much of ``data`` as the non-blocking socket ``sock`` takes now."""
     try:
@@ -162,7 +167,7 @@ class StreamServerProtocol(Protocol):
         transport. Returns the bytes written or held."""
         if self._unsent:
             self._unsent += out
-            return sum(item.length if type(item) is Region else len(item) for item in out)
+            return _bytes(out)
         sock = self._direct_socket()
         waiting: list[Any] = []
         try:
@@ -207,7 +212,7 @@ class StreamServerProtocol(Protocol):
         transport = self.transport
         transport.producerPaused = True  # (so that its next write turn, finding its buffer empty, resumes us)
         transport.startWriting()
-        return sum(item.length if type(item) is Region else len(item) for item in items)
+        return _bytes(items)
 
     def _direct_socket(self) -> Any:
         """The transport's socket when it is plain TCP with nothing in its buffer (so bytes

@@ -1127,12 +1127,13 @@ def _published_entries(data: bytes | memoryview) -> tuple[list[int], list[bytes 
             flags, records, _uncompressed, length = BATCH_HEAD.unpack_from(data, at + 8)
             stop = at + 8 + BATCH_HEAD.size + length
             entry = bytes((flags & 0xF0,)) + data[at + 9 : stop]
+            taken = stop <= end and records > 0 and _holds(entry, records)
         else:
             stop = at + 12 + size
-            entry, records = data[at + 8 : stop], 1
+            entry, taken = data[at + 8 : stop], True
         if stop > end:
             raise wire.Malformed("short")
-        if records and _holds(entry, records):
+        if taken:
             ids.append(publishing_id)
             entries.append(entry)
         else:
