@@ -81,6 +81,13 @@ def scenario(returns: str, priorities: bool = False) -> Any:
                 elif returns == "reject-forward":
                     for tag in range(1, 8):
                         client.send(frames(2, commands.Basic.Reject(delivery_tag=tag, requeue=True)))
+                if returns in ("nack", "reject-forward"):
+                    # basic.nack and basic.reject have no reply, and in RabbitMQ they travel from
+                    # channel 2's process to the queue's, so channel 1's gets could pass them. A
+                    # passive declare on channel 2 is answered by the queue process after them.
+                    client.send(frames(2, commands.Queue.Declare(queue=queue, passive=True)))
+                    client.read(until("Queue.DeclareOk", channel=2))
+                    transcript.entries.pop()
                 elif returns == "recover":
                     client.send(frames(2, commands.Basic.Recover(requeue=True)))
                     client.read(until("Basic.RecoverOk", channel=2))
