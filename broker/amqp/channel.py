@@ -106,6 +106,12 @@ class ChannelState:
         self.transactional = False
         #: What the open transaction does at commit (publishes, acks, rejects), in order.
         self.tx_ops: list[Callable[[], object]] = []
+        #: Publishes and acks in the open transaction (RabbitMQ's ``messages_uncommitted`` and
+        #: ``acks_uncommitted``).
+        self.tx_messages = self.tx_acks = 0
+        #: What the channel did, for the management API's ``message_stats``: messages
+        #: published, returned as unroutable (mandatory), and dropped as unroutable.
+        self.published = self.returned = self.dropped = 0
         self._max_message_bytes = connection.node.limits.max_message_bytes
         #: Plugins' message hooks; ``None`` (the usual case) costs the hot path one test.
         self._hooks = connection.node.hooks
@@ -330,7 +336,6 @@ class ChannelState:
             _check_expiration(message.expiration)
         if message.flags & REPLY_TO and property_value(header, REPLY_TO) == PSEUDO_QUEUE_BYTES:
             message = self._with_reply_name(message, exchange_name)
-        self.vhost.published += 1
         if self._hooks is not None:
             self._hooks.published(self.vhost, exchange_name, message)
         if self.transactional:
@@ -338,7 +343,10 @@ class ChannelState:
             if exchange_name == "" and routing_key.startswith(PREFIX) and routing_key not in self.vhost.queues:
                 self._reply(message, routing_key)  # as RabbitMQ: at once, and a rollback keeps it
             self.tx_ops.append(lambda: self._route(message, exchange_name, bits & 1))
+            self.tx_messages += 1
             return
+        self.published += 1
+        self.vhost.published += 1
         log = self.vhost.journal
         recorded = log.recorded if confirms is not None and log is not None else 0
         if exchange_name == "":
@@ -352,6 +360,8 @@ class ChannelState:
                 accepted = True
                 if not (routing_key.startswith(PREFIX) and self._reply(message, routing_key)):
                     self.vhost.unroutable += 1
+                    if not bits & 1:
+                        self.dropped += 1
                 if bits & 1:
                     self._return(message)  # a reply too, delivered or not, as RabbitMQ returns it
             if self._hooks is not None:
@@ -456,6 +466,8 @@ class ChannelState:
             self.vhost.unroutable += 1
             if mandatory:
                 self._return(message)
+            else:
+                self.dropped += 1
         return accepted
 
     def _extend(self, message: Message) -> bool:
@@ -515,6 +527,7 @@ class ChannelState:
     def _return(self, message: Message) -> None:
         """Send an unroutable mandatory message back with ``basic.return`` 312 NO_ROUTE."""
         self.vhost.returned += 1
+        self.returned += 1
         out = self.connection.out
         out.append(return_method(self.id, ReplyCode.NO_ROUTE, "NO_ROUTE", message.names))
         out += content_frames(self.id, message.header, message.body, self.connection.frame_max)
@@ -540,6 +553,10 @@ class ChannelState:
         if not self.transactional:
             raise ChannelException(ReplyCode.PRECONDITION_FAILED, "channel is not transactional")
         ops, self.tx_ops = self.tx_ops, []
+        # (as RabbitMQ: a transaction's publishes count once committed)
+        self.published += self.tx_messages
+        self.vhost.published += self.tx_messages
+        self.tx_messages = self.tx_acks = 0
         self.consuming.tx_taken = []
         for op in ops:
             op()
@@ -549,6 +566,7 @@ class ChannelState:
         if not self.transactional:
             raise ChannelException(ReplyCode.PRECONDITION_FAILED, "channel is not transactional")
         self.tx_ops = []
+        self.tx_messages = self.tx_acks = 0
         consuming = self.consuming
         taken, consuming.tx_taken = consuming.tx_taken, []
         consuming.untake(taken)

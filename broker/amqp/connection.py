@@ -44,6 +44,7 @@ from broker.amqp.handshake import State
 from broker.core.access import Access
 from broker.core.node import RESOURCE_ALARMS, Node
 from broker.core.queue import WorkQueue
+from broker.core.sockets import SocketDetails
 from broker.core.vhost import VirtualHost
 from broker.errors import AMQPError, ChannelCrash, ChannelException, ConnectionDropped, ConnectionException, ReplyCode
 from broker.wire.codec import (
@@ -214,6 +215,13 @@ class ServerConnection:
         #: (``replies_held``) until the shell has written them and the client has read enough.
         self.replied_bytes = 0
         self.replies_held = False
+        #: How it logged in, when it connected (milliseconds since the epoch), and what the
+        #: shell counts of its socket: bytes and socket reads and writes each way, and the
+        #: socket's details (:class:`SocketDetails`), for the management API.
+        self.auth_mechanism = ""
+        self.connected_at = 0
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
+        self.socket: SocketDetails | None = None
 
     # -- resource alarms ----------------------------------------------------------------------
 

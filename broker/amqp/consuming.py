@@ -93,6 +93,11 @@ class Consuming:
         self._unacked: OrderedDict[int, Entry] = OrderedDict()
         #: The last delivery tag given out.
         self.delivery_tag = 0
+        #: What the channel's consumers and gets took, for the management API's
+        #: ``message_stats``: deliveries with and without acks, gets with and without acks,
+        #: gets that found nothing, acks, and deliveries of redelivered messages.
+        self.delivered = self.delivered_no_ack = self.got = self.got_no_ack = self.got_empty = 0
+        self.acked = self.redelivered = 0
         self.consumers: dict[str, Consumer] = {}
         #: Delivery tags taken back by visibility timeouts, oldest first (see MAX_STALE_TAGS).
         self._stale: dict[int, bool] = {}
@@ -319,9 +324,11 @@ class Consuming:
         sampled = queue.latency_samples
         packs = _DELIVERY_PACKS
         now = queue.now() if consumer.remaining_ttl else None
+        redelivered = 0
         for entry in entries:
             tag += 1
             count += 1
+            redelivered += entry.redelivered
             if sampled and entry in sampled:
                 queue.observe_latency(entry)
             message = entry.message
@@ -384,9 +391,13 @@ class Consuming:
                 unacked[tag] = entry
         self.delivery_tag = tag
         queue.delivered += count
+        self.redelivered += redelivered
         if not track:
+            self.delivered_no_ack += count
+            queue.delivered_no_ack += count
             queue.settle(entries)
         elif count:
+            self.delivered += count
             consumer.unacked += count
             self.unacked_count += count
             queue.unacked_count += count
@@ -406,11 +417,20 @@ class Consuming:
         entry = queue.get()  # (a stream refuses)
         if entry is None:
             self.vhost.gets_empty += 1
+            self.got_empty += 1
+            queue.got_empty += 1
             self.channel.send(commands.Basic.GetEmpty())
             return
         self.vhost.gets += 1
         self.delivery_tag = tag = self.delivery_tag + 1
         queue.delivered += 1
+        self.redelivered += entry.redelivered
+        if method.no_ack:
+            self.got_no_ack += 1
+            queue.got_no_ack += 1
+        else:
+            self.got += 1
+            queue.got += 1
         if queue.latency_samples:
             queue.observe_latency(entry)
         message = entry.message
@@ -516,6 +536,7 @@ class Consuming:
         if self.channel.transactional:
             self.tx_taken += entries
             self.channel.tx_ops.append(lambda: self._acked(entries))
+            self.channel.tx_acks += len(entries)
             return
         self._acked(entries)
 
@@ -549,6 +570,7 @@ class Consuming:
             return
         if self._hooks is not None:
             self._hooks.acked(entries)
+        self.acked += len(entries)
         if len(entries) == 1:
             entry = entries[0]
             queue = entry.queue

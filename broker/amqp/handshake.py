@@ -151,6 +151,7 @@ def login_done(connection: ServerConnection, mechanism: str, user: Any, reason: 
         return
     connection.user_name = user.name
     connection.user = user
+    connection.auth_mechanism = mechanism
     connection.state = State.AWAIT_TUNE_OK
     connection.out.append(
         encode_method(

@@ -236,6 +236,9 @@ class WorkQueue:
         # Counters, read by metrics at scrape time (one integer add per message, no callbacks).
         self.published = 0
         self.delivered = 0
+        #: Of those deliveries: to consumers without acks, and by ``basic.get`` with and
+        #: without acks; and the gets that found the queue empty.
+        self.delivered_no_ack = self.got = self.got_no_ack = self.got_empty = 0
         self.acked = 0
         self.visibility_timeouts = 0
         self.redelivered = 0

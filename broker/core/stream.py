@@ -291,6 +291,7 @@ class StreamQueue:
         self.seq = 0
         self.published = 0
         self.delivered = 0
+        self.delivered_no_ack = self.got = self.got_no_ack = self.got_empty = 0
         self.acked = 0
         self.redelivered = 0
         self.visibility_timeouts = 0

@@ -38,6 +38,7 @@ from broker.amqp.connection import ServerConnection
 from broker.amqp.handshake import State
 from broker.core.node import Node
 from broker.errors import ReplyCode
+from broker.server.sockets import socket_details
 from broker.text import printable
 
 #: Bytes written to a client whose socket buffer is full before nothing more is read from it:
@@ -122,6 +123,8 @@ class AMQPServerProtocol(Protocol):
             certificate_name=self._certificate_name if ISSLTransport.providedBy(self.transport) else None,
         )
         self.factory.protocols[self.connection] = self
+        self.connection.socket = socket_details(self.transport)
+        self.connection.connected_at = int(self.factory.clock.seconds() * 1000)
         # What reads the socket (under TLS, the transport beneath it): its bufferSize is the
         # most one read takes (see READ_BYTES).
         reader = self.transport
@@ -142,6 +145,8 @@ class AMQPServerProtocol(Protocol):
     def dataReceived(self, data: bytes) -> None:
         connection = self.connection
         assert connection is not None
+        connection.recv_oct += len(data)
+        connection.recv_cnt += 1
         factory = self.factory
         factory.in_io = True
         try:
@@ -179,6 +184,8 @@ class AMQPServerProtocol(Protocol):
         data = connection.data_to_send()
         if data:
             self.transport.write(data)
+            connection.send_oct += len(data)
+            connection.send_cnt += 1
             if self._output_full:
                 self._written_while_full += len(data)
                 if self._written_while_full > OUTPUT_BOUND and not self._reading_held:

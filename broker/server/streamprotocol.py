@@ -26,6 +26,7 @@ from twisted.python.failure import Failure
 
 from broker.core.node import Node
 from broker.server.protocol import OUTPUT_BOUND, certificate_common_names, is_loopback
+from broker.server.sockets import socket_details
 from broker.streams.connection import StreamConnection
 from broker.wal.streamlog import Region
 from broker.wire.streamframes import HEARTBEAT_FRAME
@@ -97,6 +98,7 @@ class StreamServerProtocol(Protocol):
         )
         connection.wake = self._flush
         connection.connected_at = int(self.factory.clock.seconds() * 1000)
+        connection.socket = socket_details(self.transport)
         self.connection = connection
         if hasattr(self.transport, "setTcpNoDelay"):
             # Deliveries and confirms are latency-bound small writes: never wait for Nagle
@@ -116,6 +118,8 @@ class StreamServerProtocol(Protocol):
         if connection is None:
             return
         step = connection.step
+        connection.recv_oct += len(data)
+        connection.recv_cnt += 1
         connection.receive(data)
         if connection.step != step:
             self._arm_step()
@@ -133,6 +137,8 @@ class StreamServerProtocol(Protocol):
                 self.transport.write(data)
                 written = len(data)
             connection.out.clear()
+            connection.send_oct += written
+            connection.send_cnt += 1
             connection.queued = 0
             connection.regions = 0
             self._wrote = True

@@ -28,6 +28,7 @@ from twisted.logger import Logger
 
 from broker.core.login import sasl_credentials
 from broker.core.node import Node
+from broker.core.sockets import SocketDetails
 from broker.core.stream import StreamQueue
 from broker.errors import ChannelCrash, ChannelException
 from broker.wal.record import (
@@ -147,8 +148,11 @@ class StreamConnection:
         #: What the client said of itself (``peer_properties``), and how it logged in.
         self.client_properties: dict[str, str] = {}
         self.auth_mechanism = ""
-        #: When it connected, in milliseconds since the epoch (the shell sets it).
+        #: When it connected, in milliseconds since the epoch, and what it counts of its
+        #: socket (bytes and reads and writes each way, the socket's details): the shell sets them.
         self.connected_at = 0
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
+        self.socket: SocketDetails | None = None
         #: Bytes of chunks in :attr:`out` (the shell zeroes it as it writes them), and whether
         #: the socket is full (the shell says so): either stops deliveries until
         #: :meth:`resume`; :attr:`behind` says that a subscription has more to send then.

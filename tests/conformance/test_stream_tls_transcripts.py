@@ -11,14 +11,17 @@ ended. Both brokers must give the same record for every probe.
 
 from __future__ import annotations
 
+import base64
+import json
 import ssl
 import struct
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from transcript import oracle
+from transcript import oracle, wait_for
 
 from broker.tools.testing import free_port, rabbitmqctl, wait_for_port, write_test_pki
 from broker.wire import streamframes as wire
@@ -51,15 +54,16 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def ports(pki: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[int, int]]]:
-    """Each broker's ``(stream port, stream TLS port)``."""
-    rabbit = (free_port(), free_port())
+def ports(pki: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[int, int, int]]]:
+    """Each broker's ``(stream port, stream TLS port, management port)``."""
+    rabbit = (free_port(), free_port(), free_port())
     config = (
         f"stream.listeners.tcp.1 = 127.0.0.1:{rabbit[0]}\n"
         f"stream.listeners.ssl.1 = 127.0.0.1:{rabbit[1]}\n"
         "stream.advertised_host = 127.0.0.1\n"
+        f"management.tcp.port = {rabbit[2]}\nmanagement.tcp.ip = 127.0.0.1\n"
     ) + rabbitmq_tls_options(pki)
-    ours = (free_port(), free_port())
+    ours = (free_port(), free_port(), free_port())
     directory = tmp_path_factory.mktemp("stream-tls-postroom")
     extra = (
         f"tls: {{certificate: '{pki['server.crt']}', key: '{pki['server.key']}', "
@@ -70,8 +74,12 @@ def ports(pki: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Ite
         "  - {name: app, password: app-password}\n"
     )
     with (
-        oracle(config, ["rabbitmq_stream", "rabbitmq_auth_mechanism_ssl"], also=list(rabbit)) as amqp,
-        broker(directory / "data", stream=ours[0], extra=extra, stream_tls=ours[1]),
+        oracle(
+            config,
+            ["rabbitmq_stream", "rabbitmq_auth_mechanism_ssl", "rabbitmq_management", "rabbitmq_stream_management"],
+            also=list(rabbit),
+        ) as amqp,
+        broker(directory / "data", stream=ours[0], extra=extra, stream_tls=ours[1], management=ours[2]),
     ):
         rabbitmqctl(amqp, "add_user", "app", "app-password")
         rabbitmqctl(amqp, "set_permissions", "app", ".*", ".*", ".*")
@@ -123,7 +131,7 @@ def probe(port: int, tls: bool, certificate: str | None, mechanism: str | None, 
     ("tls", "certificate", "mechanism"), PROBES, ids=[f"{'tls' if t else 'tcp'}-{c}-{m}" for t, c, m in PROBES]
 )
 def test_the_stream_protocol_over_tls_and_external_answer_as_rabbitmq(
-    ports: dict[str, tuple[int, int]],
+    ports: dict[str, tuple[int, int, int]],
     pki: dict[str, Path],
     tls: bool,
     certificate: str | None,
@@ -145,3 +153,51 @@ def test_the_stream_protocol_over_tls_and_external_answer_as_rabbitmq(
     else:  # no certificate, or one that names no user
         assert answer[3] == "000000030008"  # (correlation 3, authentication failure)
         assert records["postroom"][3:] == ["closed"]
+
+
+def tls_view(ports: tuple[int, int, int], pki: dict[str, Path]) -> dict[str, Any]:
+    """The TLS fields of a stream connection made with ``app``'s certificate (logged in with
+    PLAIN), as ``/api/stream/connections`` shows them once the broker's statistics have it."""
+    peer = Peer(ports[1])
+    context = ssl.create_default_context(cafile=str(pki["server-ca"]))
+    context.load_cert_chain(pki["app.crt"], pki["app.key"])
+    peer.socket = context.wrap_socket(peer.socket, server_hostname="localhost")
+    try:
+        peer.send(wire.PEER_PROPERTIES, wire.string_map({"product": "transcript", "connection_name": "tls-fields"}))
+        peer.read()
+        peer.send(wire.SASL_HANDSHAKE, b"")
+        peer.read()
+        response = b"\0app\0app-password"
+        peer.send(wire.SASL_AUTHENTICATE, s("PLAIN") + struct.pack(">I", len(response)) + response)
+        peer.read()
+        if peer.log[-1][0] != wire.TUNE:
+            peer.read()
+        peer.write(wire.frame(wire.TUNE | wire.RESPONSE, struct.pack(">II", 1048576, 60)))
+        peer.send(wire.OPEN, s("/"))
+        peer.read()
+
+        def shown() -> dict[str, Any] | None:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{ports[2]}/api/stream/connections",
+                headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()},
+            )
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                views = json.load(answer)
+            return next((view for view in views if view.get("user_provided_name") == "tls-fields"), None)
+
+        assert wait_for(lambda: shown() is not None, 30)
+        view = shown()
+        assert view is not None
+        return {key: value for key, value in view.items() if key.startswith(("ssl", "peer_cert"))}
+    finally:
+        peer.close()
+
+
+def test_a_tls_connection_shows_its_session_as_rabbitmq_shows_it(
+    ports: dict[str, tuple[int, int, int]], pki: dict[str, Path]
+) -> None:
+    """Protocol, key exchange, cipher and hash in Erlang's names; the client's certificate's
+    subject, issuer and validity as RabbitMQ writes them."""
+    expected = tls_view(ports["rabbitmq"], pki)
+    assert expected["ssl"] is True and expected["peer_cert_subject"]  # what the oracle is about
+    assert tls_view(ports["postroom"], pki) == expected

@@ -33,7 +33,7 @@ import struct
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -856,3 +856,35 @@ def oracle(config: str = "", plugins: Iterable[str] = (), also: Iterable[int] = 
         yield port
     finally:
         node.__exit__(None, None, None)
+
+
+# -- management API objects -----------------------------------------------------------------
+
+
+def api_fields(value: Any, leave_out: Container[str], sort_lists: bool = False) -> Any:
+    """A management API answer without the fields named in ``leave_out`` and the rates
+    (``*_details``), at any depth; with ``sort_lists``, lists in a set order (by ``repr``)."""
+    if isinstance(value, (list, tuple)):
+        items = [api_fields(item, leave_out, sort_lists) for item in value]
+        if isinstance(value, tuple):
+            return tuple(items)
+        return sorted(items, key=repr) if sort_lists else items
+    if isinstance(value, dict):
+        return {
+            key: api_fields(item, leave_out, sort_lists)
+            for key, item in sorted(value.items())
+            if key not in leave_out and not key.endswith("_details")
+        }
+    return value
+
+
+def field_paths(value: Any, path: str = "", opaque: Container[str] = ()) -> set[str]:
+    """Every key in a management API answer, as a dotted path (list items share their list's);
+    the keys inside the fields named in ``opaque`` are left out."""
+    if isinstance(value, (list, tuple)):
+        return {key for item in value for key in field_paths(item, path, opaque)}
+    if isinstance(value, dict):
+        return {f"{path}{key}" for key in value} | {
+            k for key, item in value.items() if key not in opaque for k in field_paths(item, f"{path}{key}.", opaque)
+        }
+    return set()

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote_to_bytes
 
+from broker.core.sockets import PLAIN_TCP
+
 if TYPE_CHECKING:
     from twisted.web.server import Request
 
@@ -332,3 +334,35 @@ def _columns(item: Any, columns: list[str]) -> Any:
         else:
             kept[head] = item[head]
     return kept
+
+
+def socket_fields(sampler: RateSampler, connection: Any) -> dict[str, Any]:
+    """A connection's socket as RabbitMQ's connection objects show it: its two ends, how it
+    logged in, TLS (Erlang's names), and bytes and socket reads and writes each way, with
+    their rates over the last sample."""
+    socket = connection.socket
+    if socket is not None:
+        ends: dict[str, Any] = {
+            "host": socket.host, "port": socket.port, "peer_host": socket.peer_host, "peer_port": socket.peer_port
+        }  # fmt: skip
+        pending = socket.pending()
+    else:  # (a connection made in a test, without a socket)
+        host, _, port = connection.peer.rpartition(":")
+        ends = {"host": "", "port": 0, "peer_host": host, "peer_port": int(port) if port.isdigit() else None}
+        pending = 0
+    tls = socket is not None and socket.tls is not None
+    received, sent = sampler.socket_rates(connection)
+    return {
+        **ends,
+        "auth_mechanism": connection.auth_mechanism,
+        "connected_at": connection.connected_at,
+        "ssl": tls,
+        **(socket.tls() if tls else PLAIN_TCP),  # type: ignore[union-attr, misc]
+        "recv_oct": connection.recv_oct,
+        "recv_oct_details": {"rate": received},
+        "recv_cnt": connection.recv_cnt,
+        "send_oct": connection.send_oct,
+        "send_oct_details": {"rate": sent},
+        "send_cnt": connection.send_cnt,
+        "send_pend": pending,
+    }

@@ -400,8 +400,10 @@ def get(call: Call) -> tuple[int, Any]:
         for _ in range(count):
             entry = queue.get()
             if entry is None:
+                queue.got_empty += 1
                 break
             queue.delivered += 1
+            queue.got += 1
             taken.append((entry, queue.message_count))
     answer = _rendered(taken, encoding, truncate)
     entries = [entry for entry, _remaining in taken]

@@ -15,7 +15,65 @@ RATE_INTERVAL = 5.0
 
 #: Counters that get a ``*_details.rate`` in ``message_stats`` (RabbitMQ's names -> ours).
 QUEUE_STATS = {"publish": "published", "deliver_get": "delivered", "ack": "acked", "redeliver": "redelivered"}
-VHOST_STATS = {"publish": "published", "return_unroutable": "unroutable"}
+VHOST_STATS = {"publish": "published", "return_unroutable": "returned"}
+
+
+#: What a queue holds rather than counts: their rates may be below 0.
+LEVELS = frozenset({"messages_ready", "messages_unacknowledged"})
+
+
+def queue_counts(queue: Any) -> dict[str, int]:
+    """A queue's ``message_stats`` counters, RabbitMQ's names (``deliver_get`` is the sum of
+    deliveries with and without acks and gets with and without acks)."""
+    counts = {stat: getattr(queue, attribute) for stat, attribute in QUEUE_STATS.items()}
+    counts["get"], counts["get_no_ack"], counts["get_empty"] = queue.got, queue.got_no_ack, queue.got_empty
+    counts["deliver_no_ack"] = queue.delivered_no_ack
+    counts["deliver"] = queue.delivered - queue.delivered_no_ack - queue.got - queue.got_no_ack
+    return counts
+
+
+def channel_counts(channel: Any) -> dict[str, int]:
+    """An AMQP channel's ``message_stats`` counters, RabbitMQ's names."""
+    consuming, confirms = channel.consuming, channel.confirms
+    counts = {
+        "publish": channel.published,
+        "confirm": confirms.confirmed_upto if confirms is not None else 0,
+        "return_unroutable": channel.returned,
+        "drop_unroutable": channel.dropped,
+        "deliver": consuming.delivered,
+        "deliver_no_ack": consuming.delivered_no_ack,
+        "get": consuming.got,
+        "get_no_ack": consuming.got_no_ack,
+        "get_empty": consuming.got_empty,
+        "ack": consuming.acked,
+        "redeliver": consuming.redelivered,
+    }
+    counts["deliver_get"] = counts["deliver"] + counts["deliver_no_ack"] + counts["get"] + counts["get_no_ack"]
+    return counts
+
+
+#: RabbitMQ keeps a channel's or a vhost's counters in two families, each shown once one of
+#: its counters moved: what was published, and what was delivered or got.
+PUBLISHING = ("publish", "confirm", "return_unroutable", "drop_unroutable")
+DELIVERING = ("deliver", "deliver_no_ack", "get", "get_no_ack", "get_empty", "redeliver", "ack", "deliver_get")
+
+
+def with_rates(counts: dict[str, int], rates: dict[str, float], families: bool = False) -> dict[str, Any]:
+    """``message_stats`` as RabbitMQ shows them: each counter, then its ``*_details`` rate.
+
+    :param families: leave out each of :data:`PUBLISHING` and :data:`DELIVERING` whose
+        counters are all 0, as RabbitMQ shows a channel's and a vhost's
+    """
+    stats: dict[str, Any] = {}
+    for stat, count in counts.items():
+        if families:
+            family = PUBLISHING if stat in PUBLISHING else DELIVERING if stat in DELIVERING else None
+            if family is not None and not any(counts.get(other) for other in family):
+                continue
+        stats[stat] = count
+        stats[f"{stat}_details"] = {"rate": rates.get(stat, 0.0)}
+    return stats
+
 
 #: The counters kept as history for the overview's charts: each vhost's totals at each sample.
 HISTORY_STATS = ("publish", "return_unroutable", "deliver_get", "ack", "redeliver", "dead_lettered")
@@ -39,6 +97,16 @@ class RateSampler:
         self.rates: dict[tuple[str, str, str], float] = {}
         #: ``(milliseconds since the epoch, {vhost: {stat: count}})``, oldest first.
         self.history: deque[tuple[int, dict[str, dict[str, int]]]] = deque(maxlen=HISTORY_SAMPLES)
+        #: Each open connection's bytes received and sent at the last sample, and their rates.
+        self._sockets: dict[Any, tuple[int, int]] = {}
+        self._socket_rates: dict[Any, tuple[float, float]] = {}
+        #: Each open AMQP channel's counters at the last sample, and their rates.
+        self._channels: dict[Any, dict[str, int]] = {}
+        self._channel_rates: dict[Any, dict[str, float]] = {}
+        #: Bytes received and sent by each vhost's connections, closed ones too, as of the last
+        #: sample (RabbitMQ's vhost ``recv_oct`` and ``send_oct``).
+        self.vhost_bytes: dict[str, list[int]] = {}
+        self._vhost_byte_rates: dict[str, tuple[float, float]] = {}
         self._loop = LoopingCall(self.sample)
         self._loop.clock = clock
 
@@ -57,26 +125,37 @@ class RateSampler:
             for stat, attribute in VHOST_STATS.items():
                 counts[(vhost.name, "", stat)] = getattr(vhost, attribute)
             for queue in vhost.queues.values():
-                for stat, attribute in QUEUE_STATS.items():
-                    counts[(vhost.name, queue.name, stat)] = getattr(queue, attribute)
+                for stat, count in queue_counts(queue).items():
+                    counts[(vhost.name, queue.name, stat)] = count
+                # (ready and unacknowledged as they change: RabbitMQ's messages_*_details)
+                counts[(vhost.name, queue.name, "messages_ready")] = queue.message_count
+                counts[(vhost.name, queue.name, "messages_unacknowledged")] = queue.unacked_count
         return counts
 
     def sample(self) -> None:
         """Read the counters and update the rates.
 
-        A queue created since the last sample counts from 0; a counter that went down reads 0.
+        A queue created since the last sample counts from 0. Message counts (:data:`LEVELS`) go
+        down as well as up, so their rates may be below 0, as RabbitMQ's ``messages_details``;
+        a counter that went down (a queue deleted and declared again) reads 0.
         """
         now = self.clock.seconds()
         counts = self._counts()
         if self._last_at is not None and now > self._last_at:
             elapsed = now - self._last_at
-            self.rates = {key: max(0, count - self._last.get(key, 0)) / elapsed for key, count in counts.items()}
+            last = self._last
+            self.rates = {
+                key: (count - last.get(key, 0) if key[2] in LEVELS else max(0, count - last.get(key, 0))) / elapsed
+                for key, count in counts.items()
+            }
+        self._sample_sockets(now - self._last_at if self._last_at is not None else 0.0)
+        self._sample_channels(now - self._last_at if self._last_at is not None else 0.0)
         self._last, self._last_at = counts, now
         totals: dict[str, dict[str, int]] = {}
         for vhost in self.node.vhosts.values():
             sums = dict.fromkeys(HISTORY_STATS, 0)
             sums["publish"] = vhost.published
-            sums["return_unroutable"] = vhost.unroutable
+            sums["return_unroutable"] = vhost.returned
             sums["dead_lettered"] = sum(vhost.dead_letter_queues.values())
             for queue in vhost.queues.values():
                 sums["deliver_get"] += queue.delivered
@@ -84,6 +163,57 @@ class RateSampler:
                 sums["redeliver"] += queue.redelivered
             totals[vhost.name] = sums
         self.history.append((int(now * 1000), totals))
+
+    def _sample_sockets(self, elapsed: float) -> None:
+        """Each connection's byte rates since the last sample; what its vhost's connections
+        received and sent in all."""
+        last, rates, sockets = self._sockets, {}, {}
+        totals_before = {name: tuple(totals) for name, totals in self.vhost_bytes.items()}
+        for connection in (*self.node.connections, *self.node.stream_connections):
+            now = (connection.recv_oct, connection.send_oct)
+            before = last.get(connection, (0, 0))
+            sockets[connection] = now
+            if elapsed > 0:
+                rates[connection] = ((now[0] - before[0]) / elapsed, (now[1] - before[1]) / elapsed)
+            vhost = connection.vhost
+            if vhost is not None:
+                totals = self.vhost_bytes.setdefault(vhost.name, [0, 0])
+                totals[0] += now[0] - before[0]
+                totals[1] += now[1] - before[1]
+        self._sockets, self._socket_rates = sockets, rates
+        if elapsed > 0:
+            rates_of = {}
+            for name, totals in self.vhost_bytes.items():
+                earlier = totals_before.get(name, (0, 0))
+                rates_of[name] = ((totals[0] - earlier[0]) / elapsed, (totals[1] - earlier[1]) / elapsed)
+            self._vhost_byte_rates = rates_of
+
+    def _sample_channels(self, elapsed: float) -> None:
+        """Each AMQP channel's ``message_stats`` rates since the last sample."""
+        last, counts, rates = self._channels, {}, {}
+        for connection in self.node.connections:
+            for channel in connection.channels.values():
+                now = counts[channel] = channel_counts(channel)
+                before = last.get(channel)
+                if elapsed > 0 and before is not None:
+                    rates[channel] = {stat: (count - before[stat]) / elapsed for stat, count in now.items()}
+        self._channels, self._channel_rates = counts, rates
+
+    def channel_rates(self, channel: Any) -> dict[str, float]:
+        """Per second of each of a channel's counters over the last interval."""
+        return self._channel_rates.get(channel, {})
+
+    def sampled_bytes(self, connection: Any) -> tuple[int, int]:
+        """A connection's bytes received and sent as of the last sample."""
+        return self._sockets.get(connection, (0, 0))
+
+    def vhost_byte_rates(self, vhost: str) -> tuple[float, float]:
+        """Bytes per second a vhost's connections received and sent over the last interval."""
+        return self._vhost_byte_rates.get(vhost, (0.0, 0.0))
+
+    def socket_rates(self, connection: Any) -> tuple[float, float]:
+        """Bytes per second a connection received and sent over the last interval."""
+        return self._socket_rates.get(connection, (0.0, 0.0))
 
     def samples(self, vhosts: list[str], stat: str, age: float, increment: float) -> list[dict[str, int]]:
         """``stat``'s total over ``vhosts`` as RabbitMQ's ``*_details.samples`` shows it: one every

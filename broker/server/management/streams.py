@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any
 from twisted.logger import Logger
 
 from broker.core.stream import OffsetSpec, StreamQueue
-from broker.server.management.common import NODE_NAME, Call, Problem, not_authorised, not_found
+from broker.server.management.common import NODE_NAME, Call, Problem, not_authorised, not_found, socket_fields
 from broker.server.management.router import Router
 
 if TYPE_CHECKING:
     from broker.core.vhost import VirtualHost
+    from broker.server.management.rates import RateSampler
 
 _log = Logger()
 
@@ -129,39 +130,26 @@ def reset_spec(value: Any) -> OffsetSpec:
 # -- the stream protocol's connections, publishers and consumers --------------------------------
 
 
-def stream_connection_view(connection: Any) -> dict[str, Any]:
+def stream_connection_view(sampler: RateSampler, connection: Any) -> dict[str, Any]:
     """A stream-protocol connection as ``/api/stream/connections`` (and ``/api/connections``)
     show it: RabbitMQ's fields."""
-    peer_host, _, peer_port = connection.peer.rpartition(":")
-    host, port = connection.advertised
-    return {
+    view = {
         "name": connection.peer,
         "node": NODE_NAME,
         "protocol": "stream",
         "user": connection.user_name,
         "user_who_performed_action": connection.user_name,
         "vhost": connection.vhost.name if connection.vhost is not None else None,
-        "auth_mechanism": connection.auth_mechanism,
         "client_properties": connection.client_properties,
         "user_provided_name": connection.client_properties.get("connection_name"),
-        "connected_at": connection.connected_at,
         "channel_max": 0,
         "frame_max": connection.frame_max,
         "timeout": connection.heartbeat,
-        "host": host,
-        "port": port,
-        "peer_host": peer_host,
-        "peer_port": int(peer_port) if peer_port.isdigit() else None,
-        "ssl": connection.certificate_name is not None,
-        "ssl_protocol": None,
-        "ssl_key_exchange": None,
-        "ssl_cipher": None,
-        "ssl_hash": None,
-        "peer_cert_issuer": None,
-        "peer_cert_subject": None,
-        "peer_cert_validity": None,
         "state": "running",
     }
+    view.update(socket_fields(sampler, connection))
+    view["host"], view["port"] = connection.advertised
+    return view
 
 
 def _details(connection: Any) -> dict[str, Any]:
@@ -226,7 +214,7 @@ def stream_connections_shown(call: Call, required: bool = True) -> list[Any]:
 def stream_connections(call: Call) -> tuple[int, Any]:
     """``GET /api/stream/connections[/VHOST[/NAME]]`` (one connection shows its TLS fields as
     empty strings where the list shows nulls, as RabbitMQ's plugin does)."""
-    views = [stream_connection_view(connection) for connection in stream_connections_shown(call)]
+    views = [stream_connection_view(call.sampler, connection) for connection in stream_connections_shown(call)]
     if "connection" not in call.params:
         return 200, views
     tls = ("ssl_", "peer_cert_")

@@ -27,8 +27,17 @@ from broker.server.management.common import (
     Lazy,
     not_authorised,
     not_found,
+    socket_fields,
 )
-from broker.server.management.rates import HISTORY_STATS, QUEUE_STATS, RATE_INTERVAL, VHOST_STATS, RateSampler
+from broker.server.management.rates import (
+    HISTORY_STATS,
+    RATE_INTERVAL,
+    VHOST_STATS,
+    RateSampler,
+    channel_counts,
+    queue_counts,
+    with_rates,
+)
 from broker.server.management.router import Router
 from broker.server.management.streams import stream_connection_view, stream_connections_shown
 
@@ -41,6 +50,7 @@ if TYPE_CHECKING:
 
 #: When the process started, near enough (this module is loaded at start): the node's uptime.
 _STARTED = time.monotonic()
+
 
 def install(router: Router) -> None:
     router.add("/overview", GET=overview)
@@ -73,17 +83,9 @@ def install(router: Router) -> None:
 def overview(call: Call) -> tuple[int, Any]:
     node, sampler = call.node, call.sampler
     shown = call.api.vhosts(call.user, visible=True)
-    queue_views = [queue_view(sampler, vhost, queue) for vhost in shown for queue in vhost.queues.values()]
+    queues = [(vhost, queue) for vhost in shown for queue in vhost.queues.values()]
     visible = call.api.visible_connections(call.user)
-    stats: dict[str, Any] = {}
-    for stat in ("publish", "return_unroutable"):
-        attribute = VHOST_STATS[stat]
-        stats[stat] = sum(getattr(vhost, attribute) for vhost in shown)
-        stats[f"{stat}_details"] = {"rate": sum(sampler.rate(v.name, "", stat) for v in shown)}
-    for stat in ("deliver_get", "ack", "redeliver"):
-        stats[stat] = sum(queue["message_stats"][stat] for queue in queue_views)
-        rates = (queue["message_stats"][f"{stat}_details"]["rate"] for queue in queue_views)
-        stats[f"{stat}_details"] = {"rate": sum(rates)}
+    stats = vhost_stats(sampler, shown)
     age, increment = _history_window(call)
     if age:
         names = [vhost.name for vhost in shown]
@@ -104,23 +106,91 @@ def overview(call: Call) -> tuple[int, Any]:
         "cluster_name": call.node.admin.cluster_name or NODE_NAME,
         "node": NODE_NAME,
         "listeners": [
-            {"node": NODE_NAME, "protocol": info.protocol, "ip_address": info.interface, "port": info.port,
-             "socket_opts": {}}
+            {
+                "node": NODE_NAME,
+                "protocol": info.protocol,
+                "ip_address": info.interface,
+                "port": info.port,
+                "socket_opts": {},
+            }
             for info in node.listeners
         ],  # fmt: skip
         "object_totals": {
             "connections": len(visible),
             "channels": sum(len(connection.channels) for connection in visible),
             "exchanges": sum(len(vhost.exchanges) for vhost in shown),
-            "queues": len(queue_views),
-            "consumers": sum(queue["consumers"] for queue in queue_views),
+            "queues": len(queues),
+            "consumers": sum(queue.consumer_count for _vhost, queue in queues),
         },
-        "queue_totals": {
-            "messages": sum(queue["messages"] for queue in queue_views),
-            "messages_ready": sum(queue["messages_ready"] for queue in queue_views),
-            "messages_unacknowledged": sum(queue["messages_unacknowledged"] for queue in queue_views),
-        },
+        "queue_totals": queue_totals(sampler, queues),
         "message_stats": stats,
+        "rates_mode": "basic",
+        "disable_stats": False,
+        "enable_queue_totals": False,
+        "statistics_db_event_queue": 0,
+        "sample_retention_policies": {"global": [600], "basic": [600], "detailed": [600]},
+        "exchange_types": exchange_types(node),
+    }
+
+
+#: The descriptions RabbitMQ gives its built-in exchange types.
+_TYPE_DESCRIPTIONS = {
+    kind: f"AMQP {kind} exchange, as per the AMQP specification" for kind in ("direct", "fanout", "headers", "topic")
+}
+
+
+def exchange_types(node: Node) -> list[dict[str, Any]]:
+    """The exchange types the node has (plugins' too), as RabbitMQ's overview lists them."""
+    shown = []
+    for name in sorted(node.registry.names()):
+        description = _TYPE_DESCRIPTIONS.get(name)
+        if description is None:
+            doc = (type(node.registry.get(name)).__doc__ or "").strip()
+            description = doc.splitlines()[0] if doc else name
+        shown.append({"name": name, "description": description, "enabled": True})
+    return shown
+
+
+def vhost_stats(sampler: RateSampler, vhosts: list[VirtualHost]) -> dict[str, Any]:
+    """``message_stats`` over ``vhosts``, with rates: what their channels published, confirmed
+    and had returned or dropped, and what their queues delivered, got and had acknowledged."""
+    counts: dict[str, int] = {}
+    rates: dict[str, float] = {}
+    for vhost in vhosts:
+        own = {
+            "publish": vhost.published,
+            "return_unroutable": vhost.returned,
+            "confirm": vhost.confirmed,
+            "drop_unroutable": max(0, vhost.unroutable - vhost.returned),
+        }
+        for stat, count in own.items():
+            counts[stat] = counts.get(stat, 0) + count
+        for stat in VHOST_STATS:
+            rates[stat] = rates.get(stat, 0.0) + sampler.rate(vhost.name, "", stat)
+        for queue in vhost.queues.values():
+            for stat, count in queue_counts(queue).items():
+                if stat == "publish":  # (into queues; the vhost's are its channels')
+                    continue
+                counts[stat] = counts.get(stat, 0) + count
+                rates[stat] = rates.get(stat, 0.0) + sampler.rate(vhost.name, queue.name, stat)
+    for stat in ("publish", "return_unroutable", "confirm", "drop_unroutable"):
+        counts.setdefault(stat, 0)
+    return with_rates(counts, rates, families=True)
+
+
+def queue_totals(sampler: RateSampler, queues: list[tuple[VirtualHost, WorkQueue]]) -> dict[str, Any]:
+    """Messages in ``queues``, ready and unacknowledged, with their rates of change."""
+    ready = sum(queue.message_count for _vhost, queue in queues)
+    unacked = sum(queue.unacked_count for _vhost, queue in queues)
+    ready_rate = sum(sampler.rate(vhost.name, queue.name, "messages_ready") for vhost, queue in queues)
+    unacked_rate = sum(sampler.rate(vhost.name, queue.name, "messages_unacknowledged") for vhost, queue in queues)
+    return {
+        "messages": ready + unacked,
+        "messages_details": {"rate": ready_rate + unacked_rate},
+        "messages_ready": ready,
+        "messages_ready_details": {"rate": ready_rate},
+        "messages_unacknowledged": unacked,
+        "messages_unacknowledged_details": {"rate": unacked_rate},
     }
 
 
@@ -178,11 +248,13 @@ def vhosts(call: Call) -> tuple[int, Any]:
         raise not_authorised("Not administrator user")
     else:
         shown = call.api.vhosts(call.user, name)
-    return 200, [vhost_view(vhost) for vhost in shown] if name is None else vhost_view(shown[0])
+    views = [vhost_view(call.sampler, vhost) for vhost in shown]
+    return 200, views if name is None else views[0]
 
 
-def vhost_view(vhost: VirtualHost) -> dict[str, Any]:
-    """A vhost as RabbitMQ 3.10 shows it: message counts once it has queues (their stats)."""
+def vhost_view(sampler: RateSampler, vhost: VirtualHost) -> dict[str, Any]:
+    """A vhost as RabbitMQ 3.10 shows it: message counts once it has queues, ``message_stats``
+    once it has had traffic, and the bytes its connections received and sent."""
     view: dict[str, Any] = {
         "name": vhost.name,
         "description": vhost.description,
@@ -193,22 +265,47 @@ def vhost_view(vhost: VirtualHost) -> dict[str, Any]:
         "cluster_state": {NODE_NAME: "running"},
     }
     if vhost.queues:
-        queues = vhost.queues.values()
-        view["messages"] = sum(q.message_count + q.unacked_count for q in queues)
-        view["messages_ready"] = sum(q.message_count for q in queues)
-        view["messages_unacknowledged"] = sum(q.unacked_count for q in queues)
+        view.update(queue_totals(sampler, [(vhost, queue) for queue in vhost.queues.values()]))
+    stats = vhost_stats(sampler, [vhost])
+    if stats:  # (as RabbitMQ: once it has had traffic)
+        view["message_stats"] = stats
+    received, sent = sampler.vhost_bytes.get(vhost.name, (0, 0))
+    for connection in (*sampler.node.connections, *sampler.node.stream_connections):
+        if connection.vhost is vhost:  # (and what they did since the last sample)
+            before = sampler.sampled_bytes(connection)
+            received += connection.recv_oct - before[0]
+            sent += connection.send_oct - before[1]
+    if received or sent:
+        rates = sampler.vhost_byte_rates(vhost.name)
+        view.update(
+            recv_oct=received, recv_oct_details={"rate": rates[0]}, send_oct=sent, send_oct_details={"rate": rates[1]}
+        )
     return view
 
 
-def queue_view(sampler: RateSampler, vhost: VirtualHost, queue: WorkQueue) -> dict[str, Any]:
+def unacked_bytes(node: Node) -> dict[Any, int]:
+    """Body bytes of each queue's unacknowledged deliveries (one pass over every channel's)."""
+    found: dict[Any, int] = {}
+    for connection in node.connections:
+        for channel in connection.channels.values():
+            for entry in channel.consuming.unacked_entries():
+                found[entry.queue] = found.get(entry.queue, 0) + entry.message.size
+    return found
+
+
+def queue_view(
+    sampler: RateSampler, vhost: VirtualHost, queue: WorkQueue, unacked: dict[Any, int] | None = None
+) -> dict[str, Any]:
+    """A queue as RabbitMQ's ``/api/queues`` shows it. ``unacked``: :func:`unacked_bytes`, when
+    the answer shows several queues (found once for all of them)."""
+    name = queue.name
     rate = sampler.rate
     active = queue.active_consumer
-    stats: dict[str, Any] = {}
-    for stat, attribute in QUEUE_STATS.items():
-        stats[stat] = getattr(queue, attribute)
-        stats[f"{stat}_details"] = {"rate": rate(vhost.name, queue.name, stat)}
+    counts = queue_counts(queue)
+    stats = with_rates(counts, {stat: rate(vhost.name, name, stat) for stat in counts})
+    ready, unacked_count = queue.message_count, queue.unacked_count
     view = {
-        "name": queue.name,
+        "name": name,
         "vhost": vhost.name,
         "node": NODE_NAME,
         "durable": queue.durable,
@@ -216,9 +313,9 @@ def queue_view(sampler: RateSampler, vhost: VirtualHost, queue: WorkQueue) -> di
         "exclusive": queue.exclusive,
         "type": queue.kind,
         "arguments": queue.arguments,
-        "messages": queue.message_count + queue.unacked_count,
-        "messages_ready": queue.message_count,
-        "messages_unacknowledged": queue.unacked_count,
+        "messages": ready + unacked_count,
+        "messages_ready": ready,
+        "messages_unacknowledged": unacked_count,
         "consumers": queue.consumer_count,
         "message_stats": stats,
         "dead_lettered": {reason.value: queue.dead_lettered.get(reason, 0) for reason in DeadLetterReason},
@@ -235,7 +332,50 @@ def queue_view(sampler: RateSampler, vhost: VirtualHost, queue: WorkQueue) -> di
     else:
         view["single_active_consumer_tag"] = active.tag if active is not None else None
         view["exclusive_consumer_tag"] = next((c.tag for c in queue.consumers if c.exclusive), None)
+        if unacked is None:
+            unacked = unacked_bytes(sampler.node) if unacked_count else {}
+        view.update(_held(sampler, vhost, queue, unacked.get(queue, 0)))
     return view
+
+
+def _held(sampler: RateSampler, vhost: VirtualHost, queue: WorkQueue, unacked_size: int) -> dict[str, Any]:
+    """What a classic queue holds, as RabbitMQ 3.10 counts it: messages and body bytes, ready
+    and unacknowledged, in memory and paged out (to the log, here), with the counts' rates
+    of change; the head message's timestamp."""
+    ready, unacked = queue.message_count, queue.unacked_count
+    ready_rate = sampler.rate(vhost.name, queue.name, "messages_ready")
+    unacked_rate = sampler.rate(vhost.name, queue.name, "messages_unacknowledged")
+    ready_size = queue.ready.queued_bytes
+    ready_in_memory, ready_bytes_in_memory = queue.ready.memory_use
+    return {
+        "state": "running",
+        "messages_details": {"rate": ready_rate + unacked_rate},
+        "messages_ready_details": {"rate": ready_rate},
+        "messages_unacknowledged_details": {"rate": unacked_rate},
+        "messages_ram": ready_in_memory + unacked,
+        "messages_ready_ram": ready_in_memory,
+        "messages_unacknowledged_ram": unacked,
+        "messages_paged_out": ready - ready_in_memory,
+        "message_bytes": ready_size + unacked_size,
+        "message_bytes_ready": ready_size,
+        "message_bytes_unacknowledged": unacked_size,
+        "message_bytes_ram": ready_bytes_in_memory + unacked_size,
+        "message_bytes_paged_out": ready_size - ready_bytes_in_memory,
+        "head_message_timestamp": _head_timestamp(queue),
+        "recoverable_slaves": None,
+    }
+
+
+def _head_timestamp(queue: WorkQueue) -> int | None:
+    """The ``timestamp`` property of the queue's first ready message, in seconds (RabbitMQ's
+    ``head_message_timestamp``); ``None`` when it has none, or the queue is a stream."""
+    if isinstance(queue, StreamQueue) or not queue.message_count:
+        return None
+    head = queue.ready.peek(1)
+    if not head:
+        return None
+    stamp = head[0].message.properties.timestamp
+    return int(stamp.timestamp()) if stamp is not None else None
 
 
 def consumer_view(vhost: VirtualHost, queue: WorkQueue, consumer: Consumer) -> dict[str, Any]:
@@ -283,6 +423,9 @@ def queues(call: Call) -> tuple[int, Any]:
         queue = call.api.queue(user, params["vhost"], params["queue"])
         view = queue_view(call.sampler, vhost, queue)
         view["consumer_details"] = [consumer_view(vhost, queue, c) for c in queue.consumers]
+        if not isinstance(queue, StreamQueue):
+            # (per publisher and per channel in RabbitMQ's "detailed" rates mode; "basic" here)
+            view.update(incoming=[], deliveries=[])
         return 200, view
     vhosts = call.api.vhosts(user, params.get("vhost"))
     if "page" in call.query:
@@ -290,9 +433,17 @@ def queues(call: Call) -> tuple[int, Any]:
     else:
         shown = [(vhost, queue) for vhost in vhosts for queue in sorted(vhost.queues.values(), key=lambda q: q.name)]
     if "page" not in call.query:
-        return 200, [queue_view(call.sampler, vhost, queue) for vhost, queue in shown]
+        unacked = unacked_bytes(call.node)
+        return 200, [queue_view(call.sampler, vhost, queue, unacked) for vhost, queue in shown]
     # A page: views are built for the queues shown only (50,000 queues answer in milliseconds).
-    return 200, Lazy(shown, lambda pair: queue_view(call.sampler, *pair), QUEUE_FIELDS)
+    found: list[dict[Any, int]] = []  # (the unacknowledged bytes, found for the first view built)
+
+    def build(pair: tuple[VirtualHost, WorkQueue]) -> dict[str, Any]:
+        if not found:
+            found.append(unacked_bytes(call.node))
+        return queue_view(call.sampler, *pair, found[0])
+
+    return 200, Lazy(shown, build, QUEUE_FIELDS)
 
 
 #: Of a ``(vhost, queue)``, the fields of its view a page sorts and filters by without building it.
@@ -356,9 +507,7 @@ def exchanges(call: Call) -> tuple[int, Any]:
 
 def bindings(call: Call) -> tuple[int, Any]:
     return 200, [
-        binding
-        for vhost in call.api.vhosts(call.user, call.params.get("vhost"))
-        for binding in vhost_bindings(vhost)
+        binding for vhost in call.api.vhosts(call.user, call.params.get("vhost")) for binding in vhost_bindings(vhost)
     ]
 
 
@@ -436,11 +585,14 @@ def binding_view(
     }
 
 
-def connection_view(node: Node, connection: Any) -> dict[str, Any]:
-    return {
+def connection_view(node: Node, sampler: RateSampler, connection: Any) -> dict[str, Any]:
+    view = {
         "name": connection.peer,
+        "node": NODE_NAME,
+        "type": "network",
         "protocol": "AMQP 0-9-1",
         "user": connection.user_name,
+        "user_who_performed_action": connection.user_name,
         "vhost": connection.vhost.name if connection.vhost is not None else None,
         "channels": len(connection.channels),
         "frame_max": connection.frame_max,
@@ -449,6 +601,11 @@ def connection_view(node: Node, connection: Any) -> dict[str, Any]:
         "client_properties": connection.client_properties,
         "state": connection_state(node, connection),
     }
+    name = connection.client_properties.get("connection_name")
+    if isinstance(name, str):  # (as RabbitMQ: only when the client gave one)
+        view["user_provided_name"] = name
+    view.update(socket_fields(sampler, connection))
+    return view
 
 
 def _connections(call: Call) -> list[Any]:
@@ -470,11 +627,11 @@ def connections(call: Call) -> tuple[int, Any]:
     and the stream protocol's, by name."""
     streaming = stream_connections_shown(call, required=False)
     if "connection" in call.params and streaming:
-        return 200, stream_connection_view(streaming[0])
-    views = [connection_view(call.node, connection) for connection in _connections(call)]
+        return 200, stream_connection_view(call.sampler, streaming[0])
+    views = [connection_view(call.node, call.sampler, connection) for connection in _connections(call)]
     if "connection" in call.params:
         return 200, views[0]
-    views += [stream_connection_view(connection) for connection in streaming]
+    views += [stream_connection_view(call.sampler, connection) for connection in streaming]
     return 200, sorted(views, key=lambda view: view["name"])
 
 
@@ -490,27 +647,43 @@ def connection_state(node: Node, connection: Any) -> str:
     return "flow" if node.flow else "running"
 
 
-def channel_view(connection: Any, number: int, channel: Any) -> dict[str, Any]:
-    return {
+def channel_view(node: Node, sampler: RateSampler, connection: Any, number: int, channel: Any) -> dict[str, Any]:
+    consuming, confirms = channel.consuming, channel.confirms
+    socket = connection.socket
+    details: dict[str, Any] = {"name": connection.peer}
+    if socket is not None:
+        details.update(peer_host=socket.peer_host, peer_port=socket.peer_port)
+    view = {
         "name": f"{connection.peer} ({number})",
         "number": number,
-        "connection_details": {"name": connection.peer},
+        "node": NODE_NAME,
+        "connection_details": details,
         "user": connection.user_name,
+        "user_who_performed_action": connection.user_name,
         "vhost": connection.vhost.name if connection.vhost is not None else None,
-        "consumer_count": len(channel.consuming.consumers),
-        "messages_unacknowledged": channel.consuming.unacked_count,
-        "prefetch_count": channel.consuming.prefetch_consumer,
-        "global_prefetch_count": channel.consuming.prefetch_global,
-        "confirm": channel.confirms is not None,
+        "state": "flow" if node.flow else "running",
+        "consumer_count": len(consuming.consumers),
+        "messages_unacknowledged": consuming.unacked_count,
+        "messages_unconfirmed": confirms.unconfirmed if confirms is not None else 0,
+        "messages_uncommitted": channel.tx_messages,
+        "acks_uncommitted": channel.tx_acks,
+        "prefetch_count": consuming.prefetch_consumer,
+        "global_prefetch_count": consuming.prefetch_global,
+        "confirm": confirms is not None,
         "transactional": bool(channel.transactional),
+        "pending_raft_commands": 0,  # (no quorum queues here: nothing waits for a raft log)
     }
+    stats = with_rates(channel_counts(channel), sampler.channel_rates(channel), families=True)
+    if stats:  # (as RabbitMQ: once it has had traffic)
+        view["message_stats"] = stats
+    return view
 
 
 def channels(call: Call) -> tuple[int, Any]:
     """``/api/channels``, ``/api/vhosts/VHOST/channels``, ``/api/connections/NAME/channels``
     and ``/api/channels/NAME`` (one, by its name: ``CONNECTION (NUMBER)``)."""
     views = [
-        channel_view(connection, number, channel)
+        channel_view(call.node, call.sampler, connection, number, channel)
         for connection in _connections(call)
         for number, channel in sorted(connection.channels.items())
     ]
