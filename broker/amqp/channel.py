@@ -350,8 +350,11 @@ class ChannelState:
         log = self.vhost.journal
         recorded = log.recorded if confirms is not None and log is not None else 0
         if exchange_name == "":
-            queue = self.vhost.queues.get(routing_key)
+            vhost = self.vhost
+            vhost.default_in += 1
+            queue = vhost.queues.get(routing_key)
             if queue is not None:
+                vhost.default_out += 1
                 journal = queue.journal
                 if journal is not None and message.flags & FLAG_DELIVERY_MODE and message.persistent:
                     journal.published(message, self.vhost.name, (queue.name,))
@@ -458,7 +461,14 @@ class ChannelState:
             return self._extend(message)
         if exchange_name == REDRIVE_EXCHANGE:
             return False  # its seal did not hold (see _redriven)
-        queues = self.vhost.route(exchange, message)
+        vhost = self.vhost
+        queues = vhost.route(exchange, message)
+        if exchange is not None:
+            exchange.published_in += 1
+            exchange.published_out += len(queues)
+        else:  # the default exchange (a transaction's publishes to it come here)
+            vhost.default_in += 1
+            vhost.default_out += len(queues)
         if self._hooks is not None:
             self._hooks.routed(self.vhost, exchange_name, message, queues)
         accepted = self.vhost.enqueue_routed(queues, message)

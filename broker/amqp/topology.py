@@ -95,6 +95,8 @@ def queue_declare(channel: ChannelState, method: commands.Queue.Declare) -> None
         arguments=method.arguments or {},
         access=channel.connection.access,
     )
+    if not method.passive:
+        channel.vhost.queues_declared += 1
     if queue.owner is connection and queue not in connection.exclusive_queues:
         connection.exclusive_queues.append(queue)
     channel.last_queue = queue.name

@@ -68,6 +68,8 @@ class Exchange:
         "policy",
         "sources",
         "intercept",
+        "published_in",
+        "published_out",
         "__weakref__",
     )
 
@@ -99,6 +101,9 @@ class Exchange:
         self.intercept: Callable[[VirtualHost, Exchange, Message], bool] | None = (
             router.intercept if IInterceptingRouter.providedBy(router) else None
         )
+        #: Messages published to it, and the queues they reached (for the management API's
+        #: ``publish_in`` and ``publish_out``).
+        self.published_in = self.published_out = 0
 
     def __repr__(self) -> str:
         return f"<Exchange {self.name!r} {self.type_name}>"
@@ -147,6 +152,8 @@ class VirtualHost:
         self.gets = 0
         self.gets_empty = 0
         #: Queues created and deleted (by clients, definitions, auto-delete or expiry).
+        #: Declarations of queues by clients (``queue.declare``, not passive; the management API's).
+        self.queues_declared = 0
         self.queues_created = 0
         self.queues_deleted = 0
         #: RabbitMQ's vhost limits (``None``: none): open connections, queues.
@@ -164,6 +171,8 @@ class VirtualHost:
         self.latency = Histogram()
         #: The node's message hooks (``None``: no plugin added any).
         self.hooks: HookChain | None = None
+        #: Messages published to the default exchange, and the queues they reached.
+        self.default_in = self.default_out = 0
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, WorkQueue] = {}
         #: Given to every queue: called when a dispatch left entries for later (see WorkQueue.dispatch).

@@ -210,3 +210,47 @@ def test_under_tls_the_transport_that_reads_the_socket_is_the_one_slowed() -> No
     node.set_flow(True)
     protocol.dataReceived(publish_frames(1, "", "nowhere", b"x"))
     assert transport.transport.bufferSize == FLOW_READ_BYTES and not hasattr(transport, "bufferSize")
+
+
+def test_the_shell_counts_a_connections_bytes_reads_and_writes_and_its_sampler_their_rates() -> None:
+    from broker.server.management import RateSampler
+
+    clock = Clock()
+    clock.advance(1_800_000_000.0)
+    node = Node(clock=clock)
+    factory = AMQPServerFactory(node, clock)
+    sampler = RateSampler(node, clock, interval=5.0)
+    sampler.start()
+    protocol, transport = connect(factory)
+    connection = protocol.connection
+    assert connection is not None and connection.socket is not None
+    assert (connection.socket.peer_host, connection.socket.peer_port, connection.socket.tls) == (
+        "127.0.0.1",
+        40000,
+        None,
+    )
+    assert connection.connected_at == 1_800_000_000_000
+    handshake(protocol)
+    received = len(PROTOCOL_HEADER) + len(
+        encode(
+            0,
+            commands.Connection.StartOk(mechanism="PLAIN", response="\x00guest\x00guest"),
+            commands.Connection.TuneOk(channel_max=2047, frame_max=131072, heartbeat=0),
+            commands.Connection.Open(virtual_host="/"),
+        )
+        + encode(1, commands.Channel.Open())
+    )
+    assert (connection.recv_oct, connection.recv_cnt) == (received, 2)
+    assert (connection.send_oct, connection.send_cnt) == (len(transport.value()), transport.writes)
+    assert connection.auth_mechanism == "PLAIN"
+    clock.advance(5.0)
+    assert sampler.socket_rates(connection) == (received / 5.0, len(transport.value()) / 5.0)
+    assert sampler.vhost_bytes["/"] == [received, len(transport.value())]
+    churn = sampler.churn()
+    assert (churn["connection_created"], churn["channel_created"]) == (1, 1)
+    assert churn["connection_created_details"] == {"rate": 0.2}
+    protocol.dataReceived(publish_frames(1, "", "nowhere", b"x"))
+    clock.advance(5.0)
+    assert sampler.channel_rates(connection.channels[1])["publish"] == 0.2
+    assert sampler.socket_rates(connection)[1] == 0.0
+    sampler.stop()

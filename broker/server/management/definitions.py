@@ -17,7 +17,7 @@ from broker.core.definitions import apply_accounts, apply_definitions, apply_par
 from broker.server.management.common import RABBITMQ_FORMAT_VERSION, Call, Problem, not_authorised
 from broker.server.management.policies import policy_view
 from broker.server.management.router import Router
-from broker.server.management.views import exchange_view, vhost_bindings
+from broker.server.management.views import exchange_definition, vhost_bindings
 from config.rabbitmq import HASHING_ALGORITHMS, loads_definitions
 from config.schema import Permission
 from config.values import ConfigError
@@ -121,17 +121,13 @@ def definitions(call: Call) -> tuple[int, Any]:
                 )
         for exchange in vhost.exchanges.values():
             if exchange.name and not exchange.name.startswith("amq."):
-                view = exchange_view(vhost, exchange)
-                view.pop("policy", None)
-                exchanges.append(view)
+                exchanges.append(exchange_definition(vhost, exchange))
         bindings += [
             {key: value for key, value in binding.items() if key != "properties_key"}  # (not exported)
             for binding in vhost_bindings(vhost)
             if binding["source"]  # (the default exchange's are implicit)
             and (
-                binding["destination"] in exported
-                if binding["destination_type"] == "queue"
-                else binding["destination"]
+                binding["destination"] in exported if binding["destination_type"] == "queue" else binding["destination"]
             )
         ]
         policies += [policy_view(vhost, policy) for policy in vhost.policies.values()]

@@ -231,4 +231,3 @@ def _expires_on(path: str, deadline: float) -> list[str]:
         for moment in (certificate.not_valid_after_utc for certificate in certificates)
         if moment.timestamp() < deadline
     ]
-

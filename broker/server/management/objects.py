@@ -165,6 +165,7 @@ def put_queue(call: Call) -> tuple[int, None]:
         )
     except ChannelException as error:
         raise refused(error) from None
+    vhost.queues_declared += 1
     return (204 if existed else 201), None
 
 
@@ -308,6 +309,12 @@ def publish(call: Call) -> tuple[int, Any]:
     message = Message.build(name, routing_key, data, basic_properties(properties))
     vhost.published += 1
     queues = vhost.route(exchange if name else None, message)  # (the default exchange: None)
+    if exchange is not None and name:
+        exchange.published_in += 1
+        exchange.published_out += len(queues)
+    else:
+        vhost.default_in += 1
+        vhost.default_out += len(queues)
     vhost.enqueue_routed(queues, message)
     if not queues:
         vhost.unroutable += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -9,6 +10,10 @@ from twisted.internet.task import LoopingCall
 
 if TYPE_CHECKING:
     from broker.core.node import Node
+
+#: What a counter is kept under: its vhost, its queue's name (``""`` for the vhost's or the
+#: node's own; ``("exchange", name)`` for an exchange's) and the statistic.
+Key = tuple[str, Any, str]
 
 #: Seconds between rate samples: RabbitMQ's management plugin samples every 5 s too.
 RATE_INTERVAL = 5.0
@@ -18,8 +23,27 @@ QUEUE_STATS = {"publish": "published", "deliver_get": "delivered", "ack": "acked
 VHOST_STATS = {"publish": "published", "return_unroutable": "returned"}
 
 
-#: What a queue holds rather than counts: their rates may be below 0.
-LEVELS = frozenset({"messages_ready", "messages_unacknowledged"})
+#: What a queue or the node holds rather than counts: their rates may be below 0.
+LEVELS = frozenset({"messages_ready", "messages_unacknowledged", "mem_used", "fd_used", "sockets_used", "disk_free"})
+
+
+def descriptors_open() -> int:
+    """File descriptors the broker has open (``/proc/self/fd``; 0 where there is none)."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+
+
+def node_levels(node: Any) -> dict[str, int]:
+    """What the node uses: memory, file descriptors, client sockets, and the disk space left."""
+    monitor = node.resource_monitor
+    return {
+        "mem_used": (monitor.memory_used or 0) if monitor is not None else 0,
+        "fd_used": descriptors_open(),
+        "sockets_used": len(node.connections) + len(node.stream_connections),
+        "disk_free": (monitor.disk_free or 0) if monitor is not None else 0,
+    }
 
 
 def queue_counts(queue: Any) -> dict[str, int]:
@@ -30,6 +54,21 @@ def queue_counts(queue: Any) -> dict[str, int]:
     counts["deliver_no_ack"] = queue.delivered_no_ack
     counts["deliver"] = queue.delivered - queue.delivered_no_ack - queue.got - queue.got_no_ack
     return counts
+
+
+def churn_counts(node: Any) -> dict[str, int]:
+    """Connections, channels and queues opened, declared and closed since the start, RabbitMQ's
+    ``churn_rates`` (AMQP 0-9-1 connections, as RabbitMQ's count)."""
+    counters, vhosts = node.counters, node.vhosts.values()
+    return {
+        "connection_created": counters["connections_opened"],
+        "connection_closed": counters["connections_closed"],
+        "channel_created": counters["channels_opened"],
+        "channel_closed": counters["channels_closed"],
+        "queue_declared": sum(vhost.queues_declared for vhost in vhosts),
+        "queue_created": sum(vhost.queues_created for vhost in vhosts),
+        "queue_deleted": sum(vhost.queues_deleted for vhost in vhosts),
+    }
 
 
 def channel_counts(channel: Any) -> dict[str, int]:
@@ -92,9 +131,9 @@ class RateSampler:
         self.node = node
         self.clock = clock
         self.interval = interval
-        self._last: dict[tuple[str, str, str], int] = {}
+        self._last: dict[Key, int] = {}
         self._last_at: float | None = None
-        self.rates: dict[tuple[str, str, str], float] = {}
+        self.rates: dict[Key, float] = {}
         #: ``(milliseconds since the epoch, {vhost: {stat: count}})``, oldest first.
         self.history: deque[tuple[int, dict[str, dict[str, int]]]] = deque(maxlen=HISTORY_SAMPLES)
         #: Each open connection's bytes received and sent at the last sample, and their rates.
@@ -119,11 +158,18 @@ class RateSampler:
         if self._loop.running:
             self._loop.stop()
 
-    def _counts(self) -> dict[tuple[str, str, str], int]:
-        counts = {}
+    def _counts(self) -> dict[Key, int]:
+        counts = {("", "", stat): count for stat, count in churn_counts(self.node).items()}
+        counts.update({("", "", stat): level for stat, level in node_levels(self.node).items()})
         for vhost in self.node.vhosts.values():
             for stat, attribute in VHOST_STATS.items():
                 counts[(vhost.name, "", stat)] = getattr(vhost, attribute)
+            # (exchanges under ("exchange", name): no queue's name is a tuple)
+            counts[(vhost.name, ("exchange", ""), "publish_in")] = vhost.default_in
+            counts[(vhost.name, ("exchange", ""), "publish_out")] = vhost.default_out
+            for exchange in vhost.exchanges.values():
+                counts[(vhost.name, ("exchange", exchange.name), "publish_in")] = exchange.published_in
+                counts[(vhost.name, ("exchange", exchange.name), "publish_out")] = exchange.published_out
             for queue in vhost.queues.values():
                 for stat, count in queue_counts(queue).items():
                     counts[(vhost.name, queue.name, stat)] = count
@@ -233,6 +279,25 @@ class RateSampler:
             totals = kept[at][1]
             shown.append({"sample": sum(totals.get(vhost, {}).get(stat, 0) for vhost in vhosts), "timestamp": moment})
         return shown
+
+    def node_rate(self, stat: str) -> float:
+        """Per second of a node's counter or level (:func:`churn_counts`, :func:`node_levels`)."""
+        return self.rates.get(("", "", stat), 0.0)
+
+    def churn(self) -> dict[str, Any]:
+        """The node's ``churn_rates``: each counter of :func:`churn_counts` and its rate."""
+        counts = churn_counts(self.node)
+        return with_rates(counts, {stat: self.rates.get(("", "", stat), 0.0) for stat in counts})
+
+    def exchange_stats(self, vhost: str, exchange: str, published_in: int, published_out: int) -> dict[str, Any]:
+        """An exchange's ``message_stats`` (empty before any message reached it, as RabbitMQ's)."""
+        if not (published_in or published_out):
+            return {}
+        key = ("exchange", exchange)
+        return with_rates(
+            {"publish_in": published_in, "publish_out": published_out},
+            {stat: self.rates.get((vhost, key, stat), 0.0) for stat in ("publish_in", "publish_out")},
+        )
 
     def rate(self, vhost: str, queue: str, stat: str) -> float:
         """Messages per second of ``stat`` over the last interval (``queue`` ``""`` for the vhost's)."""

@@ -11,6 +11,7 @@ import base64
 import hashlib
 import json
 import os
+import resource
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ from broker.server.management.rates import (
     VHOST_STATS,
     RateSampler,
     channel_counts,
+    descriptors_open,
     queue_counts,
     with_rates,
 )
@@ -130,6 +132,7 @@ def overview(call: Call) -> tuple[int, Any]:
         "statistics_db_event_queue": 0,
         "sample_retention_policies": {"global": [600], "basic": [600], "detailed": [600]},
         "exchange_types": exchange_types(node),
+        "churn_rates": sampler.churn(),
     }
 
 
@@ -230,12 +233,39 @@ def nodes(call: Call) -> tuple[int, Any]:
         "disk_free": monitor.disk_free if monitor is not None else None,
         "disk_free_limit": monitor.disk_limit if monitor is not None and monitor.disk_path else None,
         "disk_free_alarm": "disk" in node.alarms,
+        "mem_calculation_strategy": "rss",
+        "fd_used": descriptors_open(),
+        "fd_total": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        "sockets_used": len(node.connections) + len(node.stream_connections),
+        "sockets_total": node.limits.max_connections,
+        "processors": len(os.sched_getaffinity(0)),
+        "rates_mode": "basic",
+        "partitions": [],
+        "cluster_links": [],
+        "exchange_types": exchange_types(node),
+        "auth_mechanisms": [
+            {"name": name, "description": _MECHANISMS[name], "enabled": name in node.auth_mechanisms}
+            for name in _MECHANISMS
+        ],
+        **call.sampler.churn(),
     }
+    for stat in ("mem_used", "fd_used", "sockets_used", "disk_free"):
+        view[f"{stat}_details"] = {"rate": call.sampler.node_rate(stat)}
     if "node" not in call.params:
         return 200, [view]
     if call.params["node"] != view["name"]:
         raise not_found()
     return 200, view
+
+
+#: The login mechanisms Postroom has, with the descriptions RabbitMQ gives them.
+_MECHANISMS = {
+    "PLAIN": "SASL PLAIN authentication mechanism",
+    "AMQPLAIN": "QPid AMQPLAIN mechanism",
+    "EXTERNAL": (
+        "TLS peer verification-based authentication plugin. Used in combination with the EXTERNAL SASL mechanism."
+    ),
+}
 
 
 def vhosts(call: Call) -> tuple[int, Any]:
@@ -459,24 +489,32 @@ QUEUE_FIELDS: dict[str, Callable[[tuple[VirtualHost, WorkQueue]], Any]] = {
 }
 
 
-def exchange_view(vhost: VirtualHost, exchange: Exchange) -> dict[str, Any]:
-    view = {
+def exchange_definition(vhost: VirtualHost, exchange: Exchange) -> dict[str, Any]:
+    """An exchange as a definitions file has it (and its object in the API begins)."""
+    return {
         "name": exchange.name,
         "vhost": vhost.name,
         "type": exchange.type_name,
         "durable": exchange.durable,
         "auto_delete": exchange.auto_delete,
         "internal": exchange.internal,
-        "arguments": exchange.arguments,
+        "arguments": dict(exchange.arguments),
     }
+
+
+def exchange_view(sampler: RateSampler, vhost: VirtualHost, exchange: Exchange) -> dict[str, Any]:
+    view = exchange_definition(vhost, exchange)
     if exchange.policy is not None:  # as RabbitMQ: only when one applies
         view["policy"] = exchange.policy.name
+    stats = sampler.exchange_stats(vhost.name, exchange.name, exchange.published_in, exchange.published_out)
+    if stats:
+        view["message_stats"] = stats
     return view
 
 
-def default_exchange_view(vhost: VirtualHost) -> dict[str, Any]:
+def default_exchange_view(sampler: RateSampler, vhost: VirtualHost) -> dict[str, Any]:
     """The default exchange, which RabbitMQ lists as ``""`` (and finds as ``amq.default``)."""
-    return {
+    view = {
         "name": "",
         "vhost": vhost.name,
         "type": "direct",
@@ -485,6 +523,10 @@ def default_exchange_view(vhost: VirtualHost) -> dict[str, Any]:
         "internal": False,
         "arguments": {},
     }
+    stats = sampler.exchange_stats(vhost.name, "", vhost.default_in, vhost.default_out)
+    if stats:
+        view["message_stats"] = stats
+    return view
 
 
 def exchanges(call: Call) -> tuple[int, Any]:
@@ -493,15 +535,20 @@ def exchanges(call: Call) -> tuple[int, Any]:
         vhost = call.api.vhosts(user, params["vhost"])[0]
         name = params["exchange"]
         if name == "amq.default":
-            return 200, default_exchange_view(vhost)
-        exchange = vhost.exchanges.get(name)
-        if exchange is None:
-            raise not_found()
-        return 200, exchange_view(vhost, exchange)
+            view = default_exchange_view(call.sampler, vhost)
+        else:
+            exchange = vhost.exchanges.get(name)
+            if exchange is None:
+                raise not_found()
+            view = exchange_view(call.sampler, vhost, exchange)
+        view.update(incoming=[], outgoing=[])  # (per channel and per queue in RabbitMQ's "detailed" mode)
+        return 200, view
     views = []
     for vhost in call.api.vhosts(user, params.get("vhost")):
-        views.append(default_exchange_view(vhost))
-        views += [exchange_view(vhost, exchange) for exchange in vhost.exchanges.values() if exchange.name]
+        views.append(default_exchange_view(call.sampler, vhost))
+        views += [
+            exchange_view(call.sampler, vhost, exchange) for exchange in vhost.exchanges.values() if exchange.name
+        ]
     return 200, views
 
 
