@@ -350,11 +350,8 @@ class ChannelState:
         log = self.vhost.journal
         recorded = log.recorded if confirms is not None and log is not None else 0
         if exchange_name == "":
-            vhost = self.vhost
-            vhost.default_in += 1
-            queue = vhost.queues.get(routing_key)
+            queue = self.vhost.queues.get(routing_key)
             if queue is not None:
-                vhost.default_out += 1
                 journal = queue.journal
                 if journal is not None and message.flags & FLAG_DELIVERY_MODE and message.persistent:
                     journal.published(message, self.vhost.name, (queue.name,))
@@ -363,6 +360,7 @@ class ChannelState:
                 accepted = True
                 if not (routing_key.startswith(PREFIX) and self._reply(message, routing_key)):
                     self.vhost.unroutable += 1
+                    self.vhost.tallies.default_unroutable += 1
                     if not bits & 1:
                         self.dropped += 1
                 if bits & 1:
@@ -456,19 +454,25 @@ class ChannelState:
 
     def _route(self, message: Message, exchange_name: str, mandatory: int) -> bool:
         """Route and enqueue; ``False`` when a queue refused the message (or a lease extension failed)."""
-        exchange = self._check_exchange(exchange_name)
+        vhost = self.vhost
+        try:
+            exchange = self._check_exchange(exchange_name)
+        except ChannelException:
+            # (counted as published when it came, or at its transaction's commit: it was not)
+            self.published -= 1
+            vhost.published -= 1
+            raise
+        if exchange is not None:
+            exchange.published_in += 1
         if exchange_name == EXTEND_EXCHANGE:
             return self._extend(message)
         if exchange_name == REDRIVE_EXCHANGE:
             return False  # its seal did not hold (see _redriven)
-        vhost = self.vhost
         queues = vhost.route(exchange, message)
         if exchange is not None:
-            exchange.published_in += 1
             exchange.published_out += len(queues)
-        else:  # the default exchange (a transaction's publishes to it come here)
-            vhost.default_in += 1
-            vhost.default_out += len(queues)
+        elif not queues:  # the default exchange (a transaction's publishes to it come here)
+            vhost.tallies.default_unroutable += 1
         if self._hooks is not None:
             self._hooks.routed(self.vhost, exchange_name, message, queues)
         accepted = self.vhost.enqueue_routed(queues, message)

@@ -94,9 +94,10 @@ class Consuming:
         #: The last delivery tag given out.
         self.delivery_tag = 0
         #: What the channel's consumers and gets took, for the management API's
-        #: ``message_stats``: deliveries with and without acks, gets with and without acks,
-        #: gets that found nothing, acks, and deliveries of redelivered messages.
-        self.delivered = self.delivered_no_ack = self.got = self.got_no_ack = self.got_empty = 0
+        #: ``message_stats``: deliveries without acks, gets with and without acks, gets that
+        #: found nothing, acks, and deliveries of redelivered messages (deliveries with acks
+        #: are the rest of :attr:`delivery_tag`, which numbers them all).
+        self.delivered_no_ack = self.got = self.got_no_ack = self.got_empty = 0
         self.acked = self.redelivered = 0
         self.consumers: dict[str, Consumer] = {}
         #: Delivery tags taken back by visibility timeouts, oldest first (see MAX_STALE_TAGS).
@@ -319,12 +320,11 @@ class Consuming:
         track = not consumer.no_ack
         unacked = self._unacked
         tag = self.delivery_tag
-        count = 0
+        count = redelivered = 0
         queue = consumer.queue
         sampled = queue.latency_samples
         packs = _DELIVERY_PACKS
         now = queue.now() if consumer.remaining_ttl else None
-        redelivered = 0
         for entry in entries:
             tag += 1
             count += 1
@@ -391,13 +391,13 @@ class Consuming:
                 unacked[tag] = entry
         self.delivery_tag = tag
         queue.delivered += count
-        self.redelivered += redelivered
+        if redelivered:
+            self.redelivered += redelivered
         if not track:
             self.delivered_no_ack += count
             queue.delivered_no_ack += count
             queue.settle(entries)
         elif count:
-            self.delivered += count
             consumer.unacked += count
             self.unacked_count += count
             queue.unacked_count += count

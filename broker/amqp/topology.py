@@ -96,7 +96,7 @@ def queue_declare(channel: ChannelState, method: commands.Queue.Declare) -> None
         access=channel.connection.access,
     )
     if not method.passive:
-        channel.vhost.queues_declared += 1
+        channel.vhost.tallies.queues_declared += 1
     if queue.owner is connection and queue not in connection.exclusive_queues:
         connection.exclusive_queues.append(queue)
     channel.last_queue = queue.name

@@ -485,6 +485,7 @@ class RabbitMQNames:
     def collect(self) -> Iterator[Metric]:
         node = self.collector.node
         vhosts = list(node.vhosts.values())
+        tallies = [vhost.tallies for vhost in vhosts]
         totals = self.totals
         if totals is None:
             totals = QueueTotals()
@@ -562,9 +563,9 @@ class RabbitMQNames:
             "rabbitmq_channel_get_empty_total": ("basic.get answered empty.", total(vhosts, "gets_empty")),
             "rabbitmq_channel_messages_redelivered_total": ("Redeliveries.", totals.redelivered),
             "rabbitmq_channel_messages_acked_total": ("Acknowledgements.", totals.acked),
-            "rabbitmq_queues_declared_total": ("Queues created.", total(vhosts, "queues_created")),
-            "rabbitmq_queues_created_total": ("Queues created.", total(vhosts, "queues_created")),
-            "rabbitmq_queues_deleted_total": ("Queues deleted.", total(vhosts, "queues_deleted")),
+            "rabbitmq_queues_declared_total": ("Queues declared.", total(tallies, "queues_declared")),
+            "rabbitmq_queues_created_total": ("Queues created.", total(tallies, "queues_created")),
+            "rabbitmq_queues_deleted_total": ("Queues deleted.", total(tallies, "queues_deleted")),
             "rabbitmq_channels_opened_total": ("Channels opened.", counters["channels_opened"]),
             "rabbitmq_channels_closed_total": ("Channels closed.", counters["channels_closed"]),
             "rabbitmq_connections_opened_total": ("Connections opened.", counters["connections_opened"]),

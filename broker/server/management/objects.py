@@ -165,7 +165,7 @@ def put_queue(call: Call) -> tuple[int, None]:
         )
     except ChannelException as error:
         raise refused(error) from None
-    vhost.queues_declared += 1
+    vhost.tallies.queues_declared += 1
     return (204 if existed else 201), None
 
 
@@ -312,9 +312,8 @@ def publish(call: Call) -> tuple[int, Any]:
     if exchange is not None and name:
         exchange.published_in += 1
         exchange.published_out += len(queues)
-    else:
-        vhost.default_in += 1
-        vhost.default_out += len(queues)
+    elif not queues:
+        vhost.tallies.default_unroutable += 1
     vhost.enqueue_routed(queues, message)
     if not queues:
         vhost.unroutable += 1

@@ -65,9 +65,9 @@ def churn_counts(node: Any) -> dict[str, int]:
         "connection_closed": counters["connections_closed"],
         "channel_created": counters["channels_opened"],
         "channel_closed": counters["channels_closed"],
-        "queue_declared": sum(vhost.queues_declared for vhost in vhosts),
-        "queue_created": sum(vhost.queues_created for vhost in vhosts),
-        "queue_deleted": sum(vhost.queues_deleted for vhost in vhosts),
+        "queue_declared": sum(vhost.tallies.queues_declared for vhost in vhosts),
+        "queue_created": sum(vhost.tallies.queues_created for vhost in vhosts),
+        "queue_deleted": sum(vhost.tallies.queues_deleted for vhost in vhosts),
     }
 
 
@@ -79,7 +79,7 @@ def channel_counts(channel: Any) -> dict[str, int]:
         "confirm": confirms.confirmed_upto if confirms is not None else 0,
         "return_unroutable": channel.returned,
         "drop_unroutable": channel.dropped,
-        "deliver": consuming.delivered,
+        "deliver": consuming.delivery_tag - consuming.delivered_no_ack - consuming.got - consuming.got_no_ack,
         "deliver_no_ack": consuming.delivered_no_ack,
         "get": consuming.got,
         "get_no_ack": consuming.got_no_ack,
@@ -165,8 +165,9 @@ class RateSampler:
             for stat, attribute in VHOST_STATS.items():
                 counts[(vhost.name, "", stat)] = getattr(vhost, attribute)
             # (exchanges under ("exchange", name): no queue's name is a tuple)
-            counts[(vhost.name, ("exchange", ""), "publish_in")] = vhost.default_in
-            counts[(vhost.name, ("exchange", ""), "publish_out")] = vhost.default_out
+            default_in, default_out = vhost.default_exchange_counts()
+            counts[(vhost.name, ("exchange", ""), "publish_in")] = default_in
+            counts[(vhost.name, ("exchange", ""), "publish_out")] = default_out
             for exchange in vhost.exchanges.values():
                 counts[(vhost.name, ("exchange", exchange.name), "publish_in")] = exchange.published_in
                 counts[(vhost.name, ("exchange", exchange.name), "publish_out")] = exchange.published_out

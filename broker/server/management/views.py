@@ -523,7 +523,7 @@ def default_exchange_view(sampler: RateSampler, vhost: VirtualHost) -> dict[str,
         "internal": False,
         "arguments": {},
     }
-    stats = sampler.exchange_stats(vhost.name, "", vhost.default_in, vhost.default_out)
+    stats = sampler.exchange_stats(vhost.name, "", *vhost.default_exchange_counts())
     if stats:
         view["message_stats"] = stats
     return view
