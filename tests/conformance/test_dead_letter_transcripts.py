@@ -102,6 +102,12 @@ def three_deaths(port: int, prefix: str) -> list[Entry]:
                 client.read(until("ContentBody", "Basic.GetEmpty"))
                 if tag < 4:
                     client.send(frames(1, commands.Basic.Reject(delivery_tag=tag, requeue=False)))
+                    # RabbitMQ's source queue sends the dead letter on after it took the reject:
+                    # a get on the source (empty now) is answered after both, so the next get
+                    # finds the dead letter at its target.
+                    client.send(frames(1, commands.Basic.Get(queue=queue, no_ack=True)))
+                    client.read(until("Basic.GetEmpty", "ContentBody"))
+                    transcript.entries.pop()
             close_connection(client)
     finally:
         delete_queues(port, work, dead)

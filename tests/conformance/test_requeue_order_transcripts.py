@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from pamqp import commands
+from test_scenario_transcripts import message_count
 from test_teardown_transcripts import compare
 from transcript import (
     Entry,
@@ -24,6 +25,7 @@ from transcript import (
     open_connection,
     publish,
     until,
+    wait_for,
     without_header,
 )
 
@@ -84,7 +86,9 @@ def scenario(returns: str, priorities: bool = False) -> Any:
                 if returns in ("nack", "reject-forward"):
                     # basic.nack and basic.reject have no reply, and in RabbitMQ they travel from
                     # channel 2's process to the queue's, so channel 1's gets could pass them. A
-                    # passive declare on channel 2 is answered by the queue process after them.
+                    # passive declare on channel 2 reaches the queue's process after them: once
+                    # it is answered, they wait there ahead of channel 1's gets (the declare's
+                    # count may be answered first, at a higher priority; gets are not).
                     client.send(frames(2, commands.Queue.Declare(queue=queue, passive=True)))
                     client.read(until("Queue.DeclareOk", channel=2))
                     transcript.entries.pop()
@@ -96,6 +100,9 @@ def scenario(returns: str, priorities: bool = False) -> Any:
                         frames(2, commands.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0))
                     )
                     client.read(until("Channel.CloseOk", channel=2))
+                    # RabbitMQ's queue takes a channel's deliveries back when it sees the channel's
+                    # process end, after its close-ok: wait until the seven are back.
+                    assert wait_for(lambda: message_count(port, queue) == 9, 10)
                 client.send(frames(1, commands.Basic.Ack(delivery_tag=1)))
                 read_back(client, queue)
                 close_connection(client)
