@@ -25,7 +25,7 @@ import pika
 import pytest
 
 from broker.clients.client import connect
-from broker.tools.testing import free_port
+from broker.tools.testing import free_port, wait_for_port
 from broker.wal.record import SEGMENT_HEADER_BYTES, Snapshot, iter_records
 
 pytestmark = pytest.mark.integration
@@ -87,6 +87,10 @@ def broker(
             if time.monotonic() > deadline or process.poll() is not None:
                 raise AssertionError(f"broker did not start: {(data.parent / 'broker.log').read_text()[-2000:]}")
             time.sleep(0.05)
+        # The other listeners open after AMQP's: a test may go straight to one of them.
+        for other in (amqps, stream, stream_tls, management, metrics):
+            if other:
+                wait_for_port(other, max(1.0, deadline - time.monotonic()))
         yield process, port
     finally:
         if process.poll() is None:
