@@ -205,3 +205,21 @@ def test_a_scraper_that_stops_reading_pauses_the_writing_and_one_that_leaves_sto
     clock.advance(0)
     assert len(transport.value()) == stopped
     assert [call for call in clock.getDelayedCalls() if call.getTime() == clock.seconds()] == []
+
+
+def test_a_queues_message_count_rate_goes_below_zero_and_its_gets_have_rates_of_their_own() -> None:
+    clock = Clock()
+    node = Node(clock=clock)
+    queue = node.vhosts["/"].declare_queue("work", None)
+    for _ in range(10):
+        queue.enqueue(Message.build("", "work", b"x"))
+    sampler = RateSampler(node, clock, interval=5.0)
+    sampler.start()
+    for _ in range(5):
+        queue.settle([queue.get()])
+        queue.got_no_ack += 1
+        queue.delivered += 1
+    clock.advance(5.0)
+    assert sampler.rate("/", "work", "messages_ready") == -1.0
+    assert (sampler.rate("/", "work", "get_no_ack"), sampler.rate("/", "work", "deliver")) == (1.0, 0.0)
+    sampler.stop()
