@@ -35,7 +35,7 @@ from broker.core.message import Message
 from broker.core.policy import effective_definition
 from broker.core.queue import QueueSettings
 from broker.errors import ChannelCrash, ChannelException, ReplyCode
-from broker.wal.record import BATCHED, RAW, WALCorruption, pack_stream_messages
+from broker.wal.record import BATCHED, RAW, WALCorruption, pack_stream_messages, split_entries
 from broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, Chunk, Staged, StreamLog
 from broker.wire.amqp10 import delivered_as_amqp091
 from broker.wire.codec import split_names
@@ -71,6 +71,13 @@ _RAW_BLOCK, _BATCH_BLOCK = object(), object()
 
 #: Body bytes past which the messages waiting for a chunk go into the next one.
 CHUNK_BYTES = 1 << 20
+
+#: The fewest and the most entries a chunk is given room for: RabbitMQ's stream writer takes
+#: its messages in batches of gen_batch_server's (0.8.7) sizes, one chunk a batch, starting at
+#: 32 entries, doubling after a batch that filled, halving after one that did not, never past
+#: 8192 (so a chunk head's 16-bit count of entries never overflows).
+MIN_CHUNK_ENTRIES = 32
+MAX_CHUNK_ENTRIES = 8192
 
 
 class NoLeadingDigit(ValueError):
@@ -269,9 +276,11 @@ class StreamQueue:
         #: Offsets below this are written and readable.
         self.committed = log.next_offset
         #: Messages waiting for the next chunk: the publish's names, the header and the body of
-        #: each AMQP 0-9-1 message, and :meth:`append_raw`'s blocks (a marker, the count, the
-        #: block).
+        #: each AMQP 0-9-1 message, and :meth:`append_raw`'s blocks (a marker, ``(messages,
+        #: entries, entry size or None)``, the block).
         self._pending: list[tuple[Any, Any, bytes]] = []
+        #: The most entries the next chunk takes (see :data:`MAX_CHUNK_ENTRIES`).
+        self.chunk_entries = MIN_CHUNK_ENTRIES
         #: Chunks staged and not yet written, oldest first.
         self._staged: deque[Staged] = deque()
         self._readers: dict[Consumer, _Reader] = {}
@@ -385,7 +394,9 @@ class StreamQueue:
 
     # -- appending ----------------------------------------------------------------------------
 
-    def append_raw(self, block: bytes, count: int, batched: bool = False) -> int:
+    def append_raw(
+        self, block: bytes, count: int, batched: bool = False, entries: int | None = None, size: int | None = None
+    ) -> int:
         """Take messages published over the stream protocol for the next chunk: ``block`` is
         ``count`` of them, each as a simple entry of RabbitMQ's chunk format (its size, then the
         message as its client encoded it: AMQP 1.0), which is how a
@@ -393,10 +404,13 @@ class StreamQueue:
         chunk: nothing here looks at each message.
 
         With ``batched``, sub-entry batches may be among the entries (several messages as one
-        entry, :data:`~broker.wal.record.BATCH_HEAD`), and ``count`` is the messages they hold
-        in all: kept as they are, in a :class:`~broker.wal.record.StreamBatchChunk`.
+        entry, :data:`~broker.wal.record.BATCH_HEAD`), ``entries`` of them, and ``count`` is the
+        messages they hold in all: kept as they are, in a
+        :class:`~broker.wal.record.StreamBatchChunk`. ``size``, when given, is the size of
+        every message (a block that has to be split across chunks is then not read).
         Returns ``count``."""
-        self._pending.append((_BATCH_BLOCK if batched else _RAW_BLOCK, count, block))
+        shape = (count, count if entries is None else entries, size)
+        self._pending.append((_BATCH_BLOCK if batched else _RAW_BLOCK, shape, block))
         if self.store is not None and count:
             self.store.pending(self, len(block), count)
         self.published += count
@@ -429,35 +443,71 @@ class StreamQueue:
         return True
 
     def stage(self) -> tuple[list[Staged], list[int]]:
-        """Place the messages waiting as chunks for the writer (each ends once it holds
-        :data:`CHUNK_BYTES` of bodies, with the message or the publish frame's block that
-        reached it). Returns every chunk not written yet, oldest first,
-        and, when one opens a segment, the segments retention drops (``x-max-length-bytes``,
-        ``x-max-age``, evaluated as RabbitMQ does: at a segment's roll), for the writer to remove."""
+        """Place the messages waiting as chunks for the writer. A chunk ends once it holds
+        :attr:`chunk_entries` entries (which then doubles, up to :data:`MAX_CHUNK_ENTRIES`; a
+        publish frame's block is split there), once it holds :data:`CHUNK_BYTES` of bodies
+        (with the message or the block that reached it), where stream-protocol messages (kept
+        as simple entries, sent to that protocol's readers as stored) meet AMQP 0-9-1's, and
+        with the last message waiting (:attr:`chunk_entries` then halves, down to
+        :data:`MIN_CHUNK_ENTRIES`): RabbitMQ's writer's batches. Returns every chunk not
+        written yet, oldest first, and, when one opens a segment, the segments retention drops
+        (``x-max-length-bytes``, ``x-max-age``, evaluated as RabbitMQ does: at a segment's
+        roll), for the writer to remove."""
         pending, self._pending = self._pending, []
         now = self.now()
-        start = 0
-        size = 0
         rolled = False
-        last = len(pending) - 1
-        # A chunk ends at CHUNK_BYTES, and where stream-protocol messages (kept as simple
-        # entries, sent to that protocol's readers as stored) meet AMQP 0-9-1's.
-        kinds = [names is _RAW_BLOCK or names is _BATCH_BLOCK for names, _header, _body in pending]
-        kinds.append(not kinds[-1] if kinds else False)
-        for at, entry in enumerate(pending):
-            size += len(entry[2])
-            raw = kinds[at]
-            if size >= CHUNK_BYTES or at == last or raw != kinds[at + 1]:
-                run = pending[start : at + 1]
-                if raw:
-                    kind = BATCHED if any([marker is _BATCH_BLOCK for marker, _count, _block in run]) else RAW
-                    blocks = [block for _marker, _count, block in run]
-                    staged = self.log.stage_packed(blocks, sum([count for _m, count, _b in run]), now, kind)
-                else:
-                    staged = self.log.stage_packed(pack_stream_messages(run), len(run), now)
-                rolled = rolled or staged.roll
-                self._staged.append(staged)
-                start, size = at + 1, 0
+        room = self.chunk_entries
+        run: list[tuple[Any, Any, bytes]] = []
+        raw = False
+        entries = size = 0
+
+        def close() -> None:
+            nonlocal rolled, entries, size
+            if raw:
+                kind = BATCHED if any([marker is _BATCH_BLOCK for marker, _shape, _block in run]) else RAW
+                blocks = [block for _marker, _shape, block in run]
+                staged = self.log.stage_packed(blocks, sum([shape[0] for _m, shape, _b in run]), now, kind)
+            else:
+                staged = self.log.stage_packed(pack_stream_messages(run), len(run), now)
+            rolled = rolled or staged.roll
+            self._staged.append(staged)
+            run.clear()
+            entries = size = 0
+
+        at = 0
+        while at < len(pending):
+            item = pending[at]
+            marker = item[0]
+            block = marker is _RAW_BLOCK or marker is _BATCH_BLOCK
+            if run and block != raw:
+                close()
+            raw = block
+            if block:
+                count, held, uniform = item[1]
+                if held > room - entries:
+                    # The block fills the chunk: its first entries end it, the rest go on.
+                    take = room - entries
+                    cut, messages = split_entries(item[2], take, uniform)
+                    run.append((marker, (messages, take, uniform), item[2][:cut]))
+                    pending[at] = (marker, (count - messages, held - take, uniform), item[2][cut:])
+                    close()
+                    room = min(room * 2, MAX_CHUNK_ENTRIES)
+                    continue
+                entries += held
+            else:
+                entries += 1
+            run.append(item)
+            size += len(item[2])
+            at += 1
+            if entries >= room:
+                close()
+                room = min(room * 2, MAX_CHUNK_ENTRIES)
+            elif size >= CHUNK_BYTES:
+                close()
+        if run:
+            close()
+            room = max(room // 2, MIN_CHUNK_ENTRIES)
+        self.chunk_entries = room
         dropped: list[int] = []
         if rolled:
             max_bytes, max_age = self.retention()

@@ -19,9 +19,12 @@ the transport. Frames that arrive while the login is checked wait.
 
 from __future__ import annotations
 
+import operator
 import struct
 import zlib
 from collections.abc import Callable
+from dataclasses import replace
+from itertools import islice
 from typing import Any
 
 from twisted.logger import Logger
@@ -29,7 +32,7 @@ from twisted.logger import Logger
 from broker.core.login import sasl_credentials
 from broker.core.node import Node
 from broker.core.sockets import SocketDetails
-from broker.core.stream import StreamQueue
+from broker.core.stream import MAX_CHUNK_ENTRIES, StreamQueue
 from broker.errors import ChannelCrash, ChannelException
 from broker.wal.record import (
     BATCH_HEAD,
@@ -38,6 +41,7 @@ from broker.wal.record import (
     WALCorruption,
     batch_records,
     count_entries,
+    split_entries,
     unpack_batched_messages,
 )
 from broker.wal.streamlog import ENTRIES_AT, Chunk, Region
@@ -578,9 +582,9 @@ class StreamConnection:
             simple = _published(data, count)
             if simple is None:  # sub-entry batches among the messages
                 ids, entries, refused = _published_entries(data)
-                block = b""
+                block, size = b"", None
             else:
-                ids, block = simple
+                ids, block, size = simple
         except wire.Malformed:
             # A frame whose messages do not add up: refused whole.
             self._refuse(publisher_id, [], wire.PRECONDITION_FAILED)
@@ -596,21 +600,31 @@ class StreamConnection:
             return
         if refused:
             self._refuse(publisher_id, refused, wire.PRECONDITION_FAILED)
-        if publisher.reference:
+        if publisher.reference and ids:
+            # Deduplication, as RabbitMQ's stream writer does it: a message is written only if
+            # its publishing id is above every id this publisher wrote before it, in earlier
+            # frames and earlier in this one; the others are confirmed, not written again.
             known = stream.publisher_sequence(publisher.reference)
             last = -1 if known is None else known
-            if ids and min(ids) <= last:  # a resend: what was written is not written again
+            if ids[0] <= last or not all(map(operator.lt, ids, islice(ids, 1, None))):
                 if entries is None:
                     entries = _published_entries(data)[1]
-                entries = [entry for number, entry in zip(ids, entries, strict=True) if number > last]
-            stream.set_publisher_sequence(publisher.reference, max(last, max(ids, default=last)))
-        fresh, batched = len(ids), False
+                kept = []
+                for number, entry in zip(ids, entries, strict=True):
+                    if number > last:
+                        kept.append(entry)
+                        last = number
+                entries = kept
+            else:
+                last = ids[-1]
+            stream.set_publisher_sequence(publisher.reference, last)
+        fresh, batched, held = len(ids), False, len(ids)
         if entries is not None:
             fresh = sum(map(batch_records, entries))
             batched = any([entry[0] & 0x80 for entry in entries])
-            block = b"".join(entries)
+            block, size, held = b"".join(entries), None, len(entries)
         if block:
-            stream.append_raw(block, fresh, batched)
+            stream.append_raw(block, fresh, batched, held, size)
         journal = getattr(stream.store, "journal", None)
         if journal is None or not block:
             self._confirm(publisher, ids)
@@ -735,13 +749,13 @@ class StreamConnection:
                 chunk = _next_chunk(stream, reader)
                 if chunk is None:
                     return
-                if chunk.raw == RAW and chunk.length >= SENT_FROM_FILE:
+                if chunk.raw == RAW and chunk.length >= SENT_FROM_FILE and chunk.count <= MAX_CHUNK_ENTRIES:
                     # Sent from its file as it is (the shell sends it, or reads it).
                     crc, region = stream.log.entries_region(chunk)
-                    head, data = _chunk_head(reader.id, chunk, chunk.count, crc, region.length), region
+                    parts = [_chunk_head(reader.id, chunk, chunk.count, crc, region.length), region]
                     self.regions += 1
                 else:
-                    head, data = _deliver(reader.id, chunk, stream.log.read_entries(chunk))
+                    parts = _deliver(reader.id, chunk, stream.log.read_entries(chunk))
             except (OSError, WALCorruption) as error:
                 reader.active = False
                 self.reason = f"reading stream '{stream.name}' at offset {reader.next_offset} failed: {error}"
@@ -757,8 +771,9 @@ class StreamConnection:
             reader.credit -= 1
             reader.consumed += chunk.count
             reader.offset = chunk.first_offset
-            self.queued += data.length if type(data) is Region else len(data)
-            self.out += (head, data)
+            for part in parts[1::2]:
+                self.queued += part.length if type(part) is Region else len(part)
+            self.out += parts
 
     def resume(self) -> None:
         """The shell wrote what was queued and the socket takes more: deliveries go on."""
@@ -1002,9 +1017,10 @@ _CHUNK_HEAD = struct.Struct(">HHBBBHIqQQIIII")  # frame key, version, subscripti
 _ENTRY = struct.Struct(">I")
 
 
-def _deliver(subscription: int, chunk: Chunk, payload: bytes) -> tuple[bytes, Any]:
+def _deliver(subscription: int, chunk: Chunk, payload: bytes) -> list[Any]:
     """A ``deliver`` frame of ``chunk`` (its record ``payload``), as its head and its data (not
-    joined: one copy less of a chunk that may be a megabyte): RabbitMQ's chunk format
+    joined: one copy less of a chunk that may be a megabyte; see :func:`_deliver_head` for a
+    chunk too large for one): RabbitMQ's chunk format
     (osiris's), each message a simple entry, as AMQP 1.0.
 
     A chunk of messages published over this protocol (``chunk.raw``) holds them as simple
@@ -1036,10 +1052,25 @@ def _deliver(subscription: int, chunk: Chunk, payload: bytes) -> tuple[bytes, An
     return _deliver_head(subscription, chunk, b"".join(entries))
 
 
-def _deliver_head(subscription: int, chunk: Chunk, data: bytes | memoryview) -> tuple[bytes, Any]:
-    """The frame head of a ``deliver`` of ``chunk`` holding ``data`` (its entries), and ``data``."""
+def _deliver_head(subscription: int, chunk: Chunk, data: bytes | memoryview) -> list[Any]:
+    """The frame head of a ``deliver`` of ``chunk`` holding ``data`` (its entries), and ``data``.
+
+    A chunk of more entries than a chunk head counts (16 bits: one stored before chunks were
+    capped at :data:`~broker.core.stream.MAX_CHUNK_ENTRIES`) goes as several ``deliver``
+    frames of that many entries each, heads and data in turn, as if stored so."""
     entries = count_entries(data, 0) if chunk.raw == BATCHED else chunk.count
-    return _chunk_head(subscription, chunk, entries, zlib.crc32(data), len(data)), data
+    if entries <= 0xFFFF:
+        return [_chunk_head(subscription, chunk, entries, zlib.crc32(data), len(data)), data]
+    parts: list[Any] = []
+    view, at, first = memoryview(data), 0, chunk.first_offset
+    while entries:
+        take = min(entries, MAX_CHUNK_ENTRIES)
+        cut, messages = split_entries(view[at:], take)
+        piece = view[at : at + cut]
+        part = replace(chunk, first_offset=first, count=messages)
+        parts += (_chunk_head(subscription, part, take, zlib.crc32(piece), cut), piece)
+        at, first, entries = at + cut, first + messages, entries - take
+    return parts
 
 
 def _chunk_head(subscription: int, chunk: Chunk, entries: int, crc: int, size: int) -> bytes:
@@ -1063,10 +1094,11 @@ _UNIFORM_MOST = 1024
 _SLICED = 256
 
 
-def _published(data: bytes | memoryview, count: int) -> tuple[list[int], bytes] | None:
+def _published(data: bytes | memoryview, count: int) -> tuple[list[int], bytes, int | None] | None:
     """The publishing ids and the messages of a ``publish`` frame of ``count`` messages, the
     messages as the simple entries of a chunk (each its size, then its bytes: as the frame
-    carries it after its id), joined; ``None`` when sub-entry batches are among them.
+    carries it after its id), joined, and the messages' size when they are all of one;
+    ``None`` when sub-entry batches are among them.
 
     :raises wire.Malformed: the frame's messages do not add up
     """
@@ -1083,9 +1115,13 @@ def _published(data: bytes | memoryview, count: int) -> tuple[list[int], bytes] 
             values = layout.unpack(data)
             if size >= _SLICED and values[1::2].count(size) == count:
                 view = memoryview(data)
-                return list(values[0::2]), b"".join([view[at : at + 4 + size] for at in range(8, end, 12 + size)])
+                return (
+                    list(values[0::2]),
+                    b"".join([view[at : at + 4 + size] for at in range(8, end, 12 + size)]),
+                    size,
+                )
             if size < _SLICED and values[1::3].count(size) == count:
-                return list(values[0::3]), wire.u32(size).join((b"", *values[2::3]))
+                return list(values[0::3]), wire.u32(size).join((b"", *values[2::3])), size
     ids: list[int] = []
     entries: list[bytes | memoryview] = []
     at = 0
@@ -1102,7 +1138,7 @@ def _published(data: bytes | memoryview, count: int) -> tuple[list[int], bytes] 
         ids.append(publishing_id)
         entries.append(data[at + 8 : stop])
         at = stop
-    return ids, b"".join(entries)
+    return ids, b"".join(entries), None
 
 
 _ID_SIZE = struct.Struct(">QI")

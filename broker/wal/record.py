@@ -68,6 +68,7 @@ __all__ = [
     "BATCH_HEAD",
     "batch_records",
     "count_entries",
+    "split_entries",
     "crc32_shifted",
     "stream_entries_crc",
     "as_entries",
@@ -1485,6 +1486,33 @@ def count_entries(data: bytes | memoryview, start: int) -> int:
     if pos != size:
         raise WALCorruption(f"stream chunk entries do not add up ({size - start} bytes)")
     return entries
+
+
+def split_entries(data: bytes | memoryview, entries: int, size: int | None = None) -> tuple[int, int]:
+    """Where the first ``entries`` entries (simple entries and sub-entry batches) of ``data``
+    end, and how many messages (offsets) they hold. With ``size``, every entry is a simple
+    entry of a message of ``size`` bytes (nothing is read).
+
+    :raises WALCorruption: ``data`` holds fewer entries, or they do not add up
+    """
+    if size is not None:
+        return entries * (4 + size), entries
+    pos, end, messages = 0, len(data), 0
+    unpack = _RAW_SIZE.unpack_from
+    try:
+        for _ in range(entries):
+            word = unpack(data, pos)[0]
+            if word < 0x80000000:
+                pos += 4 + word
+                messages += 1
+            else:
+                messages += data[pos + 1] << 8 | data[pos + 2]
+                pos += BATCH_HEAD.size + unpack(data, pos + 7)[0]
+    except (IndexError, struct.error):
+        pos = end + 1
+    if pos > end:
+        raise WALCorruption(f"stream entries end before entry {entries} ({end} bytes)")
+    return pos, messages
 
 
 def unpack_batched_messages(data: bytes, start: int, count: int) -> list[tuple[bytes, bytes, bytes] | None]:

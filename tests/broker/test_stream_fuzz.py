@@ -1,6 +1,7 @@
 """The stream protocol's connection under structured random input: any run of requests of every
 command (fields of any value, some cut short or with a wrong version), responses, publish
-batches whose counts lie and stray bytes, cut and mutated, leaves it answering or closing,
+batches whose counts lie, publishing ids repeated within a frame, bursts that fill chunks and
+stray bytes, cut and mutated, leaves it answering or closing,
 never raising, never with 15 INTERNAL_ERROR, and releasing everything once gone.
 
 A short run of this is part of the test command; ``bench/fuzz_streams.py`` runs the
@@ -88,7 +89,11 @@ def requests(draw: st.DrawFn) -> bytes:
         wire.STREAM_STATS: lambda: _string(draw(NAMES)),
     }
     if key == wire.PUBLISH:
-        messages = draw(st.lists(st.tuples(U64, st.binary(max_size=30)), max_size=4))
+        # Ids of any value, or small ones that repeat within the frame and across frames.
+        messages = draw(st.lists(st.tuples(st.one_of(U64, st.integers(0, 3)), st.binary(max_size=30)), max_size=4))
+        # Now and then a burst that fills a chunk or two (the first holds 32 entries).
+        burst, first = draw(st.sampled_from([0, 0, 0, 40, 100])), draw(st.integers(0, 50))
+        messages += [(first + n, b"\x00Sw\xa1\x01x") for n in range(burst)]
         inner = st.lists(st.binary(max_size=12), max_size=3)
         batches = draw(st.lists(st.tuples(U64, st.builds(sub_entry_batch, inner, st.integers(0, 7))), max_size=2))
         batches = [

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -390,3 +391,112 @@ def test_sub_entry_batches_are_stored_and_delivered_as_rabbitmq(ports: tuple[int
     log = compare(ports, scenario)
     (deliver,) = [entry for entry in log if entry[0] == "deliver"]
     assert deliver[4:6] == (3, 6) and bytes.fromhex(deliver[-1]).endswith(gzipped)
+
+
+def entry(publishing_id: int, body: bytes) -> bytes:
+    """A message of a ``publish`` frame: its id, size, and an AMQP 1.0 data section of ``body``."""
+    message = b"\x00Su\xa0" + bytes((len(body),)) + body
+    return struct.pack(">QI", publishing_id, len(message)) + message
+
+
+def publish_frame(publisher: int, messages: list[bytes]) -> bytes:
+    return wire.frame(wire.PUBLISH, bytes((publisher,)) + struct.pack(">I", len(messages)) + b"".join(messages))
+
+
+def drain(peer: Peer, until: Callable[[list[Any]], bool], seconds: float = 30.0) -> None:
+    """Read until ``until(peer.log)`` holds (or ``seconds`` pass: the comparison then shows it)."""
+    deadline = time.monotonic() + seconds
+    while not until(peer.log) and time.monotonic() < deadline:
+        peer.read(1.0)
+
+
+def delivered_messages(log: list[Any], subscription: int) -> int:
+    return sum(entry[5] for entry in log if entry[0] == "deliver" and entry[1] == subscription)
+
+
+def test_a_burst_is_stored_in_chunks_that_start_small_and_never_pass_the_cap_as_rabbitmq(
+    ports: tuple[int, int],
+) -> None:
+    """A frame of 4,999 messages goes into chunks of at most 32 entries first, growing (RabbitMQ's
+    writer's batches); ``last`` is the last of them. Then 200,000 messages of 10 B sent as fast
+    as frames go reach a reader from ``first`` whole, in chunks of at most 8,192 entries."""
+    results = []
+    for port in ports:
+        peer = Peer(port)
+        try:
+            handshake(peer)
+            peer.send(wire.CREATE_STREAM, s("sp-burst") + wire.string_map({}))
+            peer.read()
+            peer.send(wire.DECLARE_PUBLISHER, bytes((1,)) + s("") + s("sp-burst"))
+            peer.read()
+            peer.write(publish_frame(1, [entry(n, b"b%d" % n) for n in range(4999)]))
+            drain(peer, lambda log: sum(len(e[3]) // 16 - 1 for e in log if e[0] == wire.PUBLISH_CONFIRM) >= 4999)
+            for subscription, offset in ((1, wire.OFFSET_FIRST), (2, wire.OFFSET_LAST)):
+                peer.send(wire.SUBSCRIBE, bytes((subscription,)) + s("sp-burst") + struct.pack(">hH", offset, 1000))
+                drain(peer, lambda log, n=subscription: delivered_messages(log, n) > 0)
+            drain(peer, lambda log: delivered_messages(log, 1) >= 4999, 5)
+            chunks = [e for e in peer.log if e[0] == "deliver" and e[1] == 1]
+            (last,) = [e for e in peer.log if e[0] == "deliver" and e[1] == 2]
+            data = b"".join(bytes.fromhex(e[-1]) for e in chunks)
+            assert data == b"".join(entry(n, b"b%d" % n)[8:] for n in range(4999))
+            assert last[2:] == chunks[-1][2:] and chunks[0][4] <= 32 and max(e[4] for e in chunks) <= 8192
+            # 200,000 more, as fast as frames go, read from the first.
+            peer.send(wire.SUBSCRIBE, bytes((3,)) + s("sp-burst") + struct.pack(">hH", wire.OFFSET_FIRST, 5000))
+            for start in range(0, 200_000, 1000):
+                peer.write(publish_frame(1, [entry(n, b"0123456789") for n in range(start, start + 1000)]))
+            drain(peer, lambda log: delivered_messages(log, 3) >= 204_999, 60)
+            sizes = [e[4] for e in peer.log if e[0] == "deliver" and e[1] == 3]
+            results.append((len(data), last[5] < 4999, sum(sizes), max(sizes) <= 8192))
+            peer.send(wire.DELETE_STREAM, s("sp-burst"))
+            peer.read()
+        finally:
+            peer.close()
+    assert results[0] == results[1] == (results[0][0], True, 204_999, True)
+
+
+def test_publishing_ids_repeated_within_a_frame_are_stored_once_as_rabbitmq(ports: tuple[int, int]) -> None:
+    """A named publisher's ids 1, 2, 3, 1, 2, 3 in one frame: three stored, all six confirmed,
+    its sequence 3; then 2, 4, 3, 5 in the next: 4 and 5 stored."""
+
+    def scenario(peer: Peer) -> None:
+        handshake(peer)
+        peer.send(wire.CREATE_STREAM, s("sp-dedup") + wire.string_map({}))
+        peer.read()
+        peer.send(wire.DECLARE_PUBLISHER, bytes((1,)) + s("my-publisher-ref") + s("sp-dedup"))
+        peer.read()
+        for ids in ([1, 2, 3, 1, 2, 3], [2, 4, 3, 5]):
+            peer.write(publish_frame(1, [entry(n, b"m%d" % n) for n in ids]))
+            sent = len(ids)
+            drain(peer, lambda log, n=sent: confirmed(log) >= n, 5)
+            confirms = [e for e in peer.log if e[0] == wire.PUBLISH_CONFIRM]
+            # (RabbitMQ confirms the repeats in a frame of their own: the ids, in any grouping)
+            peer.log = [e for e in peer.log if e[0] != wire.PUBLISH_CONFIRM]
+            peer.log.append(("confirmed", sorted(confirmed_ids(confirms))))
+            peer.send(wire.QUERY_PUBLISHER_SEQUENCE, s("my-publisher-ref") + s("sp-dedup"))
+            peer.read()
+        peer.send(wire.SUBSCRIBE, bytes((1,)) + s("sp-dedup") + struct.pack(">hH", wire.OFFSET_FIRST, 10))
+        drain(peer, lambda log: delivered_messages(log, 1) >= 5, 5)
+        peer.send(wire.DELETE_STREAM, s("sp-dedup"))
+        peer.read()
+
+    def without_trailer(peer: Peer) -> None:
+        scenario(peer)
+        # (a named publisher's chunk trailer is RabbitMQ's alone so far)
+        peer.log = [(*e[:10], e[11]) if e[0] == "deliver" else e for e in peer.log]
+
+    log = compare(ports, without_trailer)
+    assert [e[5] for e in log if e[0] == "deliver"] == [3, 2]
+
+
+def confirmed_ids(frames: list[Any]) -> list[int]:
+    """The publishing ids ``publish_confirm`` frames (decoded) confirm."""
+    ids = []
+    for frame in frames:
+        body = bytes.fromhex(frame[3])
+        (count,) = struct.unpack_from(">I", body, 1)
+        ids += struct.unpack_from(f">{count}Q", body, 5)
+    return ids
+
+
+def confirmed(log: list[Any]) -> int:
+    return len(confirmed_ids([e for e in log if e[0] == wire.PUBLISH_CONFIRM]))
