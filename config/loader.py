@@ -40,6 +40,7 @@ from config.schema import (
     ShovelConfig,
     StorageConfig,
     StreamConfig,
+    StreamProtocolConfig,
     TLSConfig,
     TopicPermission,
     UIConfig,
@@ -135,7 +136,8 @@ class _Reader(ValueReader):
         top = self.mapping(
             document,
             "",
-            {"listen", "tls", "auth_mechanisms", "storage", "limits", "users", "plugins", "vhosts", "metrics", "ui"},
+            {"listen", "tls", "auth_mechanisms", "storage", "limits", "users", "plugins", "vhosts", "metrics", "ui"}
+            | {"stream"},
         )
         defaults = BrokerConfig()
         listen = self.listen(top.get("listen"))
@@ -166,7 +168,33 @@ class _Reader(ValueReader):
             auth_mechanisms=mechanisms,
             defaulted=frozenset({"users", "vhosts"} - set(top)),
             ui=UIConfig(reports=self.string(ui_section.get("reports"), "ui.reports", None)),
+            stream=self.stream_protocol(top.get("stream"), listen),
         )
+
+    def stream_protocol(self, value: Any, listen: ListenConfig) -> StreamProtocolConfig:
+        """The ``stream:`` section: what each stream-protocol listener advertises (each key
+        refused unless its listener is on)."""
+        section = self.mapping(
+            value, "stream", {"advertised_host", "advertised_port", "advertised_tls_host", "advertised_tls_port"}
+        )
+        found: dict[str, Any] = {}
+        listeners = {"host": "stream", "port": "stream", "tls_host": "stream_tls", "tls_port": "stream_tls"}
+        for key, listener in listeners.items():
+            name, path = f"advertised_{key}", f"stream.advertised_{key}"
+            if name not in section:
+                continue
+            if key == "host" and listen.stream is None and listen.stream_tls is None:
+                self.problem(path, "no stream listener advertises it: set listen.stream or listen.stream_tls")
+            elif key != "host" and getattr(listen, listener) is None:
+                self.problem(path, f"listen.{listener} is off: nothing advertises it")
+            elif key.endswith("port"):
+                found[name] = self.integer(section[name], path, None, 1, 65535)
+            else:
+                host = self.string(section[name], path, None)
+                if host is not None and not host.strip():
+                    self.problem(path, "must name a host, not be empty")
+                found[name] = host or None
+        return StreamProtocolConfig(**found)
 
     def tls(self, value: Any, listen: ListenConfig) -> TLSConfig | None:
         """``tls:``: checked here down to the files (see ``config.tls``), so a configuration

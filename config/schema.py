@@ -30,6 +30,24 @@ class ListenConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamProtocolConfig:
+    """Where the stream protocol tells its clients to connect (``open`` and ``metadata``
+    answers), as RabbitMQ's ``stream.advertised_*`` settings: for a broker behind a port
+    mapping, a container or a load balancer, whose listener's own address clients cannot
+    reach. Left out, each listener advertises its interface (the machine's name when it
+    listens on all of them) and its port."""
+
+    #: The host ``listen.stream`` advertises.
+    advertised_host: str | None = None
+    #: The port ``listen.stream`` advertises.
+    advertised_port: int | None = None
+    #: The host ``listen.stream_tls`` advertises (left out: ``advertised_host``).
+    advertised_tls_host: str | None = None
+    #: The port ``listen.stream_tls`` advertises.
+    advertised_tls_port: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TLSConfig:
     """TLS for the ``listen.amqps`` and ``listen.stream_tls`` listeners, and for the HTTP listeners with ``http``
     (RabbitMQ's ``ssl_options``). Paths are as written: relative ones are relative to the
@@ -520,6 +538,8 @@ class BrokerConfig:
     notes: tuple[str, ...] = ()
     #: The web UI's settings.
     ui: UIConfig = field(default_factory=UIConfig)
+    #: What the stream protocol's listeners advertise.
+    stream: StreamProtocolConfig = field(default_factory=StreamProtocolConfig)
     #: The sections the source left out, at their embedded defaults (``users``, ``vhosts``):
     #: those apply on the first start only, as RabbitMQ creates its default user and vhost on
     #: a fresh database (see ``broker.core.definitions``).

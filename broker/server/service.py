@@ -709,11 +709,16 @@ def make_broker_service(
         Listener(
             "amqps", config.listen.amqps, tls(factory), reactor, node, "amqp/ssl", certificates
         ).setServiceParent(service)
+    announced = config.stream
     if config.listen.stream:
-        streams = StreamServerFactory(node, reactor, advertised(config.listen.stream))
+        where = advertised(config.listen.stream, announced.advertised_host, announced.advertised_port)
+        streams = StreamServerFactory(node, reactor, where)
         Listener("stream", config.listen.stream, streams, reactor, node, "stream").setServiceParent(service)
     if config.listen.stream_tls and tls is not None:
-        streams = StreamServerFactory(node, reactor, advertised(config.listen.stream_tls))
+        host = announced.advertised_tls_host or announced.advertised_host
+        streams = StreamServerFactory(
+            node, reactor, advertised(config.listen.stream_tls, host, announced.advertised_tls_port)
+        )
         Listener(
             "stream_tls", config.listen.stream_tls, tls(streams), reactor, node, "stream/ssl", certificates
         ).setServiceParent(service)
@@ -738,14 +743,16 @@ def make_broker_service(
     return service
 
 
-def advertised(endpoint: str) -> tuple[str, int]:
-    """The host and port a listener on ``endpoint`` tells stream clients to connect to: its
-    interface (the machine's name when it listens on all of them) and its port."""
+def advertised(endpoint: str, host: str | None = None, port: int | None = None) -> tuple[str, int]:
+    """The host and port a listener on ``endpoint`` tells stream clients to connect to:
+    ``host`` and ``port`` when configured (``stream.advertised_*``), else its interface (the
+    machine's name when it listens on all of them) and its port."""
     fields = dict(part.split("=", 1) for part in endpoint.split(":")[2:] if "=" in part)
     parts = endpoint.split(":")
-    port = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 5552
+    listening = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 5552
     interface = fields.get("interface", "")
-    return (interface if interface not in ("", "0.0.0.0", "::") else socket.gethostname()), port
+    own = interface if interface not in ("", "0.0.0.0", "::") else socket.gethostname()
+    return host or own, port or listening
 
 
 def tls_wrapper(config: BrokerConfig, reactor: Any) -> Callable[[Any], Any] | None:

@@ -843,9 +843,11 @@ class StreamConnection:
         self._answer(wire.PARTITIONS, correlation, wire.OK, wire.strings(streams))
 
     def _stream_stats(self, correlation: int, name: str) -> None:
-        """RabbitMQ 3.11's ``stream_stats``: osiris's ``first_chunk_id`` and ``committed_chunk_id``
-        (the first offsets of the oldest chunk and of the newest one written; -1 when there is
-        none), for a user who may read the stream."""
+        """RabbitMQ 3.11's ``stream_stats``: osiris's (1.4 on) ``committed_chunk_id``,
+        ``first_chunk_id`` and ``last_chunk_id`` (the first offsets of the newest chunk every
+        copy has, of the oldest chunk and of the newest one written; -1 when there is none),
+        in that order (RabbitMQ folds a map of them, whose keys go in byte order), for a user
+        who may read the stream. One node's newest chunk written is the newest committed."""
         if not self._permitted("read", name):
             self._answer(wire.STREAM_STATS, correlation, wire.ACCESS_REFUSED, wire.u32(0))
             return
@@ -856,9 +858,11 @@ class StreamConnection:
         log = stream.log
         first = log.locate(log.first_offset) if stream.committed else None
         last = log.locate(stream.committed - 1) if stream.committed else None
+        newest = last.first_offset if last is not None else -1
         stats = {
+            "committed_chunk_id": newest,
             "first_chunk_id": first.first_offset if first is not None else -1,
-            "committed_chunk_id": last.first_offset if last is not None else -1,
+            "last_chunk_id": newest,
         }
         body = wire.u32(len(stats)) + b"".join(
             wire.string(key) + struct.pack(">q", value) for key, value in stats.items()

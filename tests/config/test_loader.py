@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import trustme
 
 import config
 from broker.core.definitions import node_from_config
 from config import shovels
 from config.loader import load, loads
-from config.schema import TopicPermission, UserLimits, VhostLimits
+from config.schema import StreamProtocolConfig, TopicPermission, UserLimits, VhostLimits
 from config.values import ConfigError
 
 EXAMPLE = Path(config.__file__).parent / "postroom.yaml"
@@ -378,3 +379,32 @@ def test_the_stream_protocol_listens_only_where_listen_stream_says() -> None:
         "tcp:5552:interface=127.0.0.1"
     )
     assert problems("listen: {stream: 'ssl:5551'}\n")[0][1] == "listen.stream"
+
+
+def test_the_stream_protocol_advertises_what_the_stream_section_says(tmp_path: Path) -> None:
+    listening = "listen: {stream: 'tcp:5552', stream_tls: 'tcp:5551'}\n"
+    issued = trustme.CA().issue_cert("broker.example")
+    issued.cert_chain_pems[0].write_to_path(tmp_path / "c.pem")
+    issued.private_key_pem.write_to_path(tmp_path / "k.pem")
+    tls = f"tls: {{certificate: {tmp_path / 'c.pem'}, key: {tmp_path / 'k.pem'}}}\n"
+    config = loads(listening + tls + "stream: {advertised_host: broker.example, advertised_port: 30552}\n", "s.yaml")
+    assert (config.stream.advertised_host, config.stream.advertised_port) == ("broker.example", 30552)
+    assert (config.stream.advertised_tls_host, config.stream.advertised_tls_port) == (None, None)
+    assert loads("", "s.yaml").stream == StreamProtocolConfig()
+    for section, path, reason in [
+        ("{advertised_port: 0}", "stream.advertised_port", "must be between 1 and 65535, not 0"),
+        ("{advertised_port: '5552'}", "stream.advertised_port", None),
+        ("{advertised_host: ''}", "stream.advertised_host", "must name a host, not be empty"),
+        ("{advertised_tls_port: 99999}", "stream.advertised_tls_port", "must be between 1 and 65535, not 99999"),
+        ("{advertised_hostname: x}", "stream.advertised_hostname", None),
+    ]:
+        found = problems(listening + tls + f"stream: {section}\n")
+        assert [where for _line, where, _reason in found] == [path]
+        assert reason is None or found[0][2] == reason
+    # A listener that is off advertises nothing: its keys are refused, saying so.
+    off = problems("stream: {advertised_host: a, advertised_port: 1, advertised_tls_port: 2}\n")
+    assert [(where, reason) for _line, where, reason in off] == [
+        ("stream.advertised_host", "no stream listener advertises it: set listen.stream or listen.stream_tls"),
+        ("stream.advertised_port", "listen.stream is off: nothing advertises it"),
+        ("stream.advertised_tls_port", "listen.stream_tls is off: nothing advertises it"),
+    ]

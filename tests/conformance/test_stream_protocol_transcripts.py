@@ -5,7 +5,9 @@
 Each scenario sends the same frames to both brokers, one at a time, and records every frame
 that comes back (decoded to its fields) and whether the socket was closed. What differs by
 nature is normalised before the comparison: the server's peer properties (product, version
-...; both must answer with the same keys), and the host and port each advertises.
+...; both must answer with the same keys). Both advertise the same host and port
+(``stream.advertised_host`` and ``stream.advertised_port``), which ``open`` and ``metadata``
+answer with.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ pytestmark = pytest.mark.integration
 #: Seconds without a byte after which an answer is taken as whole.
 SETTLE = 0.2
 
+#: The host and port both brokers advertise (neither listens there: behind a port mapping).
+ADVERTISED = ("streams.example.com", 15552)
+
 #: The keys both brokers' peer properties have.
 SERVER_PROPERTIES = ["cluster_name", "copyright", "information", "platform", "product", "version"]
 
@@ -37,9 +42,16 @@ SERVER_PROPERTIES = ["cluster_name", "copyright", "information", "platform", "pr
 def ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
     """``(postroom, rabbitmq)``: the stream ports of a Postroom process and of a RabbitMQ node."""
     rabbit_stream, stream = free_port(), free_port()
-    config = f"stream.listeners.tcp.1 = 127.0.0.1:{rabbit_stream}\nstream.advertised_host = 127.0.0.1\n"
+    config = (
+        f"stream.listeners.tcp.1 = 127.0.0.1:{rabbit_stream}\n"
+        f"stream.advertised_host = {ADVERTISED[0]}\nstream.advertised_port = {ADVERTISED[1]}\n"
+    )
     directory = tmp_path_factory.mktemp("stream-protocol")
-    with oracle(config, ["rabbitmq_stream"], also=[rabbit_stream]), broker(directory / "data", stream=stream):
+    extra = f"stream: {{advertised_host: {ADVERTISED[0]}, advertised_port: {ADVERTISED[1]}}}\n"
+    with (
+        oracle(config, ["rabbitmq_stream"], also=[rabbit_stream]),
+        broker(directory / "data", stream=stream, extra=extra),
+    ):
         wait_for_port(stream, 30)
         yield stream, rabbit_stream
     assert "Traceback" not in (directory / "broker.log").read_text()
@@ -114,7 +126,7 @@ def decoded(frame: bytes) -> Any:
     if key == wire.OPEN | wire.RESPONSE:
         correlation, code = struct.unpack_from(">IH", body)
         if len(body) > 6:
-            return ("open", correlation, code, sorted(strings_map(body[6:])))
+            return ("open", correlation, code, sorted(strings_map(body[6:]).items()))
         return ("open", correlation, code)
     if key == wire.SASL_HANDSHAKE | wire.RESPONSE:
         correlation, code = struct.unpack_from(">IH", body)
@@ -156,14 +168,14 @@ def read_string(body: bytes, at: int) -> tuple[str, int]:
 
 
 def metadata(body: bytes) -> tuple[Any, ...]:
-    """Correlation id, broker references, and per stream its name, code, leader and replicas
-    (the brokers' hosts and ports left out: each advertises its own)."""
+    """Correlation id, brokers (reference, host, port), and per stream its name, code, leader
+    and replicas."""
     correlation, count = struct.unpack_from(">II", body)
     at, brokers = 8, []
     for _ in range(count):
         (reference,) = struct.unpack_from(">H", body, at)
-        _host, at = read_string(body, at + 2)
-        brokers.append(reference)
+        host, at = read_string(body, at + 2)
+        brokers.append((reference, host, struct.unpack_from(">I", body, at)[0]))
         at += 4
     (count,) = struct.unpack_from(">I", body, at)
     at += 4
@@ -239,7 +251,9 @@ def test_the_handshake_creates_describes_and_deletes_streams_as_rabbitmq(ports: 
 
     log = compare(ports, scenario)
     assert log[0][2] == wire.OK and log[0][3] == SERVER_PROPERTIES
-    assert ("open", 4, wire.OK, ["advertised_host", "advertised_port"]) in log
+    host, port = ADVERTISED
+    assert ("open", 4, wire.OK, [("advertised_host", host), ("advertised_port", str(port))]) in log
+    assert [entry[2] for entry in log if entry[0] == "metadata"] == [[(0, host, port)], []]
 
 
 @pytest.mark.parametrize(
