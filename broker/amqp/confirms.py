@@ -75,7 +75,7 @@ class Confirms:
         assert journal is not None
         if not self.waits:
             self.flush()
-            journal.waiters.add(self)
+            journal.waiters[self] = None
         self.waits.append((seq, position, accepted))
         if position <= journal.synced:
             self.release_confirms(journal.synced)
@@ -111,7 +111,7 @@ class Confirms:
         if refused:
             self._coalesced(nack_method, refused, acked, waiting)
         if not waits and self.vhost.journal is not None:
-            self.vhost.journal.waiters.discard(self)
+            self.vhost.journal.waiters.pop(self, None)
         connection = self.connection
         if not connection.dirty:
             connection.dirty = True
@@ -147,4 +147,4 @@ class Confirms:
             self.connection.confirming.remove(self)
         if self.waits and self.vhost.journal is not None:
             self.waits.clear()
-            self.vhost.journal.waiters.discard(self)
+            self.vhost.journal.waiters.pop(self, None)

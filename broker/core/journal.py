@@ -104,7 +104,7 @@ class _Durable:
             self._done(False)
 
     def _done(self, durable: bool) -> None:
-        self.journal.waiters.discard(self)
+        self.journal.waiters.pop(self, None)
         self.callback(durable)
 
 
@@ -184,8 +184,9 @@ class Journal:
         self.synced = 0
         #: Called when records become pending and none were before (the shell schedules a write).
         self.on_pending: Callable[[], None] | None = None
-        #: Channels with confirms waiting for :attr:`synced` to move.
-        self.waiters: set[ConfirmWaiter] = set()
+        #: Channels with confirms waiting for :attr:`synced` to move, in the order they began
+        #: to wait (so confirms go out in the order their publishes came).
+        self.waiters: dict[ConfirmWaiter, None] = {}
         #: While recovering, nothing is recorded (the records are already in the log).
         self.replaying = False
         #: Pending bytes past which :attr:`on_backlog` is called (publishes are then paused).
@@ -500,7 +501,7 @@ class Journal:
         if self.synced >= self.position:
             callback(True)
             return
-        self.waiters.add(_Durable(self, self.position, callback))
+        self.waiters[_Durable(self, self.position, callback)] = None
 
     def topology(self, vhosts: Iterable[VirtualHost]) -> bytes:
         """The node's definitions (:attr:`definitions`), then every policy, durable exchange,

@@ -73,6 +73,19 @@ def error_counter(code: int) -> str:
     return f"stream_error:{code}"
 
 
+#: The commands served, with the least and the most version of each, as
+#: ``exchange_command_versions`` answers them: RabbitMQ 3.13's list (its
+#: ``rabbit_stream_utils:command_versions``), ``publish`` at version 1 only (no filtering).
+COMMAND_VERSIONS = [
+    (key, 1, 1)
+    for key in (
+        wire.DECLARE_PUBLISHER, wire.PUBLISH, wire.QUERY_PUBLISHER_SEQUENCE, wire.DELETE_PUBLISHER,
+        wire.SUBSCRIBE, wire.CREDIT, wire.STORE_OFFSET, wire.QUERY_OFFSET, wire.UNSUBSCRIBE,
+        wire.CREATE_STREAM, wire.DELETE_STREAM, wire.METADATA, wire.CLOSE, wire.HEARTBEAT,
+        wire.ROUTE, wire.PARTITIONS, wire.STREAM_STATS, wire.CREATE_SUPER_STREAM, wire.DELETE_SUPER_STREAM,
+    )
+]  # fmt: skip
+
 #: The frame size and heartbeat (seconds) the server offers in ``tune`` (RabbitMQ's defaults).
 FRAME_MAX = 1_048_576
 HEARTBEAT = 60
@@ -166,6 +179,8 @@ class StreamConnection:
         #: How many of :attr:`out`'s items are a :class:`~broker.wal.streamlog.Region` (a
         #: chunk to send from its file) rather than bytes (the shell zeroes it too).
         self.regions = 0
+        #: The version of ``deliver`` the client reads (2 once it said so).
+        self.deliver_version = 1
 
     # -- input ----------------------------------------------------------------------------------
 
@@ -358,6 +373,8 @@ class StreamConnection:
             self._delete_super_stream(correlation, command[2])
         elif name == "consumer_update":
             self._updated(correlation, *command[2:])
+        elif name == "exchange_command_versions":
+            self._exchange_command_versions(correlation, command[2])
         elif name == "close":
             self._answer(wire.CLOSE, correlation, wire.OK)
             self.step = "closing"
@@ -752,10 +769,11 @@ class StreamConnection:
                 if chunk.raw == RAW and chunk.length >= SENT_FROM_FILE and chunk.count <= MAX_CHUNK_ENTRIES:
                     # Sent from its file as it is (the shell sends it, or reads it).
                     crc, region = stream.log.entries_region(chunk)
-                    parts = [_chunk_head(reader.id, chunk, chunk.count, crc, region.length), region]
+                    head = _chunk_head(reader.id, chunk, chunk.count, crc, region.length, self._committed(stream))
+                    parts = [head, region]
                     self.regions += 1
                 else:
-                    parts = _deliver(reader.id, chunk, stream.log.read_entries(chunk))
+                    parts = _deliver(reader.id, chunk, stream.log.read_entries(chunk), self._committed(stream))
             except (OSError, WALCorruption) as error:
                 reader.active = False
                 self.reason = f"reading stream '{stream.name}' at offset {reader.next_offset} failed: {error}"
@@ -841,6 +859,24 @@ class StreamConnection:
             return
         streams = list(dict.fromkeys(stream for stream, _, _ in bound))
         self._answer(wire.PARTITIONS, correlation, wire.OK, wire.strings(streams))
+
+    def _exchange_command_versions(self, correlation: int, theirs: list[tuple[int, int, int]]) -> None:
+        """RabbitMQ 3.11's ``exchange_command_versions``: answered with the commands served here
+        and their versions (:data:`COMMAND_VERSIONS`); a client that reads ``deliver`` version 2
+        gets it from then on, as from RabbitMQ."""
+        body = wire.u32(len(COMMAND_VERSIONS)) + b"".join(struct.pack(">HHH", *each) for each in COMMAND_VERSIONS)
+        self._answer(wire.EXCHANGE_COMMAND_VERSIONS, correlation, wire.OK, body)
+        for key, _least, most in theirs:
+            if key == wire.DELIVER and most >= 2:
+                self.deliver_version = 2
+
+    def _committed(self, stream: StreamQueue) -> int | None:
+        """What a ``deliver`` of ``stream`` carries as its committed chunk id: ``None`` for
+        version 1 (nothing), else the first offset of its newest chunk written."""
+        if self.deliver_version == 1:
+            return None
+        last = stream.log.locate(stream.committed - 1) if stream.committed > stream.log.first_offset else None
+        return last.first_offset if last is not None else -1
 
     def _stream_stats(self, correlation: int, name: str) -> None:
         """RabbitMQ 3.11's ``stream_stats``: osiris's (1.4 on) ``committed_chunk_id``,
@@ -1018,10 +1054,11 @@ def _next_chunk(stream: StreamQueue, reader: _Subscription) -> Chunk | None:
 
 
 _CHUNK_HEAD = struct.Struct(">HHBBBHIqQQIIII")  # frame key, version, subscription; osiris's head
+_CHUNK_HEAD_V2 = struct.Struct(">HHBQBBHIqQQIIII")  # the same with the committed chunk id first
 _ENTRY = struct.Struct(">I")
 
 
-def _deliver(subscription: int, chunk: Chunk, payload: bytes) -> list[Any]:
+def _deliver(subscription: int, chunk: Chunk, payload: bytes, committed: int | None = None) -> list[Any]:
     """A ``deliver`` frame of ``chunk`` (its record ``payload``), as its head and its data (not
     joined: one copy less of a chunk that may be a megabyte; see :func:`_deliver_head` for a
     chunk too large for one): RabbitMQ's chunk format
@@ -1032,7 +1069,7 @@ def _deliver(subscription: int, chunk: Chunk, payload: bytes) -> list[Any]:
     (from before those chunks existed) is ``0 | 0 | header size 0 | body size | body``: from
     its sixth byte on, a simple entry, sliced out as it is. Other messages are converted."""
     if chunk.raw:
-        return _deliver_head(subscription, chunk, memoryview(payload)[ENTRIES_AT:])
+        return _deliver_head(subscription, chunk, memoryview(payload)[ENTRIES_AT:], committed)
     entries = []
     pack, sizes = _ENTRY.pack, _SIZES.unpack_from
     at = ENTRIES_AT
@@ -1053,10 +1090,12 @@ def _deliver(subscription: int, chunk: Chunk, payload: bytes) -> list[Any]:
         at = -1
     if at != len(payload):
         raise WALCorruption(f"stream chunk at offset {chunk.first_offset}: its entries do not add up")
-    return _deliver_head(subscription, chunk, b"".join(entries))
+    return _deliver_head(subscription, chunk, b"".join(entries), committed)
 
 
-def _deliver_head(subscription: int, chunk: Chunk, data: bytes | memoryview) -> list[Any]:
+def _deliver_head(
+    subscription: int, chunk: Chunk, data: bytes | memoryview, committed: int | None = None
+) -> list[Any]:
     """The frame head of a ``deliver`` of ``chunk`` holding ``data`` (its entries), and ``data``.
 
     A chunk of more entries than a chunk head counts (16 bits: one stored before chunks were
@@ -1064,7 +1103,7 @@ def _deliver_head(subscription: int, chunk: Chunk, data: bytes | memoryview) -> 
     frames of that many entries each, heads and data in turn, as if stored so."""
     entries = count_entries(data, 0) if chunk.raw == BATCHED else chunk.count
     if entries <= 0xFFFF:
-        return [_chunk_head(subscription, chunk, entries, zlib.crc32(data), len(data)), data]
+        return [_chunk_head(subscription, chunk, entries, zlib.crc32(data), len(data), committed), data]
     parts: list[Any] = []
     view, at, first = memoryview(data), 0, chunk.first_offset
     while entries:
@@ -1072,19 +1111,25 @@ def _deliver_head(subscription: int, chunk: Chunk, data: bytes | memoryview) -> 
         cut, messages = split_entries(view[at:], take)
         piece = view[at : at + cut]
         part = replace(chunk, first_offset=first, count=messages)
-        parts += (_chunk_head(subscription, part, take, zlib.crc32(piece), cut), piece)
+        parts += (_chunk_head(subscription, part, take, zlib.crc32(piece), cut, committed), piece)
         at, first, entries = at + cut, first + messages, entries - take
     return parts
 
 
-def _chunk_head(subscription: int, chunk: Chunk, entries: int, crc: int, size: int) -> bytes:
+def _chunk_head(
+    subscription: int, chunk: Chunk, entries: int, crc: int, size: int, committed: int | None = None
+) -> bytes:
     """The frame head of a ``deliver`` of ``chunk``: its ``entries`` (simple entries and
-    sub-entry batches) are ``size`` bytes whose CRC-32 is ``crc``."""
-    head = _CHUNK_HEAD.pack(
-        wire.DELIVER, 1, subscription,
-        0x50, 0, entries, chunk.count, int(chunk.timestamp * 1000), 1, chunk.first_offset,
-        crc, size, 0, 0,
+    sub-entry batches) are ``size`` bytes whose CRC-32 is ``crc``. With ``committed`` (the
+    first offset of the stream's newest committed chunk), ``deliver`` version 2 (RabbitMQ 3.11's,
+    for a client that asked for it in ``exchange_command_versions``), which carries it."""
+    fields = (
+        0x50, 0, entries, chunk.count, int(chunk.timestamp * 1000), 1, chunk.first_offset, crc, size, 0, 0,
     )  # fmt: skip
+    if committed is None:
+        head = _CHUNK_HEAD.pack(wire.DELIVER, 1, subscription, *fields)
+    else:
+        head = _CHUNK_HEAD_V2.pack(wire.DELIVER, 2, subscription, committed, *fields)
     return wire.u32(len(head) + size) + head
 
 

@@ -44,6 +44,7 @@ HEARTBEAT = 23
 ROUTE = 24
 PARTITIONS = 25
 CONSUMER_UPDATE = 26
+EXCHANGE_COMMAND_VERSIONS = 27
 STREAM_STATS = 28
 CREATE_SUPER_STREAM = 29
 DELETE_SUPER_STREAM = 30
@@ -419,6 +420,15 @@ def _create_super_stream(f: _Fields) -> tuple[Any, ...]:
     return ("create_super_stream", correlation, name, partitions, keys, f.string_map())
 
 
+def _exchange_command_versions(f: _Fields) -> tuple[Any, ...]:
+    correlation, count = f.u32(), f.i32()
+    if count < 0:
+        raise Malformed("array")
+    versions = [(f.u16(), f.u16(), f.u16()) for _ in range(count)]
+    f.end()
+    return ("exchange_command_versions", correlation, versions)
+
+
 def _route(f: _Fields) -> tuple[Any, ...]:
     correlation, key, stream = f.u32(), f.string(), f.string()
     f.end()
@@ -448,6 +458,7 @@ _REQUESTS: dict[int, Callable[[_Fields], tuple[Any, ...]]] = {
     ROUTE: _route,
     PARTITIONS: _named("partitions"),
     STREAM_STATS: _named("stream_stats"),
+    EXCHANGE_COMMAND_VERSIONS: _exchange_command_versions,
     CREATE_SUPER_STREAM: _create_super_stream,
     DELETE_SUPER_STREAM: _named("delete_super_stream"),
 }

@@ -687,3 +687,51 @@ def test_ids_repeated_within_a_frame_are_written_once_and_all_confirmed(tmp_path
         b"\x00\x03\x00\x01\x01" + struct.pack(">I5Q", 5, 5, 4, 6, 2, 7),
     ]
     assert stream.publisher_sequence("ref") == 7
+
+
+def test_exchange_command_versions_lists_what_is_served_and_deliver_2_follows_when_asked(tmp_path: Path) -> None:
+    """RabbitMQ 3.11's ``exchange_command_versions``: the answer is ``code u16, count u32``, then
+    ``key u16, min u16, max u16`` for each command (``rabbit_stream_core:response_body``); a
+    client that reads ``deliver`` up to version 2 then gets ``deliver`` v2: the subscription id,
+    then the committed chunk id (u64), then the chunk (``rabbit_stream_reader:send_file_callback``)."""
+    node = with_streams(tmp_path, Node(users=[User("guest", "guest")]))
+    connection = opened(node)
+    connection.receive(request(wire.CREATE_STREAM, 5, wire.string("events") + wire.string_map({})))
+    connection.receive(request(wire.DECLARE_PUBLISHER, 6, b"\x01" + wire.string("") + wire.string("events")))
+    for first in (0, 2):  # two chunks of two: at offsets 0 and 2
+        connection.receive(published_frame(1, [first, first + 1]))
+        written_chunks(node)
+    subscribe = b"\x01" + wire.string("events") + struct.pack(">hH", wire.OFFSET_FIRST, 1)
+    connection.out.clear()
+    connection.receive(request(wire.SUBSCRIBE, 7, subscribe))
+    (_answer, v1) = wire.FrameReader().feed(b"".join(bytes(part) for part in connection.out))
+    assert struct.unpack_from(">HHB", v1) == (wire.DELIVER, 1, 1) and v1[5] == 0x50  # (the chunk's magic next)
+    connection.out.clear()
+    theirs = [(wire.DELIVER, 1, 2), (wire.PUBLISH, 1, 2), (wire.CONSUMER_UPDATE, 1, 1)]
+    offer = struct.pack(">I", len(theirs)) + b"".join(struct.pack(">HHH", *each) for each in theirs)
+    connection.receive(request(wire.EXCHANGE_COMMAND_VERSIONS, 8, offer))
+    (answer,) = wire.FrameReader().feed(b"".join(connection.out))
+    key, version, correlation, code, count = struct.unpack_from(">HHIHI", answer)
+    assert (key, version, correlation, code) == (wire.EXCHANGE_COMMAND_VERSIONS | wire.RESPONSE, 1, 8, wire.OK)
+    listed = [struct.unpack_from(">HHH", answer, 14 + 6 * n) for n in range(count)]
+    assert len(answer) == 14 + 6 * count
+    assert {key for key, _, _ in listed} == {
+        wire.DECLARE_PUBLISHER, wire.PUBLISH, wire.QUERY_PUBLISHER_SEQUENCE, wire.DELETE_PUBLISHER,
+        wire.SUBSCRIBE, wire.CREDIT, wire.STORE_OFFSET, wire.QUERY_OFFSET, wire.UNSUBSCRIBE,
+        wire.CREATE_STREAM, wire.DELETE_STREAM, wire.METADATA, wire.CLOSE, wire.HEARTBEAT, wire.ROUTE,
+        wire.PARTITIONS, wire.STREAM_STATS, wire.CREATE_SUPER_STREAM, wire.DELETE_SUPER_STREAM,
+    }  # fmt: skip
+    assert all((least, most) == (1, 1) for _, least, most in listed)
+    # The next chunk comes as deliver v2, with the committed chunk's first offset (2).
+    connection.out.clear()
+    connection.receive(wire.frame(wire.CREDIT, struct.pack(">Bh", 1, 1)))
+    (v2,) = wire.FrameReader().feed(b"".join(bytes(part) for part in connection.out))
+    assert struct.unpack_from(">HHBQB", v2) == (wire.DELIVER, 2, 1, 2, 0x50)
+    chunk = struct.Struct(">BBHIqQQIIII").unpack_from(v2, 13)
+    assert (chunk[2], chunk[3], chunk[6]) == (2, 2, 2)  # two entries, two messages, from offset 2
+    assert v2[13 + 48 :] == b"".join(struct.pack(">I", len(b"m%d" % n)) + b"m%d" % n for n in (2, 3))
+    # Before open, it ends the connection as any command out of turn.
+    early = StreamConnection(Node(), "127.0.0.1:40000", True, ("127.0.0.1", 5552))
+    early.receive(request(wire.PEER_PROPERTIES, 1, wire.string_map({})))
+    early.receive(request(wire.EXCHANGE_COMMAND_VERSIONS, 2, offer))
+    assert early.finished

@@ -87,6 +87,10 @@ def requests(draw: st.DrawFn) -> bytes:
         ),  # fmt: skip
         wire.DELETE_SUPER_STREAM: lambda: _string(draw(NAMES)),
         wire.STREAM_STATS: lambda: _string(draw(NAMES)),
+        wire.EXCHANGE_COMMAND_VERSIONS: lambda: (
+            struct.pack(">I", len(versions := draw(st.lists(st.tuples(U16, U16, U16), max_size=3))))
+            + b"".join(struct.pack(">HHH", *each) for each in versions)
+        ),  # fmt: skip
     }
     if key == wire.PUBLISH:
         # Ids of any value, or small ones that repeat within the frame and across frames.

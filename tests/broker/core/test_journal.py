@@ -373,7 +373,7 @@ def test_when_durable_waits_for_the_writer_and_hears_of_a_failure() -> None:
     _, position = journal.take()
     journal.synced_to(position)
     assert heard == [True, False, True]
-    assert journal.waiters == set()
+    assert not journal.waiters
 
 
 def test_a_streams_subscriptions_are_replayed_and_go_with_the_stream() -> None:
