@@ -22,6 +22,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Union
 
 import pyarrow as pa
 
@@ -31,6 +32,9 @@ from broker.wal.record import (
     StreamBatchChunk,
     StreamChunk,
     StreamRawChunk,
+    StreamTrackedBatchChunk,
+    StreamTrackedChunk,
+    StreamTrackedRawChunk,
     unpack_batched_messages,
     unpack_raw_messages,
     unpack_stream_messages,
@@ -39,6 +43,11 @@ from broker.wire.amqp10 import delivered_as_amqp091
 from spark.events import BATCH_ROWS, _Columns, _date, list_segments, walk_segment
 
 __all__ = ["Selection", "parse_bound", "stream_segment_batches", "stream_segments"]
+
+#: A stream chunk record of any kind.
+_Chunk = Union[
+    StreamChunk, StreamRawChunk, StreamBatchChunk, StreamTrackedChunk, StreamTrackedRawChunk, StreamTrackedBatchChunk
+]
 
 #: Where the broker keeps its streams, under its ``storage.dir``.
 STREAMS_DIR = "streams"
@@ -107,9 +116,9 @@ def stream_segment_batches(
             if default_date == "unknown":
                 default_date = _date(item.timestamp)
             messages: list[tuple[bytes, bytes, bytes] | None]
-            if type(item) is StreamChunk:
+            if type(item) in (StreamChunk, StreamTrackedChunk):
                 messages = unpack_stream_messages(item.entries, 0, item.count)  # type: ignore[assignment]
-            elif type(item) is StreamRawChunk:
+            elif type(item) in (StreamRawChunk, StreamTrackedRawChunk):
                 messages = unpack_raw_messages(item.entries, 0, item.count)  # type: ignore[assignment]
             else:
                 messages = unpack_batched_messages(item.entries, 0, item.count)
@@ -144,7 +153,7 @@ def stream_file_batches(path: str, segment: int, selection: Selection) -> Iterat
     yield from stream_segment_batches(data, segment, selection)
 
 
-def _wanted_chunk(chunk: StreamChunk | StreamRawChunk | StreamBatchChunk, selection: Selection) -> bool:
+def _wanted_chunk(chunk: _Chunk, selection: Selection) -> bool:
     """Whether any of ``chunk``'s messages may be selected."""
     if selection.end is not None and chunk.first_offset >= selection.end:
         return False
@@ -155,10 +164,17 @@ def _wanted_chunk(chunk: StreamChunk | StreamRawChunk | StreamBatchChunk, select
     return selection.until is None or chunk.timestamp < selection.until
 
 
-_CHUNK_RECORDS = (StreamChunk, StreamRawChunk, StreamBatchChunk)
+_CHUNK_RECORDS = (
+    StreamChunk,
+    StreamRawChunk,
+    StreamBatchChunk,
+    StreamTrackedChunk,
+    StreamTrackedRawChunk,
+    StreamTrackedBatchChunk,
+)
 
 
-def _chunks(data: bytes, segment: int) -> Iterator[tuple[int, StreamChunk | StreamRawChunk | StreamBatchChunk | str]]:
+def _chunks(data: bytes, segment: int) -> Iterator[tuple[int, _Chunk | str]]:
     """``(position, chunk)`` for each chunk of a stream segment file, ``(position, problem)``
     for each damaged span and each record of another type (:func:`spark.events.walk_segment`)."""
     for position, record in walk_segment(data, segment):

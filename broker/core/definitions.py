@@ -297,9 +297,9 @@ def restore_snapshot(
                 auto_delete=queue.auto_delete,
                 arguments=decode_field_table(queue.arguments),
             )
-            offsets = snapshot.stream_offsets.get((vhost_name, queue.name))
-            if offsets:
-                declared.subscriptions.update(offsets)  # type: ignore[attr-defined]
+            if declared.kind == "stream":
+                offsets = snapshot.stream_offsets.get((vhost_name, queue.name), {})
+                declared.recover_offsets(offsets)  # type: ignore[attr-defined]
         for binding in snapshot.bindings.values():
             vhost = _vhost(node, binding.vhost)
             arguments = decode_field_table(binding.arguments)

@@ -35,7 +35,7 @@ from broker.core.message import Message
 from broker.core.policy import effective_definition
 from broker.core.queue import QueueSettings
 from broker.errors import ChannelCrash, ChannelException, ReplyCode
-from broker.wal.record import BATCHED, RAW, WALCorruption, pack_stream_messages, split_entries
+from broker.wal.record import BATCHED, RAW, WALCorruption, pack_stream_messages, pack_tracking, split_entries
 from broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, Chunk, Staged, StreamLog
 from broker.wire.amqp10 import delivered_as_amqp091
 from broker.wire.codec import split_names
@@ -281,6 +281,9 @@ class StreamQueue:
         self._pending: list[tuple[Any, Any, bytes]] = []
         #: The most entries the next chunk takes (see :data:`MAX_CHUNK_ENTRIES`).
         self.chunk_entries = MIN_CHUNK_ENTRIES
+        #: Each named publisher's last publishing id among the chunks staged (``None`` until
+        #: first needed: then the ones recovered), for a segment's first chunk's trailer.
+        self._staged_sequences: dict[str, int] | None = None
         #: Chunks staged and not yet written, oldest first.
         self._staged: deque[Staged] = deque()
         self._readers: dict[Consumer, _Reader] = {}
@@ -395,7 +398,13 @@ class StreamQueue:
     # -- appending ----------------------------------------------------------------------------
 
     def append_raw(
-        self, block: bytes, count: int, batched: bool = False, entries: int | None = None, size: int | None = None
+        self,
+        block: bytes,
+        count: int,
+        batched: bool = False,
+        entries: int | None = None,
+        size: int | None = None,
+        publisher: tuple[str, list[int]] | None = None,
     ) -> int:
         """Take messages published over the stream protocol for the next chunk: ``block`` is
         ``count`` of them, each as a simple entry of RabbitMQ's chunk format (its size, then the
@@ -408,8 +417,10 @@ class StreamQueue:
         messages they hold in all: kept as they are, in a
         :class:`~broker.wal.record.StreamBatchChunk`. ``size``, when given, is the size of
         every message (a block that has to be split across chunks is then not read).
-        Returns ``count``."""
-        shape = (count, count if entries is None else entries, size)
+        ``publisher``: the named publisher that sent them, and the publishing id of each entry
+        (rising), for the trailer of the chunk that holds them. Returns ``count``."""
+        reference, ids = publisher if publisher is not None else ("", None)
+        shape = (count, count if entries is None else entries, size, reference, ids)
         self._pending.append((_BATCH_BLOCK if batched else _RAW_BLOCK, shape, block))
         if self.store is not None and count:
             self.store.pending(self, len(block), count)
@@ -423,8 +434,30 @@ class StreamQueue:
 
     def set_publisher_sequence(self, reference: str, sequence: int) -> None:
         """Publisher ``reference`` wrote up to ``sequence``: kept with the stored offsets (in
-        the log, with the write that holds the messages)."""
+        the log, with the write that holds the messages; the chunk holding them has it in its
+        trailer too)."""
+        self._sequences_staged()
         self.store_offset(PUBLISHER_PREFIX + reference, sequence)
+
+    def _sequences_staged(self) -> dict[str, int]:
+        """Each named publisher's last publishing id in the chunks staged: at first, those it
+        had when the stream was opened (before any publish moved them)."""
+        if self._staged_sequences is None:
+            prefix = len(PUBLISHER_PREFIX)
+            self._staged_sequences = {
+                name[prefix:]: value for name, value in self.subscriptions.items() if name.startswith(PUBLISHER_PREFIX)
+            }
+        return self._staged_sequences
+
+    def recover_offsets(self, offsets: Mapping[str, int]) -> None:
+        """The stored offsets (and publishers' sequences) the log held, with the publishers'
+        sequences found in the stream's own trailers (the later where both have one: chunks
+        are written before the log's records of the same write)."""
+        self.subscriptions.update(offsets)
+        for reference, sequence in self.log.tracking.items():
+            name = PUBLISHER_PREFIX + reference
+            if sequence > self.subscriptions.get(name, -1):
+                self.subscriptions[name] = sequence
 
     def store_offset(self, name: str, offset: int) -> None:
         """Subscription ``name`` reads on from ``offset``: kept, and recorded in the log with
@@ -461,14 +494,28 @@ class StreamQueue:
         raw = False
         entries = size = 0
 
+        sequences = self._sequences_staged()
+
         def close() -> None:
             nonlocal rolled, entries, size
+            # The trailer: the last publishing id of each named publisher with messages in the
+            # chunk (osiris's order: the references last first); a chunk that opens a segment
+            # also has every other publisher's (a snapshot: recovery reads the last segment only).
+            own = {shape[3]: shape[4][-1] for _m, shape, _b in run if shape[3] and shape[4]} if raw else {}
+            trailer = pack_tracking(sorted(own.items(), reverse=True)) if own else b""
+            sequences.update(own)
+
+            def snapshot() -> bytes:
+                others = sorted(((name, last) for name, last in sequences.items() if name not in own), reverse=True)
+                return pack_tracking(others, snapshot=True)
+
             if raw:
                 kind = BATCHED if any([marker is _BATCH_BLOCK for marker, _shape, _block in run]) else RAW
                 blocks = [block for _marker, _shape, block in run]
-                staged = self.log.stage_packed(blocks, sum([shape[0] for _m, shape, _b in run]), now, kind)
+                messages = sum([shape[0] for _m, shape, _b in run])
+                staged = self.log.stage_packed(blocks, messages, now, kind, trailer, snapshot)
             else:
-                staged = self.log.stage_packed(pack_stream_messages(run), len(run), now)
+                staged = self.log.stage_packed(pack_stream_messages(run), len(run), now, 0, b"", snapshot)
             rolled = rolled or staged.roll
             self._staged.append(staged)
             run.clear()
@@ -483,13 +530,14 @@ class StreamQueue:
                 close()
             raw = block
             if block:
-                count, held, uniform = item[1]
+                count, held, uniform, reference, ids = item[1]
                 if held > room - entries:
                     # The block fills the chunk: its first entries end it, the rest go on.
                     take = room - entries
                     cut, messages = split_entries(item[2], take, uniform)
-                    run.append((marker, (messages, take, uniform), item[2][:cut]))
-                    pending[at] = (marker, (count - messages, held - take, uniform), item[2][cut:])
+                    head, rest = (ids[:take], ids[take:]) if ids is not None else (None, None)
+                    run.append((marker, (messages, take, uniform, reference, head), item[2][:cut]))
+                    pending[at] = (marker, (count - messages, held - take, uniform, reference, rest), item[2][cut:])
                     close()
                     room = min(room * 2, MAX_CHUNK_ENTRIES)
                     continue

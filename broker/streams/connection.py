@@ -38,11 +38,14 @@ from broker.wal.record import (
     BATCH_HEAD,
     BATCHED,
     RAW,
+    SEGMENT_HEADER_BYTES,
+    TRACKING_SNAPSHOT,
     WALCorruption,
     batch_records,
     count_entries,
     split_entries,
     unpack_batched_messages,
+    unpack_tracking,
 )
 from broker.wal.streamlog import ENTRIES_AT, Chunk, Region
 from broker.wire import streamframes as wire
@@ -617,31 +620,35 @@ class StreamConnection:
             return
         if refused:
             self._refuse(publisher_id, refused, wire.PRECONDITION_FAILED)
+        tracked: tuple[str, list[int]] | None = None
         if publisher.reference and ids:
             # Deduplication, as RabbitMQ's stream writer does it: a message is written only if
             # its publishing id is above every id this publisher wrote before it, in earlier
             # frames and earlier in this one; the others are confirmed, not written again.
             known = stream.publisher_sequence(publisher.reference)
             last = -1 if known is None else known
+            written = ids
             if ids[0] <= last or not all(map(operator.lt, ids, islice(ids, 1, None))):
                 if entries is None:
                     entries = _published_entries(data)[1]
-                kept = []
+                kept, written = [], []
                 for number, entry in zip(ids, entries, strict=True):
                     if number > last:
                         kept.append(entry)
+                        written.append(number)
                         last = number
                 entries = kept
             else:
                 last = ids[-1]
             stream.set_publisher_sequence(publisher.reference, last)
+            tracked = (publisher.reference, written)
         fresh, batched, held = len(ids), False, len(ids)
         if entries is not None:
             fresh = sum(map(batch_records, entries))
             batched = any([entry[0] & 0x80 for entry in entries])
             block, size, held = b"".join(entries), None, len(entries)
         if block:
-            stream.append_raw(block, fresh, batched, held, size)
+            stream.append_raw(block, fresh, batched, held, size, tracked)
         journal = getattr(stream.store, "journal", None)
         if journal is None or not block:
             self._confirm(publisher, ids)
@@ -769,11 +776,13 @@ class StreamConnection:
                 if chunk.raw == RAW and chunk.length >= SENT_FROM_FILE and chunk.count <= MAX_CHUNK_ENTRIES:
                     # Sent from its file as it is (the shell sends it, or reads it).
                     crc, region = stream.log.entries_region(chunk)
-                    head = _chunk_head(reader.id, chunk, chunk.count, crc, region.length, self._committed(stream))
+                    committed, trailer = self._committed(stream), _trailer(stream, chunk)
+                    head = _chunk_head(reader.id, chunk, chunk.count, crc, region.length, committed, trailer)
                     parts = [head, region]
                     self.regions += 1
                 else:
-                    parts = _deliver(reader.id, chunk, stream.log.read_entries(chunk), self._committed(stream))
+                    payload = stream.log.read_entries(chunk)
+                    parts = _deliver(reader.id, chunk, payload, self._committed(stream), _trailer(stream, chunk))
             except (OSError, WALCorruption) as error:
                 reader.active = False
                 self.reason = f"reading stream '{stream.name}' at offset {reader.next_offset} failed: {error}"
@@ -1058,7 +1067,9 @@ _CHUNK_HEAD_V2 = struct.Struct(">HHBQBBHIqQQIIII")  # the same with the committe
 _ENTRY = struct.Struct(">I")
 
 
-def _deliver(subscription: int, chunk: Chunk, payload: bytes, committed: int | None = None) -> list[Any]:
+def _deliver(
+    subscription: int, chunk: Chunk, payload: bytes, committed: int | None = None, trailer: int = 0
+) -> list[Any]:
     """A ``deliver`` frame of ``chunk`` (its record ``payload``), as its head and its data (not
     joined: one copy less of a chunk that may be a megabyte; see :func:`_deliver_head` for a
     chunk too large for one): RabbitMQ's chunk format
@@ -1069,7 +1080,7 @@ def _deliver(subscription: int, chunk: Chunk, payload: bytes, committed: int | N
     (from before those chunks existed) is ``0 | 0 | header size 0 | body size | body``: from
     its sixth byte on, a simple entry, sliced out as it is. Other messages are converted."""
     if chunk.raw:
-        return _deliver_head(subscription, chunk, memoryview(payload)[ENTRIES_AT:], committed)
+        return _deliver_head(subscription, chunk, memoryview(payload)[ENTRIES_AT:], committed, trailer)
     entries = []
     pack, sizes = _ENTRY.pack, _SIZES.unpack_from
     at = ENTRIES_AT
@@ -1090,11 +1101,11 @@ def _deliver(subscription: int, chunk: Chunk, payload: bytes, committed: int | N
         at = -1
     if at != len(payload):
         raise WALCorruption(f"stream chunk at offset {chunk.first_offset}: its entries do not add up")
-    return _deliver_head(subscription, chunk, b"".join(entries), committed)
+    return _deliver_head(subscription, chunk, b"".join(entries), committed, trailer)
 
 
 def _deliver_head(
-    subscription: int, chunk: Chunk, data: bytes | memoryview, committed: int | None = None
+    subscription: int, chunk: Chunk, data: bytes | memoryview, committed: int | None = None, trailer: int = 0
 ) -> list[Any]:
     """The frame head of a ``deliver`` of ``chunk`` holding ``data`` (its entries), and ``data``.
 
@@ -1103,7 +1114,7 @@ def _deliver_head(
     frames of that many entries each, heads and data in turn, as if stored so."""
     entries = count_entries(data, 0) if chunk.raw == BATCHED else chunk.count
     if entries <= 0xFFFF:
-        return [_chunk_head(subscription, chunk, entries, zlib.crc32(data), len(data), committed), data]
+        return [_chunk_head(subscription, chunk, entries, zlib.crc32(data), len(data), committed, trailer), data]
     parts: list[Any] = []
     view, at, first = memoryview(data), 0, chunk.first_offset
     while entries:
@@ -1117,20 +1128,42 @@ def _deliver_head(
 
 
 def _chunk_head(
-    subscription: int, chunk: Chunk, entries: int, crc: int, size: int, committed: int | None = None
+    subscription: int,
+    chunk: Chunk,
+    entries: int,
+    crc: int,
+    size: int,
+    committed: int | None = None,
+    trailer: int = 0,
 ) -> bytes:
     """The frame head of a ``deliver`` of ``chunk``: its ``entries`` (simple entries and
-    sub-entry batches) are ``size`` bytes whose CRC-32 is ``crc``. With ``committed`` (the
+    sub-entry batches) are ``size`` bytes whose CRC-32 is ``crc``; its ``trailer`` bytes
+    (what its trailer length says; the trailer itself is not sent, as RabbitMQ sends none to
+    the stream protocol's subscribers). With ``committed`` (the
     first offset of the stream's newest committed chunk), ``deliver`` version 2 (RabbitMQ 3.11's,
     for a client that asked for it in ``exchange_command_versions``), which carries it."""
     fields = (
-        0x50, 0, entries, chunk.count, int(chunk.timestamp * 1000), 1, chunk.first_offset, crc, size, 0, 0,
+        0x50, 0, entries, chunk.count, int(chunk.timestamp * 1000), 1, chunk.first_offset, crc, size, trailer, 0,
     )  # fmt: skip
     if committed is None:
         head = _CHUNK_HEAD.pack(wire.DELIVER, 1, subscription, *fields)
     else:
         head = _CHUNK_HEAD_V2.pack(wire.DELIVER, 2, subscription, committed, *fields)
     return wire.u32(len(head) + size) + head
+
+
+def _trailer(stream: StreamQueue, chunk: Chunk) -> int:
+    """The bytes of ``chunk``'s trailer that RabbitMQ's chunk would have: its publishers' own
+    entries (a segment's first chunk also holds the other publishers', marked as a snapshot).
+
+    :raises OSError: the storage failed
+    :raises WALCorruption: the trailer does not add up
+    """
+    if not chunk.trailer or chunk.position != SEGMENT_HEADER_BYTES:
+        return chunk.trailer
+    tracked = unpack_tracking(stream.log.read_trailer(chunk))
+    own = [name.encode("utf-8", "surrogateescape") for kind, name, _ in tracked if kind < TRACKING_SNAPSHOT]
+    return sum(10 + len(name) for name in own)
 
 
 _SIZES = struct.Struct(">II")

@@ -52,6 +52,15 @@ __all__ = [
     "STREAM_CHUNK_HEAD",
     "STREAM_CHUNK_OVERHEAD",
     "STREAM_CHUNK_TYPES",
+    "STREAM_TRACKED_TYPES",
+    "TRACKING_SEQUENCE",
+    "TRACKING_SNAPSHOT",
+    "pack_tracking",
+    "unpack_tracking",
+    "crc32_before",
+    "StreamTrackedChunk",
+    "StreamTrackedRawChunk",
+    "StreamTrackedBatchChunk",
     "RAW",
     "BATCHED",
     "StreamChunk",
@@ -162,6 +171,9 @@ class RecordType(IntEnum):
     UNDEFINED = 18
     STREAM_RAW_CHUNK = 19
     STREAM_BATCH_CHUNK = 20
+    STREAM_TRACKED_CHUNK = 21
+    STREAM_TRACKED_RAW_CHUNK = 22
+    STREAM_TRACKED_BATCH_CHUNK = 23
 
 
 # Field order in each class below is the order on disk: do not reorder. ``arguments``,
@@ -396,6 +408,43 @@ class StreamBatchChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamTrackedChunk:
+    """A :class:`StreamChunk` with a trailer after its entries: osiris's tracking entries
+    (:func:`pack_tracking`), the last publishing id of each stream-protocol publisher with
+    messages in the chunk, and in a chunk that opens a segment, those of the stream's other
+    publishers too. Written with the messages, so a publisher's deduplication holds for what
+    reached the disk whatever happened after."""
+
+    first_offset: int
+    timestamp: float
+    count: int
+    entries: bytes
+    trailer: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StreamTrackedRawChunk:
+    """A :class:`StreamRawChunk` with a trailer (see :class:`StreamTrackedChunk`)."""
+
+    first_offset: int
+    timestamp: float
+    count: int
+    entries: bytes
+    trailer: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StreamTrackedBatchChunk:
+    """A :class:`StreamBatchChunk` with a trailer (see :class:`StreamTrackedChunk`)."""
+
+    first_offset: int
+    timestamp: float
+    count: int
+    entries: bytes
+    trailer: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class StreamOffset:
     """A stream's subscription ``name`` (a consumer's ``x-stream-consumer-name``) reads on from
     ``offset``: every offset below it was acknowledged (or passed over) by that subscription."""
@@ -460,6 +509,9 @@ Record = Union[
     Undefined,
     StreamRawChunk,
     StreamBatchChunk,
+    StreamTrackedChunk,
+    StreamTrackedRawChunk,
+    StreamTrackedBatchChunk,
 ]
 
 _CLASSES: dict[RecordType, type] = {
@@ -483,6 +535,9 @@ _CLASSES: dict[RecordType, type] = {
     RecordType.UNDEFINED: Undefined,
     RecordType.STREAM_RAW_CHUNK: StreamRawChunk,
     RecordType.STREAM_BATCH_CHUNK: StreamBatchChunk,
+    RecordType.STREAM_TRACKED_CHUNK: StreamTrackedChunk,
+    RecordType.STREAM_TRACKED_RAW_CHUNK: StreamTrackedRawChunk,
+    RecordType.STREAM_TRACKED_BATCH_CHUNK: StreamTrackedBatchChunk,
 }
 
 #: The record types of the dead-letter event stream (the write-ahead log holds none of them).
@@ -717,32 +772,82 @@ STREAM_CHUNK_TYPES = (
     int(RecordType.STREAM_RAW_CHUNK),
     int(RecordType.STREAM_BATCH_CHUNK),
 )
+#: The record type of each kind of stream chunk with a trailer (:class:`StreamTrackedChunk`).
+STREAM_TRACKED_TYPES = (
+    int(RecordType.STREAM_TRACKED_CHUNK),
+    int(RecordType.STREAM_TRACKED_RAW_CHUNK),
+    int(RecordType.STREAM_TRACKED_BATCH_CHUNK),
+)
 #: Bytes a :class:`StreamChunk` record takes besides its packed entries.
 STREAM_CHUNK_OVERHEAD = _RECORD_HEADER.size + STREAM_CHUNK_HEAD.size
 
+#: osiris's tracking entry type of a publisher's last publishing id (``TRK_TYPE_SEQUENCE``),
+#: and the bit that marks one of a segment's opening snapshot (a publisher without messages
+#: in the chunk: not part of the trailer RabbitMQ's chunk would carry).
+TRACKING_SEQUENCE = 0
+TRACKING_SNAPSHOT = 0x80
+_TRACKING_ID = struct.Struct(">BB")
+_TRACKING_VALUE = struct.Struct(">Q")
+
+
+def pack_tracking(sequences: Iterable[tuple[str, int]], snapshot: bool = False) -> bytes:
+    """osiris's tracking entries (``type u8, id size u8, id, value u64``) of publishers'
+    last publishing ids, in the order given; with ``snapshot``, marked
+    :data:`TRACKING_SNAPSHOT`. References longer than 255 bytes are left out (the stream
+    protocol takes up to 255)."""
+    kind = TRACKING_SEQUENCE | (TRACKING_SNAPSHOT if snapshot else 0)
+    parts: list[bytes] = []
+    for reference, sequence in sequences:
+        name = reference.encode("utf-8", "surrogateescape")
+        if len(name) < 256:
+            parts += (_TRACKING_ID.pack(kind, len(name)), name, _TRACKING_VALUE.pack(sequence))
+    return b"".join(parts)
+
+
+def unpack_tracking(data: bytes | memoryview) -> list[tuple[int, str, int]]:
+    """``(type, reference, value)`` of each of :func:`pack_tracking`'s entries in ``data``.
+
+    :raises WALCorruption: they do not add up
+    """
+    found, at, end = [], 0, len(data)
+    while at < end:
+        if end - at < 2:
+            raise WALCorruption(f"stream chunk trailer cut short at byte {at} of {end}")
+        kind, size = _TRACKING_ID.unpack_from(data, at)
+        stop = at + 2 + size + 8
+        if stop > end:
+            raise WALCorruption(f"stream chunk trailer cut short at byte {at} of {end}")
+        name = bytes(data[at + 2 : at + 2 + size]).decode("utf-8", "surrogateescape")
+        found.append((kind, name, _TRACKING_VALUE.unpack_from(data, at + 2 + size)[0]))
+        at = stop
+    return found
+
 
 def encode_stream_chunk(
-    first_offset: int, timestamp: float, count: int, entries: bytes | list[bytes], kind: int = 0
+    first_offset: int, timestamp: float, count: int, entries: bytes | list[bytes], kind: int = 0, trailer: bytes = b""
 ) -> bytes:
     """:func:`stream_chunk_pieces`, joined."""
-    return b"".join(stream_chunk_pieces(first_offset, timestamp, count, entries, kind))
+    return b"".join(stream_chunk_pieces(first_offset, timestamp, count, entries, kind, trailer))
 
 
 def stream_chunk_pieces(
-    first_offset: int, timestamp: float, count: int, entries: bytes | list[bytes], kind: int = 0
+    first_offset: int, timestamp: float, count: int, entries: bytes | list[bytes], kind: int = 0, trailer: bytes = b""
 ) -> list[bytes]:
     """``encode(StreamChunk(first_offset, timestamp, count, entries))`` (of a
     :class:`StreamRawChunk` for the kind :data:`RAW`, a :class:`StreamBatchChunk` for
-    :data:`BATCHED`) in pieces, for a write that takes them so (``writev``): its header and
-    head, then ``entries`` (which may come in pieces), not copied (the CRC runs over them
-    without the GIL). A chunk is most of what a stream writes.
+    :data:`BATCHED`; with a ``trailer``, of the same kind of :class:`StreamTrackedChunk`) in
+    pieces, for a write that takes them so (``writev``): its header and head, then ``entries``
+    (which may come in pieces), not copied (the CRC runs over them without the GIL), then the
+    trailer. A chunk is most of what a stream writes.
 
     :raises ValueError: as :func:`encode`
     """
-    record_type = STREAM_CHUNK_TYPES[kind]
+    record_type = STREAM_TRACKED_TYPES[kind] if trailer else STREAM_CHUNK_TYPES[kind]
     pieces = [entries] if isinstance(entries, bytes) else entries
     size = sum(map(len, pieces))
-    payload_bytes = STREAM_CHUNK_HEAD.size + size
+    if trailer:
+        pieces = [*pieces, _U32.pack(len(trailer)) + trailer]
+    payload_bytes = STREAM_CHUNK_HEAD.size + size + (4 + len(trailer) if trailer else 0)
     if payload_bytes > MAX_RECORD_BYTES:
         raise ValueError(f"StreamChunk payload of {payload_bytes} bytes is over {MAX_RECORD_BYTES}")
     try:
@@ -798,6 +903,32 @@ def stream_entries_crc(record_crc: int, record_type: int, head: bytes, length: i
     entries), without reading the entries. Damage to them since the record was written then
     shows in the reader's check of the chunk."""
     return record_crc ^ crc32_shifted(zlib.crc32(head, _TYPE_CRC[record_type]), length)
+
+
+def _crc_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0xEDB88320 if crc & 1 else 0)
+        table.append(crc)
+    return table
+
+
+_CRC_TABLE = _crc_table()
+#: The index of each CRC table entry by its top byte (unique in CRC-32's table).
+_CRC_BY_TOP = {entry >> 24: index for index, entry in enumerate(_CRC_TABLE)}
+
+
+def crc32_before(crc: int, suffix: bytes) -> int:
+    """``zlib.crc32(data)`` from ``zlib.crc32(data + suffix)`` (``crc``) and ``suffix``: the
+    CRC run back over the suffix's bytes, the last first (each step of CRC-32 can be undone
+    from its input byte). For a short suffix: a Python step per byte."""
+    crc ^= 0xFFFFFFFF
+    for byte in reversed(suffix):
+        index = _CRC_BY_TOP[crc >> 24]
+        crc = (((crc ^ _CRC_TABLE[index]) << 8) & 0xFFFFFFFF) | (index ^ byte)
+    return crc ^ 0xFFFFFFFF
 
 
 class _Malformed(Exception):

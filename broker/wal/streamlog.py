@@ -41,11 +41,18 @@ from broker.wal.record import (
     STREAM_CHUNK_HEAD,
     STREAM_CHUNK_OVERHEAD,
     STREAM_CHUNK_TYPES,
+    STREAM_TRACKED_TYPES,
+    TRACKING_SEQUENCE,
+    TRACKING_SNAPSHOT,
     StreamBatchChunk,
     StreamChunk,
     StreamRawChunk,
+    StreamTrackedBatchChunk,
+    StreamTrackedChunk,
+    StreamTrackedRawChunk,
     WALCorruption,
     as_entries,
+    crc32_before,
     decode,
     pack_stream_entries,
     parse_segment_header,
@@ -55,6 +62,7 @@ from broker.wal.record import (
     unpack_batched_messages,
     unpack_raw_messages,
     unpack_stream_messages,
+    unpack_tracking,
 )
 
 __all__ = ["DEFAULT_STREAM_SEGMENT_BYTES", "ENTRIES_AT", "INDEX_EVERY", "Chunk", "Region", "Staged", "StreamLog"]
@@ -67,18 +75,22 @@ DEFAULT_STREAM_SEGMENT_BYTES = 500_000_000
 INDEX_EVERY = 64 << 10
 
 _RECORD_HEAD = struct.Struct(">IIB")  # length, crc, type
-_CHUNK_HEAD = struct.Struct(">QdQ")  # first offset, timestamp, count: a StreamChunk's first fields
 #: Where a chunk's packed entries start in its record payload (:meth:`StreamLog.read_entries`).
 ENTRIES_AT = _ENTRIES_AT = STREAM_CHUNK_HEAD.size
 #: Each chunk record type's CRC seed.
-_CHUNK_CRCS = {kind: zlib.crc32(bytes((kind,))) for kind in STREAM_CHUNK_TYPES}
+_CHUNK_CRCS = {kind: zlib.crc32(bytes((kind,))) for kind in (*STREAM_CHUNK_TYPES, *STREAM_TRACKED_TYPES)}
 #: Each chunk record type's kind (:attr:`Chunk.raw`).
-_KINDS = {kind: at for at, kind in enumerate(STREAM_CHUNK_TYPES)}
-#: Bytes read to learn a chunk's place: its record header and its first fields.
-_PEEK = RECORD_HEADER_BYTES + _CHUNK_HEAD.size
+_KINDS = {
+    **{kind: at for at, kind in enumerate(STREAM_CHUNK_TYPES)},
+    **{kind: at for at, kind in enumerate(STREAM_TRACKED_TYPES)},
+}
+_TRACKED = frozenset(STREAM_TRACKED_TYPES)
+_TRACKED_CLASSES = (StreamTrackedChunk, StreamTrackedRawChunk, StreamTrackedBatchChunk)
+#: Bytes read to learn a chunk's place: its record header and its head.
+_PEEK = RECORD_HEADER_BYTES + STREAM_CHUNK_HEAD.size
 #: Where a chunk may start: a sane length's top byte, then the chunk type byte (found in C, so
 #: looking past damage does not run a Python loop per byte).
-_CANDIDATE = re.compile(b"(?=[\\x00-%c][\\x00-\\xff]{7}[%s])" % (MAX_RECORD_BYTES >> 24, bytes(STREAM_CHUNK_TYPES)))
+_CANDIDATE = re.compile(b"(?=[\\x00-%c][\\x00-\\xff]{7}[%s])" % (MAX_RECORD_BYTES >> 24, bytes(_CHUNK_CRCS)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +109,18 @@ class Chunk:
     #: entries), :data:`~broker.wal.record.BATCHED` for a
     #: :class:`~broker.wal.record.StreamBatchChunk` (sub-entry batches among them).
     raw: int = 0
+    #: Bytes of its trailer (:class:`~broker.wal.record.StreamTrackedChunk`), after its entries
+    #: and their length; 0: it has none.
+    trailer: int = 0
 
     @property
     def next_offset(self) -> int:
         return self.first_offset + self.count
+
+    @property
+    def tail(self) -> int:
+        """Bytes of its record after its entries (the trailer and its length)."""
+        return 4 + self.trailer if self.trailer else 0
 
 
 class Region:
@@ -145,21 +165,24 @@ class Staged:
     that staged it.
     """
 
-    __slots__ = ("chunk", "roll", "_entries", "_data")
+    __slots__ = ("chunk", "roll", "_entries", "_data", "_trailer")
 
-    def __init__(self, chunk: Chunk, entries: bytes | list[bytes], roll: bool) -> None:
+    def __init__(self, chunk: Chunk, entries: bytes | list[bytes], roll: bool, trailer: bytes = b"") -> None:
         self.chunk = chunk
         #: Whether it opens a new segment.
         self.roll = roll
         self._entries = entries
         self._data: list[bytes] | None = None
+        self._trailer = trailer
 
     @property
     def data(self) -> list[bytes]:
         """Its record's bytes (``chunk.length`` of them), in pieces (:func:`~broker.wal.record.stream_chunk_pieces`)."""
         if self._data is None:
             chunk = self.chunk
-            self._data = stream_chunk_pieces(chunk.first_offset, chunk.timestamp, chunk.count, self._entries, chunk.raw)
+            self._data = stream_chunk_pieces(
+                chunk.first_offset, chunk.timestamp, chunk.count, self._entries, chunk.raw, self._trailer
+            )
             self._entries = b""
         return self._data
 
@@ -199,6 +222,10 @@ class StreamLog:
         self.truncated = 0
         #: The end of what :meth:`write` has written: ``(segment, position)``.
         self._written = (0, 0)
+        #: Each stream-protocol publisher's last publishing id, from the trailers of the last
+        #: segment's chunks (read at :meth:`open`; the first chunk of a segment has every
+        #: publisher's).
+        self.tracking: dict[str, int] = {}
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -311,9 +338,21 @@ class StreamLog:
             record = decode(record_type, payload)
         except WALCorruption:
             return None
-        assert isinstance(record, (StreamChunk, StreamRawChunk, StreamBatchChunk))
+        assert isinstance(record, (StreamChunk, StreamRawChunk, StreamBatchChunk, *_TRACKED_CLASSES))
         kind = _KINDS[record_type]
-        return Chunk(record.first_offset, record.count, record.timestamp, number, position, end - position, kind)
+        trailer = b""
+        if isinstance(record, _TRACKED_CLASSES):
+            trailer = record.trailer
+            try:
+                tracked = unpack_tracking(trailer)
+            except WALCorruption:
+                return None
+            for entry_type, reference, value in tracked:
+                if entry_type & ~TRACKING_SNAPSHOT == TRACKING_SEQUENCE:
+                    self.tracking[reference] = max(value, self.tracking.get(reference, value))
+        return Chunk(
+            record.first_offset, record.count, record.timestamp, number, position, end - position, kind, len(trailer)
+        )
 
     def _peek(self, segment: _Segment, position: int) -> Chunk | None:
         """The place of the chunk at ``position`` from its head alone (no CRC check: the
@@ -324,9 +363,12 @@ class StreamLog:
         length, _crc, record_type = _RECORD_HEAD.unpack_from(head)
         if record_type not in _CHUNK_CRCS:
             raise WALCorruption("not a stream chunk", segment.number, position)
-        first_offset, timestamp, count = _CHUNK_HEAD.unpack_from(head, RECORD_HEADER_BYTES)
+        first_offset, timestamp, count, size = STREAM_CHUNK_HEAD.unpack_from(head, RECORD_HEADER_BYTES)
         kind = _KINDS[record_type]
-        return Chunk(first_offset, count, timestamp, segment.number, position, RECORD_HEADER_BYTES + length, kind)
+        trailer = length - _ENTRIES_AT - size - 4 if record_type in _TRACKED else 0
+        return Chunk(
+            first_offset, count, timestamp, segment.number, position, RECORD_HEADER_BYTES + length, kind, trailer
+        )
 
     @staticmethod
     def _indexed(segment: _Segment, chunk: Chunk) -> None:
@@ -399,31 +441,45 @@ class StreamLog:
         entries = list(entries)
         return self.stage_packed(pack_stream_entries(entries), len(entries), timestamp)
 
-    def stage_packed(self, packed: bytes | list[bytes], count: int, timestamp: float, raw: int = 0) -> Staged:
+    def stage_packed(
+        self,
+        packed: bytes | list[bytes],
+        count: int,
+        timestamp: float,
+        raw: int = 0,
+        trailer: bytes = b"",
+        snapshot: Callable[[], bytes] | None = None,
+    ) -> Staged:
         """:meth:`stage` of ``count`` messages already packed, whole or in pieces to be joined
         (:func:`~broker.wal.record.pack_stream_entries` or
         :func:`~broker.wal.record.pack_stream_messages`; with ``raw`` :data:`~broker.wal.record.RAW`,
         :func:`~broker.wal.record.pack_raw_entries`, as a :class:`~broker.wal.record.StreamRawChunk`;
         with :data:`~broker.wal.record.BATCHED`, simple entries and sub-entry batches, as a
-        :class:`~broker.wal.record.StreamBatchChunk`).
+        :class:`~broker.wal.record.StreamBatchChunk`), with ``trailer`` after them (a
+        :class:`~broker.wal.record.StreamTrackedChunk`), and when the chunk opens a segment,
+        what ``snapshot()`` gives after that.
 
         :raises ValueError: no messages
         """
         if not count:
             raise ValueError("a chunk holds at least one message")
-        length = STREAM_CHUNK_OVERHEAD + (len(packed) if isinstance(packed, bytes) else sum(map(len, packed)))
+        entries = STREAM_CHUNK_OVERHEAD + (len(packed) if isinstance(packed, bytes) else sum(map(len, packed)))
+        active = self._segments[-1]
+        roll = active.size + entries + (4 + len(trailer) if trailer else 0) > self.segment_bytes
+        roll = roll and active.first_offset is not None
+        if roll and snapshot is not None:
+            trailer += snapshot()
+        length = entries + (4 + len(trailer) if trailer else 0)
         if length - RECORD_HEADER_BYTES > MAX_RECORD_BYTES:
             raise ValueError(f"StreamChunk payload of {length - RECORD_HEADER_BYTES} bytes is over {MAX_RECORD_BYTES}")
-        active = self._segments[-1]
-        roll = active.size + length > self.segment_bytes and active.first_offset is not None
         if roll:
             active = _Segment(active.number + 1, SEGMENT_HEADER_BYTES, index=[])
             self._segments.append(active)
-        chunk = Chunk(self.next_offset, count, timestamp, active.number, active.size, length, raw)
+        chunk = Chunk(self.next_offset, count, timestamp, active.number, active.size, length, raw, len(trailer))
         active.size += length
         self._indexed(active, chunk)
         self.next_offset = chunk.next_offset
-        return Staged(chunk, packed, roll)
+        return Staged(chunk, packed, roll, trailer)
 
     def write(self, staged: Iterable[Staged]) -> None:
         """Write staged chunks, in the order they were staged, and make them durable (one
@@ -529,7 +585,7 @@ class StreamLog:
         :raises OSError: the storage failed (or its segment was removed)
         """
         payload = self.storage.read_at(
-            chunk.segment, chunk.position + RECORD_HEADER_BYTES, chunk.length - RECORD_HEADER_BYTES
+            chunk.segment, chunk.position + RECORD_HEADER_BYTES, chunk.length - RECORD_HEADER_BYTES - chunk.tail
         )
         if len(payload) < _ENTRIES_AT:
             raise WALCorruption(f"stream chunk at offset {chunk.first_offset}: {len(payload)} bytes")
@@ -553,12 +609,29 @@ class StreamLog:
             chunk.count,
             chunk.length - RECORD_HEADER_BYTES,
             chunk.raw,
-        ) or size != length - _ENTRIES_AT:
+        ) or size != length - _ENTRIES_AT - chunk.tail:
             raise WALCorruption(f"stream chunk at offset {chunk.first_offset} does not hold what its head says")
-        entries_crc = stream_entries_crc(crc, record_type, head[RECORD_HEADER_BYTES:], size)
+        entries_crc = stream_entries_crc(crc, record_type, head[RECORD_HEADER_BYTES:], size + chunk.tail)
+        if chunk.tail:
+            # (the record's CRC runs over the trailer too: run back over it)
+            at = chunk.position + RECORD_HEADER_BYTES + _ENTRIES_AT + size
+            tail = self.storage.read_at(chunk.segment, at, chunk.tail)
+            if len(tail) != chunk.tail:
+                raise WALCorruption(f"stream chunk at offset {chunk.first_offset} is cut short")
+            entries_crc = crc32_before(entries_crc, tail)
         return entries_crc, Region(
             self.storage, chunk.segment, chunk.position + RECORD_HEADER_BYTES + _ENTRIES_AT, size
         )
+
+    def read_trailer(self, chunk: Chunk) -> bytes:
+        """``chunk``'s trailer (:func:`~broker.wal.record.pack_tracking`'s entries; empty when
+        it has none).
+
+        :raises OSError: the storage failed (or its segment was removed)
+        """
+        if not chunk.trailer:
+            return b""
+        return self.storage.read_at(chunk.segment, chunk.position + chunk.length - chunk.trailer, chunk.trailer)
 
     # -- retention ----------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from broker.tools.fuzzing import sub_entry_batch  # noqa: E402
 from broker.wal.files import DirectoryStorage  # noqa: E402
-from broker.wal.record import BATCHED, RAW, pack_raw_entries  # noqa: E402
+from broker.wal.record import BATCHED, RAW, pack_raw_entries, pack_tracking  # noqa: E402
 from broker.wal.streamlog import StreamLog  # noqa: E402
 from broker.wire.codec import shortstr  # noqa: E402
 from broker.wire.table import encode_table  # noqa: E402
@@ -159,6 +159,10 @@ def test_messages_published_over_the_stream_protocol_are_read_in_their_amqp_0_9_
     # (and sub-entry batches: a compressed one's messages are for the stream protocol's clients)
     batches = sub_entry_batch([b"one", message]) + sub_entry_batch([b"gzipped"], 1) + pack_raw_entries([b"last"])
     log.write([log.stage_packed(batches, 4, 302.0, raw=BATCHED)])
+    # (and with a named publisher's trailer after the messages, which is not one of them)
+    tracking = pack_tracking([("app-1", 12)])
+    log.write([log.stage_packed(pack_raw_entries([b"tracked"]), 1, 303.0, raw=RAW, trailer=tracking)])
+    log.write([log.stage_packed(sub_entry_batch([b"in a batch"]), 1, 304.0, raw=BATCHED, trailer=tracking)])
     rows = _rows(str(tmp_path / "00000000000000000001.wal"), 1, Selection("/", "events"))
     assert [(r["dead_letter_id"], r["message_id"], r["body_preview"], r["dead_letter_exchange"]) for r in rows] == [
         (0, "m-9", b"body", ""),
@@ -168,4 +172,6 @@ def test_messages_published_over_the_stream_protocol_are_read_in_their_amqp_0_9_
         (4, None, b"one", ""),
         (5, "m-9", b"body", ""),
         (7, None, b"last", ""),
+        (8, None, b"tracked", ""),
+        (9, None, b"in a batch", ""),
     ]

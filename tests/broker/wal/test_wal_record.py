@@ -92,6 +92,13 @@ EXAMPLES = [
     StreamChunk(1000, 1700000002.5, 2, pack_stream_entries([(b"", b"q", b"\x00\x3c", b"a"), (b"ex", b"k", b"", b"")])),
     record.StreamRawChunk(1002, 1700000002.75, 2, record.pack_raw_entries([b"\x00Sw\xa1\x01a", b""])),
     record.StreamBatchChunk(1004, 1700000002.875, 3, sub_entry_batch([b"a", b"b"]) + record.pack_raw_entries([b"c"])),
+    record.StreamTrackedChunk(1007, 1700000003.0, 1, pack_stream_entries([(b"", b"q", b"", b"a")]), b""),
+    record.StreamTrackedRawChunk(
+        1008, 1700000003.5, 1, record.pack_raw_entries([b"a"]), record.pack_tracking([("p", 9)])
+    ),
+    record.StreamTrackedBatchChunk(
+        1009, 1700000004.0, 2, sub_entry_batch([b"a", b"b"]), record.pack_tracking([("q", 2**64 - 1)], snapshot=True)
+    ),
     StreamOffset("/", "events", "billing", 300),
     Defined("user", "app", b'{"password_hash":"rabbitmq-sha256$abc=","tags":["monitoring"]}'),
     Undefined("vhost", "staging"),
@@ -272,6 +279,31 @@ def test_encode_stream_chunk_matches_encode_of_the_record(
     assert raw == encode(record.StreamRawChunk(first, timestamp, count, entries))
     batched = record.encode_stream_chunk(first, timestamp, count, entries, record.BATCHED)
     assert batched == encode(record.StreamBatchChunk(first, timestamp, count, entries))
+    trailer = record.pack_tracking([("ref", count)])
+    tracked = record.encode_stream_chunk(first, timestamp, count, entries, record.RAW, trailer)
+    assert tracked == encode(record.StreamTrackedRawChunk(first, timestamp, count, entries, trailer))
+    assert len(tracked) == record.STREAM_CHUNK_OVERHEAD + len(entries) + 4 + len(trailer)
+
+
+@given(
+    references=st.lists(st.tuples(st.text(max_size=300), st.integers(0, 2**64 - 1)), max_size=4),
+    snapshot=st.booleans(),
+    data=st.binary(max_size=100),
+    suffix=st.binary(max_size=40),
+)
+def test_tracking_entries_come_back_and_a_crc_runs_back_over_a_suffix(
+    references: list[tuple[str, int]], snapshot: bool, data: bytes, suffix: bytes
+) -> None:
+    """osiris's tracking entries (type, id size, id, u64): a reference of 256 bytes or more is
+    left out. CRC-32 undone over a suffix gives the CRC of what came before it."""
+    packed = record.pack_tracking(references, snapshot)
+    kept = [(name, value) for name, value in references if len(name.encode("utf-8", "surrogateescape")) < 256]
+    kind = record.TRACKING_SEQUENCE | (record.TRACKING_SNAPSHOT if snapshot else 0)
+    assert record.unpack_tracking(packed) == [(kind, name, value) for name, value in kept]
+    if packed:
+        with pytest.raises(record.WALCorruption):
+            record.unpack_tracking(packed[:-1])
+    assert record.crc32_before(zlib.crc32(data + suffix), suffix) == zlib.crc32(data)
 
 
 @given(messages=st.lists(st.binary(max_size=40), max_size=8), junk=st.binary(min_size=1, max_size=3))
