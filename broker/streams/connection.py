@@ -731,19 +731,23 @@ class StreamConnection:
         self.wake()
 
     def _updated(self, correlation: int, code: int, kind: int, value: int) -> None:
-        """The client's answer to ``consumer_update``: an active member reads from where it says."""
-        pending = self.pending_updates.get(correlation)
+        """The client's answer to ``consumer_update``. A member made active reads from where it
+        says, unless it was told to step down since; one that stepped down lets its group's next
+        member be made active (RabbitMQ's reader: ``activate_consumer``)."""
+        pending = self.pending_updates.pop(correlation, None)
         if pending is None:
-            return
+            return  # (its subscription went, or its stream)
         reader, active = pending
-        members = reader.stream.stream_groups.get(reader.group or "", [])
-        chosen = reader in members and _chosen(reader.stream, members) is reader
-        del self.pending_updates[correlation]
-        if not active or not chosen or self.subscriptions.get(reader.id) is not reader or code != wire.OK:
-            return  # (a step down answered, or the group changed meanwhile: another reads)
-        spec = wire.offset_spec(kind, value) or ("next",)
-        reader.chunk, reader.next_offset, reader.waiting = None, _start(reader.stream, spec), False
-        self._pump(reader)
+        group = reader.group or ""
+        if reader not in reader.stream.stream_groups.get(group, []):
+            return
+        if not active:
+            _rebalance(reader.stream, group)
+        elif _activating(reader) is None:
+            # (whatever the code, as RabbitMQ's reader, which logs one that is not OK)
+            spec = wire.offset_spec(kind, value) or ("next",)
+            reader.chunk, reader.next_offset, reader.waiting = None, _start(reader.stream, spec), False
+            self._pump(reader)
 
     def _stream_changed(self, stream: StreamQueue) -> None:
         """``stream`` has new chunks written: deliver them. Or it was deleted: its publishers
@@ -947,8 +951,11 @@ class StreamConnection:
         self.publishers.clear()
         for user in [*readers, *publishers]:
             user.stream.watchers.discard(self._stream_changed)
-        for reader in readers:  # (last: a group's next member is told on its own connection)
-            _leave(reader)
+        for reader in readers:
+            _leave(reader, rebalance=False)
+        for reader in readers:  # (once all of them left: a group's next member is told on its own connection)
+            if reader.group is not None:
+                _rebalance(reader.stream, reader.group)
 
 
 class _Publisher:
@@ -995,44 +1002,61 @@ class _Subscription:
 
 
 def _rebalance(stream: StreamQueue, group: str) -> None:
-    """Give ``group`` the active member it should have: in a super stream's group, member
-    ``p mod n`` of the ``n`` members in the order they came for the partition at place ``p``
-    (RabbitMQ's rule), the member reading so far stepping down; otherwise the one reading so
-    far, or the first to come."""
+    """Give ``group`` the active member RabbitMQ's coordinator gives it
+    (``rabbit_stream_sac_coordinator``): over the partition at place ``p`` of a super stream,
+    member ``p mod n`` of the ``n`` members in the order they came; on a lone stream, the active
+    member while it stays, then the first to have come. An active member that should no longer
+    be is told to step down, and the next one is told it is active only once it answered (or
+    left), so that it reads on from where the last stopped."""
     members = stream.stream_groups.get(group)
     if not members:
         stream.stream_groups.pop(group, None)
         return
+    asked = [_activating(member) for member in members]
+    active = next((m for m, told in zip(members, asked, strict=True) if not m.waiting or told), None)
+    if active is not None:
+        if members[0].super_stream and active is not _chosen(stream, members):
+            active.waiting = True  # (sent nothing more: it answers once it handled what it has)
+            active.connection.consumer_update(active, False)
+        return
+    if False in asked:
+        return  # (a member steps down: the next is made active once it answered, or left)
     chosen = _chosen(stream, members)
-    for member in members:
-        if member is not chosen and not member.waiting:
-            member.waiting = True
-            member.connection.consumer_update(member, False)
-    if chosen.waiting and chosen not in _activating(chosen):
-        chosen.connection.consumer_update(chosen, True)
+    chosen.connection.consumer_update(chosen, True)
 
 
 def _chosen(stream: StreamQueue, members: list[_Subscription]) -> _Subscription:
-    """The member that should read for a group of ``members`` (see :func:`_rebalance`)."""
+    """The member a group of ``members`` should have active (see :func:`_rebalance`)."""
     if members[0].super_stream:
         return members[stream.partition() % len(members)]
-    reading = [m for m in members if not m.waiting or m in _activating(m)]
-    return reading[0] if reading else members[0]
+    return members[0]
 
 
-def _activating(member: _Subscription) -> list[_Subscription]:
-    """The members ``member``'s connection asked to become active, still to answer."""
-    return [reader for reader, active in member.connection.pending_updates.values() if active]
+def _activating(member: _Subscription) -> bool | None:
+    """What ``member`` was last asked and has not answered yet: ``True``, to become its group's
+    active member; ``False``, to step down; ``None``: nothing."""
+    asked = None
+    for reader, active in member.connection.pending_updates.values():  # (in the order asked)
+        if reader is member:
+            asked = active
+    return asked
 
 
-def _leave(reader: _Subscription) -> None:
-    """``reader`` leaves its group (unsubscribed, or its connection gone): another may read."""
+def _leave(reader: _Subscription, rebalance: bool = True) -> None:
+    """``reader`` leaves its group (unsubscribed, or its connection gone), and what it was asked
+    and did not answer with it: the next member is made active if it was the active one or was
+    stepping down (as RabbitMQ's reader does for a subscription gone meanwhile), or the active
+    one steps down if the group's change moves the partition (with ``rebalance``)."""
     if reader.group is None:
         return
     members = reader.stream.stream_groups.get(reader.group, [])
     if reader in members:
         members.remove(reader)
-        _rebalance(reader.stream, reader.group)
+        pending = reader.connection.pending_updates
+        for correlation in [key for key, (asked, _) in pending.items() if asked is reader]:
+            del pending[correlation]
+        if rebalance:
+            _rebalance(reader.stream, reader.group)
 
 
 def _start(stream: StreamQueue, offset: tuple[Any, ...]) -> int:

@@ -345,6 +345,118 @@ def test_a_client_that_does_not_read_costs_a_bounded_output(tmp_path: Path) -> N
     protocol.connectionLost()
 
 
+def group_subscribe(connection: StreamConnection, subscription: int, stream: str) -> None:
+    """Subscription ``subscription`` to ``stream``, a member of group ``g`` over super stream ``ss``."""
+    properties = {"single-active-consumer": "true", "name": "g", "super-stream": "ss"}
+    body = bytes((subscription,)) + wire.string(stream) + struct.pack(">hH", wire.OFFSET_FIRST, 10)
+    connection.receive(request(wire.SUBSCRIBE, 100 + subscription, body + wire.string_map(properties)))
+
+
+def sent(connection: StreamConnection) -> tuple[list[tuple[int, int, bool]], set[int]]:
+    """What ``connection`` sent since last asked: ``(correlation id, subscription, active)`` of
+    each ``consumer_update``, and the subscriptions it delivered to."""
+    updates, delivered_to = [], set()
+    for frame in wire.FrameReader().feed(b"".join(connection.out)):
+        key = struct.unpack_from(">H", frame)[0]
+        if key == wire.CONSUMER_UPDATE:
+            correlation, subscription, active = struct.unpack_from(">IBB", frame, 4)
+            updates.append((correlation, subscription, bool(active)))
+        elif key == wire.DELIVER:
+            delivered_to.add(frame[4])
+    connection.out.clear()
+    return updates, delivered_to
+
+
+def answer_update(connection: StreamConnection, correlation: int) -> None:
+    """The client's answer to ``consumer_update`` ``correlation``: read from the next offset."""
+    body = struct.pack(">IHHQ", correlation, wire.OK, wire.OFFSET_NEXT, 0)
+    connection.receive(wire.frame(wire.CONSUMER_UPDATE | wire.RESPONSE, body))
+
+
+def test_a_group_over_a_super_stream_hands_a_partition_over_once_the_last_reader_stepped_down(
+    tmp_path: Path,
+) -> None:
+    """RabbitMQ's rules (``rabbit_stream_sac_coordinator``): partition p goes to member p mod n
+    of the n members in the order they came; the member reading it is told to step down, and
+    the next is told it is active once that one answered, or went meanwhile."""
+    node = with_streams(tmp_path, Node(users=[User("guest", "guest")]))
+    admin = opened(node)
+    partitions = ["ss-0", "ss-1", "ss-2"]
+    layout = wire.string("ss") + wire.strings(partitions) + wire.strings(["0", "1", "2"]) + wire.string_map({})
+    admin.receive(request(wire.CREATE_SUPER_STREAM, 5, layout))
+    for place, partition in enumerate(partitions):
+        declare = bytes((place,)) + wire.string("") + wire.string(partition)
+        admin.receive(request(wire.DECLARE_PUBLISHER, 6 + place, declare))
+
+    def publish() -> None:
+        """A message to each partition."""
+        for place in range(3):
+            admin.receive(wire.frame(wire.PUBLISH, struct.pack(">BIQI", place, 1, 0, 1) + b"m"))
+        written_chunks(node)
+
+    def told(connection: StreamConnection) -> list[tuple[int, bool]]:
+        return [(subscription, active) for _, subscription, active in sent(connection)[0]]
+
+    def join(connection: StreamConnection) -> None:
+        for place, partition in enumerate(partitions):  # (subscription p to partition p)
+            group_subscribe(connection, place, partition)
+
+    def answer_all(connection: StreamConnection) -> None:
+        for correlation, _, _ in sent(connection)[0]:
+            answer_update(connection, correlation)
+
+    a, b, c, d, e = (opened(node) for _ in range(5))
+    join(a)
+    answer_all(a)  # (active on each partition: the only member)
+    # b: partition 1 is b's (1 mod 2): a steps down, and b is told once a answered.
+    join(b)
+    (stepping,) = sent(a)[0]
+    assert stepping[1:] == (1, False) and told(b) == []
+    publish()
+    assert sent(a)[1] == {0, 2} and sent(b)[1] == set()  # (no one reads partition 1 meanwhile)
+    answer_update(a, stepping[0])
+    assert told(a) == [] and told(c) == []
+    (activated,) = sent(b)[0]
+    assert activated[1:] == (1, True)
+    answer_update(b, activated[0])
+    # c: partition 2 is c's (2 mod 3), partition 1 still b's.
+    join(c)
+    (stepping,) = sent(a)[0]
+    assert stepping[1:] == (2, False) and told(b) == [] and told(c) == []
+    answer_update(a, stepping[0])
+    answer_all(c)
+    publish()
+    assert (sent(a)[1], sent(b)[1], sent(c)[1]) == ({0}, {1}, {2})
+    # d: no partition moves (p mod 4 is p).
+    join(d)
+    assert told(a) == told(b) == told(c) == told(d) == []
+    # b goes: a, c, d. Its partition 1 is c's (1 mod 3), told straight away as b went; c steps
+    # down from 2, which is d's.
+    b.connection_lost()
+    assert told(c) == [(1, True), (2, False)] and told(a) == told(d) == []
+    # c goes without answering: a, d. Partition 1 is d's, 2 is a's (2 mod 2).
+    c.connection_lost()
+    (activating,) = sent(a)[0]
+    assert activating[1:] == (2, True)
+    answer_all(d)
+    assert told(d) == []
+    # e comes before a answered: partition 2 is e's (2 mod 3). a, told it is active, is told
+    # to step down; its first answer reads nothing, its second lets e read.
+    join(e)
+    (stepping,) = sent(a)[0]
+    assert stepping[1:] == (2, False) and told(e) == []
+    answer_update(a, activating[0])
+    publish()
+    assert sent(a)[1] == {0} and sent(d)[1] == {1} and sent(e) == ([], set())
+    answer_update(a, stepping[0])
+    answer_all(e)
+    publish()
+    assert (sent(a)[1], sent(d)[1], sent(e)[1]) == ({0}, {1}, {2})
+    for connection in (a, d, e):
+        connection.connection_lost()
+    assert not any(node.vhosts["/"].queues[partition].stream_groups for partition in partitions)
+
+
 def stats(connection: StreamConnection, correlation: int, name: str) -> tuple[int, dict[str, int]]:
     """The code and the statistics of a ``stream_stats`` answer."""
     connection.out.clear()

@@ -21,6 +21,7 @@ import struct
 import time
 import urllib.request
 import zlib
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -345,6 +346,150 @@ def test_a_consumer_group_shares_a_super_streams_partitions_and_fails_over(tmp_p
     assert before == {"a": by_partition[0] | by_partition[2], "b": by_partition[1]}
     # b left: a reads partition 1 too.
     assert after == by_partition[0] | by_partition[1] | by_partition[2]
+    assert "Traceback" not in (tmp_path / "broker.log").read_text()
+
+
+async def publish_keyed(port: int, start: int, count: int, batch: int = 1_000) -> None:
+    """Messages ``k<start>`` ... through rstream's SuperStreamProducer (hash routing), keys of
+    100 customers, ``batch`` at a time a tenth of a second apart."""
+    async with SuperStreamProducer(
+        "127.0.0.1", port=port, username="guest", password="guest", super_stream="invoices",
+        routing_extractor=routing_key, routing=RouteType.Hash,
+    ) as producer:  # fmt: skip
+        for n in range(start, start + count):
+            await producer.send(AMQPMessage(body=b"k%d" % n, application_properties={"key": f"customer-{n % 100}"}))
+            if (n + 1 - start) % batch == 0:
+                await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
+
+
+def keyed(start: int, count: int) -> dict[str, list[bytes]]:
+    """The bodies of :func:`publish_keyed`'s messages ``start`` ... by partition, sorted."""
+    by_partition: dict[str, list[bytes]] = {}
+    for n in range(start, start + count):
+        by_partition.setdefault(f"invoices-{rstream_partition(f'customer-{n % 100}', 3)}", []).append(b"k%d" % n)
+    return {partition: sorted(bodies) for partition, bodies in sorted(by_partition.items())}
+
+
+Read = list[tuple[str, str, bytes]]
+
+
+async def group_of_three_session(port: int) -> Read:
+    """Members of one consumer group on super stream ``invoices``, reading slowly: ``a`` joins,
+    messages 0-9,999 are published and ``b`` then ``c`` join meanwhile; 10,000-10,299 once all is
+    read. Then 10,300-13,299, ``b`` leaving and ``d`` joining meanwhile; 13,300-13,599 once all
+    is read. ``(member, partition, body)`` of each message read.
+
+    Each member reads a partition on from after the last message the group read of it (as a
+    consumer storing its offsets would); one stepping down first handles what it was sent."""
+    read: Read = []
+    last: dict[str, int] = {}  # the last offset the group read, by partition
+    handled: dict[tuple[str, str], int] = {}  # messages handled, by member and partition
+
+    def member(name: str) -> tuple[Any, Any]:
+        async def on(message: AMQPMessage, context: MessageContext) -> None:
+            read.append((name, context.stream, bytes(message.body)))
+            last[context.stream] = context.offset
+            handled[name, context.stream] = handled.get((name, context.stream), 0) + 1
+            if len(read) % 3 == 0:
+                await asyncio.sleep(0.001)  # (a slow consumer: some chunks wait when it steps down)
+
+        async def update(active: bool, context: Any) -> OffsetSpecification:
+            if not active:  # what it was sent is handled first
+                while True:
+                    before = handled.get((name, context.stream), 0)
+                    await asyncio.sleep(0.2)
+                    if handled.get((name, context.stream), 0) == before:
+                        return OffsetSpecification(OffsetType.NEXT, 0)
+            if context.stream in last:
+                return OffsetSpecification(OffsetType.OFFSET, last[context.stream] + 1)
+            return OffsetSpecification(OffsetType.FIRST, 0)
+
+        return on, update
+
+    async def join(name: str) -> SuperStreamConsumer:
+        consumer = SuperStreamConsumer(
+            "127.0.0.1", port=port, username="guest", password="guest", super_stream="invoices"
+        )
+        await consumer.start()
+        on, update = member(name)
+        await consumer.subscribe(
+            on, decoder=amqp_decoder, consumer_update_listener=update,
+            properties={"single-active-consumer": "true", "name": "billing", "super-stream": "invoices"},
+            offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None),
+        )  # fmt: skip
+        return consumer
+
+    async def until(count: int) -> None:
+        deadline = time.monotonic() + 60
+        while len({body for _, _, body in read}) < count and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1)  # (and no more than that)
+
+    async def once(name: str, partition: str, count: int) -> None:
+        deadline = time.monotonic() + 30
+        while handled.get((name, partition), 0) < count and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    members = {"a": await join("a")}
+    publishing = asyncio.create_task(publish_keyed(port, 0, 10_000))
+    await once("a", "invoices-1", 500)
+    members["b"] = await join("b")
+    await once("a", "invoices-2", 1_000)
+    members["c"] = await join("c")
+    await publishing
+    await until(10_000)
+    await publish_keyed(port, 10_000, 300)
+    await until(10_300)
+    publishing = asyncio.create_task(publish_keyed(port, 10_300, 3_000))
+    await once("b", "invoices-1", handled.get(("b", "invoices-1"), 0) + 300)
+    await members.pop("b").close()
+    members["d"] = await join("d")
+    await publishing
+    await until(13_300)
+    await publish_keyed(port, 13_300, 300)
+    await until(13_600)
+    for consumer in members.values():
+        await consumer.close()
+    return read
+
+
+def test_a_consumer_group_of_three_gives_each_member_a_partition_and_hands_them_over(tmp_path: Path) -> None:
+    """RabbitMQ's rules for a group over a super stream: partition p goes to member p mod n
+    of the n members in the order they came; the member reading it steps down and answers
+    before the next is made active, so no message is read twice or missed."""
+    stream = free_port()
+    with broker(tmp_path / "data", stream=stream) as (_process, amqp):
+        declare_super_stream(amqp, "invoices", 3)
+        read = asyncio.run(group_of_three_session(stream))
+
+    def part(start: int, end: int) -> Read:
+        return [each for each in read if start <= int(each[2][1:]) < end]
+
+    joined, settled, handed, after = part(0, 10_000), part(10_000, 10_300), part(10_300, 13_300), part(13_300, 13_600)
+
+    def readers(some: Read) -> dict[str, set[str]]:
+        held: dict[str, set[str]] = {}
+        for name, partition, _ in some:
+            held.setdefault(partition, set()).add(name)
+        return held
+
+    def bodies(some: Read) -> dict[str, list[bytes]]:
+        by_partition: dict[str, list[bytes]] = {}
+        for _, partition, body in some:
+            by_partition.setdefault(partition, []).append(body)
+        return {partition: sorted(found) for partition, found in sorted(by_partition.items())}
+
+    # Each message once, whatever moved while it was published.
+    assert [body for body, times in Counter(body for _, _, body in read).items() if times > 1] == []
+    assert bodies(joined) == keyed(0, 10_000)
+    assert bodies(handed) == keyed(10_300, 3_000)
+    # a, b, c: partition p is read by member p mod 3.
+    assert bodies(settled) == keyed(10_000, 300)
+    assert readers(settled) == {"invoices-0": {"a"}, "invoices-1": {"b"}, "invoices-2": {"c"}}
+    # b left (a, c: 1 went to c, 2 to a), then d came (a, c, d: 2 went to d).
+    assert bodies(after) == keyed(13_300, 300)
+    assert readers(after) == {"invoices-0": {"a"}, "invoices-1": {"c"}, "invoices-2": {"d"}}
     assert "Traceback" not in (tmp_path / "broker.log").read_text()
 
 
