@@ -362,6 +362,25 @@ class RabbitMQMissing(RuntimeError):
     """The Debian ``rabbitmq-server`` package is not installed."""
 
 
+class NpmUnavailable(RuntimeError):
+    """Node.js or npm is not installed, or npm could not fetch a package: the reason."""
+
+
+def npm(arguments: list[str], where: Path, timeout: float = 300) -> None:
+    """Run ``npm`` with ``arguments`` in ``where`` (no audit, no funding notes, errors only).
+
+    :raises NpmUnavailable: Node.js or npm is missing, or the command failed (its last output)
+    """
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        raise NpmUnavailable("Node.js and npm are not installed: apt-get install -y nodejs npm")
+    command = ["npm", "--no-audit", "--no-fund", "--loglevel=error", *arguments]
+    try:
+        subprocess.run(command, cwd=where, check=True, capture_output=True, timeout=timeout)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as failure:
+        output = (getattr(failure, "stderr", b"") or b"").decode(errors="replace")
+        raise NpmUnavailable(f"npm {' '.join(arguments[:2])} failed: {output[-500:]}") from None
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as sock:

@@ -16,7 +16,6 @@ The one test expected to fail asserts that the server's product name is ``Rabbit
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.tools.testing import wait_for_port
+from broker.tools.testing import NpmUnavailable, npm, wait_for_port
 
 pytestmark = pytest.mark.integration
 
@@ -57,30 +56,14 @@ def _ipv6_loopback() -> bool:
 @pytest.fixture(scope="module")
 def amqplib_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """amqplib's published package, unpacked, with ``claire`` installed beside it."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("Node.js and npm are not installed: apt-get install -y nodejs npm")
     where = tmp_path_factory.mktemp("amqplib")
-    npm = ["npm", "--no-audit", "--no-fund", "--loglevel=error"]
     try:
-        subprocess.run(
-            [*npm, "pack", AMQPLIB, "--pack-destination", str(where)],
-            cwd=where,
-            check=True,
-            capture_output=True,
-            timeout=NPM_TIMEOUT,
-        )
+        npm(["pack", AMQPLIB, "--pack-destination", str(where)], where, NPM_TIMEOUT)
         # Beside the package, not in it: resolving require('claire') walks up to where/node_modules,
         # and amqplib's own development tools (linters, TypeScript) are not installed.
-        subprocess.run(
-            [*npm, "install", "--ignore-scripts", "--prefix", str(where), CLAIRE],
-            cwd=where,
-            check=True,
-            capture_output=True,
-            timeout=NPM_TIMEOUT,
-        )
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as failure:
-        output = getattr(failure, "stderr", b"") or b""
-        pytest.skip(f"could not fetch {AMQPLIB} from the npm registry: {output.decode(errors='replace')[-500:]}")
+        npm(["install", "--ignore-scripts", "--prefix", str(where), CLAIRE], where, NPM_TIMEOUT)
+    except NpmUnavailable as missing:
+        pytest.skip(f"could not fetch {AMQPLIB}: {missing}")
     (tarball,) = where.glob("amqplib-*.tgz")
     with tarfile.open(tarball) as archive:
         archive.extractall(where, filter="data")
