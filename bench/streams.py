@@ -200,7 +200,7 @@ def scenario_group(node: Node, args: argparse.Namespace, result: dict[str, Any])
         connection.declare_exchange(name, "direct", arguments={"x-super-stream": True})
         for index in range(4):
             connection.declare_queue(f"{name}-{index}", arguments=STREAM_ARGUMENTS)
-            connection.bind(f"{name}-{index}", name, str(index), {"x-super-stream-partition-order": index})
+            connection.bind(f"{name}-{index}", name, str(index), {"x-stream-partition-order": index})
     count = args.messages
     context = multiprocessing.get_context("fork")
     read, errors = context.Value("q", 0), context.Value("q", 0)

@@ -400,8 +400,8 @@ class StreamConfig:
             yield BindingConfig(self.name, name, routing_key=str(index), arguments={PARTITION_ORDER: index})
 
 
-#: The binding argument that gives a partition its place (``exchanges.partitions``).
-PARTITION_ORDER = "x-super-stream-partition-order"
+#: The binding argument that gives a partition its place (``exchanges.partitions``: RabbitMQ's).
+PARTITION_ORDER = "x-stream-partition-order"
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,8 @@
 A partitioned stream ``NAME`` of ``N`` partitions is laid out as RabbitMQ lays out a super
 stream: streams ``NAME-0`` ... ``NAME-(N-1)``, and a direct exchange ``NAME`` declared with the
 argument ``x-super-stream: true``, bound to stream ``NAME-i`` with the binding key ``"i"`` and
-the binding argument ``x-super-stream-partition-order: i``.
+the binding argument ``x-stream-partition-order: i`` (RabbitMQ's; ``x-super-stream-partition-order``,
+which Postroom wrote before, is read too).
 
 RabbitMQ's exchange routes as any direct exchange (its stream clients hash the key themselves
 and publish to the partition). Postroom's routes every message by its routing key, with the
@@ -28,8 +29,10 @@ __all__ = ["PARTITION_ORDER", "SUPER_STREAM", "SEED", "PartitionRouter", "murmur
 
 #: The exchange argument that makes a direct exchange a partitioned stream's.
 SUPER_STREAM = "x-super-stream"
-#: The binding argument that gives a stream its place among the partitions.
-PARTITION_ORDER = "x-super-stream-partition-order"
+#: The binding argument that gives a stream its place among the partitions (RabbitMQ's).
+PARTITION_ORDER = "x-stream-partition-order"
+#: The one Postroom wrote before it had RabbitMQ's: read where RabbitMQ's is not there.
+OLD_PARTITION_ORDER = "x-super-stream-partition-order"
 #: The hash's seed, as RabbitMQ's stream clients have it.
 SEED = 104729
 
@@ -74,9 +77,15 @@ def partition_of(routing_key: str, partitions: int) -> int:
 
 
 def partition_order(arguments: Mapping[str, Any]) -> int | None:
-    """A binding's place among the partitions, ``None`` when it has none."""
-    order = arguments.get(PARTITION_ORDER)
-    return order if isinstance(order, int) and not isinstance(order, bool) else None
+    """A binding's place among the partitions (an integer, or digits as RabbitMQ takes them),
+    ``None`` when it has none."""
+    for key in (PARTITION_ORDER, OLD_PARTITION_ORDER):
+        order = arguments.get(key)
+        if isinstance(order, (bytes, str)) and order.isdigit():
+            return int(order)
+        if isinstance(order, int) and not isinstance(order, bool):
+            return order
+    return None
 
 
 @implementer(IRouter)

@@ -664,7 +664,7 @@ class StreamQueue:
 
     def partition(self) -> int:
         """The stream's place in a partitioned stream (its binding's
-        ``x-super-stream-partition-order``), 0 when it is in none."""
+        ``x-stream-partition-order``), 0 when it is in none."""
         place = self.partition_of()
         return place["order"] if place is not None else 0
 

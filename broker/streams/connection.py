@@ -715,7 +715,8 @@ class StreamConnection:
         answer(wire.OK)
         group = properties.get("name") if properties.get("single-active-consumer") == "true" else None
         if group:
-            reader.group, reader.super_stream, reader.waiting = group, "super-stream" in properties, True
+            reader.group, reader.waiting = group, True
+            reader.partition = self._partition_index(stream, properties.get("super-stream"))
             stream.stream_groups.setdefault(group, []).append(reader)
             _rebalance(stream, group)
         else:
@@ -855,6 +856,20 @@ class StreamConnection:
                 bound.append((order is None, order or 0, index, destination.name, key, order))
         return [(stream, key, order) for *_, stream, key, order in sorted(bound)]
 
+    def _partition_index(self, stream: StreamQueue, super_stream: str | None) -> int:
+        """``stream``'s place in super stream ``super_stream`` (a subscription's property), as
+        RabbitMQ 3.11 finds it (``rabbit_stream_manager``'s ``partition_index``): its binding's
+        partition order, else the number after the last ``-`` of its name, else -1 (its group
+        then follows a lone stream's rules), -1 as well without such a super stream or binding."""
+        bound = self._super_stream(super_stream) if super_stream is not None else None
+        orders = [order for name, _key, order in bound or () if name == stream.name]
+        if not orders:
+            return -1
+        if orders[0] is not None:
+            return orders[0]
+        suffix = stream.name.rpartition("-")[2] if "-" in stream.name else ""
+        return int(suffix) if suffix.isascii() and suffix.isdigit() else -1
+
     def _route(self, correlation: int, routing_key: str, name: str) -> None:
         """``route``: the partitions whose binding key is ``routing_key`` (as RabbitMQ routes it
         through the super stream's direct exchange); answered in the protocol's list form."""
@@ -974,7 +989,7 @@ class _Subscription:
 
     __slots__ = (
         "connection", "id", "stream", "chunk", "next_offset", "credit", "active", "group",
-        "super_stream", "waiting", "properties", "consumed", "offset",
+        "partition", "waiting", "properties", "consumed", "offset",
     )  # fmt: skip
 
     def __init__(
@@ -989,10 +1004,11 @@ class _Subscription:
         self.next_offset = start
         self.credit = credit
         self.active = True
-        #: Its single-active-consumer group (``None``: none), whether the group is a super
-        #: stream's, and whether it waits (not its group's active member).
+        #: Its single-active-consumer group (``None``: none), its stream's place in the super
+        #: stream the group is over (-1: none, a lone stream's group), and whether it waits
+        #: (not its group's active member).
         self.group: str | None = None
-        self.super_stream = False
+        self.partition = -1
         self.waiting = False
         #: The subscription's properties as sent; the messages sent so far, and the first
         #: offset of the last chunk sent (RabbitMQ's ``consumed`` and ``offset``).
@@ -1015,7 +1031,7 @@ def _rebalance(stream: StreamQueue, group: str) -> None:
     asked = [_activating(member) for member in members]
     active = next((m for m, told in zip(members, asked, strict=True) if not m.waiting or told), None)
     if active is not None:
-        if members[0].super_stream and active is not _chosen(stream, members):
+        if members[0].partition >= 0 and active is not _chosen(stream, members):
             active.waiting = True  # (sent nothing more: it answers once it handled what it has)
             active.connection.consumer_update(active, False)
         return
@@ -1027,8 +1043,8 @@ def _rebalance(stream: StreamQueue, group: str) -> None:
 
 def _chosen(stream: StreamQueue, members: list[_Subscription]) -> _Subscription:
     """The member a group of ``members`` should have active (see :func:`_rebalance`)."""
-    if members[0].super_stream:
-        return members[stream.partition() % len(members)]
+    if members[0].partition >= 0:
+        return members[members[0].partition % len(members)]
     return members[0]
 
 

@@ -847,3 +847,38 @@ def test_exchange_command_versions_lists_what_is_served_and_deliver_2_follows_wh
     early.receive(request(wire.PEER_PROPERTIES, 1, wire.string_map({})))
     early.receive(request(wire.EXCHANGE_COMMAND_VERSIONS, 2, offer))
     assert early.finished
+
+
+@pytest.mark.parametrize(
+    ("arguments", "stream", "index"),
+    [
+        ({"x-stream-partition-order": 2}, "ss-0", 2),  # RabbitMQ's binding argument
+        ({"x-super-stream-partition-order": 1}, "ss-0", 1),  # the one Postroom wrote before
+        ({}, "orders-7", 7),  # none: the number after the name's last "-"
+        ({}, "orders", -1),  # neither: a lone stream's group
+        ({}, "orders-x", -1),
+    ],
+)
+def test_a_groups_partition_index_is_found_as_rabbitmq_finds_it(
+    tmp_path: Path, arguments: dict[str, int], stream: str, index: int
+) -> None:
+    """``rabbit_stream_manager``'s ``partition_index``: over the exchange the ``super-stream``
+    property names, the stream's binding's ``x-stream-partition-order``, else its name."""
+    node = with_streams(tmp_path, Node(users=[User("guest", "guest")]))
+    connection = opened(node)
+    connection.receive(request(wire.CREATE_STREAM, 5, wire.string(stream) + wire.string_map({})))
+    vhost = node.vhosts["/"]
+    vhost.declare_exchange("ss", "direct", durable=True)
+    vhost.bind_queue(stream, "ss", "0", arguments, None)
+    found = connection._partition_index(vhost.queues[stream], "ss")
+    assert found == index
+    assert connection._partition_index(vhost.queues[stream], "missing") == -1
+    # The first member is told it is active; once the second comes, the partition is member
+    # p mod 2's: an odd p moves it (the first steps down). At -1 it stays with the first.
+    for subscription in (1, 2):
+        properties = {"single-active-consumer": "true", "name": "g", "super-stream": "ss"}
+        body = bytes((subscription,)) + wire.string(stream) + struct.pack(">hH", wire.OFFSET_FIRST, 10)
+        connection.receive(request(wire.SUBSCRIBE, 10 + subscription, body + wire.string_map(properties)))
+    told = [struct.unpack_from(">IBB", frame, 4)[1:] for frame in wire.FrameReader().feed(b"".join(connection.out))
+            if struct.unpack_from(">H", frame)[0] == wire.CONSUMER_UPDATE]  # fmt: skip
+    assert told == ([(1, 1), (1, 0)] if index >= 0 and index % 2 else [(1, 1)])

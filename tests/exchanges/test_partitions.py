@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from exchanges.direct import DirectExchangeType, DirectRouter
-from exchanges.partitions import PARTITION_ORDER, SEED, PartitionRouter, murmur3_32, partition_of
+from exchanges.partitions import PARTITION_ORDER, SEED, PartitionRouter, murmur3_32, partition_of, partition_order
 
 # Reference values from the ``mmh3`` package (MurmurHash3 x86 32-bit, unsigned), which RabbitMQ's
 # stream clients agree with for super-stream routing.
@@ -62,3 +62,14 @@ def test_the_partitions_follow_bindings_and_without_them_it_is_a_direct_exchange
     plain.bind("q", "k", {})
     assert list(plain.route("k", None)) == ["q"] and list(plain.route("other", None)) == []
     assert type(DirectExchangeType().new_router({"x-super-stream": "yes"})) is DirectRouter
+
+
+def test_the_partition_order_is_rabbitmqs_binding_argument_and_postrooms_older_one_is_read() -> None:
+    assert PARTITION_ORDER == "x-stream-partition-order"  # (rabbit_stream_manager's)
+    assert partition_order({"x-stream-partition-order": 2}) == 2
+    assert partition_order({"x-stream-partition-order": "7"}) == 7  # (RabbitMQ coerces digits)
+    assert partition_order({"x-super-stream-partition-order": 3}) == 3
+    assert partition_order({"x-stream-partition-order": 1, "x-super-stream-partition-order": 3}) == 1
+    assert partition_order({"x-stream-partition-order": True}) is None
+    assert partition_order({"x-stream-partition-order": "one"}) is None
+    assert partition_order({}) is None

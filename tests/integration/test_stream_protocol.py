@@ -222,7 +222,7 @@ def declare_super_stream(amqp: int, name: str, partitions: int) -> None:
     for index in range(partitions):
         stream = f"{name}-{index}"
         channel.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
-        channel.queue_bind(stream, name, str(index), arguments={"x-super-stream-partition-order": index})
+        channel.queue_bind(stream, name, str(index), arguments={"x-stream-partition-order": index})
     connection.close()
 
 
