@@ -277,7 +277,8 @@ class StreamQueue:
         self.committed = log.next_offset
         #: Messages waiting for the next chunk: the publish's names, the header and the body of
         #: each AMQP 0-9-1 message, and :meth:`append_raw`'s blocks (a marker, ``(messages,
-        #: entries, entry size or None)``, the block).
+        #: entries, entry size or None, publisher reference or "", publishing ids or None)``,
+        #: the block).
         self._pending: list[tuple[Any, Any, bytes]] = []
         #: The most entries the next chunk takes (see :data:`MAX_CHUNK_ENTRIES`).
         self.chunk_entries = MIN_CHUNK_ENTRIES

@@ -25,7 +25,7 @@ from transcript import oracle, wait_for
 
 from broker.tools.testing import free_port, rabbitmqctl, wait_for_port, write_test_pki
 from broker.wire import streamframes as wire
-from tests.conformance.test_stream_protocol_transcripts import Peer, s
+from tests.conformance.test_stream_protocol_transcripts import ADVERTISED, Peer, s
 from tests.conformance.test_tls_transcripts import rabbitmq_tls_options
 from tests.integration.test_crash import broker
 
@@ -53,6 +53,11 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return write_test_pki(tmp_path_factory.mktemp("stream-tls"))
 
 
+#: What both brokers' TLS listeners advertise: ``stream.advertised_host`` and
+#: ``stream.advertised_tls_port`` (the plain ones advertise :data:`ADVERTISED`).
+ADVERTISED_TLS = (ADVERTISED[0], 15551)
+
+
 @pytest.fixture(scope="module")
 def ports(pki: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[int, int, int]]]:
     """Each broker's ``(stream port, stream TLS port, management port)``."""
@@ -60,7 +65,8 @@ def ports(pki: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Ite
     config = (
         f"stream.listeners.tcp.1 = 127.0.0.1:{rabbit[0]}\n"
         f"stream.listeners.ssl.1 = 127.0.0.1:{rabbit[1]}\n"
-        "stream.advertised_host = 127.0.0.1\n"
+        f"stream.advertised_host = {ADVERTISED[0]}\nstream.advertised_port = {ADVERTISED[1]}\n"
+        f"stream.advertised_tls_port = {ADVERTISED_TLS[1]}\n"
         f"management.tcp.port = {rabbit[2]}\nmanagement.tcp.ip = 127.0.0.1\n"
     ) + rabbitmq_tls_options(pki)
     ours = (free_port(), free_port(), free_port())
@@ -72,6 +78,8 @@ def ports(pki: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Ite
         "users:\n"
         "  - {name: guest, password: guest, loopback_only: true, tags: [administrator]}\n"
         "  - {name: app, password: app-password}\n"
+        f"stream: {{advertised_host: {ADVERTISED[0]}, advertised_port: {ADVERTISED[1]}, "
+        f"advertised_tls_port: {ADVERTISED_TLS[1]}}}\n"
     )
     with (
         oracle(
@@ -149,7 +157,8 @@ def test_the_stream_protocol_over_tls_and_external_answer_as_rabbitmq(
     answer = records["postroom"][2]
     if certificate in ("app", "guest"):
         assert answer[3] == "000000030001"  # (correlation 3, OK)
-        assert ("open", 4, wire.OK, ["advertised_host", "advertised_port"]) in records["postroom"]
+        host, port = ADVERTISED_TLS
+        assert ("open", 4, wire.OK, [("advertised_host", host), ("advertised_port", str(port))]) in records["postroom"]
     else:  # no certificate, or one that names no user
         assert answer[3] == "000000030008"  # (correlation 3, authentication failure)
         assert records["postroom"][3:] == ["closed"]
