@@ -709,7 +709,7 @@ class StreamConnection:
             answer(wire.ACCESS_REFUSED)
             return
         reader = _Subscription(self, subscription, stream, _start(stream, offset), credit)
-        reader.properties = properties
+        reader.properties, reader.spec = properties, offset
         self.subscriptions[subscription] = reader
         stream.watchers.add(self._stream_changed)
         answer(wire.OK)
@@ -746,7 +746,8 @@ class StreamConnection:
             _rebalance(reader.stream, group)
         elif _activating(reader) is None:
             # (whatever the code, as RabbitMQ's reader, which logs one that is not OK)
-            spec = wire.offset_spec(kind, value) or ("next",)
+            # (an answer of no offset, or one of no kind there is: where it subscribed from)
+            spec = wire.offset_spec(kind, value) or reader.spec
             reader.chunk, reader.next_offset, reader.waiting = None, _start(reader.stream, spec), False
             self._pump(reader)
 
@@ -989,7 +990,7 @@ class _Subscription:
 
     __slots__ = (
         "connection", "id", "stream", "chunk", "next_offset", "credit", "active", "group",
-        "partition", "waiting", "properties", "consumed", "offset",
+        "partition", "waiting", "properties", "consumed", "offset", "spec",
     )  # fmt: skip
 
     def __init__(
@@ -1010,9 +1011,11 @@ class _Subscription:
         self.group: str | None = None
         self.partition = -1
         self.waiting = False
-        #: The subscription's properties as sent; the messages sent so far, and the first
-        #: offset of the last chunk sent (RabbitMQ's ``consumed`` and ``offset``).
+        #: The subscription's properties and offset specification as sent; the messages sent
+        #: so far, and the first offset of the last chunk sent (RabbitMQ's ``consumed`` and
+        #: ``offset``).
         self.properties: dict[str, str] = {}
+        self.spec: tuple[Any, ...] = ("next",)
         self.consumed = 0
         self.offset = 0
 

@@ -249,8 +249,13 @@ def parse_request(frame: bytes) -> tuple[Any, ...]:
                 fields.end()
                 return ("tune", None, frame_max, heartbeat)
             if command == CONSUMER_UPDATE:
-                correlation, code, kind, offset = fields.u32(), fields.u16(), fields.u16(), fields.u64()
-                fields.end()
+                # (an offset follows for the kinds that have one, as RabbitMQ reads it: it
+                # passes over what follows the others)
+                correlation, code, kind = fields.u32(), fields.u16(), fields.u16()
+                offset = 0
+                if kind in (OFFSET_OFFSET, OFFSET_TIMESTAMP):
+                    offset = fields.u64()
+                    fields.end()
                 return ("consumer_update", correlation, code, kind, offset)
             return ("response", None, command)
         return _REQUESTS[key](fields)

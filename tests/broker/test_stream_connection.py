@@ -882,3 +882,23 @@ def test_a_groups_partition_index_is_found_as_rabbitmq_finds_it(
     told = [struct.unpack_from(">IBB", frame, 4)[1:] for frame in wire.FrameReader().feed(b"".join(connection.out))
             if struct.unpack_from(">H", frame)[0] == wire.CONSUMER_UPDATE]  # fmt: skip
     assert told == ([(1, 1), (1, 0)] if index >= 0 and index % 2 else [(1, 1)])
+
+
+def test_an_activation_answered_with_no_offset_reads_from_where_the_subscription_said(tmp_path: Path) -> None:
+    """RabbitMQ's reader takes an answer of offset type 0 (none) as the subscription's own
+    offset specification, and passes over what follows a type without a value."""
+    node = with_streams(tmp_path, Node(users=[User("guest", "guest")]))
+    connection = opened(node)
+    connection.receive(request(wire.CREATE_STREAM, 5, wire.string("events") + wire.string_map({})))
+    connection.receive(request(wire.DECLARE_PUBLISHER, 6, b"\x01" + wire.string("") + wire.string("events")))
+    connection.receive(published_frame(1, [0, 1]))
+    written_chunks(node)
+    connection.out.clear()
+    properties = {"single-active-consumer": "true", "name": "g"}
+    body = b"\x01" + wire.string("events") + struct.pack(">hH", wire.OFFSET_FIRST, 10)
+    connection.receive(request(wire.SUBSCRIBE, 7, body + wire.string_map(properties)))
+    (update,) = sent(connection)[0]
+    assert update[1:] == (1, True)
+    connection.receive(wire.frame(wire.CONSUMER_UPDATE | wire.RESPONSE, struct.pack(">IHH", update[0], wire.OK, 0)))
+    found = deliveries(b"".join(bytes(part) for part in connection.out))
+    assert [(first, count) for first, count, _ in found] == [(0, 2)]
