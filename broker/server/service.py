@@ -709,16 +709,12 @@ def make_broker_service(
         Listener(
             "amqps", config.listen.amqps, tls(factory), reactor, node, "amqp/ssl", certificates
         ).setServiceParent(service)
-    announced = config.stream
-    if config.listen.stream:
-        where = advertised(config.listen.stream, announced.advertised_host, announced.advertised_port)
-        streams = StreamServerFactory(node, reactor, where)
+    plain, secure = stream_addresses(config)
+    if config.listen.stream and plain is not None:
+        streams = StreamServerFactory(node, reactor, plain)
         Listener("stream", config.listen.stream, streams, reactor, node, "stream").setServiceParent(service)
-    if config.listen.stream_tls and tls is not None:
-        host = announced.advertised_tls_host or announced.advertised_host
-        streams = StreamServerFactory(
-            node, reactor, advertised(config.listen.stream_tls, host, announced.advertised_tls_port)
-        )
+    if config.listen.stream_tls and tls is not None and secure is not None:
+        streams = StreamServerFactory(node, reactor, secure)
         Listener(
             "stream_tls", config.listen.stream_tls, tls(streams), reactor, node, "stream/ssl", certificates
         ).setServiceParent(service)
@@ -741,6 +737,20 @@ def make_broker_service(
     # stop first, while the node still serves.
     Shovels(node, reactor).setServiceParent(service)
     return service
+
+
+def stream_addresses(config: BrokerConfig) -> tuple[tuple[str, int] | None, tuple[str, int] | None]:
+    """The host and port the stream protocol's listener and its TLS listener advertise
+    (``None`` for one that is off): the ``stream:`` section's, as RabbitMQ's
+    ``stream.advertised_*`` (the TLS listener's host defaults to ``advertised_host``), else
+    each listener's own (:func:`advertised`)."""
+    announced, listen = config.stream, config.listen
+    plain = advertised(listen.stream, announced.advertised_host, announced.advertised_port) if listen.stream else None
+    secure = None
+    if listen.stream_tls:
+        host = announced.advertised_tls_host or announced.advertised_host
+        secure = advertised(listen.stream_tls, host, announced.advertised_tls_port)
+    return plain, secure
 
 
 def advertised(endpoint: str, host: str | None = None, port: int | None = None) -> tuple[str, int]:

@@ -22,6 +22,7 @@ from twisted.internet.testing import StringTransport
 from broker.core.journal import Journal
 from broker.core.message import Message
 from broker.core.node import Node, User
+from broker.server.service import stream_addresses
 from broker.server.streamprotocol import STEP_TIMEOUT, StreamServerFactory, StreamServerProtocol
 from broker.storage.streams import StreamFiles
 from broker.streams.connection import (
@@ -37,7 +38,7 @@ from broker.wal import record
 from broker.wal.files import DirectoryStorage
 from broker.wal.streamlog import Region
 from broker.wire import streamframes as wire
-from config.schema import Permission
+from config.schema import BrokerConfig, ListenConfig, Permission, StreamProtocolConfig
 from tests.broker.core.test_login import SCRYPT
 from tests.broker.core.test_stream import content_header
 from tests.broker.test_spooling import logged_errors
@@ -902,3 +903,16 @@ def test_an_activation_answered_with_no_offset_reads_from_where_the_subscription
     connection.receive(wire.frame(wire.CONSUMER_UPDATE | wire.RESPONSE, struct.pack(">IHH", update[0], wire.OK, 0)))
     found = deliveries(b"".join(bytes(part) for part in connection.out))
     assert [(first, count) for first, count, _ in found] == [(0, 2)]
+
+
+def test_each_stream_listener_advertises_its_own_address_or_the_configured_one() -> None:
+    """As RabbitMQ's ``rabbit_stream``: ``host()`` and ``port()``, ``tls_host()`` (falling back
+    to ``host()``) and ``tls_port()``, each the listener's own when not configured."""
+    listen = ListenConfig(stream="tcp:5552:interface=127.0.0.1", stream_tls="tcp:5551:interface=127.0.0.2")
+    own = BrokerConfig(listen=listen)
+    host = BrokerConfig(listen=listen, stream=StreamProtocolConfig("a.example", advertised_tls_port=30551))
+    both = BrokerConfig(listen=listen, stream=StreamProtocolConfig("a.example", advertised_tls_host="b.example"))
+    assert stream_addresses(own) == (("127.0.0.1", 5552), ("127.0.0.2", 5551))
+    assert stream_addresses(host) == (("a.example", 5552), ("a.example", 30551))
+    assert stream_addresses(both) == (("a.example", 5552), ("b.example", 5551))
+    assert stream_addresses(BrokerConfig()) == (None, None)
