@@ -1,6 +1,6 @@
 """The strict YAML loader: one file in, a frozen :class:`BrokerConfig` out, or every problem at once.
 
-Rules (``../shared/CONTRACT.md``, Configuration):
+Rules (``docs/configuration.md``):
 
 * YAML is read with PyYAML's safe loader; duplicate keys, unknown keys and wrong types are
   errors, and every error names the file, the line, the key path and the reason;

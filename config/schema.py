@@ -1,7 +1,8 @@
 """The configuration as the broker receives it: frozen dataclasses, already validated.
 
 ``config.loader.load`` builds a :class:`BrokerConfig` from YAML; nothing else reads YAML.
-Durations are in seconds, sizes in bytes. The YAML keys are those of ``../shared/CONTRACT.md``.
+Durations are in seconds, sizes in bytes. The YAML keys are listed in
+``docs/configuration-reference.md``, generated from these classes.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ from broker.wire.codec import (
     shortstr,
 )
 
-#: The exchange through which a visibility lease is extended (``../shared/CONTRACT.md``).
+#: The exchange through which a visibility lease is extended (``docs/configuration.md``, lease extension).
 EXTEND_EXCHANGE = "amq.postroom.extend"
 
 _frame_head = struct.Struct(">BHI")

@@ -8,7 +8,7 @@ A :class:`WorkQueue` has three parts, each in its module: its ready line (``brok
 the window in memory, the spool behind it, the paging marks), its delivery
 (``broker.core.delivery``: consumers, turns, dispatch) and its deadlines
 (``broker.core.deadlines``: one timer for visibility timeouts, TTLs and ``x-expires``). What
-becomes of a message is the queue's own, by these rules (``../shared/CONTRACT.md``, Queues):
+becomes of a message is the queue's own, by these rules (``docs/configuration.md``):
 
 * **visibility timeout** (SQS's rule): a delivery left unacked longer than its timeout is
   taken back from its channel (its tag goes stale), counted as a return and put back where

@@ -43,7 +43,7 @@ STANDARD_EXCHANGES = (
     ("amq.postroom.redrive", "direct"),
 )
 
-#: Publishing here extends a delivery's visibility timeout (``../shared/CONTRACT.md``, Queues).
+#: Publishing here extends a delivery's visibility timeout (``docs/configuration.md``, lease extension).
 EXTEND_EXCHANGE = "amq.postroom.extend"
 #: Publishing a sealed dead letter here sends it back to the queue it died in (``broker.core.seal``).
 REDRIVE_EXCHANGE = "amq.postroom.redrive"

@@ -3,7 +3,7 @@
 Nothing here runs per message. Queues and virtual hosts keep plain integer counters
 (``WorkQueue.published``, ``delivered``, ``acked``, ...), and :class:`BrokerCollector` turns
 them into metric families when Prometheus scrapes ``/metrics``, on the reactor thread, so it
-reads the state without locks. Names and labels are those of ``CONTRACT.md`` (prefix
+reads the state without locks. Names and labels are those ``docs/operations.md`` lists (prefix
 ``postroom_``, labels ``vhost``, ``queue``, ``reason`` only).
 
 The per-queue series grow with the number of queues (50,000 queues: 650,000 samples), so

@@ -427,7 +427,7 @@ def rabbitmq_node(
     """Run a private RabbitMQ node on free loopback ports, for comparisons; yield ``(port, pid)``.
 
     Uses the Debian package's launcher directly, as the current user, with every directory
-    in a temporary home (see ``../shared/bench/README.md``).
+    in a temporary home.
 
     :param config: lines of ``rabbitmq.conf`` (e.g. a TLS listener's ``ssl_options``)
     :param plugins: plugins to enable (e.g. ``rabbitmq_auth_mechanism_ssl``)
