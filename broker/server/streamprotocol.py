@@ -36,6 +36,12 @@ _log = Logger()
 #: Seconds a client has for each step of the handshake.
 STEP_TIMEOUT = 10.0
 
+#: Seconds between two looks at the requests sent to the client (``consumer_update``): one
+#: still unanswered at the second look since it was sent ends the connection, as RabbitMQ's
+#: reader ends it (``request_timeout``, 60 s by default: a client that never answers would
+#: otherwise hold its group's partition).
+REQUEST_TIMEOUT = 60.0
+
 
 #: What ``sendfile`` raises when the client has gone (the connection ends without a word).
 _GONE = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN})
@@ -85,6 +91,9 @@ class StreamServerProtocol(Protocol):
         #: What the socket did not take when it filled, in order (see :meth:`_keep_unsent`).
         self._unsent: list[Any] = []
         self._continuing: IDelayedCall | None = None
+        #: The next look at the requests sent to the client, and those unanswered at the last.
+        self._request_timer: IDelayedCall | None = None
+        self._unanswered: set[int] = set()
 
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()  # type: ignore[attr-defined]
@@ -149,6 +158,8 @@ class StreamServerProtocol(Protocol):
                     self.transport.pauseProducing()
         if connection.behind and not connection.paused and self._continuing is None and not connection.finished:
             self._continuing = self.factory.clock.callLater(0, self._continue)
+        if connection.pending_updates and self._request_timer is None and not connection.finished:
+            self._request_timer = self.factory.clock.callLater(REQUEST_TIMEOUT, self._check_requests)
         if connection.step in ("tuned", "open") and self._heartbeat_timer is None and connection.heartbeat:
             self._heartbeat_timer = self.factory.clock.callLater(connection.heartbeat, self._heartbeat)
         if connection.finished:
@@ -285,6 +296,21 @@ class StreamServerProtocol(Protocol):
         connection.finished = True
         self.transport.abortConnection()  # type: ignore[attr-defined]
 
+    def _check_requests(self) -> None:
+        """A look at the requests sent to the client (see :data:`REQUEST_TIMEOUT`)."""
+        self._request_timer = None
+        connection = self.connection
+        if connection is None or connection.finished:
+            return
+        if self._unanswered & set(connection.pending_updates):
+            _log.info("stream connection {peer} closed: request to client timed out", peer=connection.peer)
+            connection.finished = True
+            self.transport.abortConnection()  # type: ignore[attr-defined]
+            return
+        self._unanswered = set(connection.pending_updates)
+        if self._unanswered:
+            self._request_timer = self.factory.clock.callLater(REQUEST_TIMEOUT, self._check_requests)
+
     def _heartbeat(self) -> None:
         self._heartbeat_timer = None
         connection = self.connection
@@ -306,10 +332,10 @@ class StreamServerProtocol(Protocol):
         self._heartbeat_timer = self.factory.clock.callLater(connection.heartbeat, self._heartbeat)
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
-        for timer in (self._step_timer, self._heartbeat_timer, self._continuing):
+        for timer in (self._step_timer, self._heartbeat_timer, self._continuing, self._request_timer):
             if timer is not None and timer.active():
                 timer.cancel()
-        self._step_timer = self._heartbeat_timer = self._continuing = None
+        self._step_timer = self._heartbeat_timer = self._continuing = self._request_timer = None
         self._unsent = []
         if self.connection is not None:
             self.connection.connection_lost()

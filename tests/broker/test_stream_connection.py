@@ -23,7 +23,7 @@ from broker.core.journal import Journal
 from broker.core.message import Message
 from broker.core.node import Node, User
 from broker.server.service import stream_addresses
-from broker.server.streamprotocol import STEP_TIMEOUT, StreamServerFactory, StreamServerProtocol
+from broker.server.streamprotocol import REQUEST_TIMEOUT, STEP_TIMEOUT, StreamServerFactory, StreamServerProtocol
 from broker.storage.streams import StreamFiles
 from broker.streams.connection import (
     DELIVERY_BOUND,
@@ -916,3 +916,33 @@ def test_each_stream_listener_advertises_its_own_address_or_the_configured_one()
     assert stream_addresses(host) == (("a.example", 5552), ("a.example", 30551))
     assert stream_addresses(both) == (("a.example", 5552), ("b.example", 5551))
     assert stream_addresses(BrokerConfig()) == (None, None)
+
+
+@pytest.mark.parametrize("answered", [False, True])
+def test_a_consumer_update_left_unanswered_ends_the_connection_as_rabbitmq_ends_it(
+    tmp_path: Path, answered: bool
+) -> None:
+    """RabbitMQ's reader looks at its requests to the client every 60 s (``request_timeout``)
+    and ends the connection when one has waited longer: a member that never answers would
+    hold its group's partition."""
+    clock = Clock()
+    node = with_streams(tmp_path, Node(users=[User("guest", "guest")]))
+    protocol, transport = shell(clock, node)
+    protocol.dataReceived(b"".join(handshake_frames()))
+    protocol.dataReceived(request(wire.CREATE_STREAM, 5, wire.string("events") + wire.string_map({})))
+    properties = {"single-active-consumer": "true", "name": "g"}
+    body = b"\x01" + wire.string("events") + struct.pack(">hH", wire.OFFSET_FIRST, 10)
+    transport.clear()
+    protocol.dataReceived(request(wire.SUBSCRIBE, 7, body + wire.string_map(properties)))
+    (update,) = [frame for frame in wire.FrameReader().feed(transport.value()) if frame[:2] == b"\x00\x1a"]
+    correlation = struct.unpack_from(">I", update, 4)[0]
+    clock.advance(REQUEST_TIMEOUT)
+    assert not transport.aborted  # (sent less than a timeout ago at the first look)
+    if answered:
+        protocol.dataReceived(wire.frame(wire.CONSUMER_UPDATE | wire.RESPONSE, struct.pack(">IHH", correlation, 1, 0)))
+    clock.advance(REQUEST_TIMEOUT)
+    assert transport.aborted is not answered
+    clock.advance(10 * REQUEST_TIMEOUT)
+    assert transport.aborted is not answered
+    protocol.connectionLost()
+    assert not clock.getDelayedCalls()
