@@ -3,13 +3,13 @@
 * ``queues``: ``--queues`` queues are declared, then ``GET /api/queues?page=1&page_size=100``
   (what the UI's queue table asks) is timed ``--requests`` times, and so are the same page
   sorted by ready messages and filtered by a name: the median and the slowest, in ms;
-* ``ui``: the transient scenario of ``../shared/bench`` (``--seconds`` each), alternately
+* ``ui``: the transient scenario of ``bench/amqp_load.py`` (``--seconds`` each), alternately
   without and with the web UI open: a headless Chromium (Debian's, through selenium) logged
   in on the overview page, refreshing every 5 seconds as it does, then on the queues page;
   ``--runs`` pairs, and the ratio of the medians (with / without).
 
     python bench/management.py [--scenarios queues,ui] [--queues 50000] [--requests 20]
-        [--seconds 8] [--runs 3] [--bench-dir ../shared/bench] [--json FILE]
+        [--seconds 8] [--runs 3] [--json FILE]
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def scenario_ui(args: argparse.Namespace, result: dict[str, Any]) -> None:
                 try:
                     if driver is not None and run % 2:
                         driver.get(f"http://127.0.0.1:{http}/#/queues")
-                    records = generate(Path(args.bench_dir), port, pid, "transient", "16", [], args)
+                    records = generate(port, pid, "transient", "16", [], args)
                 finally:
                     if driver is not None:
                         driver.quit()
@@ -124,7 +124,6 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--bench-dir", default=str(ROOT.parent / "shared" / "bench"))
     parser.add_argument("--json")
     args = parser.parse_args()
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d")}

@@ -1,6 +1,6 @@
 """What permissions cost: the transient scenario as guest (no patterns) and as a limited user.
 
-One ``postroom serve`` holds both users; the shared load generator runs alternately as each,
+One ``postroom serve`` holds both users; the load generator (``bench/amqp_load.py``) runs alternately as each,
 each going first every other round, so that both see the same machine. The limited user may
 configure, write and read only the generator's own names (``^amqp_bench\\.``, and the default
 exchange for writing), so every declare, publish and consume is checked.
@@ -31,7 +31,6 @@ USERS = """users:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
     parser.add_argument("--size", default="16")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--runs", type=int, default=5)
@@ -41,7 +40,7 @@ def main() -> None:
         for run in range(args.runs):
             for user in ("guest", "bench") if run % 2 == 0 else ("bench", "guest"):  # neither always first
                 credentials = ["--user", user, "--password", user]
-                records = generate(args.bench_dir, port, pid, "transient", args.size, credentials, args)
+                records = generate(port, pid, "transient", args.size, credentials, args)
                 rate = figure(records[0]) if records else 0.0
                 figures[user].append(rate)
                 print(f"{user:6} transient {args.size} B {rate:12,.0f} deliveries/s", flush=True)

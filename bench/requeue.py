@@ -36,7 +36,7 @@ from broker.tools.testing import rabbitmq_node  # noqa: E402
 #: Messages kept going round (ten prefetch windows: the queue is never empty).
 MESSAGES = 10_000
 PREFETCH = 1_000
-#: Deliveries settled per nack (``multiple``), as the shared generator acks.
+#: Deliveries settled per nack (``multiple``), as the load generator acks.
 NACK_EVERY = 100
 HEADERS = {"tenant": "acme", "attempt": 1, "trace": "0af7651916cd43dd8448eb211c80319c", "priority": 0.5}
 

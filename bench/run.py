@@ -1,4 +1,4 @@
-"""Benchmark Postroom and RabbitMQ back to back with the shared load generator.
+"""Benchmark Postroom and RabbitMQ back to back with the project's load generator (``bench/amqp_load.py``).
 
 Starts Postroom (``python -m broker.tools.cli serve``) and, unless ``--no-rabbitmq``, a private
 RabbitMQ node (the Debian ``rabbitmq-server`` package) on free loopback ports, keeps both
@@ -11,7 +11,7 @@ lines and prints a markdown table of medians with the Postroom/RabbitMQ ratio.
     python bench/run.py --scenarios latency --rates 80000,120000                # the sweep's top
     python bench/run.py --no-rabbitmq                    # Postroom alone
 
-The load generator lives in ``../shared/bench`` (``--bench-dir``); it needs pamqp and pika.
+The load generator is ``bench/amqp_load.py`` (raw sockets and pamqp).
 """
 
 from __future__ import annotations
@@ -83,9 +83,7 @@ def postroom(extra_yaml: str = "", storage: str = "", listen: str = "") -> Itera
         shutil.rmtree(data, ignore_errors=True)
 
 
-def generate(
-    bench_dir: Path, port: int, pid: int, scenario: str, sizes: str, extra: list[str], args: argparse.Namespace
-) -> list[dict]:
+def generate(port: int, pid: int, scenario: str, sizes: str, extra: list[str], args: argparse.Namespace) -> list[dict]:
     """Run the load generator once; return its per-run records (``stream``: the ``persistent``
     scenario with ``--queue-type stream``)."""
     named = scenario
@@ -93,7 +91,7 @@ def generate(
         scenario, extra = "persistent", [*extra, "--queue-type", "stream"]
     command = [
         sys.executable,
-        str(bench_dir / "amqp_bench.py"),
+        str(ROOT / "bench" / "amqp_load.py"),
         "--port",
         str(port),
         "--broker-pid",
@@ -160,7 +158,6 @@ def table(records: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
     parser.add_argument("--scenarios", help="comma list (default: the matrix in docs/benchmarks.md)")
     parser.add_argument("--sizes", default=None, help="comma list of body sizes for --scenarios")
     parser.add_argument("--rates", default=None, help="comma list of publish rates for --scenarios latency")
@@ -185,7 +182,7 @@ def main() -> None:
             for scenario, sizes, extra in matrix:
                 order = brokers if run % 2 == 0 else list(reversed(brokers))
                 for name, port, pid in order:
-                    for record in generate(args.bench_dir, port, pid, scenario, sizes, extra, args):
+                    for record in generate(port, pid, scenario, sizes, extra, args):
                         record["broker"] = name
                         records.append(record)
                         out.write(json.dumps(record) + "\n")

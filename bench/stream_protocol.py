@@ -1,5 +1,5 @@
 """RabbitMQ's stream protocol, Postroom against RabbitMQ 3.10.8's ``rabbitmq_stream``, with
-one raw-socket load generator for both (as ``../shared/bench/amqp_bench.py`` is for AMQP).
+one raw-socket load generator for both (as ``bench/amqp_load.py`` is for AMQP 0-9-1).
 
 For each broker in turn, started here on loopback (Postroom with storage, RabbitMQ with its
 stream plugin): create a stream, publish ``--messages`` messages of each ``--sizes`` with
