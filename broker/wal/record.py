@@ -423,25 +423,13 @@ class StreamTrackedChunk:
 
 
 @dataclass(frozen=True, slots=True)
-class StreamTrackedRawChunk:
+class StreamTrackedRawChunk(StreamTrackedChunk):
     """A :class:`StreamRawChunk` with a trailer (see :class:`StreamTrackedChunk`)."""
-
-    first_offset: int
-    timestamp: float
-    count: int
-    entries: bytes
-    trailer: bytes
 
 
 @dataclass(frozen=True, slots=True)
-class StreamTrackedBatchChunk:
+class StreamTrackedBatchChunk(StreamTrackedChunk):
     """A :class:`StreamBatchChunk` with a trailer (see :class:`StreamTrackedChunk`)."""
-
-    first_offset: int
-    timestamp: float
-    count: int
-    entries: bytes
-    trailer: bytes
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,9 +47,7 @@ from broker.wal.record import (
     StreamBatchChunk,
     StreamChunk,
     StreamRawChunk,
-    StreamTrackedBatchChunk,
     StreamTrackedChunk,
-    StreamTrackedRawChunk,
     WALCorruption,
     as_entries,
     crc32_before,
@@ -85,7 +83,6 @@ _KINDS = {
     **{kind: at for at, kind in enumerate(STREAM_TRACKED_TYPES)},
 }
 _TRACKED = frozenset(STREAM_TRACKED_TYPES)
-_TRACKED_CLASSES = (StreamTrackedChunk, StreamTrackedRawChunk, StreamTrackedBatchChunk)
 #: Bytes read to learn a chunk's place: its record header and its head.
 _PEEK = RECORD_HEADER_BYTES + STREAM_CHUNK_HEAD.size
 #: Where a chunk may start: a sane length's top byte, then the chunk type byte (found in C, so
@@ -338,10 +335,10 @@ class StreamLog:
             record = decode(record_type, payload)
         except WALCorruption:
             return None
-        assert isinstance(record, (StreamChunk, StreamRawChunk, StreamBatchChunk, *_TRACKED_CLASSES))
+        assert isinstance(record, (StreamChunk, StreamRawChunk, StreamBatchChunk, StreamTrackedChunk))
         kind = _KINDS[record_type]
         trailer = b""
-        if isinstance(record, _TRACKED_CLASSES):
+        if isinstance(record, StreamTrackedChunk):  # (and its raw and batched kinds)
             trailer = record.trailer
             try:
                 tracked = unpack_tracking(trailer)
