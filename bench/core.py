@@ -33,7 +33,8 @@ from twisted.internet.task import Clock
 
 from broker.amqp.connection import ServerConnection
 from broker.core.journal import Journal
-from broker.core.node import Node, User
+from broker.core.node import Node
+from broker.core.users import User
 from broker.server.service import tune_gc
 from broker.storage.paging import Pager, PageStore
 from broker.storage.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler

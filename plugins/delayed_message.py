@@ -247,13 +247,7 @@ class DelayedRouter:
             queues = vhost.route(exchange, message)
             if vhost.hooks is not None:
                 vhost.hooks.routed(vhost, exchange.name, message, queues)
-            journal = vhost.journal
-            if journal is not None and queues and message.persistent:
-                durable = [queue.name for queue in queues if queue.journal is not None]
-                if durable:
-                    journal.published(message, vhost.name, durable)
-            for queue in queues:
-                queue.enqueue(message)
+            vhost.enqueue_routed(queues, message)
         # else: the exchange was deleted meanwhile; its waiting messages go with it.
         entry = pending.entry
         if entry is not None and not entry.queue.deleted:

@@ -24,6 +24,7 @@ from broker.amqp import topology
 from broker.amqp.confirms import Confirms
 from broker.amqp.consuming import Consuming
 from broker.core.message import Message
+from broker.core.queue import WorkQueue
 from broker.core.replyto import PREFIX, PSEUDO_QUEUE
 from broker.core.seal import DEAD_LETTER_ID_HEADER, SEAL_HEADER, UNSEALED, without_entries
 from broker.core.vhost import EXTEND_EXCHANGE, REDRIVE_EXCHANGE
@@ -352,7 +353,7 @@ class ChannelState:
         if exchange_name == "":
             queue = self.vhost.queues.get(routing_key)
             if queue is not None:
-                journal = queue.journal
+                journal = queue.journal if type(queue) is WorkQueue else None
                 if journal is not None and message.flags & FLAG_DELIVERY_MODE and message.persistent:
                     journal.published(message, self.vhost.name, (queue.name,))
                 accepted = queue.enqueue(message)
@@ -495,9 +496,14 @@ class ChannelState:
         tag = headers.get("x-delivery-tag")
         timeout = headers.get("x-visibility-timeout")
         entry = self.consuming.unacked(tag)
-        if entry is not None and entry.queue.kind == "stream":
-            entry = None  # a stream's delivery has no visibility timeout to extend
-        if entry is None or not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0:
+        # (a stream's delivery has no visibility timeout to extend)
+        if (
+            entry is None
+            or not isinstance(entry.queue, WorkQueue)
+            or not isinstance(timeout, int)
+            or isinstance(timeout, bool)
+            or timeout <= 0
+        ):
             self.connection.node.counters["stale_extends"] += 1
             return False
         entry.queue.extend(entry, timeout / 1000.0)

@@ -42,8 +42,8 @@ from broker.amqp.confirms import Confirms
 from broker.amqp.consuming import Consuming
 from broker.amqp.handshake import State
 from broker.core.access import Access
+from broker.core.entry import Queue
 from broker.core.node import RESOURCE_ALARMS, Node
-from broker.core.queue import WorkQueue
 from broker.core.sockets import SocketDetails
 from broker.core.vhost import VirtualHost
 from broker.errors import AMQPError, ChannelCrash, ChannelException, ConnectionDropped, ConnectionException, ReplyCode
@@ -182,7 +182,7 @@ class ServerConnection:
         #: with another close when there is none).
         self._closing_channels: dict[int, str | None] = {}
         self.confirming: list[Confirms] = []
-        self.exclusive_queues: list[WorkQueue] = []
+        self.exclusive_queues: list[Queue] = []
         self.capabilities: dict[str, Any] = {}
         self.client_properties: dict[str, Any] = {}
         self.user_name = ""

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from broker.core.entry import REMAINING_TTL, UNACKED, Consumer, Entry
+from broker.core.entry import REMAINING_TTL, UNACKED, Consumer, Entry, Queue
 from broker.core.kinds import STREAM_TYPE_NAME
 from broker.core.message import Message
 from broker.core.queue import WorkQueue
@@ -122,7 +122,7 @@ class Consuming:
             self._kick(consumer.queue for consumer in list(self.consumers.values()))
 
     @staticmethod
-    def _kick(queues: Iterable[WorkQueue]) -> None:
+    def _kick(queues: Iterable[Queue]) -> None:
         for queue in set(queues):
             if not queue.deleted:
                 queue.dispatch()
@@ -150,9 +150,10 @@ class Consuming:
         if limit is not None and len(self.consumers) >= limit:
             raise ConnectionException(ReplyCode.NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel")
         queue = self.vhost.queue(self.channel.readable_queue(method.queue), self.connection)
-        if queue.kind == "stream":
-            self._consume_stream(method, queue)  # type: ignore[arg-type]
+        if isinstance(queue, StreamQueue):
+            self._consume_stream(method, queue)
             return
+        assert isinstance(queue, WorkQueue)  # (the other kind)
         exclusive = method.exclusive and (queue.consumer_count or queue.settings.single_active_consumer)
         if exclusive or queue.has_exclusive_consumer():  # a single-active-consumer queue: never
             raise ChannelException(
@@ -225,7 +226,7 @@ class Consuming:
         tag, tag_bytes = self._new_tag(method)
         consumer = Consumer(
             self,
-            stream,  # type: ignore[arg-type]
+            stream,
             tag,
             tag_bytes,
             no_ack=False,
@@ -607,8 +608,8 @@ class Consuming:
         """``basic.nack`` (and ``basic.reject`` with ``multiple=False``) from the client."""
         entries = self._take(delivery_tag, multiple)
         for entry in entries:
-            if entry.queue.kind == "stream":
-                raise entry.queue.refusal("basic.nack and basic.reject")  # type: ignore[attr-defined]
+            if isinstance(entry.queue, StreamQueue):
+                raise entry.queue.refusal("basic.nack and basic.reject")
         if self.channel.transactional:
             self.tx_taken += entries
             self.channel.tx_ops.append(lambda: self._rejected(entries, requeue))
@@ -694,9 +695,9 @@ def _subscription(arguments: Mapping[str, Any], named: str) -> tuple[str | None,
     return name, single_active
 
 
-def _by_queue(entries: Iterable[Entry]) -> dict[WorkQueue, list[Entry]]:
+def _by_queue(entries: Iterable[Entry]) -> dict[Queue, list[Entry]]:
     """Entries grouped by their queue, in their original order."""
-    groups: dict[WorkQueue, list[Entry]] = {}
+    groups: dict[Queue, list[Entry]] = {}
     for entry in entries:
         groups.setdefault(entry.queue, []).append(entry)
     return groups

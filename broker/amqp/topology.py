@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from pamqp import commands
 
 from broker.core.replyto import PSEUDO_QUEUE
+from broker.core.stream import StreamQueue
 from broker.errors import ChannelException, ReplyCode
 from broker.wire.codec import declare_ok_method
 
@@ -137,8 +138,8 @@ def queue_unbind(channel: ChannelState, method: commands.Queue.Unbind) -> None:
 def queue_purge(channel: ChannelState, method: commands.Queue.Purge) -> None:
     """``queue.purge``: ``read`` on the queue."""
     queue = channel.vhost.queue(channel.readable_queue(method.queue), channel.connection)
-    if queue.kind == "stream":
-        raise queue.refusal("queue.purge")  # type: ignore[attr-defined]
+    if isinstance(queue, StreamQueue):
+        raise queue.refusal("queue.purge")
     count = queue.purge()
     if not method.nowait:
         channel.send(commands.Queue.PurgeOk(message_count=count))

@@ -30,15 +30,16 @@ import os
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.core.access import compile_access
+from broker.core.users import User
 from broker.errors import ReplyCode
 from broker.wal.record import Defined, encode
 from config.schema import Permission, TopicPermission
 
 if TYPE_CHECKING:
-    from broker.core.node import Node, User
+    from broker.core.journal import Journal
     from broker.core.vhost import VirtualHost
 
 #: The definition kinds in the log.
@@ -118,8 +119,6 @@ def user_value(user: User) -> dict[str, Any]:
 
 def user_from_value(name: str, value: Mapping[str, Any]) -> User:
     """The user a recorded definition describes."""
-    from broker.core.node import User
-
     permissions = value.get("permissions")
     limits = value.get("limits") or {}
     vhosts = value.get("vhosts")
@@ -193,13 +192,31 @@ def parameter_key(component: str, vhost: str, name: str) -> str:
 ParameterWatcher = Callable[[str, str, str, "Mapping[str, Any] | None"], None]
 
 
+class Administered(Protocol):
+    """The node whose users and vhosts an :class:`Administration` changes (``broker.core.node.Node``)."""
+
+    journal: Journal | None
+    vhosts: dict[str, VirtualHost]
+    users_by_name: dict[str, User]
+    #: Open connections, and those of each user (closed when their user or vhost goes).
+    connections: set[Any]
+    user_connections: dict[str, set[Any]]
+
+    def add_vhost(self, name: str) -> VirtualHost:
+        """Create a virtual host."""
+        ...
+
+    def users_changed(self) -> None:
+        """Users were added, changed or removed."""
+
+
 class Administration:
     """Changes to a node's users and vhosts, applied at once and recorded.
 
     :param node: the node whose users and vhosts change
     """
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Administered) -> None:
         self.node = node
         #: RabbitMQ's global parameters by name (``PUT /api/global-parameters/NAME``), in the
         #: order set: ``cluster_name`` (``PUT /api/cluster-name``), ``internal_cluster_id``

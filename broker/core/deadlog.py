@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from broker.core.message import Message
+from broker.core.queue import WorkQueue
 from broker.core.seal import DEAD_LETTER_ID_HEADER, Sealer
 from broker.wal.deadevents import dead_lettered
 from broker.wal.record import DeadLetterSettled, encode
@@ -35,8 +36,7 @@ from broker.wire.codec import FLAG_HEADERS
 
 if TYPE_CHECKING:
     from broker.core.deadletter import DeadLetterReason
-    from broker.core.entry import Entry
-    from broker.core.queue import WorkQueue
+    from broker.core.entry import Entry, Queue
 
 __all__ = [
     "DEAD_LETTER_ID_HEADER",
@@ -135,7 +135,7 @@ class DeadLetterLog:
         reason: DeadLetterReason,
         delivery_count: int,
         copy: Message,
-        targets: Sequence[WorkQueue],
+        targets: Sequence[Queue],
     ) -> None:
         """Record that a message died in ``queue`` and its ``copy`` reached ``targets``.
 
@@ -159,7 +159,7 @@ class DeadLetterLog:
         self.dead_lettered_count += 1
         listed: set[str] = set()
         for target in targets:
-            if target.kind == "stream":
+            if not isinstance(target, WorkQueue):
                 continue  # a stream keeps it for good: it never leaves, so it is not followed
             if target.dead_letter_watch is None:
                 self.watch(target)

@@ -18,8 +18,11 @@ from twisted.logger import Logger
 from broker.core.deadlines import Scheduler
 from broker.core.deadlog import header_dead_letter_id
 from broker.core.message import Message
-from broker.core.node import DEFAULT_VHOST_DESCRIPTION, Limits, Node, User
+from broker.core.node import DEFAULT_VHOST_DESCRIPTION, Limits, Node
 from broker.core.policy import Policy, PolicyRefused, from_value
+from broker.core.queue import WorkQueue
+from broker.core.stream import StreamQueue
+from broker.core.users import User
 from broker.core.vhost import VirtualHost
 from broker.errors import AMQPError
 from broker.wal.recovery import Snapshot
@@ -297,9 +300,9 @@ def restore_snapshot(
                 auto_delete=queue.auto_delete,
                 arguments=decode_field_table(queue.arguments),
             )
-            if declared.kind == "stream":
+            if isinstance(declared, StreamQueue):
                 offsets = snapshot.stream_offsets.get((vhost_name, queue.name), {})
-                declared.recover_offsets(offsets)  # type: ignore[attr-defined]
+                declared.recover_offsets(offsets)
         for binding in snapshot.bindings.values():
             vhost = _vhost(node, binding.vhost)
             arguments = decode_field_table(binding.arguments)
@@ -313,14 +316,14 @@ def restore_snapshot(
         restored = 0
         for (vhost_name, queue_name), stored in snapshot.messages.items():
             into = _vhost(node, vhost_name).queues.get(queue_name)
-            if into is None:
-                continue
+            if not isinstance(into, WorkQueue):
+                continue  # (gone; a stream keeps its messages itself)
             for message_id, item in sorted(stored.items()):
                 spool = into.ready.spool
                 if spool is not None and not spool.waiting and item.start and item.segment and journal is not None:
                     # Behind the window: a record pointing at the log, no object.
                     into.restore_spooled(item)
-                    journal.restored_spooled(item.segment)
+                    journal.ledger.restored_spooled(item.segment)
                     restored += 1
                     dead_letter = header_dead_letter_id(item.record.header)
                     if dead_letter is not None:  # known by its id when it comes back

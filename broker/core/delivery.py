@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from typing import Any
 
 from broker.core.entry import DISPATCH_BATCH, Consumer, Entry
 from broker.core.ready import ReadyLine
@@ -120,7 +121,7 @@ class Delivery:
         consumer.channel.deliver_entries(consumer, (entry,))
         return True
 
-    def dispatch(self, line: ReadyLine) -> int:
+    def dispatch(self, line: ReadyLine[Any]) -> int:
         """Deliver entries of ``line``'s window to consumers that can take them, in turns.
 
         With one consumer, its whole credit goes out as one batch. With several, each delivery

@@ -16,13 +16,13 @@ durable queues is one ``Published`` record naming them all.
 from __future__ import annotations
 
 import json
-import weakref
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.core.queue import WorkQueue
+from broker.core.ledger import SegmentLedger
+from broker.core.resident import ResidentBodies
 from broker.core.spool import IN_LOG, SpoolRecord
 from broker.wal.record import (
     Bound,
@@ -35,7 +35,6 @@ from broker.wal.record import (
     QueueDeclared,
     QueueDeleted,
     Removed,
-    Snapshot,
     StreamOffset,
     Unbound,
     Undefined,
@@ -45,37 +44,16 @@ from broker.wal.record import (
 from broker.wire.codec import encode_table
 
 if TYPE_CHECKING:
-    from broker.core.entry import Entry
+    from broker.core.entry import Entry, Queue
     from broker.core.message import Message
     from broker.core.policy import Policy
-    from broker.core.stream import StreamQueue
-    from broker.core.vhost import VirtualHost
     from broker.wal.streamlog import Staged
-
-
-#: A segment is rewritten (its live messages copied forward) once no more than 1/4 of the
-#: message references written to it are still live: at most a third more writing, to free it.
-SPARSE_RATIO = 4
 
 #: Ids gathered into one ``Removed`` record at most.
 REMOVAL_IDS = 4096
 
 #: A :class:`SpoolRecord`'s log segment.
 _SEGMENT = itemgetter(2)
-
-
-class _Pin:
-    """Reads a log segment for messages whose bodies are on disk there and that no durable queue
-    holds any more (a copy routed to a transient queue too): while one is alive, the segment is
-    not retired. Messages hold it in their :attr:`Message.wal_location`."""
-
-    __slots__ = ("read", "__weakref__")
-
-    def __init__(self, read: Callable[[int, int, int], bytes]) -> None:
-        self.read = read
-
-    def __call__(self, segment: int, offset: int, size: int) -> bytes:
-        return self.read(segment, offset, size)
 
 
 class ConfirmWaiter(Protocol):
@@ -86,6 +64,16 @@ class ConfirmWaiter(Protocol):
 
     def refuse_confirms(self, position: int) -> None:
         """Nack every waiting publish whose records are at or before ``position`` (the write failed)."""
+
+
+class StagedStream(Hashable, Protocol):
+    """A stream whose messages wait for the log's writer (``broker.core.stream.StreamQueue``)."""
+
+    deleted: bool
+
+    def stage(self) -> tuple[list[Staged], list[int]]:
+        """Its waiting messages as chunks to write, and the segments its retention dropped."""
+        ...
 
 
 class _Durable:
@@ -108,23 +96,20 @@ class _Durable:
         self.callback(durable)
 
 
-def _policy_record(vhost: str, policy: Policy, operator: bool) -> PolicySet:
+def policy_record(vhost: str, policy: Policy, operator: bool) -> PolicySet:
+    """The record of ``policy`` set in ``vhost`` (an operator policy with ``operator``)."""
     value = json.dumps(policy.value(), separators=(",", ":"), ensure_ascii=False)
     return PolicySet(vhost, policy.name, operator, value.encode("utf-8", "surrogateescape"))
 
 
-def _table(arguments: Mapping[str, Any]) -> bytes:
+def arguments_table(arguments: Mapping[str, Any]) -> bytes:
+    """Declaration or binding ``arguments`` as a record holds them (an encoded table)."""
     return encode_table(dict(arguments)) if arguments else b""
 
 
-def recorded(queue: Any) -> bool:
-    """Whether ``queue``'s declaration and bindings are in the log: a durable queue on a broker
-    with a log (its messages are then recorded too), or a stream (which keeps its own)."""
-    return queue.journal is not None or queue.kind == "stream"
-
-
 class Journal:
-    """Pending log records, message ids, and the encoded/durable positions.
+    """Pending log records, message ids, and the encoded/durable positions; with the segment
+    ledger (:attr:`ledger`) and the resident bodies (:attr:`bodies`) it keeps up to date.
 
     :param next_message_id: the first id to hand out (after recovery: the largest seen + 1)
     """
@@ -136,12 +121,12 @@ class Journal:
         #: Bytes waiting in :meth:`take` (:attr:`pending_bytes` with the open removal).
         self._pending_bytes = 0
         #: Streams with messages waiting for the next write (an ordered set), and their bytes.
-        self._streams: dict[StreamQueue, None] = {}
+        self._streams: dict[StagedStream, None] = {}
         self._stream_bytes = 0
         #: Directories of streams deleted, to remove after the next write.
         self._stream_deletions: list[str] = []
         #: Segments retention dropped in a write that failed, to remove with the next.
-        self._stream_dropped: dict[StreamQueue, list[int]] = {}
+        self._stream_dropped: dict[StagedStream, list[int]] = {}
         #: Subscriptions' offsets stored since the last write, by (vhost, stream, name): one
         #: record each per write, however many acks moved them.
         self._offsets: dict[tuple[str, str, str], int] = {}
@@ -150,32 +135,12 @@ class Journal:
         #: what is pending (a consumer's acks one at a time cost one record per write).
         self._removing: tuple[str, str] | None = None
         self._removing_ids: list[int] = []
-        #: Live message references per log segment (a message in two queues counts twice).
-        #: A segment whose count is 0, with every older one at 0 too, can be retired.
-        self.live: Counter[int] = Counter()
-        #: References ever written to each segment (what :meth:`sparse` compares against).
-        self.written: Counter[int] = Counter()
-        self._by_segment: dict[int, set[Message]] = {}
-        #: References per segment held by spool records (``broker.core.spool``), not by message
-        #: objects: such a segment is not rewritten (the records point into it), only retired.
-        self.spooled_refs: Counter[int] = Counter()
-        #: What the latest checkpoint needs (``broker.storage.checkpoint``): the log from this segment
-        #: on (it is read from there after a crash), and these segments (its records point into
-        #: them, so they are never rewritten).
-        self.protected_from = 1 << 62
-        self.protected: frozenset[int] = frozenset()
-        #: Messages in :attr:`resident` that no longer count there (removed lazily).
-        self._resident_stale = 0
+        #: Which log segments hold live messages (``broker.core.ledger``).
+        self.ledger = SegmentLedger()
+        #: Logged messages whose bodies are in memory (``broker.core.resident``).
+        self.bodies = ResidentBodies()
         #: Messages copied forward out of sparse segments so far.
         self.rewritten = 0
-        #: Logged messages whose bodies are in memory and counted in :attr:`resident_bytes`,
-        #: oldest first (candidates for :meth:`page_out`, newest first).
-        self.resident: deque[Message] = deque()
-        self.resident_bytes = 0
-        #: Bodies paged out so far.
-        self.paged_out = 0
-        #: Segments that paged-out messages outside durable queues still read from (see :class:`_Pin`).
-        self._pins: dict[int, weakref.ref[_Pin]] = {}
         self._next_id = next_message_id
         self._clock = clock or (lambda: 0.0)
         #: Bytes encoded so far (:attr:`position` with the open removal).
@@ -193,9 +158,6 @@ class Journal:
         self.max_backlog = 1 << 62
         #: Called when :attr:`backlog_bytes` passes :attr:`max_backlog` (the shell pauses publishers).
         self.on_backlog: Callable[[], None] | None = None
-        #: The node's definitions (users, vhosts) as encoded records, for :meth:`topology`
-        #: (the node sets it: ``broker.core.admin.Administration.records``).
-        self.definitions: Callable[[], list[bytes]] | None = None
 
     @property
     def next_message_id(self) -> int:
@@ -248,7 +210,7 @@ class Journal:
         if self._pending_bytes + self._stream_bytes > self.max_backlog and self.on_backlog is not None:
             self.on_backlog()
 
-    def stream_published(self, stream: StreamQueue, size: int, count: int = 1) -> None:
+    def stream_published(self, stream: StagedStream, size: int, count: int = 1) -> None:
         """``count`` messages of ``size`` body bytes in all wait for ``stream``'s next chunk:
         they are written with the next write, and their confirms wait for :attr:`position`
         as it is now."""
@@ -266,7 +228,7 @@ class Journal:
         if self._pending_bytes + self._stream_bytes > self.max_backlog and self.on_backlog is not None:
             self.on_backlog()
 
-    def stream_retry(self, stream: StreamQueue, dropped: list[int]) -> None:
+    def stream_retry(self, stream: StagedStream, dropped: list[int]) -> None:
         """A write of ``stream``'s chunks failed: write them (and remove the segments retention
         ``dropped``) with the next write."""
         self._streams[stream] = None
@@ -294,7 +256,7 @@ class Journal:
         deletions, self._stream_deletions = self._stream_deletions, []
         return deletions
 
-    def take_streams(self) -> list[tuple[StreamQueue, list[Staged], list[int]]]:
+    def take_streams(self) -> list[tuple[StagedStream, list[Staged], list[int]]]:
         """What the next write does for streams: for each with messages waiting, its chunks to
         write (those staged now, after any staged before and not written: a failed write) and
         the segments its retention dropped (their files go once the chunks are written)."""
@@ -335,7 +297,7 @@ class Journal:
             message.body,
         )
 
-    def removed(self, queue: WorkQueue, entries: Iterable[Entry]) -> None:
+    def removed(self, queue: Queue, entries: Iterable[Entry]) -> None:
         """Record that entries of journaled messages left ``queue`` for good."""
         ids = []
         for entry in entries:
@@ -357,7 +319,7 @@ class Journal:
                 if first and self.on_pending is not None:
                     self.on_pending()  # the shell schedules a write, which closes it
 
-    def refused(self, queue: WorkQueue, message: Message) -> None:
+    def refused(self, queue: Queue, message: Message) -> None:
         """Record that ``queue`` refused a message already recorded as entering it (it was full)."""
         if message.wal_id:
             self._release(message, queue.name)
@@ -376,45 +338,12 @@ class Journal:
             return
         if not message.wal_queues:
             if message.wal_counted:
-                message.wal_counted = False
-                self.resident_bytes -= message.size
+                self.bodies.uncount(message)
             elif not message.resident and message.wal_location is not None:
-                self._pin(message)
+                self.ledger.pin(message)
         segment = message.wal_segment
         if segment:
-            self.live[segment] -= 1
-            if not message.wal_queues:
-                holders = self._by_segment.get(segment)
-                if holders is not None:
-                    holders.discard(message)
-
-    def _pin(self, message: Message) -> None:
-        """``message`` left its last durable queue with its body on disk: another queue may still
-        hold it, so its segment stays until the message is gone."""
-        read, segment, offset = message.wal_location  # type: ignore[misc]
-        if isinstance(read, _Pin):
-            return
-        ref = self._pins.get(segment)
-        pin = ref() if ref is not None else None
-        if pin is None:
-            pin = _Pin(read)
-            self._pins[segment] = weakref.ref(pin)
-        message.wal_location = (pin, segment, offset)
-
-    def _pinned(self, segment: int) -> bool:
-        ref = self._pins.get(segment)
-        if ref is None:
-            return False
-        if ref() is None:
-            del self._pins[segment]
-            return False
-        return True
-
-    def uncount(self, message: Message) -> None:
-        """The body of a logged message left memory another way (``broker.storage.paging``)."""
-        if message.wal_counted:
-            message.wal_counted = False
-            self.resident_bytes -= message.size
+            self.ledger.release(message, segment)
 
     def rewrite(self, segment: int) -> int:
         """Record again every message still live in ``segment`` (with its delivery counts), so the
@@ -422,10 +351,8 @@ class Journal:
 
         Recovery keeps each queue's messages in id order, so the copies do not reorder queues.
         """
-        messages = self._by_segment.pop(segment, set())
-        for message in sorted(messages, key=lambda m: m.wal_id):
-            self.live[segment] -= len(message.wal_queues)
-            message.wal_segment = 0
+        messages = self.ledger.take_for_rewrite(segment)
+        for message in messages:
             record = self._published_record(message, tuple(message.wal_queues))
             self._add(record)
             self._pending_messages.append((message, self._pending_bytes, len(record)))
@@ -434,7 +361,7 @@ class Journal:
         self.rewritten += len(messages)
         return len(messages)
 
-    def delivery_counted(self, queue: WorkQueue, entry: Entry) -> None:
+    def delivery_counted(self, queue: Queue, entry: Entry) -> None:
         """Record a return that raised an entry's delivery count."""
         message = entry.message
         if message.wal_id:
@@ -453,7 +380,9 @@ class Journal:
         arguments: Mapping[str, Any],
     ) -> None:
         """Record a new durable exchange."""
-        self._add(encode(ExchangeDeclared(vhost, name, type_name, True, auto_delete, internal, _table(arguments))))
+        self._add(
+            encode(ExchangeDeclared(vhost, name, type_name, True, auto_delete, internal, arguments_table(arguments)))
+        )
 
     def exchange_deleted(self, vhost: str, name: str) -> None:
         """Record the deletion of a durable exchange (its bindings go with it)."""
@@ -461,7 +390,7 @@ class Journal:
 
     def queue_declared(self, vhost: str, name: str, auto_delete: bool, arguments: Mapping[str, Any]) -> None:
         """Record a new durable queue."""
-        self._add(encode(QueueDeclared(vhost, name, True, auto_delete, _table(arguments))))
+        self._add(encode(QueueDeclared(vhost, name, True, auto_delete, arguments_table(arguments))))
 
     def queue_deleted(self, vhost: str, name: str) -> None:
         """Record the deletion of a durable queue (its messages and bindings go with it, and a
@@ -474,17 +403,17 @@ class Journal:
         self, vhost: str, source: str, destination: str, to_queue: bool, routing_key: str, arguments: Mapping[str, Any]
     ) -> None:
         """Record a binding between durable ends."""
-        self._add(encode(Bound(vhost, source, destination, to_queue, routing_key, _table(arguments))))
+        self._add(encode(Bound(vhost, source, destination, to_queue, routing_key, arguments_table(arguments))))
 
     def unbound(
         self, vhost: str, source: str, destination: str, to_queue: bool, routing_key: str, arguments: Mapping[str, Any]
     ) -> None:
         """Record the removal of a binding between durable ends."""
-        self._add(encode(Unbound(vhost, source, destination, to_queue, routing_key, _table(arguments))))
+        self._add(encode(Unbound(vhost, source, destination, to_queue, routing_key, arguments_table(arguments))))
 
     def policy_set(self, vhost: str, policy: Policy, operator: bool) -> None:
         """Record a policy (an operator policy with ``operator``) set or replaced."""
-        self._add(encode(_policy_record(vhost, policy, operator)))
+        self._add(encode(policy_record(vhost, policy, operator)))
 
     def policy_cleared(self, vhost: str, name: str, operator: bool) -> None:
         """Record a policy cleared."""
@@ -502,61 +431,6 @@ class Journal:
             callback(True)
             return
         self.waiters[_Durable(self, self.position, callback)] = None
-
-    def topology(self, vhosts: Iterable[VirtualHost]) -> bytes:
-        """The node's definitions (:attr:`definitions`), then every policy, durable exchange,
-        queue (a stream's subscriptions with it) and binding, as records between ``Snapshot``
-        markers.
-
-        Written at the head of each new segment, so that older segments never hold the only
-        record of something still declared, and can be retired once their messages are gone.
-        """
-        parts = [encode(Snapshot(True)), *(self.definitions() if self.definitions is not None else ())]
-        for vhost in vhosts:
-            for operator, policies in ((False, vhost.policies), (True, vhost.operator_policies)):
-                parts += [encode(_policy_record(vhost.name, policy, operator)) for policy in policies.values()]
-            for exchange in vhost.exchanges.values():
-                if exchange.durable and exchange.name and not exchange.name.startswith("amq."):
-                    parts.append(
-                        encode(
-                            ExchangeDeclared(
-                                vhost.name,
-                                exchange.name,
-                                exchange.type_name,
-                                True,
-                                exchange.auto_delete,
-                                exchange.internal,
-                                _table(exchange.arguments),
-                            )
-                        )
-                    )
-            for queue in vhost.queues.values():
-                if recorded(queue):
-                    parts.append(
-                        encode(QueueDeclared(vhost.name, queue.name, True, queue.auto_delete, _table(queue.arguments)))
-                    )
-                    for name, offset in getattr(queue, "subscriptions", {}).items():
-                        parts.append(encode(StreamOffset(vhost.name, queue.name, name, offset)))
-            for exchange in vhost.exchanges.values():
-                if not exchange.durable:
-                    continue
-                for destination, routing_key, arguments in exchange.router.bindings():
-                    to_queue = hasattr(destination, "kind")  # a queue (an exchange has no kind)
-                    if recorded(destination) if to_queue else destination.durable:  # type: ignore[attr-defined]
-                        parts.append(
-                            encode(
-                                Bound(
-                                    vhost.name,
-                                    exchange.name,
-                                    destination.name,  # type: ignore[attr-defined]
-                                    to_queue,
-                                    routing_key,
-                                    _table(arguments),
-                                )
-                            )
-                        )
-        parts.append(encode(Snapshot(False)))
-        return b"".join(parts)
 
     # -- the writer's side ----------------------------------------------------------------------
 
@@ -591,51 +465,19 @@ class Journal:
         data = b"".join(self._pending)
         self._pending.clear()
         self._pending_bytes = 0
-        resident = self.resident
+        place = self.ledger.place
+        bodies = self.bodies
         for message, end, length in self._pending_messages:
-            self._place(message, segment, len(message.wal_queues))
+            place(message, segment, len(message.wal_queues))
             message.wal_start = base + end - length
             if read is not None and message.wal_queues:
                 # The body is the last field of the Published record that ends at ``end``.
                 message.wal_location = (read, segment, base + end - message.size)
                 if not message.wal_counted and message.resident:
-                    message.wal_counted = True
-                    self.resident_bytes += message.size
-                    resident.append(message)
+                    bodies.add(message)
         self._pending_messages.clear()
-        while resident and not resident[0].wal_queues:
-            gone = resident.popleft()
-            if gone.wal_counted:
-                gone.wal_counted = False
-                self.resident_bytes -= gone.size
+        bodies.drop_gone()
         return data, self._position
-
-    def page_out(self, budget: int) -> int:
-        """Drop bodies of logged messages from memory, newest first, until at most ``budget``
-        bytes of them remain; they are read back from the log when delivered. Returns how many."""
-        resident = self.resident
-        paged = 0
-        while self.resident_bytes > budget and resident:
-            message = resident.pop()
-            if not message.wal_counted:
-                continue
-            message.wal_counted = False
-            self.resident_bytes -= message.size
-            if message.wal_queues and message.wal_location is not None:
-                message.page_out()
-                paged += 1
-        self.paged_out += paged
-        return paged
-
-    def _place(self, message: Message, segment: int, references: int) -> None:
-        message.wal_segment = segment
-        if references:
-            self.live[segment] += references
-            self.written[segment] += references
-            holders = self._by_segment.get(segment)
-            if holders is None:
-                holders = self._by_segment[segment] = set()
-            holders.add(message)
 
     def restored(
         self,
@@ -655,48 +497,22 @@ class Journal:
         if location is not None and message.wal_location is None and location[1]:
             read, end = location
             message.wal_location = (read, segment, end - message.size)
-            message.wal_counted = True
-            self.resident_bytes += message.size
-            self.resident.append(message)
+            self.bodies.add(message)
         if delivery_count:
             if message.wal_counts is None:
                 message.wal_counts = {}
             message.wal_counts[queue] = delivery_count
-        self._place(message, segment, 1)
-
-    def sparse(self, segment: int) -> bool:
-        """Whether ``segment`` still holds messages but at most 1/:data:`SPARSE_RATIO` of those written
-        to it, none of them spooled or in a checkpoint: copying them forward is cheap next to
-        what retiring it frees."""
-        live = self.live.get(segment, 0)
-        return (
-            live > 0
-            and live * SPARSE_RATIO <= self.written.get(segment, 0)
-            and not self.spooled_refs.get(segment)
-            and segment not in self.protected
-        )
-
-    def protect(self, first: int, segments: Iterable[int], keep: bool = True) -> None:
-        """A checkpoint needs the log from segment ``first`` on, and ``segments``; with ``keep``,
-        so does the one before it (until this one is written)."""
-        if keep:
-            self.protected_from = min(self.protected_from, first)
-            self.protected = self.protected.union(segments)
-        else:
-            self.protected_from, self.protected = first, frozenset(segments)
+        self.ledger.place(message, segment, 1)
 
     # -- spooled messages (``broker.core.spool``) -----------------------------------------------
-
-    @property
-    def messages_in_memory(self) -> int:
-        """Logged messages held as objects (in queues or unacknowledged), not as spool records."""
-        return sum(map(len, self._by_segment.values()))
 
     def spooled(self, messages: Iterable[Message], queue: str) -> None:
         """``queue`` holds ``messages`` as spool records now, not as objects; each record points
         at its ``Published`` record, so the reference to that segment stays live."""
-        refs = self.spooled_refs
-        by_segment = self._by_segment
+        ledger = self.ledger
+        refs = ledger.spooled_refs
+        by_segment = ledger.holders
+        stale = 0
         for message in messages:
             queues = message.wal_queues
             try:
@@ -709,20 +525,18 @@ class Journal:
                 message.wal_counts.pop(queue, None)
             if not queues:
                 if message.wal_counted:
-                    message.wal_counted = False
-                    self.resident_bytes -= message.size
-                    self._resident_stale += 1
+                    self.bodies.uncount(message)
+                    stale += 1
                 holders = by_segment.get(segment)
                 if holders is not None:
                     holders.discard(message)
-        if self._resident_stale > max(1024, len(self.resident) // 2):
-            self.resident = deque(kept for kept in self.resident if kept.wal_counted)
-            self._resident_stale = 0
+        if stale:
+            self.bodies.note_stale(stale)
 
     def unspooled_all(self, messages: list[Message], records: list[SpoolRecord], vhost: str, queue: str) -> None:
         """Spool records of ``queue`` were read back as ``messages`` (their ``wal_location``
         set): they are held as objects again, counted in :attr:`resident_bytes`."""
-        by_segment = self._by_segment
+        by_segment = self.ledger.holders
         size = 0
         last = -1
         holders: set[Message] = set()
@@ -741,54 +555,18 @@ class Journal:
                 if holders is None:
                     holders = by_segment[segment] = set()
             holders.add(message)
-        self.resident.extend(messages)
-        self.resident_bytes += size
+        self.bodies.add_all(messages, size)
+        unspool = self.ledger.unspool
         for segment, count in Counter(map(_SEGMENT, records)).items():
-            self._unspool(segment, count)
+            unspool(segment, count)
 
-    def restored_spooled(self, segment: int, count: int = 1) -> None:
-        """``count`` messages recovered at start went straight to a spool, as records pointing
-        into ``segment``."""
-        self.live[segment] += count
-        self.written[segment] += count
-        self.spooled_refs[segment] += count
-
-    def _unspool(self, segment: int, count: int = 1) -> None:
-        left = self.spooled_refs[segment] - count
-        if left:
-            self.spooled_refs[segment] = left
-        else:
-            del self.spooled_refs[segment]
-
-    def spool_removed(self, queue: WorkQueue, records: Iterable[SpoolRecord]) -> None:
+    def spool_removed(self, queue: Queue, records: Iterable[SpoolRecord]) -> None:
         """Spool records of ``queue`` left it for good (a purge), or with it (``queue.deleted``:
         ``QueueDeleted`` says so, no record is needed)."""
         records = [record for record in records if record.flags & IN_LOG]
-        self.spool_dropped(records)
+        self.ledger.spool_dropped(records)
         if records and not queue.deleted:
             self._add(encode(Removed(queue.vhost_name, queue.name, tuple(record.message_id for record in records))))
-
-    def spool_dropped(self, records: Iterable[SpoolRecord]) -> None:
-        """Spool records that point into the log are gone (already recorded as removed)."""
-        for record in records:
-            if record.flags & IN_LOG:
-                self._unspool(record.segment)
-                self.live[record.segment] -= 1
-
-    def retirable(self, segments: Iterable[int], active: int) -> list[int]:
-        """The oldest segments, before ``active``, that hold no live message (a prefix only:
-        a later segment may record the removal of messages in an earlier one)."""
-        result = []
-        for segment in sorted(segments):
-            if (
-                segment >= active
-                or segment >= self.protected_from
-                or self.live.get(segment, 0) > 0
-                or self._pinned(segment)
-            ):
-                break
-            result.append(segment)
-        return result
 
     def synced_to(self, position: int) -> None:
         """The log is durable up to ``position``: release the confirms waiting for it."""

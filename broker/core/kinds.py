@@ -18,6 +18,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from broker.core.entry import Queue
 from broker.core.queue import MAX_PRIORITY, WorkQueue
 from broker.core.stream import NoLeadingDigit, StreamQueue, interval_seconds
 from broker.errors import ChannelCrash, ChannelException, ReplyCode
@@ -229,8 +230,6 @@ class QueueKind:
     :ivar server_named: whether a declaration may leave the name to the server
     :ivar properties: refuses the properties (durable, exclusive, auto-delete) this kind does
         not take: ``(name, where, durable, exclusive, auto_delete, arguments)``
-    :ivar journaled: whether a durable queue's persistent messages are recorded in the log
-        (a stream keeps its own)
     :ivar unsupported_policies: policy keys of other kinds: a policy with any of them does not
         apply to a queue of this kind (RabbitMQ's ``unsupported_policies`` capability)
     """
@@ -238,12 +237,11 @@ class QueueKind:
     name: str
     arguments: Mapping[str, Callable[[object], str | None]]
     equivalent: tuple[str, ...]
-    create: Callable[..., Any]
+    create: Callable[..., Queue]
     refused: frozenset[str] = frozenset()
     type_name: str = ""
     server_named: bool = True
     properties: Callable[[str, str, bool, bool, bool, Mapping[str, Any]], None] | None = None
-    journaled: bool = True
     unsupported_policies: frozenset[str] = frozenset()
 
     def check_arguments(self, name: str, where: str, arguments: Mapping[str, Any]) -> None:
@@ -270,7 +268,7 @@ class QueueKind:
                 )
 
     def check_equivalent(
-        self, queue: WorkQueue, where: str, durable: bool, auto_delete: bool, arguments: Mapping[str, Any]
+        self, queue: Queue, where: str, durable: bool, auto_delete: bool, arguments: Mapping[str, Any]
     ) -> None:
         """Refuse a redeclaration of ``queue`` that differs from it.
 
@@ -422,7 +420,6 @@ STREAM = QueueKind(
     type_name=STREAM_TYPE_NAME,
     server_named=False,
     properties=_stream_properties,
-    journaled=False,
     unsupported_policies=POLICY_KEYS - frozenset(STREAM_POLICY_KEYS) - {"alternate-exchange"},
 )
 

@@ -8,22 +8,20 @@ That gives one ``write`` per connection per batch of frames instead of one per f
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from broker.core.access import Access, Patterns, TopicPatterns, compile_access
 from broker.core.admin import Administration
 from broker.core.deadlines import Scheduler
+from broker.core.entry import Queue
 from broker.core.login import LoginThrottle, decoy_hash, is_expensive
-from broker.core.queue import WorkQueue
 from broker.core.replyto import DirectReplyTo
+from broker.core.users import User
 from broker.core.vhost import VirtualHost
+from broker.wal.record import Snapshot, encode
 
 if TYPE_CHECKING:
     from broker.core.hooks import HookChain
@@ -44,106 +42,6 @@ RESOURCE_ALARMS = frozenset({"memory", "disk"})
 #: Consumers on one channel (RabbitMQ 3.12's ``consumer_max_per_channel``, unlimited there):
 #: each costs memory no alarm reclaims, so there is a bound, far above what clients use.
 DEFAULT_CONSUMER_MAX_PER_CHANNEL = 10_000
-
-
-@dataclass(frozen=True, slots=True)
-class User:
-    """A user who may log in.
-
-    :param password: the password in clear (as in the embedded default's guest/guest)
-    :param password_hash: ``scrypt$N$r$p$salt$hash`` (salt and hash in base64), see :func:`hash_password`;
-        or a hash from a RabbitMQ definitions export: ``rabbitmq-sha256$<base64>`` (also ``-sha512``,
-        ``-md5``), as RabbitMQ computes it: ``base64(salt + sha256(salt + password))``, 4-byte salt
-    :param loopback_only: the user may connect only from a loopback address (RabbitMQ's rule for guest)
-    :param vhosts: the virtual hosts the user may open; ``None`` for all of them
-    :param tags: RabbitMQ's user tags (what the user may do in the management API)
-    :param permissions: the user's ``configure``, ``write`` and ``read`` patterns per vhost
-        (``config.schema.Permission``); when given, the user may open these vhosts only
-        (RabbitMQ's rule), and is held to the patterns there (see :mod:`broker.core.access`)
-    :param topic_permissions: per vhost and topic exchange, ``write`` and ``read`` patterns on
-        routing keys (``config.schema.TopicPermission``)
-    """
-
-    name: str
-    password: str | None = None
-    password_hash: str | None = None
-    loopback_only: bool = False
-    vhosts: frozenset[str] | None = None
-    permissions: Mapping[str, Patterns] | None = field(default=None, compare=False, hash=False)
-    topic_permissions: Mapping[str, Mapping[str, TopicPatterns]] | None = field(default=None, compare=False, hash=False)
-    #: RabbitMQ's user limits (``None``: none): open connections, open channels, over all
-    #: the user's connections.
-    max_connections: int | None = None
-    max_channels: int | None = None
-    #: RabbitMQ's user tags: ``administrator``, ``monitoring``, ``policymaker`` and ``management``
-    #: let the user into the management API (see ``broker.server.management``); others are kept.
-    tags: tuple[str, ...] = ()
-    #: The compiled permissions per vhost (``None``: nothing to check there), built once.
-    _access: dict[str, Access | None] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
-
-    def __post_init__(self) -> None:
-        permissions, topics = self.permissions or {}, self.topic_permissions or {}
-        for vhost in {*permissions, *topics}:
-            self._access[vhost] = compile_access(self.name, vhost, permissions.get(vhost), topics.get(vhost))
-
-    def may_open(self, vhost: str) -> bool:
-        """Whether the user may open ``vhost`` (``connection.open``)."""
-        if self.permissions is not None:
-            return vhost in self.permissions
-        return self.vhosts is None or vhost in self.vhosts
-
-    def access(self, vhost: str) -> Access | None:
-        """What to check for this user on ``vhost`` (``None``: everything is allowed)."""
-        return self._access.get(vhost)
-
-    def check_password(self, password: str) -> bool:
-        """Whether ``password`` is this user's (constant time for the comparison). An empty
-        password never is, as in RabbitMQ: a user created without one cannot log in with one."""
-        if not password:
-            return False
-        if self.password_hash is not None:
-            if self.password_hash.startswith("rabbitmq-"):
-                return _rabbitmq_matches(self.password_hash, password)
-            return _scrypt_matches(self.password_hash, password)
-        return self.password is not None and hmac.compare_digest(self.password.encode(), password.encode())
-
-
-def hash_password(password: str, salt: bytes, n: int = 2**14, r: int = 8, p: int = 1) -> str:
-    """A ``password_hash`` value for the configuration: ``scrypt$N$r$p$salt$hash`` in base64."""
-    digest = hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p, dklen=32)
-    encode = base64.b64encode
-    return f"scrypt${n}${r}${p}${encode(salt).decode()}${encode(digest).decode()}"
-
-
-def _scrypt_matches(stored: str, password: str) -> bool:
-    try:
-        scheme, n, r, p, salt, digest = stored.split("$")
-        if scheme != "scrypt":
-            return False
-        expected = base64.b64decode(digest)
-        actual = hashlib.scrypt(
-            password.encode(), salt=base64.b64decode(salt), n=int(n), r=int(r), p=int(p), dklen=len(expected)
-        )
-    except (ValueError, TypeError):
-        return False
-    return hmac.compare_digest(expected, actual)
-
-
-#: The digests of RabbitMQ's password hashing modules (``rabbit_password_hashing_sha256`` ...).
-_RABBITMQ_DIGESTS = {"rabbitmq-sha256": "sha256", "rabbitmq-sha512": "sha512", "rabbitmq-md5": "md5"}
-
-
-def _rabbitmq_matches(stored: str, password: str) -> bool:
-    scheme, _, encoded = stored.partition("$")
-    digest = _RABBITMQ_DIGESTS.get(scheme)
-    try:
-        raw = base64.b64decode(encoded, validate=True)
-    except ValueError:
-        return False
-    if digest is None or len(raw) <= 4:
-        return False
-    salt, expected = raw[:4], raw[4:]
-    return hmac.compare_digest(expected, hashlib.new(digest, salt + password.encode("utf-8")).digest())
 
 
 def _run_here(fn: Callable[[], Any], callback: Callable[[Any], None]) -> None:
@@ -256,7 +154,7 @@ class Node:
         self.user_connections: dict[str, set[Any]] = {}
         self.dirty: set[Any] = set()
         #: Queues whose last dispatch stopped at its batch limit; the shell dispatches them again.
-        self.backlogged: set[WorkQueue] = set()
+        self.backlogged: set[Queue] = set()
         #: Called when the dirty set becomes non-empty outside of the shell's own I/O handling.
         self.on_dirty: Callable[[], None] | None = None
         #: The alarms in force: ``memory`` and ``disk`` (the resource alarms), and ``log`` while
@@ -315,10 +213,23 @@ class Node:
         """A user was added, changed or deleted in :attr:`users_by_name`."""
         self._decoy_hash = decoy_hash(self.users_by_name.values())
 
+    def topology(self) -> bytes:
+        """The node's definitions (users, vhosts), then every vhost's durable state
+        (:meth:`VirtualHost.snapshot_records`), as records between ``Snapshot`` markers.
+
+        Written at the head of each new segment of the log, so that older segments never hold
+        the only record of something still declared, and can be retired once their messages
+        are gone; and into each checkpoint.
+        """
+        parts = [encode(Snapshot(True)), *self.admin.records()]
+        for vhost in self.vhosts.values():
+            parts += vhost.snapshot_records()
+        parts.append(encode(Snapshot(False)))
+        return b"".join(parts)
+
     def set_journal(self, journal: Journal) -> None:
         """Persist durable state from now on: every vhost records into ``journal``."""
         self.journal = journal
-        journal.definitions = self.admin.records
         for vhost in self.vhosts.values():
             vhost.journal = journal
 
@@ -341,7 +252,7 @@ class Node:
         for vhost in self.vhosts.values():
             vhost.clock = clock
 
-    def note_backlog(self, queue: WorkQueue) -> None:
+    def note_backlog(self, queue: Queue) -> None:
         """A queue stopped dispatching at its batch limit: dispatch it again soon."""
         self.backlogged.add(queue)
 

@@ -32,21 +32,21 @@ import operator
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.core.deadletter import DeadLetterReason, with_delivery_count
 from broker.core.deadlines import COMPACT_AFTER, EXPIRY, TAKEBACK, TIMER_SLACK, Deadlines, Scheduler
 from broker.core.delivery import Delivery
-from broker.core.entry import DISPATCH_BATCH, GONE, READY, Consumer, Entry
+from broker.core.entry import DISPATCH_BATCH, GONE, READY, Consumer, Entry, QueueObserver
 from broker.core.message import Message
 from broker.core.ready import READ_BACK, ReadyLine
+from broker.core.recording import QueueJournal
+from broker.core.settings import Overflow, QueueSettings
 from broker.core.spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
 from broker.wire.codec import FLAG_EXPIRATION
 
 if TYPE_CHECKING:
-    from broker.core.journal import Journal
-    from broker.core.vhost import Exchange
+    from broker.core.exchange import Exchange
     from broker.wal.recovery import StoredMessage
 
 #: RabbitMQ's largest x-max-priority; each level is one deque, so the cap bounds memory per queue.
@@ -85,76 +85,6 @@ class QueueCheckpoint:
     #: Adopted records in the span removed since, and delivery counts changed since.
     removed: set[int] = dataclasses.field(default_factory=set)
     counts: dict[int, int] = dataclasses.field(default_factory=dict)
-
-
-class Overflow(Enum):
-    """``x-overflow``: what a full queue does with one more message."""
-
-    DROP_HEAD = "drop-head"
-    REJECT_PUBLISH = "reject-publish"
-    REJECT_PUBLISH_DLX = "reject-publish-dlx"
-
-
-@dataclass(frozen=True, slots=True)
-class QueueSettings:
-    """A queue's reliability settings, from its (already validated) declare arguments.
-
-    Durations are in seconds.
-    """
-
-    message_ttl: float | None = None
-    expires: float | None = None
-    max_length: int | None = None
-    max_length_bytes: int | None = None
-    overflow: Overflow = Overflow.DROP_HEAD
-    dead_letter_exchange: str | None = None
-    dead_letter_routing_key: str | None = None
-    delivery_limit: int | None = None
-    visibility_timeout: float | None = None
-    max_priority: int | None = None
-    single_active_consumer: bool = False
-
-    @classmethod
-    def from_arguments(cls, arguments: Mapping[str, Any]) -> QueueSettings:
-        """Read the ``x-`` arguments RabbitMQ (and Postroom) define for queues."""
-
-        def ms(key: str) -> float | None:
-            value = arguments.get(key)
-            return None if value is None else value / 1000.0
-
-        def text(key: str) -> str | None:
-            value = arguments.get(key)
-            return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
-
-        return cls(
-            message_ttl=ms("x-message-ttl"),
-            expires=ms("x-expires"),
-            max_length=arguments.get("x-max-length"),
-            max_length_bytes=arguments.get("x-max-length-bytes"),
-            overflow=Overflow(arguments.get("x-overflow", "drop-head")),
-            dead_letter_exchange=text("x-dead-letter-exchange"),
-            dead_letter_routing_key=text("x-dead-letter-routing-key"),
-            delivery_limit=arguments.get("x-delivery-limit"),
-            visibility_timeout=ms("x-visibility-timeout"),
-            max_priority=arguments.get("x-max-priority"),
-            single_active_consumer=arguments.get("x-single-active-consumer") is True,
-        )
-
-
-class QueueObserver(Protocol):
-    """What a queue tells the one that holds it (``broker.core.vhost.VirtualHost``)."""
-
-    def backlog(self, queue: WorkQueue) -> None:
-        """A dispatch stopped at its batch limit with entries left to deliver: dispatch later."""
-
-    def dead_letter(self, queue: WorkQueue, entries: list[Entry], reason: DeadLetterReason) -> None:
-        """``entries`` are dead-lettered (publish them to the queue's dead-letter exchange)."""
-
-    def expired(self, queue: WorkQueue) -> None:
-        """``x-expires`` found ``queue`` unused: delete it."""
-
-    def waited(self, seconds: float) -> None:
-        """A sampled message waited ``seconds`` from its arrival to its delivery."""
 
 
 class DeadLetterWatch(Protocol):
@@ -208,7 +138,7 @@ class WorkQueue:
         #: message goes back to its place (RabbitMQ's classic queues), whatever the return order.
         self.seq = 0
         #: The ready messages, and the consumers they go to.
-        self.ready = ReadyLine(self, settings.max_priority)
+        self.ready: ReadyLine[WorkQueue] = ReadyLine(self, settings.max_priority)
         self.delivery = Delivery()
         # The hot path's handles on both (the same objects for the queue's whole life).
         self._window = self.ready.entries
@@ -226,7 +156,7 @@ class WorkQueue:
         #: Told of backlogs, dead letters, expiry and latency (the vhost); ``None``: nobody.
         self.observer: QueueObserver | None = None
         #: The write-ahead log's journal, for a durable queue on a broker with a log; else ``None``.
-        self.journal: Journal | None = None
+        self.journal: QueueJournal | None = None
         #: Told of entries spooled and settled, on queues that hold dead letters (the dead-letter
         #: event log records them); ``None`` elsewhere, so other queues pay nothing.
         self.dead_letter_watch: DeadLetterWatch | None = None

@@ -19,16 +19,14 @@ import itertools
 import operator
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from broker.core.deadletter import with_delivery_count
-from broker.core.deadlines import EXPIRY
-from broker.core.entry import READY, Entry
+from broker.core.deadlines import EXPIRY, Deadlines
+from broker.core.entry import READY, Entry, Queue
 from broker.core.message import Message
+from broker.core.recording import QueueJournal
 from broker.core.spool import REDELIVERED, Spool, SpoolRecord
-
-if TYPE_CHECKING:
-    from broker.core.queue import WorkQueue
 
 #: :attr:`ReadyLine.page_at` when no pager is to be asked: more bytes than any queue holds.
 NEVER = 1 << 62
@@ -38,28 +36,43 @@ WRITE = "spool messages"
 READ_BACK = "read spooled messages back"
 
 
-class BodyPager(Protocol):
+class LineOwner(Queue, Protocol):
+    """The queue a ready line belongs to (``broker.core.queue.WorkQueue``), as the line uses it."""
+
+    deadlines: Deadlines
+    journal: QueueJournal | None
+
+    def update_plain(self) -> None:
+        """The spool came or went: say again which path enqueue takes."""
+
+
+#: The kind of queue that owns a line, as its pager and spooler see it (they act on the queue).
+Owner = TypeVar("Owner", bound=LineOwner)
+_Owner_contra = TypeVar("_Owner_contra", bound=LineOwner, contravariant=True)
+
+
+class BodyPager(Protocol[_Owner_contra]):
     """What keeps the messages of deep queues within the memory budget (``broker.storage.paging.Pager``)."""
 
-    def watch(self, queue: WorkQueue) -> None:
+    def watch(self, queue: _Owner_contra) -> None:
         """``queue`` holds more ready bytes than its :attr:`ReadyLine.page_at`: look at it soon."""
 
-    def spool_now(self, queue: WorkQueue) -> int:
+    def spool_now(self, queue: _Owner_contra) -> int:
         """``queue`` holds :attr:`ReadyLine.spool_at` ready messages: watch it, and say whether it
         is to spool what arrives now (0), or else at how many ready messages to ask again."""
 
-    def spool_failed(self, queue: WorkQueue, error: OSError, doing: str, then: str) -> None:
+    def spool_failed(self, queue: _Owner_contra, error: OSError, doing: str, then: str) -> None:
         """``queue``'s messages could not be spooled or read back: ``error`` while ``doing``,
         with the consequence ``then`` (the shell logs it)."""
 
 
-class SpoolMaker(Protocol):
+class SpoolMaker(Protocol[_Owner_contra]):
     """What makes the spools of deep queues (``broker.storage.spooling.Spooler``)."""
 
     #: Ready entries a queue keeps in memory before it spools what arrives.
     window: int
 
-    def spool(self, queue: WorkQueue, storage: Any = None) -> Spool:
+    def spool(self, queue: _Owner_contra, storage: Any = None) -> Spool:
         """A new spool for ``queue``, on ``storage`` (a checkpoint's records) or on new storage."""
         ...
 
@@ -140,14 +153,14 @@ def _put_back(ready: deque[Entry], entries: list[Entry]) -> None:
     ready.extendleft(reversed(entries))
 
 
-class ReadyLine:
+class ReadyLine(Generic[Owner]):
     """The ready messages of one queue, in delivery order (see the module's docstring).
 
     :param queue: the queue it belongs to (spools, pagers and new entries name it)
     :param max_priority: ``x-max-priority`` (one FIFO per level, never spooled), or ``None``
     """
 
-    def __init__(self, queue: WorkQueue, max_priority: int | None) -> None:
+    def __init__(self, queue: Owner, max_priority: int | None) -> None:
         self.queue = queue
         #: The window: entries in memory, next to be delivered first.
         self.entries: deque[Entry] | _PriorityReady = deque() if max_priority is None else _PriorityReady(max_priority)
@@ -158,13 +171,13 @@ class ReadyLine:
         self.paged_bytes = 0
         #: Where bodies go when memory is short (``None``: they stay), and the ready bytes past
         #: which the line asks it to look (:data:`NEVER` while it is watched or there is none).
-        self.pager: BodyPager | None = None
+        self.pager: BodyPager[Owner] | None = None
         self.page_at = NEVER
         #: A deep queue's spool (``broker.core.spool``): what arrived once :attr:`spool_at` ready
         #: entries were in memory, as records on disk; ``None`` while everything is in memory.
         self.spool: Spool | None = None
         #: Makes the spool (``broker.storage.spooling.Spooler``); ``None``: this queue never spools.
-        self.spooler: SpoolMaker | None = None
+        self.spooler: SpoolMaker[Owner] | None = None
         #: Ready entries in memory at which the line asks its pager whether to spool (while it
         #: does not: :meth:`start_spool`), or past which what arrives is spooled and under which
         #: the spool refills them (while it does); :data:`NEVER`: never.
@@ -313,7 +326,7 @@ class ReadyLine:
 
     # -- the spool ----------------------------------------------------------------------------
 
-    def attach_spooler(self, spooler: SpoolMaker) -> None:
+    def attach_spooler(self, spooler: SpoolMaker[Owner]) -> None:
         """Let the queue spool what arrives once ``spooler.window`` ready entries are in memory
         and its pager finds memory short, or at once without a pager (not a priority queue: its
         levels are kept in memory)."""

@@ -30,10 +30,11 @@ from typing import Any, Protocol
 
 from twisted.logger import Logger
 
-from broker.core.entry import Consumer, Entry
+from broker.core.deadletter import DeadLetterReason
+from broker.core.entry import Consumer, Entry, QueueObserver
 from broker.core.message import Message
 from broker.core.policy import effective_definition
-from broker.core.queue import QueueSettings
+from broker.core.settings import QueueSettings
 from broker.errors import ChannelCrash, ChannelException, ReplyCode
 from broker.wal.record import BATCHED, RAW, WALCorruption, pack_stream_messages, pack_tracking, split_entries
 from broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, Chunk, Staged, StreamLog
@@ -246,12 +247,11 @@ class StreamQueue:
     kind = "stream"
     durable = True
     auto_delete = False
-    owner = None
+    owner: object | None = None
     exclusive = False
     max_priority = None
-    #: What a work queue has and a stream has not: no log records of its own (it keeps its
-    #: messages itself), no single active consumer, nothing in memory to page.
-    journal = None
+    #: What a work queue has and a stream has not: no single active consumer, nothing in
+    #: memory to page.
     active_consumer = None
     memory_use = (0, 0)
 
@@ -297,7 +297,7 @@ class StreamQueue:
         self.deleted = False
         #: Exchanges with a binding to it; the vhost it tells of what happens (unused yet).
         self.sources: set[Any] = set()
-        self.observer: Any = None
+        self.observer: QueueObserver | None = None
         #: The policy and the operator policy that apply to it (``broker.core.policy``).
         self.policy: Any = None
         self.operator_policy: Any = None
@@ -308,7 +308,7 @@ class StreamQueue:
         self.acked = 0
         self.redelivered = 0
         self.visibility_timeouts = 0
-        self.dead_lettered: dict[Any, int] = {}
+        self.dead_lettered: dict[DeadLetterReason, int] = {}
         #: Deliveries are not sampled for latency on a stream (the channel reads this).
         self.latency_samples: dict[Entry, float] = {}
         #: Called with the stream when chunks were written (the stream protocol's readers).
@@ -759,7 +759,7 @@ class StreamQueue:
             strings = decoded.get(names)
             if strings is None:
                 strings = decoded[names] = split_names(names)
-            entry = Entry(Message(strings[0], strings[1], names, header, body), self)  # type: ignore[arg-type]
+            entry = Entry(Message(strings[0], strings[1], names, header, body), self)
             entry.seq = offset
             if header in arounds:
                 around = arounds[header]
@@ -770,6 +770,12 @@ class StreamQueue:
         return entries
 
     # -- what deliveries come back as -----------------------------------------------------------
+
+    def track_delivery(self, entry: Entry, deadline: float, timeout: float) -> None:
+        """A stream takes nothing back: its deliveries have no visibility timeout."""
+
+    def observe_latency(self, entry: Entry) -> None:
+        """Deliveries are not sampled for latency on a stream (:attr:`latency_samples` stays empty)."""
 
     def settle(self, entries: Iterable[Entry]) -> None:
         """Acked: nothing leaves a stream (the credit came back with the ack). A subscription's

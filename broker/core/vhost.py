@@ -8,23 +8,26 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from broker.core.access import Access
 from broker.core.deadletter import DeadLetterReason, dead_lettered, is_cycle
 from broker.core.deadlines import Scheduler
-from broker.core.entry import Entry
+from broker.core.entry import Entry, Queue
+from broker.core.exchange import Exchange
 from broker.core.histogram import Histogram
-from broker.core.journal import recorded
+from broker.core.journal import arguments_table, policy_record
 from broker.core.kinds import STREAM, QueueKind, describe, is_int, kind_of, not_an_integer
 from broker.core.message import Message
 from broker.core.policy import Policy, alternate_exchange, choose, queue_arguments
-from broker.core.queue import QueueSettings, WorkQueue
+from broker.core.queue import WorkQueue
+from broker.core.settings import QueueSettings
 from broker.core.stream import StreamQueue
 from broker.errors import ChannelException, ReplyCode
+from broker.wal.record import Bound, ExchangeDeclared, QueueDeclared, StreamOffset, encode
 from broker.wire.codec import FLAG_DELIVERY_MODE
-from exchanges.interfaces import BindingInvalid, IInterceptingRouter, IRouter
+from exchanges.interfaces import BindingInvalid
 from exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType, default_registry
 
 if TYPE_CHECKING:
@@ -53,60 +56,10 @@ REDRIVE_EXCHANGE = "amq.postroom.redrive"
 MAX_ROUTING_HOPS = 64
 
 
-class Exchange:
-    """A named exchange and its router."""
-
-    __slots__ = (
-        "name",
-        "type_name",
-        "router",
-        "durable",
-        "auto_delete",
-        "internal",
-        "arguments",
-        "alternate",
-        "policy",
-        "sources",
-        "intercept",
-        "published_in",
-        "published_out",
-        "__weakref__",
-    )
-
-    def __init__(
-        self,
-        name: str,
-        type_name: str,
-        router: IRouter,
-        durable: bool,
-        auto_delete: bool,
-        internal: bool,
-        arguments: Mapping[str, Any],
-    ) -> None:
-        self.name = name
-        self.type_name = type_name
-        self.router = router
-        self.durable = durable
-        self.auto_delete = auto_delete
-        self.internal = internal
-        self.arguments = dict(arguments)
-        alternate = arguments.get("alternate-exchange")
-        self.alternate = alternate if isinstance(alternate, str) and alternate else None
-        #: The policy that applies to it (``None``: none).
-        self.policy: Policy | None = None
-        #: Exchanges with a binding to this one (exchange-to-exchange bindings).
-        self.sources: set[Exchange] = set()
-        #: The router's ``intercept`` when it may take messages instead of routing them now
-        #: (``IInterceptingRouter``, e.g. delayed messages); ``None`` for every other router.
-        self.intercept: Callable[[VirtualHost, Exchange, Message], bool] | None = (
-            router.intercept if IInterceptingRouter.providedBy(router) else None
-        )
-        #: Messages published to it, and the queues they reached (for the management API's
-        #: ``publish_in`` and ``publish_out``).
-        self.published_in = self.published_out = 0
-
-    def __repr__(self) -> str:
-        return f"<Exchange {self.name!r} {self.type_name}>"
+def recorded(queue: Queue) -> bool:
+    """Whether ``queue``'s declaration and bindings are in the log: a durable queue on a broker
+    with a log (its messages are then recorded too), or a stream (which keeps its own)."""
+    return isinstance(queue, StreamQueue) or (isinstance(queue, WorkQueue) and queue.journal is not None)
 
 
 class Tallies:
@@ -188,9 +141,9 @@ class VirtualHost:
         #: Counts of the management API's that no message's path reads (:class:`Tallies`).
         self.tallies = Tallies()
         self.exchanges: dict[str, Exchange] = {}
-        self.queues: dict[str, WorkQueue] = {}
+        self.queues: dict[str, Queue] = {}
         #: Given to every queue: called when a dispatch left entries for later (see WorkQueue.dispatch).
-        self.on_backlog: Callable[[WorkQueue], None] | None = None
+        self.on_backlog: Callable[[Queue], None] | None = None
         for exchange_name, type_name in STANDARD_EXCHANGES:
             self._add_exchange(exchange_name, type_name, True, False, False, {})
 
@@ -219,7 +172,7 @@ class VirtualHost:
         except KeyError:
             raise ChannelException(ReplyCode.NOT_FOUND, f"no exchange '{name}' {self._where()}") from None
 
-    def queue(self, name: str, connection: object | None = None) -> WorkQueue:
+    def queue(self, name: str, connection: object | None = None) -> Queue:
         """The queue called ``name``, checking exclusive ownership when ``connection`` is given.
 
         :raises ChannelException: 404 NOT_FOUND, or 405 RESOURCE_LOCKED for another
@@ -400,7 +353,7 @@ class VirtualHost:
         if exchange.durable and self.journal is not None:
             self.journal.exchange_deleted(self.name, exchange.name)
         for destination, _key, _arguments in list(exchange.router.bindings()):
-            destination.sources.discard(exchange)  # type: ignore[attr-defined]
+            cast("Queue | Exchange", destination).sources.discard(exchange)
         for source in list(exchange.sources):
             source.router.unbind_all(exchange)
             self._maybe_auto_delete(source)
@@ -417,12 +370,14 @@ class VirtualHost:
             raise ChannelException(ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange")
         return self.exchange(name)
 
-    def _bind(self, source: Exchange, destination: Hashable, routing_key: str, arguments: Mapping[str, Any]) -> None:
+    def _bind(
+        self, source: Exchange, destination: Queue | Exchange, routing_key: str, arguments: Mapping[str, Any]
+    ) -> None:
         try:
             new = source.router.bind(destination, routing_key, arguments)
         except BindingInvalid as err:
             raise ChannelException(ReplyCode.PRECONDITION_FAILED, str(err)) from err
-        destination.sources.add(source)  # type: ignore[attr-defined]
+        destination.sources.add(source)
         if new:
             self._journal_binding(True, source, destination, routing_key, arguments)
 
@@ -438,11 +393,13 @@ class VirtualHost:
         record = journal.bound if bound else journal.unbound
         record(self.name, source.name, destination.name, to_queue, routing_key, arguments)
 
-    def _unbind(self, source: Exchange, destination: Hashable, routing_key: str, arguments: Mapping[str, Any]) -> None:
+    def _unbind(
+        self, source: Exchange, destination: Queue | Exchange, routing_key: str, arguments: Mapping[str, Any]
+    ) -> None:
         if source.router.unbind(destination, routing_key, arguments):
             self._journal_binding(False, source, destination, routing_key, arguments)
         if not any(bound is destination for bound, _k, _a in source.router.bindings()):
-            destination.sources.discard(source)  # type: ignore[attr-defined]
+            destination.sources.discard(source)
         self._maybe_auto_delete(source)
 
     def bind_queue(
@@ -492,7 +449,7 @@ class VirtualHost:
             if name not in self.queues:
                 return name
 
-    def consumer_priority(self, queue: WorkQueue, arguments: Mapping[str, Any]) -> int:
+    def consumer_priority(self, queue: Queue, arguments: Mapping[str, Any]) -> int:
         """A ``basic.consume``'s ``x-priority`` (0 when absent), checked as RabbitMQ checks it.
 
         :raises ChannelException: 406, for a value that is not an integer
@@ -515,7 +472,7 @@ class VirtualHost:
         auto_delete: bool = False,
         arguments: Mapping[str, Any] | None = None,
         access: Access | None = None,
-    ) -> WorkQueue:
+    ) -> Queue:
         """``queue.declare``: create a queue, or check an existing one is equivalent.
 
         :param name: the name; ``""`` asks for a server-generated one
@@ -566,7 +523,7 @@ class VirtualHost:
             access.check("read", "queue", name)
             access.check("write", "exchange", str(arguments["x-dead-letter-exchange"]))
         policy, operator = self._queue_policies(name, kind) if self.policies or self.operator_policies else (None, None)
-        queue = kind.create(  # a WorkQueue, or a StreamQueue, which answers as one (see kinds.py)
+        queue = kind.create(  # a WorkQueue or a StreamQueue (see kinds.py)
             name,
             self.name,
             durable=durable,
@@ -586,14 +543,14 @@ class VirtualHost:
         self.tallies.queues_created += 1
         self.queues[name] = queue
         if durable and self.journal is not None:
-            if kind.journaled:
+            if isinstance(queue, WorkQueue):  # (a stream keeps its own log)
                 queue.journal = self.journal
             self.journal.queue_declared(self.name, name, auto_delete, arguments)
-        return queue  # type: ignore[no-any-return]  # (a StreamQueue answers as a WorkQueue)
+        return queue
 
     def delete_queue(
         self, name: str, connection: object, if_unused: bool = False, if_empty: bool = False
-    ) -> tuple[WorkQueue | None, int]:
+    ) -> tuple[Queue | None, int]:
         """``queue.delete``: remove a queue, its bindings and its consumers.
 
         Deleting a missing queue succeeds with a count of 0, as in RabbitMQ 3.x.
@@ -617,7 +574,7 @@ class VirtualHost:
         self.remove_queue(queue)
         return queue, count
 
-    def remove_queue(self, queue: WorkQueue) -> None:
+    def remove_queue(self, queue: Queue) -> None:
         """Remove ``queue`` with its bindings; its consumers are cancelled by their channels."""
         if self.queues.get(queue.name) is not queue:
             return
@@ -636,10 +593,47 @@ class VirtualHost:
             self.streams.delete(queue)
         for consumer in list(queue.consumers):
             queue.remove_consumer(consumer)
-            consumer.channel.consumer_cancelled(consumer)  # type: ignore[attr-defined]
-        if queue.kind == "stream":  # last: the stream protocol's publishers and readers are told
-            for watcher in list(queue.watchers):  # type: ignore[attr-defined]
+            consumer.channel.consumer_cancelled(consumer)
+        if isinstance(queue, StreamQueue):  # last: the stream protocol's publishers and readers are told
+            for watcher in list(queue.watchers):
                 watcher(queue)
+
+    def snapshot_records(self) -> list[bytes]:
+        """Every policy, durable exchange, recorded queue (a stream's subscriptions with it) and
+        binding between recorded ends, as log records: what rebuilds this vhost's durable state
+        (the node's :meth:`~broker.core.node.Node.topology`)."""
+        name = self.name
+        parts = []
+        for operator, policies in ((False, self.policies), (True, self.operator_policies)):
+            parts += [encode(policy_record(name, policy, operator)) for policy in policies.values()]
+        for exchange in self.exchanges.values():
+            if exchange.durable and exchange.name and not exchange.name.startswith("amq."):
+                table = arguments_table(exchange.arguments)
+                declared = ExchangeDeclared(
+                    name, exchange.name, exchange.type_name, True, exchange.auto_delete, exchange.internal, table
+                )
+                parts.append(encode(declared))
+        for queue in self.queues.values():
+            if recorded(queue):
+                table = arguments_table(queue.arguments)
+                parts.append(encode(QueueDeclared(name, queue.name, True, queue.auto_delete, table)))
+                if isinstance(queue, StreamQueue):
+                    for subscription, offset in queue.subscriptions.items():
+                        parts.append(encode(StreamOffset(name, queue.name, subscription, offset)))
+        for exchange in self.exchanges.values():
+            if not exchange.durable:
+                continue
+            for destination, routing_key, arguments in exchange.router.bindings():
+                end: Queue | Exchange
+                if isinstance(destination, Exchange):
+                    end, to_queue, durable = destination, False, destination.durable
+                else:
+                    end = cast(Queue, destination)
+                    to_queue, durable = True, recorded(end)
+                if durable:
+                    table = arguments_table(arguments)
+                    parts.append(encode(Bound(name, exchange.name, end.name, to_queue, routing_key, table)))
+        return parts
 
     def delete_everything(self) -> None:
         """The vhost is being deleted: remove every queue (with its messages) and exchange, and
@@ -657,12 +651,12 @@ class VirtualHost:
 
     # -- what queues tell their vhost (``broker.core.queue.QueueObserver``) ----------------------
 
-    def backlog(self, queue: WorkQueue) -> None:
+    def backlog(self, queue: Queue) -> None:
         """``queue`` has more to deliver than one dispatch makes: the node dispatches it later."""
         if self.on_backlog is not None:
             self.on_backlog(queue)
 
-    def expired(self, queue: WorkQueue) -> None:
+    def expired(self, queue: Queue) -> None:
         """``x-expires`` found ``queue`` unused: it is deleted."""
         self.remove_queue(queue)
 
@@ -670,7 +664,7 @@ class VirtualHost:
         """A sampled message of this vhost waited ``seconds`` to be delivered."""
         self.latency.observe(seconds)
 
-    def dead_letter(self, queue: WorkQueue, entries: list[Entry], reason: DeadLetterReason) -> None:
+    def dead_letter(self, queue: Queue, entries: list[Entry], reason: DeadLetterReason) -> None:
         """Publish dead-lettered entries of ``queue`` to its dead-letter exchange.
 
         A missing exchange drops them (as RabbitMQ does); so does a cycle with no rejection.
@@ -718,12 +712,12 @@ class VirtualHost:
 
     # -- routing ------------------------------------------------------------------------------
 
-    def enqueue_routed(self, queues: list[WorkQueue], message: Message) -> bool:
+    def enqueue_routed(self, queues: list[Queue], message: Message) -> bool:
         """Put ``message`` in each of ``queues`` (what :meth:`route` gave), recorded in the log
         first for the durable ones when it is persistent; whether every queue took it."""
         journal = self.journal
         if journal is not None and queues and message.flags & FLAG_DELIVERY_MODE and message.persistent:
-            durable = [queue.name for queue in queues if queue.journal is not None]
+            durable = [queue.name for queue in queues if type(queue) is WorkQueue and queue.journal is not None]
             if durable:
                 journal.published(message, self.name, durable)
         accepted = True
@@ -732,7 +726,7 @@ class VirtualHost:
                 accepted = False
         return accepted
 
-    def route(self, exchange: Exchange | None, message: Message) -> list[WorkQueue]:
+    def route(self, exchange: Exchange | None, message: Message) -> list[Queue]:
         """The queues a message published to ``exchange`` (``None``: the default exchange) goes
         to, each once.
 
@@ -749,20 +743,20 @@ class VirtualHost:
         routing_key = message.routing_key
         router = exchange.router
         destinations = router.route(routing_key, message.headers if router.needs_headers else None)
-        queues: list[WorkQueue] = []
+        queues: list[Queue] = []
         pending: list[Exchange] = []
         for destination in destinations:
-            if type(destination) is WorkQueue or type(destination) is StreamQueue:
-                queues.append(destination)  # type: ignore[arg-type]
+            if type(destination) is Exchange:
+                pending.append(destination)
             else:
-                pending.append(destination)  # type: ignore[arg-type]
+                queues.append(cast(Queue, destination))
         if not pending and exchange.alternate is None:
             return queues if len(queues) < 2 else list(dict.fromkeys(queues))
         return self._route_slow(exchange, message, queues, pending)
 
     def _route_slow(
-        self, exchange: Exchange, message: Message, queues: list[WorkQueue], pending: list[Exchange]
-    ) -> list[WorkQueue]:
+        self, exchange: Exchange, message: Message, queues: list[Queue], pending: list[Exchange]
+    ) -> list[Queue]:
         visited = {exchange.name}
         if not queues and not pending and exchange.alternate is not None:
             alternate = self.exchanges.get(exchange.alternate)
@@ -781,10 +775,10 @@ class VirtualHost:
             found = False
             for destination in router.route(message.routing_key, message.headers if router.needs_headers else None):
                 found = True
-                if type(destination) is WorkQueue or type(destination) is StreamQueue:
-                    queues.append(destination)  # type: ignore[arg-type]
+                if type(destination) is Exchange:
+                    pending.append(destination)
                 else:
-                    pending.append(destination)  # type: ignore[arg-type]
+                    queues.append(cast(Queue, destination))
             if not found and current.alternate is not None:
                 alternate = self.exchanges.get(current.alternate)
                 if alternate is not None:

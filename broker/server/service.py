@@ -24,6 +24,7 @@ from broker.core.definitions import node_from_config
 from broker.core.histogram import Histogram
 from broker.core.journal import Journal
 from broker.core.node import ListenerInfo, Node
+from broker.core.queue import WorkQueue
 from broker.core.stream import StreamQueue
 from broker.server.alarms import ResourceMonitor, memory_total, release_memory
 from broker.server.management import RateSampler, management_site
@@ -182,13 +183,13 @@ class WALService(WorkerWriter):
         if self._writing is not None or not self.journal.has_pending:
             return
         oldest = self._segments[0]
-        if oldest != self._active and self.journal.sparse(oldest):
+        if oldest != self._active and self.journal.ledger.sparse(oldest):
             # Copy its few live messages forward; it is retired once the copies are synced.
             self.journal.rewrite(oldest)
         first = b""
         if self._filled + self.journal.pending_bytes > self._segment_bytes and self._filled > SEGMENT_HEADER_BYTES:
             # Rotate: the new segment starts with the topology as it is now (reactor thread).
-            first = self.journal.topology(self.node.vhosts.values())
+            first = self.node.topology()
             self._sealed_bytes[self._active] = self._filled
             self._filled = SEGMENT_HEADER_BYTES + len(first)
             self._active += 1
@@ -209,7 +210,7 @@ class WALService(WorkerWriter):
             captured = self._capture()
             # Capturing holds the reactor thread: at most 1/CAPTURE_SHARE of its time.
             self._next_checkpoint = started + CAPTURE_SHARE * (time.monotonic() - started)
-        retire = self.journal.retirable(self._segments, self._active)
+        retire = self.journal.ledger.retirable(self._segments, self._active)
         for number in retire:
             self._segments.remove(number)
             self._sealed_bytes.pop(number, None)
@@ -238,12 +239,12 @@ class WALService(WorkerWriter):
                 )
             self.checkpoint_problem = str(problem)
             discard_checkpoint(self.data_dir)
-            self.journal.protect(1 << 62, (), keep=False)
+            self.journal.ledger.protect(1 << 62, (), keep=False)
             return None
         if self.checkpoint_problem is not None:
             self._log.info("checkpoints are taken again")
             self.checkpoint_problem = None
-        self.journal.protect(captured.first, captured.segments)
+        self.journal.ledger.protect(captured.first, captured.segments)
         return captured
 
     def _append(
@@ -346,7 +347,7 @@ class WALService(WorkerWriter):
         if problem is None:
             self.checkpoints += 1
             # Only it is needed now (until then, so was the one before).
-            self.journal.protect(captured.first, captured.segments, keep=False)
+            self.journal.ledger.protect(captured.first, captured.segments, keep=False)
         elif str(problem) != self.checkpoint_problem:
             self.checkpoint_problem = str(problem)
             self._log.error("cannot write a checkpoint: {error}", error=str(problem))
@@ -564,12 +565,12 @@ def _recover(
     pager.on_flow = node.set_flow
     messages = snapshot.message_count
     if checkpoint is not None:
-        journal.protect(checkpoint.segment, checkpoint.segments, keep=False)
+        journal.ledger.protect(checkpoint.segment, checkpoint.segments, keep=False)
         messages = sum(
             queue.message_count + queue.unacked_count
             for vhost in node.vhosts.values()
             for queue in vhost.queues.values()
-            if queue.journal is not None
+            if isinstance(queue, WorkQueue) and queue.journal is not None
         )
     return _Recovered(log, report, journal, pager, node, snapshot, messages, len(snapshot.queues))
 

@@ -44,7 +44,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from broker.clients.link import Link, LinkClosed
-from broker.core.node import User
+from broker.core.users import User
 from broker.server.management.common import NODE_NAME
 from broker.wire.content import ContentError, headers_content, replace_property, with_header_entry
 from broker.wire.table import Int64, decode_table

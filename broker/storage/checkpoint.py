@@ -44,7 +44,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from broker.core.queue import CheckpointRefused
+from broker.core.queue import CheckpointRefused, WorkQueue
 from broker.core.spool import IN_LOG, RECORD_BYTES, REDELIVERED, SpoolRecord, pack_record, unpack_records
 from broker.storage.paging import write_all
 from broker.wal.files import _sync_directory
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
     from broker.core.entry import Entry
     from broker.core.journal import Journal
     from broker.core.node import Node
-    from broker.core.queue import WorkQueue
     from broker.core.vhost import VirtualHost
     from broker.storage.spooling import Spooler
 
@@ -274,18 +273,18 @@ def capture(data_dir: str, node: Node, journal: Journal, segment: int, offset: i
         refs = Counter[int](gone)
         for queue in queues:
             refs.update(queue.refs)
-        live = Counter({number: count for number, count in journal.live.items() if count})
+        live = Counter({number: count for number, count in journal.ledger.live.items() if count})
         if +refs != live:
             outside = sum(live.values()) - sum(refs.values())
             if outside > 0:
                 raise CheckpointRefused(f"{outside} logged message(s) are held outside queues and channels")
             raise CheckpointRefused(f"the queues hold {-outside or 'other'} message(s) the log does not count")
-        topology = journal.topology(vhosts)
+        topology = node.topology()
         dead_letter_queues = {
             queue.name
             for vhost in vhosts
             for queue in vhost.queues.values()
-            if queue.journal is not None and queue.dead_letter_watch is not None
+            if isinstance(queue, WorkQueue) and queue.journal is not None and queue.dead_letter_watch is not None
         }
         manifest = {
             "version": VERSION,
@@ -313,7 +312,12 @@ def _unacked(node: Node) -> tuple[dict[WorkQueue, list[Entry]], Counter[int]]:
                 queue = entry.queue
                 if not queue.deleted:
                     held.setdefault(queue, []).append(entry)
-                elif queue.journal is not None and entry.message.wal_id and queue.name in entry.message.wal_queues:
+                elif (
+                    isinstance(queue, WorkQueue)
+                    and queue.journal is not None
+                    and entry.message.wal_id
+                    and queue.name in entry.message.wal_queues
+                ):
                     gone[entry.message.wal_segment] += 1
     return held, gone
 
@@ -326,7 +330,7 @@ def _capture_queues(
     number = 0
     for vhost in vhosts:
         for queue in list(vhost.queues.values()):
-            if queue.journal is None or queue.deleted:
+            if not isinstance(queue, WorkQueue) or queue.journal is None or queue.deleted:
                 continue
             state = queue.checkpoint(unacked.get(queue, []))
             number += 1
@@ -456,10 +460,11 @@ def restore_checkpoint(
         if key not in snapshot.checkpointed:
             continue  # deleted after the checkpoint (or empty)
         queue = vhosts[item.vhost].queues[item.name]
+        assert isinstance(queue, WorkQueue)  # (a checkpoint holds work queues only)
         removed = item.removed | snapshot.removed_after.pop(key, set())
         counts = {**item.counts, **snapshot.counts_after.pop(key, {})}
         for number, count in item.refs.items():
-            journal.restored_spooled(number, count)
+            journal.ledger.restored_spooled(number, count)
         if queue.ready.spooler is not None and not queue.message_count:
             storage = spooler.storage()
             links = []
@@ -481,7 +486,7 @@ def restore_checkpoint(
             for record in _records(item)
             if record.flags & IN_LOG
         ]
-        journal.spool_dropped([record for record in records if record.message_id in removed])
+        journal.ledger.spool_dropped([record for record in records if record.message_id in removed])
         records = [record for record in records if record.message_id not in removed]
         for at in range(0, len(records), _LOAD_BATCH):
             batch = records[at : at + _LOAD_BATCH]

@@ -299,7 +299,7 @@ class Pager(Service):
         return sum(_in_memory(queue, sharing) for queue in self.watched) + self._logged_bytes()
 
     def _logged_bytes(self) -> int:
-        return self.journal.messages_in_memory * LOGGED_BYTES if self.journal is not None else 0
+        return self.journal.ledger.messages_in_memory * LOGGED_BYTES if self.journal is not None else 0
 
     def attach(self, queue: WorkQueue) -> None:
         """A new queue: let it ask to be watched, and spool what is behind its window."""
@@ -320,7 +320,7 @@ class Pager(Service):
     def page_logged(self) -> int:
         """Drop from memory the bodies of logged messages past the budget, newest first (they
         are read back from the log when delivered); how many were dropped."""
-        return self.journal.page_out(self.budget) if self.journal is not None else 0
+        return self.journal.bodies.page_out(self.budget) if self.journal is not None else 0
 
     def look(self) -> None:
         """Spool and page what is over the budget, and look again soon while any queue is watched."""
@@ -427,7 +427,7 @@ class Pager(Service):
                 done.append(entry)
             elif message.wal_location is not None:
                 if self.journal is not None:
-                    self.journal.uncount(message)
+                    self.journal.bodies.uncount(message)
                 message.page_out()
                 done.append(entry)
             elif not message.wal_queues:

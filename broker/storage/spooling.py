@@ -340,7 +340,7 @@ class Locator:
 
     def dropped(self, records: list[SpoolRecord]) -> None:
         if self.journal is not None:
-            self.journal.spool_dropped(records)
+            self.journal.ledger.spool_dropped(records)
 
 
 class Spooler:

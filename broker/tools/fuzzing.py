@@ -33,8 +33,9 @@ from pamqp.base import Frame
 
 from broker.amqp.connection import ServerConnection
 from broker.core.journal import Journal
-from broker.core.node import Node, User
+from broker.core.node import Node
 from broker.core.stream import StreamQueue
+from broker.core.users import User
 from broker.storage.streams import StreamFiles
 from broker.streams.connection import FRAME_MAX, StreamConnection
 from broker.tools.testing import MemorySegmentStorage

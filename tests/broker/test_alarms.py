@@ -10,7 +10,8 @@ from pamqp import commands
 from twisted.internet.task import Clock
 
 from broker.core.journal import Journal
-from broker.core.node import Node, User
+from broker.core.node import Node
+from broker.core.users import User
 from broker.server.alarms import DISK_INTERVAL, MEMORY_INTERVAL, ResourceMonitor
 from broker.tools.testing import Client, encode, publish_frames
 

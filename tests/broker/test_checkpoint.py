@@ -38,7 +38,7 @@ def checkpoint(broker: Broker, data: Path) -> Captured:
     assert broker.journal is not None
     captured = capture(str(data), broker.node, broker.journal, broker.log.active, broker.log.size)
     captured.commit()
-    broker.journal.protect(captured.first, captured.segments, keep=False)
+    broker.journal.ledger.protect(captured.first, captured.segments, keep=False)
     return captured
 
 
@@ -158,7 +158,7 @@ def run(runs: list[tuple[list[Operation], list[Operation], bool]]) -> None:
             expected = drain(from_log, queue)
             assert drain(from_checkpoint, queue) == expected, queue
         assert from_checkpoint.journal is not None and from_log.journal is not None
-        assert +from_checkpoint.journal.live == +from_log.journal.live
+        assert +from_checkpoint.journal.ledger.live == +from_log.journal.ledger.live
     finally:
         spool.BATCH = batch
         shutil.rmtree(directory, ignore_errors=True)
@@ -223,11 +223,11 @@ def test_messages_held_by_no_channel_or_unwritten_records_refuse_a_checkpoint(tm
     with pytest.raises(CheckpointRefused, match="waiting"):
         attempt()
     broker.write()
-    broker.journal.live[broker.log.active] += 1  # an account that does not add up
+    broker.journal.ledger.live[broker.log.active] += 1  # an account that does not add up
     with pytest.raises(CheckpointRefused, match="1 logged message.s. are held outside"):
         attempt()
     assert not (data / CHECKPOINT_DIR).exists() and not (data / f"{CHECKPOINT_DIR}.new").exists()
-    broker.journal.live[broker.log.active] -= 1
+    broker.journal.ledger.live[broker.log.active] -= 1
     attempt().commit()
     assert (data / CHECKPOINT_DIR / MANIFEST).exists()
     after = start_from_checkpoint(broker, data, tmp_path / "after")
@@ -296,7 +296,7 @@ def test_removals_and_delivery_counts_after_a_checkpoint_hold_through_the_next_o
     expected = [(bodies[0], True, 1, None)] + [(content, True, None, None) for content in bodies[2:3] + bodies[4:]]
     assert drain(third, "q") == expected
     assert drain(start_from_log(second, tmp_path / "log"), "q") == expected
-    assert third.journal is not None and not +third.journal.live
+    assert third.journal is not None and not +third.journal.ledger.live
 
 
 def test_a_crash_while_a_checkpoint_replaces_the_last_leaves_one_to_start_from(

@@ -174,7 +174,7 @@ def test_a_logged_body_is_dropped_not_copied_and_one_awaiting_the_log_is_kept(tm
     clock.advance(0)
     queue = node.vhosts["/"].queues["durable"]
     assert [entry.message.resident for entry in queue.ready_entries()] == [True] * 4 + [False] * 2 + [True] * 4
-    assert pager.store.written == 0 and journal.resident_bytes == 4_000
+    assert pager.store.written == 0 and journal.bodies.size == 4_000
     data, _ = journal.take(log.active, log.size, log.storage.read_at)
     log.append(data)
     assert get_all(c, "durable", 10) == [body(n) for n in range(10)]
@@ -198,12 +198,12 @@ def test_a_body_a_durable_queue_let_go_is_still_readable_by_a_transient_one(tmp_
     clock.advance(0)
     c.call(1, commands.Queue.Purge(queue="durable"))
     segment = log.active
-    assert journal.live[segment] == 0
-    assert journal.retirable([segment], segment + 1) == []  # "copy" still reads from it
+    assert journal.ledger.live[segment] == 0
+    assert journal.ledger.retirable([segment], segment + 1) == []  # "copy" still reads from it
     assert get_all(c, "copy", 10) == bodies
     journal.take(log.active, log.size, log.storage.read_at)  # the next write forgets what left
     gc.collect()
-    assert journal.retirable([segment], segment + 1) == [segment]
+    assert journal.ledger.retirable([segment], segment + 1) == [segment]
 
 
 def test_a_store_that_cannot_be_written_leaves_the_bodies_in_memory(tmp_path: Path) -> None:

@@ -272,14 +272,14 @@ def test_persistent_messages_are_spooled_as_pointers_into_the_log_and_acked_ther
     assert queue.ready.spool is not None
     recorded = queue.ready.spool.recorded_count
     assert recorded >= BATCH
-    assert sum(journal.spooled_refs.values()) == recorded
+    assert sum(journal.ledger.spooled_refs.values()) == recorded
     assert not (tmp_path / "paging").exists() or not list((tmp_path / "paging").iterdir())  # nothing copied
-    assert sum(journal.live.values()) == COUNT  # every message still holds its segment
-    assert not any(journal.sparse(segment) for segment in journal.live)
+    assert sum(journal.ledger.live.values()) == COUNT  # every message still holds its segment
+    assert not any(journal.ledger.sparse(segment) for segment in journal.ledger.live)
     got = broker.get_all("durable", COUNT, no_ack=True)
     assert got == bodies
     broker.write()
-    assert sum(journal.live.values()) == 0 and not journal.spooled_refs
+    assert sum(journal.ledger.live.values()) == 0 and not journal.ledger.spooled_refs
     data = broker.log.storage.read(broker.log.active)
     removed = [r for _s, _e, r in iter_records(data, SEGMENT_HEADER_BYTES) if type(r) is Removed]
     assert sorted(i for r in removed for i in r.message_ids) == list(range(1, COUNT + 1))
@@ -340,7 +340,7 @@ def test_a_purge_or_delete_takes_the_spool_and_logs_the_removals(tmp_path: Path,
     assert frames[0][1].message_count == COUNT
     assert queue.ready.spool is None and queue.message_count == 0
     broker.write()
-    assert sum(journal.live.values()) == 0 and not journal.spooled_refs
+    assert sum(journal.ledger.live.values()) == 0 and not journal.ledger.spooled_refs
     assert list(broker.spool_dir.iterdir()) == []
     if method is commands.Queue.Purge:
         broker.publish("durable", [b"after"], PERSISTENT)
@@ -612,7 +612,7 @@ def test_a_queue_recovered_from_the_log_spools_behind_its_window_with_counts_and
     queue = after.queue("durable")
     spool = queue.ready.spool
     assert spool is not None and spool.count == COUNT - WINDOW == spool.recorded_count
-    assert after.journal is not None and sum(after.journal.live.values()) == COUNT
+    assert after.journal is not None and sum(after.journal.ledger.live.values()) == COUNT
     got = []
     for n in range(COUNT):
         frames = after.client.call(1, commands.Basic.Get(queue="durable", no_ack=True))

@@ -12,7 +12,8 @@ from pathlib import Path
 from twisted.internet.task import Clock
 
 from broker.core.journal import Journal
-from broker.core.node import Node, User
+from broker.core.node import Node
+from broker.core.users import User
 from broker.storage.streams import StreamFiles
 from broker.wal import record
 from broker.wal.streamlog import Region

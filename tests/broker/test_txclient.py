@@ -15,7 +15,8 @@ from twisted.test.iosim import ConnectionCompleter, IOPump
 
 from broker.clients.client import ConnectionClosed, Message, PublishNacked, PublishReturned, backoff
 from broker.clients.txclient import TwistedConnection, connect_twisted
-from broker.core.node import Node, User
+from broker.core.node import Node
+from broker.core.users import User
 from broker.server.protocol import AMQPServerFactory
 from broker.wire.codec import HEARTBEAT_FRAME
 

@@ -14,7 +14,7 @@ import pytest
 from twisted.internet.task import Clock
 
 from broker.core.definitions import node_from_config
-from broker.core.node import User
+from broker.core.users import User
 from broker.errors import ChannelException
 from broker.storage.streams import scratch_streams
 from config.loader import load

@@ -35,7 +35,8 @@ from transcript import (
     until,
 )
 
-from broker.core.node import Node, User
+from broker.core.node import Node
+from broker.core.users import User
 
 pytestmark = pytest.mark.integration
 

@@ -31,7 +31,8 @@ import pytest
 from transcript import api_fields, field_paths, oracle, wait_for
 
 from broker.core.journal import Journal
-from broker.core.node import ListenerInfo, Node, User
+from broker.core.node import ListenerInfo, Node
+from broker.core.users import User
 from broker.server.management import RateSampler, management_site
 from broker.storage.streams import StreamFiles
 from broker.tools.testing import free_port, rabbitmqctl

@@ -30,7 +30,8 @@ from transcript import (
 )
 from transcript import content as content_frames
 
-from broker.core.node import Node, User
+from broker.core.node import Node
+from broker.core.users import User
 from broker.tools.testing import rabbitmqctl
 from config.schema import Permission, TopicPermission
 

@@ -8,8 +8,9 @@ import pytest
 
 from broker.clients.client import ChannelClosed, Connection, PublishReturned, connect
 from broker.core.deadlog import DeadLetterLog
-from broker.core.node import Node, User
+from broker.core.node import Node
 from broker.core.seal import SEAL_HEADER, Sealer
+from broker.core.users import User
 from broker.tools.dlq import BROKEN_SEAL, MALFORMED, NO_DEATH, UNSEALED, Refused, inspect, redrive, summary
 from config.schema import Permission
 

@@ -25,7 +25,8 @@ import pika
 import pytest
 from twisted.internet import threads
 
-from broker.core.node import Node, User
+from broker.core.node import Node
+from broker.core.users import User
 from broker.server.alarms import ResourceMonitor
 from broker.server.management import RateSampler, management_site
 from broker.server.metrics import BrokerCollector, make_registry, metrics_site

@@ -25,7 +25,8 @@ from pika.exceptions import (
     UnroutableError,
 )
 
-from broker.core.node import Limits, Node, User
+from broker.core.node import Limits, Node
+from broker.core.users import User
 
 pytestmark = [pytest.mark.integration, pytest.mark.interop]
 

@@ -55,7 +55,8 @@ from broker.server.management.router import Handler, Router
 from broker.server.protocol import is_loopback
 
 if TYPE_CHECKING:
-    from broker.core.node import Node, User
+    from broker.core.node import Node
+    from broker.core.users import User
     from broker.core.vhost import VirtualHost
 
 

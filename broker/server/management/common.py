@@ -15,7 +15,8 @@ from broker.core.sockets import PLAIN_TCP
 if TYPE_CHECKING:
     from twisted.web.server import Request
 
-    from broker.core.node import Node, User
+    from broker.core.node import Node
+    from broker.core.users import User
     from broker.server.management.api import ManagementAPI
     from broker.server.management.rates import RateSampler
 

@@ -54,8 +54,8 @@ if TYPE_CHECKING:
     from twisted.web.server import Request
 
     from broker.core.entry import Entry
-    from broker.core.node import User
     from broker.core.queue import WorkQueue
+    from broker.core.users import User
     from broker.core.vhost import VirtualHost
 
 _log = Logger()

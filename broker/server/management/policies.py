@@ -12,7 +12,7 @@ from broker.server.management.common import Call, Problem, not_authorised, not_f
 from broker.server.management.router import Router
 
 if TYPE_CHECKING:
-    from broker.core.node import User
+    from broker.core.users import User
     from broker.core.vhost import VirtualHost
 
 _log = Logger()

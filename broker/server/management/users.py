@@ -16,7 +16,7 @@ from typing import Any
 
 from broker.core.admin import HASHING_PREFIXES, USER_LIMITS, VHOST_LIMITS, rabbitmq_hash
 from broker.core.admin import vhost_limits as admin_vhost_limits
-from broker.core.node import User
+from broker.core.users import User
 from broker.server.management.common import Call, Problem, erlang_term, not_authorised, not_found, required
 from broker.server.management.definitions import export_users
 from broker.server.management.router import Router

@@ -45,9 +45,10 @@ from broker.server.management.streams import stream_connection_view, stream_conn
 
 if TYPE_CHECKING:
     from broker.core.entry import Consumer
+    from broker.core.exchange import Exchange
     from broker.core.node import Node
     from broker.core.queue import WorkQueue
-    from broker.core.vhost import Exchange, VirtualHost
+    from broker.core.vhost import VirtualHost
 
 
 #: When the process started, near enough (this module is loaded at start): the node's uptime.

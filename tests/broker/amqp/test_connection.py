@@ -16,7 +16,8 @@ from pamqp.heartbeat import Heartbeat
 
 from broker.amqp.connection import ServerConnection
 from broker.amqp.handshake import CAPABILITIES, State
-from broker.core.node import Limits, Node, User
+from broker.core.node import Limits, Node
+from broker.core.users import User
 from broker.errors import ReplyCode
 from broker.tools.testing import Client, described, encode, methods, publish_frames
 from broker.wire.codec import HEARTBEAT_FRAME, PROTOCOL_HEADER, decode_properties

@@ -200,7 +200,7 @@ def test_the_topology_snapshot_replays_to_the_same_durable_topology() -> None:
         commands.Queue.Bind(queue="kept", exchange="scratch"),
     )
     from_log = replay(records(journal))
-    from_snapshot = replay(record for _, _, record in iter_records(journal.topology(node.vhosts.values())))
+    from_snapshot = replay(record for _, _, record in iter_records(node.topology()))
     assert from_snapshot.exchanges == from_log.exchanges
     assert from_snapshot.queues == from_log.queues
     assert from_snapshot.bindings == from_log.bindings
@@ -220,17 +220,17 @@ def test_segments_stay_live_while_a_queue_holds_their_messages() -> None:
     journal.take(1)
     c.send(publish_frames(1, "", "a", b"in one", PERSISTENT))
     journal.take(2)
-    assert (journal.live[1], journal.live[2]) == (2, 1)
-    assert journal.retirable([1, 2, 3], active=3) == []
+    assert (journal.ledger.live[1], journal.ledger.live[2]) == (2, 1)
+    assert journal.ledger.retirable([1, 2, 3], active=3) == []
     for queue in ("a", "b"):
         got = [v for _, v in c.call(1, commands.Basic.Get(queue=queue)) if v.name == "Basic.GetOk"][0]
         c.call(1, commands.Basic.Ack(delivery_tag=got.delivery_tag))
-    assert journal.live[1] == 0
-    assert journal.retirable([1, 2, 3], active=3) == [1]
+    assert journal.ledger.live[1] == 0
+    assert journal.ledger.retirable([1, 2, 3], active=3) == [1]
     got = [v for _, v in c.call(1, commands.Basic.Get(queue="a")) if v.name == "Basic.GetOk"][0]
     c.call(1, commands.Basic.Ack(delivery_tag=got.delivery_tag))
-    assert journal.retirable([1, 2, 3], active=3) == [1, 2]
-    assert journal.retirable([1, 2, 3], active=2) == [1]
+    assert journal.ledger.retirable([1, 2, 3], active=3) == [1, 2]
+    assert journal.ledger.retirable([1, 2, 3], active=2) == [1]
 
 
 def test_a_message_acked_before_it_is_written_keeps_no_segment_alive() -> None:
@@ -240,7 +240,7 @@ def test_a_message_acked_before_it_is_written_keeps_no_segment_alive() -> None:
     c.send(publish_frames(1, "", "a", b"quick", PERSISTENT))
     c.call(1, commands.Basic.Get(queue="a", no_ack=True))
     journal.take(1)
-    assert journal.live[1] == 0
+    assert journal.ledger.live[1] == 0
 
 
 def test_a_sparse_segment_is_copied_forward_with_delivery_counts_and_replays_the_same() -> None:
@@ -255,11 +255,11 @@ def test_a_sparse_segment_is_copied_forward_with_delivery_counts_and_replays_the
         c.call(1, commands.Basic.Ack(delivery_tag=got.delivery_tag))
     got = [v for _, v in c.call(1, commands.Basic.Get(queue="q")) if v.name == "Basic.GetOk"][0]
     c.call(1, commands.Basic.Nack(delivery_tag=got.delivery_tag, requeue=True))
-    assert (journal.live[1], journal.written[1], journal.sparse(1)) == (1, 8, True)
+    assert (journal.ledger.live[1], journal.ledger.written[1], journal.ledger.sparse(1)) == (1, 8, True)
     assert journal.rewrite(1) == 1
     second_segment, _ = journal.take(2)
-    assert (journal.live[1], journal.live[2]) == (0, 1)
-    assert journal.retirable([1, 2, 3], active=3) == [1]
+    assert (journal.ledger.live[1], journal.ledger.live[2]) == (0, 1)
+    assert journal.ledger.retirable([1, 2, 3], active=3) == [1]
     # With segment 1 retired, segment 2 (after its topology snapshot) alone rebuilds the queue.
     snapshot = replay([QueueDeclared("/", "q", True, False, b"")] + [r for _, _, r in iter_records(second_segment)])
     ((message_id, stored),) = snapshot.messages[("/", "q")].items()
@@ -277,17 +277,17 @@ def test_bodies_beyond_the_memory_budget_are_paged_out_newest_first_and_read_bac
         c.send(publish_frames(1, "", "big", body, PERSISTENT))
     data, _ = journal.take(log.active, log.size, log.storage.read_at)
     log.append(data)
-    assert journal.resident_bytes == 10_000
-    assert journal.page_out(budget=3_000) == 7
+    assert journal.bodies.size == 10_000
+    assert journal.bodies.page_out(budget=3_000) == 7
     entries = list(node.vhosts["/"].queues["big"].ready_entries())
     assert [e.message.resident for e in entries] == [True] * 3 + [False] * 7
-    assert journal.resident_bytes == 3_000
+    assert journal.bodies.size == 3_000
     got = []
     for _ in bodies:
         frames = c.call(1, commands.Basic.Get(queue="big", no_ack=True))
         got.append(frames[-1][1].value)
     assert got == bodies
-    assert journal.resident_bytes == 0
+    assert journal.bodies.size == 0
 
 
 def test_deleting_a_durable_queue_records_only_its_deletion_and_frees_its_segment() -> None:
@@ -301,7 +301,7 @@ def test_deleting_a_durable_queue_records_only_its_deletion_and_frees_its_segmen
     c.call(1, commands.Queue.Delete(queue="gone"))
     c.call(1, commands.Basic.Ack(delivery_tag=held.delivery_tag))
     assert [type(r).__name__ for r in records(journal)] == ["QueueDeleted"]
-    assert journal.live[1] == 0
+    assert journal.ledger.live[1] == 0
 
 
 def test_policies_set_and_cleared_are_logged_and_recovered_before_the_queues_they_shape() -> None:
@@ -336,7 +336,7 @@ def test_policies_set_and_cleared_are_logged_and_recovered_before_the_queues_the
     # The operator's limit dropped the head live, and the log says so: the same two remain.
     assert [e.message.body for e in queue.ready_entries()] == [b"m1", b"m2"]
     # The snapshot written at the head of each segment carries the policies too.
-    from_snapshot = replay(record for _, _, record in iter_records(journal.topology(node.vhosts.values())))
+    from_snapshot = replay(record for _, _, record in iter_records(node.topology()))
     assert from_snapshot.policies == snapshot.policies
 
 

@@ -13,9 +13,10 @@ import pytest
 from pamqp import commands
 from twisted.internet.task import Clock
 
-import broker.core.node as node_module
+import broker.core.users as users_module
 from broker.core.login import FAILURE_WINDOW, FREE_FAILURES, PENALTY, LoginThrottle, decoy_hash
-from broker.core.node import Node, User, hash_password
+from broker.core.node import Node
+from broker.core.users import User, hash_password
 from broker.errors import ReplyCode
 from broker.tools.testing import Client, encode, methods
 from broker.wire.codec import PROTOCOL_HEADER
@@ -186,13 +187,13 @@ def test_scrypt_runs_off_the_reactor_thread(
     broker_reactor: Any, make_broker: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     threads: list[threading.Thread] = []
-    check = node_module._scrypt_matches
+    check = users_module._scrypt_matches
 
     def recording(stored: str, password: str) -> bool:
         threads.append(threading.current_thread())
         return check(stored, password)
 
-    monkeypatch.setattr(node_module, "_scrypt_matches", recording)
+    monkeypatch.setattr(users_module, "_scrypt_matches", recording)
     broker = make_broker(Node(users=[User("app", password_hash=SCRYPT)]))
     connection = pika.BlockingConnection(
         pika.ConnectionParameters("127.0.0.1", broker.port, credentials=pika.PlainCredentials("app", "secret"))

@@ -375,7 +375,7 @@ def test_reset_moves_a_subscription_and_its_reader(stream: StreamQueue) -> None:
 
 def test_a_policys_stream_keys_win_over_the_arguments_and_go_with_it(stream: StreamQueue) -> None:
     from broker.core.policy import Policy
-    from broker.core.queue import QueueSettings
+    from broker.core.settings import QueueSettings
 
     stream.arguments.update({"x-max-age": "7D", "x-stream-max-segment-size-bytes": 4096})
     stream.apply_settings(QueueSettings())
