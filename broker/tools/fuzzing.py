@@ -36,7 +36,8 @@ from broker.core.journal import Journal
 from broker.core.node import Node, User
 from broker.core.stream import StreamQueue
 from broker.storage.streams import StreamFiles
-from broker.streams.connection import FRAME_MAX, StreamConnection
+from broker.streams.connection import StreamConnection
+from broker.streams.handshake import FRAME_MAX
 from broker.tools.testing import MemorySegmentStorage
 from broker.wal.record import BATCH_HEAD, pack_raw_entries
 from broker.wal.streamlog import StreamLog
