@@ -111,6 +111,8 @@ _u64 = struct.Struct(">Q")
 _i64 = struct.Struct(">q")
 _head = struct.Struct(">HH")  # key, version
 _request = struct.Struct(">HHI")  # key, version, correlation id
+_publish_head = struct.Struct(">HHBI")  # key, version, publisher id, message count
+_credit_frame = struct.Struct(">HHBh")  # key, version, subscription id, credit
 _response = struct.Struct(">IHHIH")  # size, key, version, correlation id, code
 
 
@@ -459,11 +461,23 @@ def parse_request(frame: bytes) -> Command:
     Responses a client sends are :class:`Tune`, :class:`ConsumerUpdateResponse`, and
     :class:`Response` for any other.
     """
-    if len(frame) < 4:
+    size = len(frame)
+    if size < 4:
         return UNKNOWN
     key, version = _head.unpack_from(frame)
     if version != 1:
         return UNKNOWN
+    # (the most frequent, read at once)
+    if key == PUBLISH:
+        if size < _publish_head.size:
+            return UNKNOWN
+        publisher, count = _publish_head.unpack_from(frame)[2:]
+        return Publish(publisher, count, memoryview(frame)[_publish_head.size :])  # (the messages: not copied)
+    if key == CREDIT:
+        if size != _credit_frame.size:
+            return UNKNOWN
+        subscription, credit = _credit_frame.unpack_from(frame)[2:]
+        return Credit(subscription, credit)
     fields = _Fields(frame, 4)
     try:
         if key & RESPONSE:
@@ -483,18 +497,6 @@ def parse_request(frame: bytes) -> Command:
         return _REQUESTS[key](fields)
     except (KeyError, Malformed):
         return UNKNOWN
-
-
-def _publish(f: _Fields) -> Publish:
-    publisher, count = f.u8(), f.u32()
-    at, f.at = f.at, len(f.data)
-    return Publish(publisher, count, memoryview(f.data)[at:])  # (the messages: not copied)
-
-
-def _credit(f: _Fields) -> Credit:
-    subscription, credit = f.u8(), f.i16()
-    f.end()
-    return Credit(subscription, credit)
 
 
 def _store_offset(f: _Fields) -> StoreOffset:
@@ -666,8 +668,6 @@ def _route(f: _Fields) -> Route:
 
 
 _REQUESTS: dict[int, Callable[[_Fields], Command]] = {
-    PUBLISH: _publish,
-    CREDIT: _credit,
     STORE_OFFSET: _store_offset,
     HEARTBEAT: _heartbeat,
     DECLARE_PUBLISHER: _declare_publisher,
