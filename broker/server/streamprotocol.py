@@ -28,6 +28,7 @@ from broker.core.node import Node
 from broker.server.protocol import OUTPUT_BOUND, certificate_common_names, is_loopback
 from broker.server.sockets import socket_details
 from broker.streams.connection import StreamConnection
+from broker.streams.handshake import HANDSHAKE_DONE, Step
 from broker.wal.streamlog import Region
 from broker.wire.streamframes import HEARTBEAT_FRAME
 
@@ -160,7 +161,7 @@ class StreamServerProtocol(Protocol):
             self._continuing = self.factory.clock.callLater(0, self._continue)
         if connection.pending_updates and self._request_timer is None and not connection.finished:
             self._request_timer = self.factory.clock.callLater(REQUEST_TIMEOUT, self._check_requests)
-        if connection.step in ("tuned", "open") and self._heartbeat_timer is None and connection.heartbeat:
+        if connection.step in (Step.TUNED, Step.OPENED) and self._heartbeat_timer is None and connection.heartbeat:
             self._heartbeat_timer = self.factory.clock.callLater(connection.heartbeat, self._heartbeat)
         if connection.finished:
             if self._unsent:  # (what the socket did not take yet goes before the end, read)
@@ -280,7 +281,7 @@ class StreamServerProtocol(Protocol):
             self._step_timer.cancel()
         self._step_timer = None
         connection = self.connection
-        if connection is not None and connection.step not in ("open", "closing", "close_sent"):
+        if connection is not None and connection.step not in HANDSHAKE_DONE:
             self._step_timer = self.factory.clock.callLater(STEP_TIMEOUT, self._step_timed_out)
 
     def _step_timed_out(self) -> None:
@@ -291,7 +292,7 @@ class StreamServerProtocol(Protocol):
         _log.info(
             "stream connection {peer} closed: timeout in state '{step}', likely due to lack of client action",
             peer=connection.peer,
-            step=connection.step,
+            step=connection.step.value,
         )
         connection.finished = True
         self.transport.abortConnection()  # type: ignore[attr-defined]

@@ -37,7 +37,8 @@ from broker.core.node import Node
 from broker.core.stream import StreamQueue
 from broker.core.users import User
 from broker.storage.streams import StreamFiles
-from broker.streams.connection import FRAME_MAX, StreamConnection
+from broker.streams.connection import StreamConnection
+from broker.streams.handshake import FRAME_MAX
 from broker.tools.testing import MemorySegmentStorage
 from broker.wal.record import BATCH_HEAD, pack_raw_entries
 from broker.wal.streamlog import StreamLog

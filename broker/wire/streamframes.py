@@ -7,15 +7,17 @@ bytes (-1: null), byte strings ``int32`` length and bytes, arrays ``int32`` coun
 every integer is big-endian.
 
 :class:`FrameReader` cuts frames out of what the socket gives; :func:`parse_request` turns
-one into a command tuple, as RabbitMQ 3.10's ``rabbit_stream_core:parse_request`` reads it
-(what it does not match is :data:`UNKNOWN`); the ``*_response`` functions build frames.
+one into its command (:data:`Command`: a frozen dataclass per command, its fields named and
+typed), as RabbitMQ 3.10's ``rabbit_stream_core:parse_request`` reads it (what it does not
+match is :data:`UNKNOWN`); the ``*_response`` functions build frames.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Literal
 
 #: Command keys (``rabbit_stream.hrl``).
 DECLARE_PUBLISHER = 1
@@ -100,9 +102,6 @@ OFFSET_NEXT = 3
 OFFSET_OFFSET = 4
 OFFSET_TIMESTAMP = 5
 
-#: What :func:`parse_request` gives for a frame it does not read.
-UNKNOWN = "unknown"
-
 _u8 = struct.Struct(">B")
 _u16 = struct.Struct(">H")
 _i16 = struct.Struct(">h")
@@ -112,6 +111,8 @@ _u64 = struct.Struct(">Q")
 _i64 = struct.Struct(">q")
 _head = struct.Struct(">HH")  # key, version
 _request = struct.Struct(">HHI")  # key, version, correlation id
+_publish_head = struct.Struct(">HHBI")  # key, version, publisher id, message count
+_credit_frame = struct.Struct(">HHBh")  # key, version, subscription id, credit
 _response = struct.Struct(">IHHIH")  # size, key, version, correlation id, code
 
 
@@ -156,6 +157,231 @@ def _frames(data: bytes | memoryview) -> tuple[list[bytes], int]:
     return frames, at
 
 
+# -- commands -----------------------------------------------------------------------------------
+
+#: The kinds of offset specification.
+OffsetKind = Literal["first", "last", "next", "offset", "timestamp"]
+
+
+@dataclass(frozen=True, slots=True)
+class Offset:
+    """An offset specification (``subscribe``'s, or a ``consumer_update`` answer's): ``first``,
+    ``last``, ``next``, ``offset`` (``value``, an offset) or ``timestamp`` (``value``, in
+    milliseconds since the epoch)."""
+
+    kind: OffsetKind
+    value: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PeerProperties:
+    correlation: int
+    properties: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class SaslHandshake:
+    correlation: int
+
+
+@dataclass(frozen=True, slots=True)
+class SaslAuthenticate:
+    correlation: int
+    mechanism: str
+    #: The mechanism's response (empty for a null one).
+    response: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Tune:
+    """The client's ``tune``: as a response to the server's, or as a request."""
+
+    frame_max: int
+    heartbeat: int
+
+
+@dataclass(frozen=True, slots=True)
+class Open:
+    correlation: int
+    vhost: str
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    correlation: int
+    code: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class DeclarePublisher:
+    correlation: int
+    publisher_id: int
+    #: The publisher's name for deduplication (empty: none).
+    reference: str
+    stream: str
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """``publish``: ``count`` messages, as the frame holds them after the count (a view of it,
+    not copied; each ``publishing id:uint64`` then a message or a sub-entry batch)."""
+
+    publisher_id: int
+    count: int
+    messages: memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class QueryPublisherSequence:
+    correlation: int
+    reference: str
+    stream: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeletePublisher:
+    correlation: int
+    publisher_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    correlation: int
+    subscription_id: int
+    stream: str
+    offset: Offset
+    credit: int
+    properties: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    subscription_id: int
+    credit: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreOffset:
+    reference: str
+    stream: str
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueryOffset:
+    correlation: int
+    reference: str
+    stream: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe:
+    correlation: int
+    subscription_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class CreateStream:
+    correlation: int
+    stream: str
+    arguments: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteStream:
+    correlation: int
+    stream: str
+
+
+@dataclass(frozen=True, slots=True)
+class Metadata:
+    correlation: int
+    streams: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    correlation: int
+    routing_key: str
+    super_stream: str
+
+
+@dataclass(frozen=True, slots=True)
+class Partitions:
+    correlation: int
+    super_stream: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStats:
+    correlation: int
+    stream: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeCommandVersions:
+    correlation: int
+    #: ``(key, least version, most version)`` of each command the client reads.
+    versions: tuple[tuple[int, int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CreateSuperStream:
+    correlation: int
+    name: str
+    partitions: tuple[str, ...]
+    binding_keys: tuple[str, ...]
+    arguments: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteSuperStream:
+    correlation: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerUpdateResponse:
+    """The client's answer to ``consumer_update``: where the subscription reads from (``None``:
+    no offset, or a kind there is not)."""
+
+    correlation: int
+    code: int
+    offset: Offset | None
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A client's response to a server's request ``key`` (other than ``tune`` and
+    ``consumer_update``)."""
+
+    key: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    """A frame RabbitMQ 3.10 does not read (another key or version, fields that do not add up)."""
+
+
+#: What :func:`parse_request` gives for a frame it does not read.
+UNKNOWN = Unknown()
+
+#: The commands a client sends.
+Command = (
+    PeerProperties | SaslHandshake | SaslAuthenticate | Tune | Open | Close | Heartbeat
+    | DeclarePublisher | Publish | QueryPublisherSequence | DeletePublisher
+    | Subscribe | Credit | StoreOffset | QueryOffset | Unsubscribe
+    | CreateStream | DeleteStream | Metadata | Route | Partitions | StreamStats | ExchangeCommandVersions
+    | CreateSuperStream | DeleteSuperStream | ConsumerUpdateResponse | Response | Unknown
+)  # fmt: skip
+
+
 # -- reading fields ------------------------------------------------------------------------------
 
 
@@ -168,33 +394,33 @@ class _Fields:
         self.data = data
         self.at = at
 
-    def _take(self, shape: struct.Struct) -> Any:
+    def _take(self, shape: struct.Struct) -> int:
         if self.at + shape.size > len(self.data):
             raise Malformed("short")
-        value = shape.unpack_from(self.data, self.at)[0]
+        value: int = shape.unpack_from(self.data, self.at)[0]
         self.at += shape.size
         return value
 
     def u8(self) -> int:
-        return int(self._take(_u8))
+        return self._take(_u8)
 
     def u16(self) -> int:
-        return int(self._take(_u16))
+        return self._take(_u16)
 
     def i16(self) -> int:
-        return int(self._take(_i16))
+        return self._take(_i16)
 
     def u32(self) -> int:
-        return int(self._take(_u32))
+        return self._take(_u32)
 
     def i32(self) -> int:
-        return int(self._take(_i32))
+        return self._take(_i32)
 
     def u64(self) -> int:
-        return int(self._take(_u64))
+        return self._take(_u64)
 
     def i64(self) -> int:
-        return int(self._take(_i64))
+        return self._take(_i64)
 
     def raw_string(self) -> bytes:
         """A string's bytes (``int16`` length). A null (length -1) does not read, as RabbitMQ's
@@ -228,26 +454,36 @@ class _Fields:
         return pairs
 
 
-def parse_request(frame: bytes) -> tuple[Any, ...]:
-    """One frame from a client as a command tuple: ``(name, correlation id or None, fields...)``,
-    or ``(UNKNOWN, None)`` for one RabbitMQ 3.10 does not read (another key or version,
-    fields that do not add up).
+def parse_request(frame: bytes) -> Command:
+    """One frame from a client as its command, or :data:`UNKNOWN` for one RabbitMQ 3.10 does
+    not read (another key or version, fields that do not add up).
 
-    Responses a client sends (to ``tune``, and any other) are ``("response", None, key, ...)``.
+    Responses a client sends are :class:`Tune`, :class:`ConsumerUpdateResponse`, and
+    :class:`Response` for any other.
     """
-    if len(frame) < 4:
-        return (UNKNOWN, None)
+    size = len(frame)
+    if size < 4:
+        return UNKNOWN
     key, version = _head.unpack_from(frame)
     if version != 1:
-        return (UNKNOWN, None)
+        return UNKNOWN
+    # (the most frequent, read at once)
+    if key == PUBLISH:
+        if size < _publish_head.size:
+            return UNKNOWN
+        publisher, count = _publish_head.unpack_from(frame)[2:]
+        return Publish(publisher, count, memoryview(frame)[_publish_head.size :])  # (the messages: not copied)
+    if key == CREDIT:
+        if size != _credit_frame.size:
+            return UNKNOWN
+        subscription, credit = _credit_frame.unpack_from(frame)[2:]
+        return Credit(subscription, credit)
     fields = _Fields(frame, 4)
     try:
         if key & RESPONSE:
             command = key & ~RESPONSE
             if command == TUNE:
-                frame_max, heartbeat = fields.u32(), fields.u32()
-                fields.end()
-                return ("tune", None, frame_max, heartbeat)
+                return _tune(fields)
             if command == CONSUMER_UPDATE:
                 # (an offset follows for the kinds that have one, as RabbitMQ reads it: it
                 # passes over what follows the others)
@@ -256,72 +492,61 @@ def parse_request(frame: bytes) -> tuple[Any, ...]:
                 if kind in (OFFSET_OFFSET, OFFSET_TIMESTAMP):
                     offset = fields.u64()
                     fields.end()
-                return ("consumer_update", correlation, code, kind, offset)
-            return ("response", None, command)
+                return ConsumerUpdateResponse(correlation, code, offset_spec(kind, offset))
+            return Response(command)
         return _REQUESTS[key](fields)
     except (KeyError, Malformed):
-        return (UNKNOWN, None)
+        return UNKNOWN
 
 
-def _publish(f: _Fields) -> tuple[Any, ...]:
-    publisher, count = f.u8(), f.u32()
-    at, f.at = f.at, len(f.data)
-    return ("publish", None, publisher, count, memoryview(f.data)[at:])  # (the messages: not copied)
-
-
-def _credit(f: _Fields) -> tuple[Any, ...]:
-    subscription, credit = f.u8(), f.i16()
-    f.end()
-    return ("credit", None, subscription, credit)
-
-
-def _store_offset(f: _Fields) -> tuple[Any, ...]:
+def _store_offset(f: _Fields) -> StoreOffset:
     reference, stream, offset = f.string(), f.string(), f.u64()
     f.end()
-    return ("store_offset", None, reference, stream, offset)
+    return StoreOffset(reference, stream, offset)
 
 
-def _heartbeat(f: _Fields) -> tuple[Any, ...]:
+def _heartbeat(f: _Fields) -> Heartbeat:
     f.end()
-    return ("heartbeat", None)
+    return Heartbeat()
 
 
-def _declare_publisher(f: _Fields) -> tuple[Any, ...]:
+def _declare_publisher(f: _Fields) -> DeclarePublisher:
     correlation, publisher, reference, stream = f.u32(), f.u8(), f.string(), f.string()
     f.end()
-    return ("declare_publisher", correlation, publisher, reference, stream)
+    return DeclarePublisher(correlation, publisher, reference, stream)
 
 
-def _query_publisher_sequence(f: _Fields) -> tuple[Any, ...]:
+def _query_publisher_sequence(f: _Fields) -> QueryPublisherSequence:
     correlation, reference, stream = f.u32(), f.string(), f.string()
     f.end()
-    return ("query_publisher_sequence", correlation, reference, stream)
+    return QueryPublisherSequence(correlation, reference, stream)
 
 
-def _one_id(name: str) -> Callable[[_Fields], tuple[Any, ...]]:
-    def parse(f: _Fields) -> tuple[Any, ...]:
+def _one_id(make: Callable[[int, int], Command]) -> Callable[[_Fields], Command]:
+    """The parser of a request of a correlation id and a publisher's or subscription's id."""
+
+    def parse(f: _Fields) -> Command:
         correlation, which = f.u32(), f.u8()
         f.end()
-        return (name, correlation, which)
+        return make(correlation, which)
 
     return parse
 
 
-def offset_spec(kind: int, value: int = 0) -> tuple[Any, ...] | None:
-    """An offset specification (``subscribe``'s, or a ``consumer_update`` answer's) as a tuple:
-    ``("first",)``, ``("last",)``, ``("next",)``, ``("offset", n)`` or ``("timestamp", ms)``;
-    ``None`` for a kind there is not."""
+def offset_spec(kind: int, value: int = 0) -> Offset | None:
+    """The offset specification of ``kind`` (``subscribe``'s, or a ``consumer_update``
+    answer's) at ``value``; ``None`` for a kind there is not."""
     if kind == OFFSET_OFFSET:
-        return ("offset", value)
+        return Offset("offset", value)
     if kind == OFFSET_TIMESTAMP:
-        return ("timestamp", value)
+        return Offset("timestamp", value)
     return _PLAIN_SPECS.get(kind)
 
 
-_PLAIN_SPECS: dict[int, tuple[Any, ...]] = {OFFSET_FIRST: ("first",), OFFSET_LAST: ("last",), OFFSET_NEXT: ("next",)}
+_PLAIN_SPECS = {OFFSET_FIRST: Offset("first"), OFFSET_LAST: Offset("last"), OFFSET_NEXT: Offset("next")}
 
 
-def _subscribe(f: _Fields) -> tuple[Any, ...]:
+def _subscribe(f: _Fields) -> Subscribe:
     correlation, subscription, stream, kind = f.u32(), f.u8(), f.string(), f.i16()
     value = f.u64() if kind == OFFSET_OFFSET else f.i64() if kind == OFFSET_TIMESTAMP else 0
     offset = offset_spec(kind, value)
@@ -335,52 +560,54 @@ def _subscribe(f: _Fields) -> tuple[Any, ...]:
             properties = f.string_map()
         else:
             f.rest()  # (RabbitMQ logs "incorrect binary for subscription properties" and goes on)
-    return ("subscribe", correlation, subscription, stream, offset, credit, properties)
+    return Subscribe(correlation, subscription, stream, offset, credit, properties)
 
 
-def _query_offset(f: _Fields) -> tuple[Any, ...]:
+def _query_offset(f: _Fields) -> QueryOffset:
     correlation, reference, stream = f.u32(), f.string(), f.string()
     f.end()
-    return ("query_offset", correlation, reference, stream)
+    return QueryOffset(correlation, reference, stream)
 
 
-def _create_stream(f: _Fields) -> tuple[Any, ...]:
+def _create_stream(f: _Fields) -> CreateStream:
     correlation, stream = f.u32(), f.string()
     f.u32()
-    return ("create_stream", correlation, stream, f.string_map())
+    return CreateStream(correlation, stream, f.string_map())
 
 
-def _named(name: str) -> Callable[[_Fields], tuple[Any, ...]]:
-    def parse(f: _Fields) -> tuple[Any, ...]:
+def _named(make: Callable[[int, str], Command]) -> Callable[[_Fields], Command]:
+    """The parser of a request of a correlation id and a name (a stream's, a super stream's)."""
+
+    def parse(f: _Fields) -> Command:
         correlation, stream = f.u32(), f.string()
         f.end()
-        return (name, correlation, stream)
+        return make(correlation, stream)
 
     return parse
 
 
-def _metadata(f: _Fields) -> tuple[Any, ...]:
+def _metadata(f: _Fields) -> Metadata:
     correlation = f.u32()
     f.u32()
     streams = []
     while f.at < len(f.data):
         streams.append(f.string())
-    return ("metadata", correlation, streams)
+    return Metadata(correlation, tuple(streams))
 
 
-def _peer_properties(f: _Fields) -> tuple[Any, ...]:
+def _peer_properties(f: _Fields) -> PeerProperties:
     correlation = f.u32()
     f.u32()
-    return ("peer_properties", correlation, f.string_map())
+    return PeerProperties(correlation, f.string_map())
 
 
-def _sasl_handshake(f: _Fields) -> tuple[Any, ...]:
+def _sasl_handshake(f: _Fields) -> SaslHandshake:
     correlation = f.u32()
     f.end()
-    return ("sasl_handshake", correlation)
+    return SaslHandshake(correlation)
 
 
-def _sasl_authenticate(f: _Fields) -> tuple[Any, ...]:
+def _sasl_authenticate(f: _Fields) -> SaslAuthenticate:
     correlation, mechanism = f.u32(), f.string()
     size = f.i32()
     if size == -1:
@@ -390,69 +617,67 @@ def _sasl_authenticate(f: _Fields) -> tuple[Any, ...]:
     else:
         response = f.rest()
     f.end()
-    return ("sasl_authenticate", correlation, mechanism, response)
+    return SaslAuthenticate(correlation, mechanism, response)
 
 
-def _tune(f: _Fields) -> tuple[Any, ...]:
+def _tune(f: _Fields) -> Tune:
     frame_max, heartbeat = f.u32(), f.u32()
     f.end()
-    return ("tune", None, frame_max, heartbeat)
+    return Tune(frame_max, heartbeat)
 
 
-def _open(f: _Fields) -> tuple[Any, ...]:
+def _open(f: _Fields) -> Open:
     correlation, vhost = f.u32(), f.string()
     f.end()
-    return ("open", correlation, vhost)
+    return Open(correlation, vhost)
 
 
-def _close(f: _Fields) -> tuple[Any, ...]:
+def _close(f: _Fields) -> Close:
     correlation, code, reason = f.u32(), f.u16(), f.string()
     f.end()
-    return ("close", correlation, code, reason)
+    return Close(correlation, code, reason)
 
 
-def _string_array(f: _Fields) -> list[str]:
+def _string_array(f: _Fields) -> tuple[str, ...]:
     count = f.i32()
     if count < 0:
         raise Malformed("array")
-    return [f.string() for _ in range(count)]
+    return tuple(f.string() for _ in range(count))
 
 
-def _create_super_stream(f: _Fields) -> tuple[Any, ...]:
+def _create_super_stream(f: _Fields) -> CreateSuperStream:
     correlation, name = f.u32(), f.string()
     partitions, keys = _string_array(f), _string_array(f)
     f.u32()
-    return ("create_super_stream", correlation, name, partitions, keys, f.string_map())
+    return CreateSuperStream(correlation, name, partitions, keys, f.string_map())
 
 
-def _exchange_command_versions(f: _Fields) -> tuple[Any, ...]:
+def _exchange_command_versions(f: _Fields) -> ExchangeCommandVersions:
     correlation, count = f.u32(), f.i32()
     if count < 0:
         raise Malformed("array")
-    versions = [(f.u16(), f.u16(), f.u16()) for _ in range(count)]
+    versions = tuple((f.u16(), f.u16(), f.u16()) for _ in range(count))
     f.end()
-    return ("exchange_command_versions", correlation, versions)
+    return ExchangeCommandVersions(correlation, versions)
 
 
-def _route(f: _Fields) -> tuple[Any, ...]:
+def _route(f: _Fields) -> Route:
     correlation, key, stream = f.u32(), f.string(), f.string()
     f.end()
-    return ("route", correlation, key, stream)
+    return Route(correlation, key, stream)
 
 
-_REQUESTS: dict[int, Callable[[_Fields], tuple[Any, ...]]] = {
-    PUBLISH: _publish,
-    CREDIT: _credit,
+_REQUESTS: dict[int, Callable[[_Fields], Command]] = {
     STORE_OFFSET: _store_offset,
     HEARTBEAT: _heartbeat,
     DECLARE_PUBLISHER: _declare_publisher,
     QUERY_PUBLISHER_SEQUENCE: _query_publisher_sequence,
-    DELETE_PUBLISHER: _one_id("delete_publisher"),
+    DELETE_PUBLISHER: _one_id(DeletePublisher),
     SUBSCRIBE: _subscribe,
     QUERY_OFFSET: _query_offset,
-    UNSUBSCRIBE: _one_id("unsubscribe"),
+    UNSUBSCRIBE: _one_id(Unsubscribe),
     CREATE_STREAM: _create_stream,
-    DELETE_STREAM: _named("delete_stream"),
+    DELETE_STREAM: _named(DeleteStream),
     METADATA: _metadata,
     PEER_PROPERTIES: _peer_properties,
     SASL_HANDSHAKE: _sasl_handshake,
@@ -461,11 +686,11 @@ _REQUESTS: dict[int, Callable[[_Fields], tuple[Any, ...]]] = {
     OPEN: _open,
     CLOSE: _close,
     ROUTE: _route,
-    PARTITIONS: _named("partitions"),
-    STREAM_STATS: _named("stream_stats"),
+    PARTITIONS: _named(Partitions),
+    STREAM_STATS: _named(StreamStats),
     EXCHANGE_COMMAND_VERSIONS: _exchange_command_versions,
     CREATE_SUPER_STREAM: _create_super_stream,
-    DELETE_SUPER_STREAM: _named("delete_super_stream"),
+    DELETE_SUPER_STREAM: _named(DeleteSuperStream),
 }
 
 

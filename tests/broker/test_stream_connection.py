@@ -26,14 +26,11 @@ from broker.core.users import User
 from broker.server.service import stream_addresses
 from broker.server.streamprotocol import REQUEST_TIMEOUT, STEP_TIMEOUT, StreamServerFactory, StreamServerProtocol
 from broker.storage.streams import StreamFiles
-from broker.streams.connection import (
-    DELIVERY_BOUND,
-    FRAME_MAX,
-    HEARTBEAT,
-    SENT_FROM_FILE,
-    StreamConnection,
-    _published,
-)
+from broker.streams.connection import StreamConnection
+from broker.streams.handshake import FRAME_MAX, HEARTBEAT, Step
+from broker.streams.publishing import _published
+from broker.streams.subscriptions import DELIVERY_BOUND, SENT_FROM_FILE
+from broker.streams.superstreams import partition_index
 from broker.tools.fuzzing import sub_entry_batch
 from broker.wal import record
 from broker.wal.files import DirectoryStorage
@@ -107,7 +104,7 @@ def with_streams(tmp_path: Path, node: Node | None = None) -> Node:
 def opened(node: Node | None = None) -> StreamConnection:
     connection = StreamConnection(node or Node(), "127.0.0.1:40000", True, ("127.0.0.1", 5552))
     connection.receive(b"".join(handshake_frames()))
-    assert connection.step == "open" and not connection.finished
+    assert connection.step is Step.OPENED and not connection.finished
     return connection
 
 
@@ -129,7 +126,7 @@ def test_frames_may_arrive_a_byte_at_a_time() -> None:
     connection = StreamConnection(Node(), "127.0.0.1:40000", True, ("127.0.0.1", 5552))
     for byte in b"".join(handshake_frames()):
         connection.receive(bytes((byte,)))
-    assert connection.step == "open"
+    assert connection.step is Step.OPENED
     assert [code for _, _, code in responses(connection.out)] == [1, 1, 1, 0, 1]
 
 
@@ -143,11 +140,11 @@ def test_a_login_checked_later_holds_what_arrives_meanwhile() -> None:
     node.run_blocking = run_blocking
     connection = StreamConnection(node, "127.0.0.1:40000", True, ("127.0.0.1", 5552))
     connection.receive(b"".join(handshake_frames(password="secret")))
-    assert connection.step == "authenticating" and len(responses(connection.out)) == 2
+    assert connection.step is Step.AUTHENTICATING and len(responses(connection.out)) == 2
     woken: list[bool] = []
     connection.wake = lambda: woken.append(True)
     later.pop()()
-    assert connection.step == "open" and woken == [True]
+    assert connection.step is Step.OPENED and woken == [True]
     assert [key for key, _, _ in responses(connection.out)][2:] == [wire.SASL_AUTHENTICATE, wire.TUNE, wire.OPEN]
 
 
@@ -169,7 +166,7 @@ def test_a_step_left_out_ends_the_connection() -> None:
     frames = handshake_frames()
     connection = StreamConnection(Node(), "127.0.0.1:40000", True, ("127.0.0.1", 5552))
     connection.receive(frames[0] + frames[2])  # no sasl_handshake
-    assert connection.finished and connection.step == "peer_properties_exchanged"
+    assert connection.finished and connection.step is Step.PEER_PROPERTIES_EXCHANGED
 
 
 def test_create_and_delete_once_open(tmp_path: Path) -> None:
@@ -228,7 +225,30 @@ def test_every_request_shape_cut_short_is_read_as_unknown() -> None:
         for size in range(0, 24):
             body = bytes(rng.randrange(256) for _ in range(size))
             command = wire.parse_request(struct.pack(">HH", key, 1) + body)
-            assert isinstance(command, tuple) and command[0]
+            assert isinstance(command, wire.Command)
+
+
+def test_requests_and_responses_are_read_as_their_commands() -> None:
+    subscribe = struct.pack(">B", 3) + wire.string("s") + struct.pack(">hQH", wire.OFFSET_OFFSET, 42, 10)
+    update = struct.pack(">IHHQ", 5, wire.OK, wire.OFFSET_TIMESTAMP, 9)
+    expected = {
+        request(wire.SUBSCRIBE, 7, subscribe + wire.string_map({"name": "g"})): wire.Subscribe(
+            7, 3, "s", wire.Offset("offset", 42), 10, {"name": "g"}
+        ),
+        wire.frame(wire.PUBLISH, struct.pack(">BI", 1, 1) + b"m"): wire.Publish(1, 1, memoryview(b"m")),
+        wire.frame(wire.CREDIT, struct.pack(">Bh", 3, -1)): wire.Credit(3, -1),
+        request(wire.DELETE_PUBLISHER, 4, b"\x02"): wire.DeletePublisher(4, 2),
+        request(wire.UNSUBSCRIBE, 4, b"\x02"): wire.Unsubscribe(4, 2),
+        request(wire.PARTITIONS, 6, wire.string("ss")): wire.Partitions(6, "ss"),
+        wire.frame(wire.TUNE | wire.RESPONSE, struct.pack(">II", 1, 2)): wire.Tune(1, 2),
+        wire.frame(wire.CONSUMER_UPDATE | wire.RESPONSE, update): wire.ConsumerUpdateResponse(
+            5, wire.OK, wire.Offset("timestamp", 9)
+        ),
+        wire.frame(wire.CLOSE | wire.RESPONSE, struct.pack(">IH", 1, wire.OK)): wire.Response(wire.CLOSE),
+        wire.frame(wire.HEARTBEAT, b"\x00"): wire.UNKNOWN,
+    }
+    for frame, command in expected.items():
+        assert wire.parse_request(frame[4:]) == command
 
 
 # -- the Twisted shell ---------------------------------------------------------------------------
@@ -872,9 +892,9 @@ def test_a_groups_partition_index_is_found_as_rabbitmq_finds_it(
     vhost = node.vhosts["/"]
     vhost.declare_exchange("ss", "direct", durable=True)
     vhost.bind_queue(stream, "ss", "0", arguments, None)
-    found = connection._partition_index(vhost.queues[stream], "ss")
+    found = partition_index(vhost, vhost.queues[stream], "ss")
     assert found == index
-    assert connection._partition_index(vhost.queues[stream], "missing") == -1
+    assert partition_index(vhost, vhost.queues[stream], "missing") == -1
     # The first member is told it is active; once the second comes, the partition is member
     # p mod 2's: an odd p moves it (the first steps down). At -1 it stays with the first.
     for subscription in (1, 2):

@@ -17,6 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.streams.connection import StreamConnection
+from broker.streams.handshake import Step
+from broker.streams.superstreams import SuperStreams
 from broker.tools.fuzzing import (
     STREAM_SESSION_START,
     stream_publish,
@@ -140,7 +142,7 @@ def test_the_session_start_opens_and_reaches_every_kind_of_user() -> None:
 
     def record(self: StreamConnection) -> None:
         seen.append(self)
-        assert self.step == "open" and set(self.publishers) == {1} and set(self.subscriptions) == {1, 2}
+        assert self.step is Step.OPENED and set(self.publishers) == {1} and set(self.subscriptions) == {1, 2}
         lost(self)
 
     with pytest.MonkeyPatch.context() as patch:
@@ -151,10 +153,10 @@ def test_the_session_start_opens_and_reaches_every_kind_of_user() -> None:
 
 
 def test_the_harness_can_fail(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(self: StreamConnection, correlation: int, name: str) -> None:
+    def broken(self: SuperStreams, command: wire.Partitions) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(StreamConnection, "_partitions", broken)
+    monkeypatch.setattr(SuperStreams, "partitions", broken)
     with pytest.raises(RuntimeError):
         stream_run_once(b"\x01" + stream_request(wire.PARTITIONS, 9, wire.string("s")))
 
