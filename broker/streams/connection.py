@@ -29,9 +29,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from broker.core.node import Node, User
+from broker.core.node import Node
 from broker.core.sockets import SocketDetails
 from broker.core.stream import StreamQueue
+from broker.core.users import User
 from broker.core.vhost import VirtualHost
 from broker.errors import ChannelException
 from broker.streams.handshake import FRAME_MAX, HEARTBEAT, Handshake, Step

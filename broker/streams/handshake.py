@@ -17,7 +17,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from broker.core.login import sasl_credentials
-from broker.core.node import User
+from broker.core.users import User
 from broker.wire import streamframes as wire
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from broker.wire import streamframes as wire
 from exchanges.partitions import PARTITION_ORDER, SUPER_STREAM, partition_order
 
 if TYPE_CHECKING:
-    from broker.core.queue import WorkQueue
+    from broker.core.entry import Queue
     from broker.streams.subscriptions import Subscription
 
 #: The most partitions ``create_super_stream`` makes (a partitioned stream's in the YAML).
@@ -96,7 +96,7 @@ class SuperStreams:
         declared = stream_arguments(session, name, command.arguments)
         if declared is None:
             return
-        made: list[WorkQueue] = []
+        made: list[Queue] = []
         try:
             vhost.declare_exchange(name, "direct", durable=True, arguments={SUPER_STREAM: True})
             for order, (partition, key) in enumerate(zip(partitions, keys, strict=True)):
