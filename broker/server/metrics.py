@@ -46,7 +46,7 @@ from broker.wire.streamframes import ERROR_NAMES
 
 if TYPE_CHECKING:
     from broker.core.node import Node
-    from broker.server.service import WALService
+    from broker.storage.logwriter import WALService
 
 _QUEUE_LABELS = ["vhost", "queue"]
 
