@@ -20,6 +20,7 @@ from broker.core.deadlog import header_dead_letter_id
 from broker.core.message import Message
 from broker.core.node import DEFAULT_VHOST_DESCRIPTION, Limits, Node, User
 from broker.core.policy import Policy, PolicyRefused, from_value
+from broker.core.stores import QueuePager, StreamStorage
 from broker.core.vhost import VirtualHost
 from broker.errors import AMQPError
 from broker.wal.recovery import Snapshot
@@ -45,9 +46,9 @@ def node_from_config(
     registry: ExchangeTypeRegistry | None = None,
     hooks: HookChain | None = None,
     authenticators: Sequence[Any] = (),
-    pager: Any = None,
+    pager: QueuePager | None = None,
     before_messages: Callable[[Node], None] | None = None,
-    streams: Any = None,
+    streams: StreamStorage | None = None,
 ) -> Node:
     """A node with the configuration's limits, users and virtual hosts.
 

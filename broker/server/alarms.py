@@ -135,7 +135,6 @@ class ResourceMonitor(Service):
         self._next_disk = 0.0
         self._last_trim = float("-inf")
         self._call: IDelayedCall | None = None
-        node.resource_monitor = self
 
     def startService(self) -> None:
         super().startService()

@@ -40,12 +40,14 @@ from twisted.web.server import NOT_DONE_YET, Request
 
 from broker.core.deadletter import DeadLetterReason
 from broker.core.histogram import Histogram
-from broker.server.alarms import disk_free, memory_total, resident_memory
+from broker.server.alarms import ResourceMonitor, disk_free, memory_total, resident_memory
+from broker.server.identity import NODE_NAME
 from broker.streams.connection import error_counter
 from broker.wire.streamframes import ERROR_NAMES
 
 if TYPE_CHECKING:
     from broker.core.node import Node
+    from broker.server.shovels import Shovels
     from broker.storage.logwriter import WALService
 
 _QUEUE_LABELS = ["vhost", "queue"]
@@ -211,6 +213,8 @@ class BrokerCollector:
     :param wal: the log writer, for ``postroom_wal_*``; ``None`` when nothing is persisted
     :param rabbitmq_compatible: also export the ``rabbitmq_*`` names of RabbitMQ's dashboards
     :param node_name: the ``rabbitmq_node`` label of ``rabbitmq_identity_info``
+    :param shovels: the node's running shovels, for ``postroom_shovel_*`` (``None``: it runs none)
+    :param monitor: what reads memory and free disk, for their gauges (``None``: none)
     """
 
     def __init__(
@@ -218,10 +222,14 @@ class BrokerCollector:
         node: Node,
         wal: WALService | None = None,
         rabbitmq_compatible: bool = False,
-        node_name: str = "postroom@localhost",
+        node_name: str = NODE_NAME,
+        shovels: Shovels | None = None,
+        monitor: ResourceMonitor | None = None,
     ) -> None:
         self.node = node
         self.wal = wal
+        self.shovels = shovels
+        self.monitor = monitor
         self.rabbitmq_compatible = rabbitmq_compatible
         self.node_name = node_name
 
@@ -266,7 +274,7 @@ class BrokerCollector:
         restarts = CounterMetricFamily(
             "postroom_shovel_restarts", "Times a shovel started again after a failure.", labels=labels
         )
-        for shovel in self.node.shovels or ():
+        for shovel in self.shovels or ():
             names = [shovel.spec.vhost, shovel.spec.name]
             for name in ("starting", "running", "terminated"):
                 state.add_metric([*names, name], 1 if shovel.state == name else 0)
@@ -390,7 +398,7 @@ class BrokerCollector:
             "1 while a queue with consumers is far behind and publishers are read in smaller pieces (credit flow).",
             value=self.node.flow,
         )
-        monitor = self.node.resource_monitor
+        monitor = self.monitor
         if monitor is not None:
             yield GaugeMetricFamily("postroom_memory_used_bytes", "Resident memory.", value=monitor.memory_used)
             yield GaugeMetricFamily(
@@ -514,7 +522,7 @@ class RabbitMQNames:
 
         ready, unacked = totals.message_count, totals.unacked_count
         unconfirmed = sum(c.confirms.unconfirmed for c in channels if c.confirms is not None)
-        monitor = node.resource_monitor
+        monitor = self.collector.monitor
         rss = resident_memory()
         limit = monitor.memory_limit if monitor is not None else memory_total()
         disk = _disk_free(self.collector.wal)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from twisted.application.service import MultiService, Service
@@ -169,41 +170,54 @@ def make_broker_service(
     elif plugins is not None:
         plugins.node_ready(node)
     wal = storage.wal if storage is not None else None
+    memory = memory_total()
+    monitor = ResourceMonitor(
+        node,
+        reactor,
+        config.limits.memory_limit(memory),
+        config.storage.dir if wal is not None else None,
+        config.limits.disk_limit(memory),
+    )
+    shovels = Shovels(node, reactor)
     factory = AMQPServerFactory(node, reactor)
-    sampler = RateSampler(node, reactor) if config.listen.management else None
+    sampler = RateSampler(node, reactor, monitor=monitor) if config.listen.management else None
     service = BrokerService(factory, wal, sampler, storage.dead_letters if storage is not None else None)
     if storage is not None:
         storage.pager.setServiceParent(service)
     for plugin_service in plugins.services if plugins is not None else ():
         # Children start in order: plugin services before the listeners, stopped with them.
         plugin_service.setServiceParent(service)
-    memory = memory_total()
-    ResourceMonitor(
-        node,
-        reactor,
-        config.limits.memory_limit(memory),
-        config.storage.dir if wal is not None else None,
-        config.limits.disk_limit(memory),
-    ).setServiceParent(service)
-    _listen(service, config, reactor, node, factory, amqp_endpoints, wal, sampler)
+    monitor.setServiceParent(service)
+    _listen(service, config, reactor, _Shell(node, factory, wal, sampler, monitor, shovels), amqp_endpoints)
     # Last: shovels start once the listeners are bound (one to amqp:// connects to them) and
     # stop first, while the node still serves.
-    Shovels(node, reactor).setServiceParent(service)
+    shovels.setServiceParent(service)
     return service
+
+
+@dataclass(frozen=True, slots=True)
+class _Shell:
+    """What the listeners serve: the node, its AMQP factory, and what metrics and the
+    management API read besides (the log writer, the rates, the resource readings, the shovels)."""
+
+    node: Node
+    factory: AMQPServerFactory
+    wal: WALService | None
+    sampler: RateSampler | None
+    monitor: ResourceMonitor
+    shovels: Shovels
 
 
 def _listen(
     service: BrokerService,
     config: BrokerConfig,
     reactor: Any,
-    node: Node,
-    factory: AMQPServerFactory,
+    shell: _Shell,
     amqp_endpoints: list[str] | None,
-    wal: WALService | None,
-    sampler: RateSampler | None,
 ) -> None:
     """Add the configuration's listeners to ``service``: AMQP (``amqp_endpoints`` instead, when
     given), AMQPS, the stream protocol (plain and TLS), metrics and management."""
+    node, factory, sampler = shell.node, shell.factory, shell.sampler
     tls = tls_wrapper(config, reactor)
     certificates = (config.tls.certificate, config.tls.ca) if config.tls is not None else None
     for description in amqp_endpoints or [config.listen.amqp]:
@@ -224,14 +238,16 @@ def _listen(
     http_tls = tls if tls is not None and config.tls is not None and config.tls.http else None
     http, http_certificates = ("https", certificates) if http_tls else ("http", None)
     if config.listen.metrics:
-        collector = BrokerCollector(node, wal, config.metrics.rabbitmq_compatible)
+        collector = BrokerCollector(
+            node, shell.wal, config.metrics.rabbitmq_compatible, shovels=shell.shovels, monitor=shell.monitor
+        )
         site = metrics_site(collector, reactor)
         site = http_tls(site) if http_tls else site
         Listener(
             "metrics", config.listen.metrics, site, reactor, node, f"{http}/prometheus", http_certificates
         ).setServiceParent(service)
     if sampler is not None and config.listen.management:
-        site = management_site(node, sampler, reactor, reports=config.ui.reports)
+        site = management_site(node, sampler, reactor, reports=config.ui.reports, shovels=shell.shovels)
         site = http_tls(site) if http_tls else site
         Listener("management", config.listen.management, site, reactor, node, http, http_certificates).setServiceParent(
             service

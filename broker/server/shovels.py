@@ -45,7 +45,7 @@ from zope.interface import implementer
 
 from broker.clients.link import Link, LinkClosed
 from broker.core.node import User
-from broker.server.management.common import NODE_NAME
+from broker.server.identity import NODE_NAME
 from broker.wire.content import ContentError, headers_content, replace_property, with_header_entry
 from broker.wire.table import Int64, decode_table
 from config.shovels import COMPONENT, Endpoint, ShovelInvalid, ShovelSpec, parse, parse_uri
@@ -495,7 +495,6 @@ class Shovels(Service):
         self.active: dict[tuple[str, str], Shovel] = {}
         self._secret = secrets.token_urlsafe(32)
         node.internal_user = User(INTERNAL_USER, password=self._secret, loopback_only=True)
-        node.shovels = self
         node.admin.parameter_watchers.append(self._changed)
 
     def startService(self) -> None:

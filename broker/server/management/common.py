@@ -1,5 +1,7 @@
 """What every part of the management API shares: the answer to a refused request, the
-request as a handler sees it, and RabbitMQ's names and constants."""
+request as a handler sees it (:class:`Call`, with what it reads: :class:`Context`), and
+RabbitMQ's names and constants. It imports none of the API's other parts but the rates (for
+their type), so that each part may import it."""
 
 from __future__ import annotations
 
@@ -10,17 +12,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote_to_bytes
 
+from broker.amqp.connection import reply_text
 from broker.core.sockets import PLAIN_TCP
+from broker.errors import ChannelException
 
 if TYPE_CHECKING:
     from twisted.web.server import Request
 
     from broker.core.node import Node, User
-    from broker.server.management.api import ManagementAPI
+    from broker.core.queue import WorkQueue
+    from broker.core.vhost import VirtualHost
     from broker.server.management.rates import RateSampler
-
-#: The node's name, as RabbitMQ names a node (``name@host``).
-NODE_NAME = "postroom@localhost"
+    from broker.server.shovels import Shovels
 
 #: Tags that let a user into the management API (RabbitMQ's; any other tag does not).
 MANAGEMENT_TAGS = frozenset({"administrator", "monitoring", "policymaker", "management"})
@@ -124,12 +127,99 @@ def segments(uri: bytes) -> list[str]:
     return decoded
 
 
+class Context:
+    """What the management API's handlers read: the node, its rates and its shovels, and what
+    a user may see of them.
+
+    :param node: the broker node
+    :param sampler: rates for ``message_stats``, and the node's resource readings
+    :param reports: the folder of the dead-letter analysis' reports (``ui.reports``; ``None``: none)
+    :param shovels: the node's running shovels (``None``: it runs none)
+    """
+
+    def __init__(
+        self, node: Node, sampler: RateSampler, reports: str | None = None, shovels: Shovels | None = None
+    ) -> None:
+        self.node = node
+        self.sampler = sampler
+        self.reports = reports
+        self.shovels = shovels
+
+    def vhosts(self, user: User, name: str | None = None, visible: bool = False) -> list[VirtualHost]:
+        """The vhosts a list shows ``user`` (RabbitMQ's management plugin): every one to an
+        administrator (and, where ``visible``, to a monitoring user: the vhost list and the
+        overview), else those the user may open. With ``name``: that one.
+
+        :raises Problem: 401 for a vhost that exists but is not the user's, 404 for a missing one
+        """
+        administrator = "administrator" in user.tags
+        if name is None:
+            sees_all = administrator or (visible and "monitoring" in user.tags)
+            return [v for v in self.node.vhosts.values() if sees_all or user.may_open(v.name)]
+        vhost = self.node.vhosts.get(name)
+        if vhost is None:
+            raise not_found()
+        if not administrator and not user.may_open(name):
+            raise not_authorised("User not authorised to access virtual host")
+        return [vhost]
+
+    def queue(self, user: User, vhost_name: str, name: str) -> WorkQueue:
+        queue = self.vhosts(user, vhost_name)[0].queues.get(name)
+        if queue is None:
+            raise not_found()
+        return queue
+
+    def readable_queue(self, user: User, vhost_name: str, name: str) -> WorkQueue:
+        """A queue whose messages ``user`` wants (get, purge): it needs the vhost, read
+        permission on the queue, and the queue must not be another connection's exclusive one
+        (RabbitMQ does these through an AMQP channel as the user, with its answers).
+
+        :raises Problem: 401 (no vhost access or no read permission), 400 (exclusive), 404
+        """
+        if not user.may_open(vhost_name):
+            raise not_authorised(f"access to vhost '{vhost_name}' refused for user '{user.name}'")
+        queue = self.queue(user, vhost_name, name)
+        access = user.access(vhost_name)
+        if access is not None:
+            try:
+                access.check("read", "queue", name)
+            except ChannelException as refused:
+                raise not_authorised(reply_text(refused)) from None
+        if queue.owner is not None:
+            raise Problem(
+                400,
+                "bad_request",
+                f"405 RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in vhost "
+                f"'{vhost_name}'. It could be originally declared on another connection or the exclusive "
+                "property value does not match that of the original declaration.",
+            )
+        return queue
+
+    def visible_connections(self, user: User) -> list[Any]:
+        return [
+            connection
+            for connection in self.node.connections
+            if not SEE_ALL_TAGS.isdisjoint(user.tags) or connection.user_name == user.name
+        ]
+
+    def visible_stream_connections(self, user: User) -> list[Any]:
+        """The stream protocol's open connections ``user`` sees (as for AMQP's), by name."""
+        return sorted(
+            (
+                connection
+                for connection in self.node.stream_connections
+                if not SEE_ALL_TAGS.isdisjoint(user.tags) or connection.user_name == user.name
+            ),
+            key=lambda connection: connection.peer,
+        )
+
+
 @dataclass
 class Call:
     """One request as its handler sees it: who asks, the route's parameters (``:vhost`` and
     the like, decoded) and the query string."""
 
-    api: ManagementAPI
+    context: Context
     user: User
     request: Request
     params: dict[str, str]
@@ -137,11 +227,11 @@ class Call:
 
     @property
     def node(self) -> Node:
-        return self.api.node
+        return self.context.node
 
     @property
     def sampler(self) -> RateSampler:
-        return self.api.sampler
+        return self.context.sampler
 
     def body(self) -> dict[str, Any]:
         """The request's JSON object (see :func:`json_object`)."""

@@ -104,7 +104,7 @@ def deaths(message: Message) -> list[dict[str, Any]]:
 
 def _dead_letter_queues(call: Call) -> list[tuple[VirtualHost, WorkQueue]]:
     found = []
-    for vhost in call.api.vhosts(call.user):
+    for vhost in call.context.vhosts(call.user):
         for queue in vhost.queues.values():
             if queue.name in vhost.dead_letter_queues or queue.dead_letter_watch is not None:
                 if _may_read(call.user, vhost, queue):
@@ -187,7 +187,7 @@ class Filter:
 
 
 def _queue(call: Call) -> tuple[VirtualHost, WorkQueue]:
-    queue = call.api.readable_queue(call.user, call.params["vhost"], call.params["queue"])
+    queue = call.context.readable_queue(call.user, call.params["vhost"], call.params["queue"])
     vhost = call.node.vhosts[call.params["vhost"]]
     if queue.kind == "stream":
         raise Problem(400, "bad_request", "a stream is not a dead-letter queue here: its messages are not taken")
@@ -429,7 +429,7 @@ def _reports_folder(call: Call) -> str:
     """The reports' folder; reports are for the users who see every queue's dead letters."""
     if SEE_ALL_TAGS.isdisjoint(call.user.tags):
         raise not_authorised("Not monitor user")
-    folder = call.api.reports
+    folder = call.context.reports
     if folder is None:
         raise Problem(404, "not_found", "no reports folder is configured (ui.reports)")
     return folder

@@ -12,7 +12,8 @@ from cryptography import x509
 
 from broker.core.message import Message
 from broker.core.node import ListenerInfo
-from broker.server.management.common import NODE_NAME, Call, Problem, not_authorised, not_found, required
+from broker.server.identity import NODE_NAME
+from broker.server.management.common import Call, Problem, not_authorised, not_found, required
 from broker.server.management.router import Router
 
 #: The queue ``/api/aliveness-test/VHOST`` declares and leaves in place, as RabbitMQ does.
@@ -136,7 +137,7 @@ def node_check(call: Call) -> tuple[int, Any]:
 def aliveness(call: Call) -> tuple[int, Any]:
     """Declare the ``aliveness-test`` queue in the vhost, put a message in it and take it
     out, as RabbitMQ does through a channel of the user's."""
-    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
     queue = vhost.declare_queue(ALIVENESS_QUEUE, None)
     queue.enqueue(Message.build("", ALIVENESS_QUEUE, b"test_message"))
     entry = queue.get()

@@ -66,7 +66,7 @@ def _writable_vhost(call: Call) -> VirtualHost:
     vhost = call.node.vhosts.get(call.params["vhost"])
     if vhost is None:
         raise Problem(404, "not_found", "vhost_not_found")
-    call.api.vhosts(call.user, vhost.name)  # 401 for a vhost that is not the user's
+    call.context.vhosts(call.user, vhost.name)  # 401 for a vhost that is not the user's
     return vhost
 
 
@@ -123,7 +123,7 @@ def delete_queue(call: Call) -> tuple[int, None]:
 def _delete(call: Call, kind: str) -> tuple[int, None]:
     """Delete the exchange or queue of the path: 404 when missing, then as ``exchange.delete``
     or ``queue.delete`` (configure permission, the ``if-`` conditions of the query)."""
-    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
     name = call.params[kind]
     if name not in (vhost.exchanges if kind == "exchange" else vhost.queues):
         raise not_found()
@@ -174,7 +174,7 @@ def _between(call: Call) -> tuple[VirtualHost, str, str, bool]:
 
     :raises Problem: 404 for a missing vhost, source or destination, or a type other than ``q`` or ``e``
     """
-    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
     source, destination, kind = call.params["source"], call.params["destination"], call.params["dtype"]
     if kind not in ("q", "e"):
         raise not_found()
@@ -368,7 +368,7 @@ def _not_a_stream(queue: WorkQueue, operation: str) -> WorkQueue:
 
 
 def purge(call: Call) -> tuple[int, None]:
-    queue = call.api.readable_queue(call.user, call.params["vhost"], call.params["queue"])
+    queue = call.context.readable_queue(call.user, call.params["vhost"], call.params["queue"])
     _not_a_stream(queue, "queue.purge").purge()
     return 204, None
 
@@ -386,7 +386,8 @@ def get(call: Call) -> tuple[int, Any]:
     redelivered (``ack_requeue_true``, ``reject_requeue_true``), acknowledge them
     (``ack_requeue_false``) or reject them to their dead-letter exchange
     (``reject_requeue_false``). Postroom's ``peek`` shows them and changes nothing."""
-    queue = _not_a_stream(call.api.readable_queue(call.user, call.params["vhost"], call.params["queue"]), "basic.get")
+    queue = call.context.readable_queue(call.user, call.params["vhost"], call.params["queue"])
+    queue = _not_a_stream(queue, "basic.get")
     body = call.body()
     ackmode, count, encoding = required(body, ("ackmode", "count", "encoding"))
     if encoding not in ("auto", "base64"):

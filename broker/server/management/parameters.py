@@ -46,7 +46,7 @@ def parameters(call: Call) -> tuple[int, Any]:
     _policymaker(call)
     params = call.params
     listed = []
-    for vhost in call.api.vhosts(call.user, params.get("vhost")):
+    for vhost in call.context.vhosts(call.user, params.get("vhost")):
         limits = vhost_limits(vhost)
         if limits:
             listed.append({"value": limits, "vhost": vhost.name, "component": "vhost-limits", "name": "limits"})
@@ -83,7 +83,7 @@ def set_parameter(call: Call) -> tuple[int, Any]:
         return _set_shovel(call)
     if component != "vhost-limits":
         raise Problem(400, "bad_request", f"Validation failed\n\ncomponent {component} not found\n")
-    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
     (value,) = required(call.body(), ("value",))
     if name != "limits" or not isinstance(value, dict):
         raise Problem(400, "bad_request", "Validation failed\n\nvhost-limits takes one parameter, limits: an object\n")
@@ -104,7 +104,7 @@ def _set_shovel(call: Call) -> tuple[int, Any]:
     """``PUT /api/parameters/shovel/VHOST/NAME`` with ``value``: a dynamic shovel, checked as
     RabbitMQ checks it (its messages, HTML-escaped as its answer has them), started (again,
     when it changed)."""
-    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
     (value,) = required(call.body(), ("value",))
     user = call.user
     may_open = lambda vhost: vhost in call.node.vhosts and user.may_open(vhost)  # noqa: E731
@@ -118,7 +118,7 @@ def _set_shovel(call: Call) -> tuple[int, Any]:
 
 def clear_parameter(call: Call) -> tuple[int, Any]:
     _policymaker(call)
-    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
     if call.params["component"] == SHOVEL:
         if not call.node.admin.clear_parameter(SHOVEL, vhost.name, call.params["name"]):
             raise not_found()

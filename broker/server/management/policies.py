@@ -47,14 +47,14 @@ def policy_list(call: Call, operator: bool) -> Any:
     user, params = call.user, call.params
     if "name" in params:
         _may_set_policies(call, user, params["vhost"], operator)
-        vhost = call.api.vhosts(user, params["vhost"])[0]
+        vhost = call.context.vhosts(user, params["vhost"])[0]
         policy = (vhost.operator_policies if operator else vhost.policies).get(params["name"])
         if policy is None:
             raise not_found()
         return policy_view(vhost, policy)
     views = [
         policy_view(vhost, policy)
-        for vhost in call.api.vhosts(user, params.get("vhost"))
+        for vhost in call.context.vhosts(user, params.get("vhost"))
         for policy in (vhost.operator_policies if operator else vhost.policies).values()
     ]
     return sorted(views, key=lambda view: (view["priority"], view["name"]))

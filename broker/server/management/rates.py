@@ -10,6 +10,7 @@ from twisted.internet.task import LoopingCall
 
 if TYPE_CHECKING:
     from broker.core.node import Node
+    from broker.server.alarms import ResourceMonitor
 
 #: What a counter is kept under: its vhost, its queue's name (``""`` for the vhost's or the
 #: node's own; ``("exchange", name)`` for an exchange's) and the statistic.
@@ -44,9 +45,9 @@ def descriptors_open() -> int:
         return 0
 
 
-def node_levels(node: Any) -> dict[str, int]:
-    """What the node uses: memory, file descriptors, client sockets, and the disk space left."""
-    monitor = node.resource_monitor
+def node_levels(node: Node, monitor: ResourceMonitor | None) -> dict[str, int]:
+    """What the node uses: memory, file descriptors, client sockets, and the disk space left
+    (as ``monitor`` last read them; 0 without one)."""
     return {
         "mem_used": (monitor.memory_used or 0) if monitor is not None else 0,
         "fd_used": descriptors_open(),
@@ -134,10 +135,15 @@ class RateSampler:
 
     :param node: the broker node
     :param clock: the reactor (``Clock`` in tests)
+    :param monitor: what reads the node's memory and free disk (``None``: they read 0)
     """
 
-    def __init__(self, node: Node, clock: Any, interval: float = RATE_INTERVAL) -> None:
+    def __init__(
+        self, node: Node, clock: Any, interval: float = RATE_INTERVAL, monitor: ResourceMonitor | None = None
+    ) -> None:
         self.node = node
+        #: The node's memory and disk readings, sampled as levels and shown by ``/api/nodes``.
+        self.monitor = monitor
         self.clock = clock
         self.interval = interval
         self._last: dict[Key, int] = {}
@@ -173,7 +179,7 @@ class RateSampler:
 
     def _counts(self) -> dict[Key, int]:
         counts = {("", "", stat): count for stat, count in churn_counts(self.node).items()}
-        counts.update({("", "", stat): level for stat, level in node_levels(self.node).items()})
+        counts.update({("", "", stat): level for stat, level in node_levels(self.node, self.monitor).items()})
         for vhost in self.node.vhosts.values():
             for stat, attribute in VHOST_STATS.items():
                 counts[(vhost.name, "", stat)] = getattr(vhost, attribute)

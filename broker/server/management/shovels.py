@@ -29,8 +29,8 @@ def _monitor(call: Call) -> None:
 
 def _shovel(call: Call) -> Any:
     """The shovel the path names (404 when it has no status), after the vhost's checks."""
-    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
-    shovels = call.node.shovels
+    vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
+    shovels = call.context.shovels
     shovel = shovels.active.get((vhost.name, call.params["name"])) if shovels is not None else None
     if shovel is None:
         raise not_found()
@@ -43,9 +43,9 @@ def status(call: Call) -> tuple[int, Any]:
     _monitor(call)
     if "name" in call.params:
         _shovel(call)
-    shown = {vhost.name for vhost in call.api.vhosts(call.user, call.params.get("vhost"))}
+    shown = {vhost.name for vhost in call.context.vhosts(call.user, call.params.get("vhost"))}
     counters = call.query.get("counters", [""])[-1] == "true"
-    shovels = call.node.shovels
+    shovels = call.context.shovels
     return 200, [shovel.status(counters) for shovel in shovels or () if shovel.spec.vhost in shown]
 
 
@@ -61,5 +61,5 @@ def restart(call: Call) -> tuple[int, Any]:
     """Stop a shovel and start it again (its connections are made anew)."""
     _monitor(call)
     shovel = _shovel(call)
-    call.node.shovels.restart(shovel)
+    shovel.shovels.restart(shovel)
     return 204, None

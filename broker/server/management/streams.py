@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from twisted.logger import Logger
 
 from broker.core.stream import OffsetSpec, StreamQueue
-from broker.server.management.common import NODE_NAME, Call, Problem, not_authorised, not_found, socket_fields
+from broker.server.identity import NODE_NAME
+from broker.server.management.common import Call, Problem, not_authorised, not_found, socket_fields
 from broker.server.management.router import Router
 
 if TYPE_CHECKING:
@@ -63,18 +64,18 @@ def streams(call: Call) -> tuple[int, Any]:
     """``GET /api/streams[/VHOST[/NAME]]``: streams, their offsets, retention and subscriptions."""
     params = call.params
     if "stream" in params:
-        vhost = call.api.vhosts(call.user, params["vhost"])[0]
+        vhost = call.context.vhosts(call.user, params["vhost"])[0]
         return 200, stream_view(vhost, _stream(call, params["vhost"], params["stream"]))
     return 200, [
         stream_view(vhost, queue)  # type: ignore[arg-type]
-        for vhost in call.api.vhosts(call.user, params.get("vhost"))
+        for vhost in call.context.vhosts(call.user, params.get("vhost"))
         for queue in sorted(vhost.queues.values(), key=lambda q: q.name)
         if queue.kind == "stream"
     ]
 
 
 def _stream(call: Call, vhost_name: str, name: str) -> StreamQueue:
-    queue = call.api.queue(call.user, vhost_name, name)
+    queue = call.context.queue(call.user, vhost_name, name)
     if queue.kind != "stream":
         raise Problem(400, "bad_request", f"queue '{name}' in vhost '{vhost_name}' is not a stream")
     return queue  # type: ignore[return-value]
@@ -85,7 +86,7 @@ def reset_subscription(call: Call) -> tuple[int, Any]:
     ``first``, ``last``, ``next``, an offset, or a time (seconds since the epoch, or ISO 8601);
     it needs read permission on the stream. Answers the subscription as it now is."""
     vhost_name, name, subscription = call.params["vhost"], call.params["stream"], call.params["subscription"]
-    call.api.readable_queue(call.user, vhost_name, name)
+    call.context.readable_queue(call.user, vhost_name, name)
     stream = _stream(call, vhost_name, name)
     body = call.body()
     if "to" not in body:
@@ -200,9 +201,9 @@ def stream_connections_shown(call: Call, required: bool = True) -> list[Any]:
     """The stream connections the user sees, of the path's vhost and connection when it names
     them (404 for a vhost that is not there, and with ``required`` for a connection)."""
     params = call.params
-    shown = call.api.visible_stream_connections(call.user)
+    shown = call.context.visible_stream_connections(call.user)
     if "vhost" in params:
-        vhost = call.api.vhosts(call.user, params["vhost"])[0]
+        vhost = call.context.vhosts(call.user, params["vhost"])[0]
         shown = [connection for connection in shown if connection.vhost is vhost]
     if "connection" in params:
         shown = [connection for connection in shown if connection.peer == params["connection"]]
@@ -226,7 +227,7 @@ def stream_publishers(call: Call) -> tuple[int, Any]:
     that is not there)."""
     stream = call.params.get("stream")
     if stream is not None:
-        call.api.queue(call.user, call.params["vhost"], stream)
+        call.context.queue(call.user, call.params["vhost"], stream)
     return 200, [
         publisher_view(connection, publisher)
         for connection in stream_connections_shown(call)

@@ -20,8 +20,8 @@ from urllib.parse import quote_plus
 from broker.core.deadletter import DeadLetterReason
 from broker.core.policy import effective_definition
 from broker.core.stream import StreamQueue
+from broker.server.identity import NODE_NAME
 from broker.server.management.common import (
-    NODE_NAME,
     RABBITMQ_FORMAT_VERSION,
     SEE_ALL_TAGS,
     Call,
@@ -84,9 +84,9 @@ def install(router: Router) -> None:
 
 def overview(call: Call) -> tuple[int, Any]:
     node, sampler = call.node, call.sampler
-    shown = call.api.vhosts(call.user, visible=True)
+    shown = call.context.vhosts(call.user, visible=True)
     queues = [(vhost, queue) for vhost in shown for queue in vhost.queues.values()]
-    visible = call.api.visible_connections(call.user)
+    visible = call.context.visible_connections(call.user)
     stats = vhost_stats(sampler, shown)
     age, increment = _history_window(call)
     if age:
@@ -220,7 +220,7 @@ def nodes(call: Call) -> tuple[int, Any]:
     if SEE_ALL_TAGS.isdisjoint(call.user.tags):
         raise not_authorised("Not monitor user")
     node = call.node
-    monitor = node.resource_monitor
+    monitor = call.sampler.monitor
     view = {
         "name": NODE_NAME,
         "type": "disc",
@@ -273,11 +273,11 @@ def vhosts(call: Call) -> tuple[int, Any]:
     (administrators only, as RabbitMQ 3.10)."""
     name = call.params.get("vhost")
     if name is None:
-        shown = call.api.vhosts(call.user, visible=True)
+        shown = call.context.vhosts(call.user, visible=True)
     elif "administrator" not in call.user.tags:
         raise not_authorised("Not administrator user")
     else:
-        shown = call.api.vhosts(call.user, name)
+        shown = call.context.vhosts(call.user, name)
     views = [vhost_view(call.sampler, vhost) for vhost in shown]
     return 200, views if name is None else views[0]
 
@@ -440,7 +440,7 @@ def consumers(call: Call) -> tuple[int, Any]:
     """``GET /api/consumers[/VHOST]``: every consumer of the vhosts the user sees."""
     return 200, [
         consumer_view(vhost, queue, consumer)
-        for vhost in call.api.vhosts(call.user, call.params.get("vhost"))
+        for vhost in call.context.vhosts(call.user, call.params.get("vhost"))
         for queue in sorted(vhost.queues.values(), key=lambda q: q.name)
         for consumer in queue.consumers
     ]
@@ -449,15 +449,15 @@ def consumers(call: Call) -> tuple[int, Any]:
 def queues(call: Call) -> tuple[int, Any]:
     user, params = call.user, call.params
     if "queue" in params:
-        vhost = call.api.vhosts(user, params["vhost"])[0]
-        queue = call.api.queue(user, params["vhost"], params["queue"])
+        vhost = call.context.vhosts(user, params["vhost"])[0]
+        queue = call.context.queue(user, params["vhost"], params["queue"])
         view = queue_view(call.sampler, vhost, queue)
         view["consumer_details"] = [consumer_view(vhost, queue, c) for c in queue.consumers]
         if not isinstance(queue, StreamQueue):
             # (per publisher and per channel in RabbitMQ's "detailed" rates mode; "basic" here)
             view.update(incoming=[], deliveries=[])
         return 200, view
-    vhosts = call.api.vhosts(user, params.get("vhost"))
+    vhosts = call.context.vhosts(user, params.get("vhost"))
     if "page" in call.query:
         shown = [(vhost, queue) for vhost in vhosts for queue in vhost.queues.values()]
     else:
@@ -532,7 +532,7 @@ def default_exchange_view(sampler: RateSampler, vhost: VirtualHost) -> dict[str,
 def exchanges(call: Call) -> tuple[int, Any]:
     user, params = call.user, call.params
     if "exchange" in params:
-        vhost = call.api.vhosts(user, params["vhost"])[0]
+        vhost = call.context.vhosts(user, params["vhost"])[0]
         name = params["exchange"]
         if name == "amq.default":
             view = default_exchange_view(call.sampler, vhost)
@@ -544,7 +544,7 @@ def exchanges(call: Call) -> tuple[int, Any]:
         view.update(incoming=[], outgoing=[])  # (per channel and per queue in RabbitMQ's "detailed" mode)
         return 200, view
     views = []
-    for vhost in call.api.vhosts(user, params.get("vhost")):
+    for vhost in call.context.vhosts(user, params.get("vhost")):
         views.append(default_exchange_view(call.sampler, vhost))
         views += [
             exchange_view(call.sampler, vhost, exchange) for exchange in vhost.exchanges.values() if exchange.name
@@ -553,15 +553,14 @@ def exchanges(call: Call) -> tuple[int, Any]:
 
 
 def bindings(call: Call) -> tuple[int, Any]:
-    return 200, [
-        binding for vhost in call.api.vhosts(call.user, call.params.get("vhost")) for binding in vhost_bindings(vhost)
-    ]
+    shown = call.context.vhosts(call.user, call.params.get("vhost"))
+    return 200, [binding for vhost in shown for binding in vhost_bindings(vhost)]
 
 
 def queue_bindings(call: Call) -> tuple[int, Any]:
     """``GET /api/queues/VHOST/NAME/bindings``: the default exchange's, then each exchange's
     bindings to the queue (the exchanges it is bound from only are looked at)."""
-    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
     queue = vhost.queues.get(call.params["queue"])
     if queue is None:
         raise not_found()
@@ -576,7 +575,7 @@ def queue_bindings(call: Call) -> tuple[int, Any]:
 def exchange_bindings(call: Call) -> tuple[int, Any]:
     """``GET /api/exchanges/VHOST/NAME/bindings/source`` (the exchange's own bindings) or
     ``.../destination`` (the exchange-to-exchange bindings into it)."""
-    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
     name = call.params["exchange"]
     name = "" if name == "amq.default" else name
     if name not in vhost.exchanges:
@@ -658,9 +657,9 @@ def connection_view(node: Node, sampler: RateSampler, connection: Any) -> dict[s
 def _connections(call: Call) -> list[Any]:
     """The connections the user sees, of the path's vhost or connection when it names one
     (404 for a vhost or a connection that is not there)."""
-    shown = sorted(call.api.visible_connections(call.user), key=lambda c: c.peer)
+    shown = sorted(call.context.visible_connections(call.user), key=lambda c: c.peer)
     if "vhost" in call.params:
-        vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+        vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
         shown = [connection for connection in shown if connection.vhost is vhost]
     if "connection" in call.params:
         shown = [connection for connection in shown if connection.peer == call.params["connection"]]
