@@ -77,8 +77,11 @@ def disk_free(path: str) -> int:
 
 def _find_malloc_trim() -> Callable[[int], Any] | None:
     name = ctypes.util.find_library("c")
+    if not name:
+        return None
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None  # type: ignore[no-any-return]
+        trim: Callable[[int], Any] = ctypes.CDLL(name).malloc_trim
+        return trim
     except (OSError, AttributeError):
         return None
 

@@ -125,7 +125,7 @@ class Listener(StreamServerEndpointService):
             self.running = False
             reason = getattr(error, "socketError", None) or error
             raise ListenError(f"cannot listen for {self.kind} on {self.description}: {reason}") from None
-        if self._node is not None and self._listed is None:
+        if self._node is not None and self._listed is None and self._waitingForPort is not None:
             self._waitingForPort.addCallback(self._list)
 
     def _list(self, port: Any) -> Any:

@@ -646,7 +646,7 @@ def _fds() -> tuple[int, int]:
 def make_registry(collector: BrokerCollector) -> CollectorRegistry:
     """A registry holding only this broker's collector (no process-global state)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)  # type: ignore[arg-type]
+    registry.register(collector)
     return registry
 
 
@@ -746,7 +746,7 @@ class MetricsResource(Resource):
             if piece:
                 request.write(piece)
             yield None
-        request.write(generate_latest(_Rest(self.collector, totals)))  # type: ignore[arg-type]
+        request.write(generate_latest(_Rest(self.collector, totals)))
 
 
 def metrics_site(collector: BrokerCollector, reactor: Any = None) -> Any:

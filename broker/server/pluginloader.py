@@ -128,7 +128,8 @@ def _provider(thing: Any, name: str) -> IBrokerPlugin:
         verifyObject(IBrokerPlugin, thing)
     except Invalid as error:
         raise PluginError(name, f"{thing!r} does not provide IBrokerPlugin: {error}") from error
-    return thing
+    plugin: IBrokerPlugin = thing
+    return plugin
 
 
 def find_plugin(name: str) -> tuple[IBrokerPlugin, str]:

@@ -46,6 +46,7 @@ from zope.interface import implementer
 from broker.clients.link import Link, LinkClosed
 from broker.core.node import User
 from broker.server.identity import NODE_NAME
+from broker.server.sockets import socket_of
 from broker.wire.content import ContentError, headers_content, replace_property, with_header_entry
 from broker.wire.table import Int64, decode_table
 from config.shovels import COMPONENT, Endpoint, ShovelInvalid, ShovelSpec, parse, parse_uri
@@ -213,7 +214,7 @@ class Shovel:
                 await link.opened.addTimeout(_timeout(endpoint), self.clock)
             except CONNECT_ERRORS as error:
                 if link.transport is not None:
-                    link.transport.abortConnection()
+                    socket_of(link).abortConnection()
                 last = error
                 continue
             return link, endpoint
@@ -234,6 +235,7 @@ class Shovel:
         else:
             declared = await source.call(commands.Queue.Declare(queue="", exclusive=True), commands.Queue.DeclareOk)
             self.queue = declared.queue
+            assert spec.src_exchange is not None  # (a spec names a source queue or a source exchange)
             bind = commands.Queue.Bind(queue=self.queue, exchange=spec.src_exchange, routing_key=spec.src_exchange_key)
             await source.call(bind, commands.Queue.BindOk)
         if spec.delete_after == "never":
@@ -252,7 +254,7 @@ class Shovel:
         source.on_deliver = self._deliver
         source.on_cancel = self._cancelled
         dest.on_confirm = self._confirmed
-        dest.transport.registerProducer(self, True)  # the destination's pace holds the source back
+        socket_of(dest).registerProducer(self, True)  # the destination's pace holds the source back
         consume = commands.Basic.Consume(
             queue=self.queue, no_ack=spec.ack_mode == "no-ack", arguments=dict(spec.src_consumer_args)
         )

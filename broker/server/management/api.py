@@ -130,7 +130,7 @@ class ManagementAPI(Resource):
             username = password = ""
         if scheme.lower() != "basic" or not username:
             return self._refused(request, Problem(401, "", ""), challenge=True)  # no credentials
-        gone: list[bool] = []
+        gone: list[object] = []
         request.notifyFinish().addBoth(gone.append)
         host = getattr(request.getClientAddress(), "host", "")
 

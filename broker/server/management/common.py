@@ -235,7 +235,8 @@ class Call:
 
     def body(self) -> dict[str, Any]:
         """The request's JSON object (see :func:`json_object`)."""
-        return json_object(self.request.content.read())
+        content = self.request.content
+        return json_object(content.read() if content is not None else b"")
 
     def flag(self, name: str) -> bool:
         """Whether the query string sets ``name`` to ``true`` (``?if-unused=true``)."""
@@ -447,7 +448,7 @@ def socket_fields(sampler: RateSampler, connection: Any) -> dict[str, Any]:
         "auth_mechanism": connection.auth_mechanism,
         "connected_at": connection.connected_at,
         "ssl": tls,
-        **(socket.tls() if tls else PLAIN_TCP),  # type: ignore[union-attr, misc]
+        **(socket.tls() if tls else PLAIN_TCP),
         "recv_oct": connection.recv_oct,
         "recv_oct_details": {"rate": received},
         "recv_cnt": connection.recv_cnt,

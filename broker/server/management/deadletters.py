@@ -33,6 +33,7 @@ import secrets
 import time
 from collections import Counter
 from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
@@ -93,7 +94,9 @@ def deaths(message: Message) -> list[dict[str, Any]]:
     for entry in history:
         if not isinstance(entry, dict):
             continue
-        item = {key: value for key, value in entry.items() if isinstance(value, str | int | float | list)}
+        item: dict[str, Any] = {
+            key: value for key, value in entry.items() if isinstance(value, str | int | float | list)
+        }
         when = entry.get("time")
         if isinstance(when, datetime):
             when = when.timestamp()
@@ -203,7 +206,7 @@ def listing(call: Call) -> tuple[int, Any]:
         raise Problem(400, "bad_request", "limit must be an integer") from None
     chosen = Filter(query, now=queue.now())
     entries = queue.ready.peek(LIST_SCAN)
-    shown = []
+    shown: list[dict[str, Any]] = []
     matched = 0
     for entry in entries:
         message = entry.message
@@ -314,7 +317,7 @@ class RedriveJob:
             if journal is None:
                 self._settle(moved, True)
             else:
-                journal.when_durable(lambda durable, moved=moved: self._settle(moved, durable))
+                journal.when_durable(partial(self._settle, moved))
         return exhausted or self.left <= 0 or self.queue.deleted
 
     def _send(self, message: Message) -> str | None:
@@ -516,7 +519,7 @@ class ReportPage(Resource):
         self.now = now
 
     def render_GET(self, request: Request) -> bytes:
-        name = unquote(b"/".join(request.postpath).decode("utf-8", "replace"))
+        name = unquote(b"/".join(request.postpath or ()).decode("utf-8", "replace"))
         arguments = request.args
         try:
             expires = int(arguments.get(b"expires", [b""])[0])

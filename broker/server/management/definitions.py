@@ -198,7 +198,8 @@ def import_definitions(call: Call) -> tuple[int, Any]:
         raise not_authorised("Not administrator user")
     node = call.node
     try:
-        document = json.loads(call.request.content.read() or b"null")
+        content = call.request.content
+        document = json.loads((content.read() if content is not None else b"") or b"null")
     except ValueError:
         raise Problem(400, "bad_request", "failed_to_parse_json") from None
     if not isinstance(document, dict):

@@ -75,7 +75,7 @@ def _boolean(body: dict[str, Any], key: str) -> bool:
     value = body.get(key, False)
     if value in (True, False, "true", "false"):
         return value in (True, "true")
-    raise Problem(400, "bad_request", ["not_boolean", value])  # type: ignore[arg-type]
+    raise Problem(400, "bad_request", ["not_boolean", value])
 
 
 def _arguments(body: dict[str, Any]) -> dict[str, Any]:

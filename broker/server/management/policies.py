@@ -88,7 +88,7 @@ def set_policy(call: Call, operator: bool) -> tuple[int, None]:
         raise Problem(404, "not_found", "vhost_not_found")
     body = call.body()
     required(body, ("pattern", "definition"))
-    value = {key: body[key] for key in ("pattern", "definition", "priority", "apply-to") if key in body}
+    value: dict[str, Any] = {key: body[key] for key in ("pattern", "definition", "priority", "apply-to") if key in body}
     try:
         policy = from_value(name, value, operator)
     except PolicyRefused as refused:

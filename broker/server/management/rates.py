@@ -178,7 +178,7 @@ class RateSampler:
             self._loop.stop()
 
     def _counts(self) -> dict[Key, int]:
-        counts = {("", "", stat): count for stat, count in churn_counts(self.node).items()}
+        counts: dict[Key, int] = {("", "", stat): count for stat, count in churn_counts(self.node).items()}
         counts.update({("", "", stat): level for stat, level in node_levels(self.node, self.monitor).items()})
         for vhost in self.node.vhosts.values():
             for stat, attribute in VHOST_STATS.items():
@@ -195,7 +195,7 @@ class RateSampler:
     def _queue_counts(self) -> dict[tuple[str, str], tuple[int, ...]]:
         """Each queue's counters, in :data:`QUEUE_ORDER`: one tuple a queue, so that a sample
         of 50,000 queues stays short (their rates are worked out when asked for)."""
-        found = {}
+        found: dict[tuple[str, str], tuple[int, ...]] = {}
         for vhost in self.node.vhosts.values():
             name = vhost.name
             for queue in vhost.queues.values():
