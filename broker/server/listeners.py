@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet import endpoints
-from twisted.internet.interfaces import IOpenSSLServerConnectionCreator
-from twisted.protocols.tls import TLSMemoryBIOFactory
+from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.internet.interfaces import IListeningPort, IOpenSSLServerConnectionCreator, IProtocolFactory
+from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from zope.interface import implementer
 
 from broker.core.node import ListenerInfo, Node
 from config.schema import BrokerConfig
 from config.tls import TLSProblem, server_context
 from config.values import ConfigError, Problem
+
+if TYPE_CHECKING:
+    from OpenSSL import SSL
 
 
 def stream_addresses(config: BrokerConfig) -> tuple[tuple[str, int] | None, tuple[str, int] | None]:
@@ -45,7 +49,7 @@ def advertised(endpoint: str, host: str | None = None, port: int | None = None) 
     return host or own, port or listening
 
 
-def tls_wrapper(config: BrokerConfig, reactor: Any) -> Callable[[Any], Any] | None:
+def tls_wrapper(config: BrokerConfig, reactor: Any) -> Callable[[IProtocolFactory], IProtocolFactory] | None:
     """A function wrapping a listener's factory in TLS with the configuration's ``tls:``
     settings (``None`` without them). ``reactor`` runs the TLS layer's write batching.
 
@@ -64,10 +68,10 @@ def tls_wrapper(config: BrokerConfig, reactor: Any) -> Callable[[Any], Any] | No
 class _ServerTLS:
     """One TLS server connection per accepted socket, all from one context."""
 
-    def __init__(self, context: Any) -> None:
+    def __init__(self, context: SSL.Context) -> None:
         self.context = context
 
-    def serverConnectionForTLS(self, protocol: Any) -> Any:
+    def serverConnectionForTLS(self, protocol: TLSMemoryBIOProtocol) -> SSL.Connection:
         from OpenSSL import SSL
 
         return SSL.Connection(self.context, None)
@@ -96,7 +100,7 @@ class Listener(StreamServerEndpointService):
         self,
         kind: str,
         description: str,
-        factory: Any,
+        factory: IProtocolFactory,
         reactor: Any,
         node: Node | None = None,
         protocol: str = "",
@@ -118,7 +122,7 @@ class Listener(StreamServerEndpointService):
     def startService(self) -> None:
         self._refusing(super().startService)
 
-    def _refusing(self, start: Any) -> None:
+    def _refusing(self, start: Callable[[], object]) -> None:
         try:
             start()
         except Exception as error:
@@ -128,12 +132,14 @@ class Listener(StreamServerEndpointService):
         if self._node is not None and self._listed is None and self._waitingForPort is not None:
             self._waitingForPort.addCallback(self._list)
 
-    def _list(self, port: Any) -> Any:
+    def _list(self, port: IListeningPort) -> IListeningPort:
         """Add the bound socket to the node's listeners (until the listener stops)."""
         address = port.getHost()
         certfile, cacertfiles = self._certificates or (None, ())
+        assert isinstance(address, IPv4Address | IPv6Address)  # (a listener on a TCP endpoint)
         self._listed = ListenerInfo(self._protocol, address.host, address.port, certfile, cacertfiles)
-        self._node.listeners.append(self._listed)  # type: ignore[union-attr]
+        if self._node is not None:
+            self._node.listeners.append(self._listed)
         return port
 
     def stopService(self) -> Any:

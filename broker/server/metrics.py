@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 import resource
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -34,9 +35,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.utils import floatToGoString
-from twisted.internet.task import Cooperator, TaskFinished
+from twisted.internet.task import CooperativeTask, Cooperator, TaskFinished
+from twisted.python.failure import Failure
 from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET, Request
+from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from broker.core.deadletter import DeadLetterReason
 from broker.core.histogram import Histogram
@@ -47,13 +49,14 @@ from broker.wire.streamframes import ERROR_NAMES
 
 if TYPE_CHECKING:
     from broker.core.node import Node
+    from broker.core.queue import WorkQueue
     from broker.server.shovels import Shovels
     from broker.storage.logwriter import WALService
 
 _QUEUE_LABELS = ["vhost", "queue"]
 
 #: The per-queue families: name, type, help text, and how to read the value from a queue.
-QUEUE_FAMILIES: list[tuple[str, str, str, Any]] = [
+QUEUE_FAMILIES: list[tuple[str, str, str, Callable[[WorkQueue], int]]] = [
     ("postroom_queue_messages_ready", "gauge", "Messages ready for delivery.", attrgetter("message_count")),
     (
         "postroom_queue_messages_unacked",
@@ -132,7 +135,7 @@ class QueueTotals:
         self.queues = self.message_count = self.unacked_count = self.consumer_count = 0
         self.published = self.delivered = self.redelivered = self.acked = 0
 
-    def add(self, queue: Any) -> None:
+    def add(self, queue: WorkQueue) -> None:
         self.queues += 1
         self.message_count += queue.message_count
         self.unacked_count += queue.unacked_count
@@ -150,7 +153,7 @@ def queue_text(node: Node, totals: QueueTotals | None = None) -> Iterator[bytes 
     The queues are listed once, then each family is written over that list; a queue deleted
     meanwhile still appears with its last values in this scrape.
     """
-    queues: list[tuple[str, str, Any]] = []
+    queues: list[tuple[str, str, WorkQueue]] = []
     for vhost in list(node.vhosts.values()):
         vhost_label = f'vhost="{_label(vhost.name)}"'
         for queue in list(vhost.queues.values()):
@@ -165,17 +168,17 @@ def queue_text(node: Node, totals: QueueTotals | None = None) -> Iterator[bytes 
             kind,
             documentation,
             queues,
-            lambda q, v, queue, name=name, read=read: [f"{name}{{{q},{v}}} {_value(read(queue))}\n"],
+            partial(_queue_sample, name, read),
         )
 
-    def dead_lettered(q: str, v: str, queue: Any) -> list[str]:
+    def dead_lettered(q: str, v: str, queue: WorkQueue) -> list[str]:
         counts = queue.dead_lettered
         return [
             f'{_DEAD_LETTERED[0]}{{{q},reason="{reason.value}",{v}}} {_value(counts.get(reason, 0))}\n'
             for reason in DeadLetterReason
         ]
 
-    def policies(q: str, v: str, queue: Any) -> list[str]:
+    def policies(q: str, v: str, queue: WorkQueue) -> list[str]:
         return [
             f'{_POLICY[0]}{{kind="{kind}",policy="{_label(policy.name)}",{q},{v}}} 1.0\n'
             for kind, policy in (("operator", queue.operator_policy), ("policy", queue.policy))
@@ -186,8 +189,17 @@ def queue_text(node: Node, totals: QueueTotals | None = None) -> Iterator[bytes 
     yield from _family(_POLICY[0], "gauge", _POLICY[1], queues, policies)
 
 
+def _queue_sample(name: str, read: Callable[[WorkQueue], int], q: str, v: str, queue: WorkQueue) -> list[str]:
+    """The sample of family ``name`` for ``queue`` (labelled ``q`` and ``v``): ``read(queue)``."""
+    return [f"{name}{{{q},{v}}} {_value(read(queue))}\n"]
+
+
 def _family(
-    name: str, kind: str, documentation: str, queues: list[tuple[str, str, Any]], samples: Any
+    name: str,
+    kind: str,
+    documentation: str,
+    queues: list[tuple[str, str, WorkQueue]],
+    samples: Callable[[str, str, WorkQueue], list[str]],
 ) -> Iterator[bytes]:
     """One family over ``queues``: its header, then ``samples(queue label, vhost label, queue)``
     (text lines) for each, in pieces of :data:`SLICE_QUEUES` queues."""
@@ -677,7 +689,7 @@ class _Pausable:
     Pausing, resuming or stopping a task that has already finished does nothing.
     """
 
-    def __init__(self, task: Any) -> None:
+    def __init__(self, task: CooperativeTask[Iterator[None]]) -> None:
         self.task = task
         self.paused = False
 
@@ -726,11 +738,11 @@ class MetricsResource(Resource):
         request.registerProducer(producer, True)
         state = {"written": False, "gone": False}
 
-        def gone(_failure: Any) -> None:
+        def gone(_failure: Failure) -> None:
             state["gone"] = True
             producer.stopProducing()
 
-        def written(_: Any) -> None:
+        def written(_: object) -> None:
             state["written"] = True
             request.unregisterProducer()
             if not state["gone"]:
@@ -749,7 +761,7 @@ class MetricsResource(Resource):
         request.write(generate_latest(_Rest(self.collector, totals)))
 
 
-def metrics_site(collector: BrokerCollector, reactor: Any = None) -> Any:
+def metrics_site(collector: BrokerCollector, reactor: Any = None) -> Site:
     """A twisted.web ``Site`` serving ``/metrics`` (and 404 elsewhere; its slices and timeouts
     on ``reactor``, the global one by default)."""
     from broker.server.http import BoundedSite

@@ -9,6 +9,7 @@ from typing import Any
 
 from twisted.application.service import MultiService, Service
 from twisted.internet import defer
+from twisted.internet.interfaces import IProtocolFactory
 from twisted.logger import Logger
 
 from broker.core.definitions import node_from_config
@@ -241,7 +242,7 @@ def _listen(
         collector = BrokerCollector(
             node, shell.wal, config.metrics.rabbitmq_compatible, shovels=shell.shovels, monitor=shell.monitor
         )
-        site = metrics_site(collector, reactor)
+        site: IProtocolFactory = metrics_site(collector, reactor)
         site = http_tls(site) if http_tls else site
         Listener(
             "metrics", config.listen.metrics, site, reactor, node, f"{http}/prometheus", http_certificates
@@ -249,6 +250,6 @@ def _listen(
     if sampler is not None and config.listen.management:
         site = management_site(node, sampler, reactor, reports=config.ui.reports, shovels=shell.shovels)
         site = http_tls(site) if http_tls else site
-        Listener("management", config.listen.management, site, reactor, node, http, http_certificates).setServiceParent(
-            service
-        )
+        Listener(
+            "management", config.listen.management, site, reactor, node, http, http_certificates
+        ).setServiceParent(service)

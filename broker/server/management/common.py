@@ -19,11 +19,13 @@ from broker.errors import ChannelException
 if TYPE_CHECKING:
     from twisted.web.server import Request
 
+    from broker.amqp.connection import ServerConnection
     from broker.core.node import Node, User
     from broker.core.queue import WorkQueue
     from broker.core.vhost import VirtualHost
     from broker.server.management.rates import RateSampler
     from broker.server.shovels import Shovels
+    from broker.streams.connection import StreamConnection
 
 #: Tags that let a user into the management API (RabbitMQ's; any other tag does not).
 MANAGEMENT_TAGS = frozenset({"administrator", "monitoring", "policymaker", "management"})
@@ -195,14 +197,14 @@ class Context:
             )
         return queue
 
-    def visible_connections(self, user: User) -> list[Any]:
+    def visible_connections(self, user: User) -> list[ServerConnection]:
         return [
             connection
             for connection in self.node.connections
             if not SEE_ALL_TAGS.isdisjoint(user.tags) or connection.user_name == user.name
         ]
 
-    def visible_stream_connections(self, user: User) -> list[Any]:
+    def visible_stream_connections(self, user: User) -> list[StreamConnection]:
         """The stream protocol's open connections ``user`` sees (as for AMQP's), by name."""
         return sorted(
             (
@@ -212,6 +214,10 @@ class Context:
             ),
             key=lambda connection: connection.peer,
         )
+
+
+#: A handler's answer: its status and the body to send as JSON (``None``: none).
+Answer = tuple[int, object]
 
 
 @dataclass
@@ -427,7 +433,7 @@ def _columns(item: Any, columns: list[str]) -> Any:
     return kept
 
 
-def socket_fields(sampler: RateSampler, connection: Any) -> dict[str, Any]:
+def socket_fields(sampler: RateSampler, connection: ServerConnection | StreamConnection) -> dict[str, Any]:
     """A connection's socket as RabbitMQ's connection objects show it: its two ends, how it
     logged in, TLS (Erlang's names), and bytes and socket reads and writes each way, with
     their rates over the last sample."""
@@ -441,14 +447,14 @@ def socket_fields(sampler: RateSampler, connection: Any) -> dict[str, Any]:
         host, _, port = connection.peer.rpartition(":")
         ends = {"host": "", "port": 0, "peer_host": host, "peer_port": int(port) if port.isdigit() else None}
         pending = 0
-    tls = socket is not None and socket.tls is not None
+    session = socket.tls if socket is not None else None
     received, sent = sampler.socket_rates(connection)
     return {
         **ends,
         "auth_mechanism": connection.auth_mechanism,
         "connected_at": connection.connected_at,
-        "ssl": tls,
-        **(socket.tls() if tls else PLAIN_TCP),
+        "ssl": session is not None,
+        **(session() if session is not None else PLAIN_TCP),
         "recv_oct": connection.recv_oct,
         "recv_oct_details": {"rate": received},
         "recv_cnt": connection.recv_cnt,

@@ -44,7 +44,7 @@ from broker.amqp.connection import reply_text
 from broker.core.message import Message
 from broker.core.seal import DEAD_LETTER_ID_HEADER, UNSEALED, without_entries
 from broker.errors import ChannelException
-from broker.server.management.common import SEE_ALL_TAGS, Call, Problem, not_authorised, not_found
+from broker.server.management.common import SEE_ALL_TAGS, Answer, Call, Problem, not_authorised, not_found
 from broker.server.management.router import Router
 from broker.wire.codec import shortstr
 from broker.wire.content import ContentError
@@ -126,7 +126,7 @@ def _may_read(user: User, vhost: VirtualHost, queue: WorkQueue) -> bool:
     return queue.owner is None
 
 
-def summary(call: Call) -> tuple[int, Any]:
+def summary(call: Call) -> Answer:
     listed = []
     for vhost, queue in _dead_letter_queues(call):
         reasons: Counter[str] = Counter()
@@ -197,7 +197,7 @@ def _queue(call: Call) -> tuple[VirtualHost, WorkQueue]:
     return vhost, queue
 
 
-def listing(call: Call) -> tuple[int, Any]:
+def listing(call: Call) -> Answer:
     vhost, queue = _queue(call)
     query = {key: values[-1] for key, values in call.query.items()}
     try:
@@ -393,7 +393,7 @@ class RedriveJob:
 JOBS: dict[int, RedriveJob] = {}
 
 
-def start_redrive(call: Call) -> tuple[int, Any]:
+def start_redrive(call: Call) -> Answer:
     vhost, queue = _queue(call)
     body = call.body()
     rate = body.get("rate", 500)
@@ -414,7 +414,7 @@ def start_redrive(call: Call) -> tuple[int, Any]:
     return 202, job.view()
 
 
-def job_progress(call: Call) -> tuple[int, Any]:
+def job_progress(call: Call) -> Answer:
     try:
         job = JOBS.get(int(call.params["job"]))
     except ValueError:
@@ -446,7 +446,7 @@ def _read(path: str) -> bytes | None:
         return None
 
 
-def reports(call: Call) -> tuple[int, Any]:
+def reports(call: Call) -> Answer:
     folder = _reports_folder(call)
     try:
         names = os.listdir(folder)
@@ -473,7 +473,7 @@ def reports(call: Call) -> tuple[int, Any]:
     return 200, sorted(listed, key=lambda item: item["modified"], reverse=True)
 
 
-def report(call: Call) -> tuple[int, Any]:
+def report(call: Call) -> Answer:
     """One report: its ``summary`` and, as text, its self-contained ``html`` (plots inlined)."""
     folder = _reports_folder(call)
     name = call.params["report"]

@@ -23,7 +23,7 @@ from twisted.logger import Logger
 from broker.core.message import Message
 from broker.core.queue import WorkQueue
 from broker.errors import AMQPError, ChannelException, ReplyCode
-from broker.server.management.common import Call, Problem, not_authorised, not_found, required
+from broker.server.management.common import Answer, Call, Problem, not_authorised, not_found, required
 from broker.server.management.router import Router
 from broker.server.management.views import binding_view, properties_key
 from broker.wire.codec import encode_content_header
@@ -194,7 +194,7 @@ def _bindings_between(vhost: VirtualHost, source: str, destination: str, is_queu
     return sorted(views, key=lambda view: (view["routing_key"], view["properties_key"]))
 
 
-def bindings_between(call: Call) -> tuple[int, Any]:
+def bindings_between(call: Call) -> Answer:
     """``GET /api/bindings/VHOST/e/SOURCE/q|e/DESTINATION``."""
     return 200, _bindings_between(*_between(call))
 
@@ -215,12 +215,12 @@ def _named(bindings: list[dict[str, Any]], props: str) -> dict[str, Any]:
     raise not_found()
 
 
-def binding(call: Call) -> tuple[int, Any]:
+def binding(call: Call) -> Answer:
     """``GET /api/bindings/VHOST/e/SOURCE/q|e/DESTINATION/PROPS``."""
     return 200, _named(_bindings_between(*_between(call)), call.params["props"])
 
 
-def bind(call: Call) -> tuple[int, Any]:
+def bind(call: Call) -> Answer:
     """``POST /api/bindings/VHOST/e/SOURCE/q|e/DESTINATION`` with ``routing_key`` and
     ``arguments``: 201, and the new binding's path (relative) in ``Location``."""
     vhost = _writable_vhost(call)
@@ -267,7 +267,7 @@ def unbind(call: Call) -> tuple[int, None]:
     return 204, None
 
 
-def publish(call: Call) -> tuple[int, Any]:
+def publish(call: Call) -> Answer:
     """``POST /api/exchanges/VHOST/NAME/publish``: publish one message as the user (``amq.default``
     is the default exchange), mandatory and confirmed; answers whether a queue took it."""
     vhost = _writable_vhost(call)
@@ -380,7 +380,7 @@ QUEUE_TYPES = ("classic", "quorum", "stream")
 ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false", "peek")
 
 
-def get(call: Call) -> tuple[int, Any]:
+def get(call: Call) -> Answer:
     """``POST /api/queues/VHOST/NAME/get`` with ``count``, ``ackmode`` and ``encoding`` (and
     ``truncate``), as RabbitMQ: take up to ``count`` ready messages, then put them back marked
     redelivered (``ack_requeue_true``, ``reject_requeue_true``), acknowledge them

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.logger import Logger
 
 from broker.core.policy import Policy, PolicyRefused, from_value
-from broker.server.management.common import Call, Problem, not_authorised, not_found, required
+from broker.server.management.common import Answer, Call, Problem, not_authorised, not_found, required
 from broker.server.management.router import Router
 
 if TYPE_CHECKING:
@@ -21,13 +21,13 @@ _log = Logger()
 def install(router: Router) -> None:
     for kind, operator in (("policies", False), ("operator-policies", True)):
 
-        def listing(call: Call, operator: bool = operator) -> tuple[int, Any]:
+        def listing(call: Call, operator: bool = operator) -> Answer:
             return 200, policy_list(call, operator)
 
-        def put(call: Call, operator: bool = operator) -> tuple[int, Any]:
+        def put(call: Call, operator: bool = operator) -> Answer:
             return set_policy(call, operator)
 
-        def delete(call: Call, operator: bool = operator) -> tuple[int, Any]:
+        def delete(call: Call, operator: bool = operator) -> Answer:
             return clear_policy(call, operator)
 
         router.add(f"/{kind}", GET=listing)

@@ -9,8 +9,12 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet.task import LoopingCall
 
 if TYPE_CHECKING:
+    from broker.amqp.channel import ChannelState
+    from broker.amqp.connection import ServerConnection
     from broker.core.node import Node
+    from broker.core.queue import WorkQueue
     from broker.server.alarms import ResourceMonitor
+    from broker.streams.connection import StreamConnection
 
 #: What a counter is kept under: its vhost, its queue's name (``""`` for the vhost's or the
 #: node's own; ``("exchange", name)`` for an exchange's) and the statistic.
@@ -56,7 +60,7 @@ def node_levels(node: Node, monitor: ResourceMonitor | None) -> dict[str, int]:
     }
 
 
-def queue_counts(queue: Any) -> dict[str, int]:
+def queue_counts(queue: WorkQueue) -> dict[str, int]:
     """A queue's ``message_stats`` counters, RabbitMQ's names (``deliver_get`` is the sum of
     deliveries with and without acks and gets with and without acks)."""
     counts = {stat: getattr(queue, attribute) for stat, attribute in QUEUE_STATS.items()}
@@ -66,7 +70,7 @@ def queue_counts(queue: Any) -> dict[str, int]:
     return counts
 
 
-def churn_counts(node: Any) -> dict[str, int]:
+def churn_counts(node: Node) -> dict[str, int]:
     """Connections, channels and queues opened, declared and closed since the start, RabbitMQ's
     ``churn_rates`` (AMQP 0-9-1 connections, as RabbitMQ's count)."""
     counters, vhosts = node.counters, node.vhosts.values()
@@ -81,7 +85,7 @@ def churn_counts(node: Any) -> dict[str, int]:
     }
 
 
-def channel_counts(channel: Any) -> dict[str, int]:
+def channel_counts(channel: ChannelState) -> dict[str, int]:
     """An AMQP channel's ``message_stats`` counters, RabbitMQ's names."""
     consuming, confirms = channel.consuming, channel.confirms
     counts = {
@@ -156,11 +160,11 @@ class RateSampler:
         #: ``(milliseconds since the epoch, {vhost: {stat: count}})``, oldest first.
         self.history: deque[tuple[int, dict[str, dict[str, int]]]] = deque(maxlen=HISTORY_SAMPLES)
         #: Each open connection's bytes received and sent at the last sample, and their rates.
-        self._sockets: dict[Any, tuple[int, int]] = {}
-        self._socket_rates: dict[Any, tuple[float, float]] = {}
+        self._sockets: dict[ServerConnection | StreamConnection, tuple[int, int]] = {}
+        self._socket_rates: dict[ServerConnection | StreamConnection, tuple[float, float]] = {}
         #: Each open AMQP channel's counters at the last sample, and their rates.
-        self._channels: dict[Any, dict[str, int]] = {}
-        self._channel_rates: dict[Any, dict[str, float]] = {}
+        self._channels: dict[ChannelState, dict[str, int]] = {}
+        self._channel_rates: dict[ChannelState, dict[str, float]] = {}
         #: Bytes received and sent by each vhost's connections, closed ones too, as of the last
         #: sample (RabbitMQ's vhost ``recv_oct`` and ``send_oct``).
         self.vhost_bytes: dict[str, list[int]] = {}
@@ -282,11 +286,11 @@ class RateSampler:
                     rates[channel] = {stat: (count - before[stat]) / elapsed for stat, count in now.items()}
         self._channels, self._channel_rates = counts, rates
 
-    def channel_rates(self, channel: Any) -> dict[str, float]:
+    def channel_rates(self, channel: ChannelState) -> dict[str, float]:
         """Per second of each of a channel's counters over the last interval."""
         return self._channel_rates.get(channel, {})
 
-    def sampled_bytes(self, connection: Any) -> tuple[int, int]:
+    def sampled_bytes(self, connection: ServerConnection | StreamConnection) -> tuple[int, int]:
         """A connection's bytes received and sent as of the last sample."""
         return self._sockets.get(connection, (0, 0))
 
@@ -294,7 +298,7 @@ class RateSampler:
         """Bytes per second a vhost's connections received and sent over the last interval."""
         return self._vhost_byte_rates.get(vhost, (0.0, 0.0))
 
-    def socket_rates(self, connection: Any) -> tuple[float, float]:
+    def socket_rates(self, connection: ServerConnection | StreamConnection) -> tuple[float, float]:
         """Bytes per second a connection received and sent over the last interval."""
         return self._socket_rates.get(connection, (0.0, 0.0))
 

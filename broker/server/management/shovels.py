@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.server.management.common import SEE_ALL_TAGS, Call, not_authorised, not_found
+from broker.server.management.common import SEE_ALL_TAGS, Answer, Call, not_authorised, not_found
 from broker.server.management.router import Router
 from config.shovels import COMPONENT
 
@@ -37,7 +37,7 @@ def _shovel(call: Call) -> Any:
     return shovel
 
 
-def status(call: Call) -> tuple[int, Any]:
+def status(call: Call) -> Answer:
     """The shovels of the vhosts the user may see (of one vhost with a path naming it; with a
     shovel's name too, as RabbitMQ answers: that vhost's, when that shovel exists)."""
     _monitor(call)
@@ -49,7 +49,7 @@ def status(call: Call) -> tuple[int, Any]:
     return 200, [shovel.status(counters) for shovel in shovels or () if shovel.spec.vhost in shown]
 
 
-def delete(call: Call) -> tuple[int, Any]:
+def delete(call: Call) -> Answer:
     """Delete a shovel: its parameter is cleared, so it stops and is not started again."""
     _monitor(call)
     shovel = _shovel(call)
@@ -57,7 +57,7 @@ def delete(call: Call) -> tuple[int, Any]:
     return 204, None
 
 
-def restart(call: Call) -> tuple[int, Any]:
+def restart(call: Call) -> Answer:
     """Stop a shovel and start it again (its connections are made anew)."""
     _monitor(call)
     shovel = _shovel(call)

@@ -12,12 +12,13 @@ from twisted.logger import Logger
 
 from broker.core.stream import OffsetSpec, StreamQueue
 from broker.server.identity import NODE_NAME
-from broker.server.management.common import Call, Problem, not_authorised, not_found, socket_fields
+from broker.server.management.common import Answer, Call, Problem, not_authorised, not_found, socket_fields
 from broker.server.management.router import Router
 
 if TYPE_CHECKING:
     from broker.core.vhost import VirtualHost
     from broker.server.management.rates import RateSampler
+    from broker.streams.connection import StreamConnection
 
 _log = Logger()
 
@@ -60,7 +61,7 @@ def stream_view(vhost: VirtualHost, stream: StreamQueue) -> dict[str, Any]:
     }
 
 
-def streams(call: Call) -> tuple[int, Any]:
+def streams(call: Call) -> Answer:
     """``GET /api/streams[/VHOST[/NAME]]``: streams, their offsets, retention and subscriptions."""
     params = call.params
     if "stream" in params:
@@ -81,7 +82,7 @@ def _stream(call: Call, vhost_name: str, name: str) -> StreamQueue:
     return queue  # type: ignore[return-value]
 
 
-def reset_subscription(call: Call) -> tuple[int, Any]:
+def reset_subscription(call: Call) -> Answer:
     """``PUT /api/streams/VHOST/NAME/subscriptions/SUBSCRIPTION`` with ``{"to": ...}``:
     ``first``, ``last``, ``next``, an offset, or a time (seconds since the epoch, or ISO 8601);
     it needs read permission on the stream. Answers the subscription as it now is."""
@@ -131,7 +132,7 @@ def reset_spec(value: Any) -> OffsetSpec:
 # -- the stream protocol's connections, publishers and consumers --------------------------------
 
 
-def stream_connection_view(sampler: RateSampler, connection: Any) -> dict[str, Any]:
+def stream_connection_view(sampler: RateSampler, connection: StreamConnection) -> dict[str, Any]:
     """A stream-protocol connection as ``/api/stream/connections`` (and ``/api/connections``)
     show it: RabbitMQ's fields."""
     view = {
@@ -153,7 +154,7 @@ def stream_connection_view(sampler: RateSampler, connection: Any) -> dict[str, A
     return view
 
 
-def _details(connection: Any) -> dict[str, Any]:
+def _details(connection: StreamConnection) -> dict[str, Any]:
     peer_host, _, peer_port = connection.peer.rpartition(":")
     return {
         "name": connection.peer,
@@ -164,7 +165,7 @@ def _details(connection: Any) -> dict[str, Any]:
     }
 
 
-def publisher_view(connection: Any, publisher: Any) -> dict[str, Any]:
+def publisher_view(connection: StreamConnection, publisher: Any) -> dict[str, Any]:
     """One publisher as ``/api/stream/publishers`` shows it."""
     stream = publisher.stream
     return {
@@ -178,7 +179,7 @@ def publisher_view(connection: Any, publisher: Any) -> dict[str, Any]:
     }
 
 
-def consumer_view(connection: Any, reader: Any) -> dict[str, Any]:
+def consumer_view(connection: StreamConnection, reader: Any) -> dict[str, Any]:
     """One subscription as ``/api/stream/consumers`` shows it: its offset is the first of the
     last chunk sent, its lag what the stream committed beyond it (RabbitMQ's measures)."""
     stream = reader.stream
@@ -197,7 +198,7 @@ def consumer_view(connection: Any, reader: Any) -> dict[str, Any]:
     }
 
 
-def stream_connections_shown(call: Call, required: bool = True) -> list[Any]:
+def stream_connections_shown(call: Call, required: bool = True) -> list[StreamConnection]:
     """The stream connections the user sees, of the path's vhost and connection when it names
     them (404 for a vhost that is not there, and with ``required`` for a connection)."""
     params = call.params
@@ -212,7 +213,7 @@ def stream_connections_shown(call: Call, required: bool = True) -> list[Any]:
     return shown
 
 
-def stream_connections(call: Call) -> tuple[int, Any]:
+def stream_connections(call: Call) -> Answer:
     """``GET /api/stream/connections[/VHOST[/NAME]]`` (one connection shows its TLS fields as
     empty strings where the list shows nulls, as RabbitMQ's plugin does)."""
     views = [stream_connection_view(call.sampler, connection) for connection in stream_connections_shown(call)]
@@ -222,7 +223,7 @@ def stream_connections(call: Call) -> tuple[int, Any]:
     return 200, {key: "" if value is None and key.startswith(tls) else value for key, value in views[0].items()}
 
 
-def stream_publishers(call: Call) -> tuple[int, Any]:
+def stream_publishers(call: Call) -> Answer:
     """``GET /api/stream/publishers[/VHOST[/STREAM]]`` and a connection's (404 for a stream
     that is not there)."""
     stream = call.params.get("stream")
@@ -236,7 +237,7 @@ def stream_publishers(call: Call) -> tuple[int, Any]:
     ]
 
 
-def stream_consumers(call: Call) -> tuple[int, Any]:
+def stream_consumers(call: Call) -> Answer:
     """``GET /api/stream/consumers[/VHOST]`` and a connection's."""
     return 200, [
         consumer_view(connection, reader)

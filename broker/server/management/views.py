@@ -24,6 +24,7 @@ from broker.server.identity import NODE_NAME
 from broker.server.management.common import (
     RABBITMQ_FORMAT_VERSION,
     SEE_ALL_TAGS,
+    Answer,
     Call,
     Lazy,
     not_authorised,
@@ -44,6 +45,8 @@ from broker.server.management.router import Router
 from broker.server.management.streams import stream_connection_view, stream_connections_shown
 
 if TYPE_CHECKING:
+    from broker.amqp.channel import ChannelState
+    from broker.amqp.connection import ServerConnection
     from broker.core.entry import Consumer
     from broker.core.node import Node
     from broker.core.queue import WorkQueue
@@ -82,7 +85,7 @@ def install(router: Router) -> None:
     router.add("/vhosts/:vhost", GET=vhosts)
 
 
-def overview(call: Call) -> tuple[int, Any]:
+def overview(call: Call) -> Answer:
     node, sampler = call.node, call.sampler
     shown = call.context.vhosts(call.user, visible=True)
     queues = [(vhost, queue) for vhost in shown for queue in vhost.queues.values()]
@@ -214,7 +217,7 @@ def _history_window(call: Call) -> tuple[float, float]:
     return age, increment
 
 
-def nodes(call: Call) -> tuple[int, Any]:
+def nodes(call: Call) -> Answer:
     """``/api/nodes[/{name}]``: the one node, with its memory and disk readings and alarms
     (for monitoring users and administrators, as RabbitMQ)."""
     if SEE_ALL_TAGS.isdisjoint(call.user.tags):
@@ -268,7 +271,7 @@ _MECHANISMS = {
 }
 
 
-def vhosts(call: Call) -> tuple[int, Any]:
+def vhosts(call: Call) -> Answer:
     """``/api/vhosts`` (every vhost to a monitoring user too) or ``/api/vhosts/NAME``
     (administrators only, as RabbitMQ 3.10)."""
     name = call.params.get("vhost")
@@ -436,7 +439,7 @@ def consumer_view(vhost: VirtualHost, queue: WorkQueue, consumer: Consumer) -> d
     }
 
 
-def consumers(call: Call) -> tuple[int, Any]:
+def consumers(call: Call) -> Answer:
     """``GET /api/consumers[/VHOST]``: every consumer of the vhosts the user sees."""
     return 200, [
         consumer_view(vhost, queue, consumer)
@@ -446,7 +449,7 @@ def consumers(call: Call) -> tuple[int, Any]:
     ]
 
 
-def queues(call: Call) -> tuple[int, Any]:
+def queues(call: Call) -> Answer:
     user, params = call.user, call.params
     if "queue" in params:
         vhost = call.context.vhosts(user, params["vhost"])[0]
@@ -529,7 +532,7 @@ def default_exchange_view(sampler: RateSampler, vhost: VirtualHost) -> dict[str,
     return view
 
 
-def exchanges(call: Call) -> tuple[int, Any]:
+def exchanges(call: Call) -> Answer:
     user, params = call.user, call.params
     if "exchange" in params:
         vhost = call.context.vhosts(user, params["vhost"])[0]
@@ -552,12 +555,12 @@ def exchanges(call: Call) -> tuple[int, Any]:
     return 200, views
 
 
-def bindings(call: Call) -> tuple[int, Any]:
+def bindings(call: Call) -> Answer:
     shown = call.context.vhosts(call.user, call.params.get("vhost"))
     return 200, [binding for vhost in shown for binding in vhost_bindings(vhost)]
 
 
-def queue_bindings(call: Call) -> tuple[int, Any]:
+def queue_bindings(call: Call) -> Answer:
     """``GET /api/queues/VHOST/NAME/bindings``: the default exchange's, then each exchange's
     bindings to the queue (the exchanges it is bound from only are looked at)."""
     vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
@@ -572,7 +575,7 @@ def queue_bindings(call: Call) -> tuple[int, Any]:
     return 200, result
 
 
-def exchange_bindings(call: Call) -> tuple[int, Any]:
+def exchange_bindings(call: Call) -> Answer:
     """``GET /api/exchanges/VHOST/NAME/bindings/source`` (the exchange's own bindings) or
     ``.../destination`` (the exchange-to-exchange bindings into it)."""
     vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
@@ -631,7 +634,7 @@ def binding_view(
     }
 
 
-def connection_view(node: Node, sampler: RateSampler, connection: Any) -> dict[str, Any]:
+def connection_view(node: Node, sampler: RateSampler, connection: ServerConnection) -> dict[str, Any]:
     view = {
         "name": connection.peer,
         "node": NODE_NAME,
@@ -654,7 +657,7 @@ def connection_view(node: Node, sampler: RateSampler, connection: Any) -> dict[s
     return view
 
 
-def _connections(call: Call) -> list[Any]:
+def _connections(call: Call) -> list[ServerConnection]:
     """The connections the user sees, of the path's vhost or connection when it names one
     (404 for a vhost or a connection that is not there)."""
     shown = sorted(call.context.visible_connections(call.user), key=lambda c: c.peer)
@@ -668,7 +671,7 @@ def _connections(call: Call) -> list[Any]:
     return shown
 
 
-def connections(call: Call) -> tuple[int, Any]:
+def connections(call: Call) -> Answer:
     """``/api/connections``, ``/api/vhosts/VHOST/connections``, ``/api/connections/NAME``: AMQP's
     and the stream protocol's, by name."""
     streaming = stream_connections_shown(call, required=False)
@@ -681,7 +684,7 @@ def connections(call: Call) -> tuple[int, Any]:
     return 200, sorted(views, key=lambda view: view["name"])
 
 
-def connection_state(node: Node, connection: Any) -> str:
+def connection_state(node: Node, connection: ServerConnection) -> str:
     """RabbitMQ's ``state`` of a connection: ``blocked`` once it published under an alarm and
     is no longer read, ``blocking`` while an alarm is in force and it has not published yet,
     ``flow`` while the node slows every client down to the pace of deliveries (see
@@ -693,7 +696,9 @@ def connection_state(node: Node, connection: Any) -> str:
     return "flow" if node.flow else "running"
 
 
-def channel_view(node: Node, sampler: RateSampler, connection: Any, number: int, channel: Any) -> dict[str, Any]:
+def channel_view(
+    node: Node, sampler: RateSampler, connection: ServerConnection, number: int, channel: ChannelState
+) -> dict[str, Any]:
     consuming, confirms = channel.consuming, channel.confirms
     socket = connection.socket
     details: dict[str, Any] = {"name": connection.peer}
@@ -725,7 +730,7 @@ def channel_view(node: Node, sampler: RateSampler, connection: Any, number: int,
     return view
 
 
-def channels(call: Call) -> tuple[int, Any]:
+def channels(call: Call) -> Answer:
     """``/api/channels``, ``/api/vhosts/VHOST/channels``, ``/api/connections/NAME/channels``
     and ``/api/channels/NAME`` (one, by its name: ``CONNECTION (NUMBER)``)."""
     views = [
