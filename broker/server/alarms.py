@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.application.service import Service
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from broker.core.node import Node
@@ -116,13 +116,13 @@ class ResourceMonitor(Service):
     def __init__(
         self,
         node: Node,
-        clock: Any,
+        clock: IReactorTime,
         memory_limit: int,
         disk_path: str | None = None,
         disk_limit: int = 0,
         read_memory: Callable[[], int] = resident_memory,
         read_disk: Callable[[str], int] = disk_free,
-        trim: Callable[[], Any] | None = release_memory if _MALLOC_TRIM is not None else None,
+        trim: Callable[[], object] | None = release_memory if _MALLOC_TRIM is not None else None,
     ) -> None:
         self.node = node
         self.clock = clock

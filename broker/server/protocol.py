@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IReactorTime, ISSLTransport
+from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime, ISSLTransport
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
@@ -399,7 +399,7 @@ class AMQPServerFactory(Factory):
         done.addCallback(callback)
         done.addErrback(lambda failure: AMQPServerProtocol._log.failure("bug while checking a login", failure))
 
-    def buildProtocol(self, addr: Any) -> AMQPServerProtocol:
+    def buildProtocol(self, addr: IAddress | None) -> AMQPServerProtocol:
         return AMQPServerProtocol(self)
 
     def _schedule_flush(self) -> None:

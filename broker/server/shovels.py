@@ -39,7 +39,12 @@ from twisted.application.service import Service
 from twisted.internet import defer, ssl
 from twisted.internet.endpoints import SSL4ClientEndpoint, TCP4ClientEndpoint, connectProtocol
 from twisted.internet.error import ConnectError, DNSLookupError, TimeoutError
-from twisted.internet.interfaces import IDelayedCall, IPushProducer
+from twisted.internet.interfaces import (
+    IDelayedCall,
+    IOpenSSLClientConnectionCreator,
+    IPushProducer,
+    IStreamClientEndpoint,
+)
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -570,7 +575,7 @@ class Shovels(Service):
             confirms=confirms,
         )
 
-    def endpoint(self, endpoint: Endpoint) -> Any:
+    def endpoint(self, endpoint: Endpoint) -> IStreamClientEndpoint:
         """Where a link to ``endpoint`` connects: TCP, or TLS for ``amqps://``."""
         timeout = _timeout(endpoint)
         if endpoint.host is None:
@@ -583,7 +588,7 @@ class Shovels(Service):
         return SSL4ClientEndpoint(self.reactor, endpoint.host, endpoint.port, _tls_options(endpoint), timeout=timeout)
 
 
-def _tls_options(endpoint: Endpoint) -> Any:
+def _tls_options(endpoint: Endpoint) -> IOpenSSLClientConnectionCreator | ssl.CertificateOptions:
     """The client side of TLS for an ``amqps://`` URI's query: ``cacertfile``, ``certfile`` and
     ``keyfile``, ``verify`` (``verify_peer``: the broker's certificate is checked against the CA
     file and the host name, or ``server_name_indication``; otherwise it is not checked, as

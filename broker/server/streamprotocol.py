@@ -19,7 +19,7 @@ from __future__ import annotations
 import errno
 from typing import Any
 
-from twisted.internet.interfaces import IDelayedCall, IReactorTime, ISSLTransport
+from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime, ISSLTransport
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -355,5 +355,5 @@ class StreamServerFactory(Factory):
         self.clock = clock
         self.advertised = advertised
 
-    def buildProtocol(self, addr: Any) -> StreamServerProtocol:
+    def buildProtocol(self, addr: IAddress | None) -> StreamServerProtocol:
         return StreamServerProtocol(self)
