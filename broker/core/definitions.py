@@ -21,6 +21,7 @@ from broker.core.message import Message
 from broker.core.node import DEFAULT_VHOST_DESCRIPTION, Limits, Node
 from broker.core.policy import Policy, PolicyRefused, from_value
 from broker.core.queue import WorkQueue
+from broker.core.stores import QueuePager, StreamStorage
 from broker.core.stream import StreamQueue
 from broker.core.users import User
 from broker.core.vhost import VirtualHost
@@ -48,9 +49,9 @@ def node_from_config(
     registry: ExchangeTypeRegistry | None = None,
     hooks: HookChain | None = None,
     authenticators: Sequence[Any] = (),
-    pager: Any = None,
+    pager: QueuePager | None = None,
     before_messages: Callable[[Node], None] | None = None,
-    streams: Any = None,
+    streams: StreamStorage | None = None,
 ) -> Node:
     """A node with the configuration's limits, users and virtual hosts.
 

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from broker.core.entry import Entry, Queue
     from broker.core.message import Message
     from broker.core.policy import Policy
-    from broker.wal.streamlog import Staged
+    from broker.wal.streamlog import Staged, StreamLog
 
 #: Ids gathered into one ``Removed`` record at most.
 REMOVAL_IDS = 4096
@@ -67,13 +67,20 @@ class ConfirmWaiter(Protocol):
 
 
 class StagedStream(Hashable, Protocol):
-    """A stream whose messages wait for the log's writer (``broker.core.stream.StreamQueue``)."""
+    """A stream whose messages wait for the log's writer (``broker.core.stream.StreamQueue``),
+    as the journal and the writer see it."""
 
+    name: str
     deleted: bool
+    #: Its own log of chunks, which the writer appends to.
+    log: StreamLog
 
     def stage(self) -> tuple[list[Staged], list[int]]:
         """Its waiting messages as chunks to write, and the segments its retention dropped."""
         ...
+
+    def written(self, staged: Iterable[Staged]) -> None:
+        """``staged`` chunks are written: their messages are readable."""
 
 
 class _Durable:

@@ -18,7 +18,9 @@ from broker.core.admin import Administration
 from broker.core.deadlines import Scheduler
 from broker.core.entry import Queue
 from broker.core.login import LoginThrottle, decoy_hash, is_expensive
+from broker.core.queue import WorkQueue
 from broker.core.replyto import DirectReplyTo
+from broker.core.stores import QueuePager, StreamStorage
 from broker.core.users import User
 from broker.core.vhost import VirtualHost
 from broker.wal.record import Snapshot, encode
@@ -116,8 +118,6 @@ class Node:
         #: The broker's own login for its connections to itself (shovels to ``amqp://``): not
         #: listed, not kept, loopback only; ``None`` until the shell sets one.
         self.internal_user: User | None = None
-        #: The shell's running shovels (``broker.server.shovels.Shovels``), when it runs them.
-        self.shovels: Any = None
         #: Runs ``fn`` and then ``callback(fn())``; the shell runs ``fn`` in a worker thread and
         #: the callback back on the reactor. Here: both at once, on the calling thread.
         self.run_blocking: Callable[[Callable[[], Any], Callable[[Any], None]], None] = _run_here
@@ -131,9 +131,10 @@ class Node:
         #: The write-ahead log's journal; ``None`` keeps everything in memory only.
         self.journal: Journal | None = None
         #: What pages the bodies of deep queues to disk (``broker.storage.paging.Pager``; ``None``: nothing).
-        self.pager: Any = None
-        #: Where stream queues keep their messages (``None``: no storage, streams are refused).
-        self.streams: Any = None
+        self.pager: QueuePager | None = None
+        #: Where stream queues keep their messages (``broker.storage.streams.StreamFiles``;
+        #: ``None``: no storage, streams are refused).
+        self.streams: StreamStorage | None = None
         #: How many dead letters of earlier runs each queue holds in its spool (not as
         #: messages): the dead-letter log knows them by their headers when they come back
         #: (``broker.core.deadlog``).
@@ -165,9 +166,6 @@ class Node:
         #: says so): the shell then reads less from each client at a time, so publishers are
         #: slowed to the pace of deliveries, as RabbitMQ's credit flow slows them.
         self.flow = False
-        #: What watches memory and disk for it (``broker.server.alarms.ResourceMonitor``), for its
-        #: readings in metrics and the management API; ``None`` without one.
-        self.resource_monitor: Any = None
         #: The sockets it listens on, once bound (the shell adds them), for health checks.
         self.listeners: list[ListenerInfo] = []
 
@@ -233,15 +231,15 @@ class Node:
         for vhost in self.vhosts.values():
             vhost.journal = journal
 
-    def set_pager(self, pager: Any) -> None:
+    def set_pager(self, pager: QueuePager) -> None:
         """Page the bodies of deep queues with ``pager`` from now on, in every queue."""
         self.pager = pager
         for vhost in self.vhosts.values():
             vhost.pager = pager
-            pager.attach_all(vhost.queues.values())
+            pager.attach_all(queue for queue in vhost.queues.values() if isinstance(queue, WorkQueue))
 
-    def set_streams(self, streams: Any) -> None:
-        """Keep stream queues' messages in ``streams`` (``broker.core.stream.StreamStore``)."""
+    def set_streams(self, streams: StreamStorage) -> None:
+        """Keep stream queues' messages in ``streams`` (``broker.storage.streams.StreamFiles``)."""
         self.streams = streams
         for vhost in self.vhosts.values():
             vhost.streams = streams

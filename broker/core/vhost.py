@@ -23,6 +23,7 @@ from broker.core.message import Message
 from broker.core.policy import Policy, alternate_exchange, choose, queue_arguments
 from broker.core.queue import WorkQueue
 from broker.core.settings import QueueSettings
+from broker.core.stores import QueuePager, StreamStorage
 from broker.core.stream import StreamQueue
 from broker.errors import ChannelException, ReplyCode
 from broker.wal.record import Bound, ExchangeDeclared, QueueDeclared, StreamOffset, encode
@@ -104,10 +105,10 @@ class VirtualHost:
         #: The write-ahead log's journal (``None``: nothing is persisted).
         self.journal: Journal | None = None
         #: What pages the bodies of deep queues to disk (``broker.storage.paging.Pager``; ``None``: nothing).
-        self.pager: Any = None
+        self.pager: QueuePager | None = None
         #: Where stream queues keep their messages (``broker.core.stream.StreamStore``); ``None``:
         #: this broker has no storage, and a stream's declaration is refused.
-        self.streams: Any = None
+        self.streams: StreamStorage | None = None
         #: The dead-letter event log (``None``: dead letters are not recorded for analysis).
         self.dead_letters: DeadLetterLog | None = None
         #: Dead-lettered messages dropped: no such dead-letter exchange, or a cycle.
@@ -538,7 +539,7 @@ class VirtualHost:
         if kind is STREAM:
             queue.apply_settings(queue.settings)  # its policy's stream keys
         queue.observer = self
-        if self.pager is not None and kind is not STREAM:
+        if self.pager is not None and isinstance(queue, WorkQueue):
             self.pager.attach(queue)
         self.tallies.queues_created += 1
         self.queues[name] = queue
@@ -589,7 +590,7 @@ class VirtualHost:
             self._maybe_auto_delete(source)
         queue.sources.clear()
         queue.purge()
-        if queue.kind == "stream" and self.streams is not None:
+        if isinstance(queue, StreamQueue) and self.streams is not None:
             self.streams.delete(queue)
         for consumer in list(queue.consumers):
             queue.remove_consumer(consumer)

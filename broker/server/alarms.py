@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.application.service import Service
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from broker.core.node import Node
@@ -77,8 +77,11 @@ def disk_free(path: str) -> int:
 
 def _find_malloc_trim() -> Callable[[int], Any] | None:
     name = ctypes.util.find_library("c")
+    if not name:
+        return None
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None  # type: ignore[no-any-return]
+        trim: Callable[[int], Any] = ctypes.CDLL(name).malloc_trim
+        return trim
     except (OSError, AttributeError):
         return None
 
@@ -113,13 +116,13 @@ class ResourceMonitor(Service):
     def __init__(
         self,
         node: Node,
-        clock: Any,
+        clock: IReactorTime,
         memory_limit: int,
         disk_path: str | None = None,
         disk_limit: int = 0,
         read_memory: Callable[[], int] = resident_memory,
         read_disk: Callable[[str], int] = disk_free,
-        trim: Callable[[], Any] | None = release_memory if _MALLOC_TRIM is not None else None,
+        trim: Callable[[], object] | None = release_memory if _MALLOC_TRIM is not None else None,
     ) -> None:
         self.node = node
         self.clock = clock
@@ -135,7 +138,6 @@ class ResourceMonitor(Service):
         self._next_disk = 0.0
         self._last_trim = float("-inf")
         self._call: IDelayedCall | None = None
-        node.resource_monitor = self
 
     def startService(self) -> None:
         super().startService()

@@ -14,9 +14,13 @@ import io
 from typing import Any
 
 from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.protocol import connectionDone
+from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
+
+from broker.server.sockets import socket_of
 
 __all__ = ["HEADER_SECONDS", "IDLE_SECONDS", "MAX_BODY", "BoundedSite"]
 
@@ -38,7 +42,7 @@ class _BoundedRequest(Request):
     _refused = False
 
     def gotLength(self, length: int | None) -> None:
-        self.content = io.BytesIO()
+        self._body = self.content = io.BytesIO()
         if length is not None and length > MAX_BODY:
             self._refuse()
 
@@ -49,7 +53,7 @@ class _BoundedRequest(Request):
         if self._received > MAX_BODY:
             self._refuse()
             return
-        self.content.write(data)
+        self._body.write(data)
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         if not self._refused:
@@ -57,7 +61,7 @@ class _BoundedRequest(Request):
 
     def _refuse(self) -> None:
         self._refused = True
-        transport = self.channel.transport
+        transport = socket_of(self.channel)
         transport.write(_TOO_LARGE)
         transport.loseConnection()  # reads nothing more
 
@@ -76,7 +80,7 @@ class _BoundedChannel(HTTPChannel):
         self._cancel_deadline()
         super().allHeadersReceived()
 
-    def connectionLost(self, reason: Any) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._cancel_deadline()
         super().connectionLost(reason)
 
@@ -87,8 +91,9 @@ class _BoundedChannel(HTTPChannel):
 
     def _too_slow(self) -> None:
         self._deadline = None
-        self.transport.write(_TOO_SLOW)
-        self.transport.loseConnection()
+        transport = socket_of(self)
+        transport.write(_TOO_SLOW)
+        transport.loseConnection()
 
 
 class BoundedSite(Site):

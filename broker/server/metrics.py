@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 import resource
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -34,24 +35,28 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.utils import floatToGoString
-from twisted.internet.task import Cooperator, TaskFinished
+from twisted.internet.task import CooperativeTask, Cooperator, TaskFinished
+from twisted.python.failure import Failure
 from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET, Request
+from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from broker.core.deadletter import DeadLetterReason
 from broker.core.histogram import Histogram
-from broker.server.alarms import disk_free, memory_total, resident_memory
+from broker.server.alarms import ResourceMonitor, disk_free, memory_total, resident_memory
+from broker.server.identity import NODE_NAME
 from broker.streams.connection import error_counter
 from broker.wire.streamframes import ERROR_NAMES
 
 if TYPE_CHECKING:
+    from broker.core.entry import Queue
     from broker.core.node import Node
-    from broker.server.service import WALService
+    from broker.server.shovels import Shovels
+    from broker.storage.logwriter import WALService
 
 _QUEUE_LABELS = ["vhost", "queue"]
 
 #: The per-queue families: name, type, help text, and how to read the value from a queue.
-QUEUE_FAMILIES: list[tuple[str, str, str, Any]] = [
+QUEUE_FAMILIES: list[tuple[str, str, str, Callable[[Queue], int]]] = [
     ("postroom_queue_messages_ready", "gauge", "Messages ready for delivery.", attrgetter("message_count")),
     (
         "postroom_queue_messages_unacked",
@@ -130,7 +135,7 @@ class QueueTotals:
         self.queues = self.message_count = self.unacked_count = self.consumer_count = 0
         self.published = self.delivered = self.redelivered = self.acked = 0
 
-    def add(self, queue: Any) -> None:
+    def add(self, queue: Queue) -> None:
         self.queues += 1
         self.message_count += queue.message_count
         self.unacked_count += queue.unacked_count
@@ -148,7 +153,7 @@ def queue_text(node: Node, totals: QueueTotals | None = None) -> Iterator[bytes 
     The queues are listed once, then each family is written over that list; a queue deleted
     meanwhile still appears with its last values in this scrape.
     """
-    queues: list[tuple[str, str, Any]] = []
+    queues: list[tuple[str, str, Queue]] = []
     for vhost in list(node.vhosts.values()):
         vhost_label = f'vhost="{_label(vhost.name)}"'
         for queue in list(vhost.queues.values()):
@@ -163,17 +168,17 @@ def queue_text(node: Node, totals: QueueTotals | None = None) -> Iterator[bytes 
             kind,
             documentation,
             queues,
-            lambda q, v, queue, name=name, read=read: [f"{name}{{{q},{v}}} {_value(read(queue))}\n"],
+            partial(_queue_sample, name, read),
         )
 
-    def dead_lettered(q: str, v: str, queue: Any) -> list[str]:
+    def dead_lettered(q: str, v: str, queue: Queue) -> list[str]:
         counts = queue.dead_lettered
         return [
             f'{_DEAD_LETTERED[0]}{{{q},reason="{reason.value}",{v}}} {_value(counts.get(reason, 0))}\n'
             for reason in DeadLetterReason
         ]
 
-    def policies(q: str, v: str, queue: Any) -> list[str]:
+    def policies(q: str, v: str, queue: Queue) -> list[str]:
         return [
             f'{_POLICY[0]}{{kind="{kind}",policy="{_label(policy.name)}",{q},{v}}} 1.0\n'
             for kind, policy in (("operator", queue.operator_policy), ("policy", queue.policy))
@@ -184,8 +189,17 @@ def queue_text(node: Node, totals: QueueTotals | None = None) -> Iterator[bytes 
     yield from _family(_POLICY[0], "gauge", _POLICY[1], queues, policies)
 
 
+def _queue_sample(name: str, read: Callable[[Queue], int], q: str, v: str, queue: Queue) -> list[str]:
+    """The sample of family ``name`` for ``queue`` (labelled ``q`` and ``v``): ``read(queue)``."""
+    return [f"{name}{{{q},{v}}} {_value(read(queue))}\n"]
+
+
 def _family(
-    name: str, kind: str, documentation: str, queues: list[tuple[str, str, Any]], samples: Any
+    name: str,
+    kind: str,
+    documentation: str,
+    queues: list[tuple[str, str, Queue]],
+    samples: Callable[[str, str, Queue], list[str]],
 ) -> Iterator[bytes]:
     """One family over ``queues``: its header, then ``samples(queue label, vhost label, queue)``
     (text lines) for each, in pieces of :data:`SLICE_QUEUES` queues."""
@@ -211,6 +225,8 @@ class BrokerCollector:
     :param wal: the log writer, for ``postroom_wal_*``; ``None`` when nothing is persisted
     :param rabbitmq_compatible: also export the ``rabbitmq_*`` names of RabbitMQ's dashboards
     :param node_name: the ``rabbitmq_node`` label of ``rabbitmq_identity_info``
+    :param shovels: the node's running shovels, for ``postroom_shovel_*`` (``None``: it runs none)
+    :param monitor: what reads memory and free disk, for their gauges (``None``: none)
     """
 
     def __init__(
@@ -218,10 +234,14 @@ class BrokerCollector:
         node: Node,
         wal: WALService | None = None,
         rabbitmq_compatible: bool = False,
-        node_name: str = "postroom@localhost",
+        node_name: str = NODE_NAME,
+        shovels: Shovels | None = None,
+        monitor: ResourceMonitor | None = None,
     ) -> None:
         self.node = node
         self.wal = wal
+        self.shovels = shovels
+        self.monitor = monitor
         self.rabbitmq_compatible = rabbitmq_compatible
         self.node_name = node_name
 
@@ -266,7 +286,7 @@ class BrokerCollector:
         restarts = CounterMetricFamily(
             "postroom_shovel_restarts", "Times a shovel started again after a failure.", labels=labels
         )
-        for shovel in self.node.shovels or ():
+        for shovel in self.shovels or ():
             names = [shovel.spec.vhost, shovel.spec.name]
             for name in ("starting", "running", "terminated"):
                 state.add_metric([*names, name], 1 if shovel.state == name else 0)
@@ -390,7 +410,7 @@ class BrokerCollector:
             "1 while a queue with consumers is far behind and publishers are read in smaller pieces (credit flow).",
             value=self.node.flow,
         )
-        monitor = self.node.resource_monitor
+        monitor = self.monitor
         if monitor is not None:
             yield GaugeMetricFamily("postroom_memory_used_bytes", "Resident memory.", value=monitor.memory_used)
             yield GaugeMetricFamily(
@@ -514,7 +534,7 @@ class RabbitMQNames:
 
         ready, unacked = totals.message_count, totals.unacked_count
         unconfirmed = sum(c.confirms.unconfirmed for c in channels if c.confirms is not None)
-        monitor = node.resource_monitor
+        monitor = self.collector.monitor
         rss = resident_memory()
         limit = monitor.memory_limit if monitor is not None else memory_total()
         disk = _disk_free(self.collector.wal)
@@ -638,7 +658,7 @@ def _fds() -> tuple[int, int]:
 def make_registry(collector: BrokerCollector) -> CollectorRegistry:
     """A registry holding only this broker's collector (no process-global state)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)  # type: ignore[arg-type]
+    registry.register(collector)
     return registry
 
 
@@ -669,7 +689,7 @@ class _Pausable:
     Pausing, resuming or stopping a task that has already finished does nothing.
     """
 
-    def __init__(self, task: Any) -> None:
+    def __init__(self, task: CooperativeTask[Iterator[None]]) -> None:
         self.task = task
         self.paused = False
 
@@ -718,11 +738,11 @@ class MetricsResource(Resource):
         request.registerProducer(producer, True)
         state = {"written": False, "gone": False}
 
-        def gone(_failure: Any) -> None:
+        def gone(_failure: Failure) -> None:
             state["gone"] = True
             producer.stopProducing()
 
-        def written(_: Any) -> None:
+        def written(_: object) -> None:
             state["written"] = True
             request.unregisterProducer()
             if not state["gone"]:
@@ -738,10 +758,10 @@ class MetricsResource(Resource):
             if piece:
                 request.write(piece)
             yield None
-        request.write(generate_latest(_Rest(self.collector, totals)))  # type: ignore[arg-type]
+        request.write(generate_latest(_Rest(self.collector, totals)))
 
 
-def metrics_site(collector: BrokerCollector, reactor: Any = None) -> Any:
+def metrics_site(collector: BrokerCollector, reactor: Any = None) -> Site:
     """A twisted.web ``Site`` serving ``/metrics`` (and 404 elsewhere; its slices and timeouts
     on ``reactor``, the global one by default)."""
     from broker.server.http import BoundedSite

@@ -25,8 +25,9 @@ import importlib.metadata
 import types
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from twisted.application.service import IService
 from twisted.logger import Logger
 from twisted.plugin import getPlugins
 from zope.interface import Invalid, implementer
@@ -36,7 +37,12 @@ from broker.core.hooks import HookChain
 from broker.interfaces import IAuthenticator, IBrokerPlugin, IMessageHook, IPluginContext, PluginSettingsInvalid
 from config.schema import PluginConfig
 from config.values import ConfigError, Problem
+from exchanges.interfaces import IExchangeType
 from exchanges.registry import ExchangeTypeRegistry, default_registry
+
+if TYPE_CHECKING:
+    from broker.core.node import Node
+    from broker.wal.recovery import Snapshot
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -128,7 +134,8 @@ def _provider(thing: Any, name: str) -> IBrokerPlugin:
         verifyObject(IBrokerPlugin, thing)
     except Invalid as error:
         raise PluginError(name, f"{thing!r} does not provide IBrokerPlugin: {error}") from error
-    return thing
+    plugin: IBrokerPlugin = thing
+    return plugin
 
 
 def find_plugin(name: str) -> tuple[IBrokerPlugin, str]:
@@ -170,13 +177,13 @@ class PluginContext:
     def __init__(self, reactor: Any, registry: ExchangeTypeRegistry) -> None:
         self.reactor = reactor
         self.registry = registry
-        self.node: Any = None
+        self.node: Node | None = None
         self.hooks: list[IMessageHook] = []
         self.authenticators: list[IAuthenticator] = []
-        self.services: list[Any] = []
-        self.ready: list[Callable[[Any, Any], None]] = []
+        self.services: list[IService] = []
+        self.ready: list[Callable[[Node, Snapshot | None], None]] = []
 
-    def add_exchange_type(self, exchange_type: Any) -> None:
+    def add_exchange_type(self, exchange_type: IExchangeType) -> None:
         """Register an exchange type (see ``ExchangeTypeRegistry.register``)."""
         self.registry.register(exchange_type)
 
@@ -190,14 +197,12 @@ class PluginContext:
         verifyObject(IAuthenticator, authenticator)
         self.authenticators.append(authenticator)
 
-    def add_service(self, service: Any) -> None:
+    def add_service(self, service: IService) -> None:
         """Run ``service`` with the broker."""
-        from twisted.application.service import IService
-
         verifyObject(IService, service)
         self.services.append(service)
 
-    def when_ready(self, callback: Callable[[Any, Any], None]) -> None:
+    def when_ready(self, callback: Callable[[Node, Snapshot | None], None]) -> None:
         """Call ``callback(node, snapshot)`` once the node is built."""
         self.ready.append(callback)
 
@@ -237,7 +242,7 @@ class LoadedPlugins:
         return tuple(self.context.authenticators)
 
     @property
-    def services(self) -> list[Any]:
+    def services(self) -> list[IService]:
         """Services to start with the broker."""
         return self.context.services
 
@@ -246,7 +251,7 @@ class LoadedPlugins:
         """The loaded plugins' names, in load order."""
         return [plugin.name for plugin, _origin in self.plugins]
 
-    def node_ready(self, node: Any, snapshot: Any = None) -> None:
+    def node_ready(self, node: Node, snapshot: Snapshot | None = None) -> None:
         """The node is built: tell the plugins that asked (``when_ready``)."""
         self.context.node = node
         for callback in self.context.ready:

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IReactorTime, ISSLTransport
-from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime, ISSLTransport
+from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -38,7 +38,7 @@ from broker.amqp.connection import ServerConnection
 from broker.amqp.handshake import State
 from broker.core.node import Node
 from broker.errors import ReplyCode
-from broker.server.sockets import socket_details
+from broker.server.sockets import SocketTransport, socket_details, socket_of
 from broker.text import printable
 
 #: Bytes written to a client whose socket buffer is full before nothing more is read from it:
@@ -93,7 +93,6 @@ class AMQPServerProtocol(Protocol):
     """One client connection: a thin shell over :class:`ServerConnection`."""
 
     _log = Logger()
-
     def __init__(self, factory: AMQPServerFactory) -> None:
         self.factory = factory
         self.connection: ServerConnection | None = None
@@ -113,8 +112,13 @@ class AMQPServerProtocol(Protocol):
         #: What reads the socket, with its ``bufferSize`` (``None``: nothing to set).
         self._reader: Any = None
 
+    @property
+    def _socket(self) -> SocketTransport:
+        """The transport, once connected."""
+        return socket_of(self)
+
     def connectionMade(self) -> None:
-        peer = self.transport.getPeer()
+        peer = self._socket.getPeer()
         host = getattr(peer, "host", "")
         self.connection = ServerConnection(
             self.factory.node,
@@ -127,20 +131,21 @@ class AMQPServerProtocol(Protocol):
         self.connection.connected_at = int(self.factory.clock.seconds() * 1000)
         # What reads the socket (under TLS, the transport beneath it): its bufferSize is the
         # most one read takes (see READ_BYTES).
-        reader = self.transport
+        reader: Any = self.transport
         while not hasattr(reader, "bufferSize") and hasattr(reader, "transport"):
             reader = reader.transport
         self._reader = reader if hasattr(reader, "bufferSize") else None
-        if hasattr(self.transport, "setTcpNoDelay"):
+        no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if no_delay is not None:
             # Deliveries and confirms are latency-bound small writes: never wait for Nagle.
-            self.transport.setTcpNoDelay(True)
-        self.transport.registerProducer(self, True)
+            no_delay(True)
+        self._socket.registerProducer(self, True)
         self._handshake_timer = self.factory.clock.callLater(HANDSHAKE_TIMEOUT, self._handshake_expired)
 
     def _certificate_name(self) -> str | None:
         """The common names in the client's certificate (:func:`certificate_common_names`).
         Asked only after the handshake: the client's first bytes come after it."""
-        return certificate_common_names(self.transport.getPeerCertificate())
+        return certificate_common_names(ISSLTransport(self.transport).getPeerCertificate())
 
     def dataReceived(self, data: bytes) -> None:
         connection = self.connection
@@ -183,7 +188,7 @@ class AMQPServerProtocol(Protocol):
             self._follow_alarm(connection)
         data = connection.data_to_send()
         if data:
-            self.transport.write(data)
+            self._socket.write(data)
             connection.send_oct += len(data)
             connection.send_cnt += 1
             if self._output_full:
@@ -210,7 +215,7 @@ class AMQPServerProtocol(Protocol):
             elif connection.silent_close_delay:
                 delay, connection.silent_close_delay = connection.silent_close_delay, 0.0
                 self._cancel_timers()
-                self.transport.pauseProducing()  # stop reading: nothing more from this client is read
+                self._socket.pauseProducing()  # stop reading: nothing more from this client is read
                 self._close_timer = self.factory.clock.callLater(delay, self._close_socket)
             elif not self._closing_socket:
                 self._close_socket()
@@ -225,9 +230,9 @@ class AMQPServerProtocol(Protocol):
         if reading != self._reading:
             self._reading = reading
             if reading:
-                self.transport.resumeProducing()
+                self._socket.resumeProducing()
             else:
-                self.transport.pauseProducing()
+                self._socket.pauseProducing()
 
     def _follow_alarm(self, connection: ServerConnection) -> None:
         """Stop reading from a connection a resource alarm blocked; once it is unblocked, read
@@ -269,8 +274,8 @@ class AMQPServerProtocol(Protocol):
         """Close the socket once the output is written; drop it if that takes too long."""
         self._cancel_timers()
         self._closing_socket = True
-        self.transport.unregisterProducer()
-        self.transport.loseConnection()
+        self._socket.unregisterProducer()
+        self._socket.loseConnection()
         self._close_timer = self.factory.clock.callLater(CLOSE_TIMEOUT, self._drop, "output not drained")
 
     def _log_teardown_errors(self) -> None:
@@ -285,7 +290,7 @@ class AMQPServerProtocol(Protocol):
                 peer=connection.peer,
             )
 
-    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._cancel_timers()
         connection = self.connection
         if connection is None:
@@ -339,8 +344,8 @@ class AMQPServerProtocol(Protocol):
         peer = connection.peer if connection else "?"
         self._log.info("dropping connection {peer}: {why}", peer=peer, why=printable(why))
         self._cancel_timers()
-        self.transport.unregisterProducer()
-        self.transport.abortConnection()
+        self._socket.unregisterProducer()
+        self._socket.abortConnection()
 
     # -- IPushProducer: the transport tells us when its buffer is full ---------------------------
 
@@ -369,7 +374,7 @@ class AMQPServerFactory(Factory):
     :param clock: the reactor (or a ``Clock`` in tests) for timers
     """
 
-    protocol = AMQPServerProtocol  # type: ignore[assignment]
+    protocol = AMQPServerProtocol
 
     def __init__(self, node: Node, clock: IReactorTime) -> None:
         self.node = node
@@ -389,11 +394,12 @@ class AMQPServerFactory(Factory):
     def _run_in_thread(self, fn: Callable[[], Any], callback: Callable[[Any], None]) -> None:
         """The node's ``run_blocking`` (a password hash): ``fn`` in the reactor's thread pool,
         ``callback`` with its result back on the reactor."""
-        done = deferToThreadPool(self.clock, self.clock.getThreadPool(), fn)
+        reactor: Any = self.clock  # (a reactor with threads, see __init__: no one interface says so)
+        done = deferToThreadPool(reactor, reactor.getThreadPool(), fn)
         done.addCallback(callback)
         done.addErrback(lambda failure: AMQPServerProtocol._log.failure("bug while checking a login", failure))
 
-    def buildProtocol(self, addr: Any) -> AMQPServerProtocol:
+    def buildProtocol(self, addr: IAddress | None) -> AMQPServerProtocol:
         return AMQPServerProtocol(self)
 
     def _schedule_flush(self) -> None:

@@ -39,13 +39,19 @@ from twisted.application.service import Service
 from twisted.internet import defer, ssl
 from twisted.internet.endpoints import SSL4ClientEndpoint, TCP4ClientEndpoint, connectProtocol
 from twisted.internet.error import ConnectError, DNSLookupError, TimeoutError
-from twisted.internet.interfaces import IDelayedCall, IPushProducer
+from twisted.internet.interfaces import (
+    IDelayedCall,
+    IOpenSSLClientConnectionCreator,
+    IPushProducer,
+    IStreamClientEndpoint,
+)
 from twisted.logger import Logger
 from zope.interface import implementer
 
 from broker.clients.link import Link, LinkClosed
 from broker.core.users import User
-from broker.server.management.common import NODE_NAME
+from broker.server.identity import NODE_NAME
+from broker.server.sockets import socket_of
 from broker.wire.content import ContentError, headers_content, replace_property, with_header_entry
 from broker.wire.table import Int64, decode_table
 from config.shovels import COMPONENT, Endpoint, ShovelInvalid, ShovelSpec, parse, parse_uri
@@ -213,7 +219,7 @@ class Shovel:
                 await link.opened.addTimeout(_timeout(endpoint), self.clock)
             except CONNECT_ERRORS as error:
                 if link.transport is not None:
-                    link.transport.abortConnection()
+                    socket_of(link).abortConnection()
                 last = error
                 continue
             return link, endpoint
@@ -234,6 +240,7 @@ class Shovel:
         else:
             declared = await source.call(commands.Queue.Declare(queue="", exclusive=True), commands.Queue.DeclareOk)
             self.queue = declared.queue
+            assert spec.src_exchange is not None  # (a spec names a source queue or a source exchange)
             bind = commands.Queue.Bind(queue=self.queue, exchange=spec.src_exchange, routing_key=spec.src_exchange_key)
             await source.call(bind, commands.Queue.BindOk)
         if spec.delete_after == "never":
@@ -252,7 +259,7 @@ class Shovel:
         source.on_deliver = self._deliver
         source.on_cancel = self._cancelled
         dest.on_confirm = self._confirmed
-        dest.transport.registerProducer(self, True)  # the destination's pace holds the source back
+        socket_of(dest).registerProducer(self, True)  # the destination's pace holds the source back
         consume = commands.Basic.Consume(
             queue=self.queue, no_ack=spec.ack_mode == "no-ack", arguments=dict(spec.src_consumer_args)
         )
@@ -495,7 +502,6 @@ class Shovels(Service):
         self.active: dict[tuple[str, str], Shovel] = {}
         self._secret = secrets.token_urlsafe(32)
         node.internal_user = User(INTERNAL_USER, password=self._secret, loopback_only=True)
-        node.shovels = self
         node.admin.parameter_watchers.append(self._changed)
 
     def startService(self) -> None:
@@ -569,7 +575,7 @@ class Shovels(Service):
             confirms=confirms,
         )
 
-    def endpoint(self, endpoint: Endpoint) -> Any:
+    def endpoint(self, endpoint: Endpoint) -> IStreamClientEndpoint:
         """Where a link to ``endpoint`` connects: TCP, or TLS for ``amqps://``."""
         timeout = _timeout(endpoint)
         if endpoint.host is None:
@@ -582,7 +588,7 @@ class Shovels(Service):
         return SSL4ClientEndpoint(self.reactor, endpoint.host, endpoint.port, _tls_options(endpoint), timeout=timeout)
 
 
-def _tls_options(endpoint: Endpoint) -> Any:
+def _tls_options(endpoint: Endpoint) -> IOpenSSLClientConnectionCreator | ssl.CertificateOptions:
     """The client side of TLS for an ``amqps://`` URI's query: ``cacertfile``, ``certfile`` and
     ``keyfile``, ``verify`` (``verify_peer``: the broker's certificate is checked against the CA
     file and the host name, or ``server_name_indication``; otherwise it is not checked, as

@@ -3,11 +3,43 @@ TLS session in the names RabbitMQ gives them (Erlang's ``ssl`` names)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, cast
 
-from twisted.internet.interfaces import ISSLTransport
+from twisted.internet.interfaces import IAddress, ISSLTransport
+from twisted.internet.protocol import Protocol as TwistedProtocol
 
 from broker.core.sockets import PLAIN_TCP, SocketDetails
+
+
+class SocketTransport(Protocol):
+    """What the shell calls on a connection's transport (TCP, or TLS over it): Twisted types a
+    protocol's ``transport`` as ``ITransport``, which lists only part of these (the rest are
+    ``ITCPTransport``'s, ``IConsumer``'s and ``IPushProducer``'s)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def loseConnection(self) -> None: ...
+
+    def abortConnection(self) -> None: ...
+
+    def getPeer(self) -> IAddress: ...
+
+    def getHost(self) -> IAddress: ...
+
+    def registerProducer(self, producer: Any, streaming: bool) -> None: ...
+
+    def unregisterProducer(self) -> None: ...
+
+    def pauseProducing(self) -> None: ...
+
+    def resumeProducing(self) -> None: ...
+
+
+def socket_of(protocol: TwistedProtocol) -> SocketTransport:
+    """``protocol``'s transport, once it is connected (:class:`SocketTransport`)."""
+    transport = protocol.transport
+    assert transport is not None, "the protocol is not connected"
+    return cast(SocketTransport, transport)
 
 #: OpenSSL's key exchange words in a TLS 1.2 suite name -> Erlang's ``key_exchange``.
 _KEY_EXCHANGES = {
@@ -97,7 +129,7 @@ def _asn1_time(moment: Any) -> str:
     """A validity bound as RabbitMQ writes it: a UTCTime (years 1950 to 2049) as a date and
     time, a GeneralizedTime as Erlang prints the term it has for it."""
     if 1950 <= moment.year <= 2049:
-        return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+        return str(moment.strftime("%Y-%m-%dT%H:%M:%SZ"))
     return f'{{generalTime,"{moment.strftime("%Y%m%d%H%M%S")}Z"}}'
 
 

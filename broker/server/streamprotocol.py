@@ -17,16 +17,16 @@ written to a full buffer, nothing more is read from the client until it has read
 from __future__ import annotations
 
 import errno
-from typing import Any
+from typing import Any, cast
 
-from twisted.internet.interfaces import IDelayedCall, IReactorTime, ISSLTransport
-from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime, ISSLTransport
+from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from broker.core.node import Node
 from broker.server.protocol import OUTPUT_BOUND, certificate_common_names, is_loopback
-from broker.server.sockets import socket_details
+from broker.server.sockets import SocketTransport, socket_details, socket_of
 from broker.streams.connection import StreamConnection
 from broker.streams.handshake import HANDSHAKE_DONE, Step
 from broker.wal.streamlog import Region
@@ -96,8 +96,13 @@ class StreamServerProtocol(Protocol):
         self._request_timer: IDelayedCall | None = None
         self._unanswered: set[int] = set()
 
+    @property
+    def _socket(self) -> SocketTransport:
+        """The transport, once connected."""
+        return socket_of(self)
+
     def connectionMade(self) -> None:
-        peer = self.transport.getPeer()  # type: ignore[attr-defined]
+        peer = self._socket.getPeer()
         host = getattr(peer, "host", "")
         connection = StreamConnection(
             self.factory.node,
@@ -110,18 +115,19 @@ class StreamServerProtocol(Protocol):
         connection.connected_at = int(self.factory.clock.seconds() * 1000)
         connection.socket = socket_details(self.transport)
         self.connection = connection
-        if hasattr(self.transport, "setTcpNoDelay"):
+        no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if no_delay is not None:
             # Deliveries and confirms are latency-bound small writes: never wait for Nagle
             # (a chunk written while the last is not acknowledged would wait for the client's
             # delayed acknowledgement, 40 ms).
-            self.transport.setTcpNoDelay(True)
-        self.transport.registerProducer(self, True)
+            no_delay(True)
+        self._socket.registerProducer(self, True)
         self._arm_step()
 
     def _certificate_name(self) -> str | None:
         """The common names in the client's certificate (``""``: it has none; ``None``: it
         presented none), as for AMQP's ``EXTERNAL``."""
-        return certificate_common_names(self.transport.getPeerCertificate())
+        return certificate_common_names(ISSLTransport(self.transport).getPeerCertificate())
 
     def dataReceived(self, data: bytes) -> None:
         connection = self.connection
@@ -143,8 +149,8 @@ class StreamServerProtocol(Protocol):
             if connection.regions or self._unsent:
                 written = self._send(connection.out)
             else:
-                data = b"".join(connection.out)
-                self.transport.write(data)
+                data = b"".join(cast("list[bytes]", connection.out))  # (no regions: bytes only)
+                self._socket.write(data)
                 written = len(data)
             connection.out.clear()
             connection.send_oct += written
@@ -156,7 +162,7 @@ class StreamServerProtocol(Protocol):
                 self._written_while_full += written
                 if self._written_while_full > OUTPUT_BOUND and not self._reading_held:
                     self._reading_held = True
-                    self.transport.pauseProducing()
+                    self._socket.pauseProducing()
         if connection.behind and not connection.paused and self._continuing is None and not connection.finished:
             self._continuing = self.factory.clock.callLater(0, self._continue)
         if connection.pending_updates and self._request_timer is None and not connection.finished:
@@ -167,14 +173,14 @@ class StreamServerProtocol(Protocol):
             if self._unsent:  # (what the socket did not take yet goes before the end, read)
                 unsent, self._unsent = self._unsent, []
                 try:
-                    self.transport.write(b"".join(i.read() if type(i) is Region else i for i in unsent))
+                    self._socket.write(b"".join(i.read() if type(i) is Region else i for i in unsent))
                 except OSError:
                     pass  # (the chunks' segment went: the connection ends anyway)
             if connection.reason:
                 _log.info("stream connection {peer} closed: {reason}", peer=connection.peer, reason=connection.reason)
             # (unregistered first: loseConnection waits for a paused producer otherwise)
-            self.transport.unregisterProducer()
-            self.transport.loseConnection()
+            self._socket.unregisterProducer()
+            self._socket.loseConnection()
 
     def _send(self, out: list[Any]) -> int:
         """Write ``out``, chunks to send from their file among it (:class:`Region`). While
@@ -209,15 +215,14 @@ class StreamServerProtocol(Protocol):
         except OSError as error:
             if error.errno not in _GONE:
                 # (the segment went, or its file failed: as when a read fails in the connection)
-                _log.error(
-                    "stream connection {peer}: sending a chunk failed: {error}", peer=self.connection.peer, error=error
-                )
+                peer = self.connection.peer if self.connection is not None else "?"
+                _log.error("stream connection {peer}: sending a chunk failed: {error}", peer=peer, error=error)
             self._unsent = []
-            self.transport.abortConnection()
+            self._socket.abortConnection()
             return 0
         data = b"".join(waiting)
         if data:
-            self.transport.write(data)
+            self._socket.write(data)
         return len(data)
 
     def _keep_unsent(self, items: list[Any]) -> int:
@@ -227,7 +232,7 @@ class StreamServerProtocol(Protocol):
         self._unsent = items
         if self.connection is not None:
             self.connection.paused = True
-        transport = self.transport
+        transport: Any = self.transport  # (the TCP transport's own attributes)
         transport.producerPaused = True  # (so that its next write turn, finding its buffer empty, resumes us)
         transport.startWriting()
         return _bytes(items)
@@ -266,7 +271,7 @@ class StreamServerProtocol(Protocol):
         self._written_while_full = 0
         if self._reading_held:
             self._reading_held = False
-            self.transport.resumeProducing()
+            self._socket.resumeProducing()
         connection = self.connection
         if connection is not None and not connection.finished:
             connection.paused = False
@@ -295,7 +300,7 @@ class StreamServerProtocol(Protocol):
             step=connection.step.value,
         )
         connection.finished = True
-        self.transport.abortConnection()  # type: ignore[attr-defined]
+        self._socket.abortConnection()
 
     def _check_requests(self) -> None:
         """A look at the requests sent to the client (see :data:`REQUEST_TIMEOUT`)."""
@@ -306,7 +311,7 @@ class StreamServerProtocol(Protocol):
         if self._unanswered & set(connection.pending_updates):
             _log.info("stream connection {peer} closed: request to client timed out", peer=connection.peer)
             connection.finished = True
-            self.transport.abortConnection()  # type: ignore[attr-defined]
+            self._socket.abortConnection()
             return
         self._unanswered = set(connection.pending_updates)
         if self._unanswered:
@@ -325,14 +330,14 @@ class StreamServerProtocol(Protocol):
             if self._silent_intervals >= 2:
                 _log.info("stream connection {peer} closed: missed heartbeats", peer=connection.peer)
                 connection.finished = True
-                self.transport.abortConnection()  # type: ignore[attr-defined]
+                self._socket.abortConnection()
                 return
         if not self._wrote:
-            self.transport.write(HEARTBEAT_FRAME)
+            self._socket.write(HEARTBEAT_FRAME)
         self._wrote = False
         self._heartbeat_timer = self.factory.clock.callLater(connection.heartbeat, self._heartbeat)
 
-    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         for timer in (self._step_timer, self._heartbeat_timer, self._continuing, self._request_timer):
             if timer is not None and timer.active():
                 timer.cancel()
@@ -351,5 +356,5 @@ class StreamServerFactory(Factory):
         self.clock = clock
         self.advertised = advertised
 
-    def buildProtocol(self, addr: Any) -> StreamServerProtocol:
+    def buildProtocol(self, addr: IAddress | None) -> StreamServerProtocol:
         return StreamServerProtocol(self)

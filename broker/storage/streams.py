@@ -3,7 +3,7 @@
 ``<storage.dir>/streams/<vhost>/<name>/`` holds one stream's segments (``broker.wal.streamlog``),
 the vhost and the name written as hexadecimal UTF-8 so that any name makes a valid path. A
 stream's messages are written by the write-ahead log's writer, with the log's records, in the
-same group commit (``broker.server.service.WALService``): the journal hands the writer each
+same group commit (``broker.storage.logwriter.WALService``): the journal hands the writer each
 stream's staged chunks (:meth:`broker.core.journal.Journal.take_streams`), a confirm waits for
 the write that holds its message, and once written the chunks are readable.
 """

@@ -13,15 +13,17 @@ client's answer to it closes the socket. Heartbeats themselves are the shell's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from broker.core.login import sasl_credentials
 from broker.core.users import User
+from broker.streams.session import Session
 from broker.wire import streamframes as wire
 
 if TYPE_CHECKING:
-    from broker.streams.connection import StreamConnection
+    from broker.core.vhost import VirtualHost
 
 #: The frame size and heartbeat (seconds) the server offers in ``tune`` (RabbitMQ's defaults).
 FRAME_MAX = 1_048_576
@@ -60,11 +62,35 @@ NEXT: dict[Step, tuple[Step, ...]] = {
 HANDSHAKE_DONE = frozenset({Step.OPENED, Step.CLOSE_SENT, Step.CLOSING})
 
 
+class Greeted(Session, Protocol):
+    """The connection as its handshake sees it (``broker.streams.connection.StreamConnection``):
+    who is there, what was agreed, and where it is."""
+
+    #: The client's address, whether it is a loopback one, and over TLS what names its
+    #: certificate (``EXTERNAL``).
+    peer: str
+    loopback: bool
+    certificate_name: Callable[[], str | None] | None
+    step: Step
+    #: A login is being checked: frames wait until it is.
+    waiting: bool
+    user: User | None
+    user_name: str
+    vhost: VirtualHost | None
+    frame_max: int
+    heartbeat: int
+    client_properties: dict[str, str]
+    auth_mechanism: str
+
+    def act_on_held(self) -> None:
+        """The login was checked: act on what arrived meanwhile."""
+
+
 class Handshake:
     """The steps of ``connection`` up to ``open`` and after ``close`` (see the module's
     docstring): it sets what the client said of itself, its login, tuning and vhost."""
 
-    def __init__(self, connection: StreamConnection) -> None:
+    def __init__(self, connection: Greeted) -> None:
         self.connection = connection
 
     def receive(self, command: wire.Command) -> None:

@@ -55,7 +55,9 @@ class Subscription:
         "partition", "waiting", "properties", "consumed", "offset", "spec",
     )  # fmt: skip
 
-    def __init__(self, groups: ConsumerGroups, subscription: int, stream: StreamQueue, start: int, credit: int) -> None:
+    def __init__(
+        self, groups: ConsumerGroups[Subscription], subscription: int, stream: StreamQueue, start: int, credit: int
+    ) -> None:
         #: Its connection's groups (which ask it, when it is in one).
         self.groups = groups
         self.id = subscription
@@ -88,7 +90,7 @@ class Subscriptions:
     def __init__(self, session: Session) -> None:
         self.session = session
         self.subscriptions: dict[int, Subscription] = {}
-        self.groups = ConsumerGroups(session, self.restart)
+        self.groups: ConsumerGroups[Subscription] = ConsumerGroups(session, self.restart)
         #: The version of ``deliver`` the client reads (2 once it said so).
         self.deliver_version = 1
 

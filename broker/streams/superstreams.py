@@ -12,7 +12,7 @@ one answers where it reads from (:class:`ConsumerGroups`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from broker.core.stream import StreamQueue
 from broker.core.vhost import VirtualHost
@@ -24,7 +24,6 @@ from exchanges.partitions import PARTITION_ORDER, SUPER_STREAM, partition_order
 
 if TYPE_CHECKING:
     from broker.core.entry import Queue
-    from broker.streams.subscriptions import Subscription
 
 #: The most partitions ``create_super_stream`` makes (a partitioned stream's in the YAML).
 MAX_SUPER_STREAM_PARTITIONS = 1024
@@ -153,18 +152,39 @@ class SuperStreams:
         self.session.answer(wire.PARTITIONS, command.correlation, wire.OK, wire.strings(streams))
 
 
-class ConsumerGroups:
+class Member(Protocol):
+    """A subscription in a single-active-consumer group, as its group sees it
+    (``broker.streams.subscriptions.Member``)."""
+
+    id: int
+    stream: StreamQueue
+    #: Its group (``None``: none), its stream's place in the super stream the group is over
+    #: (-1: none), and whether it waits (not its group's active member).
+    group: str | None
+    partition: int
+    waiting: bool
+    #: Where it subscribed from.
+    spec: wire.Offset
+    #: Its connection's groups.
+    groups: ConsumerGroups[Any]
+
+
+#: The kind of member a connection's groups hold.
+M = TypeVar("M", bound=Member)
+
+
+class ConsumerGroups(Generic[M]):
     """The ``consumer_update`` requests of ``session`` to its subscriptions in groups, and the
     client's answers; ``restart`` has a member made active read on from an offset."""
 
-    def __init__(self, session: Session, restart: Callable[[Subscription, wire.Offset], None]) -> None:
+    def __init__(self, session: Session, restart: Callable[[M, wire.Offset], None]) -> None:
         self.session = session
         self._restart = restart
         #: ``consumer_update`` requests sent and not answered yet, by correlation id.
-        self.pending: dict[int, tuple[Subscription, bool]] = {}
+        self.pending: dict[int, tuple[M, bool]] = {}
         self._updates = 0
 
-    def join(self, reader: Subscription, group: str, super_stream: str | None) -> None:
+    def join(self, reader: M, group: str, super_stream: str | None) -> None:
         """``reader`` joins ``group`` on its stream (over the partition of ``super_stream``
         that its stream is, when it names one): it waits until it is told it is active."""
         stream = reader.stream
@@ -173,7 +193,7 @@ class ConsumerGroups:
         stream.stream_groups.setdefault(group, []).append(reader)
         _rebalance(stream, group)
 
-    def consumer_update(self, reader: Subscription, active: bool) -> None:
+    def consumer_update(self, reader: M, active: bool) -> None:
         """Tell the client ``reader`` becomes its group's active member (it answers where to
         read from) or stops being it."""
         self._updates += 1
@@ -200,7 +220,7 @@ class ConsumerGroups:
             # (an answer of no offset, or one of no kind there is: where it subscribed from)
             self._restart(reader, command.offset or reader.spec)
 
-    def released(self, readers: list[Subscription]) -> None:
+    def released(self, readers: list[M]) -> None:
         """The connection of ``readers`` is gone: they leave their groups, whose next members
         are told (on their own connections) once all of them left."""
         for reader in readers:
@@ -210,7 +230,7 @@ class ConsumerGroups:
                 _rebalance(reader.stream, reader.group)
 
 
-def leave(reader: Subscription, rebalance: bool = True) -> None:
+def leave(reader: Member, rebalance: bool = True) -> None:
     """``reader`` leaves its group (unsubscribed, or its connection gone), and what it was asked
     and did not answer with it: the next member is made active if it was the active one or was
     stepping down (as RabbitMQ's reader does for a subscription gone meanwhile), or the active
@@ -234,7 +254,7 @@ def _rebalance(stream: StreamQueue, group: str) -> None:
     member while it stays, then the first to have come. An active member that should no longer
     be is told to step down, and the next one is told it is active only once it answered (or
     left), so that it reads on from where the last stopped."""
-    members: list[Subscription] | None = stream.stream_groups.get(group)
+    members: list[Member] | None = stream.stream_groups.get(group)
     if not members:
         stream.stream_groups.pop(group, None)
         return
@@ -251,14 +271,14 @@ def _rebalance(stream: StreamQueue, group: str) -> None:
     chosen.groups.consumer_update(chosen, True)
 
 
-def _chosen(members: list[Subscription]) -> Subscription:
+def _chosen(members: list[Member]) -> Member:
     """The member a group of ``members`` should have active (see :func:`_rebalance`)."""
     if members[0].partition >= 0:
         return members[members[0].partition % len(members)]
     return members[0]
 
 
-def _activating(member: Subscription) -> bool | None:
+def _activating(member: Member) -> bool | None:
     """What ``member`` was last asked and has not answered yet: ``True``, to become its group's
     active member; ``False``, to step down; ``None``: nothing."""
     asked = None

@@ -35,7 +35,8 @@ def _serve(args: argparse.Namespace) -> int:
     from twisted.internet import reactor
     from twisted.logger import globalLogBeginner, textFileLogObserver
 
-    from broker.server.service import ListenError, make_broker_service, tune_gc
+    from broker.server.listeners import ListenError
+    from broker.server.service import make_broker_service, tune_gc
     from broker.wal.record import WALCorruption
 
     try:

@@ -177,7 +177,7 @@ def test_alarms_and_readings_are_exported() -> None:
     watcher = monitor(n, readings, clock)
     readings.free = 10
     clock.advance(DISK_INTERVAL)
-    text = generate_latest(make_registry(BrokerCollector(n, rabbitmq_compatible=True))).decode()
+    text = generate_latest(make_registry(BrokerCollector(n, rabbitmq_compatible=True, monitor=watcher))).decode()
     assert 'postroom_alarm{resource="disk"} 1.0' in text and 'postroom_alarm{resource="memory"} 0.0' in text
     assert "postroom_memory_watermark_bytes 200.0" in text and "postroom_disk_free_bytes 10.0" in text
     assert "rabbitmq_alarms_free_disk_space_watermark 1.0" in text

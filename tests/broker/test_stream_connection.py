@@ -23,7 +23,7 @@ from broker.core.journal import Journal
 from broker.core.message import Message
 from broker.core.node import Node
 from broker.core.users import User
-from broker.server.service import stream_addresses
+from broker.server.listeners import stream_addresses
 from broker.server.streamprotocol import REQUEST_TIMEOUT, STEP_TIMEOUT, StreamServerFactory, StreamServerProtocol
 from broker.storage.streams import StreamFiles
 from broker.streams.connection import StreamConnection

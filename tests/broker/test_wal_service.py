@@ -11,7 +11,7 @@ from twisted.internet.task import deferLater
 
 from broker.core.journal import Journal
 from broker.core.node import Node
-from broker.server.service import WALService
+from broker.storage.logwriter import WALService
 from broker.tools.testing import Client, MemorySegmentStorage, publish_frames
 from broker.wal.log import WriteAheadLog
 from broker.wal.recovery import replay_segments

@@ -98,7 +98,7 @@ def postroom_management(make_broker: Any, tmp_path: Path) -> Iterator[tuple[int,
     site = management_site(broker.node, sampler)
     threads.blockingCallFromThread(reactor, sampler.start)
     listening = threads.blockingCallFromThread(reactor, lambda: reactor.listenTCP(0, site, interface="127.0.0.1"))
-    # What the broker's listeners tell the node once they are bound (broker.server.service.Listener).
+    # What the broker's listeners tell the node once they are bound (broker.server.listeners.Listener).
     broker.node.listeners += [
         ListenerInfo("amqp", "127.0.0.1", broker.port),
         ListenerInfo("http", "127.0.0.1", listening.getHost().port),

@@ -24,8 +24,8 @@ from transcript import oracle
 from twisted.internet import threads
 
 from broker.core.definitions import node_from_config
+from broker.server.listeners import tls_wrapper
 from broker.server.protocol import AMQPServerFactory
-from broker.server.service import tls_wrapper
 from broker.tools.testing import free_port, rabbitmqctl, write_test_pki
 from config.schema import BrokerConfig, ListenConfig, TLSConfig, UserConfig
 from tests.conftest import BROKER_PORTS

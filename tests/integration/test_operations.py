@@ -83,9 +83,11 @@ def operated(make_broker: Callable[..., Broker]) -> Iterator[Operated]:
     reactor = broker.reactor
 
     def listen() -> tuple[Any, Any, RateSampler]:
-        ResourceMonitor(node, reactor, 2**62).check()  # one reading, as postroom serve takes every 0.1 s
-        sampler = RateSampler(node, reactor)
-        metrics = reactor.listenTCP(0, metrics_site(BrokerCollector(node), reactor), interface="127.0.0.1")
+        monitor = ResourceMonitor(node, reactor, 2**62)
+        monitor.check()  # one reading, as postroom serve takes every 0.1 s
+        sampler = RateSampler(node, reactor, monitor=monitor)
+        collector = BrokerCollector(node, monitor=monitor)
+        metrics = reactor.listenTCP(0, metrics_site(collector, reactor), interface="127.0.0.1")
         management = reactor.listenTCP(0, management_site(node, sampler, reactor), interface="127.0.0.1")
         return metrics, management, sampler
 
@@ -185,7 +187,7 @@ def test_rabbitmq_compatible_names_cover_the_rabbitmq_dashboard(
     node = operated.broker.node
     plain = operated.broker.call(lambda: generate_latest(make_registry(BrokerCollector(node))).decode())
     assert "rabbitmq_" not in plain
-    registry = make_registry(BrokerCollector(node, rabbitmq_compatible=True))
+    registry = make_registry(BrokerCollector(node, rabbitmq_compatible=True, monitor=operated.sampler.monitor))
     text = operated.broker.call(lambda: generate_latest(registry).decode())
     assert len(RABBITMQ_OVERVIEW_METRICS) == 35
     assert {name for name in RABBITMQ_OVERVIEW_METRICS if f"\n{name}" not in text} == set()

@@ -31,10 +31,10 @@ from twisted.logger import formatEvent, globalLogPublisher
 
 from broker.core.definitions import node_from_config
 from broker.core.node import Node
+from broker.server.listeners import tls_wrapper
 from broker.server.management import RateSampler, management_site
 from broker.server.metrics import BrokerCollector, metrics_site
 from broker.server.protocol import AMQPServerFactory
-from broker.server.service import tls_wrapper
 from broker.tools.testing import write_test_pki
 from broker.wire.codec import PROTOCOL_HEADER
 from config.schema import BrokerConfig, ListenConfig, TLSConfig, UserConfig

@@ -19,8 +19,9 @@ thread, reading the broker's state directly. Rates come from :class:`RateSampler
 reads the counters every few seconds; nothing here runs per message.
 """
 
+from broker.server.identity import NODE_NAME
 from broker.server.management.api import ManagementAPI, management_site
-from broker.server.management.common import MANAGEMENT_TAGS, NODE_NAME
+from broker.server.management.common import MANAGEMENT_TAGS
 from broker.server.management.definitions import export_users
 from broker.server.management.rates import RateSampler
 

@@ -20,9 +20,6 @@ from twisted.logger import Logger
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from broker.amqp.connection import reply_text
-from broker.core.queue import WorkQueue
-from broker.errors import ChannelException
 from broker.server.http import BoundedSite
 from broker.server.management import (
     deadletters,
@@ -40,8 +37,8 @@ from broker.server.management.common import (
     DEFAULT_SORTS,
     MANAGEMENT_TAGS,
     REALM,
-    SEE_ALL_TAGS,
     Call,
+    Context,
     Problem,
     json_default,
     not_authorised,
@@ -57,7 +54,7 @@ from broker.server.protocol import is_loopback
 if TYPE_CHECKING:
     from broker.core.node import Node
     from broker.core.users import User
-    from broker.core.vhost import VirtualHost
+    from broker.server.shovels import Shovels
 
 
 #: Lists answered in the order they are made unless a ``sort`` is asked for (bindings come
@@ -90,17 +87,21 @@ class ManagementAPI(Resource):
 
     :param node: the broker node
     :param sampler: rates for ``message_stats``
+    :param reports: the folder of the dead-letter analysis' reports (``ui.reports``)
+    :param shovels: the node's running shovels (``None``: it runs none)
     """
 
     isLeaf = True
     _log = Logger()
 
-    def __init__(self, node: Node, sampler: RateSampler, reports: str | None = None) -> None:
+    def __init__(
+        self, node: Node, sampler: RateSampler, reports: str | None = None, shovels: Shovels | None = None
+    ) -> None:
         super().__init__()
         self.node = node
-        self.sampler = sampler
-        #: The folder of the dead-letter analysis' reports (``ui.reports``; ``None``: none).
-        self.reports = reports
+        #: What the handlers read (``reports``: the dead-letter analysis' folder; ``shovels``:
+        #: the node's running shovels).
+        self.context = Context(node, sampler, reports, shovels)
         self.router = routes()
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -130,7 +131,7 @@ class ManagementAPI(Resource):
             username = password = ""
         if scheme.lower() != "basic" or not username:
             return self._refused(request, Problem(401, "", ""), challenge=True)  # no credentials
-        gone: list[bool] = []
+        gone: list[object] = []
         request.notifyFinish().addBoth(gone.append)
         host = getattr(request.getClientAddress(), "host", "")
 
@@ -163,7 +164,7 @@ class ManagementAPI(Resource):
             if MANAGEMENT_TAGS.isdisjoint(user.tags):
                 raise not_authorised("Not management user")
             query = query_of(request.uri)
-            status, body = handler(Call(self, user, request, params, query))
+            status, body = handler(Call(self.context, user, request, params, query))
             if isinstance(body, list) and request.method == b"GET":
                 body = shaped(body, query, () if kind in UNSORTED else DEFAULT_SORTS, kind in PAGINATED)
             elif isinstance(body, dict) and request.method == b"GET" and "columns" in query:
@@ -198,76 +199,6 @@ class ManagementAPI(Resource):
         reason = "the change was made but could not be written to the write-ahead log (see the broker log)"
         return json.dumps({"error": "internal_error", "reason": reason}).encode()
 
-    # -- what a user may see --------------------------------------------------------------------
-
-    def vhosts(self, user: User, name: str | None = None, visible: bool = False) -> list[VirtualHost]:
-        """The vhosts a list shows ``user`` (RabbitMQ's management plugin): every one to an
-        administrator (and, where ``visible``, to a monitoring user: the vhost list and the
-        overview), else those the user may open. With ``name``: that one.
-
-        :raises Problem: 401 for a vhost that exists but is not the user's, 404 for a missing one
-        """
-        administrator = "administrator" in user.tags
-        if name is None:
-            sees_all = administrator or (visible and "monitoring" in user.tags)
-            return [v for v in self.node.vhosts.values() if sees_all or user.may_open(v.name)]
-        vhost = self.node.vhosts.get(name)
-        if vhost is None:
-            raise not_found()
-        if not administrator and not user.may_open(name):
-            raise not_authorised("User not authorised to access virtual host")
-        return [vhost]
-
-    def queue(self, user: User, vhost_name: str, name: str) -> WorkQueue:
-        queue = self.vhosts(user, vhost_name)[0].queues.get(name)
-        if queue is None:
-            raise not_found()
-        return queue
-
-    def readable_queue(self, user: User, vhost_name: str, name: str) -> WorkQueue:
-        """A queue whose messages ``user`` wants (get, purge): it needs the vhost, read
-        permission on the queue, and the queue must not be another connection's exclusive one
-        (RabbitMQ does these through an AMQP channel as the user, with its answers).
-
-        :raises Problem: 401 (no vhost access or no read permission), 400 (exclusive), 404
-        """
-        if not user.may_open(vhost_name):
-            raise not_authorised(f"access to vhost '{vhost_name}' refused for user '{user.name}'")
-        queue = self.queue(user, vhost_name, name)
-        access = user.access(vhost_name)
-        if access is not None:
-            try:
-                access.check("read", "queue", name)
-            except ChannelException as refused:
-                raise not_authorised(reply_text(refused)) from None
-        if queue.owner is not None:
-            raise Problem(
-                400,
-                "bad_request",
-                f"405 RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in vhost "
-                f"'{vhost_name}'. It could be originally declared on another connection or the exclusive "
-                "property value does not match that of the original declaration.",
-            )
-        return queue
-
-    def visible_connections(self, user: User) -> list[Any]:
-        return [
-            connection
-            for connection in self.node.connections
-            if not SEE_ALL_TAGS.isdisjoint(user.tags) or connection.user_name == user.name
-        ]
-
-    def visible_stream_connections(self, user: User) -> list[Any]:
-        """The stream protocol's open connections ``user`` sees (as for AMQP's), by name."""
-        return sorted(
-            (
-                connection
-                for connection in self.node.stream_connections
-                if not SEE_ALL_TAGS.isdisjoint(user.tags) or connection.user_name == user.name
-            ),
-            key=lambda connection: connection.peer,
-        )
-
 
 class UIFile(Resource):
     """One file of the web UI (``broker/server/management/ui``), with headers that keep it to
@@ -296,12 +227,18 @@ UI_DIRECTORY = os.path.join(os.path.dirname(__file__), "ui")
 UI_FILES = {"app.js": b"text/javascript; charset=utf-8", "style.css": b"text/css; charset=utf-8"}
 
 
-def management_site(node: Node, sampler: RateSampler, reactor: Any = None, reports: str | None = None) -> Site:
+def management_site(
+    node: Node,
+    sampler: RateSampler,
+    reactor: Any = None,
+    reports: str | None = None,
+    shovels: Shovels | None = None,
+) -> Site:
     """A twisted.web ``Site`` serving the API under ``/api`` and the web UI at ``/`` (its
     timeouts on ``reactor``, the global one by default; ``reports``: the folder of the
-    dead-letter analysis' reports the UI lists)."""
+    dead-letter analysis' reports the UI lists; ``shovels``: the node's running shovels)."""
     root = Resource()
-    root.putChild(b"api", ManagementAPI(node, sampler, reports))
+    root.putChild(b"api", ManagementAPI(node, sampler, reports, shovels))
     root.putChild(b"", UIFile("index.html", b"text/html; charset=utf-8"))
     root.putChild(b"reports", deadletters.ReportPage(reports, time.time))
     ui = Resource()

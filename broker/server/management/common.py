@@ -1,5 +1,7 @@
 """What every part of the management API shares: the answer to a refused request, the
-request as a handler sees it, and RabbitMQ's names and constants."""
+request as a handler sees it (:class:`Call`, with what it reads: :class:`Context`), and
+RabbitMQ's names and constants. It imports none of the API's other parts but the rates (for
+their type), so that each part may import it."""
 
 from __future__ import annotations
 
@@ -10,18 +12,21 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote_to_bytes
 
+from broker.amqp.connection import reply_text
 from broker.core.sockets import PLAIN_TCP
+from broker.errors import ChannelException
 
 if TYPE_CHECKING:
     from twisted.web.server import Request
 
+    from broker.amqp.connection import ServerConnection
+    from broker.core.entry import Queue
     from broker.core.node import Node
     from broker.core.users import User
-    from broker.server.management.api import ManagementAPI
+    from broker.core.vhost import VirtualHost
     from broker.server.management.rates import RateSampler
-
-#: The node's name, as RabbitMQ names a node (``name@host``).
-NODE_NAME = "postroom@localhost"
+    from broker.server.shovels import Shovels
+    from broker.streams.connection import StreamConnection
 
 #: Tags that let a user into the management API (RabbitMQ's; any other tag does not).
 MANAGEMENT_TAGS = frozenset({"administrator", "monitoring", "policymaker", "management"})
@@ -125,12 +130,103 @@ def segments(uri: bytes) -> list[str]:
     return decoded
 
 
+class Context:
+    """What the management API's handlers read: the node, its rates and its shovels, and what
+    a user may see of them.
+
+    :param node: the broker node
+    :param sampler: rates for ``message_stats``, and the node's resource readings
+    :param reports: the folder of the dead-letter analysis' reports (``ui.reports``; ``None``: none)
+    :param shovels: the node's running shovels (``None``: it runs none)
+    """
+
+    def __init__(
+        self, node: Node, sampler: RateSampler, reports: str | None = None, shovels: Shovels | None = None
+    ) -> None:
+        self.node = node
+        self.sampler = sampler
+        self.reports = reports
+        self.shovels = shovels
+
+    def vhosts(self, user: User, name: str | None = None, visible: bool = False) -> list[VirtualHost]:
+        """The vhosts a list shows ``user`` (RabbitMQ's management plugin): every one to an
+        administrator (and, where ``visible``, to a monitoring user: the vhost list and the
+        overview), else those the user may open. With ``name``: that one.
+
+        :raises Problem: 401 for a vhost that exists but is not the user's, 404 for a missing one
+        """
+        administrator = "administrator" in user.tags
+        if name is None:
+            sees_all = administrator or (visible and "monitoring" in user.tags)
+            return [v for v in self.node.vhosts.values() if sees_all or user.may_open(v.name)]
+        vhost = self.node.vhosts.get(name)
+        if vhost is None:
+            raise not_found()
+        if not administrator and not user.may_open(name):
+            raise not_authorised("User not authorised to access virtual host")
+        return [vhost]
+
+    def queue(self, user: User, vhost_name: str, name: str) -> Queue:
+        queue = self.vhosts(user, vhost_name)[0].queues.get(name)
+        if queue is None:
+            raise not_found()
+        return queue
+
+    def readable_queue(self, user: User, vhost_name: str, name: str) -> Queue:
+        """A queue whose messages ``user`` wants (get, purge): it needs the vhost, read
+        permission on the queue, and the queue must not be another connection's exclusive one
+        (RabbitMQ does these through an AMQP channel as the user, with its answers).
+
+        :raises Problem: 401 (no vhost access or no read permission), 400 (exclusive), 404
+        """
+        if not user.may_open(vhost_name):
+            raise not_authorised(f"access to vhost '{vhost_name}' refused for user '{user.name}'")
+        queue = self.queue(user, vhost_name, name)
+        access = user.access(vhost_name)
+        if access is not None:
+            try:
+                access.check("read", "queue", name)
+            except ChannelException as refused:
+                raise not_authorised(reply_text(refused)) from None
+        if queue.owner is not None:
+            raise Problem(
+                400,
+                "bad_request",
+                f"405 RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in vhost "
+                f"'{vhost_name}'. It could be originally declared on another connection or the exclusive "
+                "property value does not match that of the original declaration.",
+            )
+        return queue
+
+    def visible_connections(self, user: User) -> list[ServerConnection]:
+        return [
+            connection
+            for connection in self.node.connections
+            if not SEE_ALL_TAGS.isdisjoint(user.tags) or connection.user_name == user.name
+        ]
+
+    def visible_stream_connections(self, user: User) -> list[StreamConnection]:
+        """The stream protocol's open connections ``user`` sees (as for AMQP's), by name."""
+        return sorted(
+            (
+                connection
+                for connection in self.node.stream_connections
+                if not SEE_ALL_TAGS.isdisjoint(user.tags) or connection.user_name == user.name
+            ),
+            key=lambda connection: connection.peer,
+        )
+
+
+#: A handler's answer: its status and the body to send as JSON (``None``: none).
+Answer = tuple[int, object]
+
+
 @dataclass
 class Call:
     """One request as its handler sees it: who asks, the route's parameters (``:vhost`` and
     the like, decoded) and the query string."""
 
-    api: ManagementAPI
+    context: Context
     user: User
     request: Request
     params: dict[str, str]
@@ -138,15 +234,16 @@ class Call:
 
     @property
     def node(self) -> Node:
-        return self.api.node
+        return self.context.node
 
     @property
     def sampler(self) -> RateSampler:
-        return self.api.sampler
+        return self.context.sampler
 
     def body(self) -> dict[str, Any]:
         """The request's JSON object (see :func:`json_object`)."""
-        return json_object(self.request.content.read())
+        content = self.request.content
+        return json_object(content.read() if content is not None else b"")
 
     def flag(self, name: str) -> bool:
         """Whether the query string sets ``name`` to ``true`` (``?if-unused=true``)."""
@@ -337,7 +434,7 @@ def _columns(item: Any, columns: list[str]) -> Any:
     return kept
 
 
-def socket_fields(sampler: RateSampler, connection: Any) -> dict[str, Any]:
+def socket_fields(sampler: RateSampler, connection: ServerConnection | StreamConnection) -> dict[str, Any]:
     """A connection's socket as RabbitMQ's connection objects show it: its two ends, how it
     logged in, TLS (Erlang's names), and bytes and socket reads and writes each way, with
     their rates over the last sample."""
@@ -351,14 +448,14 @@ def socket_fields(sampler: RateSampler, connection: Any) -> dict[str, Any]:
         host, _, port = connection.peer.rpartition(":")
         ends = {"host": "", "port": 0, "peer_host": host, "peer_port": int(port) if port.isdigit() else None}
         pending = 0
-    tls = socket is not None and socket.tls is not None
+    session = socket.tls if socket is not None else None
     received, sent = sampler.socket_rates(connection)
     return {
         **ends,
         "auth_mechanism": connection.auth_mechanism,
         "connected_at": connection.connected_at,
-        "ssl": tls,
-        **(socket.tls() if tls else PLAIN_TCP),  # type: ignore[union-attr, misc]
+        "ssl": session is not None,
+        **(session() if session is not None else PLAIN_TCP),
         "recv_oct": connection.recv_oct,
         "recv_oct_details": {"rate": received},
         "recv_cnt": connection.recv_cnt,

@@ -33,6 +33,7 @@ import secrets
 import time
 from collections import Counter
 from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
@@ -41,9 +42,10 @@ from twisted.web.resource import Resource
 
 from broker.amqp.connection import reply_text
 from broker.core.message import Message
+from broker.core.queue import WorkQueue
 from broker.core.seal import DEAD_LETTER_ID_HEADER, UNSEALED, without_entries
 from broker.errors import ChannelException
-from broker.server.management.common import SEE_ALL_TAGS, Call, Problem, not_authorised, not_found
+from broker.server.management.common import SEE_ALL_TAGS, Answer, Call, Problem, not_authorised, not_found
 from broker.server.management.router import Router
 from broker.wire.codec import shortstr
 from broker.wire.content import ContentError
@@ -53,8 +55,7 @@ if TYPE_CHECKING:
 
     from twisted.web.server import Request
 
-    from broker.core.entry import Entry
-    from broker.core.queue import WorkQueue
+    from broker.core.entry import Entry, Queue
     from broker.core.users import User
     from broker.core.vhost import VirtualHost
 
@@ -93,7 +94,9 @@ def deaths(message: Message) -> list[dict[str, Any]]:
     for entry in history:
         if not isinstance(entry, dict):
             continue
-        item = {key: value for key, value in entry.items() if isinstance(value, str | int | float | list)}
+        item: dict[str, Any] = {
+            key: value for key, value in entry.items() if isinstance(value, str | int | float | list)
+        }
         when = entry.get("time")
         if isinstance(when, datetime):
             when = when.timestamp()
@@ -102,17 +105,18 @@ def deaths(message: Message) -> list[dict[str, Any]]:
     return shown
 
 
-def _dead_letter_queues(call: Call) -> list[tuple[VirtualHost, WorkQueue]]:
+def _dead_letter_queues(call: Call) -> list[tuple[VirtualHost, Queue]]:
     found = []
-    for vhost in call.api.vhosts(call.user):
+    for vhost in call.context.vhosts(call.user):
         for queue in vhost.queues.values():
-            if queue.name in vhost.dead_letter_queues or queue.dead_letter_watch is not None:
+            watched = isinstance(queue, WorkQueue) and queue.dead_letter_watch is not None
+            if queue.name in vhost.dead_letter_queues or watched:
                 if _may_read(call.user, vhost, queue):
                     found.append((vhost, queue))
     return found
 
 
-def _may_read(user: User, vhost: VirtualHost, queue: WorkQueue) -> bool:
+def _may_read(user: User, vhost: VirtualHost, queue: Queue) -> bool:
     access = user.access(vhost.name)
     if access is None:
         return queue.owner is None
@@ -123,12 +127,12 @@ def _may_read(user: User, vhost: VirtualHost, queue: WorkQueue) -> bool:
     return queue.owner is None
 
 
-def summary(call: Call) -> tuple[int, Any]:
+def summary(call: Call) -> Answer:
     listed = []
     for vhost, queue in _dead_letter_queues(call):
         reasons: Counter[str] = Counter()
         sources: Counter[str] = Counter()
-        entries = queue.ready.peek(SUMMARY_SCAN) if queue.kind != "stream" else []
+        entries = queue.ready.peek(SUMMARY_SCAN) if isinstance(queue, WorkQueue) else []
         for entry in entries:
             history = deaths(entry.message)
             if history:
@@ -187,14 +191,14 @@ class Filter:
 
 
 def _queue(call: Call) -> tuple[VirtualHost, WorkQueue]:
-    queue = call.api.readable_queue(call.user, call.params["vhost"], call.params["queue"])
+    queue = call.context.readable_queue(call.user, call.params["vhost"], call.params["queue"])
     vhost = call.node.vhosts[call.params["vhost"]]
-    if queue.kind == "stream":
+    if not isinstance(queue, WorkQueue):
         raise Problem(400, "bad_request", "a stream is not a dead-letter queue here: its messages are not taken")
     return vhost, queue
 
 
-def listing(call: Call) -> tuple[int, Any]:
+def listing(call: Call) -> Answer:
     vhost, queue = _queue(call)
     query = {key: values[-1] for key, values in call.query.items()}
     try:
@@ -203,7 +207,7 @@ def listing(call: Call) -> tuple[int, Any]:
         raise Problem(400, "bad_request", "limit must be an integer") from None
     chosen = Filter(query, now=queue.now())
     entries = queue.ready.peek(LIST_SCAN)
-    shown = []
+    shown: list[dict[str, Any]] = []
     matched = 0
     for entry in entries:
         message = entry.message
@@ -230,7 +234,7 @@ class RedriveJob:
     _numbers = itertools.count(1)
 
     def __init__(
-        self, call: Call, vhost: VirtualHost, queue: WorkQueue, chosen: Filter, to: tuple[str, str] | None, rate: float
+        self, call: Call, vhost: VirtualHost, queue: Queue, chosen: Filter, to: tuple[str, str] | None, rate: float
     ) -> None:
         self.id = next(self._numbers)
         self.node, self.user, self.vhost, self.queue = call.node, call.user, vhost, queue
@@ -314,7 +318,7 @@ class RedriveJob:
             if journal is None:
                 self._settle(moved, True)
             else:
-                journal.when_durable(lambda durable, moved=moved: self._settle(moved, durable))
+                journal.when_durable(partial(self._settle, moved))
         return exhausted or self.left <= 0 or self.queue.deleted
 
     def _send(self, message: Message) -> str | None:
@@ -390,7 +394,7 @@ class RedriveJob:
 JOBS: dict[int, RedriveJob] = {}
 
 
-def start_redrive(call: Call) -> tuple[int, Any]:
+def start_redrive(call: Call) -> Answer:
     vhost, queue = _queue(call)
     body = call.body()
     rate = body.get("rate", 500)
@@ -411,7 +415,7 @@ def start_redrive(call: Call) -> tuple[int, Any]:
     return 202, job.view()
 
 
-def job_progress(call: Call) -> tuple[int, Any]:
+def job_progress(call: Call) -> Answer:
     try:
         job = JOBS.get(int(call.params["job"]))
     except ValueError:
@@ -429,7 +433,7 @@ def _reports_folder(call: Call) -> str:
     """The reports' folder; reports are for the users who see every queue's dead letters."""
     if SEE_ALL_TAGS.isdisjoint(call.user.tags):
         raise not_authorised("Not monitor user")
-    folder = call.api.reports
+    folder = call.context.reports
     if folder is None:
         raise Problem(404, "not_found", "no reports folder is configured (ui.reports)")
     return folder
@@ -443,7 +447,7 @@ def _read(path: str) -> bytes | None:
         return None
 
 
-def reports(call: Call) -> tuple[int, Any]:
+def reports(call: Call) -> Answer:
     folder = _reports_folder(call)
     try:
         names = os.listdir(folder)
@@ -470,7 +474,7 @@ def reports(call: Call) -> tuple[int, Any]:
     return 200, sorted(listed, key=lambda item: item["modified"], reverse=True)
 
 
-def report(call: Call) -> tuple[int, Any]:
+def report(call: Call) -> Answer:
     """One report: its ``summary`` and, as text, its self-contained ``html`` (plots inlined)."""
     folder = _reports_folder(call)
     name = call.params["report"]
@@ -516,7 +520,7 @@ class ReportPage(Resource):
         self.now = now
 
     def render_GET(self, request: Request) -> bytes:
-        name = unquote(b"/".join(request.postpath).decode("utf-8", "replace"))
+        name = unquote(b"/".join(request.postpath or ()).decode("utf-8", "replace"))
         arguments = request.args
         try:
             expires = int(arguments.get(b"expires", [b""])[0])

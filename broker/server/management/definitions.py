@@ -14,7 +14,7 @@ from twisted.logger import Logger
 
 from broker.core.admin import user_limits, vhost_limits
 from broker.core.definitions import apply_accounts, apply_definitions, apply_parameters, apply_policies
-from broker.server.management.common import RABBITMQ_FORMAT_VERSION, Call, Problem, not_authorised
+from broker.server.management.common import RABBITMQ_FORMAT_VERSION, Answer, Call, Problem, not_authorised
 from broker.server.management.policies import policy_view
 from broker.server.management.router import Router
 from broker.server.management.views import exchange_definition, vhost_bindings
@@ -85,7 +85,7 @@ def export_users(
     return users, permissions, topic_permissions
 
 
-def definitions(call: Call) -> tuple[int, Any]:
+def definitions(call: Call) -> Answer:
     """``GET /api/definitions[/VHOST]``: what RabbitMQ 3.10's export holds, for
     administrators, in its shape, so that RabbitMQ imports it (``POST /api/definitions``,
     ``rabbitmqctl import_definitions``). Like RabbitMQ's: every queue but exclusive ones,
@@ -181,7 +181,7 @@ def definitions(call: Call) -> tuple[int, Any]:
 _PER_VHOST = ("queues", "exchanges", "bindings", "policies", "parameters", "permissions", "topic_permissions")
 
 
-def import_definitions(call: Call) -> tuple[int, Any]:
+def import_definitions(call: Call) -> Answer:
     """``POST /api/definitions[/VHOST]``: apply a RabbitMQ definitions document, as RabbitMQ's
     import does: what it lists is created or replaced, nothing it leaves out is deleted. The
     whole node's takes users, vhosts, permissions, limits, policies, exchanges, queues and
@@ -198,7 +198,8 @@ def import_definitions(call: Call) -> tuple[int, Any]:
         raise not_authorised("Not administrator user")
     node = call.node
     try:
-        document = json.loads(call.request.content.read() or b"null")
+        content = call.request.content
+        document = json.loads((content.read() if content is not None else b"") or b"null")
     except ValueError:
         raise Problem(400, "bad_request", "failed_to_parse_json") from None
     if not isinstance(document, dict):

@@ -12,7 +12,8 @@ from cryptography import x509
 
 from broker.core.message import Message
 from broker.core.node import ListenerInfo
-from broker.server.management.common import NODE_NAME, Call, Problem, not_authorised, not_found, required
+from broker.server.identity import NODE_NAME
+from broker.server.management.common import Answer, Call, Problem, not_authorised, not_found, required
 from broker.server.management.router import Router
 
 #: The queue ``/api/aliveness-test/VHOST`` declares and leaves in place, as RabbitMQ does.
@@ -79,21 +80,21 @@ def install(router: Router) -> None:
     router.add("/health/checks/node-is-quorum-critical", GET=_single_node)
 
 
-def _ok(call: Call) -> tuple[int, Any]:
+def _ok(call: Call) -> Answer:
     return 200, {"status": "ok"}
 
 
-def _single_node(call: Call) -> tuple[int, Any]:
+def _single_node(call: Call) -> Answer:
     """No other node depends on this one: nothing is critical (RabbitMQ's answer on one node)."""
     return 200, {"status": "ok", "reason": "single node cluster"}
 
 
-def cluster_name(call: Call) -> tuple[int, Any]:
+def cluster_name(call: Call) -> Answer:
     """The name set with ``PUT`` (kept in the log), else the node's."""
     return 200, {"name": call.node.admin.cluster_name or NODE_NAME}
 
 
-def set_cluster_name(call: Call) -> tuple[int, Any]:
+def set_cluster_name(call: Call) -> Answer:
     """``PUT /api/cluster-name`` with ``name`` (administrators)."""
     if "administrator" not in call.user.tags:
         raise not_authorised("Not administrator user")
@@ -104,12 +105,12 @@ def set_cluster_name(call: Call) -> tuple[int, Any]:
     return 204, None
 
 
-def extensions(call: Call) -> tuple[int, Any]:
+def extensions(call: Call) -> Answer:
     """Scripts that extend the web UI: Postroom's UI has none."""
     return 200, []
 
 
-def feature_flags(call: Call) -> tuple[int, Any]:
+def feature_flags(call: Call) -> Answer:
     return 200, [
         {
             "name": name,
@@ -123,20 +124,20 @@ def feature_flags(call: Call) -> tuple[int, Any]:
     ]
 
 
-def whoami(call: Call) -> tuple[int, Any]:
+def whoami(call: Call) -> Answer:
     return 200, {"name": call.user.name, "tags": sorted(call.user.tags)}
 
 
-def node_check(call: Call) -> tuple[int, Any]:
+def node_check(call: Call) -> Answer:
     if call.params["node"] != NODE_NAME:
         raise not_found()
     return _ok(call)
 
 
-def aliveness(call: Call) -> tuple[int, Any]:
+def aliveness(call: Call) -> Answer:
     """Declare the ``aliveness-test`` queue in the vhost, put a message in it and take it
     out, as RabbitMQ does through a channel of the user's."""
-    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
     queue = vhost.declare_queue(ALIVENESS_QUEUE, None)
     queue.enqueue(Message.build("", ALIVENESS_QUEUE, b"test_message"))
     entry = queue.get()
@@ -146,22 +147,22 @@ def aliveness(call: Call) -> tuple[int, Any]:
     return 200, {"status": "ok"}
 
 
-def _alarms(call: Call, where: str) -> tuple[int, Any]:
+def _alarms(call: Call, where: str) -> Answer:
     raised = [{"resource": _RESOURCES[name], "node": NODE_NAME} for name in _RESOURCES if name in call.node.alarms]
     if not raised:
         return 200, {"status": "ok"}
     return FAILED, {"status": "failed", "reason": f"There are alarms in effect {where}", "alarms": raised}
 
 
-def alarms(call: Call) -> tuple[int, Any]:
+def alarms(call: Call) -> Answer:
     return _alarms(call, "in the cluster")
 
 
-def local_alarms(call: Call) -> tuple[int, Any]:
+def local_alarms(call: Call) -> Answer:
     return _alarms(call, "on the node")
 
 
-def port_listener(call: Call) -> tuple[int, Any]:
+def port_listener(call: Call) -> Answer:
     try:
         port = int(call.params["port"])
     except ValueError:
@@ -172,7 +173,7 @@ def port_listener(call: Call) -> tuple[int, Any]:
     return 200, {"status": "ok", "port": port}
 
 
-def protocol_listener(call: Call) -> tuple[int, Any]:
+def protocol_listener(call: Call) -> Answer:
     asked = call.params["protocol"].lower()
     protocol = _PROTOCOL_NAMES.get(asked, asked)
     protocols = [listener.protocol for listener in call.node.listeners]
@@ -181,7 +182,7 @@ def protocol_listener(call: Call) -> tuple[int, Any]:
     return 200, {"status": "ok", "protocol": protocol}
 
 
-def certificate_expiration(call: Call) -> tuple[int, Any]:
+def certificate_expiration(call: Call) -> Answer:
     """Whether a TLS listener's certificate, or a CA certificate it trusts, expires within the
     given time (RabbitMQ's check: ``/certificate-expiration/4/weeks``)."""
     try:

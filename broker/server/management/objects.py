@@ -22,13 +22,15 @@ from twisted.logger import Logger
 
 from broker.core.message import Message
 from broker.core.queue import WorkQueue
+from broker.core.stream import StreamQueue
 from broker.errors import AMQPError, ChannelException, ReplyCode
-from broker.server.management.common import Call, Problem, not_authorised, not_found, required
+from broker.server.management.common import Answer, Call, Problem, not_authorised, not_found, required
 from broker.server.management.router import Router
 from broker.server.management.views import binding_view, properties_key
 from broker.wire.codec import encode_content_header
 
 if TYPE_CHECKING:
+    from broker.core.entry import Queue
     from broker.core.vhost import VirtualHost
 
 _log = Logger()
@@ -66,7 +68,7 @@ def _writable_vhost(call: Call) -> VirtualHost:
     vhost = call.node.vhosts.get(call.params["vhost"])
     if vhost is None:
         raise Problem(404, "not_found", "vhost_not_found")
-    call.api.vhosts(call.user, vhost.name)  # 401 for a vhost that is not the user's
+    call.context.vhosts(call.user, vhost.name)  # 401 for a vhost that is not the user's
     return vhost
 
 
@@ -75,7 +77,7 @@ def _boolean(body: dict[str, Any], key: str) -> bool:
     value = body.get(key, False)
     if value in (True, False, "true", "false"):
         return value in (True, "true")
-    raise Problem(400, "bad_request", ["not_boolean", value])  # type: ignore[arg-type]
+    raise Problem(400, "bad_request", ["not_boolean", value])
 
 
 def _arguments(body: dict[str, Any]) -> dict[str, Any]:
@@ -123,7 +125,7 @@ def delete_queue(call: Call) -> tuple[int, None]:
 def _delete(call: Call, kind: str) -> tuple[int, None]:
     """Delete the exchange or queue of the path: 404 when missing, then as ``exchange.delete``
     or ``queue.delete`` (configure permission, the ``if-`` conditions of the query)."""
-    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
     name = call.params[kind]
     if name not in (vhost.exchanges if kind == "exchange" else vhost.queues):
         raise not_found()
@@ -174,7 +176,7 @@ def _between(call: Call) -> tuple[VirtualHost, str, str, bool]:
 
     :raises Problem: 404 for a missing vhost, source or destination, or a type other than ``q`` or ``e``
     """
-    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
     source, destination, kind = call.params["source"], call.params["destination"], call.params["dtype"]
     if kind not in ("q", "e"):
         raise not_found()
@@ -194,7 +196,7 @@ def _bindings_between(vhost: VirtualHost, source: str, destination: str, is_queu
     return sorted(views, key=lambda view: (view["routing_key"], view["properties_key"]))
 
 
-def bindings_between(call: Call) -> tuple[int, Any]:
+def bindings_between(call: Call) -> Answer:
     """``GET /api/bindings/VHOST/e/SOURCE/q|e/DESTINATION``."""
     return 200, _bindings_between(*_between(call))
 
@@ -215,12 +217,12 @@ def _named(bindings: list[dict[str, Any]], props: str) -> dict[str, Any]:
     raise not_found()
 
 
-def binding(call: Call) -> tuple[int, Any]:
+def binding(call: Call) -> Answer:
     """``GET /api/bindings/VHOST/e/SOURCE/q|e/DESTINATION/PROPS``."""
     return 200, _named(_bindings_between(*_between(call)), call.params["props"])
 
 
-def bind(call: Call) -> tuple[int, Any]:
+def bind(call: Call) -> Answer:
     """``POST /api/bindings/VHOST/e/SOURCE/q|e/DESTINATION`` with ``routing_key`` and
     ``arguments``: 201, and the new binding's path (relative) in ``Location``."""
     vhost = _writable_vhost(call)
@@ -267,7 +269,7 @@ def unbind(call: Call) -> tuple[int, None]:
     return 204, None
 
 
-def publish(call: Call) -> tuple[int, Any]:
+def publish(call: Call) -> Answer:
     """``POST /api/exchanges/VHOST/NAME/publish``: publish one message as the user (``amq.default``
     is the default exchange), mandatory and confirmed; answers whether a queue took it."""
     vhost = _writable_vhost(call)
@@ -360,15 +362,16 @@ def basic_properties(properties: dict[str, Any]) -> commands.Basic.Properties:
     return result
 
 
-def _not_a_stream(queue: WorkQueue, operation: str) -> WorkQueue:
+def _not_a_stream(queue: Queue, operation: str) -> WorkQueue:
     """``queue``, unless it is a stream, which does not do ``operation`` (refused as over AMQP)."""
-    if queue.kind == "stream":
-        raise Problem(400, "bad_request", queue.refusal(operation).reply_text)  # type: ignore[attr-defined]
+    if isinstance(queue, StreamQueue):
+        raise Problem(400, "bad_request", queue.refusal(operation).reply_text)
+    assert isinstance(queue, WorkQueue)  # (the other kind)
     return queue
 
 
 def purge(call: Call) -> tuple[int, None]:
-    queue = call.api.readable_queue(call.user, call.params["vhost"], call.params["queue"])
+    queue = call.context.readable_queue(call.user, call.params["vhost"], call.params["queue"])
     _not_a_stream(queue, "queue.purge").purge()
     return 204, None
 
@@ -380,13 +383,14 @@ QUEUE_TYPES = ("classic", "quorum", "stream")
 ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false", "peek")
 
 
-def get(call: Call) -> tuple[int, Any]:
+def get(call: Call) -> Answer:
     """``POST /api/queues/VHOST/NAME/get`` with ``count``, ``ackmode`` and ``encoding`` (and
     ``truncate``), as RabbitMQ: take up to ``count`` ready messages, then put them back marked
     redelivered (``ack_requeue_true``, ``reject_requeue_true``), acknowledge them
     (``ack_requeue_false``) or reject them to their dead-letter exchange
     (``reject_requeue_false``). Postroom's ``peek`` shows them and changes nothing."""
-    queue = _not_a_stream(call.api.readable_queue(call.user, call.params["vhost"], call.params["queue"]), "basic.get")
+    queue = call.context.readable_queue(call.user, call.params["vhost"], call.params["queue"])
+    queue = _not_a_stream(queue, "basic.get")
     body = call.body()
     ackmode, count, encoding = required(body, ("ackmode", "count", "encoding"))
     if encoding not in ("auto", "base64"):

@@ -12,10 +12,9 @@ refused as RabbitMQ refuses a component no plugin registered. Global parameters 
 from __future__ import annotations
 
 import html
-from typing import Any
 
 from broker.core.admin import VHOST_LIMITS, vhost_limits
-from broker.server.management.common import Call, Problem, erlang_term, not_authorised, not_found, required
+from broker.server.management.common import Answer, Call, Problem, erlang_term, not_authorised, not_found, required
 from broker.server.management.router import Router
 from config.shovels import COMPONENT as SHOVEL
 from config.shovels import validate as validate_shovel
@@ -41,12 +40,12 @@ def _administrator(call: Call) -> None:
         raise not_authorised("Not administrator user")
 
 
-def parameters(call: Call) -> tuple[int, Any]:
+def parameters(call: Call) -> Answer:
     """The runtime parameters of the vhosts the user may see, narrowed by the path."""
     _policymaker(call)
     params = call.params
     listed = []
-    for vhost in call.api.vhosts(call.user, params.get("vhost")):
+    for vhost in call.context.vhosts(call.user, params.get("vhost")):
         limits = vhost_limits(vhost)
         if limits:
             listed.append({"value": limits, "vhost": vhost.name, "component": "vhost-limits", "name": "limits"})
@@ -72,7 +71,7 @@ def parameters(call: Call) -> tuple[int, Any]:
     return 200, listed
 
 
-def set_parameter(call: Call) -> tuple[int, Any]:
+def set_parameter(call: Call) -> Answer:
     """``PUT /api/parameters/vhost-limits/VHOST/limits`` with ``value``: the vhost's limits,
     replaced; another component is refused, as RabbitMQ refuses one it has no plugin for."""
     _policymaker(call)
@@ -83,7 +82,7 @@ def set_parameter(call: Call) -> tuple[int, Any]:
         return _set_shovel(call)
     if component != "vhost-limits":
         raise Problem(400, "bad_request", f"Validation failed\n\ncomponent {component} not found\n")
-    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
     (value,) = required(call.body(), ("value",))
     if name != "limits" or not isinstance(value, dict):
         raise Problem(400, "bad_request", "Validation failed\n\nvhost-limits takes one parameter, limits: an object\n")
@@ -100,11 +99,11 @@ def set_parameter(call: Call) -> tuple[int, Any]:
     return (201 if new else 204), None
 
 
-def _set_shovel(call: Call) -> tuple[int, Any]:
+def _set_shovel(call: Call) -> Answer:
     """``PUT /api/parameters/shovel/VHOST/NAME`` with ``value``: a dynamic shovel, checked as
     RabbitMQ checks it (its messages, HTML-escaped as its answer has them), started (again,
     when it changed)."""
-    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
     (value,) = required(call.body(), ("value",))
     user = call.user
     may_open = lambda vhost: vhost in call.node.vhosts and user.may_open(vhost)  # noqa: E731
@@ -116,9 +115,9 @@ def _set_shovel(call: Call) -> tuple[int, Any]:
     return (201 if new else 204), None
 
 
-def clear_parameter(call: Call) -> tuple[int, Any]:
+def clear_parameter(call: Call) -> Answer:
     _policymaker(call)
-    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
     if call.params["component"] == SHOVEL:
         if not call.node.admin.clear_parameter(SHOVEL, vhost.name, call.params["name"]):
             raise not_found()
@@ -130,7 +129,7 @@ def clear_parameter(call: Call) -> tuple[int, Any]:
     return 204, None
 
 
-def global_parameters(call: Call) -> tuple[int, Any]:
+def global_parameters(call: Call) -> Answer:
     """``GET /api/global-parameters[/NAME]`` (administrators)."""
     _administrator(call)
     listed = [{"name": name, "value": value} for name, value in call.node.admin.globals.items()]
@@ -142,7 +141,7 @@ def global_parameters(call: Call) -> tuple[int, Any]:
     raise not_found()
 
 
-def set_global(call: Call) -> tuple[int, Any]:
+def set_global(call: Call) -> Answer:
     """``PUT /api/global-parameters/NAME`` with ``value`` (kept as it is)."""
     _administrator(call)
     (value,) = required(call.body(), ("value",))
@@ -154,7 +153,7 @@ def set_global(call: Call) -> tuple[int, Any]:
     return (201 if call.node.admin.set_global(name, value) else 204), None
 
 
-def clear_global(call: Call) -> tuple[int, Any]:
+def clear_global(call: Call) -> Answer:
     _administrator(call)
     name = call.params["name"]
     if name not in call.node.admin.globals:

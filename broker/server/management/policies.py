@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.logger import Logger
 
 from broker.core.policy import Policy, PolicyRefused, from_value
-from broker.server.management.common import Call, Problem, not_authorised, not_found, required
+from broker.server.management.common import Answer, Call, Problem, not_authorised, not_found, required
 from broker.server.management.router import Router
 
 if TYPE_CHECKING:
@@ -21,13 +21,13 @@ _log = Logger()
 def install(router: Router) -> None:
     for kind, operator in (("policies", False), ("operator-policies", True)):
 
-        def listing(call: Call, operator: bool = operator) -> tuple[int, Any]:
+        def listing(call: Call, operator: bool = operator) -> Answer:
             return 200, policy_list(call, operator)
 
-        def put(call: Call, operator: bool = operator) -> tuple[int, Any]:
+        def put(call: Call, operator: bool = operator) -> Answer:
             return set_policy(call, operator)
 
-        def delete(call: Call, operator: bool = operator) -> tuple[int, Any]:
+        def delete(call: Call, operator: bool = operator) -> Answer:
             return clear_policy(call, operator)
 
         router.add(f"/{kind}", GET=listing)
@@ -47,14 +47,14 @@ def policy_list(call: Call, operator: bool) -> Any:
     user, params = call.user, call.params
     if "name" in params:
         _may_set_policies(call, user, params["vhost"], operator)
-        vhost = call.api.vhosts(user, params["vhost"])[0]
+        vhost = call.context.vhosts(user, params["vhost"])[0]
         policy = (vhost.operator_policies if operator else vhost.policies).get(params["name"])
         if policy is None:
             raise not_found()
         return policy_view(vhost, policy)
     views = [
         policy_view(vhost, policy)
-        for vhost in call.api.vhosts(user, params.get("vhost"))
+        for vhost in call.context.vhosts(user, params.get("vhost"))
         for policy in (vhost.operator_policies if operator else vhost.policies).values()
     ]
     return sorted(views, key=lambda view: (view["priority"], view["name"]))
@@ -88,7 +88,7 @@ def set_policy(call: Call, operator: bool) -> tuple[int, None]:
         raise Problem(404, "not_found", "vhost_not_found")
     body = call.body()
     required(body, ("pattern", "definition"))
-    value = {key: body[key] for key in ("pattern", "definition", "priority", "apply-to") if key in body}
+    value: dict[str, Any] = {key: body[key] for key in ("pattern", "definition", "priority", "apply-to") if key in body}
     try:
         policy = from_value(name, value, operator)
     except PolicyRefused as refused:

@@ -9,7 +9,12 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet.task import LoopingCall
 
 if TYPE_CHECKING:
+    from broker.amqp.channel import ChannelState
+    from broker.amqp.connection import ServerConnection
+    from broker.core.entry import Queue
     from broker.core.node import Node
+    from broker.server.alarms import ResourceMonitor
+    from broker.streams.connection import StreamConnection
 
 #: What a counter is kept under: its vhost, its queue's name (``""`` for the vhost's or the
 #: node's own; ``("exchange", name)`` for an exchange's) and the statistic.
@@ -44,9 +49,9 @@ def descriptors_open() -> int:
         return 0
 
 
-def node_levels(node: Any) -> dict[str, int]:
-    """What the node uses: memory, file descriptors, client sockets, and the disk space left."""
-    monitor = node.resource_monitor
+def node_levels(node: Node, monitor: ResourceMonitor | None) -> dict[str, int]:
+    """What the node uses: memory, file descriptors, client sockets, and the disk space left
+    (as ``monitor`` last read them; 0 without one)."""
     return {
         "mem_used": (monitor.memory_used or 0) if monitor is not None else 0,
         "fd_used": descriptors_open(),
@@ -55,7 +60,7 @@ def node_levels(node: Any) -> dict[str, int]:
     }
 
 
-def queue_counts(queue: Any) -> dict[str, int]:
+def queue_counts(queue: Queue) -> dict[str, int]:
     """A queue's ``message_stats`` counters, RabbitMQ's names (``deliver_get`` is the sum of
     deliveries with and without acks and gets with and without acks)."""
     counts = {stat: getattr(queue, attribute) for stat, attribute in QUEUE_STATS.items()}
@@ -65,7 +70,7 @@ def queue_counts(queue: Any) -> dict[str, int]:
     return counts
 
 
-def churn_counts(node: Any) -> dict[str, int]:
+def churn_counts(node: Node) -> dict[str, int]:
     """Connections, channels and queues opened, declared and closed since the start, RabbitMQ's
     ``churn_rates`` (AMQP 0-9-1 connections, as RabbitMQ's count)."""
     counters, vhosts = node.counters, node.vhosts.values()
@@ -80,7 +85,7 @@ def churn_counts(node: Any) -> dict[str, int]:
     }
 
 
-def channel_counts(channel: Any) -> dict[str, int]:
+def channel_counts(channel: ChannelState) -> dict[str, int]:
     """An AMQP channel's ``message_stats`` counters, RabbitMQ's names."""
     consuming, confirms = channel.consuming, channel.confirms
     counts = {
@@ -134,10 +139,15 @@ class RateSampler:
 
     :param node: the broker node
     :param clock: the reactor (``Clock`` in tests)
+    :param monitor: what reads the node's memory and free disk (``None``: they read 0)
     """
 
-    def __init__(self, node: Node, clock: Any, interval: float = RATE_INTERVAL) -> None:
+    def __init__(
+        self, node: Node, clock: Any, interval: float = RATE_INTERVAL, monitor: ResourceMonitor | None = None
+    ) -> None:
         self.node = node
+        #: The node's memory and disk readings, sampled as levels and shown by ``/api/nodes``.
+        self.monitor = monitor
         self.clock = clock
         self.interval = interval
         self._last: dict[Key, int] = {}
@@ -150,11 +160,11 @@ class RateSampler:
         #: ``(milliseconds since the epoch, {vhost: {stat: count}})``, oldest first.
         self.history: deque[tuple[int, dict[str, dict[str, int]]]] = deque(maxlen=HISTORY_SAMPLES)
         #: Each open connection's bytes received and sent at the last sample, and their rates.
-        self._sockets: dict[Any, tuple[int, int]] = {}
-        self._socket_rates: dict[Any, tuple[float, float]] = {}
+        self._sockets: dict[ServerConnection | StreamConnection, tuple[int, int]] = {}
+        self._socket_rates: dict[ServerConnection | StreamConnection, tuple[float, float]] = {}
         #: Each open AMQP channel's counters at the last sample, and their rates.
-        self._channels: dict[Any, dict[str, int]] = {}
-        self._channel_rates: dict[Any, dict[str, float]] = {}
+        self._channels: dict[ChannelState, dict[str, int]] = {}
+        self._channel_rates: dict[ChannelState, dict[str, float]] = {}
         #: Bytes received and sent by each vhost's connections, closed ones too, as of the last
         #: sample (RabbitMQ's vhost ``recv_oct`` and ``send_oct``).
         self.vhost_bytes: dict[str, list[int]] = {}
@@ -172,8 +182,8 @@ class RateSampler:
             self._loop.stop()
 
     def _counts(self) -> dict[Key, int]:
-        counts = {("", "", stat): count for stat, count in churn_counts(self.node).items()}
-        counts.update({("", "", stat): level for stat, level in node_levels(self.node).items()})
+        counts: dict[Key, int] = {("", "", stat): count for stat, count in churn_counts(self.node).items()}
+        counts.update({("", "", stat): level for stat, level in node_levels(self.node, self.monitor).items()})
         for vhost in self.node.vhosts.values():
             for stat, attribute in VHOST_STATS.items():
                 counts[(vhost.name, "", stat)] = getattr(vhost, attribute)
@@ -189,7 +199,7 @@ class RateSampler:
     def _queue_counts(self) -> dict[tuple[str, str], tuple[int, ...]]:
         """Each queue's counters, in :data:`QUEUE_ORDER`: one tuple a queue, so that a sample
         of 50,000 queues stays short (their rates are worked out when asked for)."""
-        found = {}
+        found: dict[tuple[str, str], tuple[int, ...]] = {}
         for vhost in self.node.vhosts.values():
             name = vhost.name
             for queue in vhost.queues.values():
@@ -276,11 +286,11 @@ class RateSampler:
                     rates[channel] = {stat: (count - before[stat]) / elapsed for stat, count in now.items()}
         self._channels, self._channel_rates = counts, rates
 
-    def channel_rates(self, channel: Any) -> dict[str, float]:
+    def channel_rates(self, channel: ChannelState) -> dict[str, float]:
         """Per second of each of a channel's counters over the last interval."""
         return self._channel_rates.get(channel, {})
 
-    def sampled_bytes(self, connection: Any) -> tuple[int, int]:
+    def sampled_bytes(self, connection: ServerConnection | StreamConnection) -> tuple[int, int]:
         """A connection's bytes received and sent as of the last sample."""
         return self._sockets.get(connection, (0, 0))
 
@@ -288,7 +298,7 @@ class RateSampler:
         """Bytes per second a vhost's connections received and sent over the last interval."""
         return self._vhost_byte_rates.get(vhost, (0.0, 0.0))
 
-    def socket_rates(self, connection: Any) -> tuple[float, float]:
+    def socket_rates(self, connection: ServerConnection | StreamConnection) -> tuple[float, float]:
         """Bytes per second a connection received and sent over the last interval."""
         return self._socket_rates.get(connection, (0.0, 0.0))
 

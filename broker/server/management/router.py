@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from broker.server.management.common import Call
+from broker.server.management.common import Answer, Call
 
 #: A request's handler: its status and the body to send as JSON (``None``: none).
-Handler = Callable[[Call], tuple[int, Any]]
+Handler = Callable[[Call], Answer]
 
 
 class Router:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.server.management.common import SEE_ALL_TAGS, Call, not_authorised, not_found
+from broker.server.management.common import SEE_ALL_TAGS, Answer, Call, not_authorised, not_found
 from broker.server.management.router import Router
 from config.shovels import COMPONENT
 
@@ -29,27 +29,27 @@ def _monitor(call: Call) -> None:
 
 def _shovel(call: Call) -> Any:
     """The shovel the path names (404 when it has no status), after the vhost's checks."""
-    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
-    shovels = call.node.shovels
+    vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
+    shovels = call.context.shovels
     shovel = shovels.active.get((vhost.name, call.params["name"])) if shovels is not None else None
     if shovel is None:
         raise not_found()
     return shovel
 
 
-def status(call: Call) -> tuple[int, Any]:
+def status(call: Call) -> Answer:
     """The shovels of the vhosts the user may see (of one vhost with a path naming it; with a
     shovel's name too, as RabbitMQ answers: that vhost's, when that shovel exists)."""
     _monitor(call)
     if "name" in call.params:
         _shovel(call)
-    shown = {vhost.name for vhost in call.api.vhosts(call.user, call.params.get("vhost"))}
+    shown = {vhost.name for vhost in call.context.vhosts(call.user, call.params.get("vhost"))}
     counters = call.query.get("counters", [""])[-1] == "true"
-    shovels = call.node.shovels
+    shovels = call.context.shovels
     return 200, [shovel.status(counters) for shovel in shovels or () if shovel.spec.vhost in shown]
 
 
-def delete(call: Call) -> tuple[int, Any]:
+def delete(call: Call) -> Answer:
     """Delete a shovel: its parameter is cleared, so it stops and is not started again."""
     _monitor(call)
     shovel = _shovel(call)
@@ -57,9 +57,9 @@ def delete(call: Call) -> tuple[int, Any]:
     return 204, None
 
 
-def restart(call: Call) -> tuple[int, Any]:
+def restart(call: Call) -> Answer:
     """Stop a shovel and start it again (its connections are made anew)."""
     _monitor(call)
     shovel = _shovel(call)
-    call.node.shovels.restart(shovel)
+    shovel.shovels.restart(shovel)
     return 204, None

@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING, Any
 from twisted.logger import Logger
 
 from broker.core.stream import OffsetSpec, StreamQueue
-from broker.server.management.common import NODE_NAME, Call, Problem, not_authorised, not_found, socket_fields
+from broker.server.identity import NODE_NAME
+from broker.server.management.common import Answer, Call, Problem, not_authorised, not_found, socket_fields
 from broker.server.management.router import Router
 
 if TYPE_CHECKING:
     from broker.core.vhost import VirtualHost
     from broker.server.management.rates import RateSampler
+    from broker.streams.connection import StreamConnection
 
 _log = Logger()
 
@@ -59,33 +61,33 @@ def stream_view(vhost: VirtualHost, stream: StreamQueue) -> dict[str, Any]:
     }
 
 
-def streams(call: Call) -> tuple[int, Any]:
+def streams(call: Call) -> Answer:
     """``GET /api/streams[/VHOST[/NAME]]``: streams, their offsets, retention and subscriptions."""
     params = call.params
     if "stream" in params:
-        vhost = call.api.vhosts(call.user, params["vhost"])[0]
+        vhost = call.context.vhosts(call.user, params["vhost"])[0]
         return 200, stream_view(vhost, _stream(call, params["vhost"], params["stream"]))
     return 200, [
         stream_view(vhost, queue)  # type: ignore[arg-type]
-        for vhost in call.api.vhosts(call.user, params.get("vhost"))
+        for vhost in call.context.vhosts(call.user, params.get("vhost"))
         for queue in sorted(vhost.queues.values(), key=lambda q: q.name)
         if queue.kind == "stream"
     ]
 
 
 def _stream(call: Call, vhost_name: str, name: str) -> StreamQueue:
-    queue = call.api.queue(call.user, vhost_name, name)
+    queue = call.context.queue(call.user, vhost_name, name)
     if queue.kind != "stream":
         raise Problem(400, "bad_request", f"queue '{name}' in vhost '{vhost_name}' is not a stream")
     return queue  # type: ignore[return-value]
 
 
-def reset_subscription(call: Call) -> tuple[int, Any]:
+def reset_subscription(call: Call) -> Answer:
     """``PUT /api/streams/VHOST/NAME/subscriptions/SUBSCRIPTION`` with ``{"to": ...}``:
     ``first``, ``last``, ``next``, an offset, or a time (seconds since the epoch, or ISO 8601);
     it needs read permission on the stream. Answers the subscription as it now is."""
     vhost_name, name, subscription = call.params["vhost"], call.params["stream"], call.params["subscription"]
-    call.api.readable_queue(call.user, vhost_name, name)
+    call.context.readable_queue(call.user, vhost_name, name)
     stream = _stream(call, vhost_name, name)
     body = call.body()
     if "to" not in body:
@@ -130,7 +132,7 @@ def reset_spec(value: Any) -> OffsetSpec:
 # -- the stream protocol's connections, publishers and consumers --------------------------------
 
 
-def stream_connection_view(sampler: RateSampler, connection: Any) -> dict[str, Any]:
+def stream_connection_view(sampler: RateSampler, connection: StreamConnection) -> dict[str, Any]:
     """A stream-protocol connection as ``/api/stream/connections`` (and ``/api/connections``)
     show it: RabbitMQ's fields."""
     view = {
@@ -152,7 +154,7 @@ def stream_connection_view(sampler: RateSampler, connection: Any) -> dict[str, A
     return view
 
 
-def _details(connection: Any) -> dict[str, Any]:
+def _details(connection: StreamConnection) -> dict[str, Any]:
     peer_host, _, peer_port = connection.peer.rpartition(":")
     return {
         "name": connection.peer,
@@ -163,7 +165,7 @@ def _details(connection: Any) -> dict[str, Any]:
     }
 
 
-def publisher_view(connection: Any, publisher: Any) -> dict[str, Any]:
+def publisher_view(connection: StreamConnection, publisher: Any) -> dict[str, Any]:
     """One publisher as ``/api/stream/publishers`` shows it."""
     stream = publisher.stream
     return {
@@ -177,7 +179,7 @@ def publisher_view(connection: Any, publisher: Any) -> dict[str, Any]:
     }
 
 
-def consumer_view(connection: Any, reader: Any) -> dict[str, Any]:
+def consumer_view(connection: StreamConnection, reader: Any) -> dict[str, Any]:
     """One subscription as ``/api/stream/consumers`` shows it: its offset is the first of the
     last chunk sent, its lag what the stream committed beyond it (RabbitMQ's measures)."""
     stream = reader.stream
@@ -196,13 +198,13 @@ def consumer_view(connection: Any, reader: Any) -> dict[str, Any]:
     }
 
 
-def stream_connections_shown(call: Call, required: bool = True) -> list[Any]:
+def stream_connections_shown(call: Call, required: bool = True) -> list[StreamConnection]:
     """The stream connections the user sees, of the path's vhost and connection when it names
     them (404 for a vhost that is not there, and with ``required`` for a connection)."""
     params = call.params
-    shown = call.api.visible_stream_connections(call.user)
+    shown = call.context.visible_stream_connections(call.user)
     if "vhost" in params:
-        vhost = call.api.vhosts(call.user, params["vhost"])[0]
+        vhost = call.context.vhosts(call.user, params["vhost"])[0]
         shown = [connection for connection in shown if connection.vhost is vhost]
     if "connection" in params:
         shown = [connection for connection in shown if connection.peer == params["connection"]]
@@ -211,7 +213,7 @@ def stream_connections_shown(call: Call, required: bool = True) -> list[Any]:
     return shown
 
 
-def stream_connections(call: Call) -> tuple[int, Any]:
+def stream_connections(call: Call) -> Answer:
     """``GET /api/stream/connections[/VHOST[/NAME]]`` (one connection shows its TLS fields as
     empty strings where the list shows nulls, as RabbitMQ's plugin does)."""
     views = [stream_connection_view(call.sampler, connection) for connection in stream_connections_shown(call)]
@@ -221,12 +223,12 @@ def stream_connections(call: Call) -> tuple[int, Any]:
     return 200, {key: "" if value is None and key.startswith(tls) else value for key, value in views[0].items()}
 
 
-def stream_publishers(call: Call) -> tuple[int, Any]:
+def stream_publishers(call: Call) -> Answer:
     """``GET /api/stream/publishers[/VHOST[/STREAM]]`` and a connection's (404 for a stream
     that is not there)."""
     stream = call.params.get("stream")
     if stream is not None:
-        call.api.queue(call.user, call.params["vhost"], stream)
+        call.context.queue(call.user, call.params["vhost"], stream)
     return 200, [
         publisher_view(connection, publisher)
         for connection in stream_connections_shown(call)
@@ -235,7 +237,7 @@ def stream_publishers(call: Call) -> tuple[int, Any]:
     ]
 
 
-def stream_consumers(call: Call) -> tuple[int, Any]:
+def stream_consumers(call: Call) -> Answer:
     """``GET /api/stream/consumers[/VHOST]`` and a connection's."""
     return 200, [
         consumer_view(connection, reader)

@@ -17,7 +17,7 @@ from typing import Any
 from broker.core.admin import HASHING_PREFIXES, USER_LIMITS, VHOST_LIMITS, rabbitmq_hash
 from broker.core.admin import vhost_limits as admin_vhost_limits
 from broker.core.users import User
-from broker.server.management.common import Call, Problem, erlang_term, not_authorised, not_found, required
+from broker.server.management.common import Answer, Call, Problem, erlang_term, not_authorised, not_found, required
 from broker.server.management.definitions import export_users
 from broker.server.management.router import Router
 from config.schema import Permission, TopicPermission
@@ -65,7 +65,7 @@ def _known(call: Call) -> None:
         raise not_found()
 
 
-def users(call: Call) -> tuple[int, Any]:
+def users(call: Call) -> Answer:
     listed, _permissions, _topics = _administrator(call)
     if "user" not in call.params:
         return 200, listed
@@ -89,24 +89,24 @@ def _matching(call: Call, items: list[dict[str, Any]], single: bool = False) -> 
     return kept
 
 
-def permissions(call: Call) -> tuple[int, Any]:
+def permissions(call: Call) -> Answer:
     _users, granted, _topics = _administrator(call)
     return 200, _matching(call, granted, single=True)
 
 
-def topic_permissions(call: Call) -> tuple[int, Any]:
+def topic_permissions(call: Call) -> Answer:
     _users, _permissions, topics = _administrator(call)
     return 200, _matching(call, topics)
 
 
-def without_permissions(call: Call) -> tuple[int, Any]:
+def without_permissions(call: Call) -> Answer:
     """``GET /api/users/without-permissions``: users with no permissions on any vhost."""
     listed, granted, _topics = _administrator(call)
     holders = {item["user"] for item in granted}
     return 200, [user for user in listed if user["name"] not in holders]
 
 
-def user_limits(call: Call) -> tuple[int, Any]:
+def user_limits(call: Call) -> Answer:
     listed, _permissions, _topics = _administrator(call)
     _known(call)
     return 200, [
@@ -116,7 +116,7 @@ def user_limits(call: Call) -> tuple[int, Any]:
     ]
 
 
-def vhost_limits(call: Call) -> tuple[int, Any]:
+def vhost_limits(call: Call) -> Answer:
     _administrator(call)
     _known(call)
     limits = []
@@ -157,7 +157,7 @@ def _password_hash(body: dict[str, Any]) -> str | None:
     return f"{prefix}${encoded}" if encoded else None
 
 
-def put_user(call: Call) -> tuple[int, Any]:
+def put_user(call: Call) -> Answer:
     """``PUT /api/users/NAME``: create a user or replace its password and tags (its
     permissions and limits stay). As RabbitMQ 3.10: ``tags`` is required; ``password`` or
     ``password_hash`` (with ``hashing_algorithm``), not both; with neither, or an empty
@@ -190,7 +190,7 @@ def put_user(call: Call) -> tuple[int, Any]:
     return (201 if call.node.admin.put_user(user) else 204), None
 
 
-def delete_user(call: Call) -> tuple[int, Any]:
+def delete_user(call: Call) -> Answer:
     """``DELETE /api/users/NAME``: the user goes, and its connections are closed."""
     _administrator(call)
     if not call.node.admin.delete_user(call.params["user"]):
@@ -198,7 +198,7 @@ def delete_user(call: Call) -> tuple[int, Any]:
     return 204, None
 
 
-def bulk_delete(call: Call) -> tuple[int, Any]:
+def bulk_delete(call: Call) -> Answer:
     """``POST /api/users/bulk-delete`` with ``{"users": [...]}``: deleted in order; the first
     missing one stops it with RabbitMQ's 400 (those before it stay deleted, as there)."""
     _administrator(call)
@@ -229,7 +229,7 @@ def _user_and_vhost(call: Call) -> tuple[str, str]:
     return user, vhost
 
 
-def set_permissions(call: Call) -> tuple[int, Any]:
+def set_permissions(call: Call) -> Answer:
     """``PUT /api/permissions/VHOST/USER`` with ``configure``, ``write`` and ``read``."""
     _administrator(call)
     patterns = [_pattern(value) for value in required(call.body(), ("configure", "write", "read"))]
@@ -237,7 +237,7 @@ def set_permissions(call: Call) -> tuple[int, Any]:
     return (201 if call.node.admin.set_permissions(user, vhost, Permission(*patterns)) else 204), None
 
 
-def clear_permissions(call: Call) -> tuple[int, Any]:
+def clear_permissions(call: Call) -> Answer:
     """``DELETE /api/permissions/VHOST/USER``: the user's connections to the vhost are closed."""
     _administrator(call)
     user, vhost = call.params["user"], call.params["vhost"]
@@ -246,7 +246,7 @@ def clear_permissions(call: Call) -> tuple[int, Any]:
     return 204, None
 
 
-def set_topic_permissions(call: Call) -> tuple[int, Any]:
+def set_topic_permissions(call: Call) -> Answer:
     """``PUT /api/topic-permissions/VHOST/USER`` with ``exchange``, ``write`` and ``read``."""
     _administrator(call)
     exchange, write, read = required(call.body(), ("exchange", "write", "read"))
@@ -258,7 +258,7 @@ def set_topic_permissions(call: Call) -> tuple[int, Any]:
     return (201 if new else 204), None
 
 
-def clear_topic_permissions(call: Call) -> tuple[int, Any]:
+def clear_topic_permissions(call: Call) -> Answer:
     """``DELETE /api/topic-permissions/VHOST/USER[/EXCHANGE]``: all of them, or one exchange's."""
     _administrator(call)
     user, vhost = call.params["user"], call.params["vhost"]
@@ -285,7 +285,7 @@ def _limit_value(call: Call, names: tuple[str, ...], where: str) -> tuple[str, i
     return limit, value
 
 
-def set_user_limit(call: Call) -> tuple[int, Any]:
+def set_user_limit(call: Call) -> Answer:
     """``PUT /api/user-limits/USER/NAME`` with ``value`` (a negative one: no limit)."""
     _administrator(call)
     limit, value = _limit_value(call, USER_LIMITS, "user-limits")
@@ -296,7 +296,7 @@ def set_user_limit(call: Call) -> tuple[int, Any]:
     return 204, None
 
 
-def clear_user_limit(call: Call) -> tuple[int, Any]:
+def clear_user_limit(call: Call) -> Answer:
     """``DELETE /api/user-limits/USER/NAME``."""
     _administrator(call)
     name, limit = call.params["user"], call.params["limit"]
@@ -307,7 +307,7 @@ def clear_user_limit(call: Call) -> tuple[int, Any]:
     return 204, None
 
 
-def set_vhost_limit(call: Call) -> tuple[int, Any]:
+def set_vhost_limit(call: Call) -> Answer:
     """``PUT /api/vhost-limits/VHOST/NAME`` with ``value`` (a negative one: no limit)."""
     _administrator(call)
     name = call.params["vhost"]
@@ -318,7 +318,7 @@ def set_vhost_limit(call: Call) -> tuple[int, Any]:
     return 204, None
 
 
-def clear_vhost_limit(call: Call) -> tuple[int, Any]:
+def clear_vhost_limit(call: Call) -> Answer:
     """``DELETE /api/vhost-limits/VHOST/NAME``."""
     _administrator(call)
     name, limit = call.params["vhost"], call.params["limit"]
@@ -329,7 +329,7 @@ def clear_vhost_limit(call: Call) -> tuple[int, Any]:
     return 204, None
 
 
-def put_vhost(call: Call) -> tuple[int, Any]:
+def put_vhost(call: Call) -> Answer:
     """``PUT /api/vhosts/NAME`` with ``description`` and ``tags`` (each replaced: left out,
     empty). The user who creates it gets ``.*`` permissions on it, as in RabbitMQ. Tracing
     (the firehose) is not built: ``tracing: true`` is refused, and so is a default queue type
@@ -351,7 +351,7 @@ def put_vhost(call: Call) -> tuple[int, Any]:
     return (201 if new else 204), None
 
 
-def delete_vhost(call: Call) -> tuple[int, Any]:
+def delete_vhost(call: Call) -> Answer:
     """``DELETE /api/vhosts/NAME``: its connections are closed, its queues (with their
     messages), exchanges, policies and permissions deleted."""
     _administrator(call)

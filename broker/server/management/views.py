@@ -19,11 +19,13 @@ from urllib.parse import quote_plus
 
 from broker.core.deadletter import DeadLetterReason
 from broker.core.policy import effective_definition
+from broker.core.queue import WorkQueue
 from broker.core.stream import StreamQueue
+from broker.server.identity import NODE_NAME
 from broker.server.management.common import (
-    NODE_NAME,
     RABBITMQ_FORMAT_VERSION,
     SEE_ALL_TAGS,
+    Answer,
     Call,
     Lazy,
     not_authorised,
@@ -44,10 +46,11 @@ from broker.server.management.router import Router
 from broker.server.management.streams import stream_connection_view, stream_connections_shown
 
 if TYPE_CHECKING:
-    from broker.core.entry import Consumer
+    from broker.amqp.channel import ChannelState
+    from broker.amqp.connection import ServerConnection
+    from broker.core.entry import Consumer, Queue
     from broker.core.exchange import Exchange
     from broker.core.node import Node
-    from broker.core.queue import WorkQueue
     from broker.core.vhost import VirtualHost
 
 
@@ -83,11 +86,11 @@ def install(router: Router) -> None:
     router.add("/vhosts/:vhost", GET=vhosts)
 
 
-def overview(call: Call) -> tuple[int, Any]:
+def overview(call: Call) -> Answer:
     node, sampler = call.node, call.sampler
-    shown = call.api.vhosts(call.user, visible=True)
+    shown = call.context.vhosts(call.user, visible=True)
     queues = [(vhost, queue) for vhost in shown for queue in vhost.queues.values()]
-    visible = call.api.visible_connections(call.user)
+    visible = call.context.visible_connections(call.user)
     stats = vhost_stats(sampler, shown)
     age, increment = _history_window(call)
     if age:
@@ -182,7 +185,7 @@ def vhost_stats(sampler: RateSampler, vhosts: list[VirtualHost]) -> dict[str, An
     return with_rates(counts, rates, families=True)
 
 
-def queue_totals(sampler: RateSampler, queues: list[tuple[VirtualHost, WorkQueue]]) -> dict[str, Any]:
+def queue_totals(sampler: RateSampler, queues: list[tuple[VirtualHost, Queue]]) -> dict[str, Any]:
     """Messages in ``queues``, ready and unacknowledged, with their rates of change."""
     ready = sum(queue.message_count for _vhost, queue in queues)
     unacked = sum(queue.unacked_count for _vhost, queue in queues)
@@ -215,13 +218,13 @@ def _history_window(call: Call) -> tuple[float, float]:
     return age, increment
 
 
-def nodes(call: Call) -> tuple[int, Any]:
+def nodes(call: Call) -> Answer:
     """``/api/nodes[/{name}]``: the one node, with its memory and disk readings and alarms
     (for monitoring users and administrators, as RabbitMQ)."""
     if SEE_ALL_TAGS.isdisjoint(call.user.tags):
         raise not_authorised("Not monitor user")
     node = call.node
-    monitor = node.resource_monitor
+    monitor = call.sampler.monitor
     view = {
         "name": NODE_NAME,
         "type": "disc",
@@ -269,16 +272,16 @@ _MECHANISMS = {
 }
 
 
-def vhosts(call: Call) -> tuple[int, Any]:
+def vhosts(call: Call) -> Answer:
     """``/api/vhosts`` (every vhost to a monitoring user too) or ``/api/vhosts/NAME``
     (administrators only, as RabbitMQ 3.10)."""
     name = call.params.get("vhost")
     if name is None:
-        shown = call.api.vhosts(call.user, visible=True)
+        shown = call.context.vhosts(call.user, visible=True)
     elif "administrator" not in call.user.tags:
         raise not_authorised("Not administrator user")
     else:
-        shown = call.api.vhosts(call.user, name)
+        shown = call.context.vhosts(call.user, name)
     views = [vhost_view(call.sampler, vhost) for vhost in shown]
     return 200, views if name is None else views[0]
 
@@ -325,7 +328,7 @@ def unacked_bytes(node: Node) -> dict[Any, int]:
 
 
 def queue_view(
-    sampler: RateSampler, vhost: VirtualHost, queue: WorkQueue, unacked: dict[Any, int] | None = None
+    sampler: RateSampler, vhost: VirtualHost, queue: Queue, unacked: dict[Any, int] | None = None
 ) -> dict[str, Any]:
     """A queue as RabbitMQ's ``/api/queues`` shows it. ``unacked``: :func:`unacked_bytes`, when
     the answer shows several queues (found once for all of them)."""
@@ -360,7 +363,7 @@ def queue_view(
         # counts the consumers reading it there.
         view.update(members=[NODE_NAME], online=[NODE_NAME], readers={NODE_NAME: queue.consumer_count})
         view["state"] = "running"
-    else:
+    elif isinstance(queue, WorkQueue):
         view["single_active_consumer_tag"] = active.tag if active is not None else None
         view["exclusive_consumer_tag"] = next((c.tag for c in queue.consumers if c.exclusive), None)
         if unacked is None:
@@ -400,7 +403,7 @@ def _held(sampler: RateSampler, vhost: VirtualHost, queue: WorkQueue, unacked_si
 def _head_timestamp(queue: WorkQueue) -> int | None:
     """The ``timestamp`` property of the queue's first ready message, in seconds (RabbitMQ's
     ``head_message_timestamp``); ``None`` when it has none, or the queue is a stream."""
-    if isinstance(queue, StreamQueue) or not queue.message_count:
+    if not queue.message_count:
         return None
     head = queue.ready.peek(1)
     if not head:
@@ -409,7 +412,7 @@ def _head_timestamp(queue: WorkQueue) -> int | None:
     return int(stamp.timestamp()) if stamp is not None else None
 
 
-def consumer_view(vhost: VirtualHost, queue: WorkQueue, consumer: Consumer) -> dict[str, Any]:
+def consumer_view(vhost: VirtualHost, queue: Queue, consumer: Consumer) -> dict[str, Any]:
     """A consumer as RabbitMQ's ``consumer_details`` show it: ``active`` and
     ``activity_status`` (``single_active``, ``waiting``, or ``up`` on other queues)."""
     channel = consumer.channel
@@ -437,28 +440,28 @@ def consumer_view(vhost: VirtualHost, queue: WorkQueue, consumer: Consumer) -> d
     }
 
 
-def consumers(call: Call) -> tuple[int, Any]:
+def consumers(call: Call) -> Answer:
     """``GET /api/consumers[/VHOST]``: every consumer of the vhosts the user sees."""
     return 200, [
         consumer_view(vhost, queue, consumer)
-        for vhost in call.api.vhosts(call.user, call.params.get("vhost"))
+        for vhost in call.context.vhosts(call.user, call.params.get("vhost"))
         for queue in sorted(vhost.queues.values(), key=lambda q: q.name)
         for consumer in queue.consumers
     ]
 
 
-def queues(call: Call) -> tuple[int, Any]:
+def queues(call: Call) -> Answer:
     user, params = call.user, call.params
     if "queue" in params:
-        vhost = call.api.vhosts(user, params["vhost"])[0]
-        queue = call.api.queue(user, params["vhost"], params["queue"])
+        vhost = call.context.vhosts(user, params["vhost"])[0]
+        queue = call.context.queue(user, params["vhost"], params["queue"])
         view = queue_view(call.sampler, vhost, queue)
         view["consumer_details"] = [consumer_view(vhost, queue, c) for c in queue.consumers]
         if not isinstance(queue, StreamQueue):
             # (per publisher and per channel in RabbitMQ's "detailed" rates mode; "basic" here)
             view.update(incoming=[], deliveries=[])
         return 200, view
-    vhosts = call.api.vhosts(user, params.get("vhost"))
+    vhosts = call.context.vhosts(user, params.get("vhost"))
     if "page" in call.query:
         shown = [(vhost, queue) for vhost in vhosts for queue in vhost.queues.values()]
     else:
@@ -469,7 +472,7 @@ def queues(call: Call) -> tuple[int, Any]:
     # A page: views are built for the queues shown only (50,000 queues answer in milliseconds).
     found: list[dict[Any, int]] = []  # (the unacknowledged bytes, found for the first view built)
 
-    def build(pair: tuple[VirtualHost, WorkQueue]) -> dict[str, Any]:
+    def build(pair: tuple[VirtualHost, Queue]) -> dict[str, Any]:
         if not found:
             found.append(unacked_bytes(call.node))
         return queue_view(call.sampler, *pair, found[0])
@@ -478,7 +481,7 @@ def queues(call: Call) -> tuple[int, Any]:
 
 
 #: Of a ``(vhost, queue)``, the fields of its view a page sorts and filters by without building it.
-QUEUE_FIELDS: dict[str, Callable[[tuple[VirtualHost, WorkQueue]], Any]] = {
+QUEUE_FIELDS: dict[str, Callable[[tuple[VirtualHost, Queue]], Any]] = {
     "name": lambda pair: pair[1].name,
     "vhost": lambda pair: pair[0].name,
     "messages_ready": lambda pair: pair[1].message_count,
@@ -530,10 +533,10 @@ def default_exchange_view(sampler: RateSampler, vhost: VirtualHost) -> dict[str,
     return view
 
 
-def exchanges(call: Call) -> tuple[int, Any]:
+def exchanges(call: Call) -> Answer:
     user, params = call.user, call.params
     if "exchange" in params:
-        vhost = call.api.vhosts(user, params["vhost"])[0]
+        vhost = call.context.vhosts(user, params["vhost"])[0]
         name = params["exchange"]
         if name == "amq.default":
             view = default_exchange_view(call.sampler, vhost)
@@ -545,7 +548,7 @@ def exchanges(call: Call) -> tuple[int, Any]:
         view.update(incoming=[], outgoing=[])  # (per channel and per queue in RabbitMQ's "detailed" mode)
         return 200, view
     views = []
-    for vhost in call.api.vhosts(user, params.get("vhost")):
+    for vhost in call.context.vhosts(user, params.get("vhost")):
         views.append(default_exchange_view(call.sampler, vhost))
         views += [
             exchange_view(call.sampler, vhost, exchange) for exchange in vhost.exchanges.values() if exchange.name
@@ -553,16 +556,15 @@ def exchanges(call: Call) -> tuple[int, Any]:
     return 200, views
 
 
-def bindings(call: Call) -> tuple[int, Any]:
-    return 200, [
-        binding for vhost in call.api.vhosts(call.user, call.params.get("vhost")) for binding in vhost_bindings(vhost)
-    ]
+def bindings(call: Call) -> Answer:
+    shown = call.context.vhosts(call.user, call.params.get("vhost"))
+    return 200, [binding for vhost in shown for binding in vhost_bindings(vhost)]
 
 
-def queue_bindings(call: Call) -> tuple[int, Any]:
+def queue_bindings(call: Call) -> Answer:
     """``GET /api/queues/VHOST/NAME/bindings``: the default exchange's, then each exchange's
     bindings to the queue (the exchanges it is bound from only are looked at)."""
-    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
     queue = vhost.queues.get(call.params["queue"])
     if queue is None:
         raise not_found()
@@ -574,10 +576,10 @@ def queue_bindings(call: Call) -> tuple[int, Any]:
     return 200, result
 
 
-def exchange_bindings(call: Call) -> tuple[int, Any]:
+def exchange_bindings(call: Call) -> Answer:
     """``GET /api/exchanges/VHOST/NAME/bindings/source`` (the exchange's own bindings) or
     ``.../destination`` (the exchange-to-exchange bindings into it)."""
-    vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+    vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
     name = call.params["exchange"]
     name = "" if name == "amq.default" else name
     if name not in vhost.exchanges:
@@ -633,7 +635,7 @@ def binding_view(
     }
 
 
-def connection_view(node: Node, sampler: RateSampler, connection: Any) -> dict[str, Any]:
+def connection_view(node: Node, sampler: RateSampler, connection: ServerConnection) -> dict[str, Any]:
     view = {
         "name": connection.peer,
         "node": NODE_NAME,
@@ -656,12 +658,12 @@ def connection_view(node: Node, sampler: RateSampler, connection: Any) -> dict[s
     return view
 
 
-def _connections(call: Call) -> list[Any]:
+def _connections(call: Call) -> list[ServerConnection]:
     """The connections the user sees, of the path's vhost or connection when it names one
     (404 for a vhost or a connection that is not there)."""
-    shown = sorted(call.api.visible_connections(call.user), key=lambda c: c.peer)
+    shown = sorted(call.context.visible_connections(call.user), key=lambda c: c.peer)
     if "vhost" in call.params:
-        vhost = call.api.vhosts(call.user, call.params["vhost"])[0]
+        vhost = call.context.vhosts(call.user, call.params["vhost"])[0]
         shown = [connection for connection in shown if connection.vhost is vhost]
     if "connection" in call.params:
         shown = [connection for connection in shown if connection.peer == call.params["connection"]]
@@ -670,7 +672,7 @@ def _connections(call: Call) -> list[Any]:
     return shown
 
 
-def connections(call: Call) -> tuple[int, Any]:
+def connections(call: Call) -> Answer:
     """``/api/connections``, ``/api/vhosts/VHOST/connections``, ``/api/connections/NAME``: AMQP's
     and the stream protocol's, by name."""
     streaming = stream_connections_shown(call, required=False)
@@ -683,7 +685,7 @@ def connections(call: Call) -> tuple[int, Any]:
     return 200, sorted(views, key=lambda view: view["name"])
 
 
-def connection_state(node: Node, connection: Any) -> str:
+def connection_state(node: Node, connection: ServerConnection) -> str:
     """RabbitMQ's ``state`` of a connection: ``blocked`` once it published under an alarm and
     is no longer read, ``blocking`` while an alarm is in force and it has not published yet,
     ``flow`` while the node slows every client down to the pace of deliveries (see
@@ -695,7 +697,9 @@ def connection_state(node: Node, connection: Any) -> str:
     return "flow" if node.flow else "running"
 
 
-def channel_view(node: Node, sampler: RateSampler, connection: Any, number: int, channel: Any) -> dict[str, Any]:
+def channel_view(
+    node: Node, sampler: RateSampler, connection: ServerConnection, number: int, channel: ChannelState
+) -> dict[str, Any]:
     consuming, confirms = channel.consuming, channel.confirms
     socket = connection.socket
     details: dict[str, Any] = {"name": connection.peer}
@@ -727,7 +731,7 @@ def channel_view(node: Node, sampler: RateSampler, connection: Any, number: int,
     return view
 
 
-def channels(call: Call) -> tuple[int, Any]:
+def channels(call: Call) -> Answer:
     """``/api/channels``, ``/api/vhosts/VHOST/channels``, ``/api/connections/NAME/channels``
     and ``/api/channels/NAME`` (one, by its name: ``CONNECTION (NUMBER)``)."""
     views = [
