@@ -148,6 +148,9 @@ class AMQPServerProtocol(Protocol):
         connection.recv_oct += len(data)
         connection.recv_cnt += 1
         factory = self.factory
+        monitor = factory.node.resource_monitor
+        if monitor is not None:  # (memory is read again after enough is read: see note_read)
+            monitor.note_read(len(data))
         factory.in_io = True
         try:
             connection.receive_data(data)

@@ -67,6 +67,10 @@ GC_THRESHOLD = 100_000
 #: turned into records): the next one waits at least this many times as long as the last took.
 CAPTURE_SHARE = 20
 
+#: Share of the memory alarm's watermark that the records waiting for the write-ahead log's
+#: writer may take at most (see :func:`log_backlog`).
+BACKLOG_SHARE = 1 / 8
+
 
 def tune_gc() -> None:
     """Collect cycles less often (see :data:`GC_THRESHOLD`) and keep start-up objects out of it."""
@@ -528,6 +532,18 @@ def memory_budget(config: BrokerConfig, memory: int | None = None) -> int:
     return min(config.storage.memory_budget, limit // 2)
 
 
+def log_backlog(config: BrokerConfig, memory: int | None = None) -> int:
+    """The bound in force on the records waiting for the write-ahead log's writer:
+    ``storage.max_backlog``, but never above :data:`BACKLOG_SHARE` of the memory alarm's
+    watermark (they are held in memory, and the writer joins them into one buffer), so a disk
+    slower than publishers pauses them before their records raise the memory alarm.
+
+    :param memory: the machine's memory in bytes (default: read it)
+    """
+    limit = config.limits.memory_limit(memory_total() if memory is None else memory)
+    return min(config.storage.max_backlog, int(limit * BACKLOG_SHARE))
+
+
 def _recover(
     config: BrokerConfig, reactor: Any, extensions: dict[str, Any], checkpoint: Checkpoint | None, budget: int
 ) -> _Recovered:
@@ -659,7 +675,7 @@ def make_broker_service(
                 node,
                 archive_of(config),
                 pager,
-                config.storage.max_backlog,
+                log_backlog(config),
                 config.storage.dir,
                 config.storage.checkpoint_bytes,
             )
@@ -694,13 +710,16 @@ def make_broker_service(
         # Children start in order: plugin services before the listeners, stopped with them.
         plugin_service.setServiceParent(service)
     memory = memory_total()
-    ResourceMonitor(
+    monitor = ResourceMonitor(
         node,
         reactor,
         config.limits.memory_limit(memory),
         config.storage.dir if wal is not None else None,
         config.limits.disk_limit(memory),
-    ).setServiceParent(service)
+    )
+    monitor.setServiceParent(service)
+    if pager is not None:  # paging keeps the whole broker under half the watermark
+        pager.follow_memory(monitor.memory_limit, lambda: monitor.memory_used)
     tls = tls_wrapper(config, reactor)
     certificates = (config.tls.certificate, config.tls.ca) if config.tls is not None else None
     for description in amqp_endpoints or [config.listen.amqp]:
