@@ -720,6 +720,7 @@ def make_broker_service(
     monitor.setServiceParent(service)
     if pager is not None:  # paging keeps the whole broker under half the watermark
         pager.follow_memory(monitor.memory_limit, lambda: monitor.memory_used)
+        pager.on_drained = release_memory
     tls = tls_wrapper(config, reactor)
     certificates = (config.tls.certificate, config.tls.ca) if config.tls is not None else None
     for description in amqp_endpoints or [config.listen.amqp]:

@@ -17,7 +17,8 @@ frames being read, buffers, unacknowledged deliveries, queues not watched, memor
 keeps. As RabbitMQ pages once its whole memory passes half the watermark
 (``vm_memory_high_watermark_paging_ratio``), the budget shrinks so that the broker's resident
 memory stays under :data:`PAGING_RATIO` of the watermark, to :data:`BUDGET_FLOOR` of the
-budget at least.
+budget at least. Once no queue is watched any more, the memory freed is given back to the
+system (:attr:`Pager.on_drained`), so that it is not counted as held besides.
 
 Priority queues do not spool; they, and spooling queues whose bodies in memory are still over
 the budget, keep the first ``budget / watched`` bytes of their bodies (the next to be delivered)
@@ -267,6 +268,9 @@ class Pager(Service):
         #: broker's resident memory.
         self.memory_limit = 0
         self._resident: Callable[[], int] | None = None
+        #: Called once no queue is watched any more (deep queues drained): gives freed memory
+        #: back to the system, so that the next reading counts only what the broker holds.
+        self.on_drained: Callable[[], object] | None = None
         self.reactor = reactor
         self.journal = journal
         self.interval = interval
@@ -382,6 +386,8 @@ class Pager(Service):
         self._follow_flow()
         if not watched:
             self.store.close()  # its last segment goes too, with the last message using it
+            if self.on_drained is not None:
+                self.on_drained()
             return
         budget = self.in_force = self.budget_now()
         if self.spooler is not None:  # a spooling queue refills its window to its share at most

@@ -328,7 +328,13 @@ def test_the_budget_in_force_leaves_what_the_broker_holds_besides_under_half_the
     assert pager.budget_now() == 10_000 // 16
     resident[0] = 1_000  # less than the queue is counted for: nothing besides
     assert pager.budget_now() == 10_000
+    drained: list[bool] = []
+    pager.on_drained = lambda: drained.append(True)
     assert get_all(c, "deep", 20) == bodies
+    clock.advance(pager.interval)
+    assert drained == [True] and not pager.watched  # freed memory goes back once the queue is drained
+    clock.advance(pager.interval)
+    assert drained == [True]
 
 
 def test_publishers_are_slowed_while_a_queue_with_consumers_is_far_behind(tmp_path: Path) -> None:
