@@ -119,7 +119,7 @@ class StorageConfig:
     memory_budget: int = 256 << 20
     #: Bytes of log records waiting for the writer (persistent publishes not confirmed yet)
     #: past which publishers are paused until a write brings them under half of it. The bound
-    #: in force is at most an eighth of the memory watermark (``broker.server.service.log_backlog``).
+    #: in force is at most a sixteenth of the memory watermark (``broker.server.service.log_backlog``).
     max_backlog: int = 64 << 20
     #: Bytes of log between checkpoints (``broker.storage.checkpoint``): a start after a crash reads at
     #: most about this much log. At least 64KiB.

@@ -69,7 +69,7 @@ CAPTURE_SHARE = 20
 
 #: Share of the memory alarm's watermark that the records waiting for the write-ahead log's
 #: writer may take at most (see :func:`log_backlog`).
-BACKLOG_SHARE = 1 / 8
+BACKLOG_SHARE = 1 / 16
 
 
 def tune_gc() -> None:

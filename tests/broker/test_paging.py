@@ -293,12 +293,12 @@ def test_the_budget_in_force_is_at_most_half_the_memory_watermark(
 @pytest.mark.parametrize(
     ("backlog", "watermark", "in_force"),
     [
-        (64 << 20, 128 << 20, 16 << 20),  # an eighth of the watermark
+        (64 << 20, 128 << 20, 8 << 20),  # a sixteenth of the watermark
         (64 << 20, 1 << 30, 64 << 20),  # storage.max_backlog
-        (8 << 20, 128 << 20, 8 << 20),
+        (4 << 20, 128 << 20, 4 << 20),
     ],
 )
-def test_the_log_backlog_in_force_is_at_most_an_eighth_of_the_memory_watermark(
+def test_the_log_backlog_in_force_is_at_most_a_sixteenth_of_the_memory_watermark(
     backlog: int, watermark: int, in_force: int
 ) -> None:
     config = BrokerConfig(
