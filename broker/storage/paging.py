@@ -388,6 +388,7 @@ class Pager(Service):
             self.store.close()  # its last segment goes too, with the last message using it
             if self.on_drained is not None:
                 self.on_drained()
+            self.in_force = self.budget_now()  # (until a queue is watched again: see page_logged)
             return
         budget = self.in_force = self.budget_now()
         if self.spooler is not None:  # a spooling queue refills its window to its share at most

@@ -333,6 +333,7 @@ def test_the_budget_in_force_leaves_what_the_broker_holds_besides_under_half_the
     assert get_all(c, "deep", 20) == bodies
     clock.advance(pager.interval)
     assert drained == [True] and not pager.watched  # freed memory goes back once the queue is drained
+    assert pager.in_force == 10_000  # and the budget is whole again for logged bodies
     clock.advance(pager.interval)
     assert drained == [True]
 
