@@ -71,6 +71,8 @@ class SpoolMaker(Protocol[_Owner_contra]):
 
     #: Ready entries a queue keeps in memory before it spools what arrives.
     window: int
+    #: Body bytes a queue's window is refilled to at most (large messages: fewer than :attr:`window`).
+    window_bytes: int
 
     def spool(self, queue: _Owner_contra, storage: Any = None) -> Spool:
         """A new spool for ``queue``, on ``storage`` (a checkpoint's records) or on new storage."""
@@ -400,8 +402,14 @@ class ReadyLine(Generic[Owner]):
             return 0
         # Held in memory with no record left: all of it comes back, and the spool goes.
         count = spool.count if not spool.recording and not spool.recorded_count else self.spool_at - len(self.entries)
+        # Records come back up to the window's bytes too (one at least into an empty window).
+        room = self.spooler.window_bytes - (self.ready_bytes - self.paged_bytes)  # type: ignore[union-attr]
+        if room <= 0:
+            if len(self.entries) > self.gone:
+                return 0
+            room = 1
         try:
-            entries = spool.take(count, self.unspooled)
+            entries = spool.take(count, self.unspooled, room)
         except OSError as error:
             self.spool_failed(error, READ_BACK, "they stay spooled")
             return 0

@@ -11,10 +11,11 @@ objects). Once the window is full, what arrives behind it goes to the queue's :c
   any other message a copy in the page store), its size, delivery count and expiry. The
   message object itself is dropped: a spooled message costs no memory.
 
-As the window empties, :meth:`Spool.take` gives back the oldest messages: records read back
-and loaded (content read, CRC checked, decoded) into new entries, then waiting entries as they
-are. Order is kept: records are older than anything waiting, and nothing is spooled while
-the spool is empty and the window has room.
+As the window empties, :meth:`Spool.take` gives back the oldest messages (as many as the
+window has room for, in messages and in body bytes): records read back and loaded (content
+read, CRC checked, decoded) into new entries, then waiting entries as they are. Order is
+kept: records are older than anything waiting, and nothing is spooled while the spool is
+empty and the window has room.
 
 The content is read and written by a :class:`SpoolLocator` (the shell's: the log's and the page
 store's files); the records go to a :class:`SpoolStorage` (a file per queue, or memory in tests).
@@ -23,7 +24,10 @@ Nothing here does I/O itself.
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
+import operator
 import struct
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
@@ -91,6 +95,9 @@ class SpoolRecord(NamedTuple):
 #: (``SpoolRecord._make`` without its cost: records are read back by the thousand).
 _make_record: Callable[[tuple[Any, ...]], SpoolRecord] = functools.partial(tuple.__new__, SpoolRecord)
 
+
+#: A record's body size.
+_body_size = operator.itemgetter(4)
 
 #: Where a packed record's flags start (their low byte holds :data:`IN_LOG` and :data:`REDELIVERED`).
 _FLAGS_AT = struct.calcsize("<QQIIII")
@@ -366,15 +373,23 @@ class Spool:
             self.locator.dropped(dropped)
         return kept + records[adopted:]
 
-    def take(self, count: int, make: Callable[[Message, SpoolRecord], Entry]) -> list[Entry]:
+    def take(
+        self, count: int, make: Callable[[Message, SpoolRecord], Entry], max_bytes: int | None = None
+    ) -> list[Entry]:
         """Up to ``count`` of the oldest messages, as entries: records loaded with ``make``,
-        then waiting entries.
+        then waiting entries (once no record is left: they come after).
 
+        :param max_bytes: the most body bytes the records loaded may come to (the first one is
+            loaded whatever its size; ``None``: no bound); waiting entries are in memory already
         :raises OSError: a record or its content could not be read (nothing was taken)
         """
         taken: list[Entry] = []
-        if self.recorded_count:
+        recorded = self.recorded_count
+        if recorded:
             records = self._next_records(count)
+            if max_bytes is not None:
+                records = self._within(records, max_bytes)
+            recorded -= len(records)
             try:
                 messages = self.locator.load(records)
             except OSError:
@@ -383,13 +398,23 @@ class Spool:
             self.locator.released(records)
             self._count(records, -1)
             taken = [make(message, record) for message, record in zip(messages, records, strict=True)]
-        while len(taken) < count and self.waiting:
+        while len(taken) < count and self.waiting and not recorded:
             entry = self.waiting.popleft()[0]
             self._waiting_bytes -= entry.message.size
             taken.append(entry)
         self.count -= len(taken)
         self.bytes -= sum([entry.message.size for entry in taken])
         return taken
+
+    def _within(self, records: list[SpoolRecord], max_bytes: int) -> list[SpoolRecord]:
+        """The first of ``records`` whose bodies come to ``max_bytes`` at most (one at least);
+        the others go back to be read first next time."""
+        ends = list(itertools.accumulate(map(_body_size, records)))
+        if not ends or ends[-1] <= max_bytes:
+            return records
+        fit = max(bisect.bisect_right(ends, max_bytes), 1)
+        self._readahead.extendleft(reversed(records[fit:]))
+        return records[:fit]
 
     def drain_records(self) -> list[SpoolRecord]:
         """Every record, oldest first, taken out of the spool (a purge); waiting entries stay.

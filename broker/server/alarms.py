@@ -7,9 +7,16 @@
 publishes is blocked, and consumers go on being served so that the memory alarm clears itself.
 Each edge is logged once.
 
+A flood of publishes can add hundreds of megabytes a second, more than a reading every
+:data:`MEMORY_INTERVAL` catches in time: the shell also counts the bytes it reads from clients
+(:meth:`ResourceMonitor.note_read`), and memory is read again as soon as half of what was left
+under the watermark at the last reading has been read since (:data:`READ_CHECK_MIN` at least),
+so the alarm is raised before memory passes the watermark by more than a few reads.
+
 Freed memory does not always leave a process: before it raises the memory alarm, and at most
 once a second while it is in force, the monitor asks the C library to give free heap pages back
-(``malloc_trim``), so that what it measures falls once queues drain.
+(``malloc_trim``), so that what it measures falls once queues drain; the pager does too once
+its deep queues are drained (``broker.storage.paging.Pager.on_drained``).
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ __all__ = ["ResourceMonitor", "disk_free", "memory_total", "release_memory", "re
 MEMORY_INTERVAL = 0.1
 #: Seconds between free-space readings.
 DISK_INTERVAL = 1.0
+#: Fewest bytes read from clients between two readings of memory taken for what was read
+#: (see :meth:`ResourceMonitor.note_read`).
+READ_CHECK_MIN = 1 << 20
 #: Seconds between two attempts to give free memory back while the memory alarm is in force.
 TRIM_INTERVAL = 1.0
 
@@ -137,6 +147,8 @@ class ResourceMonitor(Service):
         self.disk_free: int | None = None
         self._next_disk = 0.0
         self._last_trim = float("-inf")
+        #: Bytes that may still be read from clients before memory is read again.
+        self._read_allowance = READ_CHECK_MIN
         self._call: IDelayedCall | None = None
 
     def startService(self) -> None:
@@ -149,16 +161,31 @@ class ResourceMonitor(Service):
         self._call = None
         return super().stopService()
 
+    def note_read(self, size: int) -> None:
+        """The shell read ``size`` bytes from a client: once more than was allowed since the last
+        reading, read memory now (a flood is caught between two timed readings)."""
+        self._read_allowance -= size
+        if self._read_allowance < 0:
+            self.check_memory()
+
+    def check_memory(self) -> None:
+        """Read memory, raise or clear the memory alarm, and allow half of what is left under
+        the watermark to be read before the next reading (:meth:`note_read`)."""
+        used = self._read_memory()
+        if used >= self.memory_limit and self._trim is not None:
+            now = self.clock.seconds()
+            if now - self._last_trim >= TRIM_INTERVAL:
+                self._last_trim = now
+                self._trim()
+                used = self._read_memory()
+        self.memory_used = used
+        self._read_allowance = max(READ_CHECK_MIN, (self.memory_limit - used) // 2)
+        self._set("memory", used >= self.memory_limit, f"{_size(used)} used, watermark {_size(self.memory_limit)}")
+
     def check(self) -> None:
         """Read memory (and, when due, free disk), raise or clear the alarms, and schedule the next check."""
         now = self.clock.seconds()
-        used = self._read_memory()
-        if used >= self.memory_limit and self._trim is not None and now - self._last_trim >= TRIM_INTERVAL:
-            self._last_trim = now
-            self._trim()
-            used = self._read_memory()
-        self.memory_used = used
-        self._set("memory", used >= self.memory_limit, f"{_size(used)} used, watermark {_size(self.memory_limit)}")
+        self.check_memory()
         if self.disk_path is not None and now >= self._next_disk:
             self._next_disk = now + DISK_INTERVAL
             try:

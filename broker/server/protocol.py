@@ -38,6 +38,7 @@ from broker.amqp.connection import ServerConnection
 from broker.amqp.handshake import State
 from broker.core.node import Node
 from broker.errors import ReplyCode
+from broker.server.alarms import ResourceMonitor
 from broker.server.sockets import SocketTransport, socket_details, socket_of
 from broker.text import printable
 
@@ -153,6 +154,9 @@ class AMQPServerProtocol(Protocol):
         connection.recv_oct += len(data)
         connection.recv_cnt += 1
         factory = self.factory
+        monitor = factory.monitor
+        if monitor is not None:  # (memory is read again after enough is read: see note_read)
+            monitor.note_read(len(data))
         factory.in_io = True
         try:
             connection.receive_data(data)
@@ -372,13 +376,16 @@ class AMQPServerFactory(Factory):
 
     :param node: the broker node
     :param clock: the reactor (or a ``Clock`` in tests) for timers
+    :param monitor: told of the bytes read from clients (memory is read again once enough
+        came in); ``None``: nothing is
     """
 
     protocol = AMQPServerProtocol
 
-    def __init__(self, node: Node, clock: IReactorTime) -> None:
+    def __init__(self, node: Node, clock: IReactorTime, monitor: ResourceMonitor | None = None) -> None:
         self.node = node
         self.clock = clock
+        self.monitor = monitor
         if node.clock is None:
             node.set_clock(clock)
         self.protocols: dict[ServerConnection, AMQPServerProtocol] = {}

@@ -31,6 +31,10 @@ from config.schema import BrokerConfig, embedded_default
 #: every queued message many times a second.
 GC_THRESHOLD = 100_000
 
+#: Share of the memory alarm's watermark that the records waiting for the write-ahead log's
+#: writer may take at most (see :func:`log_backlog`).
+BACKLOG_SHARE = 1 / 16
+
 
 def tune_gc() -> None:
     """Collect cycles less often (see :data:`GC_THRESHOLD`) and keep start-up objects out of it."""
@@ -122,6 +126,18 @@ def memory_budget(config: BrokerConfig, memory: int | None = None) -> int:
     return min(config.storage.memory_budget, limit // 2)
 
 
+def log_backlog(config: BrokerConfig, memory: int | None = None) -> int:
+    """The bound in force on the records waiting for the write-ahead log's writer:
+    ``storage.max_backlog``, but never above :data:`BACKLOG_SHARE` of the memory alarm's
+    watermark (they are held in memory, and the writer joins them into one buffer), so a disk
+    slower than publishers pauses them before their records raise the memory alarm.
+
+    :param memory: the machine's memory in bytes (default: read it)
+    """
+    limit = config.limits.memory_limit(memory_total() if memory is None else memory)
+    return min(config.storage.max_backlog, int(limit * BACKLOG_SHARE))
+
+
 def make_broker_service(
     reactor: Any,
     config: BrokerConfig | None = None,
@@ -160,6 +176,7 @@ def make_broker_service(
                 reactor,
                 extensions,
                 memory_budget(config),
+                log_backlog(config),
                 plugins.node_ready if plugins is not None else None,
             )
             node = storage.node
@@ -180,11 +197,14 @@ def make_broker_service(
         config.limits.disk_limit(memory),
     )
     shovels = Shovels(node, reactor)
-    factory = AMQPServerFactory(node, reactor)
+    factory = AMQPServerFactory(node, reactor, monitor)
     sampler = RateSampler(node, reactor, monitor=monitor) if config.listen.management else None
     service = BrokerService(factory, wal, sampler, storage.dead_letters if storage is not None else None)
     if storage is not None:
         storage.pager.setServiceParent(service)
+        # Paging keeps the whole broker under half the watermark.
+        storage.pager.follow_memory(monitor.memory_limit, lambda: monitor.memory_used)
+        storage.pager.on_drained = release_memory
     for plugin_service in plugins.services if plugins is not None else ():
         # Children start in order: plugin services before the listeners, stopped with them.
         plugin_service.setServiceParent(service)

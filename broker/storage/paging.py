@@ -11,6 +11,15 @@ as records on disk, while what the queue held stays. Once memory is no longer sh
 :data:`RESUME_AT` of the budget), spooling queues keep what arrives in memory again, and are
 back to memory alone once their records are read back.
 
+The budget in force (:attr:`Pager.in_force`) is ``storage.memory_budget``, less what the broker
+holds besides while the memory alarm's watermark is followed (:meth:`Pager.follow_memory`):
+frames being read, buffers, unacknowledged deliveries, queues not watched, memory the allocator
+keeps. As RabbitMQ pages once its whole memory passes half the watermark
+(``vm_memory_high_watermark_paging_ratio``), the budget shrinks so that the broker's resident
+memory stays under :data:`PAGING_RATIO` of the watermark, to :data:`BUDGET_FLOOR` of the
+budget at least. Once no queue is watched any more, the memory freed is given back to the
+system (:attr:`Pager.on_drained`), so that it is not counted as held besides.
+
 Priority queues do not spool; they, and spooling queues whose bodies in memory are still over
 the budget, keep the first ``budget / watched`` bytes of their bodies (the next to be delivered)
 in memory and the bodies behind go to disk, last to be delivered first:
@@ -75,6 +84,13 @@ RESUME_AT = 0.5
 #: Ready messages past which a queue with consumers is behind: publishers are slowed
 #: (:attr:`Pager.flow`) while any watched queue is.
 FLOW_DEPTH = 65536
+
+#: Share of the memory alarm's watermark under which paging keeps the broker's resident memory
+#: (RabbitMQ's ``vm_memory_high_watermark_paging_ratio``).
+PAGING_RATIO = 0.5
+
+#: The least share of the budget kept in force, however much the broker holds besides.
+BUDGET_FLOOR = 1 / 16
 
 #: Seconds without paging after the store could not be written (a full disk).
 BACKOFF = 1.0
@@ -245,6 +261,16 @@ class Pager(Service):
     ) -> None:
         self.store = store
         self.budget = budget
+        #: The budget in force: :attr:`budget`, less what the broker holds besides while it
+        #: follows the memory watermark (see :meth:`follow_memory`).
+        self.in_force = budget
+        #: The memory alarm's watermark followed (0: none), and the latest reading of the
+        #: broker's resident memory.
+        self.memory_limit = 0
+        self._resident: Callable[[], int] | None = None
+        #: Called once no queue is watched any more (deep queues drained): gives freed memory
+        #: back to the system, so that the next reading counts only what the broker holds.
+        self.on_drained: Callable[[], object] | None = None
         self.reactor = reactor
         self.journal = journal
         self.interval = interval
@@ -264,6 +290,27 @@ class Pager(Service):
         self.on_flow: Callable[[bool], None] | None = None
         self._flow_logged = False
 
+    def follow_memory(self, limit: int, resident: Callable[[], int]) -> None:
+        """Keep the broker's resident memory under :data:`PAGING_RATIO` of the watermark
+        ``limit``: from each look on, the budget in force is what that leaves besides what the
+        broker holds outside the watched queues.
+
+        :param resident: the latest reading of the broker's resident memory (0: none yet)
+        """
+        self.memory_limit = limit
+        self._resident = resident
+
+    def budget_now(self) -> int:
+        """The budget in force now: :attr:`budget`, less what the broker's latest resident memory
+        reading holds outside the watched queues' messages past :data:`PAGING_RATIO` of the
+        watermark (:data:`BUDGET_FLOOR` of it at least)."""
+        resident = self._resident() if self._resident is not None else 0
+        if not resident:
+            return self.budget
+        besides = max(resident - self.memory_used(), 0)
+        room = int(self.memory_limit * PAGING_RATIO) - besides
+        return max(int(self.budget * BUDGET_FLOOR), min(self.budget, room))
+
     def watch(self, queue: WorkQueue) -> None:
         """``queue`` passed :attr:`watch_at` (or its window): watch it until it falls back under
         half of both and spools nothing."""
@@ -277,14 +324,14 @@ class Pager(Service):
         count at which it is to ask again (once it could have taken its share of what is left)."""
         self.watch(queue)
         used = self.memory_used()
-        if used > self.budget:
+        if used > self.in_force:
             self._spooling()
             return 0
         count, size = queue.memory_use
         per_message = ENTRY_BYTES + MESSAGE_BYTES + size // max(count, 1)
         window = self.spooler.window if self.spooler is not None else 1
         # Its share of what is left, as if every watched queue grew as fast.
-        return count + max(window, (self.budget - used) // (per_message * len(self.watched)))
+        return count + max(window, (self.in_force - used) // (per_message * len(self.watched)))
 
     def sharing(self) -> float:
         """How many of the watched queues hold each message, on average, among their newest entries."""
@@ -318,9 +365,9 @@ class Pager(Service):
         )
 
     def page_logged(self) -> int:
-        """Drop from memory the bodies of logged messages past the budget, newest first (they
-        are read back from the log when delivered); how many were dropped."""
-        return self.journal.bodies.page_out(self.budget) if self.journal is not None else 0
+        """Drop from memory the bodies of logged messages past the budget in force, newest first
+        (they are read back from the log when delivered); how many were dropped."""
+        return self.journal.bodies.page_out(self.in_force) if self.journal is not None else 0
 
     def look(self) -> None:
         """Spool and page what is over the budget, and look again soon while any queue is watched."""
@@ -339,12 +386,18 @@ class Pager(Service):
         self._follow_flow()
         if not watched:
             self.store.close()  # its last segment goes too, with the last message using it
+            if self.on_drained is not None:
+                self.on_drained()
+            self.in_force = self.budget_now()  # (until a queue is watched again: see page_logged)
             return
+        budget = self.in_force = self.budget_now()
+        if self.spooler is not None:  # a spooling queue refills its window to its share at most
+            self.spooler.window_bytes = budget // len(watched)
         self._spool()
         if self.reactor.seconds() >= self._paused_until:
             in_memory = {queue: queue.ready.ready_bytes - queue.ready.paged_bytes for queue in watched}
-            if sum(in_memory.values()) > self.budget:
-                window = self.budget // len(watched)
+            if sum(in_memory.values()) > budget:
+                window = budget // len(watched)
                 for queue in sorted(watched, key=in_memory.__getitem__, reverse=True):
                     if in_memory[queue] <= window:
                         break
@@ -364,13 +417,13 @@ class Pager(Service):
         costs = {queue: _in_memory(queue, sharing) for queue in self.watched}
         used = sum(costs.values()) + self._logged_bytes()
         window = self.spooler.window
-        if used > self.budget:
+        if used > self.in_force:
             spooling = {queue for queue in costs if queue.ready.spool is not None and queue.ready.spool.recording}
             for queue in spooling:
                 queue.ready.spool.record_batch()  # type: ignore[union-attr]  # what waits, were no more to arrive
             growing = sum(cost for queue, cost in costs.items() if queue not in spooling)
             for queue in sorted(costs, key=costs.__getitem__, reverse=True):
-                if growing <= self.budget * RESUME_AT:
+                if growing <= self.in_force * RESUME_AT:
                     break
                 if queue in spooling or queue.ready.spooler is None:
                     continue
@@ -379,7 +432,7 @@ class Pager(Service):
                 queue.ready.spool_behind(window)
                 growing -= costs[queue]
                 self._spooling()
-        elif used < self.budget * RESUME_AT:
+        elif used < self.in_force * RESUME_AT:
             for queue in costs:
                 if queue.ready.spool is not None and queue.ready.spool.recording:
                     queue.ready.hold_spool()

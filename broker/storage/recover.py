@@ -157,6 +157,7 @@ def open_storage(
     reactor: Any,
     extensions: dict[str, Any],
     budget: int,
+    backlog: int,
     ready: Callable[[Node, Snapshot], None] | None = None,
 ) -> Storage:
     """Recover the node from the configuration's storage directory (from its latest checkpoint
@@ -164,6 +165,8 @@ def open_storage(
 
     :param extensions: what the plugins add to the node (see ``node_from_config``)
     :param budget: the bytes of message bodies kept in memory (see ``Pager``)
+    :param backlog: the bytes of records waiting for the log's writer past which publishers
+        are paused
     :param ready: called with the node and the log's snapshot once the node is built
     :raises WALCorruption: the log is damaged in the middle
     """
@@ -203,7 +206,7 @@ def open_storage(
         node,
         archive_of(config),
         pager,
-        config.storage.max_backlog,
+        backlog,
         config.storage.dir,
         config.storage.checkpoint_bytes,
     )

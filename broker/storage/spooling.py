@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from broker.core.message import Message
-from broker.core.ready import WRITE
+from broker.core.ready import NEVER, WRITE
 from broker.core.spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
 from broker.storage.paging import write_all
 from broker.wal.record import encode_published_after, published_contents, published_prefix
@@ -347,6 +347,8 @@ class Spooler:
     """Makes the spools of deep queues: their storage, under ``directory``, and their locators.
 
     :param window: ready entries a queue keeps in memory before it spools what arrives
+    :param window_bytes: body bytes a queue's window is refilled to at most (the pager sets it
+        to each watched queue's share of the memory budget)
     """
 
     def __init__(
@@ -356,6 +358,7 @@ class Spooler:
         journal: Journal | None,
         read_log: Callable[[int, int, int], bytes] | None,
         window: int,
+        window_bytes: int = NEVER,
     ) -> None:
         self.directory = directory
         shutil.rmtree(directory, ignore_errors=True)
@@ -363,6 +366,7 @@ class Spooler:
         self.journal = journal
         self.read_log = read_log
         self.window = window
+        self.window_bytes = window_bytes
         self.holds = _Holds()
         self._number = 0
 

@@ -12,7 +12,7 @@ from twisted.internet.task import Clock
 from broker.core.journal import Journal
 from broker.core.node import Node
 from broker.core.users import User
-from broker.server.alarms import DISK_INTERVAL, MEMORY_INTERVAL, ResourceMonitor
+from broker.server.alarms import DISK_INTERVAL, MEMORY_INTERVAL, READ_CHECK_MIN, ResourceMonitor
 from broker.tools.testing import Client, encode, publish_frames
 
 BLOCKING = {"connection.blocked": True, "authentication_failure_close": True}
@@ -152,6 +152,28 @@ def test_the_monitor_raises_and_clears_the_memory_alarm_on_its_readings() -> Non
     assert n.alarms == set()
     watcher.stopService()
     assert clock.getDelayedCalls() == []
+
+
+def test_memory_is_read_again_once_half_of_what_was_left_is_read_from_clients() -> None:
+    n, readings, clock = node(), Readings(), Clock()
+    mib = 1 << 20
+    readings.memory = 20 * mib
+    watcher = ResourceMonitor(n, clock, 100 * mib, read_memory=lambda: readings.memory, trim=readings.trim)
+    watcher.startService()
+    readings.memory = 90 * mib  # a flood, faster than the timer
+    watcher.note_read(40 * mib)  # half of the 80 MiB left at the last reading: not read yet
+    assert watcher.memory_used == 20 * mib
+    watcher.note_read(1)
+    assert watcher.memory_used == 90 * mib and n.alarms == set()
+    readings.memory = 101 * mib
+    watcher.note_read(5 * mib)  # half of the 10 MiB left
+    assert n.alarms == set()
+    watcher.note_read(1)
+    assert n.alarms == {"memory"} and readings.trims == 1  # no timer went off meanwhile
+    readings.memory = 50 * mib
+    watcher.note_read(READ_CHECK_MIN + 1)  # the least allowed between readings
+    assert n.alarms == set() and clock.seconds() == 0
+    watcher.stopService()
 
 
 def test_the_monitor_raises_the_disk_alarm_below_the_free_space_limit() -> None:

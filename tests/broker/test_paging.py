@@ -16,8 +16,8 @@ from twisted.logger import LogLevel, globalLogPublisher
 from broker.core.journal import Journal
 from broker.core.node import Node
 from broker.core.ready import NEVER
-from broker.server.service import memory_budget
-from broker.storage.paging import Pager, PageStore
+from broker.server.service import log_backlog, memory_budget
+from broker.storage.paging import ENTRY_BYTES, MESSAGE_BYTES, Pager, PageStore
 from broker.tools.testing import Client, MemorySegmentStorage, encode, publish_frames
 from broker.wal.log import WriteAheadLog
 from config.schema import BrokerConfig, LimitsConfig, StorageConfig
@@ -288,6 +288,54 @@ def test_the_budget_in_force_is_at_most_half_the_memory_watermark(
         storage=StorageConfig(memory_budget=budget), limits=LimitsConfig(memory_high_watermark=watermark)
     )
     assert memory_budget(config, memory) == in_force
+
+
+@pytest.mark.parametrize(
+    ("backlog", "watermark", "in_force"),
+    [
+        (64 << 20, 128 << 20, 8 << 20),  # a sixteenth of the watermark
+        (64 << 20, 1 << 30, 64 << 20),  # storage.max_backlog
+        (4 << 20, 128 << 20, 4 << 20),
+    ],
+)
+def test_the_log_backlog_in_force_is_at_most_a_sixteenth_of_the_memory_watermark(
+    backlog: int, watermark: int, in_force: int
+) -> None:
+    config = BrokerConfig(
+        storage=StorageConfig(max_backlog=backlog), limits=LimitsConfig(memory_high_watermark=watermark)
+    )
+    assert log_backlog(config, 24 << 30) == in_force
+
+
+def test_the_budget_in_force_leaves_what_the_broker_holds_besides_under_half_the_watermark(tmp_path: Path) -> None:
+    node, pager, clock = paged_node(tmp_path)  # a budget of 10,000 bytes
+    resident = [0]
+    pager.follow_memory(100_000, lambda: resident[0])  # kept under 50,000 bytes
+    c = client(node)
+    c.call(1, commands.Queue.Declare(queue="deep"))
+    bodies = [body(n) for n in range(20)]
+    for data in bodies:
+        c.send(publish_frames(1, "", "deep", data))
+    queued = 20 * (ENTRY_BYTES + MESSAGE_BYTES + 1_000)
+    assert pager.memory_used() == queued
+    assert pager.budget_now() == 10_000  # no reading yet
+    resident[0] = queued + 44_000  # 44,000 bytes besides the queue: 6,000 left of 50,000
+    clock.advance(0)
+    queue = node.vhosts["/"].queues["deep"]
+    assert pager.in_force == 6_000 and pager.budget == 10_000
+    assert [entry.message.resident for entry in queue.ready_entries()] == [True] * 6 + [False] * 14
+    resident[0] = 200_000  # over the watermark: the floor
+    assert pager.budget_now() == 10_000 // 16
+    resident[0] = 1_000  # less than the queue is counted for: nothing besides
+    assert pager.budget_now() == 10_000
+    drained: list[bool] = []
+    pager.on_drained = lambda: drained.append(True)
+    assert get_all(c, "deep", 20) == bodies
+    clock.advance(pager.interval)
+    assert drained == [True] and not pager.watched  # freed memory goes back once the queue is drained
+    assert pager.in_force == 10_000  # and the budget is whole again for logged bodies
+    clock.advance(pager.interval)
+    assert drained == [True]
 
 
 def test_publishers_are_slowed_while_a_queue_with_consumers_is_far_behind(tmp_path: Path) -> None:

@@ -651,3 +651,46 @@ def test_a_queue_whose_spool_cannot_be_read_is_still_deleted(tmp_path: Path) -> 
         "they are dropped (their files go at the next start)"
     ]
     assert list(broker.spool_dir.iterdir()) == []
+
+
+def test_a_window_of_big_messages_is_refilled_to_its_bytes_not_to_its_count(tmp_path: Path) -> None:
+    broker = Broker(tmp_path, logged=False)
+    size = 20_000
+    assert broker.pager.spooler is not None
+    broker.pager.spooler.window_bytes = 3 * size  # the queue's share of the budget: 3 of them
+    broker.client.call(1, commands.Queue.Declare(queue="big"))
+    bodies = [bytes([n % 256]) * size for n in range(WINDOW + 60)]
+    broker.publish("big", bodies)
+    line = broker.queue("big").ready
+    assert line.spool is not None and line.spool.record() == 60  # all recorded now (not 4 MiB of them)
+    got = broker.get_all("big", WINDOW)  # what it held before it spooled
+    for _ in range(60):
+        got += broker.get_all("big", 1)
+        assert line.ready_bytes <= 2 * size  # 3 at most came back (WINDOW would be 8)
+    assert got == bodies and line.spool is None
+
+
+def test_a_spool_takes_records_up_to_a_byte_bound_and_waiting_entries_only_after_the_last() -> None:
+    spool = Spool(MemorySpoolStorage(), _SizedLocator())  # type: ignore[arg-type]
+    for n in range(BATCH):
+        spool.push(_Entry(n))  # type: ignore[arg-type]  # a batch: recorded
+    for n in range(BATCH, BATCH + 5):
+        spool.push(_Entry(n))  # type: ignore[arg-type]  # waiting behind the records
+    assert spool.recorded_count == BATCH and len(spool.waiting) == 5
+
+    def take(count: int, max_bytes: int) -> list[int]:
+        taken = spool.take(count, lambda message, record: _Taken(record), max_bytes)
+        return [item.record.message_id if isinstance(item, _Taken) else item.number for item in taken]
+
+    assert take(10, 250) == [0, 1]  # bodies of 100 bytes
+    assert take(10, 50) == [2]  # one at least
+    assert take(BATCH + 5, (BATCH - 3) * 100 - 1) == list(range(3, BATCH - 1))  # the last record stays...
+    assert take(BATCH + 5, 1 << 30) == list(range(BATCH - 1, BATCH + 5))  # ...and the waiting behind it
+    assert spool.count == 0
+
+
+class _SizedLocator(_RecordsLocator):
+    """Records pushed entries with bodies of 100 bytes."""
+
+    def locate(self, entries: list) -> list[SpoolRecord]:
+        return [SpoolRecord(entry.number, 64 * entry.number, 7, 160, 100, 0, IN_LOG) for entry in entries]
