@@ -36,7 +36,8 @@ from broker.core.journal import Journal
 from broker.core.node import Node
 from broker.core.users import User
 from broker.server.service import tune_gc
-from broker.storage.paging import Pager, PageStore
+from broker.storage.page_store import PageStore
+from broker.storage.paging import Pager
 from broker.storage.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
 from broker.tools.testing import MemorySegmentStorage
 from broker.wal.log import WriteAheadLog

@@ -24,7 +24,8 @@ from broker.core.definitions import node_from_config
 from broker.core.journal import Journal
 from broker.core.message import Message
 from broker.server.alarms import release_memory
-from broker.storage.paging import Pager, PageStore
+from broker.storage.page_store import PageStore
+from broker.storage.paging import Pager
 from broker.storage.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
 from broker.wal.files import DirectoryStorage
 from broker.wal.log import WriteAheadLog

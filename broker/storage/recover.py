@@ -28,7 +28,8 @@ from broker.storage.checkpoint import (
 )
 from broker.storage.deadletters import DeadLetterService, open_dead_letters
 from broker.storage.logwriter import WALService, archive_of
-from broker.storage.paging import Pager, PageStore
+from broker.storage.page_store import PageStore
+from broker.storage.paging import Pager
 from broker.storage.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
 from broker.storage.streams import STREAMS_DIR, StreamFiles
 from broker.wal.files import DirectoryStorage

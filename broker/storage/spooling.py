@@ -4,7 +4,7 @@ Each spooling queue has a directory under ``<storage.dir>/spool`` holding its re
 files (:class:`FileSpoolStorage`), deleted as they are read back. The messages' content is
 where it already is for a persistent message in a durable queue (its record in the
 write-ahead log); any other message is copied, encoded as a log record, to the page store
-(``broker.storage.paging.PageStore``) and read back from there (:class:`Locator`). Neither is fsynced:
+(``broker.storage.page_store.PageStore``) and read back from there (:class:`Locator`). Neither is fsynced:
 the log is what survives a restart, and it is recovered from the log.
 
 Whatever an earlier run left under ``spool`` is deleted at start.
@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any
 from broker.core.message import Message
 from broker.core.ready import NEVER, WRITE
 from broker.core.spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
-from broker.storage.paging import write_all
+from broker.storage.page_store import write_all
 from broker.wal.record import encode_published_after, published_contents, published_prefix
 
 if TYPE_CHECKING:
     from broker.core.entry import Entry
     from broker.core.journal import Journal
     from broker.core.queue import WorkQueue
-    from broker.storage.paging import PageStore
+    from broker.storage.page_store import PageStore
 
 __all__ = ["CHUNK_BYTES", "SPOOL_DIR", "SPOOL_WINDOW", "FileSpoolStorage", "Locator", "Spooler"]
 

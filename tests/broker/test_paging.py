@@ -17,7 +17,8 @@ from broker.core.journal import Journal
 from broker.core.node import Node
 from broker.core.ready import NEVER
 from broker.server.service import log_backlog, memory_budget
-from broker.storage.paging import ENTRY_BYTES, MESSAGE_BYTES, Pager, PageStore
+from broker.storage.page_store import PageStore
+from broker.storage.paging import ENTRY_BYTES, MESSAGE_BYTES, Pager
 from broker.tools.testing import Client, MemorySegmentStorage, encode, publish_frames
 from broker.wal.log import WriteAheadLog
 from config.schema import BrokerConfig, LimitsConfig, StorageConfig
@@ -248,13 +249,13 @@ def test_the_store_splits_writes_at_segment_ends_and_reads_every_body_back(tmp_p
 
 def test_sealed_segments_are_opened_only_to_be_read_and_few_at_a_time(tmp_path: Path) -> None:
     from broker.core.message import Message
-    from broker.storage import paging
+    from broker.storage import page_store
 
     def open_here() -> int:
         return sum(1 for fd in Path("/proc/self/fd").iterdir() if str(tmp_path) in os.path.realpath(fd))
 
     store = PageStore(str(tmp_path), segment_bytes=1_000)
-    messages = [Message.build("", "q", body(n)) for n in range(3 * paging.READ_HANDLES)]
+    messages = [Message.build("", "q", body(n)) for n in range(3 * page_store.READ_HANDLES)]
     for message in messages:
         store.write([message])
     assert len(list(tmp_path.iterdir())) == len(messages) and open_here() == 1  # the active one
@@ -263,7 +264,7 @@ def test_sealed_segments_are_opened_only_to_be_read_and_few_at_a_time(tmp_path: 
     for index in order:
         assert messages[index].body == body(index)
         messages[index].page_out()  # out of memory again: the next read opens its file again
-        assert open_here() <= paging.READ_HANDLES + 1
+        assert open_here() <= page_store.READ_HANDLES + 1
     del messages, message
     gc.collect()
     assert [path.name for path in tmp_path.iterdir()] == [f"{len(order):08d}.page"]  # the active one

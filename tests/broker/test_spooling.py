@@ -31,7 +31,8 @@ from broker.core.spool import (
     SpoolRecord,
 )
 from broker.storage.checkpoint import Checkpoint, restore_checkpoint
-from broker.storage.paging import ENTRY_BYTES, MESSAGE_BYTES, Pager, PageStore
+from broker.storage.page_store import PageStore
+from broker.storage.paging import ENTRY_BYTES, MESSAGE_BYTES, Pager
 from broker.storage.spooling import Spooler
 from broker.tools.testing import Client, MemorySegmentStorage, publish_frames
 from broker.wal.log import WriteAheadLog

@@ -18,7 +18,7 @@ from broker.core import spool
 from broker.core.entry import Entry
 from broker.core.message import Message
 from broker.core.queue import WorkQueue
-from broker.storage.paging import PageStore
+from broker.storage.page_store import PageStore
 from broker.storage.spooling import Spooler
 
 OPERATIONS = st.lists(
