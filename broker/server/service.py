@@ -249,10 +249,10 @@ def _listen(
         )
     plain, secure = stream_addresses(config)
     if config.listen.stream and plain is not None:
-        streams = StreamServerFactory(node, reactor, plain)
+        streams = StreamServerFactory(node, reactor, plain, shell.monitor)
         Listener("stream", config.listen.stream, streams, reactor, node, "stream").setServiceParent(service)
     if config.listen.stream_tls and tls is not None and secure is not None:
-        streams = StreamServerFactory(node, reactor, secure)
+        streams = StreamServerFactory(node, reactor, secure, shell.monitor)
         Listener(
             "stream_tls", config.listen.stream_tls, tls(streams), reactor, node, "stream/ssl", certificates
         ).setServiceParent(service)

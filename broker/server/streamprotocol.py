@@ -25,6 +25,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from broker.core.node import Node
+from broker.server.alarms import ResourceMonitor
 from broker.server.protocol import OUTPUT_BOUND, certificate_common_names, is_loopback
 from broker.server.sockets import SocketTransport, socket_details, socket_of
 from broker.streams.connection import StreamConnection
@@ -136,6 +137,9 @@ class StreamServerProtocol(Protocol):
         step = connection.step
         connection.recv_oct += len(data)
         connection.recv_cnt += 1
+        monitor = self.factory.monitor
+        if monitor is not None:  # (memory is read again after enough is read: see note_read)
+            monitor.note_read(len(data))
         connection.receive(data)
         if connection.step != step:
             self._arm_step()
@@ -349,12 +353,16 @@ class StreamServerProtocol(Protocol):
 
 class StreamServerFactory(Factory):
     """Stream-protocol connections to ``node``; ``advertised`` is the host and port ``open``
-    tells clients to connect to (this listener's)."""
+    tells clients to connect to (this listener's); ``monitor`` is told of the bytes read from
+    clients, as the AMQP factory's (``None``: nothing is)."""
 
-    def __init__(self, node: Node, clock: IReactorTime, advertised: tuple[str, int]) -> None:
+    def __init__(
+        self, node: Node, clock: IReactorTime, advertised: tuple[str, int], monitor: ResourceMonitor | None = None
+    ) -> None:
         self.node = node
         self.clock = clock
         self.advertised = advertised
+        self.monitor = monitor
 
     def buildProtocol(self, addr: IAddress | None) -> StreamServerProtocol:
         return StreamServerProtocol(self)

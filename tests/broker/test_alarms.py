@@ -176,6 +176,28 @@ def test_memory_is_read_again_once_half_of_what_was_left_is_read_from_clients() 
     watcher.stopService()
 
 
+def test_bytes_read_over_either_protocol_have_memory_read_again() -> None:
+    from twisted.internet.testing import StringTransport
+
+    from broker.server.protocol import AMQPServerFactory
+    from broker.server.streamprotocol import StreamServerFactory
+
+    n, readings, clock = node(), Readings(), Clock()
+    watcher = ResourceMonitor(n, clock, 4 * READ_CHECK_MIN, read_memory=lambda: readings.memory, trim=readings.trim)
+    watcher.startService()
+    factories = [AMQPServerFactory(n, clock, watcher), StreamServerFactory(n, clock, ("127.0.0.1", 5552), watcher)]
+    for factory in factories:
+        readings.memory = 0
+        watcher.check_memory()  # room for 2 MiB to be read before the next reading
+        protocol = factory.buildProtocol(None)
+        protocol.makeConnection(StringTransport())
+        readings.memory = 5 * READ_CHECK_MIN
+        protocol.dataReceived(b"\x00" * (2 * READ_CHECK_MIN + 1))  # (a bad frame: the connection ends)
+        assert watcher.memory_used > 4 * READ_CHECK_MIN and n.alarms == {"memory"}
+    assert clock.seconds() == 0
+    watcher.stopService()
+
+
 def test_the_monitor_raises_the_disk_alarm_below_the_free_space_limit() -> None:
     n, readings, clock = node(), Readings(), Clock()
     watcher = monitor(n, readings, clock)
