@@ -26,9 +26,10 @@ from broker.core.message import Message
 from broker.server.service import release_memory
 from broker.storage.paging import Pager, PageStore
 from broker.storage.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
+from broker.wal.codec import encode
 from broker.wal.files import DirectoryStorage
 from broker.wal.log import WriteAheadLog
-from broker.wal.record import QueueDeclared, encode
+from broker.wal.records import QueueDeclared
 from broker.wal.recovery import replay_located
 from config.schema import BrokerConfig
 

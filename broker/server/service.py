@@ -50,8 +50,9 @@ from broker.storage.streams import STREAMS_DIR, StreamFiles, remove_stream
 from broker.storage.writer import WorkerWriter
 from broker.wal.files import DirectoryStorage, prune_archive
 from broker.wal.log import RecoveryReport, WriteAheadLog
-from broker.wal.record import SEGMENT_HEADER_BYTES, WALCorruption
+from broker.wal.records import WALCorruption
 from broker.wal.recovery import Snapshot, replay_located
+from broker.wal.segments import SEGMENT_HEADER_BYTES
 from broker.wal.streamlog import Staged
 from config.schema import BrokerConfig, embedded_default
 from config.tls import TLSProblem, server_context

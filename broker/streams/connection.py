@@ -34,19 +34,19 @@ from broker.core.node import Node
 from broker.core.sockets import SocketDetails
 from broker.core.stream import MAX_CHUNK_ENTRIES, StreamQueue
 from broker.errors import ChannelCrash, ChannelException
-from broker.wal.record import (
+from broker.wal.chunks import (
     BATCH_HEAD,
     BATCHED,
     RAW,
-    SEGMENT_HEADER_BYTES,
     TRACKING_SNAPSHOT,
-    WALCorruption,
     batch_records,
     count_entries,
     split_entries,
     unpack_batched_messages,
     unpack_tracking,
 )
+from broker.wal.records import WALCorruption
+from broker.wal.segments import SEGMENT_HEADER_BYTES
 from broker.wal.streamlog import ENTRIES_AT, Chunk, Region
 from broker.wire import streamframes as wire
 from broker.wire.amqp10 import from_amqp091

@@ -36,7 +36,7 @@ def _serve(args: argparse.Namespace) -> int:
     from twisted.logger import globalLogBeginner, textFileLogObserver
 
     from broker.server.service import ListenError, make_broker_service, tune_gc
-    from broker.wal.record import WALCorruption
+    from broker.wal.records import WALCorruption
 
     try:
         config = _config(args.config)

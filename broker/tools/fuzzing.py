@@ -38,7 +38,7 @@ from broker.core.stream import StreamQueue
 from broker.storage.streams import StreamFiles
 from broker.streams.connection import FRAME_MAX, StreamConnection
 from broker.tools.testing import MemorySegmentStorage
-from broker.wal.record import BATCH_HEAD, pack_raw_entries
+from broker.wal.chunks import BATCH_HEAD, pack_raw_entries
 from broker.wal.streamlog import StreamLog
 from broker.wire import streamframes as stream_wire
 from broker.wire.codec import FRAME_METHOD, PROTOCOL_HEADER
