@@ -35,15 +35,10 @@ from typing import Any
 
 from broker.core.deadlog import DeadLetterLog
 from broker.storage.deadletters import DEAD_LETTER_SEGMENT_BYTES
+from broker.wal.codec import encode
 from broker.wal.files import DirectoryStorage
-from broker.wal.record import (
-    DEAD_LETTER_PREVIEW_BYTES,
-    SEGMENT_HEADER_BYTES,
-    DeadLettered,
-    DeadLetterSettled,
-    encode,
-    iter_records,
-)
+from broker.wal.records import DEAD_LETTER_PREVIEW_BYTES, DeadLettered, DeadLetterSettled
+from broker.wal.segments import SEGMENT_HEADER_BYTES, iter_records
 from broker.wal.stream import SegmentStream
 
 ROOT = Path(__file__).resolve().parents[1]

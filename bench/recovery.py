@@ -27,9 +27,10 @@ from broker.server.alarms import release_memory
 from broker.storage.page_store import PageStore
 from broker.storage.paging import Pager
 from broker.storage.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
+from broker.wal.codec import encode
 from broker.wal.files import DirectoryStorage
 from broker.wal.log import WriteAheadLog
-from broker.wal.record import QueueDeclared, encode
+from broker.wal.records import QueueDeclared
 from broker.wal.recovery import replay_located
 from config.schema import BrokerConfig
 

@@ -39,8 +39,8 @@ import binascii
 import json
 from typing import Any
 
-from config.loader import BUILTIN_EXCHANGE_TYPES, STANDARD_EXCHANGES, _Reader
 from config.policies import KEYS, OPERATOR_KEYS, check_apply_to, check_pattern, check_priority, validate
+from config.reader import BUILTIN_EXCHANGE_TYPES, STANDARD_EXCHANGES, Reader
 from config.schema import (
     BindingConfig,
     BrokerConfig,
@@ -129,7 +129,7 @@ class _Definitions:
 
     def __init__(self, source: str) -> None:
         self.source = source
-        self.reader = _Reader(source)
+        self.reader = Reader(source)
         self.notes: list[str] = []
         self.vhosts: dict[str, dict[str, Any]] = {}
         self.skipped: set[tuple[str, str, str]] = set()  # (kind, vhost, name)

@@ -1,6 +1,6 @@
 """The keys the configuration loader accepts, found by running the loader itself.
 
-The loader (:class:`config.loader._Reader`) knows the keys of each mapping of the file only
+The loader (:class:`config.reader.Reader`) knows the keys of each mapping of the file only
 where it reads that mapping: each section's method passes its allowed keys to ``mapping``,
 which refuses any other. :func:`accepted_keys` runs a reader that notes those calls, and the
 check each value goes through, on documents it grows until no new mapping turns up: a key
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from config.loader import _Reader
+from config.reader import Reader
 
 #: What stands for any name in a table (a vhost, an exchange) in a path.
 NAME = "<name>"
@@ -113,7 +113,7 @@ def normalize(path: str) -> str:
 
 
 def _kind(describe: Callable[..., str]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Note what a check of :class:`_Reader` reads its value as, when it is the outermost one
+    """Note what a check of :class:`Reader` reads its value as, when it is the outermost one
     (``name`` calls ``string``, which calls ``typed``: a name is noted as a name)."""
 
     def wrap(check: Callable[..., Any]) -> Callable[..., Any]:
@@ -137,7 +137,7 @@ def _integer(default: Any, minimum: int = 0, maximum: int | None = None) -> str:
     return f"an integer, at least {minimum}"
 
 
-class _Tracer(_Reader):
+class _Tracer(Reader):
     """A reader that notes each mapping it reads, with its allowed and required keys, and
     what each value is checked as; the problems it finds are of no interest here."""
 
@@ -163,18 +163,18 @@ class _Tracer(_Reader):
         self.sections.setdefault(normalize(path), (frozenset(allowed), frozenset(required)))
         return super().mapping(value, path, allowed, required)
 
-    typed = _kind(lambda check, expected, default: expected)(_Reader.typed)
-    string = _kind(lambda default=None: "a string")(_Reader.string)
-    name = _kind(lambda: "a name (a string of at most 255 bytes)")(_Reader.name)
-    boolean = _kind(lambda default: "true or false")(_Reader.boolean)
-    integer = _kind(_integer)(_Reader.integer)
-    duration = _kind(lambda default=None: "a duration with a unit (500ms, 30s, 5m, 1h, 7d)")(_Reader.duration)
-    size = _kind(lambda default=None: "a size: bytes, or with a unit (64KiB, 64MiB, 1GiB, 10MB)")(_Reader.size)
-    table = _kind(lambda: "a mapping")(_Reader.table)
-    tags = _kind(lambda: "a list of strings")(_Reader.tags)
-    endpoint = _kind(lambda default: "a Twisted endpoint: tcp:, tcp6: or unix:")(_Reader.endpoint)
+    typed = _kind(lambda check, expected, default: expected)(Reader.typed)
+    string = _kind(lambda default=None: "a string")(Reader.string)
+    name = _kind(lambda: "a name (a string of at most 255 bytes)")(Reader.name)
+    boolean = _kind(lambda default: "true or false")(Reader.boolean)
+    integer = _kind(_integer)(Reader.integer)
+    duration = _kind(lambda default=None: "a duration with a unit (500ms, 30s, 5m, 1h, 7d)")(Reader.duration)
+    size = _kind(lambda default=None: "a size: bytes, or with a unit (64KiB, 64MiB, 1GiB, 10MB)")(Reader.size)
+    table = _kind(lambda: "a mapping")(Reader.table)
+    tags = _kind(lambda: "a list of strings")(Reader.tags)
+    endpoint = _kind(lambda default: "a Twisted endpoint: tcp:, tcp6: or unix:")(Reader.endpoint)
     optional_listener = _kind(lambda default: "a Twisted endpoint (tcp:, tcp6: or unix:), or false for none")(
-        _Reader.optional_listener
+        Reader.optional_listener
     )
 
 

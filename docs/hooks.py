@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 #: The page the reference goes in, and the line it replaces.
 PAGE = "configuration-reference.md"
-MARKER = "<!-- configuration keys: generated from config/loader.py and config/schema.py -->"
+MARKER = "<!-- configuration keys: generated from config/reader.py and config/schema.py -->"
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **kwargs: Any) -> str:

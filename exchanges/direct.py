@@ -1,7 +1,9 @@
 """The ``direct`` exchange type: a message goes to the bindings whose key equals its routing key.
 
 AMQP 0-9-1 §3.1.3.1. Arguments take part in a binding's identity but not in routing, as in
-RabbitMQ's ``rabbit_exchange_type_direct``.
+RabbitMQ's ``rabbit_exchange_type_direct``. A direct exchange declared with ``x-super-stream:
+true`` is a partitioned stream's: its :class:`PartitionRouter` routes by a hash of the key
+(``exchanges.partitions``).
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ from zope.interface import implementer
 
 from exchanges.binding import TableRouter, arguments_key
 from exchanges.interfaces import IExchangeType, IRouter
+from exchanges.partitions import partition_of, partition_order
 
-__all__ = ["DirectExchangeType", "DirectRouter"]
+__all__ = ["DirectExchangeType", "DirectRouter", "PartitionRouter"]
+
+#: Routing keys whose partition is remembered, per exchange (cleared past this many).
+_CACHE_KEYS = 4096
 
 
 @implementer(IRouter)
@@ -87,6 +93,66 @@ class DirectRouter(TableRouter):
         return self._routes.get(routing_key, ())
 
 
+@implementer(IRouter)
+class PartitionRouter(DirectRouter):
+    """The bindings of a partitioned stream's exchange (see ``exchanges.partitions``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: The destinations bound with a partition order, in that order (``None``: to be sorted).
+        self._partitions: list[Hashable] | None = None
+        self._cache: dict[str, tuple[Hashable, ...]] = {}
+
+    def bind(self, destination: Hashable, routing_key: str, arguments: Mapping[str, Any]) -> bool:
+        added = super().bind(destination, routing_key, arguments)
+        if added:
+            self._changed()
+        return added
+
+    def unbind(self, destination: Hashable, routing_key: str, arguments: Mapping[str, Any]) -> bool:
+        removed = super().unbind(destination, routing_key, arguments)
+        if removed:
+            self._changed()
+        return removed
+
+    def unbind_all(self, destination: Hashable) -> int:
+        removed = super().unbind_all(destination)
+        if removed:
+            self._changed()
+        return removed
+
+    def _changed(self) -> None:
+        self._partitions = None
+        self._cache.clear()
+
+    def partitions(self) -> list[Hashable]:
+        """The partitions, in their order (a destination bound twice counts once, at its first place)."""
+        if self._partitions is None:
+            ordered = sorted(
+                (order, index, destination)
+                for index, (destination, _key, arguments) in enumerate(self.bindings())
+                if (order := partition_order(arguments)) is not None
+            )
+            seen: dict[Hashable, None] = {}
+            for _order, _index, destination in ordered:
+                seen.setdefault(destination, None)
+            self._partitions = list(seen)
+        return self._partitions
+
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None) -> Iterable[Hashable]:
+        """The partition ``routing_key`` hashes to; without partitions, as a direct exchange."""
+        cached = self._cache.get(routing_key)
+        if cached is not None:
+            return cached
+        partitions = self.partitions()
+        if not partitions:
+            return super().route(routing_key, headers)
+        if len(self._cache) >= _CACHE_KEYS:
+            self._cache.clear()
+        routed = self._cache[routing_key] = (partitions[partition_of(routing_key, len(partitions))],)
+        return routed
+
+
 @implementer(IExchangeType)
 class DirectExchangeType:
     """The ``direct`` exchange type."""
@@ -101,12 +167,10 @@ class DirectExchangeType:
 
     def new_router(self, arguments: Mapping[str, Any]) -> IRouter:
         """Make an empty :class:`DirectRouter`, or with ``x-super-stream: true`` a partitioned
-        stream's (``exchanges.partitions.PartitionRouter``).
+        stream's (:class:`PartitionRouter`).
 
         :param arguments: the ``exchange.declare`` arguments.
         """
         if arguments.get("x-super-stream") is True:
-            from exchanges.partitions import PartitionRouter  # it builds on this module
-
             return PartitionRouter()
         return DirectRouter()

@@ -13,19 +13,17 @@ x86 32-bit of the key's UTF-8 bytes, seed 104729, as an unsigned number modulo `
 partitions in their order. So any AMQP 0-9-1 publisher gets key partitioning, and one key's
 messages stay in one partition, in order. Bindings without a partition order route as a
 direct exchange's do, and an exchange with no partitions at all is a direct exchange.
+
+The hash and the partitions' order are here; the router that routes by them is the direct
+exchange type's (``exchanges.direct.PartitionRouter``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from zope.interface import implementer
-
-from exchanges.direct import DirectRouter
-from exchanges.interfaces import IRouter
-
-__all__ = ["PARTITION_ORDER", "SUPER_STREAM", "SEED", "PartitionRouter", "murmur3_32", "partition_of"]
+__all__ = ["PARTITION_ORDER", "SUPER_STREAM", "SEED", "murmur3_32", "partition_of", "partition_order"]
 
 #: The exchange argument that makes a direct exchange a partitioned stream's.
 SUPER_STREAM = "x-super-stream"
@@ -37,8 +35,6 @@ OLD_PARTITION_ORDER = "x-super-stream-partition-order"
 SEED = 104729
 
 _MASK = 0xFFFFFFFF
-#: Routing keys whose partition is remembered, per exchange (cleared past this many).
-_CACHE_KEYS = 4096
 
 
 def murmur3_32(data: bytes, seed: int = 0) -> int:
@@ -86,63 +82,3 @@ def partition_order(arguments: Mapping[str, Any]) -> int | None:
         if isinstance(order, int) and not isinstance(order, bool):
             return order
     return None
-
-
-@implementer(IRouter)
-class PartitionRouter(DirectRouter):
-    """The bindings of a partitioned stream's exchange (see the module's docstring)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        #: The destinations bound with a partition order, in that order (``None``: to be sorted).
-        self._partitions: list[Hashable] | None = None
-        self._cache: dict[str, tuple[Hashable, ...]] = {}
-
-    def bind(self, destination: Hashable, routing_key: str, arguments: Mapping[str, Any]) -> bool:
-        added = super().bind(destination, routing_key, arguments)
-        if added:
-            self._changed()
-        return added
-
-    def unbind(self, destination: Hashable, routing_key: str, arguments: Mapping[str, Any]) -> bool:
-        removed = super().unbind(destination, routing_key, arguments)
-        if removed:
-            self._changed()
-        return removed
-
-    def unbind_all(self, destination: Hashable) -> int:
-        removed = super().unbind_all(destination)
-        if removed:
-            self._changed()
-        return removed
-
-    def _changed(self) -> None:
-        self._partitions = None
-        self._cache.clear()
-
-    def partitions(self) -> list[Hashable]:
-        """The partitions, in their order (a destination bound twice counts once, at its first place)."""
-        if self._partitions is None:
-            ordered = sorted(
-                (order, index, destination)
-                for index, (destination, _key, arguments) in enumerate(self.bindings())
-                if (order := partition_order(arguments)) is not None
-            )
-            seen: dict[Hashable, None] = {}
-            for _order, _index, destination in ordered:
-                seen.setdefault(destination, None)
-            self._partitions = list(seen)
-        return self._partitions
-
-    def route(self, routing_key: str, headers: Mapping[str, Any] | None) -> Iterable[Hashable]:
-        """The partition ``routing_key`` hashes to; without partitions, as a direct exchange."""
-        cached = self._cache.get(routing_key)
-        if cached is not None:
-            return cached
-        partitions = self.partitions()
-        if not partitions:
-            return super().route(routing_key, headers)
-        if len(self._cache) >= _CACHE_KEYS:
-            self._cache.clear()
-        routed = self._cache[routing_key] = (partitions[partition_of(routing_key, len(partitions))],)
-        return routed

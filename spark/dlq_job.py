@@ -2,7 +2,7 @@
 
 Run as a file, its directory is first on ``sys.path``; the project root goes there instead,
 so ``spark`` and ``broker`` import as packages. On a cluster, ship them to the executors
-(``spark/job.py`` ships ``spark/`` and ``broker/wal/record.py`` with the session itself).
+(``spark/job.py`` ships ``spark/`` and the record format's modules of ``broker/wal/`` with the session itself).
 """
 
 from __future__ import annotations

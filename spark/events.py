@@ -2,7 +2,7 @@
 
 Shared by ``postroom dlq export`` (pyarrow, no JVM), the Python Data Source of the Spark job
 and the benchmark's single-process baseline, so all three read segments the same way:
-:func:`segment_records` walks a segment with :func:`broker.wal.record.scan`, reads past damage
+:func:`segment_records` walks a segment with :func:`broker.wal.segments.scan`, reads past damage
 (resynchronising as ``docs/wal-format.md`` describes) and turns each damaged span, torn tail or
 bad header into one ``corrupt`` row instead of raising. Records of other types (a write-ahead
 log segment given by mistake) are counted as ``corrupt`` too, with the reason.
@@ -17,14 +17,8 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from broker.wal.record import (
-    SEGMENT_HEADER_BYTES,
-    DeadLettered,
-    DeadLetterSettled,
-    WALCorruption,
-    parse_segment_header,
-    scan,
-)
+from broker.wal.records import DeadLettered, DeadLetterSettled, WALCorruption
+from broker.wal.segments import SEGMENT_HEADER_BYTES, parse_segment_header, scan
 from spark.schema import ARROW_SCHEMA
 
 __all__ = [

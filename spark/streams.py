@@ -26,18 +26,16 @@ from typing import Union
 
 import pyarrow as pa
 
+from broker.wal.chunks import unpack_batched_messages, unpack_raw_messages, unpack_stream_messages
 from broker.wal.deadevents import stream_dead_letter
 from broker.wal.paths import incarnations, stream_directory
-from broker.wal.record import (
+from broker.wal.records import (
     StreamBatchChunk,
     StreamChunk,
     StreamRawChunk,
     StreamTrackedBatchChunk,
     StreamTrackedChunk,
     StreamTrackedRawChunk,
-    unpack_batched_messages,
-    unpack_raw_messages,
-    unpack_stream_messages,
 )
 from broker.wire.amqp10 import delivered_as_amqp091
 from spark.events import BATCH_ROWS, _Columns, _date, list_segments, walk_segment

@@ -50,7 +50,7 @@ from broker.wire.content import (
 )
 
 if TYPE_CHECKING:
-    from broker.amqp.connection import ServerConnection
+    from broker.amqp.seams import Link
 
 #: ``amq.rabbitmq.reply-to`` as a ``reply-to`` property holds it.
 PSEUDO_QUEUE_BYTES = PSEUDO_QUEUE.encode()
@@ -84,7 +84,7 @@ class ChannelState:
     :param channel_id: its number (1 .. channel_max)
     """
 
-    def __init__(self, connection: ServerConnection, channel_id: int) -> None:
+    def __init__(self, connection: Link, channel_id: int) -> None:
         self.connection = connection
         self.id = channel_id
         self.vhost = connection.vhost

@@ -12,13 +12,23 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from broker.wire.codec import ack_method, nack_method
 
 if TYPE_CHECKING:
-    from broker.amqp.connection import ServerConnection
+    from broker.core.node import Node
     from broker.core.vhost import VirtualHost
+
+
+class Output(Protocol):
+    """What confirms use of their connection (``ServerConnection``): its output, the confirms
+    it flushes when it writes, and whether the node knows it has bytes to write."""
+
+    out: list[bytes]
+    confirming: list[Confirms]
+    dirty: bool
+    node: Node
 
 
 class Confirms:
@@ -31,7 +41,7 @@ class Confirms:
 
     __slots__ = ("channel_id", "connection", "vhost", "seq", "pending", "confirmed_upto", "waits")
 
-    def __init__(self, channel_id: int, connection: ServerConnection, vhost: VirtualHost) -> None:
+    def __init__(self, channel_id: int, connection: Output, vhost: VirtualHost) -> None:
         self.channel_id = channel_id
         self.connection = connection
         self.vhost = vhost

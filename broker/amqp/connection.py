@@ -40,7 +40,7 @@ from broker.amqp import handshake
 from broker.amqp.channel import CONTENT_METHODS, QUEUE_SHORTCUT_METHODS, ChannelState
 from broker.amqp.confirms import Confirms
 from broker.amqp.consuming import Consuming
-from broker.amqp.handshake import State
+from broker.amqp.seams import State
 from broker.core.access import Access
 from broker.core.entry import Queue
 from broker.core.node import RESOURCE_ALARMS, Node

@@ -45,7 +45,7 @@ from broker.wire.codec import (
 from broker.wire.content import with_remaining_ttl
 
 if TYPE_CHECKING:
-    from broker.amqp.channel import ChannelState
+    from broker.amqp.seams import Channel
 
 #: Stale delivery tags remembered per channel. An ack of an older stale tag than this is
 #: answered as an unknown tag (406); a million covers a consumer that fell behind by that many
@@ -80,7 +80,7 @@ class Consuming:
     :param channel: the channel (replies go out on it; its transaction holds acks until commit)
     """
 
-    def __init__(self, channel: ChannelState) -> None:
+    def __init__(self, channel: Channel) -> None:
         self.channel = channel
         self.connection = connection = channel.connection
         self.vhost = channel.vhost

@@ -2,24 +2,25 @@
 login (``start-ok``, checked now or later for an expensive hash), ``tune``/``tune-ok`` and
 ``connection.open`` with its limits and the user's access to the vhost.
 
-Functions of the connection (:class:`broker.amqp.connection.ServerConnection`), which calls
-them for the methods of channel 0 before it is open; the life-cycle :class:`State` is here too.
+Functions of the connection (:class:`broker.amqp.connection.ServerConnection`, seen as a
+:class:`~broker.amqp.seams.Link`), which calls them for the methods of channel 0 before it is
+open.
 """
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 from pamqp.constants import FRAME_MIN_SIZE
 
+from broker.amqp.seams import State
 from broker.core.login import sasl_credentials
 from broker.errors import ConnectionException, ReplyCode
 from broker.wire.codec import encode_method
 
 if TYPE_CHECKING:
-    from broker.amqp.connection import ServerConnection
+    from broker.amqp.seams import Link
 
 
 #: Capabilities announced in connection.start, as RabbitMQ names them.
@@ -36,26 +37,12 @@ CAPABILITIES = {
 }
 
 
-class State(Enum):
-    """Where a connection is in its life cycle."""
-
-    AWAIT_HEADER = "await header"
-    AWAIT_START_OK = "await start-ok"
-    AUTHENTICATING = "authenticating"  # the login is being checked; what arrives meanwhile waits
-    AWAIT_TUNE_OK = "await tune-ok"
-    AWAIT_OPEN = "await open"
-    OPEN = "open"
-    CLOSING = "closing"  # we sent connection.close and wait for close-ok
-    CLOSED = "closed"
-    LINGERING = "lingering"  # we answered the client's connection.close; waiting for it to hang up
-
-
 #: Mechanisms RabbitMQ always has, offered or not: asking for one it does not offer gets
 #: "invalid authentication mechanism", one it lacks "unknown authentication mechanism".
 KNOWN_MECHANISMS = frozenset({"PLAIN", "AMQPLAIN", "RABBIT-CR-DEMO"})
 
 
-def start(connection: ServerConnection) -> None:
+def start(connection: Link) -> None:
     """Send ``connection.start`` (once the protocol header came): properties, mechanisms, locale."""
     connection.state = State.AWAIT_START_OK
     node = connection.node
@@ -92,7 +79,7 @@ def credentials(method: commands.Connection.StartOk) -> tuple[str, str]:
     return login or "", password or ""
 
 
-def start_ok(connection: ServerConnection, method: commands.Connection.StartOk) -> None:
+def start_ok(connection: Link, method: commands.Connection.StartOk) -> None:
     """``start-ok``: the mechanism offered, the credentials it carries, and the login asked of the node."""
     connection.client_properties = method.client_properties or {}
     capabilities = connection.client_properties.get("capabilities")
@@ -128,7 +115,7 @@ def start_ok(connection: ServerConnection, method: commands.Connection.StartOk) 
     )
 
 
-def login_done(connection: ServerConnection, mechanism: str, user: Any, reason: str) -> None:
+def login_done(connection: Link, mechanism: str, user: Any, reason: str) -> None:
     """The login was checked (now, or later for an expensive hash): go on to tune, or
     refuse it, then act on what the client sent meanwhile."""
     if connection.closed:
@@ -167,7 +154,7 @@ def login_done(connection: ServerConnection, mechanism: str, user: Any, reason: 
         connection.receive_data(b"")
 
 
-def tune_ok(connection: ServerConnection, method: commands.Connection.TuneOk) -> None:
+def tune_ok(connection: Link, method: commands.Connection.TuneOk) -> None:
     """``tune-ok``: take the client's ``frame_max``, ``channel_max`` and heartbeat, within the limits."""
     limits = connection.node.limits
     negotiated("frame_max", method.frame_max, FRAME_MIN_SIZE, limits.frame_max)
@@ -179,7 +166,7 @@ def tune_ok(connection: ServerConnection, method: commands.Connection.TuneOk) ->
     connection.state = State.AWAIT_OPEN
 
 
-def open_vhost(connection: ServerConnection, method: commands.Connection.Open) -> None:
+def open_vhost(connection: Link, method: commands.Connection.Open) -> None:
     """``connection.open``, checked in RabbitMQ's order: the vhost exists and is under its
     connection limit (and the node under ``limits.max_connections``), the user under
     theirs, then the user's access to the vhost."""

@@ -18,10 +18,10 @@ from broker.errors import ChannelException, ReplyCode
 from broker.wire.codec import declare_ok_method
 
 if TYPE_CHECKING:
-    from broker.amqp.channel import ChannelState
+    from broker.amqp.seams import Channel
 
 
-def exchange_declare(channel: ChannelState, method: commands.Exchange.Declare) -> None:
+def exchange_declare(channel: Channel, method: commands.Exchange.Declare) -> None:
     """``exchange.declare``, active or passive."""
     channel.vhost.declare_exchange(
         method.exchange,
@@ -37,7 +37,7 @@ def exchange_declare(channel: ChannelState, method: commands.Exchange.Declare) -
         channel.send(commands.Exchange.DeclareOk())
 
 
-def exchange_delete(channel: ChannelState, method: commands.Exchange.Delete) -> None:
+def exchange_delete(channel: Channel, method: commands.Exchange.Delete) -> None:
     """``exchange.delete``: ``configure`` on the exchange, unless its name is reserved (refused after)."""
     access = channel.connection.access
     if access is not None and method.exchange and not method.exchange.startswith("amq."):
@@ -47,7 +47,7 @@ def exchange_delete(channel: ChannelState, method: commands.Exchange.Delete) -> 
         channel.send(commands.Exchange.DeleteOk())
 
 
-def exchange_bind(channel: ChannelState, method: commands.Exchange.Bind) -> None:
+def exchange_bind(channel: Channel, method: commands.Exchange.Bind) -> None:
     """``exchange.bind`` (RabbitMQ's extension)."""
     _check_binding(channel, "exchange", method.destination, method.source, method.routing_key)
     channel.vhost.bind_exchange(method.destination, method.source, method.routing_key, method.arguments or {})
@@ -55,7 +55,7 @@ def exchange_bind(channel: ChannelState, method: commands.Exchange.Bind) -> None
         channel.send(commands.Exchange.BindOk())
 
 
-def exchange_unbind(channel: ChannelState, method: commands.Exchange.Unbind) -> None:
+def exchange_unbind(channel: Channel, method: commands.Exchange.Unbind) -> None:
     """``exchange.unbind``."""
     _check_binding(channel, "exchange", method.destination, method.source, method.routing_key)
     channel.vhost.unbind_exchange(method.destination, method.source, method.routing_key, method.arguments or {})
@@ -63,7 +63,7 @@ def exchange_unbind(channel: ChannelState, method: commands.Exchange.Unbind) -> 
         channel.send(commands.Exchange.UnbindOk())
 
 
-def _check_binding(channel: ChannelState, kind: str, destination: str, source: str, routing_key: str) -> None:
+def _check_binding(channel: Channel, kind: str, destination: str, source: str, routing_key: str) -> None:
     """A binding's permissions: write on its destination, read on its source exchange
     (unless either is the default exchange, which the binding itself refuses), and read
     on the routing key where the source is a topic exchange with topic permissions."""
@@ -76,7 +76,7 @@ def _check_binding(channel: ChannelState, kind: str, destination: str, source: s
                 access.check_topic("read", source, routing_key)
 
 
-def queue_declare(channel: ChannelState, method: commands.Queue.Declare) -> None:
+def queue_declare(channel: Channel, method: commands.Queue.Declare) -> None:
     """``queue.declare``: the queue becomes the channel's current queue, and the connection's
     own when exclusive."""
     connection = channel.connection
@@ -107,7 +107,7 @@ def queue_declare(channel: ChannelState, method: commands.Queue.Declare) -> None
         connection.out.append(declare_ok_method(channel.id, queue.name, queue.message_count, consumers))
 
 
-def _declare_replies(channel: ChannelState, name: str, nowait: bool) -> None:
+def _declare_replies(channel: Channel, name: str, nowait: bool) -> None:
     """``queue.declare`` of ``amq.rabbitmq.reply-to`` (or of a reply consumer's name): as in
     RabbitMQ, passive whatever it asks, ``declare-ok`` with one consumer for the pseudo-queue
     and for a reply consumer that exists, 404 for any other name."""
@@ -118,7 +118,7 @@ def _declare_replies(channel: ChannelState, name: str, nowait: bool) -> None:
         channel.connection.out.append(declare_ok_method(channel.id, name, 0, 1))
 
 
-def queue_bind(channel: ChannelState, method: commands.Queue.Bind) -> None:
+def queue_bind(channel: Channel, method: commands.Queue.Bind) -> None:
     """``queue.bind``."""
     queue = channel.current_queue(method.queue)
     _check_binding(channel, "queue", queue, method.exchange, method.routing_key)
@@ -127,7 +127,7 @@ def queue_bind(channel: ChannelState, method: commands.Queue.Bind) -> None:
         channel.send(commands.Queue.BindOk())
 
 
-def queue_unbind(channel: ChannelState, method: commands.Queue.Unbind) -> None:
+def queue_unbind(channel: Channel, method: commands.Queue.Unbind) -> None:
     """``queue.unbind`` (which has no ``nowait``)."""
     queue = channel.current_queue(method.queue)
     _check_binding(channel, "queue", queue, method.exchange, method.routing_key)
@@ -135,7 +135,7 @@ def queue_unbind(channel: ChannelState, method: commands.Queue.Unbind) -> None:
     channel.send(commands.Queue.UnbindOk())
 
 
-def queue_purge(channel: ChannelState, method: commands.Queue.Purge) -> None:
+def queue_purge(channel: Channel, method: commands.Queue.Purge) -> None:
     """``queue.purge``: ``read`` on the queue."""
     queue = channel.vhost.queue(channel.readable_queue(method.queue), channel.connection)
     if isinstance(queue, StreamQueue):
@@ -145,7 +145,7 @@ def queue_purge(channel: ChannelState, method: commands.Queue.Purge) -> None:
         channel.send(commands.Queue.PurgeOk(message_count=count))
 
 
-def queue_delete(channel: ChannelState, method: commands.Queue.Delete) -> None:
+def queue_delete(channel: Channel, method: commands.Queue.Delete) -> None:
     """``queue.delete``: ``configure`` on the queue; an exclusive one leaves its connection's list."""
     name = channel.current_queue(method.queue)
     access = channel.connection.access

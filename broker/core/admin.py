@@ -1,7 +1,7 @@
 """Live administration: users, vhosts, permissions, topic permissions and limits changed while
 the broker runs, recorded in the write-ahead log and restored at start.
 
-Each user and each vhost is one definition in the log (``broker.wal.record.Defined``), its
+Each user and each vhost is one definition in the log (``broker.wal.records.Defined``), its
 whole state in JSON, written again whenever any of it changes: a user's password hash, tags,
 limits, permissions and topic permissions; a vhost's description, tags and limits. A deleted
 one is an ``Undefined`` record. A password is never written in clear: one set in clear is
@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from broker.core.access import compile_access
 from broker.core.users import User
 from broker.errors import ReplyCode
-from broker.wal.record import Defined, encode
+from broker.wal.codec import encode
+from broker.wal.records import Defined
 from config.schema import Permission, TopicPermission
 
 if TYPE_CHECKING:

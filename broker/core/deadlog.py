@@ -3,11 +3,11 @@
 Two kinds of event, encoded in the write-ahead log's record format into a pending buffer that
 the shell writes to their own segment stream (``<storage.dir>/deadletters``) beside the log:
 
-* :class:`~broker.wal.record.DeadLettered` when a message is dead-lettered and reaches at
+* :class:`~broker.wal.records.DeadLettered` when a message is dead-lettered and reaches at
   least one queue (its dead-letter queues), with everything the analysis reads as plain
   fields: where and why it died, its delivery count, headers, ``x-death`` history, body size
   and a bounded preview;
-* :class:`~broker.wal.record.DeadLetterSettled` when a copy leaves a dead-letter queue for
+* :class:`~broker.wal.records.DeadLetterSettled` when a copy leaves a dead-letter queue for
   good (acked, rejected, expired, dropped or purged there). A copy with no such event is
   still pending.
 
@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 from broker.core.message import Message
 from broker.core.queue import WorkQueue
 from broker.core.seal import DEAD_LETTER_ID_HEADER, Sealer
+from broker.wal.codec import encode
 from broker.wal.deadevents import dead_lettered
-from broker.wal.record import DeadLetterSettled, encode
+from broker.wal.records import DeadLetterSettled
 from broker.wire.codec import FLAG_HEADERS
 
 if TYPE_CHECKING:

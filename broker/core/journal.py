@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from broker.core.ledger import SegmentLedger
 from broker.core.resident import ResidentBodies
 from broker.core.spool import IN_LOG, SpoolRecord
-from broker.wal.record import (
+from broker.wal.codec import encode, encode_published
+from broker.wal.records import (
     Bound,
     Defined,
     DeliveryCounted,
@@ -38,8 +39,6 @@ from broker.wal.record import (
     StreamOffset,
     Unbound,
     Undefined,
-    encode,
-    encode_published,
 )
 from broker.wire.codec import encode_table
 

@@ -23,7 +23,8 @@ from broker.core.replyto import DirectReplyTo
 from broker.core.stores import QueuePager, StreamStorage
 from broker.core.users import User
 from broker.core.vhost import VirtualHost
-from broker.wal.record import Snapshot, encode
+from broker.wal.codec import encode
+from broker.wal.records import Snapshot
 
 if TYPE_CHECKING:
     from broker.core.hooks import HookChain

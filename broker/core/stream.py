@@ -36,7 +36,8 @@ from broker.core.message import Message
 from broker.core.policy import effective_definition
 from broker.core.settings import QueueSettings
 from broker.errors import ChannelCrash, ChannelException, ReplyCode
-from broker.wal.record import BATCHED, RAW, WALCorruption, pack_stream_messages, pack_tracking, split_entries
+from broker.wal.chunks import BATCHED, RAW, pack_stream_messages, pack_tracking, split_entries
+from broker.wal.records import WALCorruption
 from broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, Chunk, Staged, StreamLog
 from broker.wire.amqp10 import delivered_as_amqp091
 from broker.wire.codec import split_names
@@ -410,13 +411,13 @@ class StreamQueue:
         """Take messages published over the stream protocol for the next chunk: ``block`` is
         ``count`` of them, each as a simple entry of RabbitMQ's chunk format (its size, then the
         message as its client encoded it: AMQP 1.0), which is how a
-        :class:`~broker.wal.record.StreamRawChunk` keeps them. Kept whole, as one piece of the
+        :class:`~broker.wal.records.StreamRawChunk` keeps them. Kept whole, as one piece of the
         chunk: nothing here looks at each message.
 
         With ``batched``, sub-entry batches may be among the entries (several messages as one
-        entry, :data:`~broker.wal.record.BATCH_HEAD`), ``entries`` of them, and ``count`` is the
+        entry, :data:`~broker.wal.chunks.BATCH_HEAD`), ``entries`` of them, and ``count`` is the
         messages they hold in all: kept as they are, in a
-        :class:`~broker.wal.record.StreamBatchChunk`. ``size``, when given, is the size of
+        :class:`~broker.wal.records.StreamBatchChunk`. ``size``, when given, is the size of
         every message (a block that has to be split across chunks is then not read).
         ``publisher``: the named publisher that sent them, and the publishing id of each entry
         (rising), for the trailer of the chunk that holds them. Returns ``count``."""

@@ -26,7 +26,8 @@ from broker.core.settings import QueueSettings
 from broker.core.stores import QueuePager, StreamStorage
 from broker.core.stream import StreamQueue
 from broker.errors import ChannelException, ReplyCode
-from broker.wal.record import Bound, ExchangeDeclared, QueueDeclared, StreamOffset, encode
+from broker.wal.codec import encode
+from broker.wal.records import Bound, ExchangeDeclared, QueueDeclared, StreamOffset
 from broker.wire.codec import FLAG_DELIVERY_MODE
 from exchanges.interfaces import BindingInvalid
 from exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType, default_registry

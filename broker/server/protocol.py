@@ -35,7 +35,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from broker.amqp.connection import ServerConnection
-from broker.amqp.handshake import State
+from broker.amqp.seams import State
 from broker.core.node import Node
 from broker.errors import ReplyCode
 from broker.server.alarms import ResourceMonitor

@@ -48,8 +48,8 @@ from broker.core.queue import CheckpointRefused, WorkQueue
 from broker.core.spool import IN_LOG, RECORD_BYTES, REDELIVERED, SpoolRecord, pack_record, unpack_records
 from broker.storage.page_store import write_all
 from broker.wal.files import _sync_directory
-from broker.wal.record import scan
 from broker.wal.recovery import Snapshot, replay
+from broker.wal.segments import scan
 
 if TYPE_CHECKING:
     from broker.core.entry import Entry

@@ -32,7 +32,7 @@ from broker.storage.streams import remove_stream
 from broker.storage.writer import WorkerWriter
 from broker.wal.files import prune_archive
 from broker.wal.log import WriteAheadLog
-from broker.wal.record import SEGMENT_HEADER_BYTES
+from broker.wal.segments import SEGMENT_HEADER_BYTES
 from broker.wal.streamlog import Staged
 from config.schema import BrokerConfig
 

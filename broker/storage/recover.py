@@ -34,7 +34,7 @@ from broker.storage.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
 from broker.storage.streams import STREAMS_DIR, StreamFiles
 from broker.wal.files import DirectoryStorage
 from broker.wal.log import RecoveryReport, WriteAheadLog
-from broker.wal.record import WALCorruption
+from broker.wal.records import WALCorruption
 from broker.wal.recovery import Snapshot, replay_located
 from config.schema import BrokerConfig
 

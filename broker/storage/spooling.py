@@ -23,7 +23,7 @@ from broker.core.message import Message
 from broker.core.ready import NEVER, WRITE
 from broker.core.spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
 from broker.storage.page_store import write_all
-from broker.wal.record import encode_published_after, published_contents, published_prefix
+from broker.wal.codec import encode_published_after, published_contents, published_prefix
 
 if TYPE_CHECKING:
     from broker.core.entry import Entry

@@ -59,7 +59,7 @@ class StreamFiles:
         older ones left by a crash are removed here.
 
         :raises OSError: the storage failed
-        :raises broker.wal.record.WALCorruption: its last segment is damaged in the middle
+        :raises broker.wal.records.WALCorruption: its last segment is damaged in the middle
         """
         base = self.path(vhost_name, name)
         self._deleting = {path for path in self._deleting if os.path.exists(path)}

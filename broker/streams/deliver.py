@@ -9,15 +9,9 @@ from dataclasses import replace
 
 from broker.core.stream import MAX_CHUNK_ENTRIES, StreamQueue
 from broker.streams.session import Outgoing
-from broker.wal.record import (
-    BATCHED,
-    SEGMENT_HEADER_BYTES,
-    TRACKING_SNAPSHOT,
-    WALCorruption,
-    count_entries,
-    split_entries,
-    unpack_tracking,
-)
+from broker.wal.chunks import BATCHED, TRACKING_SNAPSHOT, count_entries, split_entries, unpack_tracking
+from broker.wal.records import WALCorruption
+from broker.wal.segments import SEGMENT_HEADER_BYTES
 from broker.wal.streamlog import ENTRIES_AT, Chunk
 from broker.wire import streamframes as wire
 from broker.wire.amqp10 import from_amqp091

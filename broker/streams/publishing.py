@@ -10,7 +10,8 @@ from itertools import islice
 
 from broker.core.stream import StreamQueue
 from broker.streams.session import Session
-from broker.wal.record import BATCH_HEAD, WALCorruption, batch_records, unpack_batched_messages
+from broker.wal.chunks import BATCH_HEAD, batch_records, unpack_batched_messages
+from broker.wal.records import WALCorruption
 from broker.wire import streamframes as wire
 
 

@@ -14,7 +14,8 @@ from broker.core.stream import MAX_CHUNK_ENTRIES, StreamQueue
 from broker.streams.deliver import chunk_head, deliver, trailer_bytes
 from broker.streams.session import Outgoing, Session
 from broker.streams.superstreams import ConsumerGroups, leave
-from broker.wal.record import RAW, WALCorruption
+from broker.wal.chunks import RAW
+from broker.wal.records import WALCorruption
 from broker.wal.streamlog import Chunk, Region
 from broker.wire import streamframes as wire
 

@@ -27,11 +27,10 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from broker.tools.management import DEFAULT_MANAGEMENT_URL, management_call
+
 #: ``rabbitmqctl``'s exit codes (sysexits).
 EX_USAGE, EX_DATAERR, EX_NOUSER, EX_UNAVAILABLE, EX_SOFTWARE = 64, 65, 67, 69, 70
-
-#: The management API of a broker on its embedded default.
-DEFAULT_URL = "http://guest:guest@127.0.0.1:15672/"
 
 #: The columns each list verb prints when none are named, and those it may be given.
 QUEUE_COLUMNS = (
@@ -156,8 +155,6 @@ class Broker:
 
     def call(self, path: str, method: str = "GET", body: Any = None, headers: dict[str, str] | None = None) -> Any:
         """``(status, answer)``; a broker that cannot be reached fails the verb (69)."""
-        from broker.tools.cli import management_call
-
         try:
             status, answer, _where = management_call(self.url, "/api/" + path, method, body, headers=headers)
         except OSError as error:
@@ -668,7 +665,9 @@ def add_parser(commands: Any) -> None:
     verbs = ctl.add_subparsers(dest="verb", metavar="VERB")
     ctl.set_defaults(run=lambda args: (ctl.print_help(), EX_USAGE)[1])
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=DEFAULT_URL, help="the management API, credentials in it (%(default)s)")
+    common.add_argument(
+        "--url", default=DEFAULT_MANAGEMENT_URL, help="the management API, credentials in it (%(default)s)"
+    )
     common.add_argument("-p", "--vhost", default="/", help="the vhost (default: %(default)s)")
     common.add_argument("-q", "--quiet", action="store_true", help="no banner")
     common.add_argument("-s", "--silent", action="store_true", help="no banner and no table header")

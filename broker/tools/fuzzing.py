@@ -40,7 +40,7 @@ from broker.storage.streams import StreamFiles
 from broker.streams.connection import StreamConnection
 from broker.streams.handshake import FRAME_MAX
 from broker.tools.testing import MemorySegmentStorage
-from broker.wal.record import BATCH_HEAD, pack_raw_entries
+from broker.wal.chunks import BATCH_HEAD, pack_raw_entries
 from broker.wal.streamlog import StreamLog
 from broker.wire import streamframes as stream_wire
 from broker.wire.codec import FRAME_METHOD, PROTOCOL_HEADER

@@ -40,6 +40,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
+from broker.tools.management import management_call
 from config.shovels import QUEUE_ARGUMENTS, REMAINING_TTL
 
 #: Postroom's queue arguments RabbitMQ has no use for, and why they are dropped.
@@ -314,8 +315,6 @@ def add_parser(commands: Any, default_url: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from broker.tools.cli import management_call
-
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 

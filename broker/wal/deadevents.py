@@ -1,6 +1,6 @@
 """What a dead-letter event says of a dead-lettered message, from its headers.
 
-Shared by the broker, which records a :class:`~broker.wal.record.DeadLettered` event when a
+Shared by the broker, which records a :class:`~broker.wal.records.DeadLettered` event when a
 message dies (``broker.core.deadlog``), and by the readers of a stream that a dead-letter
 exchange feeds (``spark.streams``), which make the same event of each message the stream
 holds: a stream keeps the whole dead-letter history, and reads as the event stream does.
@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from broker.wal.record import DEAD_LETTER_HEADER_VALUE_BYTES, DEAD_LETTER_PREVIEW_BYTES, DeadLettered
+from broker.wal.records import DEAD_LETTER_HEADER_VALUE_BYTES, DEAD_LETTER_PREVIEW_BYTES, DeadLettered
 from broker.wire.content import MESSAGE_ID, ContentError, headers_content, property_value
 from broker.wire.table import TableError, decode_table
 

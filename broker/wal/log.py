@@ -23,16 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 
 from broker.wal.files import ISegmentStorage
-from broker.wal.record import (
-    RECORD_CLASSES,
-    SEGMENT_HEADER_BYTES,
-    Published,
-    Record,
-    WALCorruption,
-    parse_segment_header,
-    scan,
-    segment_header,
-)
+from broker.wal.records import RECORD_CLASSES, Published, Record, WALCorruption
+from broker.wal.segments import SEGMENT_HEADER_BYTES, parse_segment_header, scan, segment_header
 
 __all__ = ["DEFAULT_SEGMENT_BYTES", "RecoveryReport", "WriteAheadLog", "check", "dump"]
 
@@ -88,7 +80,7 @@ class _Segment:
 def _read_segment(number: int, data: bytes, last: bool, start: int = SEGMENT_HEADER_BYTES) -> _Segment:
     """Validate ``data`` as segment ``number`` and read its records, from ``start``, past any damage.
 
-    Cost O(size) (plus a resync search per damaged span, see :func:`broker.wal.record.scan`).
+    Cost O(size) (plus a resync search per damaged span, see :func:`broker.wal.segments.scan`).
 
     :raises WALCorruption: the header is not a valid header for ``number``, or ``start`` is past the end
     """
@@ -471,7 +463,7 @@ class WriteAheadLog:
         self._damaged = False
 
     def append(self, data: bytes | list[bytes]) -> int:
-        """Append encoded records (from :func:`broker.wal.record.encode`) to the active segment,
+        """Append encoded records (from :func:`broker.wal.codec.encode`) to the active segment,
         whole or in pieces (written together, not joined first).
 
         One storage write; not durable until :meth:`sync`. ``data`` is kept until then, so it

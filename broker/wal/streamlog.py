@@ -1,7 +1,7 @@
 """A stream's log: its messages in order, each at an offset, in segment files of its own.
 
 A stream (``x-queue-type: stream``) keeps every message it is given, in chunks: the messages
-appended together (one group commit) form one :class:`~broker.wal.record.StreamChunk` record,
+appended together (one group commit) form one :class:`~broker.wal.records.StreamChunk` record,
 in the write-ahead log's record format (length, CRC, type), in numbered segments with the
 log's segment header. Offsets start at 0 and stay with their messages for the stream's life:
 a chunk records its first offset, so they survive restarts and the removal of old segments.
@@ -31,37 +31,28 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from broker.wal.files import ISegmentStorage
-from broker.wal.log import WriteAheadLog
-from broker.wal.record import (
-    MAX_RECORD_BYTES,
+from broker.wal.chunks import (
     RAW,
-    RECORD_HEADER_BYTES,
-    SEGMENT_HEADER_BYTES,
     STREAM_CHUNK_HEAD,
     STREAM_CHUNK_OVERHEAD,
     STREAM_CHUNK_TYPES,
     STREAM_TRACKED_TYPES,
     TRACKING_SEQUENCE,
     TRACKING_SNAPSHOT,
-    StreamBatchChunk,
-    StreamChunk,
-    StreamRawChunk,
-    StreamTrackedChunk,
-    WALCorruption,
     as_entries,
-    crc32_before,
-    decode,
     pack_stream_entries,
-    parse_segment_header,
-    segment_header,
     stream_chunk_pieces,
-    stream_entries_crc,
     unpack_batched_messages,
     unpack_raw_messages,
     unpack_stream_messages,
     unpack_tracking,
 )
+from broker.wal.codec import MAX_RECORD_BYTES, RECORD_HEADER_BYTES, decode
+from broker.wal.crc import crc32_before, stream_entries_crc
+from broker.wal.files import ISegmentStorage
+from broker.wal.log import WriteAheadLog
+from broker.wal.records import StreamBatchChunk, StreamChunk, StreamRawChunk, StreamTrackedChunk, WALCorruption
+from broker.wal.segments import SEGMENT_HEADER_BYTES, parse_segment_header, segment_header
 
 __all__ = ["DEFAULT_STREAM_SEGMENT_BYTES", "ENTRIES_AT", "INDEX_EVERY", "Chunk", "Region", "Staged", "StreamLog"]
 
@@ -101,12 +92,12 @@ class Chunk:
     position: int
     #: Bytes of its record (header included): the next chunk starts at ``position + length``.
     length: int
-    #: Its kind: 0 for a :class:`~broker.wal.record.StreamChunk`, :data:`~broker.wal.record.RAW`
-    #: for a :class:`~broker.wal.record.StreamRawChunk` (stream-protocol messages as simple
-    #: entries), :data:`~broker.wal.record.BATCHED` for a
-    #: :class:`~broker.wal.record.StreamBatchChunk` (sub-entry batches among them).
+    #: Its kind: 0 for a :class:`~broker.wal.records.StreamChunk`, :data:`~broker.wal.chunks.RAW`
+    #: for a :class:`~broker.wal.records.StreamRawChunk` (stream-protocol messages as simple
+    #: entries), :data:`~broker.wal.chunks.BATCHED` for a
+    #: :class:`~broker.wal.records.StreamBatchChunk` (sub-entry batches among them).
     raw: int = 0
-    #: Bytes of its trailer (:class:`~broker.wal.record.StreamTrackedChunk`), after its entries
+    #: Bytes of its trailer (:class:`~broker.wal.records.StreamTrackedChunk`), after its entries
     #: and their length; 0: it has none.
     trailer: int = 0
 
@@ -174,7 +165,7 @@ class Staged:
 
     @property
     def data(self) -> list[bytes]:
-        """Its record's bytes (``chunk.length`` of them), in pieces (:func:`~broker.wal.record.stream_chunk_pieces`)."""
+        """Its record's bytes (``chunk.length`` of them), in pieces (:func:`~broker.wal.chunks.stream_chunk_pieces`)."""
         if self._data is None:
             chunk = self.chunk
             self._data = stream_chunk_pieces(
@@ -448,12 +439,12 @@ class StreamLog:
         snapshot: Callable[[], bytes] | None = None,
     ) -> Staged:
         """:meth:`stage` of ``count`` messages already packed, whole or in pieces to be joined
-        (:func:`~broker.wal.record.pack_stream_entries` or
-        :func:`~broker.wal.record.pack_stream_messages`; with ``raw`` :data:`~broker.wal.record.RAW`,
-        :func:`~broker.wal.record.pack_raw_entries`, as a :class:`~broker.wal.record.StreamRawChunk`;
-        with :data:`~broker.wal.record.BATCHED`, simple entries and sub-entry batches, as a
-        :class:`~broker.wal.record.StreamBatchChunk`), with ``trailer`` after them (a
-        :class:`~broker.wal.record.StreamTrackedChunk`), and when the chunk opens a segment,
+        (:func:`~broker.wal.chunks.pack_stream_entries` or
+        :func:`~broker.wal.chunks.pack_stream_messages`; with ``raw`` :data:`~broker.wal.chunks.RAW`,
+        :func:`~broker.wal.chunks.pack_raw_entries`, as a :class:`~broker.wal.records.StreamRawChunk`;
+        with :data:`~broker.wal.chunks.BATCHED`, simple entries and sub-entry batches, as a
+        :class:`~broker.wal.records.StreamBatchChunk`), with ``trailer`` after them (a
+        :class:`~broker.wal.records.StreamTrackedChunk`), and when the chunk opens a segment,
         what ``snapshot()`` gives after that.
 
         :raises ValueError: no messages
@@ -560,10 +551,10 @@ class StreamLog:
         return as_entries([message for message in self.read_messages(chunk) if message is not None])
 
     def read_messages(self, chunk: Chunk) -> Sequence[tuple[bytes, bytes, bytes] | None]:
-        """The messages of ``chunk`` as :func:`~broker.wal.record.unpack_stream_messages` gives
+        """The messages of ``chunk`` as :func:`~broker.wal.chunks.unpack_stream_messages` gives
         them (``names``, content header, body each), for delivery: one for each offset, ``None``
         where it is in a compressed sub-entry batch
-        (:func:`~broker.wal.record.unpack_batched_messages`).
+        (:func:`~broker.wal.chunks.unpack_batched_messages`).
 
         :raises WALCorruption: the chunk's bytes are damaged
         :raises OSError: the storage failed (or its segment was removed)
@@ -621,7 +612,7 @@ class StreamLog:
         )
 
     def read_trailer(self, chunk: Chunk) -> bytes:
-        """``chunk``'s trailer (:func:`~broker.wal.record.pack_tracking`'s entries; empty when
+        """``chunk``'s trailer (:func:`~broker.wal.chunks.pack_tracking`'s entries; empty when
         it has none).
 
         :raises OSError: the storage failed (or its segment was removed)

@@ -18,8 +18,9 @@ from broker.core.spool import RECORD_BYTES
 from broker.storage.checkpoint import CHECKPOINT_DIR, MANIFEST, Captured, CheckpointRefused, capture, read_checkpoint
 from broker.tools.testing import publish_frames
 from broker.wal.log import WriteAheadLog
-from broker.wal.record import DeadLetterSettled, iter_records
+from broker.wal.records import DeadLetterSettled
 from broker.wal.recovery import replay_located
+from broker.wal.segments import iter_records
 from tests.broker.test_spooling import COUNT, PERSISTENT, WINDOW, Broker, body
 
 TRANSIENT = commands.Basic.Properties(delivery_mode=1)

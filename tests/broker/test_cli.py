@@ -43,9 +43,10 @@ def test_serve_refuses_a_bad_configuration_without_starting(tmp_path: Path) -> N
 
 
 def test_wal_check_and_dump_read_a_log(tmp_path: Path) -> None:
+    from broker.wal.codec import encode
     from broker.wal.files import DirectoryStorage
     from broker.wal.log import WriteAheadLog
-    from broker.wal.record import Published, QueueDeclared, encode
+    from broker.wal.records import Published, QueueDeclared
 
     log = WriteAheadLog(DirectoryStorage(str(tmp_path / "wal")))
     log.open()
@@ -60,9 +61,10 @@ def test_wal_check_and_dump_read_a_log(tmp_path: Path) -> None:
 
 
 def test_wal_check_reports_damage_in_the_middle(tmp_path: Path) -> None:
+    from broker.wal.codec import encode
     from broker.wal.files import DirectoryStorage
     from broker.wal.log import WriteAheadLog
-    from broker.wal.record import QueueDeclared, encode
+    from broker.wal.records import QueueDeclared
 
     directory = tmp_path / "wal"
     log = WriteAheadLog(DirectoryStorage(str(directory)))

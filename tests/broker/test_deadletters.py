@@ -22,7 +22,8 @@ from broker.core.node import Node
 from broker.storage.deadletters import DeadLetterService
 from broker.tools.testing import Client, MemorySegmentStorage, publish_frames
 from broker.wal.files import DirectoryStorage, ISegmentStorage, segment_name
-from broker.wal.record import SEGMENT_HEADER_BYTES, DeadLettered, iter_records, segment_header
+from broker.wal.records import DeadLettered
+from broker.wal.segments import SEGMENT_HEADER_BYTES, iter_records, segment_header
 from broker.wal.stream import SegmentStream
 
 

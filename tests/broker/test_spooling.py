@@ -36,8 +36,9 @@ from broker.storage.paging import ENTRY_BYTES, MESSAGE_BYTES, Pager
 from broker.storage.spooling import Spooler
 from broker.tools.testing import Client, MemorySegmentStorage, publish_frames
 from broker.wal.log import WriteAheadLog
-from broker.wal.record import SEGMENT_HEADER_BYTES, DeadLetterSettled, Removed, iter_records
+from broker.wal.records import DeadLetterSettled, Removed
 from broker.wal.recovery import Snapshot, replay_located
+from broker.wal.segments import SEGMENT_HEADER_BYTES, iter_records
 from config.schema import BrokerConfig
 
 PERSISTENT = commands.Basic.Properties(delivery_mode=2)

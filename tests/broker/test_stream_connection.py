@@ -32,7 +32,7 @@ from broker.streams.publishing import _published
 from broker.streams.subscriptions import DELIVERY_BOUND, SENT_FROM_FILE
 from broker.streams.superstreams import partition_index
 from broker.tools.fuzzing import sub_entry_batch
-from broker.wal import record
+from broker.wal import chunks
 from broker.wal.files import DirectoryStorage
 from broker.wal.streamlog import Region
 from broker.wire import streamframes as wire
@@ -526,7 +526,7 @@ def test_sub_entry_batches_are_kept_as_they_came_and_take_an_offset_for_each_mes
         struct.pack(">QI", 0, 1) + b"a",
         struct.pack(">Q", 1) + bytes((plain_batch[0] | 0x0F,)) + plain_batch[1:],  # (reserved bits set)
         struct.pack(">Q", 2) + gzipped,
-        struct.pack(">Q", 3) + record.BATCH_HEAD.pack(0x80, 0, 0, 0),  # no messages
+        struct.pack(">Q", 3) + chunks.BATCH_HEAD.pack(0x80, 0, 0, 0),  # no messages
         struct.pack(">Q", 4) + lying,
     ]
     connection.out.clear()
@@ -539,7 +539,7 @@ def test_sub_entry_batches_are_kept_as_they_came_and_take_an_offset_for_each_mes
     assert confirm == b"\x00\x03\x00\x01\x01" + struct.pack(">I3Q", 3, 0, 1, 2)
     stream = node.vhosts["/"].queues["events"]
     chunk = stream.log.locate(0)
-    assert (chunk.count, chunk.raw, stream.committed) == (6, record.BATCHED, 6)
+    assert (chunk.count, chunk.raw, stream.committed) == (6, chunks.BATCHED, 6)
     raw = (b"\x00\x00", b"")
     assert stream.log.read_messages(chunk) == [(*raw, b"a"), (*raw, b"b"), (*raw, b"cc"), None, None, None]
     # Delivered as stored (the reserved bits cleared, as osiris stores them): 3 entries, 6 messages.
@@ -791,8 +791,8 @@ def test_a_stored_chunk_of_more_entries_than_a_head_counts_goes_as_several(tmp_p
     connection = opened(node)
     connection.receive(request(wire.CREATE_STREAM, 5, wire.string("events") + wire.string_map({})))
     stream = node.vhosts["/"].queues["events"]
-    entries = record.pack_raw_entries(b"%d" % n for n in range(70_000))
-    staged = [stream.log.stage_packed(entries, 70_000, 0.0, record.RAW)]
+    entries = chunks.pack_raw_entries(b"%d" % n for n in range(70_000))
+    staged = [stream.log.stage_packed(entries, 70_000, 0.0, chunks.RAW)]
     stream.log.write(staged)
     stream.written(staged)
     connection.out.clear()

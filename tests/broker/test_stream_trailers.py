@@ -15,7 +15,7 @@ from broker.core.journal import Journal
 from broker.core.node import Node
 from broker.core.users import User
 from broker.storage.streams import StreamFiles
-from broker.wal import record
+from broker.wal import chunks
 from broker.wal.streamlog import Region
 from broker.wire import streamframes as wire
 from tests.broker.test_stream_connection import opened, published_frame, request, with_streams, written_chunks
@@ -66,7 +66,7 @@ def test_each_chunk_says_how_long_its_publishers_trailer_is_and_keeps_its_crc(tm
     stream = node.vhosts["/"].queues["events"]
     trailer = stream.log.read_trailer(stream.log.locate(4))
     # (osiris's order: the references last first)
-    assert record.unpack_tracking(trailer) == [(0, "other", 9), (0, "my-publisher-ref", 5)]
+    assert chunks.unpack_tracking(trailer) == [(0, "other", 9), (0, "my-publisher-ref", 5)]
     # Readers over AMQP 0-9-1 read the messages, not the trailer.
     assert [body for _names, _header, body in stream.log.read_messages(stream.log.locate(4))] == [large, large, b"o"]
 
@@ -98,9 +98,9 @@ def test_a_segments_first_chunk_carries_every_publishers_id(tmp_path: Path) -> N
     stream = node.vhosts["/"].queues["events"]
     assert stream.log.segments == [1, 2]
     second = stream.log.locate(1)
-    assert record.unpack_tracking(stream.log.read_trailer(second)) == [
-        (record.TRACKING_SEQUENCE, "my-publisher-ref", 2),
-        (record.TRACKING_SEQUENCE | record.TRACKING_SNAPSHOT, "other", 41),
+    assert chunks.unpack_tracking(stream.log.read_trailer(second)) == [
+        (chunks.TRACKING_SEQUENCE, "my-publisher-ref", 2),
+        (chunks.TRACKING_SEQUENCE | chunks.TRACKING_SNAPSHOT, "other", 41),
     ]
     connection.out.clear()
     subscribe = b"\x01" + wire.string("events") + struct.pack(">hH", wire.OFFSET_FIRST, 10)

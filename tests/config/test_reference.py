@@ -23,6 +23,7 @@ import yaml
 
 import config
 import config.loader
+import config.reader
 import config.reference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,8 +33,8 @@ UNKNOWN = "zz_not_a_key"
 NAME = "<name>"
 EXPECTED = "unknown key (expected one of: "
 ROW = re.compile(r"^\| `([^`]+)` \|", re.MULTILINE)
-#: The loader as imported, put back after a test that changes it.
-LOADER = config.loader
+#: The loader's reader as imported, put back after a test that changes it.
+READER = config.reader
 
 
 def load_hooks() -> types.ModuleType:
@@ -143,28 +144,31 @@ def test_a_key_left_out_of_the_reference_is_reported(hooks: types.ModuleType, ac
 
 @pytest.fixture
 def loader_with_a_new_key() -> Iterator[None]:
-    """``config.loader`` as if ``metrics:`` had been given a key ``zz_added``: its own source,
-    changed where the section's keys are written, run as the module everyone imports."""
-    source = Path(config.loader.__file__).read_text(encoding="utf-8")
+    """The loader as if ``metrics:`` had been given a key ``zz_added``: its reader's own source
+    (``config.reader``), changed where the section's keys are written, run as the module
+    everyone imports."""
+    source = Path(config.reader.__file__).read_text(encoding="utf-8")
     assert source.count('"metrics", {"rabbitmq_compatible"}') == 1
-    changed = types.ModuleType("config.loader")
-    changed.__file__ = config.loader.__file__
-    sys.modules["config.loader"] = changed
+    changed = types.ModuleType("config.reader")
+    changed.__file__ = config.reader.__file__
+    sys.modules["config.reader"] = changed
     try:
         exec(
             compile(
                 source.replace('"metrics", {"rabbitmq_compatible"}', '"metrics", {"rabbitmq_compatible", "zz_added"}'),
-                config.loader.__file__,
+                config.reader.__file__,
                 "exec",
             ),
             changed.__dict__,
         )
-        config.loader = changed
+        config.reader = changed
+        importlib.reload(config.loader)
         importlib.reload(config.reference)
         yield
     finally:
-        sys.modules["config.loader"] = LOADER
-        config.loader = LOADER
+        sys.modules["config.reader"] = READER
+        config.reader = READER
+        importlib.reload(config.loader)
         importlib.reload(config.reference)
 
 

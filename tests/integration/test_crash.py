@@ -26,7 +26,8 @@ import pytest
 
 from broker.clients.client import connect
 from broker.tools.testing import free_port, wait_for_port
-from broker.wal.record import SEGMENT_HEADER_BYTES, Snapshot, iter_records
+from broker.wal.records import Snapshot
+from broker.wal.segments import SEGMENT_HEADER_BYTES, iter_records
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,8 @@ from broker.core.journal import Journal
 from broker.core.node import Node
 from broker.errors import ChannelException, ReplyCode
 from broker.tools.testing import Client, methods, publish_frames
-from broker.wal.record import iter_records
 from broker.wal.recovery import replay
+from broker.wal.segments import iter_records
 from config.schema import BrokerConfig, PluginConfig
 from config.values import ConfigError
 from exchanges.interfaces import IExchangeType, IInterceptingRouter, IRouter

@@ -6,7 +6,9 @@ import pytest
 
 pa = pytest.importorskip("pyarrow")
 
-from broker.wal.record import SEGMENT_HEADER_BYTES, Published, encode, segment_header  # noqa: E402
+from broker.wal.codec import encode  # noqa: E402
+from broker.wal.records import Published  # noqa: E402
+from broker.wal.segments import SEGMENT_HEADER_BYTES, segment_header  # noqa: E402
 from spark.events import list_segments, segment_batches  # noqa: E402
 from spark.schema import ARROW_SCHEMA  # noqa: E402
 from tests.spark.records import dead_lettered, segment, settled  # noqa: E402

@@ -20,8 +20,8 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from broker.tools.fuzzing import sub_entry_batch  # noqa: E402
+from broker.wal.chunks import BATCHED, RAW, pack_raw_entries, pack_tracking  # noqa: E402
 from broker.wal.files import DirectoryStorage  # noqa: E402
-from broker.wal.record import BATCHED, RAW, pack_raw_entries, pack_tracking  # noqa: E402
 from broker.wal.streamlog import StreamLog  # noqa: E402
 from broker.wire.codec import shortstr  # noqa: E402
 from broker.wire.table import encode_table  # noqa: E402

@@ -15,7 +15,8 @@ from pamqp.header import ContentHeader
 from pamqp.heartbeat import Heartbeat
 
 from broker.amqp.connection import ServerConnection
-from broker.amqp.handshake import CAPABILITIES, State
+from broker.amqp.handshake import CAPABILITIES
+from broker.amqp.seams import State
 from broker.core.node import Limits, Node
 from broker.core.users import User
 from broker.errors import ReplyCode

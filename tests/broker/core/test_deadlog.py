@@ -10,7 +10,8 @@ from broker.core.deadlog import RUN_ID_BITS, DeadLetterLog, watch_dead_letter_qu
 from broker.core.message import Message
 from broker.core.node import Node
 from broker.core.seal import DEAD_LETTER_ID_HEADER
-from broker.wal.record import DEAD_LETTER_PREVIEW_BYTES, DeadLettered, DeadLetterSettled, iter_records
+from broker.wal.records import DEAD_LETTER_PREVIEW_BYTES, DeadLettered, DeadLetterSettled
+from broker.wal.segments import iter_records
 from tests.broker.core.test_reliability import (
     client,
     dead_letter_setup,

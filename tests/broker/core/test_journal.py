@@ -15,8 +15,9 @@ from broker.core.node import Node
 from broker.core.policy import Policy
 from broker.tools.testing import Client, MemorySegmentStorage, publish_frames
 from broker.wal.log import WriteAheadLog
-from broker.wal.record import PolicySet, Published, QueueDeclared, QueueDeleted, Removed, StreamOffset, iter_records
+from broker.wal.records import PolicySet, Published, QueueDeclared, QueueDeleted, Removed, StreamOffset
 from broker.wal.recovery import replay
+from broker.wal.segments import iter_records
 from config.loader import loads
 from config.schema import BrokerConfig
 

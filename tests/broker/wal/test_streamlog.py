@@ -9,18 +9,18 @@ import pytest
 
 from broker.tools.fuzzing import sub_entry_batch
 from broker.tools.testing import MemorySegmentStorage
-from broker.wal.files import DirectoryStorage
-from broker.wal.record import (
+from broker.wal.chunks import (
     BATCHED,
     RAW,
-    SEGMENT_HEADER_BYTES,
-    WALCorruption,
     pack_raw_entries,
     pack_stream_entries,
     pack_stream_messages,
     unpack_stream_entries,
     unpack_stream_messages,
 )
+from broker.wal.files import DirectoryStorage
+from broker.wal.records import WALCorruption
+from broker.wal.segments import SEGMENT_HEADER_BYTES
 from broker.wal.streamlog import ENTRIES_AT, StreamLog
 
 

@@ -10,9 +10,11 @@ import pytest
 from zope.interface.verify import verifyObject
 
 from broker.tools.testing import MemorySegmentStorage
+from broker.wal.codec import encode
 from broker.wal.files import DirectoryStorage, ISegmentStorage, prune_archive, segment_name
 from broker.wal.log import WriteAheadLog, check
-from broker.wal.record import Published, Snapshot, encode, segment_header
+from broker.wal.records import Published, Snapshot
+from broker.wal.segments import segment_header
 
 
 def published(message_id: int) -> Published:

@@ -13,19 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.tools.testing import MemorySegmentStorage
+from broker.wal.codec import encode
 from broker.wal.log import RecoveryReport, WriteAheadLog, check, dump
-from broker.wal.record import (
-    SEGMENT_HEADER_BYTES,
-    Bound,
-    Published,
-    QueueDeclared,
-    Record,
-    Removed,
-    Snapshot,
-    WALCorruption,
-    encode,
-    segment_header,
-)
+from broker.wal.records import Bound, Published, QueueDeclared, Record, Removed, Snapshot, WALCorruption
+from broker.wal.segments import SEGMENT_HEADER_BYTES, segment_header
 
 HEADER = SEGMENT_HEADER_BYTES
 

@@ -12,13 +12,37 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.tools.fuzzing import sub_entry_batch
-from broker.wal import record
-from broker.wal.record import (
-    MAGIC,
+from broker.wal import chunks, codec
+from broker.wal.chunks import (
+    BATCHED,
+    RAW,
+    STREAM_CHUNK_HEAD,
+    STREAM_CHUNK_OVERHEAD,
+    STREAM_CHUNK_TYPES,
+    TRACKING_SEQUENCE,
+    TRACKING_SNAPSHOT,
+    batch_records,
+    count_entries,
+    encode_stream_chunk,
+    pack_raw_entries,
+    pack_stream_entries,
+    pack_tracking,
+    unpack_batched_messages,
+    unpack_raw_messages,
+    unpack_tracking,
+)
+from broker.wal.codec import (
     MAX_RECORD_BYTES,
-    RECORD_CLASSES,
     RECORD_HEADER_BYTES,
-    SEGMENT_HEADER_BYTES,
+    decode,
+    encode,
+    encode_published,
+    published_content,
+    published_contents,
+)
+from broker.wal.crc import crc32_before, crc32_shifted, stream_entries_crc
+from broker.wal.records import (
+    RECORD_CLASSES,
     Bound,
     DeadLettered,
     DeadLetterSettled,
@@ -34,19 +58,23 @@ from broker.wal.record import (
     RecordType,
     Removed,
     Snapshot,
+    StreamBatchChunk,
     StreamChunk,
     StreamOffset,
+    StreamRawChunk,
+    StreamTrackedBatchChunk,
+    StreamTrackedChunk,
+    StreamTrackedRawChunk,
     Unbound,
     Undefined,
     WALCorruption,
-    decode,
-    encode,
-    encode_published,
+)
+from broker.wal.segments import (
+    FORMAT_VERSION,
+    MAGIC,
+    SEGMENT_HEADER_BYTES,
     iter_records,
-    pack_stream_entries,
     parse_segment_header,
-    published_content,
-    published_contents,
     scan,
     segment_header,
 )
@@ -90,14 +118,12 @@ EXAMPLES = [
     PolicySet("prod", "DLX", True, b'{"pattern":"^orders\\.","definition":{"message-ttl":1000}}'),
     PolicyCleared("prod", "DLX", False),
     StreamChunk(1000, 1700000002.5, 2, pack_stream_entries([(b"", b"q", b"\x00\x3c", b"a"), (b"ex", b"k", b"", b"")])),
-    record.StreamRawChunk(1002, 1700000002.75, 2, record.pack_raw_entries([b"\x00Sw\xa1\x01a", b""])),
-    record.StreamBatchChunk(1004, 1700000002.875, 3, sub_entry_batch([b"a", b"b"]) + record.pack_raw_entries([b"c"])),
-    record.StreamTrackedChunk(1007, 1700000003.0, 1, pack_stream_entries([(b"", b"q", b"", b"a")]), b""),
-    record.StreamTrackedRawChunk(
-        1008, 1700000003.5, 1, record.pack_raw_entries([b"a"]), record.pack_tracking([("p", 9)])
-    ),
-    record.StreamTrackedBatchChunk(
-        1009, 1700000004.0, 2, sub_entry_batch([b"a", b"b"]), record.pack_tracking([("q", 2**64 - 1)], snapshot=True)
+    StreamRawChunk(1002, 1700000002.75, 2, pack_raw_entries([b"\x00Sw\xa1\x01a", b""])),
+    StreamBatchChunk(1004, 1700000002.875, 3, sub_entry_batch([b"a", b"b"]) + pack_raw_entries([b"c"])),
+    StreamTrackedChunk(1007, 1700000003.0, 1, pack_stream_entries([(b"", b"q", b"", b"a")]), b""),
+    StreamTrackedRawChunk(1008, 1700000003.5, 1, pack_raw_entries([b"a"]), pack_tracking([("p", 9)])),
+    StreamTrackedBatchChunk(
+        1009, 1700000004.0, 2, sub_entry_batch([b"a", b"b"]), pack_tracking([("q", 2**64 - 1)], snapshot=True)
     ),
     StreamOffset("/", "events", "billing", 300),
     Defined("user", "app", b'{"password_hash":"rabbitmq-sha256$abc=","tags":["monitoring"]}'),
@@ -156,7 +182,7 @@ def payload_of(value: object) -> bytes:
 def test_segment_header_is_magic_then_big_endian_number() -> None:
     assert segment_header(3) == b"PRWAL\x00\x00\x01" + b"\x00" * 7 + b"\x03"
     assert len(segment_header(3)) == SEGMENT_HEADER_BYTES == 16
-    assert MAGIC[-1] == record.FORMAT_VERSION == 1
+    assert MAGIC[-1] == FORMAT_VERSION == 1
 
 
 def test_segment_header_round_trips() -> None:
@@ -256,10 +282,10 @@ def test_any_sequence_of_records_round_trips(values: list[object]) -> None:
 @settings(max_examples=100)
 @given(value=published)
 def test_unrolled_published_codec_matches_the_generic_one(value: Published) -> None:
-    spec = record._SPECS[Published]
-    payload = record._encode_published(value)
-    assert payload == record._encode_fields(value, spec)
-    assert record._decode_published(payload) == record._decode_fields(Published, spec, payload) == value
+    spec = codec._SPECS[Published]
+    payload = codec._encode_published(value)
+    assert payload == codec._encode_fields(value, spec)
+    assert codec._decode_published(payload) == codec._decode_fields(Published, spec, payload) == value
 
 
 @settings(max_examples=100)
@@ -272,17 +298,17 @@ def test_unrolled_published_codec_matches_the_generic_one(value: Published) -> N
 def test_encode_stream_chunk_matches_encode_of_the_record(
     first: int, timestamp: float, count: int, entries: bytes
 ) -> None:
-    data = record.encode_stream_chunk(first, timestamp, count, entries)
+    data = encode_stream_chunk(first, timestamp, count, entries)
     assert data == encode(StreamChunk(first, timestamp, count, entries))
-    assert len(data) == record.STREAM_CHUNK_OVERHEAD + len(entries)
-    raw = record.encode_stream_chunk(first, timestamp, count, entries, record.RAW)
-    assert raw == encode(record.StreamRawChunk(first, timestamp, count, entries))
-    batched = record.encode_stream_chunk(first, timestamp, count, entries, record.BATCHED)
-    assert batched == encode(record.StreamBatchChunk(first, timestamp, count, entries))
-    trailer = record.pack_tracking([("ref", count)])
-    tracked = record.encode_stream_chunk(first, timestamp, count, entries, record.RAW, trailer)
-    assert tracked == encode(record.StreamTrackedRawChunk(first, timestamp, count, entries, trailer))
-    assert len(tracked) == record.STREAM_CHUNK_OVERHEAD + len(entries) + 4 + len(trailer)
+    assert len(data) == STREAM_CHUNK_OVERHEAD + len(entries)
+    raw = encode_stream_chunk(first, timestamp, count, entries, RAW)
+    assert raw == encode(StreamRawChunk(first, timestamp, count, entries))
+    batched = encode_stream_chunk(first, timestamp, count, entries, BATCHED)
+    assert batched == encode(StreamBatchChunk(first, timestamp, count, entries))
+    trailer = pack_tracking([("ref", count)])
+    tracked = encode_stream_chunk(first, timestamp, count, entries, RAW, trailer)
+    assert tracked == encode(StreamTrackedRawChunk(first, timestamp, count, entries, trailer))
+    assert len(tracked) == STREAM_CHUNK_OVERHEAD + len(entries) + 4 + len(trailer)
 
 
 @given(
@@ -296,28 +322,28 @@ def test_tracking_entries_come_back_and_a_crc_runs_back_over_a_suffix(
 ) -> None:
     """osiris's tracking entries (type, id size, id, u64): a reference of 256 bytes or more is
     left out. CRC-32 undone over a suffix gives the CRC of what came before it."""
-    packed = record.pack_tracking(references, snapshot)
+    packed = pack_tracking(references, snapshot)
     kept = [(name, value) for name, value in references if len(name.encode("utf-8", "surrogateescape")) < 256]
-    kind = record.TRACKING_SEQUENCE | (record.TRACKING_SNAPSHOT if snapshot else 0)
-    assert record.unpack_tracking(packed) == [(kind, name, value) for name, value in kept]
+    kind = TRACKING_SEQUENCE | (TRACKING_SNAPSHOT if snapshot else 0)
+    assert unpack_tracking(packed) == [(kind, name, value) for name, value in kept]
     if packed:
-        with pytest.raises(record.WALCorruption):
-            record.unpack_tracking(packed[:-1])
-    assert record.crc32_before(zlib.crc32(data + suffix), suffix) == zlib.crc32(data)
+        with pytest.raises(WALCorruption):
+            unpack_tracking(packed[:-1])
+    assert crc32_before(zlib.crc32(data + suffix), suffix) == zlib.crc32(data)
 
 
 @given(messages=st.lists(st.binary(max_size=40), max_size=8), junk=st.binary(min_size=1, max_size=3))
 def test_raw_entries_are_simple_entries_and_come_back_as_stream_protocol_messages(
     messages: list[bytes], junk: bytes
 ) -> None:
-    packed = record.pack_raw_entries(messages)
+    packed = pack_raw_entries(messages)
     assert packed == b"".join(struct.pack(">I", len(m)) + m for m in messages)
-    assert record.unpack_raw_messages(b"head" + packed, 4, len(messages)) == [(b"\x00\x00", b"", m) for m in messages]
-    with pytest.raises(record.WALCorruption):
-        record.unpack_raw_messages(packed + junk, 0, len(messages))
+    assert unpack_raw_messages(b"head" + packed, 4, len(messages)) == [(b"\x00\x00", b"", m) for m in messages]
+    with pytest.raises(WALCorruption):
+        unpack_raw_messages(packed + junk, 0, len(messages))
     if messages:
-        with pytest.raises(record.WALCorruption):
-            record.unpack_raw_messages(packed[:-1], 0, len(messages))
+        with pytest.raises(WALCorruption):
+            unpack_raw_messages(packed[:-1], 0, len(messages))
 
 
 @given(
@@ -335,41 +361,41 @@ def test_batched_entries_give_a_message_for_each_offset_but_in_compressed_batche
     packed, expected, kinds = b"", [], []
     for kind, messages in entries:
         if kind == "simple":
-            entry = record.pack_raw_entries(messages[:1])
+            entry = pack_raw_entries(messages[:1])
             expected.append((b"\x00\x00", b"", messages[0]))
         else:
             entry = sub_entry_batch(messages, 1 if kind == "gzip" else 0)
             expected += [None] * len(messages) if kind == "gzip" else [(b"\x00\x00", b"", m) for m in messages]
         packed += entry
-        kinds.append(record.batch_records(entry))
+        kinds.append(batch_records(entry))
     assert sum(kinds) == len(expected)
-    assert record.unpack_batched_messages(b"head" + packed, 4, len(expected)) == expected
-    assert record.count_entries(memoryview(b"head" + packed), 4) == len(entries)
+    assert unpack_batched_messages(b"head" + packed, 4, len(expected)) == expected
+    assert count_entries(memoryview(b"head" + packed), 4) == len(entries)
     for damaged, count in ((packed + junk, len(expected)), (packed, len(expected) + 1)):
-        with pytest.raises(record.WALCorruption):
-            record.unpack_batched_messages(damaged, 0, count)
+        with pytest.raises(WALCorruption):
+            unpack_batched_messages(damaged, 0, count)
     if entries:
-        with pytest.raises(record.WALCorruption):
-            record.unpack_batched_messages(packed[:-1], 0, len(expected))
-        with pytest.raises(record.WALCorruption):
-            record.count_entries(packed[:-1], 0)
+        with pytest.raises(WALCorruption):
+            unpack_batched_messages(packed[:-1], 0, len(expected))
+        with pytest.raises(WALCorruption):
+            count_entries(packed[:-1], 0)
 
 
 def test_an_uncompressed_batch_that_does_not_hold_its_count_is_corrupt() -> None:
     batch = sub_entry_batch([b"a", b"b"])
     for records in (1, 3):
         lying = batch[:1] + struct.pack(">H", records) + batch[3:]
-        with pytest.raises(record.WALCorruption):
-            record.unpack_batched_messages(lying, 0, records)
+        with pytest.raises(WALCorruption):
+            unpack_batched_messages(lying, 0, records)
 
 
 def test_encode_stream_chunk_refuses_what_encode_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError):
-        record.encode_stream_chunk(-1, 0.0, 1, b"x")
-    monkeypatch.setattr(record, "MAX_RECORD_BYTES", 100)
-    record.encode_stream_chunk(0, 0.0, 1, b"x" * 50)
+        encode_stream_chunk(-1, 0.0, 1, b"x")
+    monkeypatch.setattr(chunks, "MAX_RECORD_BYTES", 100)
+    encode_stream_chunk(0, 0.0, 1, b"x" * 50)
     with pytest.raises(ValueError) as excinfo:
-        record.encode_stream_chunk(0, 0.0, 1, b"x" * 100)
+        encode_stream_chunk(0, 0.0, 1, b"x" * 100)
     assert "over 100" in str(excinfo.value)
 
 
@@ -402,9 +428,9 @@ dead_letters = st.builds(
 @settings(max_examples=100)
 @given(value=dead_letters, cut=st.integers(min_value=1, max_value=40))
 def test_unrolled_dead_lettered_decoder_matches_the_generic_one(value: DeadLettered, cut: int) -> None:
-    spec = record._SPECS[DeadLettered]
-    payload = record._encode_fields(value, spec)
-    assert record._decode_dead_lettered(payload) == record._decode_fields(DeadLettered, spec, payload) == value
+    spec = codec._SPECS[DeadLettered]
+    payload = codec._encode_fields(value, spec)
+    assert codec._decode_dead_lettered(payload) == codec._decode_fields(DeadLettered, spec, payload) == value
     with pytest.raises(WALCorruption):
         decode(RecordType.DEAD_LETTERED, payload[:-cut] if cut < len(payload) else b"")
     with pytest.raises(WALCorruption):
@@ -436,7 +462,7 @@ def test_values_that_do_not_fit_raise_value_error(value: object) -> None:
 
 
 def test_payload_over_the_limit_is_refused_by_encode(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(record, "MAX_RECORD_BYTES", 100)
+    monkeypatch.setattr(codec, "MAX_RECORD_BYTES", 100)
     encode(Published(1, "/", ("q",), "", "", 0.0, b"", b"x" * 60))
     with pytest.raises(ValueError) as excinfo:
         encode(Published(1, "/", ("q",), "", "", 0.0, b"", b"x" * 100))
@@ -700,16 +726,16 @@ def test_decoding_published_records_that_came_different_ways_keeps_each_ones_nam
 @given(head=st.binary(max_size=40), data=st.binary(max_size=3000), record_type=st.integers(0, 255))
 def test_a_crc_over_data_after_a_head_gives_the_datas_own_crc(head: bytes, data: bytes, record_type: int) -> None:
     start = zlib.crc32(bytes((record_type,)) + head)
-    assert zlib.crc32(data, start) ^ record.crc32_shifted(start, len(data)) == zlib.crc32(data)
+    assert zlib.crc32(data, start) ^ crc32_shifted(start, len(data)) == zlib.crc32(data)
     whole = zlib.crc32(bytes((record_type,)) + head + data)
-    assert record.stream_entries_crc(whole, record_type, head, len(data)) == zlib.crc32(data)
+    assert stream_entries_crc(whole, record_type, head, len(data)) == zlib.crc32(data)
 
 
 def test_a_stream_chunk_records_entries_crc_comes_from_its_own() -> None:
-    entries = record.pack_raw_entries([b"x" * 70_000, b"y"])
-    data = record.encode_stream_chunk(5, 1.5, 2, [entries[:1000], entries[1000:]], record.RAW)
+    entries = pack_raw_entries([b"x" * 70_000, b"y"])
+    data = encode_stream_chunk(5, 1.5, 2, [entries[:1000], entries[1000:]], RAW)
     crc, record_type = struct.unpack_from(">IB", data, 4)
-    head = data[record.RECORD_HEADER_BYTES : record.RECORD_HEADER_BYTES + record.STREAM_CHUNK_HEAD.size]
-    assert record_type == record.STREAM_CHUNK_TYPES[record.RAW]
-    assert record.stream_entries_crc(crc, record_type, head, len(entries)) == zlib.crc32(entries)
-    assert data == encode(record.StreamRawChunk(5, 1.5, 2, entries))
+    head = data[RECORD_HEADER_BYTES : RECORD_HEADER_BYTES + STREAM_CHUNK_HEAD.size]
+    assert record_type == STREAM_CHUNK_TYPES[RAW]
+    assert stream_entries_crc(crc, record_type, head, len(entries)) == zlib.crc32(entries)
+    assert data == encode(StreamRawChunk(5, 1.5, 2, entries))

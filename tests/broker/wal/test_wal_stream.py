@@ -6,7 +6,9 @@ import pytest
 from twisted.internet.task import Clock
 
 from broker.tools.testing import MemorySegmentStorage
-from broker.wal.record import SEGMENT_HEADER_BYTES, DeadLetterSettled, encode, iter_records, segment_header
+from broker.wal.codec import encode
+from broker.wal.records import DeadLetterSettled
+from broker.wal.segments import SEGMENT_HEADER_BYTES, iter_records, segment_header
 from broker.wal.stream import SegmentStream, sealed_segments
 
 EVENT = encode(DeadLetterSettled(1, "/", "dlq", 1.0))
