@@ -36,9 +36,9 @@ from broker.core.journal import Journal
 from broker.core.node import Node
 from broker.core.users import User
 from broker.server.service import tune_gc
+from broker.storage.body_paging import Pager
 from broker.storage.page_store import PageStore
-from broker.storage.paging import Pager
-from broker.storage.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
+from broker.storage.spool_files import SPOOL_DIR, SPOOL_WINDOW, Spooler
 from broker.tools.testing import MemorySegmentStorage
 from broker.wal.log import WriteAheadLog
 from config.schema import Permission

@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from broker.core.deadlog import DeadLetterLog
-from broker.storage.deadletters import DEAD_LETTER_SEGMENT_BYTES
+from broker.core.dead_letter_events import DeadLetterLog
+from broker.storage.dead_letter_writer import DEAD_LETTER_SEGMENT_BYTES
 from broker.wal.codec import encode
 from broker.wal.files import DirectoryStorage
 from broker.wal.records import DEAD_LETTER_PREVIEW_BYTES, DeadLettered, DeadLetterSettled
@@ -44,7 +44,7 @@ from broker.wal.stream import SegmentStream
 ROOT = Path(__file__).resolve().parents[1]
 REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
 #: Events per append: about what a broker dead-lettering 5,000 messages a second gathers in
-#: one write interval (``broker.storage.deadletters.WRITE_INTERVAL``).
+#: one write interval (``broker.storage.dead_letter_writer.WRITE_INTERVAL``).
 BATCH = 1000
 
 

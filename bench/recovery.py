@@ -24,9 +24,9 @@ from broker.core.definitions import node_from_config
 from broker.core.journal import Journal
 from broker.core.message import Message
 from broker.server.alarms import release_memory
+from broker.storage.body_paging import Pager
 from broker.storage.page_store import PageStore
-from broker.storage.paging import Pager
-from broker.storage.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
+from broker.storage.spool_files import SPOOL_DIR, SPOOL_WINDOW, Spooler
 from broker.wal.codec import encode
 from broker.wal.files import DirectoryStorage
 from broker.wal.log import WriteAheadLog

@@ -113,9 +113,9 @@ class StorageConfig:
     segment_bytes: int = 64 << 20
     #: Bytes of queued messages kept in memory (each counted as its body and 412 bytes, plus 176
     #: per queue holding it and 252 more if it is logged); beyond it deep queues spool to disk
-    #: (``broker.storage.paging``). The budget in force is at most half the memory watermark
+    #: (``broker.storage.body_paging``). The budget in force is at most half the memory watermark
     #: (``broker.server.service.memory_budget``), less what the broker holds besides
-    #: (``broker.storage.paging.Pager.budget_now``).
+    #: (``broker.storage.body_paging.Pager.budget_now``).
     memory_budget: int = 256 << 20
     #: Bytes of log records waiting for the writer (persistent publishes not confirmed yet)
     #: past which publishers are paused until a write brings them under half of it. The bound

@@ -71,7 +71,7 @@ SHIPPED = (
     "broker/wal/segments.py",
     "broker/wal/chunks.py",
     "broker/wal/paths.py",
-    "broker/wal/deadevents.py",
+    "broker/wal/dead_letter_fields.py",
     "broker/wire/__init__.py",
     "broker/wire/table.py",
     "broker/wire/content.py",

@@ -5,7 +5,7 @@ A stream that a dead-letter exchange feeds keeps the whole dead-letter history, 
 with its ``x-death`` headers. Read straight from the stream's segment files (the broker's own
 record decoder, no broker running needed), each message becomes one ``dead_lettered`` row of
 the event schema (``spark/schema.py``), made as the broker makes its dead-letter events
-(:func:`broker.wal.deadevents.stream_dead_letter`): ``dead_letter_id`` is the message's
+(:func:`broker.wal.dead_letter_fields.stream_dead_letter`): ``dead_letter_id`` is the message's
 offset, ``queue`` and ``reason`` those of its latest death, ``dead_letter_queues`` the stream,
 ``time`` when its chunk was appended, ``segment`` and ``offset`` where the chunk is. Nothing
 settles a stream's messages: every row is pending. Damage is a ``corrupt`` row, as in the
@@ -27,7 +27,7 @@ from typing import Union
 import pyarrow as pa
 
 from broker.wal.chunks import unpack_batched_messages, unpack_raw_messages, unpack_stream_messages
-from broker.wal.deadevents import stream_dead_letter
+from broker.wal.dead_letter_fields import stream_dead_letter
 from broker.wal.paths import incarnations, stream_directory
 from broker.wal.records import (
     StreamBatchChunk,

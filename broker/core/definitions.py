@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
-from broker.core.deadlines import Scheduler
-from broker.core.deadlog import header_dead_letter_id
+from broker.core.dead_letter_events import header_dead_letter_id
 from broker.core.message import Message
 from broker.core.node import DEFAULT_VHOST_DESCRIPTION, Limits, Node
 from broker.core.policy import Policy, PolicyRefused, from_value
 from broker.core.queue import WorkQueue
 from broker.core.stores import QueuePager, StreamStorage
 from broker.core.stream import StreamQueue
+from broker.core.timers import Scheduler
 from broker.core.users import User
 from broker.core.vhost import VirtualHost
 from broker.errors import AMQPError
@@ -64,7 +64,7 @@ def node_from_config(
     :param registry: the exchange types, with those of the enabled plugins (built-ins only by default)
     :param hooks: the plugins' message hooks (``None``: none)
     :param authenticators: the plugins' authentication backends
-    :param pager: pages and spools deep queues (``broker.storage.paging.Pager``), from before the
+    :param pager: pages and spools deep queues (``broker.storage.body_paging.Pager``), from before the
         messages are restored: a queue recovered deeper than its window spools the rest
     :param before_messages: called once the ``snapshot``'s topology is declared, before its
         messages are restored (a checkpoint's queues take their records then)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from broker.core.deadletter import DeadLetterReason
+from broker.core.dead_lettering import DeadLetterReason
 from broker.core.message import Message
 from broker.core.settings import QueueSettings
 

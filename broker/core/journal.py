@@ -21,9 +21,9 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
+from broker.core.entry_spool import IN_LOG, SpoolRecord
 from broker.core.ledger import SegmentLedger
 from broker.core.resident import ResidentBodies
-from broker.core.spool import IN_LOG, SpoolRecord
 from broker.wal.codec import encode, encode_published
 from broker.wal.records import (
     Bound,
@@ -510,7 +510,7 @@ class Journal:
             message.wal_counts[queue] = delivery_count
         self.ledger.place(message, segment, 1)
 
-    # -- spooled messages (``broker.core.spool``) -----------------------------------------------
+    # -- spooled messages (``broker.core.entry_spool``) -----------------------------------------------
 
     def spooled(self, messages: Iterable[Message], queue: str) -> None:
         """``queue`` holds ``messages`` as spool records now, not as objects; each record points

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from broker.core.spool import IN_LOG, SpoolRecord
+from broker.core.entry_spool import IN_LOG, SpoolRecord
 
 if TYPE_CHECKING:
     from broker.core.message import Message
@@ -49,7 +49,7 @@ class SegmentLedger:
         self.written: Counter[int] = Counter()
         #: The messages held as objects whose ``Published`` record is in each segment.
         self.holders: dict[int, set[Message]] = {}
-        #: References per segment held by spool records (``broker.core.spool``), not by message
+        #: References per segment held by spool records (``broker.core.entry_spool``), not by message
         #: objects: such a segment is not rewritten (the records point into it), only retired.
         self.spooled_refs: Counter[int] = Counter()
         #: What the latest checkpoint needs (``broker.storage.checkpoint``): the log from this segment
@@ -152,7 +152,7 @@ class SegmentLedger:
             result.append(segment)
         return result
 
-    # -- spooled messages (``broker.core.spool``) -----------------------------------------------
+    # -- spooled messages (``broker.core.entry_spool``) -----------------------------------------------
 
     def restored_spooled(self, segment: int, count: int = 1) -> None:
         """``count`` messages recovered at start went straight to a spool, as records pointing

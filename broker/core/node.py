@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from broker.core.admin import Administration
-from broker.core.deadlines import Scheduler
 from broker.core.entry import Queue
 from broker.core.login import LoginThrottle, decoy_hash, is_expensive
 from broker.core.queue import WorkQueue
 from broker.core.replyto import DirectReplyTo
 from broker.core.stores import QueuePager, StreamStorage
+from broker.core.timers import Scheduler
 from broker.core.users import User
 from broker.core.vhost import VirtualHost
 from broker.wal.codec import encode
@@ -131,14 +131,14 @@ class Node:
         )
         #: The write-ahead log's journal; ``None`` keeps everything in memory only.
         self.journal: Journal | None = None
-        #: What pages the bodies of deep queues to disk (``broker.storage.paging.Pager``; ``None``: nothing).
+        #: What pages the bodies of deep queues to disk (``broker.storage.body_paging.Pager``; ``None``: nothing).
         self.pager: QueuePager | None = None
         #: Where stream queues keep their messages (``broker.storage.streams.StreamFiles``;
         #: ``None``: no storage, streams are refused).
         self.streams: StreamStorage | None = None
         #: How many dead letters of earlier runs each queue holds in its spool (not as
         #: messages): the dead-letter log knows them by their headers when they come back
-        #: (``broker.core.deadlog``).
+        #: (``broker.core.dead_letter_events``).
         self.recovered_dead_letters: Counter[str] = Counter()
         #: Dead-letter queues restored from a checkpoint (``DeadLetterLog.unlisted``).
         self.recovered_dead_letter_queues: set[str] = set()
@@ -163,7 +163,7 @@ class Node:
         #: the write-ahead log's backlog is over its bound. While any is, a connection that
         #: publishes is blocked (see :meth:`set_alarm`). Always this one set object.
         self.alarms: set[str] = set()
-        #: Whether a queue with consumers is far behind what arrives (``broker.storage.paging.Pager``
+        #: Whether a queue with consumers is far behind what arrives (``broker.storage.body_paging.Pager``
         #: says so): the shell then reads less from each client at a time, so publishers are
         #: slowed to the pace of deliveries, as RabbitMQ's credit flow slows them.
         self.flow = False

@@ -7,7 +7,7 @@ are held by the channel that received them, keyed by delivery tag; the queue onl
 A :class:`WorkQueue` has three parts, each in its module: its ready line (``broker.core.ready``:
 the window in memory, the spool behind it, the paging marks), its delivery
 (``broker.core.delivery``: consumers, turns, dispatch) and its deadlines
-(``broker.core.deadlines``: one timer for visibility timeouts, TTLs and ``x-expires``). What
+(``broker.core.timers``: one timer for visibility timeouts, TTLs and ``x-expires``). What
 becomes of a message is the queue's own, by these rules (``docs/configuration.md``):
 
 * **visibility timeout** (SQS's rule): a delivery left unacked longer than its timeout is
@@ -34,15 +34,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.core.deadletter import DeadLetterReason, with_delivery_count
-from broker.core.deadlines import COMPACT_AFTER, EXPIRY, TAKEBACK, TIMER_SLACK, Deadlines, Scheduler
+from broker.core.dead_lettering import DeadLetterReason, with_delivery_count
 from broker.core.delivery import Delivery
 from broker.core.entry import DISPATCH_BATCH, GONE, READY, Consumer, Entry, QueueObserver
+from broker.core.entry_spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
 from broker.core.message import Message
 from broker.core.ready import READ_BACK, ReadyLine
 from broker.core.recording import QueueJournal
 from broker.core.settings import Overflow, QueueSettings
-from broker.core.spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
+from broker.core.timers import COMPACT_AFTER, EXPIRY, TAKEBACK, TIMER_SLACK, Deadlines, Scheduler
 from broker.wire.codec import FLAG_EXPIRATION
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class QueueCheckpoint:
 
 
 class DeadLetterWatch(Protocol):
-    """What records dead letters leaving a queue that holds some (``broker.core.deadlog.DeadLetterLog``)."""
+    """What records dead letters leaving a queue that holds some (``broker.core.dead_letter_events.DeadLetterLog``)."""
 
     def spooled(self, queue: WorkQueue, entries: Iterable[Entry]) -> None:
         """``entries`` are about to be spooled."""

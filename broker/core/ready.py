@@ -1,7 +1,7 @@
 """A queue's ready line: the messages waiting for a consumer, next to be delivered first.
 
 The line is a window of :class:`~broker.core.entry.Entry` objects in memory and, once a deep
-queue spools, a :class:`~broker.core.spool.Spool` of records on disk behind it (what arrives
+queue spools, a :class:`~broker.core.entry_spool.Spool` of records on disk behind it (what arrives
 goes there, and the window is refilled from it as it empties). The window keeps enqueue order
 (:attr:`Entry.seq`), so a returned message goes back to its place. Two marks tell the queue's
 pager and spooler when to look: :attr:`ReadyLine.page_at` (ready bytes past which bodies may
@@ -21,12 +21,12 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
-from broker.core.deadletter import with_delivery_count
-from broker.core.deadlines import EXPIRY, Deadlines
+from broker.core.dead_lettering import with_delivery_count
 from broker.core.entry import READY, Entry, Queue
+from broker.core.entry_spool import REDELIVERED, Spool, SpoolRecord
 from broker.core.message import Message
 from broker.core.recording import QueueJournal
-from broker.core.spool import REDELIVERED, Spool, SpoolRecord
+from broker.core.timers import EXPIRY, Deadlines
 
 #: :attr:`ReadyLine.page_at` when no pager is to be asked: more bytes than any queue holds.
 NEVER = 1 << 62
@@ -52,7 +52,7 @@ _Owner_contra = TypeVar("_Owner_contra", bound=LineOwner, contravariant=True)
 
 
 class BodyPager(Protocol[_Owner_contra]):
-    """What keeps the messages of deep queues within the memory budget (``broker.storage.paging.Pager``)."""
+    """What keeps the messages of deep queues within the memory budget (``broker.storage.body_paging.Pager``)."""
 
     def watch(self, queue: _Owner_contra) -> None:
         """``queue`` holds more ready bytes than its :attr:`ReadyLine.page_at`: look at it soon."""
@@ -67,7 +67,7 @@ class BodyPager(Protocol[_Owner_contra]):
 
 
 class SpoolMaker(Protocol[_Owner_contra]):
-    """What makes the spools of deep queues (``broker.storage.spooling.Spooler``)."""
+    """What makes the spools of deep queues (``broker.storage.spool_files.Spooler``)."""
 
     #: Ready entries a queue keeps in memory before it spools what arrives.
     window: int
@@ -175,10 +175,10 @@ class ReadyLine(Generic[Owner]):
         #: which the line asks it to look (:data:`NEVER` while it is watched or there is none).
         self.pager: BodyPager[Owner] | None = None
         self.page_at = NEVER
-        #: A deep queue's spool (``broker.core.spool``): what arrived once :attr:`spool_at` ready
+        #: A deep queue's spool (``broker.core.entry_spool``): what arrived once :attr:`spool_at` ready
         #: entries were in memory, as records on disk; ``None`` while everything is in memory.
         self.spool: Spool | None = None
-        #: Makes the spool (``broker.storage.spooling.Spooler``); ``None``: this queue never spools.
+        #: Makes the spool (``broker.storage.spool_files.Spooler``); ``None``: this queue never spools.
         self.spooler: SpoolMaker[Owner] | None = None
         #: Ready entries in memory at which the line asks its pager whether to spool (while it
         #: does not: :meth:`start_spool`), or past which what arrives is spooled and under which

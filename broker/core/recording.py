@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from broker.core.entry import Entry, Queue
+from broker.core.entry_spool import SpoolRecord
 from broker.core.message import Message
-from broker.core.spool import SpoolRecord
 
 
 class QueueJournal(Protocol):

@@ -1,6 +1,6 @@
 """Resident bodies: the logged messages whose bodies are in memory, oldest first, and their
 bytes. Such a body can be dropped from memory (:meth:`ResidentBodies.page_out`) and read back
-from the log when it is delivered; the pager (``broker.storage.paging``) keeps their bytes
+from the log when it is delivered; the pager (``broker.storage.body_paging``) keeps their bytes
 within the memory budget.
 
 The journal (``broker.core.journal``) counts a body in once its ``Published`` record is

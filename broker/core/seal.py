@@ -24,7 +24,7 @@ import hmac
 import os
 import secrets
 
-from broker.wal.deadevents import DEAD_LETTER_ID_HEADER, SEAL_HEADER
+from broker.wal.dead_letter_fields import DEAD_LETTER_ID_HEADER, SEAL_HEADER
 from broker.wire.content import ContentError, headers_content, with_headers_content
 from broker.wire.table import TableError, iter_table
 

@@ -1,6 +1,6 @@
 """What the node is given to keep messages out of memory, as the node and its vhosts call them.
 
-The storage layer provides both (``broker.storage.paging.Pager``,
+The storage layer provides both (``broker.storage.body_paging.Pager``,
 ``broker.storage.streams.StreamFiles``); the node holds them under these types, so that the
 core names no layer above it. Each protocol lists exactly the calls the core makes.
 """

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from twisted.logger import Logger
 
-from broker.core.deadletter import DeadLetterReason
+from broker.core.dead_lettering import DeadLetterReason
 from broker.core.entry import Consumer, Entry, QueueObserver
 from broker.core.message import Message
 from broker.core.policy import effective_definition

@@ -12,8 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from broker.core.access import Access
-from broker.core.deadletter import DeadLetterReason, dead_lettered, is_cycle
-from broker.core.deadlines import Scheduler
+from broker.core.dead_lettering import DeadLetterReason, dead_lettered, is_cycle
 from broker.core.entry import Entry, Queue
 from broker.core.exchange import Exchange
 from broker.core.histogram import Histogram
@@ -25,6 +24,7 @@ from broker.core.queue import WorkQueue
 from broker.core.settings import QueueSettings
 from broker.core.stores import QueuePager, StreamStorage
 from broker.core.stream import StreamQueue
+from broker.core.timers import Scheduler
 from broker.errors import ChannelException, ReplyCode
 from broker.wal.codec import encode
 from broker.wal.records import Bound, ExchangeDeclared, QueueDeclared, StreamOffset
@@ -33,7 +33,7 @@ from exchanges.interfaces import BindingInvalid
 from exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType, default_registry
 
 if TYPE_CHECKING:
-    from broker.core.deadlog import DeadLetterLog
+    from broker.core.dead_letter_events import DeadLetterLog
     from broker.core.hooks import HookChain
     from broker.core.journal import Journal
 
@@ -105,7 +105,7 @@ class VirtualHost:
         self.clock = clock
         #: The write-ahead log's journal (``None``: nothing is persisted).
         self.journal: Journal | None = None
-        #: What pages the bodies of deep queues to disk (``broker.storage.paging.Pager``; ``None``: nothing).
+        #: What pages the bodies of deep queues to disk (``broker.storage.body_paging.Pager``; ``None``: nothing).
         self.pager: QueuePager | None = None
         #: Where stream queues keep their messages (``broker.core.stream.StreamStore``); ``None``:
         #: this broker has no storage, and a stream's declaration is refused.

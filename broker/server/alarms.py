@@ -16,7 +16,7 @@ so the alarm is raised before memory passes the watermark by more than a few rea
 Freed memory does not always leave a process: before it raises the memory alarm, and at most
 once a second while it is in force, the monitor asks the C library to give free heap pages back
 (``malloc_trim``), so that what it measures falls once queues drain; the pager does too once
-its deep queues are drained (``broker.storage.paging.Pager.on_drained``).
+its deep queues are drained (``broker.storage.body_paging.Pager.on_drained``).
 """
 
 from __future__ import annotations

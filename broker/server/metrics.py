@@ -40,7 +40,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from broker.core.deadletter import DeadLetterReason
+from broker.core.dead_lettering import DeadLetterReason
 from broker.core.histogram import Histogram
 from broker.server.alarms import ResourceMonitor, disk_free, memory_total, resident_memory
 from broker.server.identity import NODE_NAME

@@ -64,7 +64,7 @@ class BrokerService(MultiService):
         self.factory = factory
         self.wal = wal
         self.sampler = sampler
-        #: Writes the dead-letter event stream (``broker.storage.deadletters``), with a log directory.
+        #: Writes the dead-letter event stream (``broker.storage.dead_letter_writer``), with a log directory.
         self.dead_letters = dead_letters
 
     def startService(self) -> None:

@@ -4,7 +4,7 @@ A checkpoint describes the durable state at one position of the write-ahead log.
 under ``<storage.dir>/checkpoint``:
 
 * each durable queue's logged messages in delivery order (unacknowledged ones in their place),
-  as spool records (:class:`~broker.core.spool.SpoolRecord`, 44 bytes each) pointing at their
+  as spool records (:class:`~broker.core.entry_spool.SpoolRecord`, 44 bytes each) pointing at their
   ``Published`` records in the log: the messages in memory are written out, and the spool
   files already holding records are hard-linked in, not copied;
 * the topology (policies, durable exchanges, queues, bindings) as log records, the next
@@ -44,8 +44,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from broker.core.entry_spool import IN_LOG, RECORD_BYTES, REDELIVERED, SpoolRecord, pack_record, unpack_records
 from broker.core.queue import CheckpointRefused, WorkQueue
-from broker.core.spool import IN_LOG, RECORD_BYTES, REDELIVERED, SpoolRecord, pack_record, unpack_records
 from broker.storage.page_store import write_all
 from broker.wal.files import _sync_directory
 from broker.wal.recovery import Snapshot, replay
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from broker.core.journal import Journal
     from broker.core.node import Node
     from broker.core.vhost import VirtualHost
-    from broker.storage.spooling import Spooler
+    from broker.storage.spool_files import Spooler
 
 __all__ = [
     "CHECKPOINT_BYTES",

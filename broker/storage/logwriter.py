@@ -20,6 +20,7 @@ from twisted.python.failure import Failure
 from broker.core.histogram import Histogram
 from broker.core.journal import Journal, StagedStream
 from broker.core.node import Node
+from broker.storage.body_paging import Pager
 from broker.storage.checkpoint import (
     CHECKPOINT_BYTES,
     Captured,
@@ -27,7 +28,6 @@ from broker.storage.checkpoint import (
     capture,
     discard_checkpoint,
 )
-from broker.storage.paging import Pager
 from broker.storage.streams import remove_stream
 from broker.storage.writer import WorkerWriter
 from broker.wal.files import prune_archive

@@ -2,7 +2,7 @@
 
 Transient messages of deep queues (and persistent ones outside durable queues) are appended
 to segment files under ``<storage.dir>/paging`` when their bodies leave memory, by the pager
-(``broker.storage.paging``) and by spools (``broker.storage.spooling``), and read back one by
+(``broker.storage.body_paging``) and by spools (``broker.storage.spool_files``), and read back one by
 one as they are delivered. The store is not fsynced and not recovered: what it holds was never
 promised to survive a restart. A segment file is deleted once no message refers to it.
 """

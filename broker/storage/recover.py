@@ -19,6 +19,7 @@ from broker.core.definitions import node_from_config
 from broker.core.journal import Journal
 from broker.core.node import Node
 from broker.core.queue import WorkQueue
+from broker.storage.body_paging import Pager
 from broker.storage.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -26,11 +27,10 @@ from broker.storage.checkpoint import (
     read_checkpoint,
     restore_checkpoint,
 )
-from broker.storage.deadletters import DeadLetterService, open_dead_letters
+from broker.storage.dead_letter_writer import DeadLetterService, open_dead_letters
 from broker.storage.logwriter import WALService, archive_of
 from broker.storage.page_store import PageStore
-from broker.storage.paging import Pager
-from broker.storage.spooling import SPOOL_DIR, SPOOL_WINDOW, Spooler
+from broker.storage.spool_files import SPOOL_DIR, SPOOL_WINDOW, Spooler
 from broker.storage.streams import STREAMS_DIR, StreamFiles
 from broker.wal.files import DirectoryStorage
 from broker.wal.log import RecoveryReport, WriteAheadLog

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
-from broker.core import spool
-from broker.core.deadlog import RUN_ID_BITS, DeadLetterLog, watch_dead_letter_queues
-from broker.core.spool import RECORD_BYTES
+from broker.core import entry_spool
+from broker.core.dead_letter_events import RUN_ID_BITS, DeadLetterLog, watch_dead_letter_queues
+from broker.core.entry_spool import RECORD_BYTES
 from broker.storage.checkpoint import CHECKPOINT_DIR, MANIFEST, Captured, CheckpointRefused, capture, read_checkpoint
 from broker.tools.testing import publish_frames
 from broker.wal.log import WriteAheadLog
@@ -139,7 +139,7 @@ def run(runs: list[tuple[list[Operation], list[Operation], bool]]) -> None:
     Last, a start from the log and one from the checkpoint must answer the same in every queue."""
     directory = Path(tempfile.mkdtemp(prefix="postroom-checkpoint-model-"))
     data = directory / "data"
-    batch, spool.BATCH = spool.BATCH, 2
+    batch, entry_spool.BATCH = entry_spool.BATCH, 2
     try:
         broker = Broker(directory / "run0")
         declare(broker)
@@ -161,7 +161,7 @@ def run(runs: list[tuple[list[Operation], list[Operation], bool]]) -> None:
         assert from_checkpoint.journal is not None and from_log.journal is not None
         assert +from_checkpoint.journal.ledger.live == +from_log.journal.ledger.live
     finally:
-        spool.BATCH = batch
+        entry_spool.BATCH = batch
         shutil.rmtree(directory, ignore_errors=True)
 
 

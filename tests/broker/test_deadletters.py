@@ -17,9 +17,9 @@ from twisted.internet.task import Clock, deferLater
 from twisted.logger import Logger, formatEvent
 from twisted.python.failure import Failure
 
-from broker.core.deadlog import DeadLetterLog
+from broker.core.dead_letter_events import DeadLetterLog
 from broker.core.node import Node
-from broker.storage.deadletters import DeadLetterService
+from broker.storage.dead_letter_writer import DeadLetterService
 from broker.tools.testing import Client, MemorySegmentStorage, publish_frames
 from broker.wal.files import DirectoryStorage, ISegmentStorage, segment_name
 from broker.wal.records import DeadLettered
@@ -170,12 +170,12 @@ def test_sealed_segments_past_the_retention_or_the_size_cap_are_deleted_never_th
 def test_a_failed_deletion_is_logged_and_the_events_still_count_as_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import broker.storage.deadletters
+    import broker.storage.dead_letter_writer
 
     def refuse(*_args: object, **_kwargs: object) -> list[str]:
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(broker.storage.deadletters, "prune_archive", refuse)
+    monkeypatch.setattr(broker.storage.dead_letter_writer, "prune_archive", refuse)
     logged: list[str] = []
     monkeypatch.setattr(DeadLetterService, "_log", Logger(observer=lambda event: logged.append(formatEvent(event))))
     clock = ClockReactor()

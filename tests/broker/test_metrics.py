@@ -11,7 +11,7 @@ from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from broker.core.deadletter import DeadLetterReason
+from broker.core.dead_lettering import DeadLetterReason
 from broker.core.histogram import Histogram
 from broker.core.message import Message
 from broker.core.node import Node

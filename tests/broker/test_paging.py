@@ -17,8 +17,8 @@ from broker.core.journal import Journal
 from broker.core.node import Node
 from broker.core.ready import NEVER
 from broker.server.service import log_backlog, memory_budget
+from broker.storage.body_paging import ENTRY_BYTES, MESSAGE_BYTES, Pager
 from broker.storage.page_store import PageStore
-from broker.storage.paging import ENTRY_BYTES, MESSAGE_BYTES, Pager
 from broker.tools.testing import Client, MemorySegmentStorage, encode, publish_frames
 from broker.wal.log import WriteAheadLog
 from config.schema import BrokerConfig, LimitsConfig, StorageConfig
@@ -213,7 +213,7 @@ def test_a_store_that_cannot_be_written_leaves_the_bodies_in_memory(tmp_path: Pa
 
     def observe(event: dict) -> None:
         namespace = event.get("log_namespace", "")
-        if event.get("log_level") is LogLevel.warn and namespace.startswith("broker.storage.paging"):
+        if event.get("log_level") is LogLevel.warn and namespace.startswith("broker.storage.body_paging"):
             warnings.append(event["log_format"].format(**event))
 
     globalLogPublisher.addObserver(observe)

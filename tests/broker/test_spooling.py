@@ -14,13 +14,10 @@ from pamqp import commands
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 
-from broker.core.deadletter import DeadLetterReason
-from broker.core.deadlog import RUN_ID_BITS, DeadLetterLog
+from broker.core.dead_letter_events import RUN_ID_BITS, DeadLetterLog
+from broker.core.dead_lettering import DeadLetterReason
 from broker.core.definitions import node_from_config
-from broker.core.journal import Journal
-from broker.core.node import Node
-from broker.core.queue import WorkQueue
-from broker.core.spool import (
+from broker.core.entry_spool import (
     BATCH,
     BATCH_BYTES,
     IN_LOG,
@@ -30,10 +27,13 @@ from broker.core.spool import (
     Spool,
     SpoolRecord,
 )
+from broker.core.journal import Journal
+from broker.core.node import Node
+from broker.core.queue import WorkQueue
+from broker.storage.body_paging import ENTRY_BYTES, MESSAGE_BYTES, Pager
 from broker.storage.checkpoint import Checkpoint, restore_checkpoint
 from broker.storage.page_store import PageStore
-from broker.storage.paging import ENTRY_BYTES, MESSAGE_BYTES, Pager
-from broker.storage.spooling import Spooler
+from broker.storage.spool_files import Spooler
 from broker.tools.testing import Client, MemorySegmentStorage, publish_frames
 from broker.wal.log import WriteAheadLog
 from broker.wal.records import DeadLetterSettled, Removed

@@ -14,12 +14,12 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.core import spool
+from broker.core import entry_spool
 from broker.core.entry import Entry
 from broker.core.message import Message
 from broker.core.queue import WorkQueue
 from broker.storage.page_store import PageStore
-from broker.storage.spooling import Spooler
+from broker.storage.spool_files import Spooler
 
 OPERATIONS = st.lists(
     st.one_of(
@@ -71,7 +71,7 @@ class Model:
 
 def run(arguments: dict, operations: list[tuple[str, int]]) -> None:
     directory = Path(tempfile.mkdtemp(prefix="postroom-spool-model-"))
-    batch, spool.BATCH = spool.BATCH, 2
+    batch, entry_spool.BATCH = entry_spool.BATCH, 2
     try:
         spooled = WorkQueue("q", arguments=arguments)
         store = PageStore(str(directory / "paging"))
@@ -87,7 +87,7 @@ def run(arguments: dict, operations: list[tuple[str, int]]) -> None:
         assert models[0].queue.message_count == 0
         store.close()
     finally:
-        spool.BATCH = batch
+        entry_spool.BATCH = batch
         shutil.rmtree(directory, ignore_errors=True)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pika
 
 from broker.storage.checkpoint import CHECKPOINT_DIR, MANIFEST
-from broker.storage.spooling import SPOOL_WINDOW
+from broker.storage.spool_files import SPOOL_WINDOW
 from tests.integration.test_crash import broker
 
 

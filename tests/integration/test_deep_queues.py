@@ -8,7 +8,7 @@ import pika
 import pytest
 from pamqp import commands
 
-from broker.storage.spooling import SPOOL_DIR, SPOOL_WINDOW
+from broker.storage.spool_files import SPOOL_DIR, SPOOL_WINDOW
 from broker.tools.testing import publish_frames
 from tests.integration.test_crash import broker
 from tests.integration.test_frames import RawClient, handshake

@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 
 from broker.clients.client import ChannelClosed, Connection, PublishReturned, connect
-from broker.core.deadlog import DeadLetterLog
+from broker.core.dead_letter_events import DeadLetterLog
 from broker.core.node import Node
 from broker.core.seal import SEAL_HEADER, Sealer
 from broker.core.users import User
-from broker.tools.dlq import BROKEN_SEAL, MALFORMED, NO_DEATH, UNSEALED, Refused, inspect, redrive, summary
+from broker.tools.redrive import BROKEN_SEAL, MALFORMED, NO_DEATH, UNSEALED, Refused, inspect, redrive, summary
 from config.schema import Permission
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,7 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from broker.server.http import BoundedSite
 from broker.server.management import (
-    deadletters,
+    dead_letter_endpoints,
     definitions,
     health,
     objects,
@@ -72,7 +72,8 @@ PAGINATED = frozenset({"queues", "exchanges", "vhosts", "connections", "channels
 def routes() -> Router:
     """Every route of the API, in the order RabbitMQ's dispatcher lists them."""
     router = Router()
-    for part in (health, views, streams, policies, parameters, definitions, objects, users, deadletters, shovels):
+    parts = (health, views, streams, policies, parameters, definitions, objects, users, dead_letter_endpoints, shovels)
+    for part in parts:
         part.install(router)
     return router
 
@@ -240,7 +241,7 @@ def management_site(
     root = Resource()
     root.putChild(b"api", ManagementAPI(node, sampler, reports, shovels))
     root.putChild(b"", UIFile("index.html", b"text/html; charset=utf-8"))
-    root.putChild(b"reports", deadletters.ReportPage(reports, time.time))
+    root.putChild(b"reports", dead_letter_endpoints.ReportPage(reports, time.time))
     ui = Resource()
     for name, content_type in UI_FILES.items():
         ui.putChild(name.encode(), UIFile(name, content_type))

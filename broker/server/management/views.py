@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote_plus
 
-from broker.core.deadletter import DeadLetterReason
+from broker.core.dead_lettering import DeadLetterReason
 from broker.core.policy import effective_definition
 from broker.core.queue import WorkQueue
 from broker.core.stream import StreamQueue

@@ -20,7 +20,7 @@ def dlq_inspect(args: argparse.Namespace) -> int:
     import json
 
     from broker.clients.client import ClientError, connect
-    from broker.tools.dlq import inspect, summary
+    from broker.tools.redrive import inspect, summary
 
     try:
         with connect(args.url) as conn:
@@ -34,7 +34,7 @@ def dlq_inspect(args: argparse.Namespace) -> int:
 
 def dlq_redrive(args: argparse.Namespace) -> int:
     from broker.clients.client import ClientError, connect
-    from broker.tools.dlq import read_ids, redrive
+    from broker.tools.redrive import read_ids, redrive
 
     filters = {}
     for item in args.filter or []:
@@ -81,7 +81,7 @@ def dlq_redrive(args: argparse.Namespace) -> int:
 
 
 def _dead_letter_dir(args: argparse.Namespace) -> str:
-    from broker.storage.deadletters import DEAD_LETTER_DIR
+    from broker.storage.dead_letter_writer import DEAD_LETTER_DIR
 
     return os.path.join(wal_dir(args), DEAD_LETTER_DIR)
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from pamqp import commands
 
-from broker.core.deadlog import RUN_ID_BITS, DeadLetterLog, watch_dead_letter_queues
+from broker.core.dead_letter_events import RUN_ID_BITS, DeadLetterLog, watch_dead_letter_queues
 from broker.core.message import Message
 from broker.core.node import Node
 from broker.core.seal import DEAD_LETTER_ID_HEADER

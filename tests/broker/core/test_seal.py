@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pamqp import commands
 
-from broker.core.deadletter import DeadLetterReason, dead_lettered, with_delivery_count
+from broker.core.dead_lettering import DeadLetterReason, dead_lettered, with_delivery_count
 from broker.core.message import Message
 from broker.core.seal import SEAL_HEADER, SEAL_KEY_FILE, Sealer
 

@@ -31,12 +31,12 @@ from broker.core.message import Message
 from broker.core.queue import WorkQueue
 from broker.core.seal import DEAD_LETTER_ID_HEADER, Sealer
 from broker.wal.codec import encode
-from broker.wal.deadevents import dead_lettered
+from broker.wal.dead_letter_fields import dead_lettered
 from broker.wal.records import DeadLetterSettled
 from broker.wire.codec import FLAG_HEADERS
 
 if TYPE_CHECKING:
-    from broker.core.deadletter import DeadLetterReason
+    from broker.core.dead_lettering import DeadLetterReason
     from broker.core.entry import Entry, Queue
 
 __all__ = [
@@ -82,7 +82,7 @@ class DeadLetterLog:
         #: Dead-lettered copies in memory in a dead-letter queue: id, and the queues.
         self._held: dict[Message, tuple[int, set[str]]] = {}
         #: Dead-letter queues whose dead letters are not all listed here: those spooled out
-        #: of memory (``broker.core.spool``; one read back is a new object) and those restored
+        #: of memory (``broker.core.entry_spool``; one read back is a new object) and those restored
         #: from a checkpoint, which names the queues only. A message that leaves one carrying
         #: a dead-letter id and is not in ``_held`` is recorded by that id (its header is
         #: decoded then), so a deep dead-letter queue costs no memory per dead letter here.

@@ -1,4 +1,4 @@
-"""Spooling deep queues to disk: the files behind :mod:`broker.core.spool`.
+"""Spooling deep queues to disk: the files behind :mod:`broker.core.entry_spool`.
 
 Each spooling queue has a directory under ``<storage.dir>/spool`` holding its records in chunk
 files (:class:`FileSpoolStorage`), deleted as they are read back. The messages' content is
@@ -19,9 +19,9 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from broker.core.entry_spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
 from broker.core.message import Message
 from broker.core.ready import NEVER, WRITE
-from broker.core.spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
 from broker.storage.page_store import write_all
 from broker.wal.codec import encode_published_after, published_contents, published_prefix
 
@@ -51,7 +51,8 @@ SPAN_BYTES = 256 << 10
 
 
 class FileSpoolStorage:
-    """One queue's spool records in chunk files under ``directory`` (see :class:`~broker.core.spool.SpoolStorage`)."""
+    """One queue's spool records in chunk files under ``directory`` (see
+    :class:`~broker.core.entry_spool.SpoolStorage`)."""
 
     def __init__(self, directory: str, chunk_bytes: int = CHUNK_BYTES) -> None:
         self.directory = directory
@@ -174,7 +175,7 @@ class _Holds:
 
 
 class Locator:
-    """Writes and reads one queue's spooled content (see :class:`~broker.core.spool.SpoolLocator`).
+    """Writes and reads one queue's spooled content (see :class:`~broker.core.entry_spool.SpoolLocator`).
 
     :param read_log: reads ``(segment, offset, length)`` of the write-ahead log (``None``: no log)
     """

@@ -1,6 +1,6 @@
 """Writing the dead-letter event stream: a Twisted service over :class:`DeadLetterLog`.
 
-The core records dead-letter events into a pending buffer (``broker/core/deadlog.py``); this
+The core records dead-letter events into a pending buffer (``broker/core/dead_letter_events.py``); this
 service appends what is pending to ``<storage.dir>/deadletters`` on a worker thread of its
 own, batched: the first event after a quiet spell schedules one write ``interval`` seconds
 later, and everything recorded by then goes out in one append (and one fsync, unless
@@ -26,7 +26,7 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from broker.core.deadlog import DeadLetterLog, watch_dead_letter_queues
+from broker.core.dead_letter_events import DeadLetterLog, watch_dead_letter_queues
 from broker.core.node import Node
 from broker.core.seal import Sealer
 from broker.storage.writer import WorkerWriter

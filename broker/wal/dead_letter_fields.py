@@ -1,7 +1,7 @@
 """What a dead-letter event says of a dead-lettered message, from its headers.
 
 Shared by the broker, which records a :class:`~broker.wal.records.DeadLettered` event when a
-message dies (``broker.core.deadlog``), and by the readers of a stream that a dead-letter
+message dies (``broker.core.dead_letter_events``), and by the readers of a stream that a dead-letter
 exchange feeds (``spark.streams``), which make the same event of each message the stream
 holds: a stream keeps the whole dead-letter history, and reads as the event stream does.
 Pure: standard library, the record format and the wire format's table and property readers.

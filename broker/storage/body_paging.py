@@ -6,7 +6,7 @@ of ready messages is full (``spooling.SPOOL_WINDOW``) or its ready bodies pass a
 (:attr:`Pager.watch_at`). While the watched queues' messages in memory (:data:`ENTRY_BYTES` per
 queue entry, :data:`MESSAGE_BYTES` and the body per message, shared by the queues a message was
 routed to; :data:`LOGGED_BYTES` more for a logged message) exceed the budget, those that hold the
-most spool what arrives from then on (``broker.core.spool``): those messages leave memory,
+most spool what arrives from then on (``broker.core.entry_spool``): those messages leave memory,
 as records on disk, while what the queue held stays. Once memory is no longer short (under
 :data:`RESUME_AT` of the budget), spooling queues keep what arrives in memory again, and are
 back to memory alone once their records are read back.
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from broker.core.message import Message
     from broker.core.queue import WorkQueue
     from broker.storage.page_store import PageStore
-    from broker.storage.spooling import Spooler
+    from broker.storage.spool_files import Spooler
 
 #: Seconds between looks at the watched queues while any is watched.
 INTERVAL = 0.05
@@ -126,7 +126,7 @@ class Pager(Service):
         #: Ready bytes past which a queue is watched.
         self.watch_at = max(budget // 64, 4096)
         self.watched: set[WorkQueue] = set()
-        #: Spools deep queues (``broker.storage.spooling.Spooler``); ``None``: only bodies are paged.
+        #: Spools deep queues (``broker.storage.spool_files.Spooler``); ``None``: only bodies are paged.
         self.spooler: Spooler | None = None
         self._call: Any = None
         self._paused_until = 0.0
