@@ -40,8 +40,8 @@ import pika
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.flood import rss  # noqa: E402
-from broker.clients.client import Timeout, connect  # noqa: E402
-from broker.tools.testing import RABBITMQ_LAUNCHER, free_port, rabbitmq_environment  # noqa: E402
+from postroom.broker.clients.client import Timeout, connect  # noqa: E402
+from postroom.broker.tools.testing import RABBITMQ_LAUNCHER, free_port, rabbitmq_environment  # noqa: E402
 
 QUEUE = "backlog"
 #: Longest a start may take, until every message is counted (10M messages replayed take minutes).
@@ -110,7 +110,7 @@ class Postroom(Node):
             f'listen: {{amqp: "tcp:{self.port}:interface=127.0.0.1"}}\n'
             f'storage: {{dir: "{self.home / "data"}", fsync: batch}}\n'
         )
-        return [sys.executable, "-m", "broker.tools.cli", "serve", "--config", str(config)], dict(os.environ)
+        return [sys.executable, "-m", "postroom.broker.tools.cli", "serve", "--config", str(config)], dict(os.environ)
 
     def alarms(self) -> list[str]:
         """The resource alarms its log shows (none: Postroom's are in its metrics)."""

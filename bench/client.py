@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from run import postroom  # noqa: E402
 
-from broker.clients.client import connect  # noqa: E402
+from postroom.broker.clients.client import connect  # noqa: E402
 
 
 def ours(port: int, count: int, body: bytes) -> tuple[float, float]:

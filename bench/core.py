@@ -31,17 +31,17 @@ from pamqp import commands, frame, header
 from pamqp.body import ContentBody
 from twisted.internet.task import Clock
 
-from broker.amqp.connection import ServerConnection
-from broker.core.journal import Journal
-from broker.core.node import Node
-from broker.core.users import User
-from broker.server.service import tune_gc
-from broker.storage.body_paging import Pager
-from broker.storage.page_store import PageStore
-from broker.storage.spool_files import SPOOL_DIR, SPOOL_WINDOW, Spooler
-from broker.tools.testing import MemorySegmentStorage
-from broker.wal.log import WriteAheadLog
-from config.schema import Permission
+from postroom.broker.amqp.connection import ServerConnection
+from postroom.broker.core.journal import Journal
+from postroom.broker.core.node import Node
+from postroom.broker.core.users import User
+from postroom.broker.server.service import tune_gc
+from postroom.broker.storage.body_paging import Pager
+from postroom.broker.storage.page_store import PageStore
+from postroom.broker.storage.spool_files import SPOOL_DIR, SPOOL_WINDOW, Spooler
+from postroom.broker.tools.testing import MemorySegmentStorage
+from postroom.broker.wal.log import WriteAheadLog
+from postroom.config.schema import Permission
 
 
 def _handshake(connection: ServerConnection) -> None:

@@ -33,13 +33,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from broker.core.dead_letter_events import DeadLetterLog
-from broker.storage.dead_letter_writer import DEAD_LETTER_SEGMENT_BYTES
-from broker.wal.codec import encode
-from broker.wal.files import DirectoryStorage
-from broker.wal.records import DEAD_LETTER_PREVIEW_BYTES, DeadLettered, DeadLetterSettled
-from broker.wal.segments import SEGMENT_HEADER_BYTES, iter_records
-from broker.wal.stream import SegmentStream
+from postroom.broker.core.dead_letter_events import DeadLetterLog
+from postroom.broker.storage.dead_letter_writer import DEAD_LETTER_SEGMENT_BYTES
+from postroom.broker.wal.codec import encode
+from postroom.broker.wal.files import DirectoryStorage
+from postroom.broker.wal.records import DEAD_LETTER_PREVIEW_BYTES, DeadLettered, DeadLetterSettled
+from postroom.broker.wal.segments import SEGMENT_HEADER_BYTES, iter_records
+from postroom.broker.wal.stream import SegmentStream
 
 ROOT = Path(__file__).resolve().parents[1]
 REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
@@ -133,7 +133,7 @@ def submitted(
 ) -> None:
     """The parquet and raw stages as users run them: one spark-submit each, timed to its exit
     (the JVM's start and the session's included), its report checked."""
-    from spark.standalone import standalone_cluster, submit_command, submit_environment
+    from postroom.spark.standalone import standalone_cluster, submit_command, submit_environment
 
     with contextlib.ExitStack() as stack:
         archive = None
@@ -193,7 +193,7 @@ def main() -> None:
         timed("single-process parse (baseline)", args.records, lambda: parse(segments))
     parquet = directory / "parquet"
     if "export" in stages:
-        from spark.export import export
+        from postroom.spark.export import export
 
         for jobs in (1, os.cpu_count() or 1):
             shutil.rmtree(parquet, ignore_errors=True)
@@ -206,7 +206,7 @@ def main() -> None:
         for master in args.submit.split(","):
             submitted(master, args, directory, segments, parquet, stages)
     elif stages & {"parquet", "raw"}:
-        from spark.job import build_session, run
+        from postroom.spark.job import build_session, run
 
         spark = build_session(args.master, app="postroom-dlq-bench")
         spark.sparkContext.setLogLevel("ERROR")

@@ -29,7 +29,7 @@ import pika
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.run import postroom  # noqa: E402
-from broker.tools.testing import rabbitmq_node  # noqa: E402
+from postroom.broker.tools.testing import rabbitmq_node  # noqa: E402
 
 BODY = 64 * 1024
 QUEUE = "flood"

@@ -26,9 +26,9 @@ import atheris  # noqa: E402
 from bench.atheris_loop import fuzz  # noqa: E402
 
 with atheris.instrument_imports(include=["broker"]):
-    from broker.tools.fuzzing import run_once
+    from postroom.broker.tools.fuzzing import run_once
 
-from broker.tools.testing import publish_frames  # noqa: E402
+from postroom.broker.tools.testing import publish_frames  # noqa: E402
 
 #: Seeds, written to a corpus directory when one is given and it is empty.
 SEEDS = [

@@ -28,9 +28,9 @@ import atheris  # noqa: E402
 from bench.atheris_loop import fuzz  # noqa: E402
 
 with atheris.instrument_imports(include=["broker"]):
-    from broker.tools.fuzzing import stream_publish, stream_request, stream_run_once
+    from postroom.broker.tools.fuzzing import stream_publish, stream_request, stream_run_once
 
-from broker.wire import streamframes as wire  # noqa: E402
+from postroom.broker.wire import streamframes as wire  # noqa: E402
 
 #: Seeds, written to a corpus directory when one is given and it is empty.
 SEEDS = [

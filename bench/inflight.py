@@ -18,8 +18,8 @@ import time
 from pamqp import commands
 from twisted.internet.task import Clock
 
-from broker.core.node import Node
-from broker.tools.testing import Client, encode, publish_frames
+from postroom.broker.core.node import Node
+from postroom.broker.tools.testing import Client, encode, publish_frames
 
 
 def peak_rss_mb() -> float:

@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.run import generate, postroom  # noqa: E402
-from broker.tools.testing import free_port, wait_for_port  # noqa: E402
+from postroom.broker.tools.testing import free_port, wait_for_port  # noqa: E402
 
 
 def get(http: int, path: str) -> float:

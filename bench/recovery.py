@@ -20,19 +20,19 @@ from pathlib import Path
 
 from pamqp import commands
 
-from broker.core.definitions import node_from_config
-from broker.core.journal import Journal
-from broker.core.message import Message
-from broker.server.alarms import release_memory
-from broker.storage.body_paging import Pager
-from broker.storage.page_store import PageStore
-from broker.storage.spool_files import SPOOL_DIR, SPOOL_WINDOW, Spooler
-from broker.wal.codec import encode
-from broker.wal.files import DirectoryStorage
-from broker.wal.log import WriteAheadLog
-from broker.wal.records import QueueDeclared
-from broker.wal.recovery import replay_located
-from config.schema import BrokerConfig
+from postroom.broker.core.definitions import node_from_config
+from postroom.broker.core.journal import Journal
+from postroom.broker.core.message import Message
+from postroom.broker.server.alarms import release_memory
+from postroom.broker.storage.body_paging import Pager
+from postroom.broker.storage.page_store import PageStore
+from postroom.broker.storage.spool_files import SPOOL_DIR, SPOOL_WINDOW, Spooler
+from postroom.broker.wal.codec import encode
+from postroom.broker.wal.files import DirectoryStorage
+from postroom.broker.wal.log import WriteAheadLog
+from postroom.broker.wal.records import QueueDeclared
+from postroom.broker.wal.recovery import replay_located
+from postroom.config.schema import BrokerConfig
 
 
 def main() -> None:

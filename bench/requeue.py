@@ -31,7 +31,7 @@ from pamqp.header import ContentHeader
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.run import postroom  # noqa: E402
-from broker.tools.testing import rabbitmq_node  # noqa: E402
+from postroom.broker.tools.testing import rabbitmq_node  # noqa: E402
 
 #: Messages kept going round (ten prefetch windows: the queue is never empty).
 MESSAGES = 10_000

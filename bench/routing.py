@@ -16,7 +16,7 @@ import argparse
 import random
 import time
 
-from exchanges.topic import ROUTE_CACHE_SIZE, TopicRouter
+from postroom.exchanges.topic import ROUTE_CACHE_SIZE, TopicRouter
 
 
 def patterns(count: int, queues: int, rng: random.Random, prefix: str = "") -> list[tuple[str, str]]:

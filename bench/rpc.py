@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from run import postroom  # noqa: E402
 
-from broker.tools.testing import rabbitmq_node  # noqa: E402
+from postroom.broker.tools.testing import rabbitmq_node  # noqa: E402
 
 QUEUE = "bench.rpc"
 REPLY_TO = "amq.rabbitmq.reply-to"

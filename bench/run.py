@@ -1,6 +1,6 @@
 """Benchmark Postroom and RabbitMQ back to back with the project's load generator (``bench/amqp_load.py``).
 
-Starts Postroom (``python -m broker.tools.cli serve``) and, unless ``--no-rabbitmq``, a private
+Starts Postroom (``python -m postroom.broker.tools.cli serve``) and, unless ``--no-rabbitmq``, a private
 RabbitMQ node (the Debian ``rabbitmq-server`` package) on free loopback ports, keeps both
 running, then runs each scenario against one broker and straight after against the other,
 alternating which goes first, so both see the same machine noise. Writes the raw JSON
@@ -31,8 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from broker.tools.testing import free_port, wait_for_port  # noqa: E402
-from broker.tools.testing import rabbitmq_node as rabbitmq  # noqa: E402
+from postroom.broker.tools.testing import free_port, wait_for_port  # noqa: E402
+from postroom.broker.tools.testing import rabbitmq_node as rabbitmq  # noqa: E402
 
 #: (scenario, sizes, extra generator arguments) of the table in docs/benchmarks.md.
 MATRIX = [
@@ -71,7 +71,10 @@ def postroom(extra_yaml: str = "", storage: str = "", listen: str = "") -> Itera
     listen = f'amqp: "tcp:{port}:interface=127.0.0.1"' + (f", {listen}" if listen else "")
     config.write_text(f"listen: {{{listen}}}\nstorage: {{{storage}}}\n" + extra_yaml)
     process = subprocess.Popen(
-        [sys.executable, "-m", "broker.tools.cli", "serve", "--config", str(config)], cwd=ROOT, stdout=log, stderr=log
+        [sys.executable, "-m", "postroom.broker.tools.cli", "serve", "--config", str(config)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=log,
     )
     try:
         wait_for_port(port, 15)

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.flood import rss  # noqa: E402
 from bench.run import postroom  # noqa: E402
-from broker.tools.testing import free_port  # noqa: E402
+from postroom.broker.tools.testing import free_port  # noqa: E402
 
 
 class Probe(threading.Thread):

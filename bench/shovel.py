@@ -33,8 +33,8 @@ import pika
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.flood import rss  # noqa: E402
-from broker.clients.client import connect  # noqa: E402
-from broker.tools.testing import RABBITMQ_HOMES, free_port, rabbitmq_cluster, wait_for_port  # noqa: E402
+from postroom.broker.clients.client import connect  # noqa: E402
+from postroom.broker.tools.testing import RABBITMQ_HOMES, free_port, rabbitmq_cluster, wait_for_port  # noqa: E402
 
 PLUGINS = ("rabbitmq_management", "rabbitmq_shovel", "rabbitmq_shovel_management")
 QUEUE = "bench.move"
@@ -145,7 +145,7 @@ def main() -> None:
     )
     log = open(home / "broker.log", "ab")
     postroom = subprocess.Popen(
-        [sys.executable, "-m", "broker.tools.cli", "serve", "--config", str(config)],
+        [sys.executable, "-m", "postroom.broker.tools.cli", "serve", "--config", str(config)],
         cwd=ROOT, stdout=log, stderr=log, env=dict(os.environ),
     )  # fmt: skip
     results = []

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.flood import Sampler, rss  # noqa: E402
 from bench.run import postroom  # noqa: E402
-from broker.tools.testing import free_port, rabbitmq_node, wait_for_port  # noqa: E402
+from postroom.broker.tools.testing import free_port, rabbitmq_node, wait_for_port  # noqa: E402
 
 _u32 = struct.Struct(">I")
 _head = struct.Struct(">IHH")

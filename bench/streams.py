@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.backlog import MIB, Node, Postroom, nodes, say, wait_port  # noqa: E402
 from bench.flood import rss  # noqa: E402
-from broker.clients.client import connect  # noqa: E402
+from postroom.broker.clients.client import connect  # noqa: E402
 
 STREAM = "bench.stream"
 STREAM_ARGUMENTS = {"x-queue-type": "stream"}

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from config.rabbitmq import is_definitions_json, loads_definitions
-from config.reader import Reader
-from config.schema import BrokerConfig
-from config.values import ConfigError, Problem
+from postroom.config.rabbitmq import is_definitions_json, loads_definitions
+from postroom.config.reader import Reader
+from postroom.config.schema import BrokerConfig
+from postroom.config.values import ConfigError, Problem
 
 
 def load(path: str | Path) -> BrokerConfig:

@@ -39,9 +39,9 @@ import binascii
 import json
 from typing import Any
 
-from config.policies import KEYS, OPERATOR_KEYS, check_apply_to, check_pattern, check_priority, validate
-from config.reader import BUILTIN_EXCHANGE_TYPES, STANDARD_EXCHANGES, Reader
-from config.schema import (
+from postroom.config.policies import KEYS, OPERATOR_KEYS, check_apply_to, check_pattern, check_priority, validate
+from postroom.config.reader import BUILTIN_EXCHANGE_TYPES, STANDARD_EXCHANGES, Reader
+from postroom.config.schema import (
     BindingConfig,
     BrokerConfig,
     DeadLetterConfig,
@@ -56,8 +56,8 @@ from config.schema import (
     VhostConfig,
     VhostLimits,
 )
-from config.shovels import validate as validate_shovel
-from config.values import ConfigError, Problem, is_list
+from postroom.config.shovels import validate as validate_shovel
+from postroom.config.values import ConfigError, Problem, is_list
 
 #: RabbitMQ's ``hashing_algorithm`` values and the ``password_hash`` prefix each becomes, with
 #: the digest size: the hash is ``base64(salt[4] + digest(salt + utf8 password))``.

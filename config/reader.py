@@ -15,8 +15,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from config.policies import MAX_STREAM_SEGMENT_BYTES, check_apply_to, check_pattern, is_interval, validate
-from config.schema import (
+from postroom.config.policies import MAX_STREAM_SEGMENT_BYTES, check_apply_to, check_pattern, is_interval, validate
+from postroom.config.schema import (
     ArchiveConfig,
     BindingConfig,
     BrokerConfig,
@@ -42,8 +42,8 @@ from config.schema import (
     VhostConfig,
     VhostLimits,
 )
-from config.shovels import validate as validate_shovel
-from config.values import ValueReader, is_list, is_string_list, is_text
+from postroom.config.shovels import validate as validate_shovel
+from postroom.config.values import ValueReader, is_list, is_string_list, is_text
 
 __all__ = [
     "Reader",
@@ -196,7 +196,7 @@ class Reader(ValueReader):
             )
         if not tls.certificate or not tls.key:
             return tls
-        from config.tls import TLSProblem, server_context
+        from postroom.config.tls import TLSProblem, server_context
 
         try:
             server_context(tls)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from config.reader import Reader
+from postroom.config.reader import Reader
 
 #: What stands for any name in a table (a vhost, an exchange) in a path.
 NAME = "<name>"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime
 from pathlib import Path
 
-from config.schema import TLSConfig
+from postroom.config.schema import TLSConfig
 
 
 class TLSProblem(Exception):

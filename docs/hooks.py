@@ -113,8 +113,8 @@ def _config_modules() -> tuple[types.ModuleType, types.ModuleType]:
     """``config.reference`` and ``config.schema`` of this checkout."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    reference = importlib.import_module("config.reference")
-    schema = importlib.import_module("config.schema")
+    reference = importlib.import_module("postroom.config.reference")
+    schema = importlib.import_module("postroom.config.schema")
     if not Path(schema.__file__).resolve().is_relative_to(ROOT):
         raise ImportError(f"config.schema was imported from {schema.__file__}, not from this checkout")
     return reference, schema

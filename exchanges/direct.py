@@ -13,9 +13,9 @@ from typing import Any
 
 from zope.interface import implementer
 
-from exchanges.binding import TableRouter, arguments_key
-from exchanges.interfaces import IExchangeType, IRouter
-from exchanges.partitions import partition_of, partition_order
+from postroom.exchanges.binding import TableRouter, arguments_key
+from postroom.exchanges.interfaces import IExchangeType, IRouter
+from postroom.exchanges.partitions import partition_of, partition_order
 
 __all__ = ["DirectExchangeType", "DirectRouter", "PartitionRouter"]
 

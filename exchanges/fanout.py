@@ -11,8 +11,8 @@ from typing import Any
 
 from zope.interface import implementer
 
-from exchanges.binding import TableRouter, arguments_key
-from exchanges.interfaces import IExchangeType, IRouter
+from postroom.exchanges.binding import TableRouter, arguments_key
+from postroom.exchanges.interfaces import IExchangeType, IRouter
 
 __all__ = ["FanoutExchangeType", "FanoutRouter"]
 

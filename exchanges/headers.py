@@ -33,8 +33,8 @@ from typing import Any
 
 from zope.interface import implementer
 
-from exchanges.binding import ArgumentsKey, TableRouter, arguments_key
-from exchanges.interfaces import BindingInvalid, IExchangeType, IRouter
+from postroom.exchanges.binding import ArgumentsKey, TableRouter, arguments_key
+from postroom.exchanges.interfaces import BindingInvalid, IExchangeType, IRouter
 
 __all__ = ["HeadersExchangeType", "HeadersRouter", "XMatch"]
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from zope.interface.verify import verifyObject
 
-from exchanges.direct import DirectExchangeType
-from exchanges.fanout import FanoutExchangeType
-from exchanges.headers import HeadersExchangeType
-from exchanges.interfaces import IExchangeType
-from exchanges.topic import TopicExchangeType
+from postroom.exchanges.direct import DirectExchangeType
+from postroom.exchanges.fanout import FanoutExchangeType
+from postroom.exchanges.headers import HeadersExchangeType
+from postroom.exchanges.interfaces import IExchangeType
+from postroom.exchanges.topic import TopicExchangeType
 
 __all__ = ["ExchangeTypeRegistry", "InvalidExchangeType", "default_registry"]
 

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from zope.interface.verify import verifyObject
 
-from exchanges.interfaces import IRouter
+from postroom.exchanges.interfaces import IRouter
 
 __all__ = ["RouterContract", "RoutingExample"]
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from zope.interface import implementer
 
-from exchanges.binding import TableRouter, arguments_key
-from exchanges.interfaces import BindingInvalid, IExchangeType, IRouter
+from postroom.exchanges.binding import TableRouter, arguments_key
+from postroom.exchanges.interfaces import BindingInvalid, IExchangeType, IRouter
 
 __all__ = [
     "MAX_HASH_WILDCARDS",

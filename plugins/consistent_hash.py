@@ -35,9 +35,9 @@ from typing import Any
 from twisted.plugin import IPlugin
 from zope.interface import implementer
 
-from broker.interfaces import IBrokerPlugin, IPluginContext, PluginSettingsInvalid
-from exchanges.binding import arguments_key
-from exchanges.interfaces import BindingInvalid, IExchangeType, IInterceptingRouter, IRouter
+from postroom.broker.interfaces import IBrokerPlugin, IPluginContext, PluginSettingsInvalid
+from postroom.exchanges.binding import arguments_key
+from postroom.exchanges.interfaces import BindingInvalid, IExchangeType, IInterceptingRouter, IRouter
 
 #: The exchange type name clients declare.
 TYPE_NAME = "x-consistent-hash"

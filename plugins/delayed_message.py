@@ -44,14 +44,14 @@ from typing import Any
 from twisted.plugin import IPlugin
 from zope.interface import implementer
 
-from broker.core.entry import Entry
-from broker.core.message import Message
-from broker.core.queue import WorkQueue
-from broker.interfaces import IBrokerPlugin, IPluginContext, PluginSettingsInvalid
-from broker.wire.content import with_header_entry
-from broker.wire.table import Int32, Int64
-from exchanges.interfaces import BindingInvalid, IExchangeType, IInterceptingRouter, IRouter
-from exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType
+from postroom.broker.core.entry import Entry
+from postroom.broker.core.message import Message
+from postroom.broker.core.queue import WorkQueue
+from postroom.broker.interfaces import IBrokerPlugin, IPluginContext, PluginSettingsInvalid
+from postroom.broker.wire.content import with_header_entry
+from postroom.broker.wire.table import Int32, Int64
+from postroom.exchanges.interfaces import BindingInvalid, IExchangeType, IInterceptingRouter, IRouter
+from postroom.exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType
 
 #: The exchange type name clients declare.
 TYPE_NAME = "x-delayed-message"

@@ -17,9 +17,9 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from broker.wal.records import DeadLettered, DeadLetterSettled, WALCorruption
-from broker.wal.segments import SEGMENT_HEADER_BYTES, parse_segment_header, scan
-from spark.schema import ARROW_SCHEMA
+from postroom.broker.wal.records import DeadLettered, DeadLetterSettled, WALCorruption
+from postroom.broker.wal.segments import SEGMENT_HEADER_BYTES, parse_segment_header, scan
+from postroom.spark.schema import ARROW_SCHEMA
 
 __all__ = [
     "BATCH_ROWS",

@@ -32,9 +32,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from spark.events import list_segments, segment_batches
-from spark.schema import ARROW_SCHEMA
-from spark.streams import Selection, stream_segment_batches
+from postroom.spark.events import list_segments, segment_batches
+from postroom.spark.schema import ARROW_SCHEMA
+from postroom.spark.streams import Selection, stream_segment_batches
 
 __all__ = [
     "FILE_NAME",

@@ -30,8 +30,11 @@ from typing import Any
 
 __all__ = ["build_parser", "build_session", "configured_master", "main", "run"]
 
-#: The project root: Python workers started by a local Spark need it on their path.
+#: Where the code's folders are (``spark/``, ``broker/``): the repository, or the installed
+#: ``postroom`` package.
 ROOT = str(Path(__file__).resolve().parent.parent)
+#: Where ``postroom`` is imported from: Python workers started by a local Spark need it on their path.
+PATH_ENTRY = str(Path(sys.modules["postroom"].__file__ or ROOT).resolve().parent.parent)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,9 +100,10 @@ def ship_code(spark: Any) -> str:
         atexit.register(shutil.rmtree, directory, True)
         path = os.path.join(directory, "postroom_dlq.zip")
         with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("postroom/__init__.py", "")
             for pattern in SHIPPED:
                 for source in sorted(Path(ROOT).glob(pattern)):
-                    archive.write(source, source.relative_to(ROOT).as_posix())
+                    archive.write(source, "postroom/" + source.relative_to(ROOT).as_posix())
         context.addPyFile(path)
         _shipped[key] = path
     return _shipped[key]
@@ -153,8 +157,8 @@ def build_session(master: str | None, app: str = "postroom-dlq-analysis") -> Any
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         path = os.environ.get("PYTHONPATH", "")
-        if ROOT not in path.split(os.pathsep):
-            os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, path) if p)
+        if PATH_ENTRY not in path.split(os.pathsep):
+            os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (PATH_ENTRY, path) if p)
         # The analysis shuffles only small aggregates: on one machine, adaptive re-planning and
         # 200 shuffle partitions cost more than they save (2-3 s of a first job here).
         builder = (
@@ -185,7 +189,7 @@ def _exported_segments(parquet: Any) -> set[int]:
     all (a listing, no job), else from its ``segment`` column (one pruned column: one scan)."""
     from pyspark.sql import functions as F
 
-    from spark.export import FILE_PATTERN
+    from postroom.spark.export import FILE_PATTERN
 
     numbers = set()
     for name in parquet.inputFiles():
@@ -199,7 +203,7 @@ def _exported_segments(parquet: Any) -> set[int]:
 
 def _decode_segments(batches: Any) -> Any:
     """On an executor: the events of each ``(number, path)`` segment given, as Arrow batches."""
-    from spark.events import segment_file_batches
+    from postroom.spark.events import segment_file_batches
 
     for batch in batches:
         for number, path in zip(batch.column("number").to_pylist(), batch.column("path").to_pylist(), strict=True):
@@ -210,7 +214,7 @@ def _decode_stream_segments(selection: Any) -> Callable[[Any], Any]:
     """On an executor: the selected messages of each ``(number, path)`` stream segment given."""
 
     def decode(batches: Any) -> Any:
-        from spark.streams import stream_file_batches
+        from postroom.spark.streams import stream_file_batches
 
         for batch in batches:
             numbers, paths = batch.column("number").to_pylist(), batch.column("path").to_pylist()
@@ -224,7 +228,7 @@ def _list_stream(selection: Any, data_dir: str) -> Callable[[Any], Any]:
     """On an executor: the stream's segment files."""
 
     def listing(_item: Any) -> Any:
-        from spark.streams import stream_segments
+        from postroom.spark.streams import stream_segments
 
         return stream_segments(data_dir, selection.vhost, selection.stream)
 
@@ -239,7 +243,7 @@ def _raw_events(
     segment, that is per range of offsets). The directory is listed by an executor, and only
     executors run Python on it (``mapInArrow``): the driver need not see it, nor run the
     executors' Python (which, shipped with ``--archives``, exists only on them)."""
-    from spark.events import list_segments
+    from postroom.spark.events import list_segments
 
     context = spark.sparkContext
     lister = list_segments if selection is None else _list_stream(selection, data_dir)
@@ -262,8 +266,8 @@ def read_events(
 ) -> Any:
     """The event DataFrame: exported Parquet plus the segments not exported yet (staged); with
     ``selection`` (``spark.streams.Selection``), the segments are that stream's in ``data_dir``."""
-    from spark.events import list_segments
-    from spark.schema import spark_schema
+    from postroom.spark.events import list_segments
+    from postroom.spark.schema import spark_schema
 
     schema = spark_schema()
     frames = []
@@ -303,13 +307,13 @@ def run(spark: Any, args: argparse.Namespace, say: Callable[[str], None] = _say)
 
     :raises pyspark.errors.AnalysisException: ``--redrive-where`` is not a valid condition
     """
-    from spark.report import render_html, render_plots
-    from spark.transforms import corrupt_records, dead_letters, redrive_list, summarise
+    from postroom.spark.report import render_html, render_plots
+    from postroom.spark.transforms import corrupt_records, dead_letters, redrive_list, summarise
 
     out = args.out
     selection = None
     if getattr(args, "stream", None):
-        from spark.streams import Selection
+        from postroom.spark.streams import Selection
 
         selection = Selection(args.vhost, args.stream).bounded(args.start, args.stop)
     staging = os.path.join(out, "_staged")

@@ -13,7 +13,7 @@ import html
 import io
 from typing import Any
 
-from spark.transforms import Summary
+from postroom.spark.transforms import Summary
 
 __all__ = ["render_html", "render_plots"]
 

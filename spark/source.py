@@ -23,7 +23,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from spark.schema import SPARK_SCHEMA_DDL
+from postroom.spark.schema import SPARK_SCHEMA_DDL
 
 __all__ = ["FORMAT", "DeadLetterSegments", "SegmentPartition", "register"]
 
@@ -50,7 +50,7 @@ class DeadLetterSegmentReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         """One partition per segment file not excluded, in segment order."""
-        from spark.events import list_segments
+        from postroom.spark.events import list_segments
 
         found = [SegmentPartition(n, p) for n, p in list_segments(self.path) if n not in self.exclude]
         # Spark wants at least one partition; an empty one reads nothing.
@@ -58,7 +58,7 @@ class DeadLetterSegmentReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         """The events of one segment, as Arrow record batches."""
-        from spark.events import segment_file_batches
+        from postroom.spark.events import segment_file_batches
 
         assert isinstance(partition, SegmentPartition)
         if partition.path:

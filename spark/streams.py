@@ -26,10 +26,10 @@ from typing import Union
 
 import pyarrow as pa
 
-from broker.wal.chunks import unpack_batched_messages, unpack_raw_messages, unpack_stream_messages
-from broker.wal.dead_letter_fields import stream_dead_letter
-from broker.wal.paths import incarnations, stream_directory
-from broker.wal.records import (
+from postroom.broker.wal.chunks import unpack_batched_messages, unpack_raw_messages, unpack_stream_messages
+from postroom.broker.wal.dead_letter_fields import stream_dead_letter
+from postroom.broker.wal.paths import incarnations, stream_directory
+from postroom.broker.wal.records import (
     StreamBatchChunk,
     StreamChunk,
     StreamRawChunk,
@@ -37,8 +37,8 @@ from broker.wal.records import (
     StreamTrackedChunk,
     StreamTrackedRawChunk,
 )
-from broker.wire.amqp10 import delivered_as_amqp091
-from spark.events import BATCH_ROWS, _Columns, _date, list_segments, walk_segment
+from postroom.broker.wire.amqp10 import delivered_as_amqp091
+from postroom.spark.events import BATCH_ROWS, _Columns, _date, list_segments, walk_segment
 
 __all__ = ["Selection", "parse_bound", "stream_segment_batches", "stream_segments"]
 

@@ -29,8 +29,8 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.internet.selectreactor import SelectReactor
 from twisted.logger import formatEventAsClassicLogText, globalLogPublisher
 
-from broker.core.node import Node
-from broker.server.protocol import AMQPServerFactory
+from postroom.broker.core.node import Node
+from postroom.broker.server.protocol import AMQPServerFactory
 
 T = TypeVar("T")
 

@@ -1,9 +1,12 @@
-"""The project's shape: generic top-level names resolve here, pure packages stay pure."""
+"""The project's shape: one installed name, ``postroom``; pure packages stay pure."""
 
 from __future__ import annotations
 
+import importlib
+import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -11,16 +14,67 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("package", ["broker", "exchanges", "plugins", "config", "spark"])
-def test_top_level_package_resolves_inside_this_project(package: str) -> None:
-    module = __import__(package)
-    assert Path(module.__file__).resolve().is_relative_to(ROOT)
-    assert Path(module.__file__).resolve().parent.name == package
+PACKAGES = ["broker", "exchanges", "plugins", "config", "spark"]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_each_package_is_imported_under_the_one_name_from_its_folder(package: str) -> None:
+    module = importlib.import_module(f"postroom.{package}")
+    assert module.__file__ is not None
+    assert Path(module.__file__).resolve() == ROOT / package / "__init__.py"
+
+
+def test_the_distribution_installs_one_top_level_package_and_the_twistd_plugin(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = tmp_path.glob("postroom-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names if ".dist-info/" not in name}
+    assert tops == {"postroom", "twisted"}
+    assert {name for name in names if name.startswith("twisted/")} == {"twisted/plugins/postroom_plugin.py"}
+    for inside in (
+        "postroom/broker/core/vhost.py",
+        "postroom/config/postroom.yaml",
+        "postroom/broker/server/management/ui/index.html",
+        "postroom/spark/job.py",
+        "postroom/plugins/delayed_message.py",
+    ):
+        assert inside in names
+    (metadata,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
+    assert "postroom = postroom.broker.tools.cli:main" in zipfile.ZipFile(wheel).read(metadata).decode()
+
+
+def test_an_applications_own_config_and_plugins_packages_shadow_nothing(tmp_path: Path) -> None:
+    # The common Django layout: the application's own ``config`` package first on the path.
+    for name in ("config", "plugins", "spark", "exchanges", "broker"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("raise ImportError('the application's own package')\n")
+    code = (
+        "import sys, postroom.broker.tools.cli, postroom.broker.server.service, postroom.broker.clients.client\n"
+        "from postroom.config.loader import loads\n"
+        "loads('', 'postroom.yaml')\n"
+        "print(','.join(sorted({name.split('.')[0] for name in sys.modules} & %r)))\n" % set(PACKAGES)
+    )
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=environment, check=True
+    )
+    assert result.stdout.strip() == ""
 
 
 @pytest.mark.parametrize(
     "module",
-    ["broker.amqp.connection", "broker.core.vhost", "broker.core.node", "exchanges.registry", "broker.tools.testing"],
+    [
+        "postroom.broker.amqp.connection",
+        "postroom.broker.core.vhost",
+        "postroom.broker.core.node",
+        "postroom.exchanges.registry",
+        "postroom.broker.tools.testing",
+    ],
 )
 def test_pure_modules_import_no_reactor_metrics_or_spark(module: str) -> None:
     code = (
@@ -33,11 +87,10 @@ def test_pure_modules_import_no_reactor_metrics_or_spark(module: str) -> None:
 
 
 def test_the_clients_import_nothing_of_the_project_but_broker() -> None:
-    # An application with its own top-level ``config`` or ``plugins`` package can use the clients.
     code = (
-        "import sys, broker.clients.client, broker.clients.txclient\n"
-        "tops = {name.split('.')[0] for name in sys.modules}\n"
-        "print(','.join(sorted(tops & {'config', 'exchanges', 'plugins', 'spark'})))\n"
+        "import sys, postroom.broker.clients.client, postroom.broker.clients.txclient\n"
+        "print(','.join(sorted({name for name in sys.modules if name.startswith('postroom.') and "
+        "not name.startswith('postroom.broker')})))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert result.stdout.strip() == ""

@@ -5,7 +5,7 @@
     python bench/soak/fuzz.py --seed 1 --show 1234                              # print it, run nothing
     python bench/soak/fuzz.py --record                                          # re-record the corpus
 
-Starts ``python -m broker.tools.cli serve`` (management API on, output to ``broker.log`` in a
+Starts ``python -m postroom.broker.tools.cli serve`` (management API on, output to ``broker.log`` in a
 scratch directory), then sends case after case: a recorded session (``corpus/``) mutated
 by :mod:`mutations`, written in one or several writes, answers read until EOF or a short
 idle time, the socket closed by FIN, RST, half-close or without reading. Meanwhile a side

@@ -1,6 +1,6 @@
 """What the soak tools share: a real broker process, its vital signs, and confirmed publishing.
 
-* :class:`BrokerProcess` runs ``python -m broker.tools.cli serve`` on free loopback ports with the
+* :class:`BrokerProcess` runs ``python -m postroom.broker.tools.cli serve`` on free loopback ports with the
   management API on, its output in a log file, and reads its vital signs: open file
   descriptors (``/proc/<pid>/fd``), its TCP sockets with their peers' ports (``/proc/net/tcp``,
   so a leaked socket names the client that left it), ``/api/connections`` and ``/api/queues``.
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from broker.tools.testing import free_port, wait_for_port  # noqa: E402
+from postroom.broker.tools.testing import free_port, wait_for_port  # noqa: E402
 
 #: Seconds the broker gets to start listening (it replays its write-ahead log first; a fresh
 #: one is empty, so this is only for a loaded machine).
@@ -111,7 +111,7 @@ class BrokerProcess:
         )
         self._log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "broker.tools.cli", "serve", "--config", str(self.config_path)],
+            [sys.executable, "-m", "postroom.broker.tools.cli", "serve", "--config", str(self.config_path)],
             cwd=self.root,
             stdout=self._log,
             stderr=self._log,

@@ -3,7 +3,7 @@
     python bench/soak/soak.py --connections 2000 [--jobs 4] [--heartbeat-share 0.05]
     python bench/soak/soak.py --connections 50 --endings unread          # one ending only
 
-Starts ``python -m broker.tools.cli serve`` (management API on, output to ``broker.log`` in a
+Starts ``python -m postroom.broker.tools.cli serve`` (management API on, output to ``broker.log`` in a
 scratch directory), fills two durable queues with persistent messages (``soak.big``: 100 KB
 bodies, ``soak.small``: small ones) with confirms, then opens connections on ``--jobs``
 threads, each ending in turn (see :data:`ENDINGS`):

@@ -20,16 +20,16 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 from pamqp.base import Frame
 
-from broker.amqp import topology
-from broker.amqp.confirms import Confirms
-from broker.amqp.consuming import Consuming
-from broker.core.message import Message
-from broker.core.queue import WorkQueue
-from broker.core.replyto import PREFIX, PSEUDO_QUEUE
-from broker.core.seal import DEAD_LETTER_ID_HEADER, SEAL_HEADER, UNSEALED, without_entries
-from broker.core.vhost import EXTEND_EXCHANGE, REDRIVE_EXCHANGE
-from broker.errors import AMQPError, ChannelException, ConnectionException, ReplyCode
-from broker.wire.codec import (
+from postroom.broker.amqp import topology
+from postroom.broker.amqp.confirms import Confirms
+from postroom.broker.amqp.consuming import Consuming
+from postroom.broker.core.message import Message
+from postroom.broker.core.queue import WorkQueue
+from postroom.broker.core.replyto import PREFIX, PSEUDO_QUEUE
+from postroom.broker.core.seal import DEAD_LETTER_ID_HEADER, SEAL_HEADER, UNSEALED, without_entries
+from postroom.broker.core.vhost import EXTEND_EXCHANGE, REDRIVE_EXCHANGE
+from postroom.broker.errors import AMQPError, ChannelException, ConnectionException, ReplyCode
+from postroom.broker.wire.codec import (
     BASIC_CLASS,
     FLAG_DELIVERY_MODE,
     FLAG_EXPIRATION,
@@ -40,7 +40,7 @@ from broker.wire.codec import (
     return_method,
     shortstr,
 )
-from broker.wire.content import (
+from postroom.broker.wire.content import (
     FIXED_LENGTHS,
     REPLY_TO,
     ContentError,
@@ -50,7 +50,7 @@ from broker.wire.content import (
 )
 
 if TYPE_CHECKING:
-    from broker.amqp.seams import Link
+    from postroom.broker.amqp.seams import Link
 
 #: ``amq.rabbitmq.reply-to`` as a ``reply-to`` property holds it.
 PSEUDO_QUEUE_BYTES = PSEUDO_QUEUE.encode()

@@ -14,11 +14,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from broker.wire.codec import ack_method, nack_method
+from postroom.broker.wire.codec import ack_method, nack_method
 
 if TYPE_CHECKING:
-    from broker.core.node import Node
-    from broker.core.vhost import VirtualHost
+    from postroom.broker.core.node import Node
+    from postroom.broker.core.vhost import VirtualHost
 
 
 class Output(Protocol):

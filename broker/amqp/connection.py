@@ -36,18 +36,25 @@ from typing import Any
 from pamqp import commands
 from pamqp.base import Frame
 
-from broker.amqp import handshake
-from broker.amqp.channel import CONTENT_METHODS, QUEUE_SHORTCUT_METHODS, ChannelState
-from broker.amqp.confirms import Confirms
-from broker.amqp.consuming import Consuming
-from broker.amqp.seams import State
-from broker.core.access import Access
-from broker.core.entry import Queue
-from broker.core.node import RESOURCE_ALARMS, Node
-from broker.core.sockets import SocketDetails
-from broker.core.vhost import VirtualHost
-from broker.errors import AMQPError, ChannelCrash, ChannelException, ConnectionDropped, ConnectionException, ReplyCode
-from broker.wire.codec import (
+from postroom.broker.amqp import handshake
+from postroom.broker.amqp.channel import CONTENT_METHODS, QUEUE_SHORTCUT_METHODS, ChannelState
+from postroom.broker.amqp.confirms import Confirms
+from postroom.broker.amqp.consuming import Consuming
+from postroom.broker.amqp.seams import State
+from postroom.broker.core.access import Access
+from postroom.broker.core.entry import Queue
+from postroom.broker.core.node import RESOURCE_ALARMS, Node
+from postroom.broker.core.sockets import SocketDetails
+from postroom.broker.core.vhost import VirtualHost
+from postroom.broker.errors import (
+    AMQPError,
+    ChannelCrash,
+    ChannelException,
+    ConnectionDropped,
+    ConnectionException,
+    ReplyCode,
+)
+from postroom.broker.wire.codec import (
     BASIC_ACK,
     BASIC_CLASS,
     BASIC_NACK,

@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from broker.core.entry import REMAINING_TTL, UNACKED, Consumer, Entry, Queue
-from broker.core.kinds import STREAM_TYPE_NAME
-from broker.core.message import Message
-from broker.core.queue import WorkQueue
-from broker.core.replyto import PSEUDO_QUEUE, ReplyConsumer
-from broker.core.stream import CONSUMER_NAME, OFFSET_HEADER, SINGLE_ACTIVE, StreamQueue, offset_spec
-from broker.errors import ChannelCrash, ChannelException, ConnectionException, ReplyCode
-from broker.wire.codec import (
+from postroom.broker.core.entry import REMAINING_TTL, UNACKED, Consumer, Entry, Queue
+from postroom.broker.core.kinds import STREAM_TYPE_NAME
+from postroom.broker.core.message import Message
+from postroom.broker.core.queue import WorkQueue
+from postroom.broker.core.replyto import PSEUDO_QUEUE, ReplyConsumer
+from postroom.broker.core.stream import CONSUMER_NAME, OFFSET_HEADER, SINGLE_ACTIVE, StreamQueue, offset_spec
+from postroom.broker.errors import ChannelCrash, ChannelException, ConnectionException, ReplyCode
+from postroom.broker.wire.codec import (
     BASIC_DELIVER,
     FRAME_BODY,
     FRAME_END,
@@ -42,10 +42,10 @@ from broker.wire.codec import (
     get_ok_method,
     shortstr,
 )
-from broker.wire.content import with_remaining_ttl
+from postroom.broker.wire.content import with_remaining_ttl
 
 if TYPE_CHECKING:
-    from broker.amqp.seams import Channel
+    from postroom.broker.amqp.seams import Channel
 
 #: Stale delivery tags remembered per channel. An ack of an older stale tag than this is
 #: answered as an unknown tag (406); a million covers a consumer that fell behind by that many

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 from pamqp.constants import FRAME_MIN_SIZE
 
-from broker.amqp.seams import State
-from broker.core.login import sasl_credentials
-from broker.errors import ConnectionException, ReplyCode
-from broker.wire.codec import encode_method
+from postroom.broker.amqp.seams import State
+from postroom.broker.core.login import sasl_credentials
+from postroom.broker.errors import ConnectionException, ReplyCode
+from postroom.broker.wire.codec import encode_method
 
 if TYPE_CHECKING:
-    from broker.amqp.seams import Link
+    from postroom.broker.amqp.seams import Link
 
 
 #: Capabilities announced in connection.start, as RabbitMQ names them.

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from pamqp.base import Frame
 
-    from broker.amqp.confirms import Confirms
-    from broker.core.access import Access
-    from broker.core.entry import Queue
-    from broker.core.node import Node
-    from broker.core.vhost import VirtualHost
-    from broker.errors import AMQPError, ConnectionException
+    from postroom.broker.amqp.confirms import Confirms
+    from postroom.broker.core.access import Access
+    from postroom.broker.core.entry import Queue
+    from postroom.broker.core.node import Node
+    from postroom.broker.core.vhost import VirtualHost
+    from postroom.broker.errors import AMQPError, ConnectionException
 
 __all__ = ["State", "Link", "Channel"]
 

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 
 from pamqp import commands
 
-from broker.core.replyto import PSEUDO_QUEUE
-from broker.core.stream import StreamQueue
-from broker.errors import ChannelException, ReplyCode
-from broker.wire.codec import declare_ok_method
+from postroom.broker.core.replyto import PSEUDO_QUEUE
+from postroom.broker.core.stream import StreamQueue
+from postroom.broker.errors import ChannelException, ReplyCode
+from postroom.broker.wire.codec import declare_ok_method
 
 if TYPE_CHECKING:
-    from broker.amqp.seams import Channel
+    from postroom.broker.amqp.seams import Channel
 
 
 def exchange_declare(channel: Channel, method: commands.Exchange.Declare) -> None:

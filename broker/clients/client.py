@@ -2,7 +2,7 @@
 
 ::
 
-    from broker.clients.client import connect
+    from postroom.broker.clients.client import connect
 
     with connect("amqp://guest:guest@127.0.0.1:5672/") as conn:
         conn.publish("orders", "order.eu.created", b"{...}", headers={"tenant": "acme"})
@@ -34,7 +34,7 @@ from urllib.parse import unquote, urlparse
 from pamqp import commands
 from pamqp.base import Frame
 
-from broker.wire.codec import (
+from postroom.broker.wire.codec import (
     BASIC_CLASS,
     BASIC_DELIVER,
     BASIC_PUBLISH,

@@ -34,8 +34,8 @@ from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 
-from broker.clients.client import ClientError, parse_deliver, start_ok
-from broker.wire.codec import (
+from postroom.broker.clients.client import ClientError, parse_deliver, start_ok
+from postroom.broker.wire.codec import (
     BASIC_ACK,
     BASIC_DELIVER,
     BASIC_NACK,

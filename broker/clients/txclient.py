@@ -41,7 +41,7 @@ from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from broker.clients.client import (
+from postroom.broker.clients.client import (
     ChannelClosed,
     ClientError,
     ConnectionClosed,
@@ -58,7 +58,7 @@ from broker.clients.client import (
     queue_declare,
     start_ok,
 )
-from broker.wire.codec import (
+from postroom.broker.wire.codec import (
     BASIC_DELIVER,
     FRAME_END,
     FRAME_HEARTBEAT,

@@ -31,7 +31,7 @@ import re
 from collections.abc import Mapping
 from typing import Protocol
 
-from broker.errors import ChannelException, ReplyCode
+from postroom.broker.errors import ChannelException, ReplyCode
 
 #: Answers remembered per user and vhost before the memo starts again.
 MEMO_SIZE = 10_000

@@ -32,16 +32,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.core.access import compile_access
-from broker.core.users import User
-from broker.errors import ReplyCode
-from broker.wal.codec import encode
-from broker.wal.records import Defined
-from config.schema import Permission, TopicPermission
+from postroom.broker.core.access import compile_access
+from postroom.broker.core.users import User
+from postroom.broker.errors import ReplyCode
+from postroom.broker.wal.codec import encode
+from postroom.broker.wal.records import Defined
+from postroom.config.schema import Permission, TopicPermission
 
 if TYPE_CHECKING:
-    from broker.core.journal import Journal
-    from broker.core.vhost import VirtualHost
+    from postroom.broker.core.journal import Journal
+    from postroom.broker.core.vhost import VirtualHost
 
 #: The definition kinds in the log.
 USER = "user"

@@ -27,17 +27,17 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from broker.core.message import Message
-from broker.core.queue import WorkQueue
-from broker.core.seal import DEAD_LETTER_ID_HEADER, Sealer
-from broker.wal.codec import encode
-from broker.wal.dead_letter_fields import dead_lettered
-from broker.wal.records import DeadLetterSettled
-from broker.wire.codec import FLAG_HEADERS
+from postroom.broker.core.message import Message
+from postroom.broker.core.queue import WorkQueue
+from postroom.broker.core.seal import DEAD_LETTER_ID_HEADER, Sealer
+from postroom.broker.wal.codec import encode
+from postroom.broker.wal.dead_letter_fields import dead_lettered
+from postroom.broker.wal.records import DeadLetterSettled
+from postroom.broker.wire.codec import FLAG_HEADERS
 
 if TYPE_CHECKING:
-    from broker.core.dead_lettering import DeadLetterReason
-    from broker.core.entry import Entry, Queue
+    from postroom.broker.core.dead_lettering import DeadLetterReason
+    from postroom.broker.core.entry import Entry, Queue
 
 __all__ = [
     "DEAD_LETTER_ID_HEADER",

@@ -29,10 +29,10 @@ from collections.abc import Iterator
 from enum import Enum
 from typing import Any
 
-from broker.core.message import Message
-from broker.core.seal import DEAD_LETTER_ID_HEADER, SEAL_HEADER, Sealer
-from broker.wire.codec import shortstr
-from broker.wire.content import (
+from postroom.broker.core.message import Message
+from postroom.broker.core.seal import DEAD_LETTER_ID_HEADER, SEAL_HEADER, Sealer
+from postroom.broker.wire.codec import shortstr
+from postroom.broker.wire.content import (
     EXPIRATION,
     HEADERS,
     ContentError,
@@ -41,7 +41,7 @@ from broker.wire.content import (
     with_header_entry,
     with_headers_content,
 )
-from broker.wire.table import Int64, Raw, TableError, decode_value, encode_entry, iter_table, value_end
+from postroom.broker.wire.table import Int64, Raw, TableError, decode_value, encode_entry, iter_table, value_end
 
 #: The header Postroom adds to redeliveries (see ``x-delivery-limit``).
 DELIVERY_COUNT_HEADER = "x-delivery-count"

@@ -15,27 +15,27 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
-from broker.core.dead_letter_events import header_dead_letter_id
-from broker.core.message import Message
-from broker.core.node import DEFAULT_VHOST_DESCRIPTION, Limits, Node
-from broker.core.policy import Policy, PolicyRefused, from_value
-from broker.core.queue import WorkQueue
-from broker.core.stores import QueuePager, StreamStorage
-from broker.core.stream import StreamQueue
-from broker.core.timers import Scheduler
-from broker.core.users import User
-from broker.core.vhost import VirtualHost
-from broker.errors import AMQPError
-from broker.wal.recovery import Snapshot
-from broker.wire.codec import decode_field_table, shortstr
-from config.schema import BrokerConfig, ExchangeConfig, QueueConfig, UserConfig, VhostConfig
-from config.shovels import COMPONENT as SHOVEL
-from config.values import ConfigError, Problem
-from exchanges.registry import ExchangeTypeRegistry, default_registry
+from postroom.broker.core.dead_letter_events import header_dead_letter_id
+from postroom.broker.core.message import Message
+from postroom.broker.core.node import DEFAULT_VHOST_DESCRIPTION, Limits, Node
+from postroom.broker.core.policy import Policy, PolicyRefused, from_value
+from postroom.broker.core.queue import WorkQueue
+from postroom.broker.core.stores import QueuePager, StreamStorage
+from postroom.broker.core.stream import StreamQueue
+from postroom.broker.core.timers import Scheduler
+from postroom.broker.core.users import User
+from postroom.broker.core.vhost import VirtualHost
+from postroom.broker.errors import AMQPError
+from postroom.broker.wal.recovery import Snapshot
+from postroom.broker.wire.codec import decode_field_table, shortstr
+from postroom.config.schema import BrokerConfig, ExchangeConfig, QueueConfig, UserConfig, VhostConfig
+from postroom.config.shovels import COMPONENT as SHOVEL
+from postroom.config.values import ConfigError, Problem
+from postroom.exchanges.registry import ExchangeTypeRegistry, default_registry
 
 if TYPE_CHECKING:
-    from broker.core.hooks import HookChain
-    from broker.core.journal import Journal
+    from postroom.broker.core.hooks import HookChain
+    from postroom.broker.core.journal import Journal
 
 _log = Logger()
 

@@ -14,8 +14,8 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from broker.core.entry import DISPATCH_BATCH, Consumer, Entry
-from broker.core.ready import ReadyLine
+from postroom.broker.core.entry import DISPATCH_BATCH, Consumer, Entry
+from postroom.broker.core.ready import ReadyLine
 
 
 class Delivery:

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from broker.core.dead_lettering import DeadLetterReason
-from broker.core.message import Message
-from broker.core.settings import QueueSettings
+from postroom.broker.core.dead_lettering import DeadLetterReason
+from postroom.broker.core.message import Message
+from postroom.broker.core.settings import QueueSettings
 
 #: Most deliveries one dispatch makes before yielding. A consumer without a prefetch limit
 #: (or with no_ack) on a long queue would otherwise have the whole queue written into its

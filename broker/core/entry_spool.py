@@ -34,8 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from broker.core.entry import Entry
-    from broker.core.message import Message
+    from postroom.broker.core.entry import Entry
+    from postroom.broker.core.message import Message
 
 __all__ = [
     "IN_LOG",

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from broker.core.message import Message
-from broker.core.policy import Policy
-from exchanges.interfaces import IInterceptingRouter, IRouter
+from postroom.broker.core.message import Message
+from postroom.broker.core.policy import Policy
+from postroom.exchanges.interfaces import IInterceptingRouter, IRouter
 
 
 class Exchange:

@@ -13,7 +13,7 @@ from typing import Any
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from broker.interfaces import IMessageHook
+from postroom.broker.interfaces import IMessageHook
 
 __all__ = ["HookChain", "MessageHook"]
 

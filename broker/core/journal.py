@@ -21,11 +21,11 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.core.entry_spool import IN_LOG, SpoolRecord
-from broker.core.ledger import SegmentLedger
-from broker.core.resident import ResidentBodies
-from broker.wal.codec import encode, encode_published
-from broker.wal.records import (
+from postroom.broker.core.entry_spool import IN_LOG, SpoolRecord
+from postroom.broker.core.ledger import SegmentLedger
+from postroom.broker.core.resident import ResidentBodies
+from postroom.broker.wal.codec import encode, encode_published
+from postroom.broker.wal.records import (
     Bound,
     Defined,
     DeliveryCounted,
@@ -40,13 +40,13 @@ from broker.wal.records import (
     Unbound,
     Undefined,
 )
-from broker.wire.codec import encode_table
+from postroom.broker.wire.codec import encode_table
 
 if TYPE_CHECKING:
-    from broker.core.entry import Entry, Queue
-    from broker.core.message import Message
-    from broker.core.policy import Policy
-    from broker.wal.streamlog import Staged, StreamLog
+    from postroom.broker.core.entry import Entry, Queue
+    from postroom.broker.core.message import Message
+    from postroom.broker.core.policy import Policy
+    from postroom.broker.wal.streamlog import Staged, StreamLog
 
 #: Ids gathered into one ``Removed`` record at most.
 REMOVAL_IDS = 4096

@@ -18,14 +18,14 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from broker.core.entry import Queue
-from broker.core.queue import MAX_PRIORITY, WorkQueue
-from broker.core.stream import NoLeadingDigit, StreamQueue, interval_seconds
-from broker.errors import ChannelCrash, ChannelException, ReplyCode
-from broker.wire.table import Float32, Int8, Int16, Int64, UInt8, UInt16, UInt32
-from config.policies import KEYS as POLICY_KEYS
-from config.policies import QUEUE_KEYS as QUEUE_POLICY_KEYS
-from config.policies import STREAM_KEYS as STREAM_POLICY_KEYS
+from postroom.broker.core.entry import Queue
+from postroom.broker.core.queue import MAX_PRIORITY, WorkQueue
+from postroom.broker.core.stream import NoLeadingDigit, StreamQueue, interval_seconds
+from postroom.broker.errors import ChannelCrash, ChannelException, ReplyCode
+from postroom.broker.wire.table import Float32, Int8, Int16, Int64, UInt8, UInt16, UInt32
+from postroom.config.policies import KEYS as POLICY_KEYS
+from postroom.config.policies import QUEUE_KEYS as QUEUE_POLICY_KEYS
+from postroom.config.policies import STREAM_KEYS as STREAM_POLICY_KEYS
 
 
 def is_int(value: object) -> bool:

@@ -14,10 +14,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from broker.core.entry_spool import IN_LOG, SpoolRecord
+from postroom.broker.core.entry_spool import IN_LOG, SpoolRecord
 
 if TYPE_CHECKING:
-    from broker.core.message import Message
+    from postroom.broker.core.message import Message
 
 #: A segment is rewritten (its live messages copied forward) once no more than 1/4 of the
 #: message references written to it are still live: at most a third more writing, to free it.

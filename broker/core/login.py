@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from broker.wire.codec import decode_table
+from postroom.broker.wire.codec import decode_table
 
 
 class HashedUser(Protocol):

@@ -13,8 +13,8 @@ from typing import Any
 
 from pamqp import commands
 
-from broker.errors import AMQPError
-from broker.wire.codec import (
+from postroom.broker.errors import AMQPError
+from postroom.broker.wire.codec import (
     FLAG_DELIVERY_MODE,
     FLAG_EXPIRATION,
     FLAG_HEADERS,
@@ -24,7 +24,7 @@ from broker.wire.codec import (
     encode_content_header,
     shortstr,
 )
-from broker.wire.content import EXPIRATION, PRIORITY, property_value
+from postroom.broker.wire.content import EXPIRATION, PRIORITY, property_value
 
 
 class Message:

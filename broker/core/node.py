@@ -14,22 +14,22 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from broker.core.admin import Administration
-from broker.core.entry import Queue
-from broker.core.login import LoginThrottle, decoy_hash, is_expensive
-from broker.core.queue import WorkQueue
-from broker.core.replyto import DirectReplyTo
-from broker.core.stores import QueuePager, StreamStorage
-from broker.core.timers import Scheduler
-from broker.core.users import User
-from broker.core.vhost import VirtualHost
-from broker.wal.codec import encode
-from broker.wal.records import Snapshot
+from postroom.broker.core.admin import Administration
+from postroom.broker.core.entry import Queue
+from postroom.broker.core.login import LoginThrottle, decoy_hash, is_expensive
+from postroom.broker.core.queue import WorkQueue
+from postroom.broker.core.replyto import DirectReplyTo
+from postroom.broker.core.stores import QueuePager, StreamStorage
+from postroom.broker.core.timers import Scheduler
+from postroom.broker.core.users import User
+from postroom.broker.core.vhost import VirtualHost
+from postroom.broker.wal.codec import encode
+from postroom.broker.wal.records import Snapshot
 
 if TYPE_CHECKING:
-    from broker.core.hooks import HookChain
-    from broker.core.journal import Journal
-from exchanges.registry import ExchangeTypeRegistry, default_registry
+    from postroom.broker.core.hooks import HookChain
+    from postroom.broker.core.journal import Journal
+from postroom.exchanges.registry import ExchangeTypeRegistry, default_registry
 
 #: Server limits a client can push on, each with the reason for its value.
 DEFAULT_FRAME_MAX = 131072  # RabbitMQ's default: large enough for 128 KiB bodies in one frame

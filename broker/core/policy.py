@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from config.policies import (
+from postroom.config.policies import (
     APPLY_TO,
     LOWER_WINS,
     QUEUE_KEYS,

@@ -34,20 +34,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.core.dead_lettering import DeadLetterReason, with_delivery_count
-from broker.core.delivery import Delivery
-from broker.core.entry import DISPATCH_BATCH, GONE, READY, Consumer, Entry, QueueObserver
-from broker.core.entry_spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
-from broker.core.message import Message
-from broker.core.ready import READ_BACK, ReadyLine
-from broker.core.recording import QueueJournal
-from broker.core.settings import Overflow, QueueSettings
-from broker.core.timers import COMPACT_AFTER, EXPIRY, TAKEBACK, TIMER_SLACK, Deadlines, Scheduler
-from broker.wire.codec import FLAG_EXPIRATION
+from postroom.broker.core.dead_lettering import DeadLetterReason, with_delivery_count
+from postroom.broker.core.delivery import Delivery
+from postroom.broker.core.entry import DISPATCH_BATCH, GONE, READY, Consumer, Entry, QueueObserver
+from postroom.broker.core.entry_spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
+from postroom.broker.core.message import Message
+from postroom.broker.core.ready import READ_BACK, ReadyLine
+from postroom.broker.core.recording import QueueJournal
+from postroom.broker.core.settings import Overflow, QueueSettings
+from postroom.broker.core.timers import COMPACT_AFTER, EXPIRY, TAKEBACK, TIMER_SLACK, Deadlines, Scheduler
+from postroom.broker.wire.codec import FLAG_EXPIRATION
 
 if TYPE_CHECKING:
-    from broker.core.exchange import Exchange
-    from broker.wal.recovery import StoredMessage
+    from postroom.broker.core.exchange import Exchange
+    from postroom.broker.wal.recovery import StoredMessage
 
 #: RabbitMQ's largest x-max-priority; each level is one deque, so the cap bounds memory per queue.
 MAX_PRIORITY = 255

@@ -21,12 +21,12 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
-from broker.core.dead_lettering import with_delivery_count
-from broker.core.entry import READY, Entry, Queue
-from broker.core.entry_spool import REDELIVERED, Spool, SpoolRecord
-from broker.core.message import Message
-from broker.core.recording import QueueJournal
-from broker.core.timers import EXPIRY, Deadlines
+from postroom.broker.core.dead_lettering import with_delivery_count
+from postroom.broker.core.entry import READY, Entry, Queue
+from postroom.broker.core.entry_spool import REDELIVERED, Spool, SpoolRecord
+from postroom.broker.core.message import Message
+from postroom.broker.core.recording import QueueJournal
+from postroom.broker.core.timers import EXPIRY, Deadlines
 
 #: :attr:`ReadyLine.page_at` when no pager is to be asked: more bytes than any queue holds.
 NEVER = 1 << 62

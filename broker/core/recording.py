@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from broker.core.entry import Entry, Queue
-from broker.core.entry_spool import SpoolRecord
-from broker.core.message import Message
+from postroom.broker.core.entry import Entry, Queue
+from postroom.broker.core.entry_spool import SpoolRecord
+from postroom.broker.core.message import Message
 
 
 class QueueJournal(Protocol):

@@ -21,7 +21,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.wire.codec import shortstr
+from postroom.broker.wire.codec import shortstr
 
 __all__ = ["PSEUDO_QUEUE", "PREFIX", "ReplyConsumer", "DirectReplyTo"]
 

@@ -13,7 +13,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from broker.core.message import Message
+    from postroom.broker.core.message import Message
 
 
 class ResidentBodies:

@@ -24,9 +24,9 @@ import hmac
 import os
 import secrets
 
-from broker.wal.dead_letter_fields import DEAD_LETTER_ID_HEADER, SEAL_HEADER
-from broker.wire.content import ContentError, headers_content, with_headers_content
-from broker.wire.table import TableError, iter_table
+from postroom.broker.wal.dead_letter_fields import DEAD_LETTER_ID_HEADER, SEAL_HEADER
+from postroom.broker.wire.content import ContentError, headers_content, with_headers_content
+from postroom.broker.wire.table import TableError, iter_table
 
 __all__ = ["DEAD_LETTER_ID_HEADER", "SEAL_HEADER", "SEAL_KEY_FILE", "Sealer", "without_entries"]
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.core.ready import BodyPager
-from broker.core.stream import StreamStore
+from postroom.broker.core.ready import BodyPager
+from postroom.broker.core.stream import StreamStore
 
 if TYPE_CHECKING:
-    from broker.core.queue import WorkQueue
-    from broker.core.stream import StreamQueue
+    from postroom.broker.core.queue import WorkQueue
+    from postroom.broker.core.stream import StreamQueue
 
 
 class QueuePager(BodyPager["WorkQueue"], Protocol):

@@ -30,21 +30,21 @@ from typing import Any, Protocol
 
 from twisted.logger import Logger
 
-from broker.core.dead_lettering import DeadLetterReason
-from broker.core.entry import Consumer, Entry, QueueObserver
-from broker.core.message import Message
-from broker.core.policy import effective_definition
-from broker.core.settings import QueueSettings
-from broker.errors import ChannelCrash, ChannelException, ReplyCode
-from broker.wal.chunks import BATCHED, RAW, pack_stream_messages, pack_tracking, split_entries
-from broker.wal.records import WALCorruption
-from broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, Chunk, Staged, StreamLog
-from broker.wire.amqp10 import delivered_as_amqp091
-from broker.wire.codec import split_names
-from broker.wire.content import ContentError, headers_content, with_headers_content
-from broker.wire.table import Int64, TableError, encode_entry, iter_table
-from config.policies import STREAM_KEYS
-from exchanges.partitions import partition_order
+from postroom.broker.core.dead_lettering import DeadLetterReason
+from postroom.broker.core.entry import Consumer, Entry, QueueObserver
+from postroom.broker.core.message import Message
+from postroom.broker.core.policy import effective_definition
+from postroom.broker.core.settings import QueueSettings
+from postroom.broker.errors import ChannelCrash, ChannelException, ReplyCode
+from postroom.broker.wal.chunks import BATCHED, RAW, pack_stream_messages, pack_tracking, split_entries
+from postroom.broker.wal.records import WALCorruption
+from postroom.broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, Chunk, Staged, StreamLog
+from postroom.broker.wire.amqp10 import delivered_as_amqp091
+from postroom.broker.wire.codec import split_names
+from postroom.broker.wire.content import ContentError, headers_content, with_headers_content
+from postroom.broker.wire.table import Int64, TableError, encode_entry, iter_table
+from postroom.config.policies import STREAM_KEYS
+from postroom.exchanges.partitions import partition_order
 
 _log = Logger()
 

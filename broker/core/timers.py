@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from broker.core.entry import READY, UNACKED, Entry
+from postroom.broker.core.entry import READY, UNACKED, Entry
 
 #: After a timer fires, the next one waits at least this long (seconds), so a burst of
 #: deadlines microseconds apart is handled in a few batches rather than one callLater each.

@@ -14,7 +14,7 @@ import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from broker.core.access import Access, Patterns, TopicPatterns, compile_access
+from postroom.broker.core.access import Access, Patterns, TopicPatterns, compile_access
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,31 +11,31 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-from broker.core.access import Access
-from broker.core.dead_lettering import DeadLetterReason, dead_lettered, is_cycle
-from broker.core.entry import Entry, Queue
-from broker.core.exchange import Exchange
-from broker.core.histogram import Histogram
-from broker.core.journal import arguments_table, policy_record
-from broker.core.kinds import STREAM, QueueKind, describe, is_int, kind_of, not_an_integer
-from broker.core.message import Message
-from broker.core.policy import Policy, alternate_exchange, choose, queue_arguments
-from broker.core.queue import WorkQueue
-from broker.core.settings import QueueSettings
-from broker.core.stores import QueuePager, StreamStorage
-from broker.core.stream import StreamQueue
-from broker.core.timers import Scheduler
-from broker.errors import ChannelException, ReplyCode
-from broker.wal.codec import encode
-from broker.wal.records import Bound, ExchangeDeclared, QueueDeclared, StreamOffset
-from broker.wire.codec import FLAG_DELIVERY_MODE
-from exchanges.interfaces import BindingInvalid
-from exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType, default_registry
+from postroom.broker.core.access import Access
+from postroom.broker.core.dead_lettering import DeadLetterReason, dead_lettered, is_cycle
+from postroom.broker.core.entry import Entry, Queue
+from postroom.broker.core.exchange import Exchange
+from postroom.broker.core.histogram import Histogram
+from postroom.broker.core.journal import arguments_table, policy_record
+from postroom.broker.core.kinds import STREAM, QueueKind, describe, is_int, kind_of, not_an_integer
+from postroom.broker.core.message import Message
+from postroom.broker.core.policy import Policy, alternate_exchange, choose, queue_arguments
+from postroom.broker.core.queue import WorkQueue
+from postroom.broker.core.settings import QueueSettings
+from postroom.broker.core.stores import QueuePager, StreamStorage
+from postroom.broker.core.stream import StreamQueue
+from postroom.broker.core.timers import Scheduler
+from postroom.broker.errors import ChannelException, ReplyCode
+from postroom.broker.wal.codec import encode
+from postroom.broker.wal.records import Bound, ExchangeDeclared, QueueDeclared, StreamOffset
+from postroom.broker.wire.codec import FLAG_DELIVERY_MODE
+from postroom.exchanges.interfaces import BindingInvalid
+from postroom.exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType, default_registry
 
 if TYPE_CHECKING:
-    from broker.core.dead_letter_events import DeadLetterLog
-    from broker.core.hooks import HookChain
-    from broker.core.journal import Journal
+    from postroom.broker.core.dead_letter_events import DeadLetterLog
+    from postroom.broker.core.hooks import HookChain
+    from postroom.broker.core.journal import Journal
 
 #: The exchanges every virtual host has, as in RabbitMQ.
 STANDARD_EXCHANGES = (

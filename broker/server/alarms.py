@@ -31,7 +31,7 @@ from twisted.application.service import Service
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-from broker.core.node import Node
+from postroom.broker.core.node import Node
 
 __all__ = ["ResourceMonitor", "disk_free", "memory_total", "release_memory", "resident_memory"]
 

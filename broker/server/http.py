@@ -20,7 +20,7 @@ from twisted.web.http import HTTPChannel
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
-from broker.server.sockets import socket_of
+from postroom.broker.server.sockets import socket_of
 
 __all__ = ["HEADER_SECONDS", "IDLE_SECONDS", "MAX_BODY", "BoundedSite"]
 

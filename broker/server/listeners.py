@@ -14,10 +14,10 @@ from twisted.internet.interfaces import IListeningPort, IOpenSSLServerConnection
 from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from zope.interface import implementer
 
-from broker.core.node import ListenerInfo, Node
-from config.schema import BrokerConfig
-from config.tls import TLSProblem, server_context
-from config.values import ConfigError, Problem
+from postroom.broker.core.node import ListenerInfo, Node
+from postroom.config.schema import BrokerConfig
+from postroom.config.tls import TLSProblem, server_context
+from postroom.config.values import ConfigError, Problem
 
 if TYPE_CHECKING:
     from OpenSSL import SSL

@@ -40,18 +40,18 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from broker.core.dead_lettering import DeadLetterReason
-from broker.core.histogram import Histogram
-from broker.server.alarms import ResourceMonitor, disk_free, memory_total, resident_memory
-from broker.server.identity import NODE_NAME
-from broker.streams.connection import error_counter
-from broker.wire.streamframes import ERROR_NAMES
+from postroom.broker.core.dead_lettering import DeadLetterReason
+from postroom.broker.core.histogram import Histogram
+from postroom.broker.server.alarms import ResourceMonitor, disk_free, memory_total, resident_memory
+from postroom.broker.server.identity import NODE_NAME
+from postroom.broker.streams.connection import error_counter
+from postroom.broker.wire.streamframes import ERROR_NAMES
 
 if TYPE_CHECKING:
-    from broker.core.entry import Queue
-    from broker.core.node import Node
-    from broker.server.shovels import Shovels
-    from broker.storage.logwriter import WALService
+    from postroom.broker.core.entry import Queue
+    from postroom.broker.core.node import Node
+    from postroom.broker.server.shovels import Shovels
+    from postroom.broker.storage.logwriter import WALService
 
 _QUEUE_LABELS = ["vhost", "queue"]
 
@@ -764,7 +764,7 @@ class MetricsResource(Resource):
 def metrics_site(collector: BrokerCollector, reactor: Any = None) -> Site:
     """A twisted.web ``Site`` serving ``/metrics`` (and 404 elsewhere; its slices and timeouts
     on ``reactor``, the global one by default)."""
-    from broker.server.http import BoundedSite
+    from postroom.broker.server.http import BoundedSite
 
     root = Resource()
     root.putChild(b"metrics", MetricsResource(collector, reactor))

@@ -33,16 +33,22 @@ from twisted.plugin import getPlugins
 from zope.interface import Invalid, implementer
 from zope.interface.verify import verifyObject
 
-from broker.core.hooks import HookChain
-from broker.interfaces import IAuthenticator, IBrokerPlugin, IMessageHook, IPluginContext, PluginSettingsInvalid
-from config.schema import PluginConfig
-from config.values import ConfigError, Problem
-from exchanges.interfaces import IExchangeType
-from exchanges.registry import ExchangeTypeRegistry, default_registry
+from postroom.broker.core.hooks import HookChain
+from postroom.broker.interfaces import (
+    IAuthenticator,
+    IBrokerPlugin,
+    IMessageHook,
+    IPluginContext,
+    PluginSettingsInvalid,
+)
+from postroom.config.schema import PluginConfig
+from postroom.config.values import ConfigError, Problem
+from postroom.exchanges.interfaces import IExchangeType
+from postroom.exchanges.registry import ExchangeTypeRegistry, default_registry
 
 if TYPE_CHECKING:
-    from broker.core.node import Node
-    from broker.wal.recovery import Snapshot
+    from postroom.broker.core.node import Node
+    from postroom.broker.wal.recovery import Snapshot
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -87,8 +93,7 @@ class AvailablePlugin:
 
 
 def _bundled() -> list[IBrokerPlugin]:
-    import plugins
-
+    from postroom import plugins
     return list(getPlugins(IBrokerPlugin, plugins))
 
 

@@ -34,13 +34,13 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from broker.amqp.connection import ServerConnection
-from broker.amqp.seams import State
-from broker.core.node import Node
-from broker.errors import ReplyCode
-from broker.server.alarms import ResourceMonitor
-from broker.server.sockets import SocketTransport, socket_details, socket_of
-from broker.text import printable
+from postroom.broker.amqp.connection import ServerConnection
+from postroom.broker.amqp.seams import State
+from postroom.broker.core.node import Node
+from postroom.broker.errors import ReplyCode
+from postroom.broker.server.alarms import ResourceMonitor
+from postroom.broker.server.sockets import SocketTransport, socket_details, socket_of
+from postroom.broker.text import printable
 
 #: Bytes written to a client whose socket buffer is full before nothing more is read from it:
 #: deliveries stop at the full buffer, but replies do not (a loop of ``basic.get`` and

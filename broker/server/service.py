@@ -12,19 +12,19 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IProtocolFactory
 from twisted.logger import Logger
 
-from broker.core.definitions import node_from_config
-from broker.core.node import Node
-from broker.server.alarms import ResourceMonitor, memory_total, release_memory
-from broker.server.listeners import Listener, ListenError, stream_addresses, tls_wrapper
-from broker.server.management import RateSampler, management_site
-from broker.server.metrics import BrokerCollector, metrics_site
-from broker.server.pluginloader import LoadedPlugins, load_plugins
-from broker.server.protocol import AMQPServerFactory
-from broker.server.shovels import Shovels
-from broker.server.streamprotocol import StreamServerFactory
-from broker.storage.logwriter import WALService
-from broker.storage.recover import open_storage
-from config.schema import BrokerConfig, embedded_default
+from postroom.broker.core.definitions import node_from_config
+from postroom.broker.core.node import Node
+from postroom.broker.server.alarms import ResourceMonitor, memory_total, release_memory
+from postroom.broker.server.listeners import Listener, ListenError, stream_addresses, tls_wrapper
+from postroom.broker.server.management import RateSampler, management_site
+from postroom.broker.server.metrics import BrokerCollector, metrics_site
+from postroom.broker.server.pluginloader import LoadedPlugins, load_plugins
+from postroom.broker.server.protocol import AMQPServerFactory
+from postroom.broker.server.shovels import Shovels
+from postroom.broker.server.streamprotocol import StreamServerFactory
+from postroom.broker.storage.logwriter import WALService
+from postroom.broker.storage.recover import open_storage
+from postroom.config.schema import BrokerConfig, embedded_default
 
 #: Allocations between young-generation collections. Messages and queue entries are
 #: allocated at 100k+/s and never form cycles; at the default (700) the collector would walk

@@ -48,16 +48,16 @@ from twisted.internet.interfaces import (
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from broker.clients.link import Link, LinkClosed
-from broker.core.users import User
-from broker.server.identity import NODE_NAME
-from broker.server.sockets import socket_of
-from broker.wire.content import ContentError, headers_content, replace_property, with_header_entry
-from broker.wire.table import Int64, decode_table
-from config.shovels import COMPONENT, Endpoint, ShovelInvalid, ShovelSpec, parse, parse_uri
+from postroom.broker.clients.link import Link, LinkClosed
+from postroom.broker.core.users import User
+from postroom.broker.server.identity import NODE_NAME
+from postroom.broker.server.sockets import socket_of
+from postroom.broker.wire.content import ContentError, headers_content, replace_property, with_header_entry
+from postroom.broker.wire.table import Int64, decode_table
+from postroom.config.shovels import COMPONENT, Endpoint, ShovelInvalid, ShovelSpec, parse, parse_uri
 
 if TYPE_CHECKING:
-    from broker.core.node import Node
+    from postroom.broker.core.node import Node
 
 _log = Logger()
 

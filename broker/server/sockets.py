@@ -8,7 +8,7 @@ from typing import Any, Protocol, cast
 from twisted.internet.interfaces import IAddress, ISSLTransport
 from twisted.internet.protocol import Protocol as TwistedProtocol
 
-from broker.core.sockets import PLAIN_TCP, SocketDetails
+from postroom.broker.core.sockets import PLAIN_TCP, SocketDetails
 
 
 class SocketTransport(Protocol):

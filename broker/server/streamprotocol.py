@@ -24,14 +24,14 @@ from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from broker.core.node import Node
-from broker.server.alarms import ResourceMonitor
-from broker.server.protocol import OUTPUT_BOUND, certificate_common_names, is_loopback
-from broker.server.sockets import SocketTransport, socket_details, socket_of
-from broker.streams.connection import StreamConnection
-from broker.streams.handshake import HANDSHAKE_DONE, Step
-from broker.wal.streamlog import Region
-from broker.wire.streamframes import HEARTBEAT_FRAME
+from postroom.broker.core.node import Node
+from postroom.broker.server.alarms import ResourceMonitor
+from postroom.broker.server.protocol import OUTPUT_BOUND, certificate_common_names, is_loopback
+from postroom.broker.server.sockets import SocketTransport, socket_details, socket_of
+from postroom.broker.streams.connection import StreamConnection
+from postroom.broker.streams.handshake import HANDSHAKE_DONE, Step
+from postroom.broker.wal.streamlog import Region
+from postroom.broker.wire.streamframes import HEARTBEAT_FRAME
 
 _log = Logger()
 

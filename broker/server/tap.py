@@ -31,10 +31,10 @@ def makeService(options: dict[str, Any]) -> IService:
     """
     from twisted.internet import reactor
 
-    from broker.server.service import make_broker_service, tune_gc
-    from config.loader import load
-    from config.schema import embedded_default
-    from config.values import ConfigError
+    from postroom.broker.server.service import make_broker_service, tune_gc
+    from postroom.config.loader import load
+    from postroom.config.schema import embedded_default
+    from postroom.config.values import ConfigError
 
     try:
         config = load(options["config"]) if options["config"] else embedded_default()

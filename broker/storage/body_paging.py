@@ -43,14 +43,14 @@ from typing import TYPE_CHECKING, Any
 from twisted.application.service import Service
 from twisted.logger import Logger
 
-from broker.core.ready import NEVER
+from postroom.broker.core.ready import NEVER
 
 if TYPE_CHECKING:
-    from broker.core.journal import Journal
-    from broker.core.message import Message
-    from broker.core.queue import WorkQueue
-    from broker.storage.page_store import PageStore
-    from broker.storage.spool_files import Spooler
+    from postroom.broker.core.journal import Journal
+    from postroom.broker.core.message import Message
+    from postroom.broker.core.queue import WorkQueue
+    from postroom.broker.storage.page_store import PageStore
+    from postroom.broker.storage.spool_files import Spooler
 
 #: Seconds between looks at the watched queues while any is watched.
 INTERVAL = 0.05

@@ -44,19 +44,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from broker.core.entry_spool import IN_LOG, RECORD_BYTES, REDELIVERED, SpoolRecord, pack_record, unpack_records
-from broker.core.queue import CheckpointRefused, WorkQueue
-from broker.storage.page_store import write_all
-from broker.wal.files import _sync_directory
-from broker.wal.recovery import Snapshot, replay
-from broker.wal.segments import scan
+from postroom.broker.core.entry_spool import IN_LOG, RECORD_BYTES, REDELIVERED, SpoolRecord, pack_record, unpack_records
+from postroom.broker.core.queue import CheckpointRefused, WorkQueue
+from postroom.broker.storage.page_store import write_all
+from postroom.broker.wal.files import _sync_directory
+from postroom.broker.wal.recovery import Snapshot, replay
+from postroom.broker.wal.segments import scan
 
 if TYPE_CHECKING:
-    from broker.core.entry import Entry
-    from broker.core.journal import Journal
-    from broker.core.node import Node
-    from broker.core.vhost import VirtualHost
-    from broker.storage.spool_files import Spooler
+    from postroom.broker.core.entry import Entry
+    from postroom.broker.core.journal import Journal
+    from postroom.broker.core.node import Node
+    from postroom.broker.core.vhost import VirtualHost
+    from postroom.broker.storage.spool_files import Spooler
 
 __all__ = [
     "CHECKPOINT_BYTES",

@@ -26,12 +26,12 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from broker.core.dead_letter_events import DeadLetterLog, watch_dead_letter_queues
-from broker.core.node import Node
-from broker.core.seal import Sealer
-from broker.storage.writer import WorkerWriter
-from broker.wal.files import DirectoryStorage, prune_archive
-from broker.wal.stream import SegmentStream
+from postroom.broker.core.dead_letter_events import DeadLetterLog, watch_dead_letter_queues
+from postroom.broker.core.node import Node
+from postroom.broker.core.seal import Sealer
+from postroom.broker.storage.writer import WorkerWriter
+from postroom.broker.wal.files import DirectoryStorage, prune_archive
+from postroom.broker.wal.stream import SegmentStream
 
 __all__ = ["DEAD_LETTER_DIR", "WRITE_INTERVAL", "DeadLetterService", "open_dead_letters"]
 

@@ -17,24 +17,24 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from broker.core.histogram import Histogram
-from broker.core.journal import Journal, StagedStream
-from broker.core.node import Node
-from broker.storage.body_paging import Pager
-from broker.storage.checkpoint import (
+from postroom.broker.core.histogram import Histogram
+from postroom.broker.core.journal import Journal, StagedStream
+from postroom.broker.core.node import Node
+from postroom.broker.storage.body_paging import Pager
+from postroom.broker.storage.checkpoint import (
     CHECKPOINT_BYTES,
     Captured,
     CheckpointRefused,
     capture,
     discard_checkpoint,
 )
-from broker.storage.streams import remove_stream
-from broker.storage.writer import WorkerWriter
-from broker.wal.files import prune_archive
-from broker.wal.log import WriteAheadLog
-from broker.wal.segments import SEGMENT_HEADER_BYTES
-from broker.wal.streamlog import Staged
-from config.schema import BrokerConfig
+from postroom.broker.storage.streams import remove_stream
+from postroom.broker.storage.writer import WorkerWriter
+from postroom.broker.wal.files import prune_archive
+from postroom.broker.wal.log import WriteAheadLog
+from postroom.broker.wal.segments import SEGMENT_HEADER_BYTES
+from postroom.broker.wal.streamlog import Staged
+from postroom.config.schema import BrokerConfig
 
 #: A checkpoint is captured on the reactor thread (each durable queue's messages in memory are
 #: turned into records): the next one waits at least this many times as long as the last took.

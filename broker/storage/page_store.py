@@ -15,7 +15,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from broker.core.message import Message
+    from postroom.broker.core.message import Message
 
 #: Size at which the store starts a new segment file.
 SEGMENT_BYTES = 64 << 20

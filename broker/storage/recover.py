@@ -15,28 +15,28 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from broker.core.definitions import node_from_config
-from broker.core.journal import Journal
-from broker.core.node import Node
-from broker.core.queue import WorkQueue
-from broker.storage.body_paging import Pager
-from broker.storage.checkpoint import (
+from postroom.broker.core.definitions import node_from_config
+from postroom.broker.core.journal import Journal
+from postroom.broker.core.node import Node
+from postroom.broker.core.queue import WorkQueue
+from postroom.broker.storage.body_paging import Pager
+from postroom.broker.storage.checkpoint import (
     Checkpoint,
     CheckpointError,
     discard_checkpoint,
     read_checkpoint,
     restore_checkpoint,
 )
-from broker.storage.dead_letter_writer import DeadLetterService, open_dead_letters
-from broker.storage.logwriter import WALService, archive_of
-from broker.storage.page_store import PageStore
-from broker.storage.spool_files import SPOOL_DIR, SPOOL_WINDOW, Spooler
-from broker.storage.streams import STREAMS_DIR, StreamFiles
-from broker.wal.files import DirectoryStorage
-from broker.wal.log import RecoveryReport, WriteAheadLog
-from broker.wal.records import WALCorruption
-from broker.wal.recovery import Snapshot, replay_located
-from config.schema import BrokerConfig
+from postroom.broker.storage.dead_letter_writer import DeadLetterService, open_dead_letters
+from postroom.broker.storage.logwriter import WALService, archive_of
+from postroom.broker.storage.page_store import PageStore
+from postroom.broker.storage.spool_files import SPOOL_DIR, SPOOL_WINDOW, Spooler
+from postroom.broker.storage.streams import STREAMS_DIR, StreamFiles
+from postroom.broker.wal.files import DirectoryStorage
+from postroom.broker.wal.log import RecoveryReport, WriteAheadLog
+from postroom.broker.wal.records import WALCorruption
+from postroom.broker.wal.recovery import Snapshot, replay_located
+from postroom.config.schema import BrokerConfig
 
 _log = Logger()
 

@@ -19,17 +19,17 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from broker.core.entry_spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
-from broker.core.message import Message
-from broker.core.ready import NEVER, WRITE
-from broker.storage.page_store import write_all
-from broker.wal.codec import encode_published_after, published_contents, published_prefix
+from postroom.broker.core.entry_spool import IN_LOG, REDELIVERED, Spool, SpoolRecord
+from postroom.broker.core.message import Message
+from postroom.broker.core.ready import NEVER, WRITE
+from postroom.broker.storage.page_store import write_all
+from postroom.broker.wal.codec import encode_published_after, published_contents, published_prefix
 
 if TYPE_CHECKING:
-    from broker.core.entry import Entry
-    from broker.core.journal import Journal
-    from broker.core.queue import WorkQueue
-    from broker.storage.page_store import PageStore
+    from postroom.broker.core.entry import Entry
+    from postroom.broker.core.journal import Journal
+    from postroom.broker.core.queue import WorkQueue
+    from postroom.broker.storage.page_store import PageStore
 
 __all__ = ["CHUNK_BYTES", "SPOOL_DIR", "SPOOL_WINDOW", "FileSpoolStorage", "Locator", "Spooler"]
 

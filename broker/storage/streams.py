@@ -17,11 +17,11 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from broker.core.journal import Journal
-from broker.core.stream import StreamQueue
-from broker.wal.files import DirectoryStorage
-from broker.wal.paths import incarnations, stream_directory
-from broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, StreamLog
+from postroom.broker.core.journal import Journal
+from postroom.broker.core.stream import StreamQueue
+from postroom.broker.wal.files import DirectoryStorage
+from postroom.broker.wal.paths import incarnations, stream_directory
+from postroom.broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, StreamLog
 
 __all__ = ["StreamFiles", "STREAMS_DIR", "remove_stream", "scratch_streams"]
 

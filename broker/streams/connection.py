@@ -29,19 +29,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from broker.core.node import Node
-from broker.core.sockets import SocketDetails
-from broker.core.stream import StreamQueue
-from broker.core.users import User
-from broker.core.vhost import VirtualHost
-from broker.errors import ChannelException
-from broker.streams.handshake import FRAME_MAX, HEARTBEAT, Handshake, Step
-from broker.streams.publishing import Publisher, Publishing
-from broker.streams.session import Outgoing
-from broker.streams.subscriptions import Subscription, Subscriptions
-from broker.streams.superstreams import SuperStreams
-from broker.streams.topology import Topology
-from broker.wire import streamframes as wire
+from postroom.broker.core.node import Node
+from postroom.broker.core.sockets import SocketDetails
+from postroom.broker.core.stream import StreamQueue
+from postroom.broker.core.users import User
+from postroom.broker.core.vhost import VirtualHost
+from postroom.broker.errors import ChannelException
+from postroom.broker.streams.handshake import FRAME_MAX, HEARTBEAT, Handshake, Step
+from postroom.broker.streams.publishing import Publisher, Publishing
+from postroom.broker.streams.session import Outgoing
+from postroom.broker.streams.subscriptions import Subscription, Subscriptions
+from postroom.broker.streams.superstreams import SuperStreams
+from postroom.broker.streams.topology import Topology
+from postroom.broker.wire import streamframes as wire
 
 
 def error_counter(code: int) -> str:

@@ -7,14 +7,14 @@ import struct
 import zlib
 from dataclasses import replace
 
-from broker.core.stream import MAX_CHUNK_ENTRIES, StreamQueue
-from broker.streams.session import Outgoing
-from broker.wal.chunks import BATCHED, TRACKING_SNAPSHOT, count_entries, split_entries, unpack_tracking
-from broker.wal.records import WALCorruption
-from broker.wal.segments import SEGMENT_HEADER_BYTES
-from broker.wal.streamlog import ENTRIES_AT, Chunk
-from broker.wire import streamframes as wire
-from broker.wire.amqp10 import from_amqp091
+from postroom.broker.core.stream import MAX_CHUNK_ENTRIES, StreamQueue
+from postroom.broker.streams.session import Outgoing
+from postroom.broker.wal.chunks import BATCHED, TRACKING_SNAPSHOT, count_entries, split_entries, unpack_tracking
+from postroom.broker.wal.records import WALCorruption
+from postroom.broker.wal.segments import SEGMENT_HEADER_BYTES
+from postroom.broker.wal.streamlog import ENTRIES_AT, Chunk
+from postroom.broker.wire import streamframes as wire
+from postroom.broker.wire.amqp10 import from_amqp091
 
 _CHUNK_HEAD = struct.Struct(">HHBBBHIqQQIIII")  # frame key, version, subscription; osiris's head
 _CHUNK_HEAD_V2 = struct.Struct(">HHBQBBHIqQQIIII")  # the same with the committed chunk id first

@@ -17,13 +17,13 @@ from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
-from broker.core.login import sasl_credentials
-from broker.core.users import User
-from broker.streams.session import Session
-from broker.wire import streamframes as wire
+from postroom.broker.core.login import sasl_credentials
+from postroom.broker.core.users import User
+from postroom.broker.streams.session import Session
+from postroom.broker.wire import streamframes as wire
 
 if TYPE_CHECKING:
-    from broker.core.vhost import VirtualHost
+    from postroom.broker.core.vhost import VirtualHost
 
 #: The frame size and heartbeat (seconds) the server offers in ``tune`` (RabbitMQ's defaults).
 FRAME_MAX = 1_048_576

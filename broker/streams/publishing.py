@@ -8,11 +8,11 @@ import operator
 import struct
 from itertools import islice
 
-from broker.core.stream import StreamQueue
-from broker.streams.session import Session
-from broker.wal.chunks import BATCH_HEAD, batch_records, unpack_batched_messages
-from broker.wal.records import WALCorruption
-from broker.wire import streamframes as wire
+from postroom.broker.core.stream import StreamQueue
+from postroom.broker.streams.session import Session
+from postroom.broker.wal.chunks import BATCH_HEAD, batch_records, unpack_batched_messages
+from postroom.broker.wal.records import WALCorruption
+from postroom.broker.wire import streamframes as wire
 
 
 class Publisher:

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, TypeAlias
 
-from broker.core.node import Node
-from broker.core.stream import StreamQueue
-from broker.core.vhost import VirtualHost
-from broker.wal.streamlog import Region
+from postroom.broker.core.node import Node
+from postroom.broker.core.stream import StreamQueue
+from postroom.broker.core.vhost import VirtualHost
+from postroom.broker.wal.streamlog import Region
 
 #: What a connection has to write, in order: frames (or parts of one), and chunks to send from
 #: their file.

@@ -10,14 +10,14 @@ import struct
 
 from twisted.logger import Logger
 
-from broker.core.stream import MAX_CHUNK_ENTRIES, StreamQueue
-from broker.streams.deliver import chunk_head, deliver, trailer_bytes
-from broker.streams.session import Outgoing, Session
-from broker.streams.superstreams import ConsumerGroups, leave
-from broker.wal.chunks import RAW
-from broker.wal.records import WALCorruption
-from broker.wal.streamlog import Chunk, Region
-from broker.wire import streamframes as wire
+from postroom.broker.core.stream import MAX_CHUNK_ENTRIES, StreamQueue
+from postroom.broker.streams.deliver import chunk_head, deliver, trailer_bytes
+from postroom.broker.streams.session import Outgoing, Session
+from postroom.broker.streams.superstreams import ConsumerGroups, leave
+from postroom.broker.wal.chunks import RAW
+from postroom.broker.wal.records import WALCorruption
+from postroom.broker.wal.streamlog import Chunk, Region
+from postroom.broker.wire import streamframes as wire
 
 _log = Logger()
 

@@ -14,16 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from broker.core.stream import StreamQueue
-from broker.core.vhost import VirtualHost
-from broker.errors import ChannelCrash, ChannelException
-from broker.streams.session import Session
-from broker.streams.topology import clean_name, stream_arguments
-from broker.wire import streamframes as wire
-from exchanges.partitions import PARTITION_ORDER, SUPER_STREAM, partition_order
+from postroom.broker.core.stream import StreamQueue
+from postroom.broker.core.vhost import VirtualHost
+from postroom.broker.errors import ChannelCrash, ChannelException
+from postroom.broker.streams.session import Session
+from postroom.broker.streams.topology import clean_name, stream_arguments
+from postroom.broker.wire import streamframes as wire
+from postroom.exchanges.partitions import PARTITION_ORDER, SUPER_STREAM, partition_order
 
 if TYPE_CHECKING:
-    from broker.core.entry import Queue
+    from postroom.broker.core.entry import Queue
 
 #: The most partitions ``create_super_stream`` makes (a partitioned stream's in the YAML).
 MAX_SUPER_STREAM_PARTITIONS = 1024

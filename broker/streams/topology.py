@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import struct
 
-from broker.core.stream import StreamQueue
-from broker.errors import ChannelCrash, ChannelException
-from broker.streams.session import Session
-from broker.wire import streamframes as wire
+from postroom.broker.core.stream import StreamQueue
+from postroom.broker.errors import ChannelCrash, ChannelException
+from postroom.broker.streams.session import Session
+from postroom.broker.wire import streamframes as wire
 
 #: ``create`` arguments and the stream arguments they become (``rabbit_stream_manager``);
 #: others are ignored, as RabbitMQ ignores them.

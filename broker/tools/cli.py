@@ -22,10 +22,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from broker.text import EscapingWriter
-from broker.tools import ctl, migrate
-from broker.tools.commands import administration, deadletters, messaging, serving
-from broker.tools.management import DEFAULT_MANAGEMENT_URL
+from postroom.broker.text import EscapingWriter
+from postroom.broker.tools import ctl, migrate
+from postroom.broker.tools.commands import administration, deadletters, messaging, serving
+from postroom.broker.tools.management import DEFAULT_MANAGEMENT_URL
 
 
 def _listers(

@@ -27,7 +27,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from broker.tools.management import DEFAULT_MANAGEMENT_URL, management_call
+from postroom.broker.tools.management import DEFAULT_MANAGEMENT_URL, management_call
 
 #: ``rabbitmqctl``'s exit codes (sysexits).
 EX_USAGE, EX_DATAERR, EX_NOUSER, EX_UNAVAILABLE, EX_SOFTWARE = 64, 65, 67, 69, 70

@@ -31,20 +31,20 @@ from typing import Any
 from pamqp import commands
 from pamqp.base import Frame
 
-from broker.amqp.connection import ServerConnection
-from broker.core.journal import Journal
-from broker.core.node import Node
-from broker.core.stream import StreamQueue
-from broker.core.users import User
-from broker.storage.streams import StreamFiles
-from broker.streams.connection import StreamConnection
-from broker.streams.handshake import FRAME_MAX
-from broker.tools.testing import MemorySegmentStorage
-from broker.wal.chunks import BATCH_HEAD, pack_raw_entries
-from broker.wal.streamlog import StreamLog
-from broker.wire import streamframes as stream_wire
-from broker.wire.codec import FRAME_METHOD, PROTOCOL_HEADER
-from broker.wire.table import encode_table
+from postroom.broker.amqp.connection import ServerConnection
+from postroom.broker.core.journal import Journal
+from postroom.broker.core.node import Node
+from postroom.broker.core.stream import StreamQueue
+from postroom.broker.core.users import User
+from postroom.broker.storage.streams import StreamFiles
+from postroom.broker.streams.connection import StreamConnection
+from postroom.broker.streams.handshake import FRAME_MAX
+from postroom.broker.tools.testing import MemorySegmentStorage
+from postroom.broker.wal.chunks import BATCH_HEAD, pack_raw_entries
+from postroom.broker.wal.streamlog import StreamLog
+from postroom.broker.wire import streamframes as stream_wire
+from postroom.broker.wire.codec import FRAME_METHOD, PROTOCOL_HEADER
+from postroom.broker.wire.table import encode_table
 
 __all__ = [
     "SESSION_START", "STREAM_SESSION_START", "method_frame", "raw_frame", "run_once", "stream_request",

@@ -40,8 +40,8 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
-from broker.tools.management import management_call
-from config.shovels import QUEUE_ARGUMENTS, REMAINING_TTL
+from postroom.broker.tools.management import management_call
+from postroom.config.shovels import QUEUE_ARGUMENTS, REMAINING_TTL
 
 #: Postroom's queue arguments RabbitMQ has no use for, and why they are dropped.
 DROPPED_ARGUMENTS = {
@@ -274,7 +274,7 @@ def api_url(args: argparse.Namespace) -> str:
     names (with ``--url``'s credentials)."""
     if not args.config:
         return str(args.url)
-    from config.loader import load
+    from postroom.config.loader import load
 
     listen = load(args.config).listen.management
     if not listen:

@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from broker.clients.client import Connection, Message, PublishNacked
-from broker.core.seal import DEAD_LETTER_ID_HEADER, SEAL_HEADER
-from broker.core.vhost import REDRIVE_EXCHANGE
+from postroom.broker.clients.client import Connection, Message, PublishNacked
+from postroom.broker.core.seal import DEAD_LETTER_ID_HEADER, SEAL_HEADER
+from postroom.broker.core.vhost import REDRIVE_EXCHANGE
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,10 +26,10 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 from zope.interface import implementer
 
-from broker.amqp.connection import ServerConnection
-from broker.core.node import Node
-from broker.wal.files import ISegmentStorage
-from broker.wire.codec import PROTOCOL_HEADER
+from postroom.broker.amqp.connection import ServerConnection
+from postroom.broker.core.node import Node
+from postroom.broker.wal.files import ISegmentStorage
+from postroom.broker.wire.codec import PROTOCOL_HEADER
 
 
 class FramePump:

@@ -17,9 +17,9 @@ import struct
 import zlib
 from collections.abc import Iterable
 
-from broker.wal.codec import MAX_RECORD_BYTES, RECORD_HEADER
-from broker.wal.crc import TYPE_CRC
-from broker.wal.records import RecordType, WALCorruption
+from postroom.broker.wal.codec import MAX_RECORD_BYTES, RECORD_HEADER
+from postroom.broker.wal.crc import TYPE_CRC
+from postroom.broker.wal.records import RecordType, WALCorruption
 
 __all__ = [
     "STREAM_CHUNK_HEAD",

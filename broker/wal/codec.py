@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import fields
 from typing import Protocol, Union
 
-from broker.wal.crc import TYPE_CRC
-from broker.wal.records import RECORD_CLASSES, DeadLettered, Published, Record, RecordType, WALCorruption
+from postroom.broker.wal.crc import TYPE_CRC
+from postroom.broker.wal.records import RECORD_CLASSES, DeadLettered, Published, Record, RecordType, WALCorruption
 
 __all__ = [
     "RECORD_HEADER",

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from broker.wal.records import DEAD_LETTER_HEADER_VALUE_BYTES, DEAD_LETTER_PREVIEW_BYTES, DeadLettered
-from broker.wire.content import MESSAGE_ID, ContentError, headers_content, property_value
-from broker.wire.table import TableError, decode_table
+from postroom.broker.wal.records import DEAD_LETTER_HEADER_VALUE_BYTES, DEAD_LETTER_PREVIEW_BYTES, DeadLettered
+from postroom.broker.wire.content import MESSAGE_ID, ContentError, headers_content, property_value
+from postroom.broker.wire.table import TableError, decode_table
 
 __all__ = [
     "DEAD_LETTER_ID_HEADER",

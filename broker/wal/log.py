@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 
-from broker.wal.files import ISegmentStorage
-from broker.wal.records import RECORD_CLASSES, Published, Record, WALCorruption
-from broker.wal.segments import SEGMENT_HEADER_BYTES, parse_segment_header, scan, segment_header
+from postroom.broker.wal.files import ISegmentStorage
+from postroom.broker.wal.records import RECORD_CLASSES, Published, Record, WALCorruption
+from postroom.broker.wal.segments import SEGMENT_HEADER_BYTES, parse_segment_header, scan, segment_header
 
 __all__ = ["DEFAULT_SEGMENT_BYTES", "RecoveryReport", "WriteAheadLog", "check", "dump"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from broker.wal.records import (
+from postroom.broker.wal.records import (
     Bound,
     Defined,
     DeliveryCounted,

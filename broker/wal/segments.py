@@ -18,9 +18,9 @@ import zlib
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 
-from broker.wal.codec import MAX_RECORD_BYTES, RECORD_HEADER, RECORD_HEADER_BYTES, Buffer, decode
-from broker.wal.crc import TYPE_CRC
-from broker.wal.records import Record, RecordType, WALCorruption
+from postroom.broker.wal.codec import MAX_RECORD_BYTES, RECORD_HEADER, RECORD_HEADER_BYTES, Buffer, decode
+from postroom.broker.wal.crc import TYPE_CRC
+from postroom.broker.wal.records import Record, RecordType, WALCorruption
 
 __all__ = [
     "MAGIC",

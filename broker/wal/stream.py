@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from broker.wal.files import ISegmentStorage
-from broker.wal.segments import SEGMENT_HEADER_BYTES, segment_header
+from postroom.broker.wal.files import ISegmentStorage
+from postroom.broker.wal.segments import SEGMENT_HEADER_BYTES, segment_header
 
 __all__ = ["DEFAULT_MAX_AGE", "SegmentStream", "sealed_segments"]
 

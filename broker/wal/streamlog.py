@@ -31,7 +31,7 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from broker.wal.chunks import (
+from postroom.broker.wal.chunks import (
     RAW,
     STREAM_CHUNK_HEAD,
     STREAM_CHUNK_OVERHEAD,
@@ -47,12 +47,12 @@ from broker.wal.chunks import (
     unpack_stream_messages,
     unpack_tracking,
 )
-from broker.wal.codec import MAX_RECORD_BYTES, RECORD_HEADER_BYTES, decode
-from broker.wal.crc import crc32_before, stream_entries_crc
-from broker.wal.files import ISegmentStorage
-from broker.wal.log import WriteAheadLog
-from broker.wal.records import StreamBatchChunk, StreamChunk, StreamRawChunk, StreamTrackedChunk, WALCorruption
-from broker.wal.segments import SEGMENT_HEADER_BYTES, parse_segment_header, segment_header
+from postroom.broker.wal.codec import MAX_RECORD_BYTES, RECORD_HEADER_BYTES, decode
+from postroom.broker.wal.crc import crc32_before, stream_entries_crc
+from postroom.broker.wal.files import ISegmentStorage
+from postroom.broker.wal.log import WriteAheadLog
+from postroom.broker.wal.records import StreamBatchChunk, StreamChunk, StreamRawChunk, StreamTrackedChunk, WALCorruption
+from postroom.broker.wal.segments import SEGMENT_HEADER_BYTES, parse_segment_header, segment_header
 
 __all__ = ["DEFAULT_STREAM_SEGMENT_BYTES", "ENTRIES_AT", "INDEX_EVERY", "Chunk", "Region", "Staged", "StreamLog"]
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from pamqp import commands
 
-from broker.wire.codec import decode_properties, encode_content_header, split_names
+from postroom.broker.wire.codec import decode_properties, encode_content_header, split_names
 
 Typed = tuple[str, Any]
 

@@ -24,8 +24,8 @@ from typing import Any
 from pamqp import commands, decode, encode, exceptions
 from pamqp.base import Frame
 
-from broker.errors import ConnectionDropped, ConnectionException, ReplyCode
-from broker.wire import table as _table
+from postroom.broker.errors import ConnectionDropped, ConnectionException, ReplyCode
+from postroom.broker.wire import table as _table
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 

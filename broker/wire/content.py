@@ -18,7 +18,7 @@ import math
 import struct
 from typing import Any
 
-from broker.wire.table import TableError, check_table, encode_entry, iter_table
+from postroom.broker.wire.table import TableError, check_table, encode_entry, iter_table
 
 #: Basic class property flags (AMQP 0-9-1 §4.2.6.1), highest bit first, with their types.
 CONTENT_TYPE = 0x8000

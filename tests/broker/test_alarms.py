@@ -9,11 +9,11 @@ from typing import Any
 from pamqp import commands
 from twisted.internet.task import Clock
 
-from broker.core.journal import Journal
-from broker.core.node import Node
-from broker.core.users import User
-from broker.server.alarms import DISK_INTERVAL, MEMORY_INTERVAL, READ_CHECK_MIN, ResourceMonitor
-from broker.tools.testing import Client, encode, publish_frames
+from postroom.broker.core.journal import Journal
+from postroom.broker.core.node import Node
+from postroom.broker.core.users import User
+from postroom.broker.server.alarms import DISK_INTERVAL, MEMORY_INTERVAL, READ_CHECK_MIN, ResourceMonitor
+from postroom.broker.tools.testing import Client, encode, publish_frames
 
 BLOCKING = {"connection.blocked": True, "authentication_failure_close": True}
 
@@ -179,8 +179,8 @@ def test_memory_is_read_again_once_half_of_what_was_left_is_read_from_clients() 
 def test_bytes_read_over_either_protocol_have_memory_read_again() -> None:
     from twisted.internet.testing import StringTransport
 
-    from broker.server.protocol import AMQPServerFactory
-    from broker.server.streamprotocol import StreamServerFactory
+    from postroom.broker.server.protocol import AMQPServerFactory
+    from postroom.broker.server.streamprotocol import StreamServerFactory
 
     n, readings, clock = node(), Readings(), Clock()
     watcher = ResourceMonitor(n, clock, 4 * READ_CHECK_MIN, read_memory=lambda: readings.memory, trim=readings.trim)
@@ -215,7 +215,7 @@ def test_the_monitor_raises_the_disk_alarm_below_the_free_space_limit() -> None:
 def test_alarms_and_readings_are_exported() -> None:
     from prometheus_client.exposition import generate_latest
 
-    from broker.server.metrics import BrokerCollector, make_registry
+    from postroom.broker.server.metrics import BrokerCollector, make_registry
 
     n, readings, clock = node(), Readings(), Clock()
     watcher = monitor(n, readings, clock)

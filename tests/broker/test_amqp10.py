@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
-from broker.wire.amqp10 import (
+from postroom.broker.wire.amqp10 import (
     APPLICATION_PROPERTIES,
     DATA,
     MESSAGE_ANNOTATIONS,
@@ -20,7 +20,7 @@ from broker.wire.amqp10 import (
     sections,
     to_amqp091,
 )
-from broker.wire.codec import decode_properties, encode_content_header
+from postroom.broker.wire.codec import decode_properties, encode_content_header
 
 UTC = datetime.timezone.utc
 

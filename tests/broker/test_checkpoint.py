@@ -12,15 +12,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
-from broker.core import entry_spool
-from broker.core.dead_letter_events import RUN_ID_BITS, DeadLetterLog, watch_dead_letter_queues
-from broker.core.entry_spool import RECORD_BYTES
-from broker.storage.checkpoint import CHECKPOINT_DIR, MANIFEST, Captured, CheckpointRefused, capture, read_checkpoint
-from broker.tools.testing import publish_frames
-from broker.wal.log import WriteAheadLog
-from broker.wal.records import DeadLetterSettled
-from broker.wal.recovery import replay_located
-from broker.wal.segments import iter_records
+from postroom.broker.core import entry_spool
+from postroom.broker.core.dead_letter_events import RUN_ID_BITS, DeadLetterLog, watch_dead_letter_queues
+from postroom.broker.core.entry_spool import RECORD_BYTES
+from postroom.broker.storage.checkpoint import (
+    CHECKPOINT_DIR,
+    MANIFEST,
+    Captured,
+    CheckpointRefused,
+    capture,
+    read_checkpoint,
+)
+from postroom.broker.tools.testing import publish_frames
+from postroom.broker.wal.log import WriteAheadLog
+from postroom.broker.wal.records import DeadLetterSettled
+from postroom.broker.wal.recovery import replay_located
+from postroom.broker.wal.segments import iter_records
 from tests.broker.test_spooling import COUNT, PERSISTENT, WINDOW, Broker, body
 
 TRANSIENT = commands.Basic.Properties(delivery_mode=1)

@@ -6,14 +6,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-import config
+from postroom import config
 
 EXAMPLE = Path(config.__file__).parent / "postroom.yaml"
 
 
 def postroom(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "broker.tools.cli", *args], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-m", "postroom.broker.tools.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 
@@ -43,10 +47,10 @@ def test_serve_refuses_a_bad_configuration_without_starting(tmp_path: Path) -> N
 
 
 def test_wal_check_and_dump_read_a_log(tmp_path: Path) -> None:
-    from broker.wal.codec import encode
-    from broker.wal.files import DirectoryStorage
-    from broker.wal.log import WriteAheadLog
-    from broker.wal.records import Published, QueueDeclared
+    from postroom.broker.wal.codec import encode
+    from postroom.broker.wal.files import DirectoryStorage
+    from postroom.broker.wal.log import WriteAheadLog
+    from postroom.broker.wal.records import Published, QueueDeclared
 
     log = WriteAheadLog(DirectoryStorage(str(tmp_path / "wal")))
     log.open()
@@ -61,10 +65,10 @@ def test_wal_check_and_dump_read_a_log(tmp_path: Path) -> None:
 
 
 def test_wal_check_reports_damage_in_the_middle(tmp_path: Path) -> None:
-    from broker.wal.codec import encode
-    from broker.wal.files import DirectoryStorage
-    from broker.wal.log import WriteAheadLog
-    from broker.wal.records import QueueDeclared
+    from postroom.broker.wal.codec import encode
+    from postroom.broker.wal.files import DirectoryStorage
+    from postroom.broker.wal.log import WriteAheadLog
+    from postroom.broker.wal.records import QueueDeclared
 
     directory = tmp_path / "wal"
     log = WriteAheadLog(DirectoryStorage(str(directory)))

@@ -6,16 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from broker.tools.cli import main
+from postroom.broker.tools.cli import main
 
 
 def test_analyze_reads_the_stream_and_the_export_of_the_data_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import spark.job
-
+    import postroom.spark.job
     seen: list[list[str]] = []
-    monkeypatch.setattr(spark.job, "main", lambda argv: seen.append(list(argv)) or 0)
+    monkeypatch.setattr(postroom.spark.job, "main", lambda argv: seen.append(list(argv)) or 0)
     (tmp_path / "deadletters-parquet").mkdir()
     status = main(
         ["dlq", "analyze", "--data-dir", str(tmp_path), "--out", "report", "--redrive-where", "reason = 'expired'"]
@@ -38,10 +37,9 @@ def test_analyze_reads_the_stream_and_the_export_of_the_data_directory(
 
 
 def test_analyze_without_an_export_reads_the_segments_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import spark.job
-
+    import postroom.spark.job
     seen: list[list[str]] = []
-    monkeypatch.setattr(spark.job, "main", lambda argv: seen.append(list(argv)) or 0)
+    monkeypatch.setattr(postroom.spark.job, "main", lambda argv: seen.append(list(argv)) or 0)
     assert main(["dlq", "analyze", "--data-dir", str(tmp_path), "--out", "r", "--master", "local[1]"]) == 0
     assert "--input" not in seen[0] and "--rows" not in seen[0]
     assert seen[0][seen[0].index("--master") + 1] == "local[1]"
@@ -52,10 +50,9 @@ def test_analyze_without_an_export_reads_the_segments_only(tmp_path: Path, monke
 def test_analyze_of_a_stream_reads_its_segments_and_its_export(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import spark.job
-
+    import postroom.spark.job
     seen: list[list[str]] = []
-    monkeypatch.setattr(spark.job, "main", lambda argv: seen.append(list(argv)) or 0)
+    monkeypatch.setattr(postroom.spark.job, "main", lambda argv: seen.append(list(argv)) or 0)
     (tmp_path / "streams-parquet" / "%2F" / "dead").mkdir(parents=True)
     command = ["dlq", "analyze", "--data-dir", str(tmp_path), "--out", "r", "--stream", "dead", "--from", "100"]
     assert main(command) == 0
@@ -93,7 +90,7 @@ def test_a_redrive_list_with_a_bad_line_is_refused_naming_it(
 def test_the_export_timer_s_command_line_is_one_the_command_accepts() -> None:
     import shlex
 
-    from broker.tools.cli import build_parser
+    from postroom.broker.tools.cli import build_parser
 
     unit = (Path(__file__).resolve().parents[2] / "config" / "postroom-dlq-export.service").read_text()
     (line,) = [line for line in unit.splitlines() if line.startswith("ExecStart=")]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.clients.client import Connection
+from postroom.broker.clients.client import Connection
 
 
 def bookkeeping() -> Connection:
@@ -35,7 +35,7 @@ def test_multiple_confirms_settle_only_what_is_unsettled() -> None:
 def test_a_publish_with_only_its_delivery_mode_encodes_as_pamqp_would() -> None:
     from pamqp import commands
 
-    from broker.clients.client import publish_frames
+    from postroom.broker.clients.client import publish_frames
 
     for persistent in (True, False):
         fast = publish_frames("ex", "key", b"body" * 100, 131072, persistent=persistent)

@@ -17,14 +17,14 @@ from twisted.internet.task import Clock, deferLater
 from twisted.logger import Logger, formatEvent
 from twisted.python.failure import Failure
 
-from broker.core.dead_letter_events import DeadLetterLog
-from broker.core.node import Node
-from broker.storage.dead_letter_writer import DeadLetterService
-from broker.tools.testing import Client, MemorySegmentStorage, publish_frames
-from broker.wal.files import DirectoryStorage, ISegmentStorage, segment_name
-from broker.wal.records import DeadLettered
-from broker.wal.segments import SEGMENT_HEADER_BYTES, iter_records, segment_header
-from broker.wal.stream import SegmentStream
+from postroom.broker.core.dead_letter_events import DeadLetterLog
+from postroom.broker.core.node import Node
+from postroom.broker.storage.dead_letter_writer import DeadLetterService
+from postroom.broker.tools.testing import Client, MemorySegmentStorage, publish_frames
+from postroom.broker.wal.files import DirectoryStorage, ISegmentStorage, segment_name
+from postroom.broker.wal.records import DeadLettered
+from postroom.broker.wal.segments import SEGMENT_HEADER_BYTES, iter_records, segment_header
+from postroom.broker.wal.stream import SegmentStream
 
 
 async def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -170,12 +170,11 @@ def test_sealed_segments_past_the_retention_or_the_size_cap_are_deleted_never_th
 def test_a_failed_deletion_is_logged_and_the_events_still_count_as_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import broker.storage.dead_letter_writer
-
+    import postroom.broker.storage.dead_letter_writer
     def refuse(*_args: object, **_kwargs: object) -> list[str]:
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(broker.storage.dead_letter_writer, "prune_archive", refuse)
+    monkeypatch.setattr(postroom.broker.storage.dead_letter_writer, "prune_archive", refuse)
     logged: list[str] = []
     monkeypatch.setattr(DeadLetterService, "_log", Logger(observer=lambda event: logged.append(formatEvent(event))))
     clock = ClockReactor()

@@ -8,7 +8,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.web.resource import Resource
 
-from broker.server.http import HEADER_SECONDS, IDLE_SECONDS, BoundedSite
+from postroom.broker.server.http import HEADER_SECONDS, IDLE_SECONDS, BoundedSite
 
 
 class _Fine(Resource):

@@ -10,8 +10,8 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from broker.clients.link import Link, LinkClosed
-from broker.wire.codec import (
+from postroom.broker.clients.link import Link, LinkClosed
+from postroom.broker.wire.codec import (
     FRAME_END,
     PROTOCOL_HEADER,
     ack_method,
@@ -167,8 +167,8 @@ def test_a_queue_that_exists_is_found_and_its_channel_closed() -> None:
 def test_a_shovel_stopped_between_two_deliveries_of_one_read_takes_neither() -> None:
     """The frames of one read after the shovel stopped reach no one: the deliveries go back to
     the source queue when the link closes (nothing published, nothing acknowledged)."""
-    from broker.server.shovels import Shovel, Shovels
-    from config.shovels import parse
+    from postroom.broker.server.shovels import Shovel, Shovels
+    from postroom.config.shovels import parse
 
     link, transport, clock = opened()
     shovels = Shovels.__new__(Shovels)

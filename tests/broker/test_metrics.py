@@ -11,16 +11,16 @@ from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from broker.core.dead_lettering import DeadLetterReason
-from broker.core.histogram import Histogram
-from broker.core.message import Message
-from broker.core.node import Node
-from broker.core.policy import Policy
-from broker.core.queue import LATENCY_SAMPLE_EVERY
-from broker.server import metrics
-from broker.server.management import RateSampler
-from broker.server.metrics import BrokerCollector, make_registry, metrics_site
-from config.loader import loads
+from postroom.broker.core.dead_lettering import DeadLetterReason
+from postroom.broker.core.histogram import Histogram
+from postroom.broker.core.message import Message
+from postroom.broker.core.node import Node
+from postroom.broker.core.policy import Policy
+from postroom.broker.core.queue import LATENCY_SAMPLE_EVERY
+from postroom.broker.server import metrics
+from postroom.broker.server.management import RateSampler
+from postroom.broker.server.metrics import BrokerCollector, make_registry, metrics_site
+from postroom.config.loader import loads
 
 
 def test_histogram_buckets_are_cumulative_and_upper_bounds_inclusive() -> None:

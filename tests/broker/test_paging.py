@@ -13,15 +13,15 @@ from pamqp import commands
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, globalLogPublisher
 
-from broker.core.journal import Journal
-from broker.core.node import Node
-from broker.core.ready import NEVER
-from broker.server.service import log_backlog, memory_budget
-from broker.storage.body_paging import ENTRY_BYTES, MESSAGE_BYTES, Pager
-from broker.storage.page_store import PageStore
-from broker.tools.testing import Client, MemorySegmentStorage, encode, publish_frames
-from broker.wal.log import WriteAheadLog
-from config.schema import BrokerConfig, LimitsConfig, StorageConfig
+from postroom.broker.core.journal import Journal
+from postroom.broker.core.node import Node
+from postroom.broker.core.ready import NEVER
+from postroom.broker.server.service import log_backlog, memory_budget
+from postroom.broker.storage.body_paging import ENTRY_BYTES, MESSAGE_BYTES, Pager
+from postroom.broker.storage.page_store import PageStore
+from postroom.broker.tools.testing import Client, MemorySegmentStorage, encode, publish_frames
+from postroom.broker.wal.log import WriteAheadLog
+from postroom.config.schema import BrokerConfig, LimitsConfig, StorageConfig
 
 PERSISTENT = commands.Basic.Properties(delivery_mode=2)
 
@@ -213,7 +213,7 @@ def test_a_store_that_cannot_be_written_leaves_the_bodies_in_memory(tmp_path: Pa
 
     def observe(event: dict) -> None:
         namespace = event.get("log_namespace", "")
-        if event.get("log_level") is LogLevel.warn and namespace.startswith("broker.storage.body_paging"):
+        if event.get("log_level") is LogLevel.warn and namespace.startswith("postroom.broker.storage.body_paging"):
             warnings.append(event["log_format"].format(**event))
 
     globalLogPublisher.addObserver(observe)
@@ -237,7 +237,7 @@ def test_a_store_that_cannot_be_written_leaves_the_bodies_in_memory(tmp_path: Pa
 
 @pytest.mark.parametrize("sizes", [[3_000, 3_000, 3_000], [9_000], [100] * 50])
 def test_the_store_splits_writes_at_segment_ends_and_reads_every_body_back(tmp_path: Path, sizes: list[int]) -> None:
-    from broker.core.message import Message
+    from postroom.broker.core.message import Message
 
     store = PageStore(str(tmp_path), segment_bytes=8_000)
     messages = [Message.build("", "q", body(n, size)) for n, size in enumerate(sizes)]
@@ -248,8 +248,8 @@ def test_the_store_splits_writes_at_segment_ends_and_reads_every_body_back(tmp_p
 
 
 def test_sealed_segments_are_opened_only_to_be_read_and_few_at_a_time(tmp_path: Path) -> None:
-    from broker.core.message import Message
-    from broker.storage import page_store
+    from postroom.broker.core.message import Message
+    from postroom.broker.storage import page_store
 
     def open_here() -> int:
         return sum(1 for fd in Path("/proc/self/fd").iterdir() if str(tmp_path) in os.path.realpath(fd))

@@ -7,8 +7,8 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from broker.core.node import Node
-from broker.server.protocol import (
+from postroom.broker.core.node import Node
+from postroom.broker.server.protocol import (
     CLOSE_TIMEOUT,
     FLOW_READ_BYTES,
     HANDSHAKE_TIMEOUT,
@@ -17,8 +17,8 @@ from broker.server.protocol import (
     AMQPServerProtocol,
     is_loopback,
 )
-from broker.tools.testing import FramePump, described, encode, publish_frames
-from broker.wire.codec import PROTOCOL_HEADER
+from postroom.broker.tools.testing import FramePump, described, encode, publish_frames
+from postroom.broker.wire.codec import PROTOCOL_HEADER
 
 
 class CountingTransport(StringTransport):
@@ -213,7 +213,7 @@ def test_under_tls_the_transport_that_reads_the_socket_is_the_one_slowed() -> No
 
 
 def test_the_shell_counts_a_connections_bytes_reads_and_writes_and_its_sampler_their_rates() -> None:
-    from broker.server.management import RateSampler
+    from postroom.broker.server.management import RateSampler
 
     clock = Clock()
     clock.advance(1_800_000_000.0)

@@ -13,7 +13,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from broker.server.sockets import _asn1_time, erlang_cipher_suite, rdn_string
+from postroom.broker.server.sockets import _asn1_time, erlang_cipher_suite, rdn_string
 
 
 @pytest.mark.parametrize(

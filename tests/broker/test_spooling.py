@@ -14,10 +14,10 @@ from pamqp import commands
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 
-from broker.core.dead_letter_events import RUN_ID_BITS, DeadLetterLog
-from broker.core.dead_lettering import DeadLetterReason
-from broker.core.definitions import node_from_config
-from broker.core.entry_spool import (
+from postroom.broker.core.dead_letter_events import RUN_ID_BITS, DeadLetterLog
+from postroom.broker.core.dead_lettering import DeadLetterReason
+from postroom.broker.core.definitions import node_from_config
+from postroom.broker.core.entry_spool import (
     BATCH,
     BATCH_BYTES,
     IN_LOG,
@@ -27,19 +27,19 @@ from broker.core.entry_spool import (
     Spool,
     SpoolRecord,
 )
-from broker.core.journal import Journal
-from broker.core.node import Node
-from broker.core.queue import WorkQueue
-from broker.storage.body_paging import ENTRY_BYTES, MESSAGE_BYTES, Pager
-from broker.storage.checkpoint import Checkpoint, restore_checkpoint
-from broker.storage.page_store import PageStore
-from broker.storage.spool_files import Spooler
-from broker.tools.testing import Client, MemorySegmentStorage, publish_frames
-from broker.wal.log import WriteAheadLog
-from broker.wal.records import DeadLetterSettled, Removed
-from broker.wal.recovery import Snapshot, replay_located
-from broker.wal.segments import SEGMENT_HEADER_BYTES, iter_records
-from config.schema import BrokerConfig
+from postroom.broker.core.journal import Journal
+from postroom.broker.core.node import Node
+from postroom.broker.core.queue import WorkQueue
+from postroom.broker.storage.body_paging import ENTRY_BYTES, MESSAGE_BYTES, Pager
+from postroom.broker.storage.checkpoint import Checkpoint, restore_checkpoint
+from postroom.broker.storage.page_store import PageStore
+from postroom.broker.storage.spool_files import Spooler
+from postroom.broker.tools.testing import Client, MemorySegmentStorage, publish_frames
+from postroom.broker.wal.log import WriteAheadLog
+from postroom.broker.wal.records import DeadLetterSettled, Removed
+from postroom.broker.wal.recovery import Snapshot, replay_located
+from postroom.broker.wal.segments import SEGMENT_HEADER_BYTES, iter_records
+from postroom.config.schema import BrokerConfig
 
 PERSISTENT = commands.Basic.Properties(delivery_mode=2)
 WINDOW = 8

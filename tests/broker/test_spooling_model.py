@@ -14,12 +14,12 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.core import entry_spool
-from broker.core.entry import Entry
-from broker.core.message import Message
-from broker.core.queue import WorkQueue
-from broker.storage.page_store import PageStore
-from broker.storage.spool_files import Spooler
+from postroom.broker.core import entry_spool
+from postroom.broker.core.entry import Entry
+from postroom.broker.core.message import Message
+from postroom.broker.core.queue import WorkQueue
+from postroom.broker.storage.page_store import PageStore
+from postroom.broker.storage.spool_files import Spooler
 
 OPERATIONS = st.lists(
     st.one_of(

@@ -19,24 +19,29 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from broker.core.journal import Journal
-from broker.core.message import Message
-from broker.core.node import Node
-from broker.core.users import User
-from broker.server.listeners import stream_addresses
-from broker.server.streamprotocol import REQUEST_TIMEOUT, STEP_TIMEOUT, StreamServerFactory, StreamServerProtocol
-from broker.storage.streams import StreamFiles
-from broker.streams.connection import StreamConnection
-from broker.streams.handshake import FRAME_MAX, HEARTBEAT, Step
-from broker.streams.publishing import _published
-from broker.streams.subscriptions import DELIVERY_BOUND, SENT_FROM_FILE
-from broker.streams.superstreams import partition_index
-from broker.tools.fuzzing import sub_entry_batch
-from broker.wal import chunks
-from broker.wal.files import DirectoryStorage
-from broker.wal.streamlog import Region
-from broker.wire import streamframes as wire
-from config.schema import BrokerConfig, ListenConfig, Permission, StreamProtocolConfig
+from postroom.broker.core.journal import Journal
+from postroom.broker.core.message import Message
+from postroom.broker.core.node import Node
+from postroom.broker.core.users import User
+from postroom.broker.server.listeners import stream_addresses
+from postroom.broker.server.streamprotocol import (
+    REQUEST_TIMEOUT,
+    STEP_TIMEOUT,
+    StreamServerFactory,
+    StreamServerProtocol,
+)
+from postroom.broker.storage.streams import StreamFiles
+from postroom.broker.streams.connection import StreamConnection
+from postroom.broker.streams.handshake import FRAME_MAX, HEARTBEAT, Step
+from postroom.broker.streams.publishing import _published
+from postroom.broker.streams.subscriptions import DELIVERY_BOUND, SENT_FROM_FILE
+from postroom.broker.streams.superstreams import partition_index
+from postroom.broker.tools.fuzzing import sub_entry_batch
+from postroom.broker.wal import chunks
+from postroom.broker.wal.files import DirectoryStorage
+from postroom.broker.wal.streamlog import Region
+from postroom.broker.wire import streamframes as wire
+from postroom.config.schema import BrokerConfig, ListenConfig, Permission, StreamProtocolConfig
 from tests.broker.core.test_login import SCRYPT
 from tests.broker.core.test_stream import content_header
 from tests.broker.test_spooling import logged_errors

@@ -6,13 +6,13 @@ from pathlib import Path
 
 from twisted.internet.task import Clock
 
-from broker.core.journal import Journal
-from broker.core.message import Message
-from broker.core.stream import StreamQueue
-from broker.storage.streams import StreamFiles, remove_stream
-from broker.tools.testing import MemorySegmentStorage
-from broker.wal.streamlog import StreamLog
-from broker.wire.codec import shortstr
+from postroom.broker.core.journal import Journal
+from postroom.broker.core.message import Message
+from postroom.broker.core.stream import StreamQueue
+from postroom.broker.storage.streams import StreamFiles, remove_stream
+from postroom.broker.tools.testing import MemorySegmentStorage
+from postroom.broker.wal.streamlog import StreamLog
+from postroom.broker.wire.codec import shortstr
 
 HEADER = (60).to_bytes(2, "big") + b"\0\0" + (1).to_bytes(8, "big") + b"\0\0"
 

@@ -16,17 +16,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.streams.connection import StreamConnection
-from broker.streams.handshake import Step
-from broker.streams.superstreams import SuperStreams
-from broker.tools.fuzzing import (
+from postroom.broker.streams.connection import StreamConnection
+from postroom.broker.streams.handshake import Step
+from postroom.broker.streams.superstreams import SuperStreams
+from postroom.broker.tools.fuzzing import (
     STREAM_SESSION_START,
     stream_publish,
     stream_request,
     stream_run_once,
     sub_entry_batch,
 )
-from broker.wire import streamframes as wire
+from postroom.broker.wire import streamframes as wire
 from tests.broker.amqp.test_fuzz_core import cut_and_mutated
 
 NAMES = st.one_of(st.sampled_from(["s", "p", "c", "g", "", "amq.x", "s" * 256]), st.text(max_size=12))

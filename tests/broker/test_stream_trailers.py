@@ -11,13 +11,13 @@ from pathlib import Path
 
 from twisted.internet.task import Clock
 
-from broker.core.journal import Journal
-from broker.core.node import Node
-from broker.core.users import User
-from broker.storage.streams import StreamFiles
-from broker.wal import chunks
-from broker.wal.streamlog import Region
-from broker.wire import streamframes as wire
+from postroom.broker.core.journal import Journal
+from postroom.broker.core.node import Node
+from postroom.broker.core.users import User
+from postroom.broker.storage.streams import StreamFiles
+from postroom.broker.wal import chunks
+from postroom.broker.wal.streamlog import Region
+from postroom.broker.wire import streamframes as wire
 from tests.broker.test_stream_connection import opened, published_frame, request, with_streams, written_chunks
 
 HEAD = struct.Struct(">HHBBBHIqQQIIII")

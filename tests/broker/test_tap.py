@@ -6,9 +6,9 @@ from twisted.application.service import IServiceMaker
 from twisted.internet.testing import MemoryReactorClock
 from twisted.plugin import getPlugins
 
-from broker.server.service import make_broker_service
-from broker.server.tap import Options
-from config.schema import BrokerConfig, ListenConfig
+from postroom.broker.server.service import make_broker_service
+from postroom.broker.server.tap import Options
+from postroom.config.schema import BrokerConfig, ListenConfig
 
 
 def test_twistd_finds_the_postroom_plugin() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from broker.text import EscapingWriter, printable
+from postroom.broker.text import EscapingWriter, printable
 
 
 def test_printable_escapes_every_control_character() -> None:

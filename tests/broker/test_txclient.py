@@ -13,12 +13,12 @@ from twisted.internet.task import deferLater
 from twisted.internet.testing import MemoryReactorClock
 from twisted.test.iosim import ConnectionCompleter, IOPump
 
-from broker.clients.client import ConnectionClosed, Message, PublishNacked, PublishReturned, backoff
-from broker.clients.txclient import TwistedConnection, connect_twisted
-from broker.core.node import Node
-from broker.core.users import User
-from broker.server.protocol import AMQPServerFactory
-from broker.wire.codec import HEARTBEAT_FRAME
+from postroom.broker.clients.client import ConnectionClosed, Message, PublishNacked, PublishReturned, backoff
+from postroom.broker.clients.txclient import TwistedConnection, connect_twisted
+from postroom.broker.core.node import Node
+from postroom.broker.core.users import User
+from postroom.broker.server.protocol import AMQPServerFactory
+from postroom.broker.wire.codec import HEARTBEAT_FRAME
 
 
 class LoopbackBroker:

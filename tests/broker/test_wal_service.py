@@ -9,12 +9,12 @@ import pytest_twisted
 from pamqp import commands
 from twisted.internet.task import deferLater
 
-from broker.core.journal import Journal
-from broker.core.node import Node
-from broker.storage.logwriter import WALService
-from broker.tools.testing import Client, MemorySegmentStorage, publish_frames
-from broker.wal.log import WriteAheadLog
-from broker.wal.recovery import replay_segments
+from postroom.broker.core.journal import Journal
+from postroom.broker.core.node import Node
+from postroom.broker.storage.logwriter import WALService
+from postroom.broker.tools.testing import Client, MemorySegmentStorage, publish_frames
+from postroom.broker.wal.log import WriteAheadLog
+from postroom.broker.wal.recovery import replay_segments
 
 PERSISTENT = commands.Basic.Properties(delivery_mode=2)
 

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import trustme
 
-import config
-from broker.core.definitions import node_from_config
-from config import shovels
-from config.loader import load, loads
-from config.schema import StreamProtocolConfig, TopicPermission, UserLimits, VhostLimits
-from config.values import ConfigError
+from postroom import config
+from postroom.broker.core.definitions import node_from_config
+from postroom.config import shovels
+from postroom.config.loader import load, loads
+from postroom.config.schema import StreamProtocolConfig, TopicPermission, UserLimits, VhostLimits
+from postroom.config.values import ConfigError
 
 EXAMPLE = Path(config.__file__).parent / "postroom.yaml"
 

@@ -13,20 +13,24 @@ from typing import Any
 import pytest
 from twisted.internet.task import Clock
 
-from broker.core.definitions import node_from_config
-from broker.core.users import User
-from broker.errors import ChannelException
-from broker.storage.streams import scratch_streams
-from config.loader import load
-from config.schema import BindingConfig, DeadLetterConfig, Permission, TopicPermission, UserLimits, VhostLimits
-from config.values import ConfigError
+from postroom.broker.core.definitions import node_from_config
+from postroom.broker.core.users import User
+from postroom.broker.errors import ChannelException
+from postroom.broker.storage.streams import scratch_streams
+from postroom.config.loader import load
+from postroom.config.schema import BindingConfig, DeadLetterConfig, Permission, TopicPermission, UserLimits, VhostLimits
+from postroom.config.values import ConfigError
 
 EXPORT = Path(__file__).parent / "fixtures" / "rabbitmq-definitions.json"
 
 
 def postroom(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "broker.tools.cli", *args], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-m", "postroom.broker.tools.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 

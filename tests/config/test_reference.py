@@ -1,6 +1,6 @@
 """The configuration reference of the documentation site lists every key the loader accepts.
 
-The reference is rendered by ``docs/hooks.py`` from ``config.reference``, which runs the
+The reference is rendered by ``docs/hooks.py`` from ``postroom.config.reference``, which runs the
 loader's reader. These tests find the accepted keys another way, from the loader's public
 answers alone: a key it does not know is refused with the list of those it expects there
 ("unknown key (expected one of: ...)"), so putting one unknown key in each mapping of a file,
@@ -21,10 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
-import config
-import config.loader
-import config.reader
-import config.reference
+import postroom.config.loader
+import postroom.config.reader
+import postroom.config.reference
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A key no section has.
@@ -34,7 +33,7 @@ NAME = "<name>"
 EXPECTED = "unknown key (expected one of: "
 ROW = re.compile(r"^\| `([^`]+)` \|", re.MULTILINE)
 #: The loader's reader as imported, put back after a test that changes it.
-READER = config.reader
+READER = postroom.config.reader
 
 
 def load_hooks() -> types.ModuleType:
@@ -71,7 +70,7 @@ def loader_path(steps: tuple[str, ...]) -> str:
 
 def expected_keys(steps: tuple[str, ...]) -> set[str] | None:
     """The keys the loader expects in the mapping at ``steps``, or ``None`` if it reads none there."""
-    loader = config.loader  # looked up each time: a test replaces it
+    loader = postroom.config.loader  # looked up each time: a test replaces it
     try:
         loader.loads(yaml.safe_dump(document((*steps, UNKNOWN), 1)), "probe.yaml")
     except loader.ConfigError as error:
@@ -145,31 +144,31 @@ def test_a_key_left_out_of_the_reference_is_reported(hooks: types.ModuleType, ac
 @pytest.fixture
 def loader_with_a_new_key() -> Iterator[None]:
     """The loader as if ``metrics:`` had been given a key ``zz_added``: its reader's own source
-    (``config.reader``), changed where the section's keys are written, run as the module
+    (``postroom.config.reader``), changed where the section's keys are written, run as the module
     everyone imports."""
-    source = Path(config.reader.__file__).read_text(encoding="utf-8")
+    source = Path(postroom.config.reader.__file__).read_text(encoding="utf-8")
     assert source.count('"metrics", {"rabbitmq_compatible"}') == 1
-    changed = types.ModuleType("config.reader")
-    changed.__file__ = config.reader.__file__
-    sys.modules["config.reader"] = changed
+    changed = types.ModuleType("postroom.config.reader")
+    changed.__file__ = postroom.config.reader.__file__
+    sys.modules["postroom.config.reader"] = changed
     try:
         exec(
             compile(
                 source.replace('"metrics", {"rabbitmq_compatible"}', '"metrics", {"rabbitmq_compatible", "zz_added"}'),
-                config.reader.__file__,
+                postroom.config.reader.__file__,
                 "exec",
             ),
             changed.__dict__,
         )
-        config.reader = changed
-        importlib.reload(config.loader)
-        importlib.reload(config.reference)
+        postroom.config.reader = changed
+        importlib.reload(postroom.config.loader)
+        importlib.reload(postroom.config.reference)
         yield
     finally:
-        sys.modules["config.reader"] = READER
-        config.reader = READER
-        importlib.reload(config.loader)
-        importlib.reload(config.reference)
+        sys.modules["postroom.config.reader"] = READER
+        postroom.config.reader = READER
+        importlib.reload(postroom.config.loader)
+        importlib.reload(postroom.config.reference)
 
 
 def test_a_key_added_to_the_loader_appears_in_the_reference(

@@ -13,8 +13,8 @@ import pytest
 import trustme
 from cryptography.hazmat.primitives import serialization
 
-from config.loader import loads
-from config.values import ConfigError
+from postroom.config.loader import loads
+from postroom.config.values import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +215,7 @@ def test_config_check_reports_a_tls_problem_before_anything_starts(files: dict[s
     path.write_text(document(files["server.crt"], files["other.key"]))
 
     result = subprocess.run(
-        [sys.executable, "-m", "broker.tools.cli", "config", "check", str(path)],
+        [sys.executable, "-m", "postroom.broker.tools.cli", "config", "check", str(path)],
         capture_output=True,
         text=True,
         check=False,

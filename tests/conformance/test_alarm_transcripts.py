@@ -31,9 +31,9 @@ from transcript import (
 )
 from twisted.internet import threads
 
-from broker.core.node import Node
-from broker.server.alarms import ResourceMonitor
-from broker.tools.testing import rabbitmqctl
+from postroom.broker.core.node import Node
+from postroom.broker.server.alarms import ResourceMonitor
+from postroom.broker.tools.testing import rabbitmqctl
 
 pytestmark = pytest.mark.integration
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.tools.testing import NpmUnavailable, npm
+from postroom.broker.tools.testing import NpmUnavailable, npm
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +108,7 @@ def postroom_on_5672(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve
     log = where / "serve.log"
     with log.open("wb") as output:
         process = subprocess.Popen(
-            [*inside, sys.executable, "-m", "broker.tools.cli", "serve", "--config", str(config), *listeners],
+            [*inside, sys.executable, "-m", "postroom.broker.tools.cli", "serve", "--config", str(config), *listeners],
             cwd=ROOT,
             stdout=output,
             stderr=subprocess.STDOUT,

@@ -18,7 +18,7 @@ from typing import Any
 import pika
 import pytest
 
-from broker.tools.testing import RABBITMQ_HOMES, RABBITMQCTL
+from postroom.broker.tools.testing import RABBITMQ_HOMES, RABBITMQCTL
 from tests.conformance import test_management_transcripts as management
 from tests.conformance.test_management_transcripts import send
 
@@ -159,7 +159,7 @@ def run_postroom_ctl(http_port: int, command: list[str]) -> tuple[int, str, str]
     """``postroom ctl`` against the management API on ``http_port``: exit code, output, errors."""
     url = f"http://guest:guest@127.0.0.1:{http_port}/"
     done = subprocess.run(
-        [sys.executable, "-m", "broker.tools.cli", "ctl", *command, "--url", url],
+        [sys.executable, "-m", "postroom.broker.tools.cli", "ctl", *command, "--url", url],
         cwd=ROOT,
         capture_output=True,
         text=True,

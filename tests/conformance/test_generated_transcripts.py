@@ -43,8 +43,8 @@ from transcript import content as content_frames
 from twisted.internet import threads
 from twisted.logger import formatEventAsClassicLogText, globalLogPublisher
 
-from broker.core.node import Node
-from broker.server.protocol import AMQPServerFactory
+from postroom.broker.core.node import Node
+from postroom.broker.server.protocol import AMQPServerFactory
 from tests.conftest import BROKER_PORTS, CRASH_TEXTS
 
 pytestmark = pytest.mark.integration

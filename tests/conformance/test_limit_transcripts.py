@@ -35,8 +35,8 @@ from transcript import (
     until,
 )
 
-from broker.core.node import Node
-from broker.core.users import User
+from postroom.broker.core.node import Node
+from postroom.broker.core.users import User
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +55,7 @@ USER_LIMITS = {"max-connections": 2, "max-channels": 3}
 def rabbitmq_limits(rabbitmq_port: int) -> int:
     import json
 
-    from broker.tools.testing import rabbitmqctl
+    from postroom.broker.tools.testing import rabbitmqctl
 
     for vhost, limits in VHOST_LIMITS.items():
         rabbitmqctl(rabbitmq_port, "add_vhost", vhost)

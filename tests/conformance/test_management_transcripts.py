@@ -30,13 +30,13 @@ import pika
 import pytest
 from transcript import api_fields, field_paths, oracle, wait_for
 
-from broker.core.journal import Journal
-from broker.core.node import ListenerInfo, Node
-from broker.core.users import User
-from broker.server.management import RateSampler, management_site
-from broker.storage.streams import StreamFiles
-from broker.tools.testing import free_port, rabbitmqctl
-from config.schema import Permission, TopicPermission
+from postroom.broker.core.journal import Journal
+from postroom.broker.core.node import ListenerInfo, Node
+from postroom.broker.core.users import User
+from postroom.broker.server.management import RateSampler, management_site
+from postroom.broker.storage.streams import StreamFiles
+from postroom.broker.tools.testing import free_port, rabbitmqctl
+from postroom.config.schema import Permission, TopicPermission
 
 pytestmark = pytest.mark.integration
 
@@ -316,7 +316,7 @@ def test_policies_are_shown_to_each_tag_as_rabbitmq_shows_them(
 ) -> None:
     from twisted.internet import threads
 
-    from broker.core.policy import Policy
+    from postroom.broker.core.policy import Policy
 
     amqp_port = rabbitmq_management[0]
     broker = POSTROOM_BROKERS[-1]
@@ -476,7 +476,7 @@ def test_the_definitions_export_holds_what_rabbitmqs_holds_and_rabbitmq_imports_
 ) -> None:
     from twisted.internet import threads
 
-    from broker.core.policy import Policy
+    from postroom.broker.core.policy import Policy
 
     amqp_port, http_port = rabbitmq_management
     broker = POSTROOM_BROKERS[-1]

@@ -30,10 +30,10 @@ from transcript import (
 )
 from transcript import content as content_frames
 
-from broker.core.node import Node
-from broker.core.users import User
-from broker.tools.testing import rabbitmqctl
-from config.schema import Permission, TopicPermission
+from postroom.broker.core.node import Node
+from postroom.broker.core.users import User
+from postroom.broker.tools.testing import rabbitmqctl
+from postroom.config.schema import Permission, TopicPermission
 
 pytestmark = pytest.mark.integration
 

@@ -32,7 +32,7 @@ from transcript import (
 from transcript import content as content_frames
 from twisted.internet import threads
 
-from broker.core.policy import Policy
+from postroom.broker.core.policy import Policy
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +41,7 @@ PolicyStep = Callable[..., None]
 
 
 def on_rabbitmq(port: int) -> tuple[PolicyStep, PolicyStep]:
-    from broker.tools.testing import rabbitmqctl
+    from postroom.broker.tools.testing import rabbitmqctl
 
     def set_policy(
         name: str, pattern: str, definition: dict[str, Any], priority: int = 0, operator: bool = False

@@ -21,7 +21,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from broker.tools.testing import RABBITMQ_LAUNCHER, free_port, rabbitmq_environment, wait_for_port
+from postroom.broker.tools.testing import RABBITMQ_LAUNCHER, free_port, rabbitmq_environment, wait_for_port
 from tests.integration.test_crash import broker as postroom
 
 pytestmark = pytest.mark.integration

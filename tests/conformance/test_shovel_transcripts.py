@@ -22,7 +22,7 @@ import pika
 import pytest
 from transcript import oracle, wait_for
 
-from broker.tools.testing import free_port
+from postroom.broker.tools.testing import free_port
 from tests.conformance.test_ctl_transcripts import run_postroom_ctl, run_rabbitmqctl
 from tests.integration.test_crash import broker
 from tests.integration.test_live_administration import api

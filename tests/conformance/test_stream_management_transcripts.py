@@ -32,8 +32,8 @@ import pytest
 from rstream import AMQPMessage, Consumer, ConsumerOffsetSpecification, MessageContext, OffsetType, Producer
 from transcript import api_fields, field_paths, oracle
 
-from broker.tools.testing import free_port, wait_for_port
-from broker.wire import streamframes as wire
+from postroom.broker.tools.testing import free_port, wait_for_port
+from postroom.broker.wire import streamframes as wire
 from tests.conformance.test_stream_protocol_transcripts import Peer, handshake, s
 from tests.integration.test_crash import broker
 
@@ -289,7 +289,7 @@ def test_postroom_streams_lists_the_stream_protocols_publishers_and_consumers(
             command = [
                 sys.executable,
                 "-m",
-                "broker.tools.cli",
+                "postroom.broker.tools.cli",
                 "streams",
                 "--url",
                 f"http://guest:guest@127.0.0.1:{http}/",

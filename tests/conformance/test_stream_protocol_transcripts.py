@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from transcript import oracle
 
-from broker.tools.fuzzing import sub_entry_batch
-from broker.tools.testing import free_port, wait_for_port
-from broker.wire import streamframes as wire
+from postroom.broker.tools.fuzzing import sub_entry_batch
+from postroom.broker.tools.testing import free_port, wait_for_port
+from postroom.broker.wire import streamframes as wire
 from tests.integration.test_crash import broker
 
 pytestmark = pytest.mark.integration

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from transcript import oracle, wait_for
 
-from broker.tools.testing import free_port, rabbitmqctl, wait_for_port, write_test_pki
-from broker.wire import streamframes as wire
+from postroom.broker.tools.testing import free_port, rabbitmqctl, wait_for_port, write_test_pki
+from postroom.broker.wire import streamframes as wire
 from tests.conformance.test_stream_protocol_transcripts import ADVERTISED, Peer, s
 from tests.conformance.test_tls_transcripts import rabbitmq_tls_options
 from tests.integration.test_crash import broker

@@ -40,7 +40,7 @@ from transcript import (
     until,
 )
 
-from broker.tools.testing import free_port, wait_for_port
+from postroom.broker.tools.testing import free_port, wait_for_port
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +62,7 @@ def storage_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     log_path = directory / "broker.log"
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "broker.tools.cli", "serve", "--config", str(config)],
+            [sys.executable, "-m", "postroom.broker.tools.cli", "serve", "--config", str(config)],
             cwd=ROOT,
             stdout=log,
             stderr=log,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from transcript import oracle
 
-from broker.tools.testing import free_port, wait_for_port, write_test_pki
+from postroom.broker.tools.testing import free_port, wait_for_port, write_test_pki
 from tests.integration.test_crash import broker
 from tests.integration.test_health_checks import check
 

@@ -23,11 +23,11 @@ from pamqp import commands, frame
 from transcript import oracle
 from twisted.internet import threads
 
-from broker.core.definitions import node_from_config
-from broker.server.listeners import tls_wrapper
-from broker.server.protocol import AMQPServerFactory
-from broker.tools.testing import free_port, rabbitmqctl, write_test_pki
-from config.schema import BrokerConfig, ListenConfig, TLSConfig, UserConfig
+from postroom.broker.core.definitions import node_from_config
+from postroom.broker.server.listeners import tls_wrapper
+from postroom.broker.server.protocol import AMQPServerFactory
+from postroom.broker.tools.testing import free_port, rabbitmqctl, write_test_pki
+from postroom.config.schema import BrokerConfig, ListenConfig, TLSConfig, UserConfig
 from tests.conftest import BROKER_PORTS
 
 pytestmark = pytest.mark.integration

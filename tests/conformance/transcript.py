@@ -42,7 +42,7 @@ import pytest
 from pamqp import commands, encode, frame
 from pamqp.base import Frame as MethodFrame
 
-from broker.tools.testing import RabbitMQMissing, rabbitmq_node, wait_for_port
+from postroom.broker.tools.testing import RabbitMQMissing, rabbitmq_node, wait_for_port
 
 #: The AMQP 0-9-1 protocol header (AMQP 0-9-1 §4.2.2).
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from exchanges.binding import BindingTable, arguments_key
-from exchanges.direct import DirectRouter
-from exchanges.fanout import FanoutRouter
-from exchanges.headers import HeadersRouter
-from exchanges.interfaces import IRouter
-from exchanges.topic import TopicRouter
+from postroom.exchanges.binding import BindingTable, arguments_key
+from postroom.exchanges.direct import DirectRouter
+from postroom.exchanges.fanout import FanoutRouter
+from postroom.exchanges.headers import HeadersRouter
+from postroom.exchanges.interfaces import IRouter
+from postroom.exchanges.topic import TopicRouter
 
 NOW = datetime.datetime(2024, 5, 1, tzinfo=datetime.timezone.utc)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from zope.interface.verify import verifyObject
 
-from exchanges.direct import DirectExchangeType, DirectRouter
-from exchanges.interfaces import IExchangeType, IRouter
-from exchanges.testing import RouterContract, RoutingExample
+from postroom.exchanges.direct import DirectExchangeType, DirectRouter
+from postroom.exchanges.interfaces import IExchangeType, IRouter
+from postroom.exchanges.testing import RouterContract, RoutingExample
 
 
 class TestDirectRouter(RouterContract):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from zope.interface.verify import verifyObject
 
-from exchanges.fanout import FanoutExchangeType, FanoutRouter
-from exchanges.interfaces import IExchangeType, IRouter
-from exchanges.testing import RouterContract, RoutingExample
+from postroom.exchanges.fanout import FanoutExchangeType, FanoutRouter
+from postroom.exchanges.interfaces import IExchangeType, IRouter
+from postroom.exchanges.testing import RouterContract, RoutingExample
 
 
 class TestFanoutRouter(RouterContract):

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from zope.interface.verify import verifyObject
 
-from exchanges.headers import HeadersExchangeType, HeadersRouter
-from exchanges.interfaces import BindingInvalid, IExchangeType, IRouter
-from exchanges.testing import RouterContract, RoutingExample
+from postroom.exchanges.headers import HeadersExchangeType, HeadersRouter
+from postroom.exchanges.interfaces import BindingInvalid, IExchangeType, IRouter
+from postroom.exchanges.testing import RouterContract, RoutingExample
 
 
 class TestHeadersRouter(RouterContract):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from exchanges.direct import DirectExchangeType, DirectRouter, PartitionRouter
-from exchanges.partitions import PARTITION_ORDER, SEED, murmur3_32, partition_of, partition_order
+from postroom.exchanges.direct import DirectExchangeType, DirectRouter, PartitionRouter
+from postroom.exchanges.partitions import PARTITION_ORDER, SEED, murmur3_32, partition_of, partition_order
 
 # Reference values from the ``mmh3`` package (MurmurHash3 x86 32-bit, unsigned), which RabbitMQ's
 # stream clients agree with for super-stream routing.

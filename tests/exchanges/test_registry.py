@@ -9,9 +9,9 @@ import pytest
 from zope.interface import Invalid, implementer
 from zope.interface.verify import verifyObject
 
-from exchanges.fanout import FanoutRouter
-from exchanges.interfaces import IExchangeType, IRouter
-from exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType, default_registry
+from postroom.exchanges.fanout import FanoutRouter
+from postroom.exchanges.interfaces import IExchangeType, IRouter
+from postroom.exchanges.registry import ExchangeTypeRegistry, InvalidExchangeType, default_registry
 
 
 @implementer(IExchangeType)

@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from zope.interface.verify import verifyObject
 
-from exchanges.interfaces import BindingInvalid, IExchangeType, IRouter
-from exchanges.testing import RouterContract, RoutingExample
-from exchanges.topic import MAX_HASH_WILDCARDS, TopicExchangeType, TopicRouter, split_key
+from postroom.exchanges.interfaces import BindingInvalid, IExchangeType, IRouter
+from postroom.exchanges.testing import RouterContract, RoutingExample
+from postroom.exchanges.topic import MAX_HASH_WILDCARDS, TopicExchangeType, TopicRouter, split_key
 
 
 class TestTopicRouter(RouterContract):

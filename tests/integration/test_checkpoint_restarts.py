@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pika
 
-from broker.storage.checkpoint import CHECKPOINT_DIR, MANIFEST
-from broker.storage.spool_files import SPOOL_WINDOW
+from postroom.broker.storage.checkpoint import CHECKPOINT_DIR, MANIFEST
+from postroom.broker.storage.spool_files import SPOOL_WINDOW
 from tests.integration.test_crash import broker
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-import config
+from postroom import config
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +19,11 @@ EXAMPLE = Path(config.__file__).parent / "postroom.yaml"
 
 def postroom(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
-        [sys.executable, "-m", "broker.tools.cli", *args], input=stdin, capture_output=True, timeout=60, check=False
+        [sys.executable, "-m", "postroom.broker.tools.cli", *args],
+        input=stdin,
+        capture_output=True,
+        timeout=60,
+        check=False,
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from broker.clients.client import ChannelClosed, ConnectionClosed, PublishNacked, PublishReturned, connect
+from postroom.broker.clients.client import ChannelClosed, ConnectionClosed, PublishNacked, PublishReturned, connect
 
 pytestmark = pytest.mark.integration
 
@@ -104,8 +104,8 @@ def test_broker_errors_carry_reply_codes(url: str, make_broker: Callable[..., An
 def test_consuming_survives_a_broker_restart_with_nothing_lost(make_broker: Callable[..., Any]) -> None:
     from twisted.internet import threads
 
-    from broker.core.node import Node
-    from broker.server.protocol import AMQPServerFactory
+    from postroom.broker.core.node import Node
+    from postroom.broker.server.protocol import AMQPServerFactory
 
     node = Node()
     broker = make_broker(node)
@@ -143,8 +143,8 @@ def test_consuming_survives_a_broker_restart_with_nothing_lost(make_broker: Call
 def test_a_batch_survives_a_broker_restart_publishing_the_unconfirmed_again(make_broker: Callable[..., Any]) -> None:
     from twisted.internet import threads
 
-    from broker.core.node import Node
-    from broker.server.protocol import AMQPServerFactory
+    from postroom.broker.core.node import Node
+    from postroom.broker.server.protocol import AMQPServerFactory
 
     node = Node()
     broker = make_broker(node)

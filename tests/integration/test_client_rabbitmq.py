@@ -14,9 +14,9 @@ import pytest
 import pytest_twisted
 from twisted.internet import defer
 
-from broker.clients.client import ChannelClosed, Message, PublishNacked, PublishReturned, connect
-from broker.clients.txclient import connect_twisted
-from broker.tools.testing import RabbitMQMissing, rabbitmq_node
+from postroom.broker.clients.client import ChannelClosed, Message, PublishNacked, PublishReturned, connect
+from postroom.broker.clients.txclient import connect_twisted
+from postroom.broker.tools.testing import RabbitMQMissing, rabbitmq_node
 
 pytestmark = [pytest.mark.integration, pytest.mark.interop]
 

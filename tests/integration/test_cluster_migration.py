@@ -18,8 +18,8 @@ from pathlib import Path
 import pika
 import pytest
 
-from broker.clients.client import connect
-from broker.tools.testing import free_port, rabbitmq_cluster, rabbitmqctl
+from postroom.broker.clients.client import connect
+from postroom.broker.tools.testing import free_port, rabbitmq_cluster, rabbitmqctl
 from tests.integration.test_crash import ROOT, broker
 from tests.integration.test_migrate import consumed, contents, guest, moved_orders, moved_to, populate
 
@@ -41,7 +41,7 @@ def cluster() -> Iterator[list[tuple[int, int]]]:
 def migrate_command(http: int, nodes: list[tuple[int, int]], *extra: str) -> list[str]:
     targets = [arg for port, _http in nodes for arg in ("--to", f"amqp://guest:guest@127.0.0.1:{port}/")]
     return [
-        sys.executable, "-m", "broker.tools.cli", "migrate", "--url", f"http://guest:guest@127.0.0.1:{http}/",
+        sys.executable, "-m", "postroom.broker.tools.cli", "migrate", "--url", f"http://guest:guest@127.0.0.1:{http}/",
         *targets, "--to-api", f"http://guest:guest@127.0.0.1:{nodes[0][1]}/", *extra,
     ]  # fmt: skip
 
@@ -117,7 +117,7 @@ def test_follow_moves_what_a_running_producer_keeps_publishing(cluster: list[tup
         time.sleep(1)
         follower = subprocess.Popen(
             [
-                sys.executable, "-m", "broker.tools.cli", "migrate", "--url", f"http://guest:guest@127.0.0.1:{http}/",
+                sys.executable, "-m", "postroom.broker.tools.cli", "migrate", "--url", f"http://guest:guest@127.0.0.1:{http}/",
                 "--to", f"amqp://guest:guest@127.0.0.1:{cluster[0][0]}/",
                 "--to-api", f"http://guest:guest@127.0.0.1:{cluster[0][1]}/", "--queue-type", "quorum", "--follow",
             ],

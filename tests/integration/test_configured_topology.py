@@ -9,9 +9,9 @@ from typing import Any
 import pika
 import pytest
 
-import config
-from broker.core.definitions import node_from_config
-from config.loader import load
+from postroom import config
+from postroom.broker.core.definitions import node_from_config
+from postroom.config.loader import load
 
 pytestmark = [pytest.mark.integration, pytest.mark.interop]
 

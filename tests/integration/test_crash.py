@@ -24,10 +24,10 @@ from typing import Any
 import pika
 import pytest
 
-from broker.clients.client import connect
-from broker.tools.testing import free_port, wait_for_port
-from broker.wal.records import Snapshot
-from broker.wal.segments import SEGMENT_HEADER_BYTES, iter_records
+from postroom.broker.clients.client import connect
+from postroom.broker.tools.testing import free_port, wait_for_port
+from postroom.broker.wal.records import Snapshot
+from postroom.broker.wal.segments import SEGMENT_HEADER_BYTES, iter_records
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +77,10 @@ def broker(
     before = log_path.read_text().count(listening) if log_path.exists() else 0
     log = open(log_path, "ab")
     process = subprocess.Popen(
-        [sys.executable, "-m", "broker.tools.cli", "serve", "--config", str(config)], cwd=ROOT, stdout=log, stderr=log
+        [sys.executable, "-m", "postroom.broker.tools.cli", "serve", "--config", str(config)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=log,
     )
     try:
         deadline = time.monotonic() + 60  # a start that reads a whole log of a million messages
@@ -252,7 +255,7 @@ def test_bodies_beyond_the_memory_budget_come_back_from_the_log(tmp_path: Path) 
 def test_a_policy_set_from_the_command_line_outlives_kills_and_retired_segments(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from broker.tools.cli import main
+    from postroom.broker.tools.cli import main
 
     data = tmp_path / "data"
     http = free_port()

@@ -8,8 +8,8 @@ import pika
 import pytest
 from pamqp import commands
 
-from broker.storage.spool_files import SPOOL_DIR, SPOOL_WINDOW
-from broker.tools.testing import publish_frames
+from postroom.broker.storage.spool_files import SPOOL_DIR, SPOOL_WINDOW
+from postroom.broker.tools.testing import publish_frames
 from tests.integration.test_crash import broker
 from tests.integration.test_frames import RawClient, handshake
 
@@ -126,7 +126,7 @@ def test_a_flood_into_one_queue_spools_before_the_memory_alarm(tmp_path: Path) -
 def test_a_stream_twice_the_memory_watermark_never_raises_the_memory_alarm(tmp_path: Path) -> None:
     """A stream's messages live in its segment files: publishing twice the watermark into one
     and reading it all back from ``first`` blocks no publisher and sets no memory alarm."""
-    from broker.clients.client import connect
+    from postroom.broker.clients.client import connect
 
     data = tmp_path / "data"
     count, size = 300_000, 1024  # 300 MiB of bodies, the watermark 150 MiB

@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
-from broker.clients.client import ChannelClosed, Connection, PublishReturned, connect
-from broker.core.dead_letter_events import DeadLetterLog
-from broker.core.node import Node
-from broker.core.seal import SEAL_HEADER, Sealer
-from broker.core.users import User
-from broker.tools.redrive import BROKEN_SEAL, MALFORMED, NO_DEATH, UNSEALED, Refused, inspect, redrive, summary
-from config.schema import Permission
+from postroom.broker.clients.client import ChannelClosed, Connection, PublishReturned, connect
+from postroom.broker.core.dead_letter_events import DeadLetterLog
+from postroom.broker.core.node import Node
+from postroom.broker.core.seal import SEAL_HEADER, Sealer
+from postroom.broker.core.users import User
+from postroom.broker.tools.redrive import BROKEN_SEAL, MALFORMED, NO_DEATH, UNSEALED, Refused, inspect, redrive, summary
+from postroom.config.schema import Permission
 
 pytestmark = pytest.mark.integration
 
@@ -96,7 +96,7 @@ def test_the_dlq_commands(broker: Any) -> None:
 
     def postroom(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "broker.tools.cli", "dlq", *args, "--url", url],
+            [sys.executable, "-m", "postroom.broker.tools.cli", "dlq", *args, "--url", url],
             capture_output=True,
             text=True,
             timeout=60,

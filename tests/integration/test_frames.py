@@ -20,7 +20,7 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader, ProtocolHeader
 from pamqp.heartbeat import Heartbeat
 
-from broker.server import protocol as broker_protocol
+from postroom.broker.server import protocol as broker_protocol
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from broker.tools.testing import free_port, wait_for_port, write_test_pki
+from postroom.broker.tools.testing import free_port, wait_for_port, write_test_pki
 from tests.integration.test_crash import broker
 
 

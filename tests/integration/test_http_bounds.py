@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from twisted.internet import threads
 
-from broker.server.management import RateSampler, management_site
-from broker.server.metrics import BrokerCollector, metrics_site
+from postroom.broker.server.management import RateSampler, management_site
+from postroom.broker.server.metrics import BrokerCollector, metrics_site
 
 pytestmark = pytest.mark.integration
 

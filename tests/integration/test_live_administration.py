@@ -15,7 +15,7 @@ from typing import Any
 import pika
 import pytest
 
-from broker.tools.testing import free_port, wait_for_port
+from postroom.broker.tools.testing import free_port, wait_for_port
 from tests.integration.test_crash import broker
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ import pytest
 from pamqp import commands
 from pamqp.header import ProtocolHeader
 
-from broker.tools.testing import FramePump, encode, publish_frames
+from postroom.broker.tools.testing import FramePump, encode, publish_frames
 from tests.integration.test_crash import broker
 
 WATERMARK = 128 << 20

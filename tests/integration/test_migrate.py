@@ -16,7 +16,7 @@ from typing import Any
 import pika
 import pytest
 
-from broker.tools.testing import free_port, rabbitmq_node
+from postroom.broker.tools.testing import free_port, rabbitmq_node
 from tests.integration.test_crash import ROOT, broker
 from tests.integration.test_live_administration import api
 
@@ -118,7 +118,7 @@ def populate(port: int, orders: int = ORDERS) -> None:
 
 def migrate(source: list[str], rabbit: int, rabbit_http: int, *extra: str) -> subprocess.Popen[str]:
     command = [
-        sys.executable, "-m", "broker.tools.cli", "migrate", *source,
+        sys.executable, "-m", "postroom.broker.tools.cli", "migrate", *source,
         "--to", f"amqp://guest:guest@127.0.0.1:{rabbit}/", "--to-api", f"http://guest:guest@127.0.0.1:{rabbit_http}/",
         *extra,
     ]  # fmt: skip

@@ -25,14 +25,14 @@ import pika
 import pytest
 from twisted.internet import threads
 
-from broker.core.node import Node
-from broker.core.users import User
-from broker.server.alarms import ResourceMonitor
-from broker.server.management import RateSampler, management_site
-from broker.server.metrics import BrokerCollector, make_registry, metrics_site
-from broker.tools.cli import main
-from broker.tools.testing import free_port
-from config.schema import Permission
+from postroom.broker.core.node import Node
+from postroom.broker.core.users import User
+from postroom.broker.server.alarms import ResourceMonitor
+from postroom.broker.server.management import RateSampler, management_site
+from postroom.broker.server.metrics import BrokerCollector, make_registry, metrics_site
+from postroom.broker.tools.cli import main
+from postroom.broker.tools.testing import free_port
+from postroom.config.schema import Permission
 from tests.conftest import Broker
 
 pytestmark = pytest.mark.integration
@@ -336,12 +336,14 @@ def test_get_takes_messages_and_puts_back_acks_or_rejects_them_by_ackmode(
 def test_a_peek_answer_is_bounded(
     operated: Operated, pika_connect: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import broker.server.management.objects
+    import postroom.broker.server.management.objects
 
     traffic(operated, pika_connect)  # 'work' holds "job 2", "job 3", "job 4"
     _, cut = operated.api("/api/queues/%2F/work/get", "POST", {"count": 3, "truncate": 3, **PEEK})
     assert [(m["payload"], m["payload_bytes"]) for m in cut] == [("job", 5), ("job", 5), ("job", 5)]
-    monkeypatch.setattr(broker.server.management.objects, "MAX_PEEK_BYTES", 7)  # one answer's room, whatever is asked
+    monkeypatch.setattr(
+        postroom.broker.server.management.objects, "MAX_PEEK_BYTES", 7
+    )  # one answer's room, whatever is asked
     _, bounded = operated.api("/api/queues/%2F/work/get", "POST", {"count": 3, **PEEK})
     assert [(m["payload"], m["payload_bytes"]) for m in bounded] == [("job 2", 5), ("jo", 5), ("", 5)]
 
@@ -430,7 +432,7 @@ def test_postroom_queues_prints_a_table(operated: Operated, pika_connect: Callab
     traffic(operated, pika_connect)
     url = f"http://guest:guest@127.0.0.1:{operated.management_port}/"
     result = subprocess.run(
-        [sys.executable, "-m", "broker.tools.cli", "queues", "--url", url],
+        [sys.executable, "-m", "postroom.broker.tools.cli", "queues", "--url", url],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -453,7 +455,7 @@ def test_postroom_queues_prints_a_table(operated: Operated, pika_connect: Callab
     work = next(line.split() for line in lines if line.split()[1] == "work")
     assert work[2:6] == ["3", "0", "0", "-"] and work[8:] == ["1", "-"]
     refused = subprocess.run(
-        [sys.executable, "-m", "broker.tools.cli", "queues", "--url", url.replace("guest:guest", "guest:no")],
+        [sys.executable, "-m", "postroom.broker.tools.cli", "queues", "--url", url.replace("guest:guest", "guest:no")],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -513,7 +515,7 @@ def test_prometheus_scrapes_the_queue_depth(
 def test_postroom_policies_lists_them_and_postroom_queues_shows_which_applies(
     operated: Operated, pika_connect: Callable[..., Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from broker.core.policy import Policy
+    from postroom.broker.core.policy import Policy
 
     vhost = operated.broker.node.vhosts["/"]
     operated.broker.call(lambda: vhost.set_policy(Policy("DLX", "^work", {"dead-letter-exchange": "dlx"}, 1, "queues")))
@@ -534,8 +536,8 @@ def test_postroom_policies_lists_them_and_postroom_queues_shows_which_applies(
 def test_postroom_definitions_export_writes_what_postroom_and_rabbitmq_import_whole(
     operated: Operated, pika_connect: Callable[..., Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from broker.core.policy import Policy
-    from config.loader import load
+    from postroom.broker.core.policy import Policy
+    from postroom.config.loader import load
 
     vhost = operated.broker.node.vhosts["/"]
     dlx = Policy("DLX", r"^work\.", {"dead-letter-exchange": "dlx", "message-ttl": 60000}, 1, "queues")

@@ -12,8 +12,8 @@ import pika
 import pytest
 from pamqp import commands
 
-from broker.server.protocol import OUTPUT_BOUND
-from broker.tools.testing import PROTOCOL_HEADER, FramePump, encode
+from postroom.broker.server.protocol import OUTPUT_BOUND
+from postroom.broker.tools.testing import PROTOCOL_HEADER, FramePump, encode
 
 pytestmark = pytest.mark.integration
 

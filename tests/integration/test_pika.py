@@ -25,8 +25,8 @@ from pika.exceptions import (
     UnroutableError,
 )
 
-from broker.core.node import Limits, Node
-from broker.core.users import User
+from postroom.broker.core.node import Limits, Node
+from postroom.broker.core.users import User
 
 pytestmark = [pytest.mark.integration, pytest.mark.interop]
 

@@ -13,10 +13,10 @@ import pytest
 from pika.exceptions import ChannelClosedByBroker, ProbableAccessDeniedError, ProbableAuthenticationError
 from twisted.internet.task import Clock
 
-from broker.core.definitions import node_from_config
-from broker.core.journal import Journal
-from broker.storage.streams import StreamFiles
-from config.loader import load
+from postroom.broker.core.definitions import node_from_config
+from postroom.broker.core.journal import Journal
+from postroom.broker.storage.streams import StreamFiles
+from postroom.config.loader import load
 from tests.integration.test_crash import broker as serve
 
 pytestmark = [pytest.mark.integration, pytest.mark.interop]
@@ -26,7 +26,11 @@ EXPORT = Path(__file__).parent.parent / "config" / "fixtures" / "rabbitmq-defini
 
 def postroom(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "broker.tools.cli", *args], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-m", "postroom.broker.tools.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 

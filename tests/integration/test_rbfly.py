@@ -21,7 +21,7 @@ import pytest
 import rbfly.streams as rbs
 from rbfly.streams import Offset, PublisherBatchFast, get_message_ctx
 
-from broker.tools.testing import free_port, rabbitmq_node, wait_for_port
+from postroom.broker.tools.testing import free_port, rabbitmq_node, wait_for_port
 from tests.integration.test_crash import broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.hang_timeout(180)]

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pika
 import pytest
 
-from broker.tools.testing import free_port, kill_rabbitmq, rabbitmq_node, write_test_pki
+from postroom.broker.tools.testing import free_port, kill_rabbitmq, rabbitmq_node, write_test_pki
 from tests.integration.test_crash import broker
 from tests.integration.test_live_administration import api as management
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rstream import AMQPMessage, ConsumerOffsetSpecification, OffsetType, Producer, RawMessage
 
-from broker.tools.testing import free_port
+from postroom.broker.tools.testing import free_port
 from tests.integration.test_crash import broker
 from tests.integration.test_stream_protocol import read
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.tools.testing import NpmUnavailable, free_port, npm
+from postroom.broker.tools.testing import NpmUnavailable, free_port, npm
 from tests.integration.test_crash import broker
 
 pytestmark = pytest.mark.integration

@@ -48,8 +48,8 @@ from rstream import (
 from rstream.client import Client
 from rstream.exceptions import OffsetNotFound, ServerError, StreamAlreadyExists
 
-from broker.tools.testing import free_port, rabbitmq_node, wait_for_port, write_test_pki
-from broker.wire import streamframes as wire
+from postroom.broker.tools.testing import free_port, rabbitmq_node, wait_for_port, write_test_pki
+from postroom.broker.wire import streamframes as wire
 from tests.broker.test_stream_connection import handshake_frames, request
 from tests.integration.test_crash import broker
 

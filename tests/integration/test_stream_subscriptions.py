@@ -21,8 +21,8 @@ from typing import Any
 import pika
 import pytest
 
-from broker.tools.testing import free_port
-from exchanges.partitions import partition_of
+from postroom.broker.tools.testing import free_port
+from postroom.exchanges.partitions import partition_of
 from tests.integration.test_crash import broker
 
 pytestmark = pytest.mark.integration
@@ -255,7 +255,11 @@ def test_a_group_shares_a_partitioned_streams_partitions_and_hands_them_over_in_
 
 def postroom(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "broker.tools.cli", *args], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-m", "postroom.broker.tools.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 

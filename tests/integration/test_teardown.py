@@ -12,7 +12,7 @@ import amqp
 import pika
 import pytest
 
-from broker.tools.testing import free_port, wait_for_port
+from postroom.broker.tools.testing import free_port, wait_for_port
 from tests.conftest import Broker, broker_sockets
 
 pytestmark = pytest.mark.integration
@@ -44,7 +44,7 @@ def test_py_amqp_closing_with_megabytes_of_deliveries_queued_releases_the_socket
     assert broker.call(lambda: broker.node.vhosts["/"].queues["big"].message_count) == 40
 
 
-SERVE = [sys.executable, "-m", "broker.tools.cli", "serve", "--config"]
+SERVE = [sys.executable, "-m", "postroom.broker.tools.cli", "serve", "--config"]
 TWISTD = [
     sys.executable,
     "-c",

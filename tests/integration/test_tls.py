@@ -29,15 +29,15 @@ from pamqp import commands, frame
 from twisted.internet import threads
 from twisted.logger import formatEvent, globalLogPublisher
 
-from broker.core.definitions import node_from_config
-from broker.core.node import Node
-from broker.server.listeners import tls_wrapper
-from broker.server.management import RateSampler, management_site
-from broker.server.metrics import BrokerCollector, metrics_site
-from broker.server.protocol import AMQPServerFactory
-from broker.tools.testing import write_test_pki
-from broker.wire.codec import PROTOCOL_HEADER
-from config.schema import BrokerConfig, ListenConfig, TLSConfig, UserConfig
+from postroom.broker.core.definitions import node_from_config
+from postroom.broker.core.node import Node
+from postroom.broker.server.listeners import tls_wrapper
+from postroom.broker.server.management import RateSampler, management_site
+from postroom.broker.server.metrics import BrokerCollector, metrics_site
+from postroom.broker.server.protocol import AMQPServerFactory
+from postroom.broker.tools.testing import write_test_pki
+from postroom.broker.wire.codec import PROTOCOL_HEADER
+from postroom.config.schema import BrokerConfig, ListenConfig, TLSConfig, UserConfig
 from tests.conftest import BROKER_PORTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.interop]

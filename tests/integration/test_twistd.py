@@ -16,7 +16,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from broker.tools.testing import free_port
+from postroom.broker.tools.testing import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -82,7 +82,7 @@ def test_twistd_serves_and_shuts_down_gracefully_on_sigterm(tmp_path: Path) -> N
         assert process.wait(30) == -signal.SIGTERM
     text = log.read_text()
     assert "shutting down" in text and "write-ahead log flushed and synced" in text
-    serve = [sys.executable, "-m", "broker.tools.cli", "serve", "--config"]
+    serve = [sys.executable, "-m", "postroom.broker.tools.cli", "serve", "--config"]
     with running(serve, config, amqp, tmp_path / "serve.log"):
         connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqp, socket_timeout=5))
         channel = connection.channel()

@@ -21,7 +21,7 @@ from typing import Any
 import pika
 import pytest
 
-from broker.tools.testing import free_port, wait_for_port
+from postroom.broker.tools.testing import free_port, wait_for_port
 from tests.integration.test_crash import ROOT, broker
 
 pytestmark = pytest.mark.integration
@@ -225,8 +225,8 @@ def test_an_operator_watches_peeks_redrives_and_manages_users_in_the_browser(bro
 def test_the_dead_letter_reports_in_the_configured_folder_are_listed_and_opened(browser: Any, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
 
-    from spark.report import render_html
-    from spark.transforms import Summary
+    from postroom.spark.report import render_html
+    from postroom.spark.transforms import Summary
 
     folder = tmp_path / "reports"
     for name, total, reason in (("2026-11-27", 12, "expired"), ("2026-11-28", 40, "rejected")):

@@ -10,8 +10,8 @@ from nodes import plugin_node
 from twisted.internet import threads
 from twisted.internet.task import Clock
 
-from broker.core.node import Node
-from config.schema import PluginConfig
+from postroom.broker.core.node import Node
+from postroom.config.schema import PluginConfig
 
 
 @pytest.fixture

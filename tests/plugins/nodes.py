@@ -6,11 +6,11 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from broker.core.journal import Journal
-from broker.core.node import Node
-from broker.server.pluginloader import LoadedPlugins, load_plugins
-from broker.tools.testing import Client
-from config.schema import PluginConfig
+from postroom.broker.core.journal import Journal
+from postroom.broker.core.node import Node
+from postroom.broker.server.pluginloader import LoadedPlugins, load_plugins
+from postroom.broker.tools.testing import Client
+from postroom.config.schema import PluginConfig
 
 
 def plugin_node(

@@ -10,12 +10,17 @@ from nodes import client
 from pamqp import commands
 from zope.interface.verify import verifyObject
 
-from broker.errors import ChannelException, ReplyCode
-from broker.interfaces import PluginSettingsInvalid
-from broker.tools.testing import methods, publish_frames
-from exchanges.interfaces import BindingInvalid, IExchangeType, IRouter
-from exchanges.testing import RouterContract, RoutingExample
-from plugins.consistent_hash import ConsistentHashExchangeType, ConsistentHashPlugin, ConsistentHashRouter, jump_hash
+from postroom.broker.errors import ChannelException, ReplyCode
+from postroom.broker.interfaces import PluginSettingsInvalid
+from postroom.broker.tools.testing import methods, publish_frames
+from postroom.exchanges.interfaces import BindingInvalid, IExchangeType, IRouter
+from postroom.exchanges.testing import RouterContract, RoutingExample
+from postroom.plugins.consistent_hash import (
+    ConsistentHashExchangeType,
+    ConsistentHashPlugin,
+    ConsistentHashRouter,
+    jump_hash,
+)
 
 KEYS = [f"order-{i}" for i in range(20_000)]
 

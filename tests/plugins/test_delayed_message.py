@@ -10,19 +10,19 @@ from pamqp import commands
 from twisted.internet.task import Clock
 from zope.interface.verify import verifyObject
 
-from broker.core.definitions import node_from_config
-from broker.core.journal import Journal
-from broker.core.node import Node
-from broker.errors import ChannelException, ReplyCode
-from broker.tools.testing import Client, methods, publish_frames
-from broker.wal.recovery import replay
-from broker.wal.segments import iter_records
-from config.schema import BrokerConfig, PluginConfig
-from config.values import ConfigError
-from exchanges.interfaces import IExchangeType, IInterceptingRouter, IRouter
-from exchanges.registry import default_registry
-from exchanges.testing import RouterContract, RoutingExample
-from plugins.delayed_message import (
+from postroom.broker.core.definitions import node_from_config
+from postroom.broker.core.journal import Journal
+from postroom.broker.core.node import Node
+from postroom.broker.errors import ChannelException, ReplyCode
+from postroom.broker.tools.testing import Client, methods, publish_frames
+from postroom.broker.wal.recovery import replay
+from postroom.broker.wal.segments import iter_records
+from postroom.config.schema import BrokerConfig, PluginConfig
+from postroom.config.values import ConfigError
+from postroom.exchanges.interfaces import IExchangeType, IInterceptingRouter, IRouter
+from postroom.exchanges.registry import default_registry
+from postroom.exchanges.testing import RouterContract, RoutingExample
+from postroom.plugins.delayed_message import (
     MAX_DELAY_MS,
     STORE_PREFIX,
     DelayedMessageExchangeType,
@@ -197,7 +197,7 @@ def test_max_delay_setting_routes_longer_delays_at_once(clocked: Any) -> None:
     ],
 )
 def test_bad_settings_are_refused_with_the_reason(settings: dict[str, Any], text: str) -> None:
-    from broker.interfaces import PluginSettingsInvalid
+    from postroom.broker.interfaces import PluginSettingsInvalid
 
     with pytest.raises(PluginSettingsInvalid) as excinfo:
         DelayedMessagePlugin().check_settings(settings)
@@ -261,7 +261,7 @@ def test_delayed_messages_survive_a_restart_with_the_delay_that_remains() -> Non
     later = Clock()
     later.advance(1004)
     config = BrokerConfig(plugins=(PluginConfig("delayed_message"),))
-    from broker.server.pluginloader import load_plugins
+    from postroom.broker.server.pluginloader import load_plugins
 
     loaded = load_plugins(config.plugins, later)
     restored = node_from_config(
@@ -288,7 +288,7 @@ def test_an_overdue_message_is_routed_right_after_the_restart() -> None:
     later = Clock()
     later.advance(60)
     restored, loaded = plugin_node(["delayed_message"], later, Journal(snapshot.max_message_id + 1, later.seconds))
-    from broker.core.definitions import restore_snapshot
+    from postroom.broker.core.definitions import restore_snapshot
 
     restore_snapshot(restored, snapshot)
     loaded.node_ready(restored, snapshot)
@@ -306,7 +306,7 @@ def test_a_store_whose_exchange_is_gone_is_deleted_at_start() -> None:
     c.call(1, commands.Exchange.Delete(exchange="later"))
     snapshot = replay([record for _, _, record in iter_records(journal.take()[0])])
     restored, loaded = plugin_node(["delayed_message"], Clock(), Journal(snapshot.max_message_id + 1))
-    from broker.core.definitions import restore_snapshot
+    from postroom.broker.core.definitions import restore_snapshot
 
     restore_snapshot(restored, snapshot)
     assert STORE_PREFIX + "later" in restored.vhosts["/"].queues

@@ -14,8 +14,8 @@ import pika.exceptions
 import pytest
 from pika.exceptions import ChannelClosedByBroker, ProbableAuthenticationError
 
-from broker.server.pluginloader import PluginError, load_plugins
-from config.loader import loads
+from postroom.broker.server.pluginloader import PluginError, load_plugins
+from postroom.config.loader import loads
 
 pytestmark = [pytest.mark.integration, pytest.mark.interop]
 

@@ -9,10 +9,10 @@ from nodes import client
 from pamqp import commands
 from zope.interface import Invalid
 
-from broker.core.hooks import HookChain, MessageHook
-from broker.core.node import Node
-from broker.errors import ChannelException, ReplyCode
-from broker.tools.testing import methods, publish_frames
+from postroom.broker.core.hooks import HookChain, MessageHook
+from postroom.broker.core.node import Node
+from postroom.broker.errors import ChannelException, ReplyCode
+from postroom.broker.tools.testing import methods, publish_frames
 
 
 class Recorder(MessageHook):

@@ -14,20 +14,20 @@ import pytest
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import globalLogPublisher
 
-from broker.server import pluginloader
-from broker.server.pluginloader import PluginError, available_plugins, load_plugins
-from broker.server.service import make_broker_service
-from broker.server.tap import Options, makeService
-from config.loader import loads
-from config.schema import PluginConfig
-from config.values import ConfigError
+from postroom.broker.server import pluginloader
+from postroom.broker.server.pluginloader import PluginError, available_plugins, load_plugins
+from postroom.broker.server.service import make_broker_service
+from postroom.broker.server.tap import Options, makeService
+from postroom.config.loader import loads
+from postroom.config.schema import PluginConfig
+from postroom.config.values import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 
 GOOD = """
 from twisted.plugin import IPlugin
 from zope.interface import implementer
-from broker.interfaces import IBrokerPlugin, PluginSettingsInvalid
+from postroom.broker.interfaces import IBrokerPlugin, PluginSettingsInvalid
 
 @implementer(IPlugin, IBrokerPlugin)
 class Plugin:
@@ -84,7 +84,7 @@ def test_each_loaded_plugin_is_logged_with_where_it_came_from() -> None:
         globalLogPublisher.removeObserver(events.append)
     lines = [event for event in events if event.get("plugin") == "consistent_hash"]
     assert len(lines) == 1
-    assert lines[0]["origin"] == "bundled module plugins.consistent_hash"
+    assert lines[0]["origin"] == "bundled module postroom.plugins.consistent_hash"
     assert lines[0]["log_format"].startswith("plugin {plugin} loaded from {origin}")
 
 
@@ -231,7 +231,7 @@ def test_twistd_refuses_to_start_with_a_broken_plugin(tmp_path: Path) -> None:
 
 def postroom(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "broker.tools.cli", *args],
+        [sys.executable, "-m", "postroom.broker.tools.cli", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -260,7 +260,7 @@ def test_postroom_plugins_lists_available_and_enabled_plugins(tmp_path: Path) ->
     assert lines[0] == "available:"
     assert any(line.split()[0] == "delayed_message" and line.endswith("[bundled]") for line in lines[1:3])
     assert lines[3] == f"enabled by {path}:"
-    assert lines[4].startswith("  consistent_hash (bundled module plugins.consistent_hash): x-consistent-hash")
+    assert lines[4].startswith("  consistent_hash (bundled module postroom.plugins.consistent_hash): x-consistent-hash")
 
 
 def test_config_check_loads_the_plugins_and_their_exchange_types(tmp_path: Path) -> None:
@@ -282,7 +282,7 @@ SERVICE = """
 from twisted.application.service import Service
 from twisted.plugin import IPlugin
 from zope.interface import implementer
-from broker.interfaces import IBrokerPlugin
+from postroom.broker.interfaces import IBrokerPlugin
 
 @implementer(IPlugin, IBrokerPlugin)
 class Plugin:
@@ -333,7 +333,7 @@ def test_discovery_imports_no_plugins_folder_of_another_distribution(tmp_path: P
         f"""
         import sys
         sys.path.append({str(tmp_path)!r})
-        from broker.server.pluginloader import available_plugins, find_plugin
+        from postroom.broker.server.pluginloader import available_plugins, find_plugin
         names = [plugin.name for plugin in available_plugins()]
         find_plugin("delayed_message")
         print(names)

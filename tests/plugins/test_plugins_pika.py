@@ -18,7 +18,7 @@ import pytest
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 from pika.exceptions import ChannelClosedByBroker, UnroutableError
 
-from broker.tools.testing import free_port, wait_for_port
+from postroom.broker.tools.testing import free_port, wait_for_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.interop]
 
@@ -175,7 +175,10 @@ def serve(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     )
     log = open(tmp_path / "broker.log", "ab")
     process = subprocess.Popen(
-        [sys.executable, "-m", "broker.tools.cli", "serve", "--config", str(config)], cwd=ROOT, stdout=log, stderr=log
+        [sys.executable, "-m", "postroom.broker.tools.cli", "serve", "--config", str(config)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=log,
     )
     try:
         wait_for_port(port, 20)
@@ -200,7 +203,7 @@ def test_delayed_persistent_messages_survive_a_kill_and_restart(tmp_path: Path, 
         process.kill()  # SIGKILL: nothing is flushed on the way out
         process.wait(10)
     assert (
-        "plugin delayed_message loaded from bundled module plugins.delayed_message"
+        "plugin delayed_message loaded from bundled module postroom.plugins.delayed_message"
         in (tmp_path / "broker.log").read_text()
     )
     with serve(tmp_path) as (_process, port):

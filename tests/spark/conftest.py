@@ -18,7 +18,7 @@ def spark() -> Iterator[Any]:
     """The shared local SparkSession (loopback only, workers on this interpreter)."""
     pytest.importorskip("pyarrow")
     pytest.importorskip("pyspark")
-    from spark.job import build_session
+    from postroom.spark.job import build_session
 
     session = build_session("local[1]", app="postroom-tests")
     session.conf.set("spark.sql.shuffle.partitions", "1")

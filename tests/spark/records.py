@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from broker.wal.codec import encode
-from broker.wal.records import DeadLettered, DeadLetterSettled
-from broker.wal.segments import segment_header
+from postroom.broker.wal.codec import encode
+from postroom.broker.wal.records import DeadLettered, DeadLetterSettled
+from postroom.broker.wal.segments import segment_header
 
 
 def dead_lettered(

@@ -10,9 +10,9 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 pytest.importorskip("pyspark")
 
-from spark.events import segment_batches  # noqa: E402
-from spark.schema import ARROW_SCHEMA  # noqa: E402
-from spark.transforms import analyze, dead_letters, redrive_list  # noqa: E402
+from postroom.spark.events import segment_batches  # noqa: E402
+from postroom.spark.schema import ARROW_SCHEMA  # noqa: E402
+from postroom.spark.transforms import analyze, dead_letters, redrive_list  # noqa: E402
 from tests.spark.records import dead_lettered, segment, settled, write_segment  # noqa: E402
 
 pytestmark = pytest.mark.spark
@@ -23,7 +23,7 @@ def frame(spark: Any, tmp_path: Path) -> Any:
     """Make the events of segments (numbered 1, 2, ...) a DataFrame, through Parquet as an export would."""
     import pyarrow.parquet as pq
 
-    from spark.schema import spark_schema
+    from postroom.spark.schema import spark_schema
 
     made = iter(range(1_000_000))
 
@@ -37,7 +37,7 @@ def frame(spark: Any, tmp_path: Path) -> Any:
 
 
 def read_raw(spark: Any, directory: Path, exclude: str = "") -> Any:
-    from spark.source import FORMAT, register
+    from postroom.spark.source import FORMAT, register
 
     register(spark)
     return spark.read.format(FORMAT).option("path", str(directory)).option("exclude", exclude).load()
@@ -174,9 +174,9 @@ def test_times_in_the_summary_are_utc_whatever_the_host_s_zone(frame: Any, monke
 
 
 def test_exported_segments_are_known_by_file_name_else_by_column(spark: Any, frame: Any, tmp_path: Path) -> None:
-    from spark.export import export
-    from spark.job import _exported_segments
-    from spark.schema import spark_schema
+    from postroom.spark.export import export
+    from postroom.spark.job import _exported_segments
+    from postroom.spark.schema import spark_schema
 
     source, out = tmp_path / "deadletters", tmp_path / "parquet"
     for number in (4, 9):

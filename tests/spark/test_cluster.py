@@ -22,8 +22,8 @@ import pytest
 pytest.importorskip("pyarrow")
 pytest.importorskip("pyspark")
 
-from spark.export import export  # noqa: E402
-from spark.standalone import standalone_cluster, submit_command, submit_environment  # noqa: E402
+from postroom.spark.export import export  # noqa: E402
+from postroom.spark.standalone import standalone_cluster, submit_command, submit_environment  # noqa: E402
 from tests.spark.records import dead_lettered, segment, settled, write_segment  # noqa: E402
 
 #: Two spark-submit runs on the cluster, a JVM and executors each: minutes, not seconds.
@@ -100,7 +100,7 @@ def summary(out: Path) -> dict[str, Any]:
 def test_the_readme_cluster_command_runs_its_tasks_on_the_workers(
     standalone: str, packed: Path, spark: Any, tmp_path: Path
 ) -> None:
-    from spark.job import build_parser, run
+    from postroom.spark.job import build_parser, run
 
     segments = tmp_path / "deadletters"
     dead_letter_segments(segments)

@@ -28,10 +28,10 @@ pytest.importorskip("pyarrow")
 pytest.importorskip("pyspark")
 pika = pytest.importorskip("pika")
 
-from broker.core.seal import DEAD_LETTER_ID_HEADER  # noqa: E402
-from broker.tools.testing import free_port  # noqa: E402
-from spark.export import export  # noqa: E402
-from spark.job import run  # noqa: E402
+from postroom.broker.core.seal import DEAD_LETTER_ID_HEADER  # noqa: E402
+from postroom.broker.tools.testing import free_port  # noqa: E402
+from postroom.spark.export import export  # noqa: E402
+from postroom.spark.job import run  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -52,7 +52,10 @@ def serve(data: Path) -> Iterator[int]:
     )
     log = open(data.parent / "broker.log", "ab")
     process = subprocess.Popen(
-        [sys.executable, "-m", "broker.tools.cli", "serve", "--config", str(config)], cwd=ROOT, stdout=log, stderr=log
+        [sys.executable, "-m", "postroom.broker.tools.cli", "serve", "--config", str(config)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=log,
     )
     try:
         wait_until(lambda: process.poll() is not None or socket.socket().connect_ex(("127.0.0.1", port)) == 0)
@@ -194,7 +197,7 @@ def test_the_job_reports_exactly_what_the_broker_dead_lettered(spark: Any, tmp_p
             [
                 sys.executable,
                 "-m",
-                "broker.tools.cli",
+                "postroom.broker.tools.cli",
                 "dlq",
                 "redrive",
                 "dlq.a",

@@ -6,11 +6,11 @@ import pytest
 
 pa = pytest.importorskip("pyarrow")
 
-from broker.wal.codec import encode  # noqa: E402
-from broker.wal.records import Published  # noqa: E402
-from broker.wal.segments import SEGMENT_HEADER_BYTES, segment_header  # noqa: E402
-from spark.events import list_segments, segment_batches  # noqa: E402
-from spark.schema import ARROW_SCHEMA  # noqa: E402
+from postroom.broker.wal.codec import encode  # noqa: E402
+from postroom.broker.wal.records import Published  # noqa: E402
+from postroom.broker.wal.segments import SEGMENT_HEADER_BYTES, segment_header  # noqa: E402
+from postroom.spark.events import list_segments, segment_batches  # noqa: E402
+from postroom.spark.schema import ARROW_SCHEMA  # noqa: E402
 from tests.spark.records import dead_lettered, segment, settled  # noqa: E402
 
 
@@ -107,6 +107,6 @@ def test_segment_files_are_listed_in_order_and_other_files_ignored(tmp_path) -> 
 def test_the_arrow_and_spark_schemas_agree(spark) -> None:  # type: ignore[no-untyped-def]
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from spark.schema import spark_schema
+    from postroom.spark.schema import spark_schema
 
     assert from_arrow_schema(ARROW_SCHEMA).simpleString() == spark_schema().simpleString()

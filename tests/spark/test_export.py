@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("pyarrow")
 import pyarrow.parquet as pq  # noqa: E402
 
-from spark.export import MANIFEST_DIR, ExpireReport, expire, export, exported_segments  # noqa: E402
+from postroom.spark.export import MANIFEST_DIR, ExpireReport, expire, export, exported_segments  # noqa: E402
 from tests.spark.records import dead_lettered, segment, settled, write_segment  # noqa: E402
 
 DAY = 86400.0
@@ -81,7 +81,7 @@ def test_a_missing_stream_directory_exports_nothing(tmp_path: Path) -> None:
 
 
 def test_the_command_exports_the_data_directory_stream(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from broker.tools.cli import main
+    from postroom.broker.tools.cli import main
 
     data = tmp_path / "data"
     write_segment(data / "deadletters", 1, segment(1, [dead_lettered(1), settled(1)]))
@@ -110,16 +110,15 @@ def test_a_file_left_half_written_is_hidden_from_readers(tmp_path: Path, monkeyp
 
 
 def test_worker_processes_export_the_same_files_as_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import spark.export
-
+    import postroom.spark.export
     pools: list[int] = []
 
-    class Recorded(spark.export.ProcessPoolExecutor):  # type: ignore[misc]
+    class Recorded(postroom.spark.export.ProcessPoolExecutor):  # type: ignore[misc]
         def __init__(self, max_workers: int, **options: object) -> None:
             pools.append(max_workers)
             super().__init__(max_workers, **options)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(spark.export, "ProcessPoolExecutor", Recorded)
+    monkeypatch.setattr(postroom.spark.export, "ProcessPoolExecutor", Recorded)
     source = tmp_path / "deadletters"
     for number in range(1, 6):
         records = [dead_lettered(number * 10 + n, time=MIDNIGHT + number * DAY / 2) for n in range(3)]
@@ -168,7 +167,7 @@ def test_expiry_deletes_old_days_then_segments_with_nothing_left(tmp_path: Path)
 def test_the_command_takes_jobs_deletion_and_retention(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import time
 
-    from broker.tools.cli import main
+    from postroom.broker.tools.cli import main
 
     data, now = tmp_path / "data", time.time()  # --retention counts back from now
     write_segment(data / "deadletters", 1, segment(1, [dead_lettered(1, time=now - 400 * DAY)]))

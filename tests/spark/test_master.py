@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from spark.job import configured_master  # noqa: E402
+from postroom.spark.job import configured_master  # noqa: E402
 
 pytestmark = [pytest.mark.spark]
 

@@ -19,15 +19,15 @@ pika = pytest.importorskip("pika")
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from broker.tools.fuzzing import sub_entry_batch  # noqa: E402
-from broker.wal.chunks import BATCHED, RAW, pack_raw_entries, pack_tracking  # noqa: E402
-from broker.wal.files import DirectoryStorage  # noqa: E402
-from broker.wal.streamlog import StreamLog  # noqa: E402
-from broker.wire.codec import shortstr  # noqa: E402
-from broker.wire.table import encode_table  # noqa: E402
-from spark.job import run  # noqa: E402
-from spark.schema import ARROW_SCHEMA  # noqa: E402
-from spark.streams import Selection, parse_bound, stream_file_batches, stream_segments  # noqa: E402
+from postroom.broker.tools.fuzzing import sub_entry_batch  # noqa: E402
+from postroom.broker.wal.chunks import BATCHED, RAW, pack_raw_entries, pack_tracking  # noqa: E402
+from postroom.broker.wal.files import DirectoryStorage  # noqa: E402
+from postroom.broker.wal.streamlog import StreamLog  # noqa: E402
+from postroom.broker.wire.codec import shortstr  # noqa: E402
+from postroom.broker.wire.table import encode_table  # noqa: E402
+from postroom.spark.job import run  # noqa: E402
+from postroom.spark.schema import ARROW_SCHEMA  # noqa: E402
+from postroom.spark.streams import Selection, parse_bound, stream_file_batches, stream_segments  # noqa: E402
 from tests.spark.test_end_to_end import ROOT, count, serve, wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.spark]
@@ -132,7 +132,17 @@ def test_a_dead_letter_stream_is_exported_and_analysed_as_dead_letters(spark: An
     assert job("from", start="3")["by_reason"] == {"expired": 2, "maxlen": 1}
 
     exported = subprocess.run(
-        [sys.executable, "-m", "broker.tools.cli", "dlq", "export", "--data-dir", str(data), "--stream", "dead"]
+        [
+            sys.executable,
+            "-m",
+            "postroom.broker.tools.cli",
+            "dlq",
+            "export",
+            "--data-dir",
+            str(data),
+            "--stream",
+            "dead",
+        ]
         + ["--include-last"],
         cwd=ROOT,
         capture_output=True,

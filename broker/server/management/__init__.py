@@ -19,10 +19,10 @@ thread, reading the broker's state directly. Rates come from :class:`RateSampler
 reads the counters every few seconds; nothing here runs per message.
 """
 
-from broker.server.identity import NODE_NAME
-from broker.server.management.api import ManagementAPI, management_site
-from broker.server.management.common import MANAGEMENT_TAGS
-from broker.server.management.definitions import export_users
-from broker.server.management.rates import RateSampler
+from postroom.broker.server.identity import NODE_NAME
+from postroom.broker.server.management.api import ManagementAPI, management_site
+from postroom.broker.server.management.common import MANAGEMENT_TAGS
+from postroom.broker.server.management.definitions import export_users
+from postroom.broker.server.management.rates import RateSampler
 
 __all__ = ["MANAGEMENT_TAGS", "NODE_NAME", "ManagementAPI", "RateSampler", "export_users", "management_site"]

@@ -20,8 +20,8 @@ from twisted.logger import Logger
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from broker.server.http import BoundedSite
-from broker.server.management import (
+from postroom.broker.server.http import BoundedSite
+from postroom.broker.server.management import (
     dead_letter_endpoints,
     definitions,
     health,
@@ -33,7 +33,7 @@ from broker.server.management import (
     users,
     views,
 )
-from broker.server.management.common import (
+from postroom.broker.server.management.common import (
     DEFAULT_SORTS,
     MANAGEMENT_TAGS,
     REALM,
@@ -47,14 +47,14 @@ from broker.server.management.common import (
     segments,
     shaped,
 )
-from broker.server.management.rates import RateSampler
-from broker.server.management.router import Handler, Router
-from broker.server.protocol import is_loopback
+from postroom.broker.server.management.rates import RateSampler
+from postroom.broker.server.management.router import Handler, Router
+from postroom.broker.server.protocol import is_loopback
 
 if TYPE_CHECKING:
-    from broker.core.node import Node
-    from broker.core.users import User
-    from broker.server.shovels import Shovels
+    from postroom.broker.core.node import Node
+    from postroom.broker.core.users import User
+    from postroom.broker.server.shovels import Shovels
 
 
 #: Lists answered in the order they are made unless a ``sort`` is asked for (bindings come

@@ -12,21 +12,21 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote_to_bytes
 
-from broker.amqp.connection import reply_text
-from broker.core.sockets import PLAIN_TCP
-from broker.errors import ChannelException
+from postroom.broker.amqp.connection import reply_text
+from postroom.broker.core.sockets import PLAIN_TCP
+from postroom.broker.errors import ChannelException
 
 if TYPE_CHECKING:
     from twisted.web.server import Request
 
-    from broker.amqp.connection import ServerConnection
-    from broker.core.entry import Queue
-    from broker.core.node import Node
-    from broker.core.users import User
-    from broker.core.vhost import VirtualHost
-    from broker.server.management.rates import RateSampler
-    from broker.server.shovels import Shovels
-    from broker.streams.connection import StreamConnection
+    from postroom.broker.amqp.connection import ServerConnection
+    from postroom.broker.core.entry import Queue
+    from postroom.broker.core.node import Node
+    from postroom.broker.core.users import User
+    from postroom.broker.core.vhost import VirtualHost
+    from postroom.broker.server.management.rates import RateSampler
+    from postroom.broker.server.shovels import Shovels
+    from postroom.broker.streams.connection import StreamConnection
 
 #: Tags that let a user into the management API (RabbitMQ's; any other tag does not).
 MANAGEMENT_TAGS = frozenset({"administrator", "monitoring", "policymaker", "management"})

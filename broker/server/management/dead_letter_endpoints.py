@@ -40,24 +40,24 @@ from urllib.parse import quote, unquote
 from twisted.logger import Logger
 from twisted.web.resource import Resource
 
-from broker.amqp.connection import reply_text
-from broker.core.message import Message
-from broker.core.queue import WorkQueue
-from broker.core.seal import DEAD_LETTER_ID_HEADER, UNSEALED, without_entries
-from broker.errors import ChannelException
-from broker.server.management.common import SEE_ALL_TAGS, Answer, Call, Problem, not_authorised, not_found
-from broker.server.management.router import Router
-from broker.wire.codec import shortstr
-from broker.wire.content import ContentError
+from postroom.broker.amqp.connection import reply_text
+from postroom.broker.core.message import Message
+from postroom.broker.core.queue import WorkQueue
+from postroom.broker.core.seal import DEAD_LETTER_ID_HEADER, UNSEALED, without_entries
+from postroom.broker.errors import ChannelException
+from postroom.broker.server.management.common import SEE_ALL_TAGS, Answer, Call, Problem, not_authorised, not_found
+from postroom.broker.server.management.router import Router
+from postroom.broker.wire.codec import shortstr
+from postroom.broker.wire.content import ContentError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from twisted.web.server import Request
 
-    from broker.core.entry import Entry, Queue
-    from broker.core.users import User
-    from broker.core.vhost import VirtualHost
+    from postroom.broker.core.entry import Entry, Queue
+    from postroom.broker.core.users import User
+    from postroom.broker.core.vhost import VirtualHost
 
 _log = Logger()
 

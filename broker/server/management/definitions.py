@@ -12,18 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
-from broker.core.admin import user_limits, vhost_limits
-from broker.core.definitions import apply_accounts, apply_definitions, apply_parameters, apply_policies
-from broker.server.management.common import RABBITMQ_FORMAT_VERSION, Answer, Call, Problem, not_authorised
-from broker.server.management.policies import policy_view
-from broker.server.management.router import Router
-from broker.server.management.views import exchange_definition, vhost_bindings
-from config.rabbitmq import HASHING_ALGORITHMS, loads_definitions
-from config.schema import Permission
-from config.values import ConfigError
+from postroom.broker.core.admin import user_limits, vhost_limits
+from postroom.broker.core.definitions import apply_accounts, apply_definitions, apply_parameters, apply_policies
+from postroom.broker.server.management.common import RABBITMQ_FORMAT_VERSION, Answer, Call, Problem, not_authorised
+from postroom.broker.server.management.policies import policy_view
+from postroom.broker.server.management.router import Router
+from postroom.broker.server.management.views import exchange_definition, vhost_bindings
+from postroom.config.rabbitmq import HASHING_ALGORITHMS, loads_definitions
+from postroom.config.schema import Permission
+from postroom.config.values import ConfigError
 
 if TYPE_CHECKING:
-    from broker.core.node import Node
+    from postroom.broker.core.node import Node
 
 _log = Logger()
 

@@ -10,11 +10,11 @@ from typing import Any
 
 from cryptography import x509
 
-from broker.core.message import Message
-from broker.core.node import ListenerInfo
-from broker.server.identity import NODE_NAME
-from broker.server.management.common import Answer, Call, Problem, not_authorised, not_found, required
-from broker.server.management.router import Router
+from postroom.broker.core.message import Message
+from postroom.broker.core.node import ListenerInfo
+from postroom.broker.server.identity import NODE_NAME
+from postroom.broker.server.management.common import Answer, Call, Problem, not_authorised, not_found, required
+from postroom.broker.server.management.router import Router
 
 #: The queue ``/api/aliveness-test/VHOST`` declares and leaves in place, as RabbitMQ does.
 ALIVENESS_QUEUE = "aliveness-test"

@@ -20,18 +20,18 @@ from pamqp import commands
 from pamqp.exceptions import PAMQPException
 from twisted.logger import Logger
 
-from broker.core.message import Message
-from broker.core.queue import WorkQueue
-from broker.core.stream import StreamQueue
-from broker.errors import AMQPError, ChannelException, ReplyCode
-from broker.server.management.common import Answer, Call, Problem, not_authorised, not_found, required
-from broker.server.management.router import Router
-from broker.server.management.views import binding_view, properties_key
-from broker.wire.codec import encode_content_header
+from postroom.broker.core.message import Message
+from postroom.broker.core.queue import WorkQueue
+from postroom.broker.core.stream import StreamQueue
+from postroom.broker.errors import AMQPError, ChannelException, ReplyCode
+from postroom.broker.server.management.common import Answer, Call, Problem, not_authorised, not_found, required
+from postroom.broker.server.management.router import Router
+from postroom.broker.server.management.views import binding_view, properties_key
+from postroom.broker.wire.codec import encode_content_header
 
 if TYPE_CHECKING:
-    from broker.core.entry import Queue
-    from broker.core.vhost import VirtualHost
+    from postroom.broker.core.entry import Queue
+    from postroom.broker.core.vhost import VirtualHost
 
 _log = Logger()
 

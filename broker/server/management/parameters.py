@@ -13,11 +13,19 @@ from __future__ import annotations
 
 import html
 
-from broker.core.admin import VHOST_LIMITS, vhost_limits
-from broker.server.management.common import Answer, Call, Problem, erlang_term, not_authorised, not_found, required
-from broker.server.management.router import Router
-from config.shovels import COMPONENT as SHOVEL
-from config.shovels import validate as validate_shovel
+from postroom.broker.core.admin import VHOST_LIMITS, vhost_limits
+from postroom.broker.server.management.common import (
+    Answer,
+    Call,
+    Problem,
+    erlang_term,
+    not_authorised,
+    not_found,
+    required,
+)
+from postroom.broker.server.management.router import Router
+from postroom.config.shovels import COMPONENT as SHOVEL
+from postroom.config.shovels import validate as validate_shovel
 
 
 def install(router: Router) -> None:

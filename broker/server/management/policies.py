@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
-from broker.core.policy import Policy, PolicyRefused, from_value
-from broker.server.management.common import Answer, Call, Problem, not_authorised, not_found, required
-from broker.server.management.router import Router
+from postroom.broker.core.policy import Policy, PolicyRefused, from_value
+from postroom.broker.server.management.common import Answer, Call, Problem, not_authorised, not_found, required
+from postroom.broker.server.management.router import Router
 
 if TYPE_CHECKING:
-    from broker.core.users import User
-    from broker.core.vhost import VirtualHost
+    from postroom.broker.core.users import User
+    from postroom.broker.core.vhost import VirtualHost
 
 _log = Logger()
 

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet.task import LoopingCall
 
 if TYPE_CHECKING:
-    from broker.amqp.channel import ChannelState
-    from broker.amqp.connection import ServerConnection
-    from broker.core.entry import Queue
-    from broker.core.node import Node
-    from broker.server.alarms import ResourceMonitor
-    from broker.streams.connection import StreamConnection
+    from postroom.broker.amqp.channel import ChannelState
+    from postroom.broker.amqp.connection import ServerConnection
+    from postroom.broker.core.entry import Queue
+    from postroom.broker.core.node import Node
+    from postroom.broker.server.alarms import ResourceMonitor
+    from postroom.broker.streams.connection import StreamConnection
 
 #: What a counter is kept under: its vhost, its queue's name (``""`` for the vhost's or the
 #: node's own; ``("exchange", name)`` for an exchange's) and the statistic.

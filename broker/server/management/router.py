@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from broker.server.management.common import Answer, Call
+from postroom.broker.server.management.common import Answer, Call
 
 #: A request's handler: its status and the body to send as JSON (``None``: none).
 Handler = Callable[[Call], Answer]

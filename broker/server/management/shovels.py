@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.server.management.common import SEE_ALL_TAGS, Answer, Call, not_authorised, not_found
-from broker.server.management.router import Router
-from config.shovels import COMPONENT
+from postroom.broker.server.management.common import SEE_ALL_TAGS, Answer, Call, not_authorised, not_found
+from postroom.broker.server.management.router import Router
+from postroom.config.shovels import COMPONENT
 
 
 def install(router: Router) -> None:

@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
-from broker.core.stream import OffsetSpec, StreamQueue
-from broker.server.identity import NODE_NAME
-from broker.server.management.common import Answer, Call, Problem, not_authorised, not_found, socket_fields
-from broker.server.management.router import Router
+from postroom.broker.core.stream import OffsetSpec, StreamQueue
+from postroom.broker.server.identity import NODE_NAME
+from postroom.broker.server.management.common import Answer, Call, Problem, not_authorised, not_found, socket_fields
+from postroom.broker.server.management.router import Router
 
 if TYPE_CHECKING:
-    from broker.core.vhost import VirtualHost
-    from broker.server.management.rates import RateSampler
-    from broker.streams.connection import StreamConnection
+    from postroom.broker.core.vhost import VirtualHost
+    from postroom.broker.server.management.rates import RateSampler
+    from postroom.broker.streams.connection import StreamConnection
 
 _log = Logger()
 

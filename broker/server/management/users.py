@@ -14,13 +14,21 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from broker.core.admin import HASHING_PREFIXES, USER_LIMITS, VHOST_LIMITS, rabbitmq_hash
-from broker.core.admin import vhost_limits as admin_vhost_limits
-from broker.core.users import User
-from broker.server.management.common import Answer, Call, Problem, erlang_term, not_authorised, not_found, required
-from broker.server.management.definitions import export_users
-from broker.server.management.router import Router
-from config.schema import Permission, TopicPermission
+from postroom.broker.core.admin import HASHING_PREFIXES, USER_LIMITS, VHOST_LIMITS, rabbitmq_hash
+from postroom.broker.core.admin import vhost_limits as admin_vhost_limits
+from postroom.broker.core.users import User
+from postroom.broker.server.management.common import (
+    Answer,
+    Call,
+    Problem,
+    erlang_term,
+    not_authorised,
+    not_found,
+    required,
+)
+from postroom.broker.server.management.definitions import export_users
+from postroom.broker.server.management.router import Router
+from postroom.config.schema import Permission, TopicPermission
 
 
 def install(router: Router) -> None:

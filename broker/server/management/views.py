@@ -17,12 +17,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote_plus
 
-from broker.core.dead_lettering import DeadLetterReason
-from broker.core.policy import effective_definition
-from broker.core.queue import WorkQueue
-from broker.core.stream import StreamQueue
-from broker.server.identity import NODE_NAME
-from broker.server.management.common import (
+from postroom.broker.core.dead_lettering import DeadLetterReason
+from postroom.broker.core.policy import effective_definition
+from postroom.broker.core.queue import WorkQueue
+from postroom.broker.core.stream import StreamQueue
+from postroom.broker.server.identity import NODE_NAME
+from postroom.broker.server.management.common import (
     RABBITMQ_FORMAT_VERSION,
     SEE_ALL_TAGS,
     Answer,
@@ -32,7 +32,7 @@ from broker.server.management.common import (
     not_found,
     socket_fields,
 )
-from broker.server.management.rates import (
+from postroom.broker.server.management.rates import (
     HISTORY_STATS,
     RATE_INTERVAL,
     VHOST_STATS,
@@ -42,16 +42,16 @@ from broker.server.management.rates import (
     queue_counts,
     with_rates,
 )
-from broker.server.management.router import Router
-from broker.server.management.streams import stream_connection_view, stream_connections_shown
+from postroom.broker.server.management.router import Router
+from postroom.broker.server.management.streams import stream_connection_view, stream_connections_shown
 
 if TYPE_CHECKING:
-    from broker.amqp.channel import ChannelState
-    from broker.amqp.connection import ServerConnection
-    from broker.core.entry import Consumer, Queue
-    from broker.core.exchange import Exchange
-    from broker.core.node import Node
-    from broker.core.vhost import VirtualHost
+    from postroom.broker.amqp.channel import ChannelState
+    from postroom.broker.amqp.connection import ServerConnection
+    from postroom.broker.core.entry import Consumer, Queue
+    from postroom.broker.core.exchange import Exchange
+    from postroom.broker.core.node import Node
+    from postroom.broker.core.vhost import VirtualHost
 
 
 #: When the process started, near enough (this module is loaded at start): the node's uptime.

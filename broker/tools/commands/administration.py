@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from broker.text import printable
-from broker.tools import migrate
-from broker.tools.management import management_get, management_request
+from postroom.broker.text import printable
+from postroom.broker.tools import migrate
+from postroom.broker.tools.management import management_get, management_request
 
 __all__ = [
     "list_queues",

@@ -10,8 +10,8 @@ import os
 import sys
 from typing import Any
 
-from broker.text import printable
-from broker.tools.commands.serving import wal_dir
+from postroom.broker.text import printable
+from postroom.broker.tools.commands.serving import wal_dir
 
 __all__ = ["dlq_inspect", "dlq_redrive", "dlq_export", "dlq_analyze", "EXPORT_JOBS", "duration", "positive"]
 
@@ -19,8 +19,8 @@ __all__ = ["dlq_inspect", "dlq_redrive", "dlq_export", "dlq_analyze", "EXPORT_JO
 def dlq_inspect(args: argparse.Namespace) -> int:
     import json
 
-    from broker.clients.client import ClientError, connect
-    from broker.tools.redrive import inspect, summary
+    from postroom.broker.clients.client import ClientError, connect
+    from postroom.broker.tools.redrive import inspect, summary
 
     try:
         with connect(args.url) as conn:
@@ -33,8 +33,8 @@ def dlq_inspect(args: argparse.Namespace) -> int:
 
 
 def dlq_redrive(args: argparse.Namespace) -> int:
-    from broker.clients.client import ClientError, connect
-    from broker.tools.redrive import read_ids, redrive
+    from postroom.broker.clients.client import ClientError, connect
+    from postroom.broker.tools.redrive import read_ids, redrive
 
     filters = {}
     for item in args.filter or []:
@@ -81,7 +81,7 @@ def dlq_redrive(args: argparse.Namespace) -> int:
 
 
 def _dead_letter_dir(args: argparse.Namespace) -> str:
-    from broker.storage.dead_letter_writer import DEAD_LETTER_DIR
+    from postroom.broker.storage.dead_letter_writer import DEAD_LETTER_DIR
 
     return os.path.join(wal_dir(args), DEAD_LETTER_DIR)
 
@@ -101,7 +101,7 @@ def _stream_selection(args: argparse.Namespace, command: str) -> Any:
     (``None`` without); ``False`` after saying what is wrong with a bound."""
     if not args.stream:
         return None
-    from spark.streams import Selection
+    from postroom.spark.streams import Selection
 
     try:
         return Selection(args.vhost, args.stream).bounded(args.start, args.stop)
@@ -115,7 +115,7 @@ def dlq_export(args: argparse.Namespace) -> int:
     from datetime import datetime, timezone
 
     try:
-        from spark.export import expire, export
+        from postroom.spark.export import expire, export
     except ImportError as error:
         print(f"postroom dlq export needs the spark extra (pip install postroom[spark]): {error}", file=sys.stderr)
         return 2
@@ -128,7 +128,7 @@ def dlq_export(args: argparse.Namespace) -> int:
         return 2
     segments, parquet = _dead_letter_dir(args), _parquet_dir(args)
     if selection is not None:
-        from spark.streams import stream_segments
+        from postroom.spark.streams import stream_segments
 
         found = stream_segments(wal_dir(args), args.vhost, args.stream)
         if not found:
@@ -172,7 +172,7 @@ EXPORT_JOBS = max(1, (os.cpu_count() or 2) // 2)
 
 
 def duration(text: str) -> float:
-    from config.values import parse_duration
+    from postroom.config.values import parse_duration
 
     try:
         return parse_duration(text)
@@ -192,7 +192,7 @@ def positive(text: str) -> int:
 
 def dlq_analyze(args: argparse.Namespace) -> int:
     try:
-        from spark.job import main as job
+        from postroom.spark.job import main as job
     except ImportError as error:
         print(f"postroom dlq analyze needs the spark extra (pip install postroom[spark]): {error}", file=sys.stderr)
         return 2

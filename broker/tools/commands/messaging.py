@@ -9,9 +9,9 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from config.loader import load
-from config.schema import BindingConfig, BrokerConfig, ExchangeConfig, QueueConfig, StreamConfig
-from config.values import ConfigError
+from postroom.config.loader import load
+from postroom.config.schema import BindingConfig, BrokerConfig, ExchangeConfig, QueueConfig, StreamConfig
+from postroom.config.values import ConfigError
 
 __all__ = ["DEFAULT_URL", "publish", "consume", "declare", "add_partitioned_stream"]
 
@@ -20,7 +20,7 @@ DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
 
 def publish(args: argparse.Namespace) -> int:
-    from broker.clients.client import ClientError, connect
+    from postroom.broker.clients.client import ClientError, connect
 
     body = args.body.encode() if args.body is not None else sys.stdin.buffer.read()
     headers = {}
@@ -48,7 +48,7 @@ def consume(args: argparse.Namespace) -> int:
     import base64
     import json
 
-    from broker.clients.client import ClientError, connect
+    from postroom.broker.clients.client import ClientError, connect
 
     try:
         with connect(args.url) as conn:
@@ -80,7 +80,7 @@ def consume(args: argparse.Namespace) -> int:
 
 
 def declare(args: argparse.Namespace) -> int:
-    from broker.clients.client import ClientError, connect
+    from postroom.broker.clients.client import ClientError, connect
 
     try:
         config = load(args.file)
@@ -141,7 +141,7 @@ def _declare_items(conn: Any, items: Iterable[ExchangeConfig | QueueConfig | Bin
 def add_partitioned_stream(args: argparse.Namespace) -> int:
     """``postroom streams add-partitioned NAME --partitions N``: declare a partitioned stream
     over AMQP, as the YAML's ``streams:`` entry of the same settings would."""
-    from broker.clients.client import ClientError, connect
+    from postroom.broker.clients.client import ClientError, connect
 
     stream = StreamConfig(
         args.name,

@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from config.loader import load
-from config.schema import BrokerConfig, embedded_default
-from config.values import ConfigError
+from postroom.config.loader import load
+from postroom.config.schema import BrokerConfig, embedded_default
+from postroom.config.values import ConfigError
 
 __all__ = ["broker_config", "serve", "list_plugins", "config_check", "wal_dir", "wal_check", "wal_dump"]
 
@@ -23,9 +23,9 @@ def serve(args: argparse.Namespace) -> int:
     from twisted.internet import reactor
     from twisted.logger import globalLogBeginner, textFileLogObserver
 
-    from broker.server.listeners import ListenError
-    from broker.server.service import make_broker_service, tune_gc
-    from broker.wal.records import WALCorruption
+    from postroom.broker.server.listeners import ListenError
+    from postroom.broker.server.service import make_broker_service, tune_gc
+    from postroom.broker.wal.records import WALCorruption
 
     try:
         config = broker_config(args.config)
@@ -55,7 +55,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def list_plugins(args: argparse.Namespace) -> int:
-    from broker.server.pluginloader import available_plugins, describe, load_plugins
+    from postroom.broker.server.pluginloader import available_plugins, describe, load_plugins
 
     print("available:")
     for plugin in available_plugins():
@@ -79,9 +79,9 @@ def list_plugins(args: argparse.Namespace) -> int:
 def config_check(args: argparse.Namespace) -> int:
     from twisted.internet import reactor
 
-    from broker.core.definitions import node_from_config
-    from broker.server.pluginloader import load_plugins
-    from broker.storage.streams import scratch_streams
+    from postroom.broker.core.definitions import node_from_config
+    from postroom.broker.server.pluginloader import load_plugins
+    from postroom.broker.storage.streams import scratch_streams
 
     try:
         config = load(args.file)
@@ -116,12 +116,12 @@ def wal_dir(args: argparse.Namespace) -> str:
 
 
 def wal_check(args: argparse.Namespace) -> int:
-    from broker.wal.files import DirectoryStorage
-    from broker.wal.log import WriteAheadLog, check
+    from postroom.broker.wal.files import DirectoryStorage
+    from postroom.broker.wal.log import WriteAheadLog, check
 
     directory = wal_dir(args)
     if args.repair:
-        from broker.storage.checkpoint import discard_checkpoint
+        from postroom.broker.storage.checkpoint import discard_checkpoint
 
         log = WriteAheadLog(DirectoryStorage(directory))
         report = log.open(repair=True)
@@ -139,8 +139,8 @@ def wal_check(args: argparse.Namespace) -> int:
 
 
 def wal_dump(args: argparse.Namespace) -> int:
-    from broker.wal.files import DirectoryStorage
-    from broker.wal.log import dump
+    from postroom.broker.wal.files import DirectoryStorage
+    from postroom.broker.wal.log import dump
 
     for line in dump(DirectoryStorage(wal_dir(args))):
         print(line)

@@ -14,14 +14,14 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 from pamqp.heartbeat import Heartbeat
 
-from broker.amqp.connection import ServerConnection
-from broker.amqp.handshake import CAPABILITIES
-from broker.amqp.seams import State
-from broker.core.node import Limits, Node
-from broker.core.users import User
-from broker.errors import ReplyCode
-from broker.tools.testing import Client, described, encode, methods, publish_frames
-from broker.wire.codec import HEARTBEAT_FRAME, PROTOCOL_HEADER, decode_properties
+from postroom.broker.amqp.connection import ServerConnection
+from postroom.broker.amqp.handshake import CAPABILITIES
+from postroom.broker.amqp.seams import State
+from postroom.broker.core.node import Limits, Node
+from postroom.broker.core.users import User
+from postroom.broker.errors import ReplyCode
+from postroom.broker.tools.testing import Client, described, encode, methods, publish_frames
+from postroom.broker.wire.codec import HEARTBEAT_FRAME, PROTOCOL_HEADER, decode_properties
 
 
 def node() -> Node:

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from pamqp import commands
 from pamqp.base import Frame
 
-from broker.amqp.connection import ServerConnection
-from broker.tools.fuzzing import SESSION_START, method_frame, raw_frame, run_once
-from broker.tools.testing import publish_frames
-from broker.wire.codec import FRAME_BODY, FRAME_HEADER, FRAME_HEARTBEAT
+from postroom.broker.amqp.connection import ServerConnection
+from postroom.broker.tools.fuzzing import SESSION_START, method_frame, raw_frame, run_once
+from postroom.broker.tools.testing import publish_frames
+from postroom.broker.wire.codec import FRAME_BODY, FRAME_HEADER, FRAME_HEARTBEAT
 
 #: Every method class pamqp knows (client and server methods alike).
 METHODS: list[type[Frame]] = [

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pamqp import commands
 
-from broker.core.node import Node
-from broker.core.queue import WorkQueue
-from broker.tools.testing import Client, publish_frames
+from postroom.broker.core.node import Node
+from postroom.broker.core.queue import WorkQueue
+from postroom.broker.tools.testing import Client, publish_frames
 
 
 def holding_client(node: Node) -> Client:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pamqp import commands
 
-from broker.amqp.connection import REPLY_BOUND
-from broker.core.node import Node
-from broker.core.users import User
-from broker.tools.testing import Client, publish_frames
+from postroom.broker.amqp.connection import REPLY_BOUND
+from postroom.broker.core.node import Node
+from postroom.broker.core.users import User
+from postroom.broker.tools.testing import Client, publish_frames
 
 BODY = 1 << 20
 

@@ -6,9 +6,9 @@ import random
 
 from pamqp import commands
 
-from broker.core.node import Node
-from broker.errors import ReplyCode
-from broker.tools.testing import Client, publish_frames
+from postroom.broker.core.node import Node
+from postroom.broker.errors import ReplyCode
+from postroom.broker.tools.testing import Client, publish_frames
 
 PSEUDO = "amq.rabbitmq.reply-to"
 

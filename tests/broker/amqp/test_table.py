@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.wire.codec import decode_properties, encode_content_header
-from broker.wire.table import (
+from postroom.broker.wire.codec import decode_properties, encode_content_header
+from postroom.broker.wire.table import (
     MAX_DECODED_DEPTH,
     Float32,
     Int8,

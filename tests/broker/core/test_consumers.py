@@ -9,9 +9,9 @@ import pytest
 from pamqp import commands
 from twisted.internet.task import Clock
 
-from broker.core.node import Node
-from broker.errors import ReplyCode
-from broker.tools.testing import Client, publish_frames
+from postroom.broker.core.node import Node
+from postroom.broker.errors import ReplyCode
+from postroom.broker.tools.testing import Client, publish_frames
 
 
 def setup() -> tuple[Node, Clock]:
@@ -112,7 +112,7 @@ def test_a_priority_that_is_not_an_integer_is_refused_with_406(value: Any) -> No
 
 
 def test_the_server_announces_consumer_priorities() -> None:
-    from broker.amqp.handshake import CAPABILITIES
+    from postroom.broker.amqp.handshake import CAPABILITIES
 
     assert CAPABILITIES["consumer_priorities"] is True
 

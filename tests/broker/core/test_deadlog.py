@@ -6,12 +6,12 @@ from typing import Any
 
 from pamqp import commands
 
-from broker.core.dead_letter_events import RUN_ID_BITS, DeadLetterLog, watch_dead_letter_queues
-from broker.core.message import Message
-from broker.core.node import Node
-from broker.core.seal import DEAD_LETTER_ID_HEADER
-from broker.wal.records import DEAD_LETTER_PREVIEW_BYTES, DeadLettered, DeadLetterSettled
-from broker.wal.segments import iter_records
+from postroom.broker.core.dead_letter_events import RUN_ID_BITS, DeadLetterLog, watch_dead_letter_queues
+from postroom.broker.core.message import Message
+from postroom.broker.core.node import Node
+from postroom.broker.core.seal import DEAD_LETTER_ID_HEADER
+from postroom.broker.wal.records import DEAD_LETTER_PREVIEW_BYTES, DeadLettered, DeadLetterSettled
+from postroom.broker.wal.segments import iter_records
 from tests.broker.core.test_reliability import (
     client,
     dead_letter_setup,

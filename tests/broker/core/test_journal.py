@@ -9,17 +9,17 @@ from typing import Any
 from pamqp import commands
 from twisted.internet.task import Clock
 
-from broker.core.definitions import node_from_config
-from broker.core.journal import Journal
-from broker.core.node import Node
-from broker.core.policy import Policy
-from broker.tools.testing import Client, MemorySegmentStorage, publish_frames
-from broker.wal.log import WriteAheadLog
-from broker.wal.records import PolicySet, Published, QueueDeclared, QueueDeleted, Removed, StreamOffset
-from broker.wal.recovery import replay
-from broker.wal.segments import iter_records
-from config.loader import loads
-from config.schema import BrokerConfig
+from postroom.broker.core.definitions import node_from_config
+from postroom.broker.core.journal import Journal
+from postroom.broker.core.node import Node
+from postroom.broker.core.policy import Policy
+from postroom.broker.tools.testing import Client, MemorySegmentStorage, publish_frames
+from postroom.broker.wal.log import WriteAheadLog
+from postroom.broker.wal.records import PolicySet, Published, QueueDeclared, QueueDeleted, Removed, StreamOffset
+from postroom.broker.wal.recovery import replay
+from postroom.broker.wal.segments import iter_records
+from postroom.config.loader import loads
+from postroom.config.schema import BrokerConfig
 
 PERSISTENT = commands.Basic.Properties(delivery_mode=2)
 TRANSIENT = commands.Basic.Properties(delivery_mode=1)

@@ -13,13 +13,13 @@ import pytest
 from pamqp import commands
 from twisted.internet.task import Clock
 
-import broker.core.users as users_module
-from broker.core.login import FAILURE_WINDOW, FREE_FAILURES, PENALTY, LoginThrottle, decoy_hash
-from broker.core.node import Node
-from broker.core.users import User, hash_password
-from broker.errors import ReplyCode
-from broker.tools.testing import Client, encode, methods
-from broker.wire.codec import PROTOCOL_HEADER
+import postroom.broker.core.users as users_module
+from postroom.broker.core.login import FAILURE_WINDOW, FREE_FAILURES, PENALTY, LoginThrottle, decoy_hash
+from postroom.broker.core.node import Node
+from postroom.broker.core.users import User, hash_password
+from postroom.broker.errors import ReplyCode
+from postroom.broker.tools.testing import Client, encode, methods
+from postroom.broker.wire.codec import PROTOCOL_HEADER
 
 SCRYPT = hash_password("secret", b"0123456789abcdef", n=2**10)
 

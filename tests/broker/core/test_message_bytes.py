@@ -6,12 +6,12 @@ import struct
 
 from pamqp import commands
 
-from broker.core.message import Message
-from broker.core.node import Node
-from broker.tools.testing import Client, encode
-from broker.wire.codec import FRAME_BODY, FRAME_HEADER, FRAME_METHOD, frame, shortstr
-from broker.wire.content import EXPIRATION, HEADERS, property_spans
-from broker.wire.table import decode_table, iter_table
+from postroom.broker.core.message import Message
+from postroom.broker.core.node import Node
+from postroom.broker.tools.testing import Client, encode
+from postroom.broker.wire.codec import FRAME_BODY, FRAME_HEADER, FRAME_METHOD, frame, shortstr
+from postroom.broker.wire.content import EXPIRATION, HEADERS, property_spans
+from postroom.broker.wire.table import decode_table, iter_table
 from tests.broker.amqp.test_table import ALL_TYPES, table_of
 
 

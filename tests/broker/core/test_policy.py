@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from broker.core.policy import Policy, alternate_exchange, choose, effective_definition, queue_arguments, validate
+from postroom.broker.core.policy import (
+    Policy,
+    alternate_exchange,
+    choose,
+    effective_definition,
+    queue_arguments,
+    validate,
+)
 
 
 def test_the_pattern_is_searched_not_anchored_and_apply_to_picks_the_kind() -> None:

@@ -11,9 +11,9 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 from twisted.internet.task import Clock
 
-from broker.core.node import Node
-from broker.errors import ReplyCode
-from broker.tools.testing import Client, encode, publish_frames
+from postroom.broker.core.node import Node
+from postroom.broker.errors import ReplyCode
+from postroom.broker.tools.testing import Client, encode, publish_frames
 
 
 def setup(clock: Clock | None = None) -> tuple[Node, Clock]:

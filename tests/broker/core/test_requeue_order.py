@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
-from broker.core.node import Node
-from broker.tools.testing import Client, methods, publish_frames
+from postroom.broker.core.node import Node
+from postroom.broker.tools.testing import Client, methods, publish_frames
 
 
 def bodies_in_queue(c: Client, queue: str) -> list[bytes]:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from pamqp import commands
 
-from broker.core.dead_lettering import DeadLetterReason, dead_lettered, with_delivery_count
-from broker.core.message import Message
-from broker.core.seal import SEAL_HEADER, SEAL_KEY_FILE, Sealer
+from postroom.broker.core.dead_lettering import DeadLetterReason, dead_lettered, with_delivery_count
+from postroom.broker.core.message import Message
+from postroom.broker.core.seal import SEAL_HEADER, SEAL_KEY_FILE, Sealer
 
 KEY = bytes(range(32))
 

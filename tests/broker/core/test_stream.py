@@ -9,15 +9,22 @@ from typing import Any
 import pytest
 from twisted.internet.task import Clock
 
-from broker.core.entry import Consumer, Entry
-from broker.core.message import Message
-from broker.core.stream import NoLeadingDigit, OffsetSpec, StreamQueue, interval_seconds, offset_spec, with_offset
-from broker.errors import ChannelException, ConnectionException
-from broker.tools.testing import MemorySegmentStorage
-from broker.wal.streamlog import StreamLog
-from broker.wire.codec import shortstr
-from broker.wire.content import headers_content
-from broker.wire.table import Int64, decode_table, encode_table
+from postroom.broker.core.entry import Consumer, Entry
+from postroom.broker.core.message import Message
+from postroom.broker.core.stream import (
+    NoLeadingDigit,
+    OffsetSpec,
+    StreamQueue,
+    interval_seconds,
+    offset_spec,
+    with_offset,
+)
+from postroom.broker.errors import ChannelException, ConnectionException
+from postroom.broker.tools.testing import MemorySegmentStorage
+from postroom.broker.wal.streamlog import StreamLog
+from postroom.broker.wire.codec import shortstr
+from postroom.broker.wire.content import headers_content
+from postroom.broker.wire.table import Int64, decode_table, encode_table
 
 WHERE = "in vhost '/'"
 
@@ -374,8 +381,8 @@ def test_reset_moves_a_subscription_and_its_reader(stream: StreamQueue) -> None:
 
 
 def test_a_policys_stream_keys_win_over_the_arguments_and_go_with_it(stream: StreamQueue) -> None:
-    from broker.core.policy import Policy
-    from broker.core.settings import QueueSettings
+    from postroom.broker.core.policy import Policy
+    from postroom.broker.core.settings import QueueSettings
 
     stream.arguments.update({"x-max-age": "7D", "x-stream-max-segment-size-bytes": 4096})
     stream.apply_settings(QueueSettings())

@@ -7,9 +7,9 @@ import random
 from pamqp import commands
 from twisted.internet.task import Clock
 
-from broker.core.node import Node
-from broker.core.policy import Policy
-from broker.tools.testing import Client, publish_frames
+from postroom.broker.core.node import Node
+from postroom.broker.core.policy import Policy
+from postroom.broker.tools.testing import Client, publish_frames
 
 
 def setup() -> tuple[Node, Client, Clock]:

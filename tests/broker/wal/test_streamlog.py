@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.tools.fuzzing import sub_entry_batch
-from broker.tools.testing import MemorySegmentStorage
-from broker.wal.chunks import (
+from postroom.broker.tools.fuzzing import sub_entry_batch
+from postroom.broker.tools.testing import MemorySegmentStorage
+from postroom.broker.wal.chunks import (
     BATCHED,
     RAW,
     pack_raw_entries,
@@ -18,10 +18,10 @@ from broker.wal.chunks import (
     unpack_stream_entries,
     unpack_stream_messages,
 )
-from broker.wal.files import DirectoryStorage
-from broker.wal.records import WALCorruption
-from broker.wal.segments import SEGMENT_HEADER_BYTES
-from broker.wal.streamlog import ENTRIES_AT, StreamLog
+from postroom.broker.wal.files import DirectoryStorage
+from postroom.broker.wal.records import WALCorruption
+from postroom.broker.wal.segments import SEGMENT_HEADER_BYTES
+from postroom.broker.wal.streamlog import ENTRIES_AT, StreamLog
 
 
 def message(n: int, size: int = 10) -> tuple[bytes, bytes, bytes, bytes]:
@@ -251,7 +251,7 @@ def test_a_chunk_whose_head_disagrees_with_its_place_is_corruption_when_read_for
 def test_a_chunk_over_the_record_limit_is_refused_when_staged_and_takes_no_offsets(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from broker.wal import streamlog
+    from postroom.broker.wal import streamlog
 
     monkeypatch.setattr(streamlog, "MAX_RECORD_BYTES", 200)
     log = opened(MemorySegmentStorage())

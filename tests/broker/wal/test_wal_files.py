@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from zope.interface.verify import verifyObject
 
-from broker.tools.testing import MemorySegmentStorage
-from broker.wal.codec import encode
-from broker.wal.files import DirectoryStorage, ISegmentStorage, prune_archive, segment_name
-from broker.wal.log import WriteAheadLog, check
-from broker.wal.records import Published, Snapshot
-from broker.wal.segments import segment_header
+from postroom.broker.tools.testing import MemorySegmentStorage
+from postroom.broker.wal.codec import encode
+from postroom.broker.wal.files import DirectoryStorage, ISegmentStorage, prune_archive, segment_name
+from postroom.broker.wal.log import WriteAheadLog, check
+from postroom.broker.wal.records import Published, Snapshot
+from postroom.broker.wal.segments import segment_header
 
 
 def published(message_id: int) -> Published:

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.tools.testing import MemorySegmentStorage
-from broker.wal.codec import encode
-from broker.wal.log import RecoveryReport, WriteAheadLog, check, dump
-from broker.wal.records import Bound, Published, QueueDeclared, Record, Removed, Snapshot, WALCorruption
-from broker.wal.segments import SEGMENT_HEADER_BYTES, segment_header
+from postroom.broker.tools.testing import MemorySegmentStorage
+from postroom.broker.wal.codec import encode
+from postroom.broker.wal.log import RecoveryReport, WriteAheadLog, check, dump
+from postroom.broker.wal.records import Bound, Published, QueueDeclared, Record, Removed, Snapshot, WALCorruption
+from postroom.broker.wal.segments import SEGMENT_HEADER_BYTES, segment_header
 
 HEADER = SEGMENT_HEADER_BYTES
 

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.tools.fuzzing import sub_entry_batch
-from broker.wal import chunks, codec
-from broker.wal.chunks import (
+from postroom.broker.tools.fuzzing import sub_entry_batch
+from postroom.broker.wal import chunks, codec
+from postroom.broker.wal.chunks import (
     BATCHED,
     RAW,
     STREAM_CHUNK_HEAD,
@@ -31,7 +31,7 @@ from broker.wal.chunks import (
     unpack_raw_messages,
     unpack_tracking,
 )
-from broker.wal.codec import (
+from postroom.broker.wal.codec import (
     MAX_RECORD_BYTES,
     RECORD_HEADER_BYTES,
     decode,
@@ -40,8 +40,8 @@ from broker.wal.codec import (
     published_content,
     published_contents,
 )
-from broker.wal.crc import crc32_before, crc32_shifted, stream_entries_crc
-from broker.wal.records import (
+from postroom.broker.wal.crc import crc32_before, crc32_shifted, stream_entries_crc
+from postroom.broker.wal.records import (
     RECORD_CLASSES,
     Bound,
     DeadLettered,
@@ -69,7 +69,7 @@ from broker.wal.records import (
     Undefined,
     WALCorruption,
 )
-from broker.wal.segments import (
+from postroom.broker.wal.segments import (
     FORMAT_VERSION,
     MAGIC,
     SEGMENT_HEADER_BYTES,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from twisted.internet.task import Clock
 
-from broker.tools.testing import MemorySegmentStorage
-from broker.wal.codec import encode
-from broker.wal.records import DeadLetterSettled
-from broker.wal.segments import SEGMENT_HEADER_BYTES, iter_records, segment_header
-from broker.wal.stream import SegmentStream, sealed_segments
+from postroom.broker.tools.testing import MemorySegmentStorage
+from postroom.broker.wal.codec import encode
+from postroom.broker.wal.records import DeadLetterSettled
+from postroom.broker.wal.segments import SEGMENT_HEADER_BYTES, iter_records, segment_header
+from postroom.broker.wal.stream import SegmentStream, sealed_segments
 
 EVENT = encode(DeadLetterSettled(1, "/", "dlq", 1.0))
 
