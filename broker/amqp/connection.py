@@ -95,6 +95,7 @@ HARD_ERRORS = frozenset(
 )
 
 _frame_head = struct.Struct(">BHI")
+_unpack_head = _frame_head.unpack_from
 _method_index = struct.Struct(">I")
 _body_size = struct.Struct(">Q")
 _PUBLISH_ID = _method_index.pack(BASIC_PUBLISH)
@@ -296,217 +297,280 @@ class ServerConnection:
 
         The common case, a ``basic.publish`` followed by its content header and a single body
         frame all present in the buffer, is recognised and handled in one step without
-        building intermediate objects; everything else goes frame by frame through
-        :meth:`_frame`. So is a single ``basic.ack`` (a consumer acking one message at a time):
-        its delivery is taken at once, and the acks of one read are settled together, before
-        any other frame is handled and before this returns (see :meth:`Consuming.hold_ack`).
+        building intermediate objects (:meth:`_content`); everything else goes frame by
+        frame through :meth:`_frame`. So is a single ``basic.ack`` (a consumer acking one
+        message at a time): its delivery is taken at once (:meth:`_fast_acks`), and the acks of
+        one read are settled together, before any other frame is handled and before this
+        returns (see :meth:`Consuming.hold_ack`).
         """
+        framed = self._framed_input(data)
+        if framed is None:
+            return
+        holding: list[Consuming] = []  # channels holding acks of this read (see Consuming.hold_ack)
+        try:
+            pos = self._read_frames(framed, holding)
+        except _LostSync as error:
+            self._lose_sync(error, holding)
+            return
+        except ConnectionException as error:
+            self._fail_read(error, holding)
+            return  # (the connection is closing or closed: the rest of the read is not kept)
+        self._keep_rest(framed, pos)
+
+    def _framed_input(self, data: bytes) -> bytes | None:
+        """What of ``data`` (after what was kept from earlier reads) is frames to read now;
+        ``None`` when nothing is to be read now: the connection is over (lingering, it reads
+        ``data`` for a ``connection.close``), the shell should have stopped reading (``data``
+        is kept for later), the protocol header is incomplete or wrong, or a login is being
+        checked (``data`` waits for it)."""
         if self.closed:
             if self.state is State.LINGERING:
                 self._linger(data)
-            return
+            return None
         self._received_since_tick = True
         if self.pending:
             data = self.pending + data
             self.pending = b""
         if self.blocked or self.replies_held:  # read before the shell stopped reading: kept for later
             self.pending = data
-            return
+            return None
         if self.state is State.AWAIT_HEADER:
             if len(data) < 8:
                 if not PROTOCOL_HEADER.startswith(data[:4]):
                     self._refuse_header()
                 else:
                     self.pending = data
-                return
+                return None
             if data[:8] != PROTOCOL_HEADER:
                 self._refuse_header()
-                return
+                return None
             data = data[8:]
             handshake.start(self)
         if self.state is State.AUTHENTICATING:
             self._hold(data)
-            return
+            return None
+        return data
+
+    def _read_frames(self, data: bytes, holding: list[Consuming]) -> int:
+        """Act on the complete frames of ``data``, in order, until the read must stop; where
+        the frames not acted on start.
+
+        :param holding: the channels holding acks of this read, settled before any other
+            frame is acted on and before this returns
+        :raises _LostSync: the next frame cannot be found
+        :raises ConnectionException: a frame closes the connection
+        """
         pos = 0
         total = len(data)
-        unpack = _frame_head.unpack_from
-        names_cache = self._names_cache
+        unpack = _unpack_head
         alarms = self._alarms
-        holding: list[Consuming] = []  # channels holding acks of this read (see Consuming.hold_ack)
         not_open: _NotOpen | None = None  # a method on a channel not open, failing at the end (see _NotOpen)
+        while total - pos >= FRAME_OVERHEAD:
+            frame_type, channel_id, size = unpack(data, pos)
+            end = pos + 7 + size
+            if size > self.frame_max:  # the payload, as RabbitMQ counts it (see FRAME_SIZE_FUDGE)
+                raise _LostSync(
+                    f"{_frame_text(frame_type, b'')}: {{frame_too_large,{size},{self.frame_max - FRAME_OVERHEAD}}}"
+                )
+            if end >= total:
+                break
+            if data[end] != FRAME_END:
+                raise _LostSync(
+                    f"{_frame_text(frame_type, data[pos + 7 : end])}: {{invalid_frame_end_marker,{data[end]}}}"
+                )
+            # (During an alarm, publishes go frame by frame: RabbitMQ blocks after the header.)
+            if frame_type == FRAME_METHOD and not alarms and data.startswith(_PUBLISH_ID, pos + 7):
+                channel = self.channels.get(channel_id)
+                if channel is not None and channel._publish is None:
+                    # -- fast path: publish + header + one body frame, all in the buffer --
+                    body: bytes | None = None
+                    last = self._last_publish
+                    if last is not None and data.startswith(last[0], pos):
+                        # The same method and content header as the last publish read here:
+                        # only the body frame is new (and the header's bytes are shared).
+                        prefix, body_head, names, decoded, bits, header, body_size = last
+                        next_pos = pos + len(prefix)
+                        b_end = next_pos + 7 + body_size
+                        if b_end < total and data.startswith(body_head, next_pos) and data[b_end] == FRAME_END:
+                            body = data[next_pos + 7 : b_end]
+                            next_pos = b_end + 1
+                    if body is None:
+                        content = self._content(data, pos, end, total, channel_id)
+                        if content is not None:
+                            next_pos, names, decoded, bits, header, body = content
+                    if body is not None:
+                        pos = next_pos
+                        if holding:  # the acks before it settle first
+                            self._settle_held(holding)
+                        try:
+                            channel.publish(decoded[0], decoded[1], bits, names, header, body)
+                        except ChannelException as error:
+                            self._channel_error(channel_id, error)
+                        if self.closed:
+                            break
+                        if self.replied_bytes > REPLY_BOUND:  # mandatory returns
+                            self.replies_held = True
+                            break
+                        continue
+            if frame_type == FRAME_METHOD and size == 13 and data.startswith(_ACK_ID, pos + 7):
+                channel = self.channels.get(channel_id)
+                if channel is not None and channel._publish is None and not channel.transactional:
+                    acked = self._fast_acks(channel, channel_id, data, pos, total, holding)
+                    if acked:
+                        pos = acked
+                        if self.closed:
+                            break
+                        continue
+            if holding:  # any other frame comes after the acks settle
+                self._settle_held(holding)
+            payload = data[pos + 7 : end]
+            pos = end + 1
+            if not_open is not None and channel_id == not_open.channel_id:
+                continue  # (that channel's next frames go where its first did)
+            try:
+                self._frame(frame_type, channel_id, payload)
+            except _NotOpen as error:
+                if not_open is None:
+                    error.channel_id, not_open = channel_id, error
+                continue
+            # A login may have begun in the frame just handled (the state changed behind mypy's back).
+            if self.closed or self.state is State.AUTHENTICATING:
+                break
+            if alarms and channel_id and (frame_type == FRAME_HEADER or frame_type == FRAME_BODY):
+                self._block()  # as RabbitMQ: after a content frame (its header), once an alarm is in force
+                break
+            if self.replied_bytes > REPLY_BOUND:
+                self.replies_held = True
+                break
+        if holding:
+            self._settle_held(holding)
+        if not_open is not None:
+            raise not_open
+        return pos
+
+    def _content(
+        self, data: bytes, pos: int, end: int, total: int, channel_id: int
+    ) -> tuple[int, bytes, tuple[str, str], int, bytes, bytes] | None:
+        """The message of the ``basic.publish`` frame at ``pos`` in ``data`` (of ``total``
+        bytes; its frame end at ``end``) on channel ``channel_id``, when its content header and
+        a single body frame follow it: where the frames after them start, its names (the
+        exchange and routing key as the method carried them, and decoded), its bits, content
+        header and body; ``None`` when they are not all there (the frames then go one by one).
+        A publish with a body is remembered as the last one read (see ``_last_publish``).
+        """
+        h_pos = end + 1
+        if total - h_pos < FRAME_OVERHEAD:
+            return None
+        h_type, h_channel, h_size = _unpack_head(data, h_pos)
+        h_end = h_pos + 7 + h_size
+        frame_max = self.frame_max
+        if not (
+            h_type == FRAME_HEADER
+            and h_channel == channel_id
+            and h_end < total
+            and h_size >= 14
+            and data.startswith(_BASIC_WEIGHT_0, h_pos + 7)
+            and h_size <= frame_max
+            and data[h_end] == FRAME_END
+        ):
+            return None
+        header = data[h_pos + 7 : h_end]
+        body_size = _body_size.unpack_from(header, 4)[0]
+        next_pos = h_end + 1
+        body: bytes | None = None
+        if body_size == 0:
+            body = b""
+        elif total - next_pos >= FRAME_OVERHEAD:
+            b_type, b_channel, b_size = _unpack_head(data, next_pos)
+            b_end = next_pos + 7 + b_size
+            if (
+                b_type == FRAME_BODY
+                and b_channel == channel_id
+                and b_size == body_size
+                and b_end < total
+                and b_size <= frame_max
+                and data[b_end] == FRAME_END
+            ):
+                body = data[next_pos + 7 : b_end]
+                next_pos = b_end + 1
+        names_end = pos + 14 + data[pos + 13]
+        if body is None or names_end >= end or names_end + 2 + data[names_end] != end:
+            return None
+        names_end += 1 + data[names_end]
+        names = data[pos + 13 : names_end]
+        bits = data[names_end]
+        decoded = self._names_cache.get(names)
+        if decoded is None:
+            decoded = self._decode_names(names)
+        if body_size:
+            head = data[pos : h_end + 1]
+            self._last_publish = (head, data[h_end + 1 : h_end + 8], names, decoded, bits, header, body_size)
+        return next_pos, names, decoded, bits, header, body
+
+    def _fast_acks(
+        self, channel: ChannelState, channel_id: int, data: bytes, pos: int, total: int, holding: list[Consuming]
+    ) -> int:
+        """Take the single ``basic.ack`` at ``pos`` in ``data`` (of ``total`` bytes) on
+        ``channel`` (number ``channel_id``; a consumer's acks come one per message), and the
+        same channel's single acks right behind it: where the frames after them start; 0 when
+        the one at ``pos`` is not a single ack (``multiple`` set). Their channel joins
+        ``holding`` until the acks settle.
+        """
+        tag, bits = _ack_args.unpack_from(data, pos + 11)
+        if bits:
+            return 0
+        head = data[pos : pos + 11]  # its frame's head and method: the next acks' too
+        consuming = channel.consuming
+        hold = consuming.hold_ack
+        pos += _ACK_FRAME_BYTES
         try:
-            while total - pos >= FRAME_OVERHEAD:
-                frame_type, channel_id, size = unpack(data, pos)
-                end = pos + 7 + size
-                if size > self.frame_max:  # the payload, as RabbitMQ counts it (see FRAME_SIZE_FUDGE)
-                    raise _LostSync(
-                        f"{_frame_text(frame_type, b'')}: {{frame_too_large,{size},{self.frame_max - FRAME_OVERHEAD}}}"
-                    )
-                if end >= total:
-                    break
-                if data[end] != FRAME_END:
-                    raise _LostSync(
-                        f"{_frame_text(frame_type, data[pos + 7 : end])}: {{invalid_frame_end_marker,{data[end]}}}"
-                    )
-                # (During an alarm, publishes go frame by frame: RabbitMQ blocks after the header.)
-                if frame_type == FRAME_METHOD and not alarms and data.startswith(_PUBLISH_ID, pos + 7):
-                    channel = self.channels.get(channel_id)
-                    if channel is not None and channel._publish is None:
-                        # -- fast path: publish + header + one body frame, all in the buffer --
-                        body: bytes | None = None
-                        last = self._last_publish
-                        if last is not None and data.startswith(last[0], pos):
-                            # The same method and content header as the last publish read here:
-                            # only the body frame is new (and the header's bytes are shared).
-                            prefix, body_head, names, decoded, bits, header, body_size = last
-                            next_pos = pos + len(prefix)
-                            b_end = next_pos + 7 + body_size
-                            if b_end < total and data.startswith(body_head, next_pos) and data[b_end] == FRAME_END:
-                                body = data[next_pos + 7 : b_end]
-                                next_pos = b_end + 1
-                        h_pos = end + 1
-                        if body is None and total - h_pos >= FRAME_OVERHEAD:
-                            h_type, h_channel, h_size = unpack(data, h_pos)
-                            h_end = h_pos + 7 + h_size
-                            if (
-                                h_type == FRAME_HEADER
-                                and h_channel == channel_id
-                                and h_end < total
-                                and h_size >= 14
-                                and data.startswith(_BASIC_WEIGHT_0, h_pos + 7)
-                                and h_size <= self.frame_max
-                                and data[h_end] == FRAME_END
-                            ):
-                                header = data[h_pos + 7 : h_end]
-                                body_size = _body_size.unpack_from(header, 4)[0]
-                                next_pos = h_end + 1
-                                if body_size == 0:
-                                    body = b""
-                                elif total - next_pos >= FRAME_OVERHEAD:
-                                    b_type, b_channel, b_size = unpack(data, next_pos)
-                                    b_end = next_pos + 7 + b_size
-                                    if (
-                                        b_type == FRAME_BODY
-                                        and b_channel == channel_id
-                                        and b_size == body_size
-                                        and b_end < total
-                                        and b_size <= self.frame_max
-                                        and data[b_end] == FRAME_END
-                                    ):
-                                        body = data[next_pos + 7 : b_end]
-                                        next_pos = b_end + 1
-                                names_end = pos + 14 + data[pos + 13]
-                                if body is not None and names_end < end and names_end + 2 + data[names_end] == end:
-                                    names_end += 1 + data[names_end]
-                                    names = data[pos + 13 : names_end]
-                                    bits = data[names_end]
-                                    decoded = names_cache.get(names)  # type: ignore[assignment]
-                                    if decoded is None:
-                                        decoded = self._decode_names(names)
-                                    if body_size:
-                                        self._last_publish = (
-                                            data[pos : h_end + 1],
-                                            data[h_end + 1 : h_end + 8],
-                                            names,
-                                            decoded,
-                                            bits,
-                                            header,
-                                            body_size,
-                                        )
-                                else:
-                                    body = None
-                        if body is not None:
-                            pos = next_pos
-                            if holding:  # the acks before it settle first
-                                self._settle_held(holding)
-                            try:
-                                channel.publish(decoded[0], decoded[1], bits, names, header, body)
-                            except ChannelException as error:
-                                self._channel_error(channel_id, error)
-                            if self.closed:
-                                break
-                            if self.replied_bytes > REPLY_BOUND:  # mandatory returns
-                                self.replies_held = True
-                                break
-                            continue
-                if frame_type == FRAME_METHOD and size == 13 and data.startswith(_ACK_ID, pos + 7):
-                    # -- fast path: a single basic.ack (a consumer's acks come one per message) --
-                    channel = self.channels.get(channel_id)
-                    if channel is not None and channel._publish is None and not channel.transactional:
-                        tag, bits = _ack_args.unpack_from(data, pos + 11)
-                        if not bits:
-                            head = data[pos : pos + 11]  # its frame's head and method: the next acks' too
-                            consuming = channel.consuming
-                            hold = consuming.hold_ack
-                            pos = end + 1
-                            try:
-                                if hold(tag):
-                                    holding.append(consuming)
-                                # The same channel's single acks right behind it are taken here.
-                                while data.startswith(head, pos) and pos + _ACK_FRAME_BYTES <= total:
-                                    tag, bits = _ack_args.unpack_from(data, pos + 11)
-                                    if bits or data[pos + _ACK_FRAME_BYTES - 1] != FRAME_END:
-                                        break  # (the outer loop reads it as any other frame)
-                                    pos += _ACK_FRAME_BYTES
-                                    if hold(tag):
-                                        holding.append(consuming)
-                            except ChannelException as error:
-                                self._settle_held(holding)
-                                if not error.class_id:
-                                    error.class_id, error.method_id = BASIC_CLASS, BASIC_ACK & 0xFFFF
-                                self._channel_error(channel_id, error)
-                            if self.closed:
-                                break
-                            continue
-                if holding:  # any other frame comes after the acks settle
-                    self._settle_held(holding)
-                payload = data[pos + 7 : end]
-                pos = end + 1
-                if not_open is not None and channel_id == not_open.channel_id:
-                    continue  # (that channel's next frames go where its first did)
-                try:
-                    self._frame(frame_type, channel_id, payload)
-                except _NotOpen as error:
-                    if not_open is None:
-                        error.channel_id, not_open = channel_id, error
-                    continue
-                # A login may have begun in the frame just handled (the state changed behind mypy's back).
-                if self.closed or self.state is State.AUTHENTICATING:  # type: ignore[comparison-overlap]
-                    break
-                if alarms and channel_id and (frame_type == FRAME_HEADER or frame_type == FRAME_BODY):
-                    self._block()  # as RabbitMQ: after a content frame (its header), once an alarm is in force
-                    break
-                if self.replied_bytes > REPLY_BOUND:
-                    self.replies_held = True
-                    break
-            if holding:
-                self._settle_held(holding)
-            if not_open is not None:
-                raise not_open
-        except _LostSync as error:
-            # The next frame cannot be found: RabbitMQ sends its close, reads nothing more and
-            # closes the socket after its silent-close delay.
-            try:
-                self._settle_held(holding)
-            finally:  # the connection fails whatever settling met
-                self.fail(error)
-                self.finish()
-            self.silent_close_delay = SILENT_CLOSE_DELAY
-            return
-        except ConnectionException as error:
-            try:
-                self._settle_held(holding)
-            finally:
-                self.fail(error)
+            if hold(tag):
+                holding.append(consuming)
+            # The same channel's single acks right behind it are taken here.
+            while data.startswith(head, pos) and pos + _ACK_FRAME_BYTES <= total:
+                tag, bits = _ack_args.unpack_from(data, pos + 11)
+                if bits or data[pos + _ACK_FRAME_BYTES - 1] != FRAME_END:
+                    break  # (the frame loop reads it as any other frame)
+                pos += _ACK_FRAME_BYTES
+                if hold(tag):
+                    holding.append(consuming)
+        except ChannelException as error:
+            self._settle_held(holding)
+            if not error.class_id:
+                error.class_id, error.method_id = BASIC_CLASS, BASIC_ACK & 0xFFFF
+            self._channel_error(channel_id, error)
+        return pos
+
+    def _lose_sync(self, error: _LostSync, holding: list[Consuming]) -> None:
+        """The next frame cannot be found: RabbitMQ sends its close, reads nothing more and
+        closes the socket after its silent-close delay."""
+        try:
+            self._settle_held(holding)
+        finally:  # the connection fails whatever settling met
+            self.fail(error)
+            self.finish()
+        self.silent_close_delay = SILENT_CLOSE_DELAY
+
+    def _fail_read(self, error: ConnectionException, holding: list[Consuming]) -> None:
+        """A frame of the read closes the connection: the acks taken before it settle first."""
+        try:
+            self._settle_held(holding)
+        finally:
+            self.fail(error)
+
+    def _keep_rest(self, data: bytes, pos: int) -> None:
+        """After the frames read: the rest of ``data`` from ``pos``, read on later (a frame not
+        complete yet, what came while a login is checked or the shell is to stop reading), or
+        read for a ``connection.close`` once the connection lingers."""
         if self.state is State.LINGERING:
-            if pos < total:  # what came after the client's connection.close, in the same read
+            if pos < len(data):  # what came after the client's connection.close, in the same read
                 self._linger(data[pos:])
             return
         if self.state is State.CLOSING or self.closed:
             return
-        if self.state is State.AUTHENTICATING:  # type: ignore[comparison-overlap]  # (see above)
+        if self.state is State.AUTHENTICATING:
             self._hold(data[pos:])
-        elif pos < total:
+        elif pos < len(data):
             self.pending = data[pos:]
 
     @staticmethod
