@@ -28,13 +28,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import postroom
+
 __all__ = ["build_parser", "build_session", "configured_master", "main", "run"]
 
 #: Where the code's folders are (``spark/``, ``broker/``): the repository, or the installed
 #: ``postroom`` package.
 ROOT = str(Path(__file__).resolve().parent.parent)
 #: Where ``postroom`` is imported from: Python workers started by a local Spark need it on their path.
-PATH_ENTRY = str(Path(sys.modules["postroom"].__file__ or ROOT).resolve().parent.parent)
+PATH_ENTRY = str(Path(postroom.__file__ or ROOT).resolve().parent.parent)
 
 
 def build_parser() -> argparse.ArgumentParser:

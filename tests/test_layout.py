@@ -54,7 +54,9 @@ def test_an_applications_own_config_and_plugins_packages_shadow_nothing(tmp_path
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text("raise ImportError('the application's own package')\n")
     code = (
-        "import sys, postroom.broker.tools.cli, postroom.broker.server.service, postroom.broker.clients.client\n"
+        "import importlib, pkgutil, sys, postroom\n"
+        "for module in pkgutil.walk_packages(postroom.__path__, 'postroom.'):\n"
+        "    importlib.import_module(module.name)\n"
         "from postroom.config.loader import loads\n"
         "loads('', 'postroom.yaml')\n"
         "print(','.join(sorted({name.split('.')[0] for name in sys.modules} & %r)))\n" % set(PACKAGES)

@@ -160,7 +160,7 @@ def test_an_exchange_type_name_taken_twice_is_refused(modules: Path) -> None:
         "pr_test_topic",
         GOOD.format(name="topic2", requires=()).replace(
             "self.installed.append(settings)",
-            "from exchanges.topic import TopicExchangeType; context.add_exchange_type(TopicExchangeType())",
+            "from postroom.exchanges.topic import TopicExchangeType; context.add_exchange_type(TopicExchangeType())",
         ),
     )
     with pytest.raises(PluginError) as excinfo:

@@ -41,7 +41,7 @@ def test_spark_submits_master_is_the_jobs_master(tmp_path: Path) -> None:
     probe.write_text(
         "import sys\n"
         f"sys.path.insert(0, {str(ROOT)!r})\n"
-        "from spark.job import build_session, configured_master\n"
+        "from postroom.spark.job import build_session, configured_master\n"
         "print('configured', configured_master())\n"
         "session = build_session(None)\n"
         "print('running on', session.sparkContext.master)\n"
