@@ -382,7 +382,7 @@ def _probe(_partition: Any) -> Any:
         import pandas  # noqa: F401  (PySpark's Arrow functions require it)
         import pyarrow  # noqa: F401
 
-        import spark.schema  # noqa: F401  (the code the session ships)
+        import postroom.spark.schema  # noqa: F401  (the code the session ships)
 
         problem = ""
     except ImportError as error:

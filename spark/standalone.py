@@ -38,7 +38,11 @@ def _free_port() -> int:
 
 
 def _environment() -> dict[str, str]:
-    return dict(os.environ, SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1", SPARK_NO_DAEMONIZE="1")
+    """Spark's processes' environment: without this process's ``PYTHONPATH``, which a cluster's
+    machines do not have either (the job ships its code itself)."""
+    environment = dict(os.environ, SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1", SPARK_NO_DAEMONIZE="1")
+    environment.pop("PYTHONPATH", None)
+    return environment
 
 
 @contextlib.contextmanager
@@ -122,6 +126,4 @@ def submit_command(
 def submit_environment(python: str = "./environment/bin/python") -> dict[str, str]:
     """The environment the command of docs/dead-letter-analysis.md runs in: the driver on this Python, the executors on
     the shipped one, and no ``PYTHONPATH`` (the job ships the project's code itself)."""
-    environment = dict(_environment(), PYSPARK_DRIVER_PYTHON=sys.executable, PYSPARK_PYTHON=python)
-    environment.pop("PYTHONPATH", None)
-    return environment
+    return dict(_environment(), PYSPARK_DRIVER_PYTHON=sys.executable, PYSPARK_PYTHON=python)

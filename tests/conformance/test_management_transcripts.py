@@ -60,15 +60,22 @@ def rabbitmq_management() -> Iterator[tuple[int, int]]:
     http_port = free_port()
     config = f"management.tcp.port = {http_port}\nmanagement.tcp.ip = 127.0.0.1\n"
     with oracle(config, ["rabbitmq_management"], also=[http_port]) as port:
-        rabbitmqctl(port, "add_vhost", "mg-other")
-        rabbitmqctl(port, "set_permissions", "-p", "mg-other", "guest", ".*", ".*", ".*")
+        # Set up through the node's own API: one request each, where rabbitmqctl starts an
+        # Erlang VM a command.
+        limited = {"configure": LIMITED.configure, "write": LIMITED.write, "read": LIMITED.read}
+        setup: list[tuple[str, Any]] = [
+            ("vhosts/mg-other", {}),
+            ("permissions/mg-other/guest", {"configure": ".*", "write": ".*", "read": ".*"}),
+        ]
         for name, tag in TAGGED.items():
-            rabbitmqctl(port, "add_user", name, "secret")
-            rabbitmqctl(port, "set_user_tags", name, *([tag] if tag else []))
-            rabbitmqctl(port, "set_permissions", "-p", "/", name, LIMITED.configure, LIMITED.write, LIMITED.read)
-        rabbitmqctl(port, "set_topic_permissions", "-p", "/", "mg-mon", "amq.topic", TOPICS.write, TOPICS.read)
-        rabbitmqctl(port, "set_user_limits", "mg-pol", json.dumps({"max-channels": 50}))
-        rabbitmqctl(port, "set_vhost_limits", "-p", "mg-other", json.dumps({"max-queues": 100}))
+            setup += [(f"users/{name}", {"password": "secret", "tags": tag}), (f"permissions/%2F/{name}", limited)]
+        setup += [
+            ("topic-permissions/%2F/mg-mon", {"exchange": "amq.topic", "write": TOPICS.write, "read": TOPICS.read}),
+            ("user-limits/mg-pol/max-channels", {"value": 50}),
+            ("vhost-limits/mg-other/max-queues", {"value": 100}),
+        ]
+        for path, body in setup:
+            rabbitmq(http_port, path, "PUT", body)
         yield port, http_port
 
 
@@ -318,13 +325,12 @@ def test_policies_are_shown_to_each_tag_as_rabbitmq_shows_them(
 
     from postroom.broker.core.policy import Policy
 
-    amqp_port = rabbitmq_management[0]
+    http_port = rabbitmq_management[1]
     broker = POSTROOM_BROKERS[-1]
     vhost = broker.node.vhosts["/"]
     for name, pattern, definition, priority, apply_to, operator in POLICIES:
-        command = "set_operator_policy" if operator else "set_policy"
-        rabbitmqctl(amqp_port, command, name, pattern, json.dumps(definition), "--priority", str(priority),
-                    "--apply-to", apply_to)  # fmt: skip
+        body = {"pattern": pattern, "definition": definition, "priority": priority, "apply-to": apply_to}
+        rabbitmq(http_port, f"{'operator-policies' if operator else 'policies'}/%2F/{name}", "PUT", body)
         policy = Policy(name, pattern, definition, priority, apply_to)
         threads.blockingCallFromThread(broker.reactor, vhost.set_policy, policy, operator)
     try:
@@ -332,7 +338,7 @@ def test_policies_are_shown_to_each_tag_as_rabbitmq_shows_them(
         actual = policy_scenario(*postroom_management)
     finally:
         for name, *_rest, operator in POLICIES:
-            rabbitmqctl(amqp_port, "clear_operator_policy" if operator else "clear_policy", name)
+            rabbitmq(http_port, f"{'operator-policies' if operator else 'policies'}/%2F/{name}", "DELETE")
     by_request = {(user, request): answer for user, request, answer in expected}
     assert by_request["mg-pol", "GET one policy"][0] == 200  # what the oracle is about
     assert by_request["mg-mgmt", "GET one policy"] == (401, "not_authorised")
@@ -404,16 +410,13 @@ def test_policies_are_set_and_cleared_through_the_api_as_on_rabbitmq(
         expected = policy_changes(*rabbitmq_management)
     finally:
         for user in TAGGED:
-            for command in (
-                ("clear_policy", f"mg-put-{user}"),
-                ("clear_policy", f"mg-put-{user}-t"),
-                ("clear_policy", "-p", "mg-other", f"mg-put-{user}"),
-                ("clear_operator_policy", f"mg-op-{user}"),
-            ):
-                try:
-                    rabbitmqctl(rabbitmq_management[0], *command)
-                except subprocess.CalledProcessError:  # most were cleared by the scenario itself
-                    pass
+            for path in (
+                f"policies/%2F/mg-put-{user}",
+                f"policies/%2F/mg-put-{user}-t",
+                f"policies/mg-other/mg-put-{user}",
+                f"operator-policies/%2F/mg-op-{user}",
+            ):  # most were cleared by the scenario itself
+                rabbitmq(rabbitmq_management[1], path, "DELETE", missing_ok=True)
     actual = policy_changes(*postroom_management)
     by_request = {(user, request): answer for user, request, answer in expected}
     # What the oracle is about: who may set policies, and RabbitMQ's words when it refuses one.
@@ -481,9 +484,12 @@ def test_the_definitions_export_holds_what_rabbitmqs_holds_and_rabbitmq_imports_
     amqp_port, http_port = rabbitmq_management
     broker = POSTROOM_BROKERS[-1]
     vhost = broker.node.vhosts["/"]
-    rabbitmqctl(amqp_port, "set_policy", "def-dlx", r"^def\.", '{"dead-letter-exchange": "def.orders"}',
-                "--priority", "1", "--apply-to", "queues")  # fmt: skip
-    rabbitmqctl(amqp_port, "set_operator_policy", "def-cap", r"^def\.", '{"max-length": 100}')
+    for path, pattern, definition, priority in (
+        ("policies/%2F/def-dlx", r"^def\.", {"dead-letter-exchange": "def.orders"}, 1),
+        ("operator-policies/%2F/def-cap", r"^def\.", {"max-length": 100}, 0),
+    ):
+        rabbitmq(http_port, path, "PUT", {"pattern": pattern, "definition": definition, "priority": priority,
+                                          "apply-to": "queues" if priority else "all"})  # fmt: skip
     threads.blockingCallFromThread(
         broker.reactor,
         vhost.set_policy,
@@ -507,20 +513,13 @@ def test_the_definitions_export_holds_what_rabbitmqs_holds_and_rabbitmq_imports_
             exclusive[name] = (status, shown.get("durable"), shown.get("exclusive"), shown.get("auto_delete"))
             holder.close()
         # The way out: Postroom's export of a vhost, imported into a fresh vhost of RabbitMQ.
-        rabbitmqctl(amqp_port, "add_vhost", "def-import")
-        rabbitmqctl(amqp_port, "set_permissions", "-p", "def-import", "guest", ".*", ".*", ".*")
+        rabbitmq(http_port, "vhosts/def-import", "PUT", {})
+        rabbitmq(http_port, "permissions/def-import/guest", "PUT", {"configure": ".*", "write": ".*", "read": ".*"})
         imported = api(http_port, "guest", "definitions/def-import", "POST", answers["postroom"][1][1])
         reexported = api(http_port, "guest", "definitions/def-import")
     finally:
-        for command in (
-            ("delete_vhost", "def-import"),
-            ("clear_policy", "def-dlx"),
-            ("clear_operator_policy", "def-cap"),
-        ):
-            try:
-                rabbitmqctl(amqp_port, *command)
-            except subprocess.CalledProcessError:
-                pass
+        for path in ("vhosts/def-import", "policies/%2F/def-dlx", "operator-policies/%2F/def-cap"):
+            rabbitmq(http_port, path, "DELETE", missing_ok=True)
         connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqp_port))
         channel = connection.channel()
         for queue in ("def.kept", "def.memory"):
@@ -816,6 +815,13 @@ def send(port: int, path: str, method: str, body: Any = None, raw: bytes | None 
     except urllib.error.HTTPError as error:
         status, raw_answer, location = error.code, error.read(), error.headers.get("Location")
     return status, json.loads(raw_answer) if raw_answer else None, location
+
+
+def rabbitmq(port: int, path: str, method: str, body: Any = None, missing_ok: bool = False) -> None:
+    """A request as guest that sets the oracle up or tidies it (where ``rabbitmqctl`` would start
+    an Erlang VM a command): it must succeed, or find nothing there when ``missing_ok``."""
+    status, answer, _location = send(port, path, method, body)
+    assert status < 300 or (missing_ok and status == 404), (method, path, status, answer)
 
 
 #: Of an exchange's or a queue's view, what a declare through the API decides.

@@ -17,8 +17,16 @@ from urllib.parse import quote
 
 import pika
 import pytest
+from pamqp import commands
 
-from postroom.broker.tools.testing import free_port, kill_rabbitmq, rabbitmq_node, write_test_pki
+from postroom.broker.tools.testing import (
+    ConfirmedPublisher,
+    free_port,
+    kill_rabbitmq,
+    publish_frames,
+    rabbitmq_node,
+    write_test_pki,
+)
 from tests.integration.test_crash import broker
 from tests.integration.test_live_administration import api as management
 
@@ -56,28 +64,32 @@ def api(http: int, path: str, method: str = "GET", body: Any = None) -> Any:
 
 
 def fill(port: int, queue: str, count: int, start: int = 0) -> None:
+    """``count`` persistent messages in ``queue`` (declared durable), each carrying its number
+    in its body and its header ``n``, confirmed up to a thousand at a time."""
     connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
-    channel = connection.channel()
-    channel.queue_declare(queue, durable=True)
-    channel.confirm_delivery()
-    for number in range(start, start + count):
-        channel.basic_publish("", queue, b"%d" % number, pika.BasicProperties(delivery_mode=2, headers={"n": number}))
+    connection.channel().queue_declare(queue, durable=True)
     connection.close()
+    ConfirmedPublisher(port).publish(
+        publish_frames(1, "", queue, b"%d" % number, commands.Basic.Properties(delivery_mode=2, headers={"n": number}))
+        for number in range(start, start + count)
+    )
 
 
 def drain(port: int, queue: str) -> list[int]:
     """Every message in ``queue`` (taken), as the numbers they carry."""
     connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
     channel = connection.channel()
-    numbers = []
-    while True:
-        method, properties, body = channel.basic_get(queue, auto_ack=True)
-        if method is None:
-            break
+    numbers: list[int] = []
+    count = channel.queue_declare(queue, durable=True, passive=True).method.message_count
+    for _method, properties, body in channel.consume(queue, auto_ack=True, inactivity_timeout=10) if count else ():
+        assert body is not None, f"{len(numbers)} of {count} messages came"
         # The headers came across as they were (one delivered again carries the source's
         # x-delivery-count, as a redelivery from a Postroom queue does).
         assert {k: v for k, v in properties.headers.items() if k != "x-delivery-count"} == {"n": int(body)}
         numbers.append(int(body))
+        if len(numbers) == count:
+            break
+    channel.cancel()
     connection.close()
     return numbers
 
