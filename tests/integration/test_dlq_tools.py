@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +14,10 @@ from postroom.broker.core.node import Node
 from postroom.broker.core.seal import SEAL_HEADER, Sealer
 from postroom.broker.core.users import User
 from postroom.broker.tools.redrive import BROKEN_SEAL, MALFORMED, NO_DEATH, UNSEALED, Refused, inspect, redrive, summary
+from postroom.broker.tools.testing import free_port
 from postroom.config.schema import Permission
+from tests.integration.test_crash import broker as serve
+from tests.integration.test_live_administration import api
 
 pytestmark = pytest.mark.integration
 
@@ -201,3 +206,26 @@ def test_a_seal_published_without_confirms_closes_the_channel(broker: Any, seal:
         assert "not a dead letter sealed by this broker" in closed.value.reply_text
     finally:
         connection.close()
+
+
+def test_the_api_lists_the_dead_letter_queues_beside_a_stream(tmp_path: Path) -> None:
+    """``GET /api/dead-letters`` lists each queue dead letters reached, with the latest death's
+    reasons and sources, in a vhost that also holds a stream (a queue of another kind)."""
+    http = free_port()
+    with serve(tmp_path / "data", management=http) as (_process, port):
+        with connect(f"amqp://guest:guest@127.0.0.1:{port}/") as conn:
+            conn.declare_queue("events", durable=True, arguments={"x-queue-type": "stream"})
+            conn.publish("", "events", b"kept")
+            dead_letters(conn)
+        deadline = time.monotonic() + 10
+        while True:
+            status, listed = api(http, "dead-letters", user="guest:guest")
+            if status != 200 or listed and listed[0]["messages"] == 5 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    assert status == 200, listed
+    assert [(queue["vhost"], queue["name"], queue["messages"], queue["dead_lettered_total"]) for queue in listed] == [
+        ("/", "dlq", 5, 5)
+    ]
+    assert (listed[0]["reasons"], listed[0]["sources"]) == ({"rejected": 3, "expired": 2}, {"work": 3, "short": 2})
+    assert "Traceback" not in (tmp_path / "broker.log").read_text()
