@@ -168,7 +168,8 @@ class ConfirmedPublisher:
                     pass
                 deadline = time.monotonic() + self.timeout
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.sent - self.confirmed} publishes unconfirmed after {self.timeout:g} s")
+                unconfirmed = self.sent - self.confirmed
+                raise TimeoutError(f"nothing moved for {self.timeout:g} s, with {unconfirmed} publishes unconfirmed")
 
     def _heard(self, value: Any) -> None:
         if isinstance(value, commands.Basic.Ack):

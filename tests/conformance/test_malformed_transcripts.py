@@ -23,6 +23,7 @@ from transcript import (
     publish,
     quiet,
     raw_frame,
+    until,
 )
 
 pytestmark = pytest.mark.integration
@@ -46,11 +47,17 @@ CASES: dict[str, bytes] = {
     "declare-trailing-bytes": _method(1, DECLARE, b"\x00\x00\x01q\x00\x00\x00\x00\x00" + b"junk"),
     "declare-name-not-utf8": _method(1, DECLARE, b"\x00\x00\x02\xff\xfe\x00\x00\x00\x00\x00"),
     "unexpected-channel-close-ok": frames(1, commands.Channel.CloseOk()),
-    # The broker closes channel 1 (404); before its close-ok the client opens channel 1 again.
-    "channel-open-while-closing": publish(1, "conformance-no-such-exchange", "k", b"x")
-    + frames(1, commands.Channel.Open()),
     "unknown-method-in-known-class": _method(1, 0x003C00FF, b""),
     "unknown-class": _method(1, 0x00FF000A, b""),
+}
+#: Cases in steps: each step is sent once the broker has answered the one before with a close.
+STEPS: dict[str, list[bytes]] = {
+    # The broker closes channel 1 (404); before its close-ok the client opens channel 1 again.
+    # (Sent at once, the two race inside RabbitMQ: its channel may not have sent its close yet.)
+    "channel-open-while-closing": [
+        publish(1, "conformance-no-such-exchange", "k", b"x"),
+        frames(1, commands.Channel.Open()),
+    ],
 }
 
 
@@ -59,14 +66,18 @@ def wrong(name: str) -> Any:
         transcript = Transcript()
         with transcript.connect(port) as client:
             open_connection(client, 1)
-            client.send(CASES[name])
+            *first, last = STEPS.get(name) or [CASES[name]]
+            for step in first:
+                client.send(step)
+                client.read(until())
+            client.send(last)
             client.read(quiet(1.0))
         return [loose_erlang_text(entry) for entry in transcript.normalized()]
 
     return run
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted([*CASES, *STEPS]))
 def test_wrong_methods_and_frames_get_rabbitmqs_reply(rabbitmq_port: int, broker: Any, name: str) -> None:
     expected, actual = compare(wrong(name), rabbitmq_port, broker.port)
     assert_same_transcript(expected, actual, ("rabbitmq", "postroom"))
