@@ -113,12 +113,11 @@ class AMQPServerProtocol(Protocol):
         #: What reads the socket, with its ``bufferSize`` (``None``: nothing to set).
         self._reader: Any = None
 
-    @property
-    def _socket(self) -> SocketTransport:
-        """The transport, once connected."""
-        return socket_of(self)
+    #: The transport, typed as the socket it is; set once connected (looked up on every write).
+    _socket: SocketTransport
 
     def connectionMade(self) -> None:
+        self._socket = socket_of(self)
         peer = self._socket.getPeer()
         host = getattr(peer, "host", "")
         self.connection = ServerConnection(

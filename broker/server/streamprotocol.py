@@ -97,12 +97,11 @@ class StreamServerProtocol(Protocol):
         self._request_timer: IDelayedCall | None = None
         self._unanswered: set[int] = set()
 
-    @property
-    def _socket(self) -> SocketTransport:
-        """The transport, once connected."""
-        return socket_of(self)
+    #: The transport, typed as the socket it is; set once connected (looked up on every write).
+    _socket: SocketTransport
 
     def connectionMade(self) -> None:
+        self._socket = socket_of(self)
         peer = self._socket.getPeer()
         host = getattr(peer, "host", "")
         connection = StreamConnection(

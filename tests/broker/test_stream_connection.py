@@ -718,7 +718,7 @@ def test_a_chunk_whose_segment_went_ends_the_connection_and_is_not_tried_again(t
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
     protocol = StreamServerFactory(Node(), Clock(), ("127.0.0.1", 5552)).buildProtocol(None)
-    protocol.transport = transport = SocketTransport(ours)
+    protocol.transport = protocol._socket = transport = SocketTransport(ours)  # (as connectionMade sets them)
     protocol.connection = StreamConnection(Node(), "127.0.0.1:1", True, ("127.0.0.1", 5552))
     storage.retire(1)  # (retention removed it)
     with logged_errors() as errors:
