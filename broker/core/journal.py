@@ -359,12 +359,7 @@ class Journal:
         """
         messages = self.ledger.take_for_rewrite(segment)
         for message in messages:
-            resident = message.resident
             record = self._published_record(message, tuple(message.wal_queues))
-            if not resident:
-                # Read back for the copy only: it stays on disk (where the copy will say) and
-                # out of memory, as it was; a rewrite must not bring a segment's bodies back.
-                message.page_out()
             self._add(record)
             self._pending_messages.append((message, self._pending_bytes, len(record)))
             for queue, count in (message.wal_counts or {}).items():

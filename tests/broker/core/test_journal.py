@@ -291,31 +291,6 @@ def test_bodies_beyond_the_memory_budget_are_paged_out_newest_first_and_read_bac
     assert journal.bodies.size == 0
 
 
-def test_a_rewrite_copies_a_paged_out_body_forward_without_bringing_it_back_into_memory() -> None:
-    node, journal, _ = durable_node()
-    log = WriteAheadLog(MemorySegmentStorage())
-    log.open()
-    c = client(node)
-    c.call(1, commands.Queue.Declare(queue="q", durable=True))
-    bodies = [bytes([i]) * 1000 for i in range(8)]
-    for body in bodies:
-        c.send(publish_frames(1, "", "q", body, PERSISTENT))
-    data, _ = journal.take(log.active, log.size, log.storage.read_at)
-    log.append(data)
-    for _ in range(7):
-        got = [v for _, v in c.call(1, commands.Basic.Get(queue="q")) if v.name == "Basic.GetOk"][0]
-        c.call(1, commands.Basic.Ack(delivery_tag=got.delivery_tag))
-    assert journal.bodies.page_out(budget=0) == 1
-    assert journal.ledger.sparse(log.active) and journal.rewrite(log.active) == 1
-    (entry,) = node.vhosts["/"].queues["q"].ready_entries()
-    assert not entry.message.resident  # read for the copy, not kept
-    data, _ = journal.take(log.active, log.size, log.storage.read_at)
-    log.append(data)
-    assert not entry.message.resident and journal.bodies.size == 0
-    frames = c.call(1, commands.Basic.Get(queue="q", no_ack=True))
-    assert frames[-1][1].value == bodies[7]  # read back from the copy
-
-
 def test_deleting_a_durable_queue_records_only_its_deletion_and_frees_its_segment() -> None:
     node, journal, _ = durable_node()
     c = client(node)
