@@ -29,41 +29,11 @@ import pika
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.run import postroom  # noqa: E402
-from postroom.broker.tools.testing import rabbitmq_node  # noqa: E402
+from postroom.broker.tools.testing import MemoryReadings, rabbitmq_node  # noqa: E402
 
 BODY = 64 * 1024
 QUEUE = "flood"
 _head = struct.Struct(">II")  # publisher, sequence number
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-class Sampler(threading.Thread):
-    """The broker's resident memory every 20 ms: the peak so far, and the peak since :meth:`mark`."""
-
-    def __init__(self, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.pid = pid
-        self.peak = self.peak_since_mark = 0
-        self.done = threading.Event()
-
-    def mark(self) -> None:
-        self.peak_since_mark = 0
-
-    def run(self) -> None:
-        while not self.done.wait(0.02):
-            try:
-                value = rss(self.pid)
-            except OSError:
-                return
-            self.peak = max(self.peak, value)
-            self.peak_since_mark = max(self.peak_since_mark, value)
 
 
 class Publisher(threading.Thread):
@@ -142,7 +112,7 @@ def flood(name: str, port: int, pid: int, watermark: int, publishers: int) -> st
     setup.channel().queue_declare(QUEUE)
     setup.close()
     total = 10 * watermark // BODY
-    sampler = Sampler(pid)
+    sampler = MemoryReadings(pid)
     sampler.start()
     started = time.monotonic()
     senders = [Publisher(port, number, total // publishers) for number in range(publishers)]
@@ -150,15 +120,15 @@ def flood(name: str, port: int, pid: int, watermark: int, publishers: int) -> st
         sender.start()
     blocked = stalled(senders, 120)
     blocked_after = time.monotonic() - started
-    sampler.mark()
+    sampler.enter("stall")
     time.sleep(5)  # blocked: memory must stay put
-    peak_blocked = sampler.peak_since_mark
+    peak_blocked = sampler.phase_peak
     held = sum(sender.confirmed for sender in senders)
     received, disorder = drain(port, sum(sender.count for sender in senders), publishers, 600)
     for sender in senders:
         sender.join(60)
     seconds = time.monotonic() - started
-    sampler.done.set()
+    sampler.stopped.set()
     errors = [repr(sender.error) for sender in senders if sender.error is not None]
     mib = 2**20
     return (
@@ -168,8 +138,7 @@ def flood(name: str, port: int, pid: int, watermark: int, publishers: int) -> st
         f"({sampler.peak / watermark:.2f}x); connection.blocked/unblocked seen "
         f"{sum(s.blocks for s in senders)}/{sum(s.unblocks for s in senders)}; "
         f"{received:,} of {sum(s.count for s in senders):,} received, {disorder} out of order, "
-        f"{sum(s.confirmed for s in senders):,} confirmed; {seconds:.1f} s"
-        + (f"; errors: {errors}" if errors else "")
+        f"{sum(s.confirmed for s in senders):,} confirmed; {seconds:.1f} s" + (f"; errors: {errors}" if errors else "")
     )
 
 

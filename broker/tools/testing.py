@@ -180,6 +180,54 @@ class ConfirmedPublisher:
             self.told(value)
 
 
+def process_memory(pid: int, field: str = "VmRSS") -> int:
+    """A memory figure of process ``pid`` in bytes, from ``/proc`` (``VmRSS``: resident now,
+    ``VmHWM``: the most it has been resident).
+
+    :raises LookupError: the process has no such figure (it has exited)
+    """
+    with open(f"/proc/{pid}/status") as lines:
+        for line in lines:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise LookupError(f"no {field} for process {pid}")
+
+
+class MemoryReadings(threading.Thread):
+    """Reads process ``pid``'s resident memory every 20 ms until :attr:`stopped` is set: the
+    highest reading of the run (:attr:`peak`), of the phase entered last (:attr:`phase_peak`,
+    see :meth:`enter`), and in which phase and how far into it the highest came (``VmHWM``
+    says how high, not when)."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.peak = self.phase_peak = 0
+        self.phase, self.since = "start", time.monotonic()
+        #: The highest reading: bytes, its phase, and seconds into that phase.
+        self.highest = (0, self.phase, 0.0)
+        self.stopped = threading.Event()
+
+    def enter(self, phase: str) -> None:
+        """The run enters ``phase``: :attr:`phase_peak` starts again."""
+        self.phase, self.since, self.phase_peak = phase, time.monotonic(), 0
+
+    def run(self) -> None:
+        while not self.stopped.wait(0.02):
+            try:
+                resident = process_memory(self.pid)
+            except (OSError, LookupError):
+                return  # (the process has exited)
+            self.phase_peak = max(self.phase_peak, resident)
+            if resident > self.peak:
+                self.peak = resident
+                self.highest = (resident, self.phase, time.monotonic() - self.since)
+
+    def __str__(self) -> str:
+        resident, phase, seconds = self.highest
+        return f"highest reading {resident / 2**20:.0f} MiB, {seconds:.1f} s into the {phase}"
+
+
 class Client:
     """A scripted client: sends frames to a :class:`ServerConnection`, reads its replies.
 

@@ -18,7 +18,7 @@ import pika
 import pytest
 from pamqp import commands
 
-from postroom.broker.tools.testing import ConfirmedPublisher, publish_frames
+from postroom.broker.tools.testing import ConfirmedPublisher, MemoryReadings, process_memory, publish_frames
 from tests.integration.test_crash import broker
 
 WATERMARK = 128 << 20
@@ -30,42 +30,6 @@ EACH = 2560
 UNCONFIRMED = 1000
 #: A body's first bytes: its publisher and its number.
 _head = struct.Struct(">II")
-
-
-def status(pid: int, field: str) -> int:
-    """A memory figure of process ``pid`` in bytes (``VmRSS``, ``VmHWM``) from ``/proc``."""
-    with open(f"/proc/{pid}/status") as lines:
-        for line in lines:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no {field} for {pid}")
-
-
-class Readings(threading.Thread):
-    """Reads a process's resident memory every 20 ms, to say in which phase of the test it was
-    highest (``VmHWM`` says how high, not when)."""
-
-    def __init__(self, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.pid, self.phase, self.since = pid, "setup", time.monotonic()
-        self.highest = (0, "setup", 0.0)
-        self.stopped = threading.Event()
-
-    def enter(self, phase: str) -> None:
-        self.phase, self.since = phase, time.monotonic()
-
-    def run(self) -> None:
-        while not self.stopped.wait(0.02):
-            try:
-                rss = status(self.pid, "VmRSS")
-            except (OSError, AssertionError):
-                return
-            if rss > self.highest[0]:
-                self.highest = (rss, self.phase, time.monotonic() - self.since)
-
-    def __str__(self) -> str:
-        rss, phase, seconds = self.highest
-        return f"highest reading {rss / 2**20:.0f} MiB, {seconds:.1f} s into the {phase}"
 
 
 class Publisher(ConfirmedPublisher, threading.Thread):
@@ -138,9 +102,9 @@ def test_a_flood_without_consumers_stays_within_the_watermark_and_loses_nothing(
         setup = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
         setup.channel().queue_declare("flood", durable=True)
         setup.close()
-        readings = Readings(process.pid)
+        readings = MemoryReadings(process.pid)
         readings.start()
-        holder = Holder(port, WATERMARK - (24 << 20) - status(process.pid, "VmRSS")) if held else None
+        holder = Holder(port, WATERMARK - (24 << 20) - process_memory(process.pid)) if held else None
         readings.enter("flood")
         publishers = [Publisher(port, number) for number in range(PUBLISHERS)]
         for publisher in publishers:
@@ -155,7 +119,7 @@ def test_a_flood_without_consumers_stays_within_the_watermark_and_loses_nothing(
             elif time.monotonic() - since > 2:
                 break
             time.sleep(0.05)
-        flood_peak = status(process.pid, "VmHWM")
+        flood_peak = process_memory(process.pid, "VmHWM")
         blocked = sum(publisher.blocks for publisher in publishers)
         readings.enter("drain")
         if holder is not None:
@@ -181,10 +145,10 @@ def test_a_flood_without_consumers_stays_within_the_watermark_and_loses_nothing(
         connection.close()
         for publisher in publishers:
             publisher.join(10)
-        peak = status(process.pid, "VmHWM")
+        peak = process_memory(process.pid, "VmHWM")
         # Drained: what the broker holds goes back to the system (malloc_trim once drained).
         deadline = time.monotonic() + 10
-        while (after := status(process.pid, "VmRSS")) > WATERMARK and time.monotonic() < deadline:
+        while (after := process_memory(process.pid)) > WATERMARK and time.monotonic() < deadline:
             time.sleep(0.1)
         readings.stopped.set()
     print(f"peak {peak / 2**20:.0f} MiB over the run, {after / 2**20:.0f} MiB after; {readings}")
