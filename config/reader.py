@@ -20,6 +20,7 @@ from postroom.config.schema import (
     ArchiveConfig,
     BindingConfig,
     BrokerConfig,
+    ClusterConfig,
     DeadLetterConfig,
     DeadLetterStreamConfig,
     ExchangeConfig,
@@ -94,7 +95,7 @@ class Reader(ValueReader):
             document,
             "",
             {"listen", "tls", "auth_mechanisms", "storage", "limits", "users", "plugins", "vhosts", "metrics", "ui"}
-            | {"stream"},
+            | {"stream", "cluster"},
         )
         defaults = BrokerConfig()
         listen = self.listen(top.get("listen"))
@@ -126,6 +127,63 @@ class Reader(ValueReader):
             defaulted=frozenset({"users", "vhosts"} - set(top)),
             ui=UIConfig(reports=self.string(ui_section.get("reports"), "ui.reports", None)),
             stream=self.stream_protocol(top.get("stream"), listen),
+            cluster=self.cluster(top.get("cluster"), storage),
+        )
+
+    def cluster(self, value: Any, storage: StorageConfig) -> ClusterConfig | None:
+        if value is None:
+            return None
+        keys = {"name", "etcd", "listen", "advertise", "prefix", "lease", "min_in_sync", "in_sync_timeout"}
+        keys |= {"confirm_timeout", "tls"}
+        section = self.mapping(value, "cluster", keys, {"name", "etcd", "listen"})
+        if "tls" in section:
+            self.problem(
+                "cluster.tls", "TLS between the nodes is not built yet: leave it out (the links are plain TCP)"
+            )
+        name = self.string(section.get("name"), "cluster.name", "")
+        if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", name or "-"):
+            self.problem(
+                "cluster.name", "must be letters, digits, '.', '_' or '-' (at most 63), starting with a letter or digit"
+            )
+        etcd = section.get("etcd")
+        if isinstance(etcd, str):
+            etcd = [etcd]
+        if not is_string_list(etcd) or not etcd:
+            self.problem("cluster.etcd", "must be a list of etcd client URLs (http://host:2379)")
+            etcd = []
+        for url in etcd:
+            if not re.fullmatch(r"http://[^/\s]+(:\d+)?/?", url):
+                self.problem("cluster.etcd", f"{url!r} is not an http://host:port URL")
+        listen = self.endpoint(section.get("listen"), "cluster.listen", None)
+        if listen is not None and not listen.startswith("tcp:"):
+            self.problem(
+                "cluster.listen", f"must be a tcp: endpoint (e.g. tcp:5679:interface=10.0.0.1), not {listen!r}"
+            )
+        default = ClusterConfig("", (), "")
+        lease = self.duration(section.get("lease"), "cluster.lease", default.lease)
+        if lease < 1:
+            self.problem("cluster.lease", f"must be at least 1 second, not {lease}")
+        for key in ("in_sync_timeout", "confirm_timeout"):
+            if key in section and self.duration(section[key], f"cluster.{key}", 1.0) <= 0:
+                self.problem(f"cluster.{key}", "must be more than 0 seconds")
+        if storage.fsync == "never":
+            self.problem(
+                "storage.fsync", "a cluster node's confirms mean every copy in sync has synced: never is refused"
+            )
+        return ClusterConfig(
+            name=name or "",
+            etcd=tuple(etcd),
+            listen=listen or "",
+            advertise=self.string(section.get("advertise"), "cluster.advertise", None),
+            prefix=self.string(section.get("prefix"), "cluster.prefix", default.prefix),
+            lease=lease,
+            min_in_sync=self.integer(section.get("min_in_sync"), "cluster.min_in_sync", default.min_in_sync, 1, 64),
+            in_sync_timeout=self.duration(
+                section.get("in_sync_timeout"), "cluster.in_sync_timeout", default.in_sync_timeout
+            ),
+            confirm_timeout=self.duration(
+                section.get("confirm_timeout"), "cluster.confirm_timeout", default.confirm_timeout
+            ),
         )
 
     def stream_protocol(self, value: Any, listen: ListenConfig) -> StreamProtocolConfig:

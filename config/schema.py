@@ -511,6 +511,35 @@ class PluginConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Cluster mode (``docs/cluster.md``): nodes that elect a leader in etcd, which serves
+    clients and sends its log to the others; a confirm means every copy in sync has the
+    message. Left out, the broker is a single node."""
+
+    #: This node's name, unique in the cluster.
+    name: str
+    #: etcd's client URLs (``http://host:2379``).
+    etcd: tuple[str, ...]
+    #: Where this node listens for its followers when it leads (a ``tcp:`` endpoint).
+    listen: str
+    #: The host other nodes, and the proxies on followers, reach this node's listeners at
+    #: (left out: the interface ``listen`` names).
+    advertise: str | None = None
+    #: The prefix of the cluster's keys in etcd.
+    prefix: str = "postroom"
+    #: The leader's lease in etcd: a leader that cannot renew it for this long stops serving,
+    #: and another node takes over (etcd's least is 2 seconds with its default settings).
+    lease: float = 2.0
+    #: Copies of a message, the leader's counted, that a confirm needs. Below that, the
+    #: leader holds confirms and refuses them after ``confirm_timeout``.
+    min_in_sync: int = 2
+    #: A follower that leaves a batch unacknowledged for this long leaves the in-sync set.
+    in_sync_timeout: float = 2.0
+    #: How long a confirm waits for ``min_in_sync`` copies before it is refused.
+    confirm_timeout: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     """Everything the broker is configured with."""
 
@@ -547,6 +576,8 @@ class BrokerConfig:
     #: those apply on the first start only, as RabbitMQ creates its default user and vhost on
     #: a fresh database (see ``broker.core.definitions``).
     defaulted: frozenset[str] = frozenset()
+    #: Cluster mode; ``None``: a single node.
+    cluster: ClusterConfig | None = None
 
 
 def embedded_default() -> BrokerConfig:

@@ -153,6 +153,9 @@ class AMQPServerProtocol(Protocol):
         connection.recv_oct += len(data)
         connection.recv_cnt += 1
         factory = self.factory
+        if factory.leading is not None and not factory.leading():
+            factory.fence()
+            return
         monitor = factory.monitor
         if monitor is not None:  # (memory is read again after enough is read: see note_read)
             monitor.note_read(len(data))
@@ -391,6 +394,9 @@ class AMQPServerFactory(Factory):
         self.in_io = False
         #: Fired (once) when the last connection is gone (see :meth:`close_all`).
         self.closed_waiters: list[Deferred[None]] = []
+        #: In a cluster's leader: whether this node may still serve (its lease in etcd surely
+        #: holds). Once it may not, nothing more is read or written: see :meth:`fence`.
+        self.leading: Callable[[], bool] | None = None
         self._flush_call: IDelayedCall | None = None
         self._backlog_call: IDelayedCall | None = None
         node.on_dirty = self._schedule_flush
@@ -419,6 +425,9 @@ class AMQPServerFactory(Factory):
             if self._flush_call.active():
                 self._flush_call.cancel()
             self._flush_call = None
+        if self.leading is not None and not self.leading():
+            self.fence()
+            return
         dirty = self.node.dirty
         while dirty:
             connection = dirty.pop()
@@ -428,6 +437,13 @@ class AMQPServerFactory(Factory):
         if self.node.backlogged and self._backlog_call is None:
             # Give the reactor a turn (other sockets, back-pressure) before the next batch.
             self._backlog_call = self.clock.callLater(0, self._dispatch_backlogged)
+
+    def fence(self) -> None:
+        """This node no longer leads its cluster (a paused process resumed past its lease):
+        drop every connection at once, with what was waiting to be written, so that nothing
+        decided here reaches a client after another node has taken over."""
+        for protocol in list(self.protocols.values()):
+            protocol._drop("this node no longer leads the cluster")
 
     def _dispatch_backlogged(self) -> None:
         self._backlog_call = None

@@ -22,7 +22,7 @@ from postroom.broker.server.pluginloader import LoadedPlugins, load_plugins
 from postroom.broker.server.protocol import AMQPServerFactory
 from postroom.broker.server.shovels import Shovels
 from postroom.broker.server.streamprotocol import StreamServerFactory
-from postroom.broker.storage.logwriter import WALService
+from postroom.broker.storage.logwriter import Replication, WALService
 from postroom.broker.storage.recover import open_storage
 from postroom.config.schema import BrokerConfig, embedded_default
 
@@ -145,6 +145,7 @@ def make_broker_service(
     node: Node | None = None,
     persist: bool = True,
     plugins: LoadedPlugins | None = None,
+    replication: Replication | None = None,
 ) -> BrokerService:
     """Build the broker service: load the plugins, recover from the log, apply definitions, listen.
 
@@ -154,6 +155,8 @@ def make_broker_service(
     :param node: a ready node instead of one built from the configuration (nothing is persisted)
     :param persist: keep durable state in the configuration's log directory
     :param plugins: plugins already loaded (default: load the configuration's ``plugins:``)
+    :param replication: a cluster leader's followers: what the log writes is sent to them, and
+        confirms wait for those in sync (``broker.cluster``)
     :raises ConfigError: the configuration's definitions were refused, or a plugin failed to
         load (``PluginError``, naming the plugin and the reason)
     :raises WALCorruption: the log is damaged in the middle
@@ -178,6 +181,7 @@ def make_broker_service(
                 memory_budget(config),
                 log_backlog(config),
                 plugins.node_ready if plugins is not None else None,
+                replication,
             )
             node = storage.node
             release_memory()

@@ -8,10 +8,10 @@ released once the write that holds their records is synced.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
@@ -30,7 +30,7 @@ from postroom.broker.storage.checkpoint import (
 )
 from postroom.broker.storage.streams import remove_stream
 from postroom.broker.storage.writer import WorkerWriter
-from postroom.broker.wal.files import prune_archive
+from postroom.broker.wal.files import FileRecorder, prune_archive
 from postroom.broker.wal.log import WriteAheadLog
 from postroom.broker.wal.segments import SEGMENT_HEADER_BYTES
 from postroom.broker.wal.streamlog import Staged
@@ -39,6 +39,22 @@ from postroom.config.schema import BrokerConfig
 #: A checkpoint is captured on the reactor thread (each durable queue's messages in memory are
 #: turned into records): the next one waits at least this many times as long as the last took.
 CAPTURE_SHARE = 20
+
+
+class Replication(Protocol):
+    """Where a cluster's leader sends what it writes (``broker.cluster.leader``): the log's
+    writer cuts the changes its :attr:`recorder` noted into a batch at each write, has it sent
+    (:meth:`send`, from the writer thread) before its fsync, and releases the write's confirms
+    once the batch is on the followers in sync as well (:meth:`after`)."""
+
+    recorder: Any
+
+    def send(self, seq: int, ops: list[Any]) -> None:
+        """Send batch ``seq`` (any thread: it goes through the reactor)."""
+
+    def after(self, seq: int, release: Callable[[], None], refuse: Callable[[], None]) -> None:
+        """Call ``release`` once every follower in sync has batch ``seq``, or ``refuse`` if
+        that cannot be promised (reactor thread)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +108,12 @@ class WALService(WorkerWriter):
         max_backlog: int = 64 << 20,
         data_dir: str | None = None,
         checkpoint_bytes: int = CHECKPOINT_BYTES,
+        replication: Replication | None = None,
     ) -> None:
         super().__init__("postroom-wal")
+        #: A cluster leader's link to its followers (``None``: a single node).
+        self.replication = replication
+        self._recorder: FileRecorder | None = replication.recorder if replication is not None else None
         self.data_dir = data_dir
         #: Log bytes between checkpoints, and written since the last one.
         self.checkpoint_bytes = checkpoint_bytes
@@ -228,15 +248,20 @@ class WALService(WorkerWriter):
         captured: Captured | None = None,
         streams: Sequence[tuple[StagedStream, list[Staged], list[int]]] = (),
         deleted_streams: Sequence[str] = (),
-    ) -> tuple[float, Captured | None, OSError | None]:
+    ) -> tuple[float, Captured | None, OSError | None, int]:
         """Worker thread: write the streams' chunks (each stream's with one fsync), then rotate
         first when asked (``first`` opens the new segment), append, fsync, write the checkpoint
         ``captured`` with them, then retire the segments no live message needs (to the archive,
         when enabled), and remove the stream segments retention dropped.
 
-        Returns the seconds the append and fsync took, the checkpoint and why it failed.
+        In a cluster's leader, what was written is sent to the followers before the fsync, as
+        one batch, and what was retired and removed after it, as another.
+
+        Returns the seconds the append and fsync took, the checkpoint, why it failed, and the
+        number of the batch sent to the followers (0: none).
         """
         started = time.monotonic()
+        seq = 0
         try:
             for stream, staged, _dropped in streams:
                 if staged:
@@ -244,9 +269,13 @@ class WALService(WorkerWriter):
             if first:
                 self.wal.rotate(first)
             self.wal.append(data)
+            if self.replication is not None:
+                seq = self._send()
             if self.fsync != "never":
                 self.wal.sync()
         except BaseException:
+            if self.replication is not None:
+                self._send()
             if captured is not None:
                 captured.abandon()
             raise
@@ -264,9 +293,23 @@ class WALService(WorkerWriter):
                 stream.log.remove(dropped)
         for path in deleted_streams:
             remove_stream(path)
+            if self._recorder is not None:
+                self._recorder.removed(path)
+        if self.replication is not None:
+            self._send()
         if retire and self.archive is not None:
             prune_archive(self.archive.path, self.archive.retention, self.archive.max_bytes, time.time())
-        return took, captured, problem
+        return took, captured, problem, seq
+
+    def _send(self) -> int:
+        """Worker thread: send what the recorder noted since the last batch; the number of the
+        last batch sent (this one's, or the one before when nothing was noted)."""
+        assert self.replication is not None
+        seq: int
+        seq, ops = self.replication.recorder.cut()
+        if ops:
+            self.replication.send(seq, ops)
+        return seq
 
     def _backlogged(self) -> None:
         """The records waiting for the writer passed :attr:`max_backlog`: pause publishers until
@@ -285,11 +328,11 @@ class WALService(WorkerWriter):
 
     def _written(
         self,
-        result: tuple[float, Captured | None, OSError | None],
+        result: tuple[float, Captured | None, OSError | None, int],
         position: int,
         streams: Sequence[tuple[StagedStream, list[Staged], list[int]]] = (),
     ) -> None:
-        seconds, captured, problem = result
+        seconds, captured, problem, seq = result
         self._writing = None
         self.writes += 1
         self.fsync_seconds.observe(seconds)
@@ -305,6 +348,19 @@ class WALService(WorkerWriter):
         if self.alarm is not None:
             self._log.info("write-ahead log writes succeed again")
             self.alarm = None
+        if self.replication is not None:
+            self.replication.after(
+                seq, lambda: self._durable(position, streams), lambda: self.journal.failed(position)
+            )
+        else:
+            self._durable(position, streams)
+        self._caught_up()
+        if self.journal.has_pending:
+            self._call = self.reactor.callLater(0, self._write)
+
+    def _durable(self, position: int, streams: Sequence[tuple[StagedStream, list[Staged], list[int]]]) -> None:
+        """What was written up to ``position`` is durable (on every copy in sync, in a
+        cluster): release its confirms, and let the streams' readers have their chunks."""
         self.journal.synced_to(position)
         for stream, staged, _dropped in streams:
             # Readable now; a stream whose readers fail here stops neither the others nor the writer.
@@ -312,9 +368,6 @@ class WALService(WorkerWriter):
                 stream.written(staged)
             except Exception:
                 self._log.failure("delivering from stream {name!r} failed", name=stream.name)
-        self._caught_up()
-        if self.journal.has_pending:
-            self._call = self.reactor.callLater(0, self._write)
 
     def _checkpointed(self, captured: Captured, problem: OSError | None) -> None:
         if problem is None:

@@ -28,11 +28,11 @@ from postroom.broker.storage.checkpoint import (
     restore_checkpoint,
 )
 from postroom.broker.storage.dead_letter_writer import DeadLetterService, open_dead_letters
-from postroom.broker.storage.logwriter import WALService, archive_of
+from postroom.broker.storage.logwriter import Replication, WALService, archive_of
 from postroom.broker.storage.page_store import PageStore
 from postroom.broker.storage.spool_files import SPOOL_DIR, SPOOL_WINDOW, Spooler
 from postroom.broker.storage.streams import STREAMS_DIR, StreamFiles
-from postroom.broker.wal.files import DirectoryStorage
+from postroom.broker.wal.files import DirectoryStorage, FileRecorder
 from postroom.broker.wal.log import RecoveryReport, WriteAheadLog
 from postroom.broker.wal.records import WALCorruption
 from postroom.broker.wal.recovery import Snapshot, replay_located
@@ -42,18 +42,19 @@ _log = Logger()
 
 
 def open_log(
-    config: BrokerConfig, checkpoint: Checkpoint | None = None
+    config: BrokerConfig, checkpoint: Checkpoint | None = None, recorder: FileRecorder | None = None
 ) -> tuple[WriteAheadLog, RecoveryReport, DirectoryStorage]:
     """Open the configuration's log directory, truncating a torn tail.
 
     :param checkpoint: the latest checkpoint: the log is read only after its position (not at
         all when it ends there, as after a clean stop)
+    :param recorder: told of every change to the log's files (a cluster's leader)
     :raises WALCorruption: a record is damaged in the middle of what is read (see ``postroom wal
         check``), or a segment ``checkpoint`` needs is missing
     """
     storage = config.storage
     archive = archive_of(config)
-    segments = DirectoryStorage(storage.dir, archive.path if archive is not None else None)
+    segments = DirectoryStorage(storage.dir, archive.path if archive is not None else None, recorder)
     log = WriteAheadLog(segments, storage.segment_bytes)
     if checkpoint is None:
         return log, log.open(), segments
@@ -83,14 +84,21 @@ class Recovered:
 
 
 def recover(
-    config: BrokerConfig, reactor: Any, extensions: dict[str, Any], checkpoint: Checkpoint | None, budget: int
+    config: BrokerConfig,
+    reactor: Any,
+    extensions: dict[str, Any],
+    checkpoint: Checkpoint | None,
+    budget: int,
+    recorder: FileRecorder | None = None,
 ) -> Recovered:
     """The node as the log describes it: all of it, or the latest ``checkpoint`` and the log after it.
+
+    :param recorder: told of every change to the log's and the streams' files (a cluster's leader)
 
     :raises WALCorruption: see :func:`open_log`
     :raises OSError: reading the checkpoint's files failed
     """
-    log, report, _storage = open_log(config, checkpoint)
+    log, report, _storage = open_log(config, checkpoint, recorder)
     start = checkpoint.topology if checkpoint is not None else None
     snapshot = replay_located(log.located_records(), start)
     log.forget()
@@ -112,7 +120,7 @@ def recover(
         log.storage.read_at,
         pager=pager,
         before_messages=adopt if checkpoint is not None else None,
-        streams=StreamFiles(str(Path(config.storage.dir) / STREAMS_DIR), journal, reactor),
+        streams=StreamFiles(str(Path(config.storage.dir) / STREAMS_DIR), journal, reactor, recorder),
         **extensions,
     )
     pager.on_flow = node.set_flow
@@ -160,6 +168,7 @@ def open_storage(
     budget: int,
     backlog: int,
     ready: Callable[[Node, Snapshot], None] | None = None,
+    replication: Replication | None = None,
 ) -> Storage:
     """Recover the node from the configuration's storage directory (from its latest checkpoint
     when there is a usable one, else from the whole log) and open its writers.
@@ -169,19 +178,22 @@ def open_storage(
     :param backlog: the bytes of records waiting for the log's writer past which publishers
         are paused
     :param ready: called with the node and the log's snapshot once the node is built
+    :param replication: a cluster leader's link to its followers: what the log's writer
+        writes is sent to them, and confirms wait for those in sync
     :raises WALCorruption: the log is damaged in the middle
     """
     started = time.monotonic()
+    recorder = replication.recorder if replication is not None else None
     checkpoint = latest_checkpoint(config)
     try:
-        recovered = recover(config, reactor, extensions, checkpoint, budget)
+        recovered = recover(config, reactor, extensions, checkpoint, budget, recorder)
     except (WALCorruption, OSError) as error:
         if checkpoint is None:
             raise
         _log.warn("the checkpoint is not used ({reason}); reading the whole write-ahead log", reason=str(error))
         discard_checkpoint(config.storage.dir)
         checkpoint = None
-        recovered = recover(config, reactor, extensions, None, budget)
+        recovered = recover(config, reactor, extensions, None, budget, recorder)
     log, report, journal, pager, node = (
         recovered.log,
         recovered.report,
@@ -210,6 +222,7 @@ def open_storage(
         backlog,
         config.storage.dir,
         config.storage.checkpoint_bytes,
+        replication,
     )
     read = (
         f"the checkpoint at segment {checkpoint.segment} and the {report.records} record(s)"

@@ -19,7 +19,7 @@ from typing import Any
 
 from postroom.broker.core.journal import Journal
 from postroom.broker.core.stream import StreamQueue
-from postroom.broker.wal.files import DirectoryStorage
+from postroom.broker.wal.files import DirectoryStorage, FileRecorder
 from postroom.broker.wal.paths import incarnations, stream_directory
 from postroom.broker.wal.streamlog import DEFAULT_STREAM_SEGMENT_BYTES, StreamLog
 
@@ -35,10 +35,12 @@ class StreamFiles:
     :param directory: ``<storage.dir>/streams``
     :param journal: the broker's journal (the streams' writes go with its group commit)
     :param clock: the reactor (time and timers)
+    :param recorder: told of every change to the streams' files (a cluster's leader)
     """
 
-    def __init__(self, directory: str, journal: Journal, clock: Any) -> None:
+    def __init__(self, directory: str, journal: Journal, clock: Any, recorder: FileRecorder | None = None) -> None:
         self.directory = directory
+        self.recorder = recorder
         self.journal = journal
         self.clock = clock
         #: Each open stream's directory, and the directories waiting to be removed.
@@ -69,12 +71,14 @@ class StreamFiles:
             path = live[-1][1]
             for _number, older in live[:-1]:
                 remove_stream(older)
+                if self.recorder is not None:
+                    self.recorder.removed(older)
         else:
             number = found[-1][0] + 1 if found else 0
             path = base if number == 0 else f"{base}~{number}"
         size = arguments.get("x-stream-max-segment-size-bytes")
         segment_bytes = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
-        log = StreamLog(DirectoryStorage(path), segment_bytes or DEFAULT_STREAM_SEGMENT_BYTES)
+        log = StreamLog(DirectoryStorage(path, recorder=self.recorder), segment_bytes or DEFAULT_STREAM_SEGMENT_BYTES)
         log.open()
         stream = StreamQueue(name, vhost_name, arguments, log, self.clock, store=self)
         self._paths[stream] = path

@@ -18,10 +18,11 @@ import os
 import re
 import shutil
 import stat
+from typing import Protocol
 
 from zope.interface import Interface, implementer
 
-__all__ = ["ISegmentStorage", "DirectoryStorage", "segment_name"]
+__all__ = ["FileRecorder", "ISegmentStorage", "DirectoryStorage", "segment_name"]
 
 
 class ISegmentStorage(Interface):
@@ -67,6 +68,21 @@ class ISegmentStorage(Interface):
 
     def retire(number: int) -> None:
         """Move segment ``number`` to the archive, if there is one, else delete it; durable on return."""
+
+
+class FileRecorder(Protocol):
+    """Told of every change a :class:`DirectoryStorage` makes to its files, once made (a
+    cluster's leader sends them to its followers: ``broker.cluster.replication``)."""
+
+    def created(self, path: str, data: bytes) -> None: ...
+
+    def wrote(self, path: str, offset: int, data: bytes | list[bytes]) -> None: ...
+
+    def truncated(self, path: str, size: int) -> None: ...
+
+    def retired(self, path: str, archived: bool) -> None: ...
+
+    def removed(self, path: str) -> None: ...
 
 
 #: A segment's file name: its number, zero-padded so names sort like numbers (a u64 has 20 digits).
@@ -143,10 +159,17 @@ class DirectoryStorage:
     :param path: directory of the live segments
     :param archive_path: directory for retired segments (read by the Spark job), or None to
         delete them
+    :param recorder: told of every change made (a cluster's leader)
     """
 
-    def __init__(self, path: str | os.PathLike[str], archive_path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        archive_path: str | os.PathLike[str] | None = None,
+        recorder: FileRecorder | None = None,
+    ) -> None:
         self.path = os.fspath(path)
+        self.recorder = recorder
         self.archive_path = None if archive_path is None else os.fspath(archive_path)
         for directory in (self.path, self.archive_path):
             if directory is not None:
@@ -218,14 +241,21 @@ class DirectoryStorage:
                 pass  # the original error is the one to report
             raise
         self._fds[number] = fd
+        if self.recorder is not None:
+            self.recorder.created(path, header)
 
     def append(self, number: int, data: bytes | list[bytes]) -> None:
         """Append all of ``data`` to segment ``number`` (pieces of it with one ``writev``, not
         joined first); on error a prefix may be written."""
+        fd = self._fd(number)
+        recorder = self.recorder
+        offset = os.fstat(fd).st_size if recorder is not None else 0
         if isinstance(data, bytes):
-            _write_all(self._fd(number), data)
+            _write_all(fd, data)
         else:
-            _writev_all(self._fd(number), data)
+            _writev_all(fd, data)
+        if recorder is not None:
+            recorder.wrote(self._path(number), offset, data)
 
     def sync(self, number: int) -> None:
         """``fsync`` segment ``number``."""
@@ -241,6 +271,8 @@ class DirectoryStorage:
         fd = self._fd(number)
         os.ftruncate(fd, size)
         os.fsync(fd)
+        if self.recorder is not None:
+            self.recorder.truncated(self._path(number), size)
 
     def retire(self, number: int) -> None:
         """Move segment ``number`` into the archive directory (or delete it), durably.
@@ -281,6 +313,8 @@ class DirectoryStorage:
             else:
                 _sync_directory(self.archive_path)
         _sync_directory(self.path)
+        if self.recorder is not None:
+            self.recorder.retired(path, self.archive_path is not None)
 
     def close(self) -> None:
         """Close the open file descriptors (they reopen on demand)."""

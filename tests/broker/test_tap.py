@@ -7,7 +7,7 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.plugin import getPlugins
 
 from postroom.broker.server.service import make_broker_service
-from postroom.broker.server.tap import Options
+from postroom.broker.tools.tap import Options
 from postroom.config.schema import BrokerConfig, ListenConfig
 
 

@@ -71,6 +71,42 @@ def test_the_group_commit_window_may_be_zero_and_not_below() -> None:
     ]
 
 
+def test_the_cluster_section_is_read_and_checked() -> None:
+    assert loads("", "empty.yaml").cluster is None
+    cfg = loads(
+        "cluster:\n  name: node-1\n  etcd: [http://10.0.0.5:2379, http://10.0.0.6:2379]\n"
+        "  listen: tcp:5679:interface=10.0.0.1\n  lease: 3s\n  min_in_sync: 1\n",
+        "t.yaml",
+    )
+    assert cfg.cluster is not None
+    assert (cfg.cluster.name, cfg.cluster.etcd, cfg.cluster.lease, cfg.cluster.min_in_sync) == (
+        "node-1",
+        ("http://10.0.0.5:2379", "http://10.0.0.6:2379"),
+        3.0,
+        1,
+    )
+    assert (cfg.cluster.prefix, cfg.cluster.in_sync_timeout, cfg.cluster.confirm_timeout) == ("postroom", 2.0, 10.0)
+    assert sorted(problems("cluster:\n  name: a\n")) == [
+        (2, "cluster", "missing required key 'etcd'"),
+        (2, "cluster", "missing required key 'listen'"),
+        (2, "cluster.etcd", "must be a list of etcd client URLs (http://host:2379)"),
+    ]
+    found = problems(
+        "storage: {fsync: never}\ncluster:\n  name: 'a b'\n  etcd: [https://x:1]\n  listen: unix:/tmp/s\n"
+        "  tls: {certificate: c.pem}\n  lease: 500ms\n  min_in_sync: 0\n"
+    )
+    assert [key for _line, key, _reason in found] == [
+        "cluster.tls",
+        "cluster.name",
+        "cluster.etcd",
+        "cluster.listen",
+        "cluster.lease",
+        "storage.fsync",
+        "cluster.min_in_sync",
+    ]
+    assert "not built yet" in found[0][2]
+
+
 def test_duplicate_keys_are_refused() -> None:
     assert problems("limits:\n  frame_max: 8192\n  frame_max: 16384\n") == [(3, "limits.frame_max", "duplicate key")]
 

@@ -17,7 +17,7 @@ from twisted.logger import globalLogPublisher
 from postroom.broker.server import pluginloader
 from postroom.broker.server.pluginloader import PluginError, available_plugins, load_plugins
 from postroom.broker.server.service import make_broker_service
-from postroom.broker.server.tap import Options, makeService
+from postroom.broker.tools.tap import Options, makeService
 from postroom.config.loader import loads
 from postroom.config.schema import PluginConfig
 from postroom.config.values import ConfigError

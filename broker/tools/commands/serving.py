@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from postroom.config.loader import load
 from postroom.config.schema import BrokerConfig, embedded_default
-from postroom.config.values import ConfigError
+from postroom.config.values import ConfigError, Problem
 
 __all__ = ["broker_config", "serve", "list_plugins", "config_check", "wal_dir", "wal_check", "wal_dump"]
 
@@ -24,12 +25,12 @@ def serve(args: argparse.Namespace) -> int:
     from twisted.logger import globalLogBeginner, textFileLogObserver
 
     from postroom.broker.server.listeners import ListenError
-    from postroom.broker.server.service import make_broker_service, tune_gc
+    from postroom.broker.server.service import tune_gc
     from postroom.broker.wal.records import WALCorruption
 
     try:
         config = broker_config(args.config)
-        service = make_broker_service(reactor, config, amqp_endpoints=args.listen)
+        service = broker_or_cluster_node(reactor, config, args.listen)
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
@@ -52,6 +53,25 @@ def serve(args: argparse.Namespace) -> int:
     reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
     reactor.run()
     return 0
+
+
+def broker_or_cluster_node(reactor: Any, config: BrokerConfig, listen: list[str] | None) -> Any:
+    """The broker service, or with a ``cluster:`` section a cluster node that starts it when
+    it leads.
+
+    :raises ConfigError: the configuration is refused
+    """
+    from postroom.broker.server.service import make_broker_service
+
+    if config.cluster is None:
+        return make_broker_service(reactor, config, amqp_endpoints=listen)
+    from postroom.broker.cluster.service import ClusterNode
+
+    if listen:
+        raise ConfigError(config.source, [Problem(None, "--listen", "a cluster node listens where listen.amqp says")])
+    return ClusterNode(
+        reactor, config, lambda replication: make_broker_service(reactor, config, replication=replication)
+    )
 
 
 def list_plugins(args: argparse.Namespace) -> int:

@@ -31,14 +31,15 @@ def makeService(options: dict[str, Any]) -> IService:
     """
     from twisted.internet import reactor
 
-    from postroom.broker.server.service import make_broker_service, tune_gc
+    from postroom.broker.server.service import tune_gc
+    from postroom.broker.tools.commands.serving import broker_or_cluster_node
     from postroom.config.loader import load
     from postroom.config.schema import embedded_default
     from postroom.config.values import ConfigError
 
     try:
         config = load(options["config"]) if options["config"] else embedded_default()
-        service = make_broker_service(reactor, config, amqp_endpoints=options["listen"] or None)
+        service = broker_or_cluster_node(reactor, config, options["listen"] or None)
     except ConfigError as error:
         raise SystemExit(str(error)) from error
     tune_gc()
