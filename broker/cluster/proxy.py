@@ -27,10 +27,16 @@ class _ToLeaderFactory(portforward.ProxyClientFactory):
 class _FromClient(portforward.ProxyServer):
     clientProtocolFactory = _ToLeaderFactory
     transport: Any
+    factory: LeaderProxy
 
     def connectionMade(self) -> None:
         self.transport.setTcpNoDelay(True)
+        self.factory.forwarding.add(self)
         super().connectionMade()
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.factory.forwarding.discard(self)
+        super().connectionLost(reason)
 
 
 class LeaderProxy(portforward.ProxyFactory):
@@ -38,3 +44,14 @@ class LeaderProxy(portforward.ProxyFactory):
 
     protocol = _FromClient
     noisy = False
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(host, port)
+        #: The client connections being forwarded.
+        self.forwarding: set[_FromClient] = set()
+
+    def close_all(self) -> None:
+        """End every forwarded connection (the leader they reach no longer leads): their
+        clients reconnect, and reach the new one."""
+        for protocol in list(self.forwarding):
+            protocol.transport.abortConnection()

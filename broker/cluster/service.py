@@ -33,6 +33,7 @@ from typing import Any
 
 from twisted.application.service import Service
 from twisted.internet import defer, task
+from twisted.internet import error as network
 from twisted.internet.endpoints import TCP4ClientEndpoint, serverFromString
 from twisted.internet.protocol import Factory
 from twisted.internet.threads import deferToThreadPool
@@ -52,8 +53,9 @@ __all__ = ["ClusterNode"]
 #: The directories of a data directory that are a leader's own, removed when it follows.
 LOCAL_STATE = ("checkpoint", "checkpoint.new", "spool", "paging")
 
-#: Seconds between a follower's attempts to reach its leader.
+#: Seconds between a follower's attempts to reach its leader, and after a refused attempt.
 RETRY = 0.2
+REFUSED_RETRY = 0.05
 
 
 def _forwarded(listen: ListenConfig) -> list[tuple[str, str]]:
@@ -112,6 +114,8 @@ class ClusterNode(Service):
         #: ``starting``, ``follower``, ``candidate``, ``leader`` or ``stopped``.
         self.role = "starting"
         self.leader: dict[str, Any] | None = None
+        #: The lease the leader followed holds its key under.
+        self._leader_lease = 0
         #: The leader key as this node put it (its revision fences what the leader writes).
         self._leading: KeyValue | None = None
         self.broker: Any = None
@@ -459,17 +463,17 @@ class ClusterNode(Service):
     # -- following -----------------------------------------------------------------------
 
     async def _follow(self, leader: dict[str, Any], current: KeyValue) -> None:
-        changed = self.leader is None or self.leader.get("name") != leader.get("name") or self.role != "follower"
-        self.leader = leader
         self._watch_leader(current.mod_revision)
-        if not changed and self._link is not None:
-            return
+        if self.role == "follower" and self.leader == leader and self._leader_lease == current.lease:
+            return  # already following it
         await self._stop_following()
+        self.leader = leader
+        self._leader_lease = current.lease
         self.role = "follower"
         self._log.info("cluster node {name} follows {leader}", name=self.node_name, leader=leader.get("name"))
         self._forget_local_state()
         await self._proxy(leader)
-        defer.ensureDeferred(self._replicate(leader))
+        defer.ensureDeferred(self._replicate(leader, current.lease))
 
     def _forget_local_state(self) -> None:
         """What only a leader's run had (its checkpoint, spool, paged bodies) goes: the data
@@ -493,9 +497,19 @@ class ClusterNode(Service):
                 continue
             self._proxies.append((factory, listening))
 
-    async def _replicate(self, leader: dict[str, Any]) -> None:
-        """Keep a link to ``leader`` while this node follows it."""
+    async def _replicate(self, leader: dict[str, Any], lease: int) -> None:
+        """Keep a link to ``leader`` (holding the leader key under ``lease``) while this node
+        follows it.
+
+        A leader whose link was up and whose port then refuses connections twice is not
+        running (a live leader listens until it revokes its own lease): its lease is revoked,
+        so that a node in the in-sync set takes over now rather than when the lease runs out.
+        That is safe whatever the leader's state: a confirm needs every follower in the set,
+        and this one acknowledges nothing more to it.
+        """
         host, _, port = str(leader["replication"]).rpartition(":")
+        linked = False
+        refused = 0
         while self.role == "follower" and self.leader is leader:
             files = await deferToThreadPool(self.reactor, self._pool, file_index, self.data_dir)
             if not (self.role == "follower" and self.leader is leader):
@@ -515,18 +529,38 @@ class ClusterNode(Service):
                 await TCP4ClientEndpoint(self.reactor, host, int(port), timeout=2).connect(factory)
             except Exception as error:
                 self._log.debug("cannot reach the leader ({error})", error=str(error))
-                await task.deferLater(self.reactor, RETRY, lambda: None)
+                refused = refused + 1 if isinstance(error, network.ConnectionRefusedError) else 0
+                if linked and refused == 2:
+                    await self._revoke_dead_leader(leader, lease)
+                await task.deferLater(self.reactor, RETRY if refused == 0 else REFUSED_RETRY, lambda: None)
                 continue
+            linked, refused = True, 0
             self._link = link
             await link.closed
             if self._link is link:
                 self._link = None
             await task.deferLater(self.reactor, RETRY, lambda: None)
 
+    async def _revoke_dead_leader(self, leader: dict[str, Any], lease: int) -> None:
+        etcd = self.etcd
+        assert etcd is not None
+        try:
+            current = await etcd.get(self.leader_key)
+            if current is not None and current.lease == lease:
+                self._log.info(
+                    "cluster node {name}: leader {leader} is not running; ending its lease",
+                    name=self.node_name,
+                    leader=leader.get("name"),
+                )
+                await etcd.revoke(lease)
+        except EtcdError as error:
+            self._log.debug("etcd: the dead leader's lease was not revoked ({error})", error=str(error))
+
     async def _stop_following(self) -> None:
         proxies, self._proxies = self._proxies, []
-        for _factory, listening in proxies:
+        for factory, listening in proxies:
             await listening.stopListening()
+            factory.close_all()
         link, self._link = self._link, None
         if self.role == "follower":
             self.role = "candidate"

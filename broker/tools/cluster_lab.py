@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -30,13 +33,32 @@ from pathlib import Path
 from typing import Any
 
 from postroom.broker.cluster.replication import replicated_files
-from postroom.broker.tools.testing import free_port, wait_for_port
+from postroom.broker.tools.testing import wait_for_port
 
 __all__ = ["EtcdMissing", "Lab", "etcd_members", "etcd_get", "etcd_get_prefix"]
 
 
 class EtcdMissing(RuntimeError):
     """The ``etcd`` server is not installed (``apt-get install etcd-server``)."""
+
+
+#: Ports the lab's processes listen on are drawn from here, below the kernel's ephemeral range
+#: (32768 and up), where ``free_port`` finds its ports: a node binds some of its ports long
+#: after they were chosen (the replication port when it comes to lead), and another test's
+#: ``free_port`` must not hand out the same one meanwhile.
+LAB_PORTS = range(20000, 32000)
+
+
+def lab_port() -> int:
+    """A port in :data:`LAB_PORTS` that nothing listens on right now."""
+    while True:
+        port = random.choice(LAB_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def _post(url: str, path: str, body: dict[str, Any], timeout: float = 3.0) -> dict[str, Any]:
@@ -77,7 +99,7 @@ def etcd_members(count: int, directory: Path) -> Iterator[list[str]]:
     binary = shutil.which("etcd")
     if binary is None:
         raise EtcdMissing("etcd is not installed: apt-get install etcd-server")
-    members = [(f"e{index}", free_port(), free_port()) for index in range(count)]
+    members = [(f"e{index}", lab_port(), lab_port()) for index in range(count)]
     initial = ",".join(f"{name}=http://127.0.0.1:{peer}" for name, _client, peer in members)
     processes = []
     try:
@@ -172,9 +194,9 @@ class Lab:
         for name in names:
             node = NodeProcess(
                 name,
-                free_port(),
-                free_port(),
-                free_port(),
+                lab_port(),
+                lab_port(),
+                lab_port(),
                 directory / f"{name}.yaml",
                 directory / f"{name}.log",
             )
@@ -304,3 +326,159 @@ class Lab:
         """The replicated files of ``name``'s data directory, by relative path."""
         root = self.directory / name
         return {path: (root / path).read_bytes() for path in replicated_files(str(root))}
+
+
+def connect(ports: list[int], timeout: float = 30.0) -> Any:
+    """A pika connection to the first of ``ports`` on 127.0.0.1 that answers, trying them all
+    again until one does within ``timeout``."""
+    import pika
+    import pika.exceptions
+
+    # A node that is paused accepts connections (its kernel does) and answers nothing: give up
+    # on one within a few seconds, and notice one that stops answering by its heartbeats.
+    parameters = [
+        pika.ConnectionParameters(
+            "127.0.0.1", port, connection_attempts=1, socket_timeout=1, stack_timeout=3, heartbeat=2
+        )
+        for port in ports
+    ]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return pika.BlockingConnection(parameters)
+        except pika.exceptions.AMQPConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+class Publisher(threading.Thread):
+    """Publishes numbered persistent messages (``<tag>:<number>``) with confirms, one at a time,
+    until stopped, reconnecting to any of ``ports`` after a failure (as a stock client given
+    every node's address does); keeps what was confirmed, when, and what was only tried."""
+
+    def __init__(self, ports: list[int], queue: str, tag: str = "p", arguments: dict[str, Any] | None = None) -> None:
+        super().__init__(daemon=True)
+        self.ports = ports
+        self.queue = queue
+        self.tag = tag
+        self.arguments = arguments or {}
+        self.stop = threading.Event()
+        self.confirmed: list[int] = []
+        #: When each confirmed message was published, and when its confirm came.
+        self.published_at: list[float] = []
+        self.confirmed_at: list[float] = []
+        self.tried: set[int] = set()
+        self.failures: list[str] = []
+
+    def run(self) -> None:
+        import pika
+        import pika.exceptions
+
+        number = 0
+        while not self.stop.is_set():
+            try:
+                connection = connect(self.ports)
+                channel = connection.channel()
+                channel.confirm_delivery()
+                channel.queue_declare(self.queue, durable=True, arguments=self.arguments)
+                while not self.stop.is_set():
+                    self.tried.add(number)
+                    body = f"{self.tag}:{number}".encode()
+                    started = time.monotonic()
+                    channel.basic_publish("", self.queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
+                    self.confirmed.append(number)
+                    self.published_at.append(started)
+                    self.confirmed_at.append(time.monotonic())
+                    number += 1
+                connection.close()
+            except (pika.exceptions.AMQPError, OSError) as failure:
+                self.failures.append(repr(failure))
+                number += 1
+                time.sleep(0.05)
+
+
+class Consumer(threading.Thread):
+    """Consumes ``queue`` with acknowledgements until stopped, reconnecting after a failure;
+    keeps every delivery's body, in order, and when each came."""
+
+    def __init__(self, ports: list[int], queue: str, arguments: dict[str, Any] | None = None) -> None:
+        super().__init__(daemon=True)
+        self.ports = ports
+        self.queue = queue
+        self.arguments = arguments or {}
+        self.stop = threading.Event()
+        self.delivered: list[bytes] = []
+        self.delivered_at: list[float] = []
+        self.failures: list[str] = []
+
+    def run(self) -> None:
+        import pika.exceptions
+
+        while not self.stop.is_set():
+            try:
+                connection = connect(self.ports)
+                channel = connection.channel()
+                channel.queue_declare(self.queue, durable=True, arguments=self.arguments)
+                channel.basic_qos(prefetch_count=100)
+                for method, _properties, body in channel.consume(self.queue, inactivity_timeout=0.2):
+                    if self.stop.is_set():
+                        break
+                    if method is not None:
+                        self.delivered.append(body)
+                        self.delivered_at.append(time.monotonic())
+                        channel.basic_ack(method.delivery_tag)
+                connection.close()
+            except (pika.exceptions.AMQPError, OSError) as failure:
+                self.failures.append(repr(failure))
+                time.sleep(0.05)
+
+
+@dataclass
+class Verdict:
+    """What :func:`check` found."""
+
+    confirmed: int
+    delivered: int
+    #: Confirmed and never delivered; delivered and never published; delivered more than once.
+    lost: list[str]
+    phantoms: list[str]
+    duplicates: int
+    #: A publisher's message delivered (the first time) to a consumer before one it published
+    #: earlier and that consumer got later (after a failover, a message another consumer held
+    #: unacknowledged comes back to whichever consumer is there).
+    reordered: int
+
+    @property
+    def ok(self) -> bool:
+        return not self.lost and not self.phantoms
+
+
+def check(publishers: list[Publisher], consumers: list[list[bytes]]) -> Verdict:
+    """Every confirmed message delivered at least once, none delivered that was never
+    published, and how many deliveries were repeated or out of each publisher's order
+    (``consumers``: what each consumer got, in order)."""
+    seen: dict[str, set[int]] = {}
+    firsts: set[bytes] = set()
+    duplicates = reordered = 0
+    for delivered in consumers:
+        last: dict[str, int] = {}
+        for body in delivered:
+            if body in firsts:
+                duplicates += 1
+                continue
+            firsts.add(body)
+            tag, _, text = body.decode().partition(":")
+            number = int(text)
+            seen.setdefault(tag, set()).add(number)
+            if number < last.get(tag, -1):
+                reordered += 1
+            last[tag] = number
+    lost, phantoms = [], []
+    for publisher in publishers:
+        got = seen.pop(publisher.tag, set())
+        lost += [f"{publisher.tag}:{number}" for number in publisher.confirmed if number not in got]
+        phantoms += [f"{publisher.tag}:{number}" for number in sorted(got - publisher.tried)]
+    phantoms += [f"{tag}:{number}" for tag, numbers in seen.items() for number in sorted(numbers)]
+    confirmed = sum(len(publisher.confirmed) for publisher in publishers)
+    return Verdict(confirmed, sum(len(delivered) for delivered in consumers), lost, phantoms, duplicates, reordered)

@@ -11,7 +11,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pika
@@ -19,7 +19,8 @@ import pika.exceptions
 import pytest
 from pamqp import commands
 
-from postroom.broker.tools.cluster_lab import EtcdMissing, Lab, etcd_members
+from postroom.broker.tools.cluster_lab import Consumer, EtcdMissing, Lab, Publisher, check, etcd_members
+from postroom.broker.tools.cluster_lab import connect as cluster_connect
 from postroom.broker.tools.testing import ConfirmedPublisher, publish_frames
 
 pytestmark = pytest.mark.integration
@@ -54,56 +55,7 @@ def lab(etcd: list[str], tmp_path: Path) -> Iterator[Lab]:
 
 
 def connect(lab: Lab) -> pika.BlockingConnection:
-    parameters = [
-        pika.ConnectionParameters("127.0.0.1", port, connection_attempts=1, socket_timeout=5)
-        for port in lab.amqp_ports()
-    ]
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            return pika.BlockingConnection(parameters)
-        except pika.exceptions.AMQPConnectionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
-class Publisher(threading.Thread):
-    """Publishes numbered persistent messages with confirms until stopped, reconnecting to any
-    node after a failure; keeps what was confirmed and what was only tried."""
-
-    def __init__(self, lab: Lab, queue: str) -> None:
-        super().__init__(daemon=True)
-        self.lab = lab
-        self.queue = queue
-        self.stop = threading.Event()
-        self.confirmed: list[int] = []
-        self.tried: set[int] = set()
-        #: When each confirm arrived (time.monotonic), and the failures seen.
-        self.confirmed_at: list[float] = []
-        self.failures: list[str] = []
-
-    def run(self) -> None:
-        number = 0
-        while not self.stop.is_set():
-            try:
-                connection = connect(self.lab)
-                channel = connection.channel()
-                channel.confirm_delivery()
-                channel.queue_declare(self.queue, durable=True)
-                while not self.stop.is_set():
-                    self.tried.add(number)
-                    channel.basic_publish(
-                        "", self.queue, str(number).encode(), pika.BasicProperties(delivery_mode=2), mandatory=True
-                    )
-                    self.confirmed.append(number)
-                    self.confirmed_at.append(time.monotonic())
-                    number += 1
-                connection.close()
-            except (pika.exceptions.AMQPError, OSError) as failure:
-                self.failures.append(repr(failure))
-                number += 1
-                time.sleep(0.05)
+    return cluster_connect(lab.amqp_ports())
 
 
 def drain(lab: Lab, queue: str, expected: int, seconds: float = 30) -> list[int]:
@@ -124,35 +76,50 @@ def drain(lab: Lab, queue: str, expected: int, seconds: float = 30) -> list[int]
     return got
 
 
+def wait_until(condition: Callable[[], bool], seconds: float, why: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, why
+        time.sleep(0.01)
+
+
 def test_every_confirmed_message_survives_the_leader_killed(lab: Lab) -> None:
     first = lab.wait_for_leader()
     lab.wait_in_sync(set(lab.nodes))
-    publisher = Publisher(lab, "jobs")
-    publisher.start()
-    while len(publisher.confirmed) < 300:
-        time.sleep(0.01)
+    ports = lab.amqp_ports()
+    publishers = [Publisher(ports, "jobs", tag) for tag in ("p", "q")]
+    consumer = Consumer(ports, "jobs")
+    for thread in (*publishers, consumer):
+        thread.start()
+    wait_until(lambda: all(len(p.confirmed) >= 200 for p in publishers), 30, "publishing did not start")
     killed_at = time.monotonic()
     lab.signal(first, signal.SIGKILL)
     second = lab.wait_for_leader(other_than=first)
-    confirmed_before = len(publisher.confirmed)
-    deadline = time.monotonic() + 30
-    while len(publisher.confirmed) < confirmed_before + 300 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    publisher.stop.set()
-    publisher.join(30)
-    after = [at for at in publisher.confirmed_at if at > killed_at]
-    assert after, f"no confirm after the kill: {publisher.failures} {lab.logs()}"
-    # The first confirm on the new leader: a lease (2 s) and an election, with room for a loaded machine.
-    assert after[0] - killed_at < 10, after[0] - killed_at
+    before = [len(p.confirmed) for p in publishers]
+    wait_until(
+        lambda: all(len(p.confirmed) >= count + 200 for p, count in zip(publishers, before, strict=True)),
+        30,
+        f"publishing did not resume: {[p.failures[-3:] for p in publishers]} {lab.logs()}",
+    )
+    for publisher in publishers:
+        publisher.stop.set()
+        publisher.join(30)
+    confirmed = {f"{p.tag}:{n}".encode() for p in publishers for n in p.confirmed}
+    wait_until(lambda: confirmed <= set(consumer.delivered), 30, "not everything confirmed was delivered")
+    consumer.stop.set()
+    consumer.join(30)
 
-    got = drain(lab, "jobs", len(publisher.confirmed))
-    missing = sorted(set(publisher.confirmed) - set(got))
-    assert missing == [], f"confirmed and lost: {missing[:20]} ({len(missing)}) leader {first} -> {second}"
-    assert set(got) <= publisher.tried, sorted(set(got) - publisher.tried)[:20]
-    # One publisher: its messages come out in the order it published them (a message delivered
-    # twice, unacked before the kill, is not in the way of that).
-    firsts = list(dict.fromkeys(got))
-    assert firsts == sorted(firsts)
+    verdict = check(publishers, [consumer.delivered])
+    assert verdict.ok, f"lost {verdict.lost[:20]} phantoms {verdict.phantoms[:20]}; leader {first} -> {second}"
+    assert verdict.reordered == 0
+    after = min(
+        confirmed
+        for p in publishers
+        for confirmed, published in zip(p.confirmed_at, p.published_at, strict=True)
+        if published > killed_at
+    )
+    # The first confirm on the new leader: a lease (2 s) and an election, with room for a loaded machine.
+    assert after - killed_at < 10, after - killed_at
 
 
 def test_a_restarted_node_catches_up_and_rejoins_the_in_sync_set(lab: Lab) -> None:
