@@ -75,7 +75,7 @@ class LeaderLink(FrameReader):
         #: The last batch sent, the last acknowledged, and when each unacknowledged one was sent.
         self.sent = 0
         self.acked = 0
-        self.sent_at: deque[tuple[int, float]] = deque()
+        self.sent_at: deque[tuple[int, float, int]] = deque()
         self._paused: defer.Deferred[None] | None = None
 
     def connectionMade(self) -> None:
@@ -140,7 +140,7 @@ class LeaderLink(FrameReader):
             "follower {name}: copied {bytes} bytes of files, up to batch {seq}", name=self.name, bytes=copied, seq=mark
         )
         self.sent = mark
-        self.sent_at.append((mark, self.replication.clock()))
+        self.sent_at.append((mark, self.replication.clock(), 0))
         self.state = "streaming"
         waiting, self.waiting = self.waiting, []
         for seq, pieces in waiting:
@@ -161,11 +161,16 @@ class LeaderLink(FrameReader):
     def _batch(self, seq: int, pieces: list[bytes]) -> None:
         self.send(seq_frame(Kind.BATCH, seq, pieces))
         self.sent = seq
-        self.sent_at.append((seq, self.replication.clock()))
+        self.sent_at.append((seq, self.replication.clock(), sum(len(piece) for piece in pieces)))
 
     def lag(self, now: float) -> float:
         """Seconds the oldest unacknowledged batch has waited."""
         return now - self.sent_at[0][1] if self.sent_at else 0.0
+
+    @property
+    def lag_bytes(self) -> int:
+        """Bytes of the batches sent and not acknowledged."""
+        return sum(size for _seq, _at, size in self.sent_at)
 
     def refuse(self, reason: str) -> None:
         self._log.warn("refused a follower from {peer}: {reason}", peer=str(self.transport.getPeer()), reason=reason)
@@ -367,6 +372,7 @@ class Replication(Factory):
                     "sent": link.sent,
                     "acked": link.acked,
                     "lag_batches": link.sent - link.acked,
+                    "lag_bytes": link.lag_bytes,
                     "lag_seconds": round(link.lag(now), 3),
                     "in_sync": name in self.in_sync,
                 }

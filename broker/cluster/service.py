@@ -45,6 +45,7 @@ from postroom.broker.cluster.follower import FollowerLink
 from postroom.broker.cluster.leader import Replication
 from postroom.broker.cluster.proxy import LeaderProxy
 from postroom.broker.cluster.replication import file_index
+from postroom.broker.server.identity import set_node_name
 from postroom.broker.server.listeners import advertised
 from postroom.config.schema import BrokerConfig, ClusterConfig, ListenConfig
 
@@ -55,7 +56,7 @@ LOCAL_STATE = ("checkpoint", "checkpoint.new", "spool", "paging")
 
 #: Seconds between a follower's attempts to reach its leader, and after a refused attempt.
 RETRY = 0.2
-REFUSED_RETRY = 0.05
+REFUSED_RETRY = 0.02
 
 
 def _forwarded(listen: ListenConfig) -> list[tuple[str, str]]:
@@ -79,18 +80,22 @@ class ClusterNode(Service):
     """One node of a cluster (see the module's documentation).
 
     :param make_broker: builds the broker service from the data directory, sending what its
-        log writes to the given replication (called each time this node becomes the leader)
+        log writes to the given replication, and showing the cluster as this node tells it
+        (called each time this node becomes the leader)
     """
 
     _log = Logger()
 
-    def __init__(self, reactor: Any, config: BrokerConfig, make_broker: Callable[[Replication], Any]) -> None:
+    def __init__(
+        self, reactor: Any, config: BrokerConfig, make_broker: Callable[[Replication, ClusterNode], Any]
+    ) -> None:
         assert config.cluster is not None
         self.reactor = reactor
         self.config = config
         self.cluster: ClusterConfig = config.cluster
         self.make_broker = make_broker
         self.node_name = self.cluster.name
+        set_node_name(f"postroom@{self.node_name}")
         prefix = self.cluster.prefix.rstrip("/").encode()
         self.leader_key = prefix + b"/leader"
         self.isr_prefix = prefix + b"/isr/"
@@ -130,6 +135,10 @@ class ClusterNode(Service):
         self._changing: defer.Deferred[None] | None = None
         #: Times this node became the leader.
         self.elections = 0
+        #: The nodes registered in etcd (with their addresses) and those in the in-sync set, as
+        #: last read (at each renewal of the lease).
+        self._registered: dict[str, dict[str, Any]] = {}
+        self._in_sync: set[str] = set()
 
     # -- life --------------------------------------------------------------------------
 
@@ -215,6 +224,14 @@ class ClusterNode(Service):
             self.valid_until = 0.0
         if not self.valid():
             await self._lost_lease()
+            return
+        try:
+            registered, _revision = await etcd.get_prefix(self.nodes_prefix)
+            in_sync, _revision = await etcd.get_prefix(self.isr_prefix)
+        except EtcdError:
+            return
+        self._registered = {kv.key[len(self.nodes_prefix) :].decode(): json.loads(kv.value) for kv in registered}
+        self._in_sync = {kv.key[len(self.isr_prefix) :].decode() for kv in in_sync}
 
     def _renew(self) -> Any:
         if self.role == "stopped":
@@ -391,6 +408,47 @@ class ClusterNode(Service):
         else:
             self._watch_leader(revision)
 
+    # -- what the management API and /metrics show (broker.server.clusterview) ------------
+
+    def members(self) -> list[dict[str, Any]]:
+        status = self.replication.status if self.replication is not None else {"followers": {}}
+        leader = self.leader.get("name") if self.leader is not None else None
+        entries = []
+        for name in sorted({*self._registered, *self._in_sync, self.node_name}):
+            link = status["followers"].get(name, {})
+            entries.append(
+                {
+                    "name": f"postroom@{name}",
+                    "type": "disc",
+                    "running": name in self._registered or name == self.node_name,
+                    "postroom_cluster": {
+                        "role": "leader" if name == leader else "follower",
+                        "in_sync": name in self._in_sync,
+                        "state": link.get("state"),
+                        "lag_batches": link.get("lag_batches"),
+                        "lag_bytes": link.get("lag_bytes"),
+                        "lag_seconds": link.get("lag_seconds"),
+                    },
+                }
+            )
+        return entries
+
+    def figures(self) -> dict[str, Any]:
+        replication = self.replication
+        if replication is None:
+            return {"copies": 0, "elections": self.elections, "followers": {}, "held": 0, "held_seconds": 0.0}
+        followers = {
+            name: {"batches": view["lag_batches"], "bytes": view["lag_bytes"], "seconds": view["lag_seconds"]}
+            for name, view in replication.status["followers"].items()
+        }
+        return {
+            "copies": 1 + len(replication.in_sync),
+            "elections": self.elections,
+            "followers": followers,
+            "held": replication.waits,
+            "held_seconds": replication.waited,
+        }
+
     # -- leading -------------------------------------------------------------------------
 
     async def _lead(self) -> None:
@@ -420,7 +478,7 @@ class ClusterNode(Service):
         )
         self.replication = replication
         self._replication_port = await serverFromString(self.reactor, self.cluster.listen).listen(replication)
-        self.broker = self.make_broker(replication)
+        self.broker = self.make_broker(replication, self)
         self.broker.factory.leading = self.valid
         self.broker.startService()
         replication.start()
@@ -536,10 +594,13 @@ class ClusterNode(Service):
                 continue
             linked, refused = True, 0
             self._link = link
+            linked_at = self.reactor.seconds()
             await link.closed
             if self._link is link:
                 self._link = None
-            await task.deferLater(self.reactor, RETRY, lambda: None)
+            if self.reactor.seconds() - linked_at < 1.0:
+                await task.deferLater(self.reactor, RETRY, lambda: None)  # refused, or failing: not in a loop
+            # Otherwise at once: a leader that was killed refuses now, and its lease can end now.
 
     async def _revoke_dead_leader(self, leader: dict[str, Any], lease: int) -> None:
         etcd = self.etcd

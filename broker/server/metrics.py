@@ -43,13 +43,14 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 from postroom.broker.core.dead_lettering import DeadLetterReason
 from postroom.broker.core.histogram import Histogram
 from postroom.broker.server.alarms import ResourceMonitor, disk_free, memory_total, resident_memory
-from postroom.broker.server.identity import NODE_NAME
+from postroom.broker.server.identity import node_name as current_node_name
 from postroom.broker.streams.connection import error_counter
 from postroom.broker.wire.streamframes import ERROR_NAMES
 
 if TYPE_CHECKING:
     from postroom.broker.core.entry import Queue
     from postroom.broker.core.node import Node
+    from postroom.broker.server.clusterview import ClusterView
     from postroom.broker.server.shovels import Shovels
     from postroom.broker.storage.logwriter import WALService
 
@@ -234,16 +235,18 @@ class BrokerCollector:
         node: Node,
         wal: WALService | None = None,
         rabbitmq_compatible: bool = False,
-        node_name: str = NODE_NAME,
+        node_name: str | None = None,
         shovels: Shovels | None = None,
         monitor: ResourceMonitor | None = None,
+        cluster: ClusterView | None = None,
     ) -> None:
         self.node = node
+        self.cluster = cluster
         self.wal = wal
         self.shovels = shovels
         self.monitor = monitor
         self.rabbitmq_compatible = rabbitmq_compatible
-        self.node_name = node_name
+        self.node_name = node_name if node_name is not None else current_node_name()
 
     def collect(self) -> Iterator[Metric]:
         """Every metric family, computed now in one go (``/metrics`` writes the per-queue ones
@@ -259,8 +262,47 @@ class BrokerCollector:
         yield from self._node()
         if self.wal is not None:
             yield from self._wal(self.wal)
+        if self.cluster is not None:
+            yield from self._cluster(self.cluster)
         if self.rabbitmq_compatible:
             yield from RabbitMQNames(self, totals).collect()
+
+    def _cluster(self, cluster: ClusterView) -> Iterator[Metric]:
+        """The cluster this node leads: copies in sync, elections, each follower's lag, and the
+        time confirms waited for the followers."""
+        figures = cluster.figures()
+        yield GaugeMetricFamily(
+            "postroom_cluster_in_sync_copies",
+            "Copies a confirm waits for now: the leader and the followers in the in-sync set.",
+            value=figures["copies"],
+        )
+        yield CounterMetricFamily(
+            "postroom_cluster_leader_elections",
+            "Times this node became the cluster's leader.",
+            value=figures["elections"],
+        )
+        lag = {
+            unit: GaugeMetricFamily(
+                f"postroom_cluster_follower_lag_{unit}",
+                f"What a follower has not acknowledged yet, in {unit}.",
+                labels=["follower"],
+            )
+            for unit in ("batches", "bytes", "seconds")
+        }
+        for name, follower in sorted(figures["followers"].items()):
+            for unit, family in lag.items():
+                family.add_metric([name], follower[unit])
+        yield from lag.values()
+        yield CounterMetricFamily(
+            "postroom_cluster_replication_waits",
+            "Writes whose confirms waited for the followers in sync.",
+            value=figures["held"],
+        )
+        yield CounterMetricFamily(
+            "postroom_cluster_replication_wait_seconds",
+            "Seconds those writes' confirms waited for the followers, after the leader's own sync.",
+            value=figures["held_seconds"],
+        )
 
     def _shovels(self) -> Iterator[Metric]:
         """Each dynamic shovel's state (1 for the one it is in) and what it moved."""

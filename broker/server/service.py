@@ -15,6 +15,7 @@ from twisted.logger import Logger
 from postroom.broker.core.definitions import node_from_config
 from postroom.broker.core.node import Node
 from postroom.broker.server.alarms import ResourceMonitor, memory_total, release_memory
+from postroom.broker.server.clusterview import ClusterView
 from postroom.broker.server.listeners import Listener, ListenError, stream_addresses, tls_wrapper
 from postroom.broker.server.management import RateSampler, management_site
 from postroom.broker.server.metrics import BrokerCollector, metrics_site
@@ -146,6 +147,7 @@ def make_broker_service(
     persist: bool = True,
     plugins: LoadedPlugins | None = None,
     replication: Replication | None = None,
+    cluster: ClusterView | None = None,
 ) -> BrokerService:
     """Build the broker service: load the plugins, recover from the log, apply definitions, listen.
 
@@ -157,6 +159,7 @@ def make_broker_service(
     :param plugins: plugins already loaded (default: load the configuration's ``plugins:``)
     :param replication: a cluster leader's followers: what the log writes is sent to them, and
         confirms wait for those in sync (``broker.cluster``)
+    :param cluster: what the management API and ``/metrics`` show of the cluster this node leads
     :raises ConfigError: the configuration's definitions were refused, or a plugin failed to
         load (``PluginError``, naming the plugin and the reason)
     :raises WALCorruption: the log is damaged in the middle
@@ -213,7 +216,7 @@ def make_broker_service(
         # Children start in order: plugin services before the listeners, stopped with them.
         plugin_service.setServiceParent(service)
     monitor.setServiceParent(service)
-    _listen(service, config, reactor, _Shell(node, factory, wal, sampler, monitor, shovels), amqp_endpoints)
+    _listen(service, config, reactor, _Shell(node, factory, wal, sampler, monitor, shovels, cluster), amqp_endpoints)
     # Last: shovels start once the listeners are bound (one to amqp:// connects to them) and
     # stop first, while the node still serves.
     shovels.setServiceParent(service)
@@ -231,6 +234,7 @@ class _Shell:
     sampler: RateSampler | None
     monitor: ResourceMonitor
     shovels: Shovels
+    cluster: ClusterView | None = None
 
 
 def _listen(
@@ -264,7 +268,12 @@ def _listen(
     http, http_certificates = ("https", certificates) if http_tls else ("http", None)
     if config.listen.metrics:
         collector = BrokerCollector(
-            node, shell.wal, config.metrics.rabbitmq_compatible, shovels=shell.shovels, monitor=shell.monitor
+            node,
+            shell.wal,
+            config.metrics.rabbitmq_compatible,
+            shovels=shell.shovels,
+            monitor=shell.monitor,
+            cluster=shell.cluster,
         )
         site: IProtocolFactory = metrics_site(collector, reactor)
         site = http_tls(site) if http_tls else site
@@ -272,8 +281,10 @@ def _listen(
             "metrics", config.listen.metrics, site, reactor, node, f"{http}/prometheus", http_certificates
         ).setServiceParent(service)
     if sampler is not None and config.listen.management:
-        site = management_site(node, sampler, reactor, reports=config.ui.reports, shovels=shell.shovels)
+        site = management_site(
+            node, sampler, reactor, reports=config.ui.reports, shovels=shell.shovels, cluster=shell.cluster
+        )
         site = http_tls(site) if http_tls else site
-        Listener(
-            "management", config.listen.management, site, reactor, node, http, http_certificates
-        ).setServiceParent(service)
+        Listener("management", config.listen.management, site, reactor, node, http, http_certificates).setServiceParent(
+            service
+        )

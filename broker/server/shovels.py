@@ -50,7 +50,7 @@ from zope.interface import implementer
 
 from postroom.broker.clients.link import Link, LinkClosed
 from postroom.broker.core.users import User
-from postroom.broker.server.identity import NODE_NAME
+from postroom.broker.server.identity import node_name
 from postroom.broker.server.sockets import socket_of
 from postroom.broker.wire.content import ContentError, headers_content, replace_property, with_header_entry
 from postroom.broker.wire.table import Int64, decode_table
@@ -417,7 +417,7 @@ class Shovel:
         ``counters``, Postroom's besides)."""
         spec = self.spec
         view: dict[str, Any] = {
-            "node": NODE_NAME,
+            "node": node_name(),
             "timestamp": local_time(self.changed),
             "name": spec.name,
             "vhost": spec.vhost,
@@ -556,7 +556,7 @@ class Shovels(Service):
             self.node.admin.clear_parameter(COMPONENT, spec.vhost, spec.name)
 
     def cluster_name(self) -> str:
-        return self.node.admin.cluster_name or NODE_NAME
+        return self.node.admin.cluster_name or node_name()
 
     def link(self, endpoint: Endpoint, name: str, confirms: bool) -> Link:
         if endpoint.host is None:  # the node itself, as its internal user

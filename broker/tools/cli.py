@@ -24,7 +24,7 @@ from typing import Any
 
 from postroom.broker.text import EscapingWriter
 from postroom.broker.tools import ctl, migrate
-from postroom.broker.tools.commands import administration, deadletters, messaging, serving
+from postroom.broker.tools.commands import administration, clustering, deadletters, messaging, serving
 from postroom.broker.tools.management import DEFAULT_MANAGEMENT_URL
 
 
@@ -232,6 +232,17 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument(
                 "--rows", action="store_true", help="also write OUT/dead_letters: one row per dead letter (Parquet)"
             )
+        command.set_defaults(run=run)
+    cluster = commands.add_parser("cluster", help="a cluster's state in etcd; take a node out of it")
+    cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True)
+    cluster_status = cluster_commands.add_parser("status", help="the leader, the nodes and the in-sync set")
+    cluster_status.add_argument("--json", action="store_true", help="one JSON object")
+    cluster_forget = cluster_commands.add_parser(
+        "forget", help="take a node that is gone for good out of the in-sync set (refused while it runs)"
+    )
+    cluster_forget.add_argument("name", help="the node's cluster.name")
+    for command, run in ((cluster_status, clustering.status), (cluster_forget, clustering.forget)):
+        command.add_argument("--config", metavar="PATH", required=True, help="a node's configuration (its cluster:)")
         command.set_defaults(run=run)
     wal = commands.add_parser("wal", help="inspect the write-ahead log (run with the broker stopped)")
     wal_commands = wal.add_subparsers(dest="wal_command", required=True)

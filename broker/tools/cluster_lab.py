@@ -160,6 +160,7 @@ class NodeProcess:
     amqp: int
     management: int
     replication: int
+    metrics: int
     config: Path
     log: Path
     process: subprocess.Popen[bytes] | None = None
@@ -197,13 +198,15 @@ class Lab:
                 lab_port(),
                 lab_port(),
                 lab_port(),
+                lab_port(),
                 directory / f"{name}.yaml",
                 directory / f"{name}.log",
             )
             cluster = "".join(f"\n  {line.strip()}" for line in settings.splitlines() if line.strip())
             node.config.write_text(
                 f'listen: {{amqp: "tcp:{node.amqp}:interface=127.0.0.1",'
-                f' management: "tcp:{node.management}:interface=127.0.0.1", metrics: false}}\n'
+                f' management: "tcp:{node.management}:interface=127.0.0.1",'
+                f' metrics: "tcp:{node.metrics}:interface=127.0.0.1"}}\n'
                 f'storage: {{dir: "{directory / name}", fsync: batch{", " + storage if storage else ""}}}\n'
                 f"cluster:\n  name: {name}\n  etcd: [{', '.join(urls)}]\n"
                 f'  listen: "tcp:{node.replication}:interface=127.0.0.1"\n  prefix: {prefix}{cluster}\n'

@@ -7,10 +7,15 @@ the leader, and after a failover they reconnect to whichever node answers.
 
 from __future__ import annotations
 
+import base64
+import json
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -273,3 +278,71 @@ def test_a_follower_forwards_clients_to_the_leader(lab: Lab) -> None:
     connection.close()
     with socket.create_connection(("127.0.0.1", lab.nodes[first].amqp)):
         pass
+
+
+def api(port: int, path: str) -> object:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/{path}")
+    request.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.load(answer)
+
+
+def postroom(*arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "postroom.broker.tools.cli", *arguments], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_every_node_answers_for_the_whole_cluster(lab: Lab) -> None:
+    leader = lab.wait_for_leader()
+    lab.wait_in_sync(set(lab.nodes))
+    follower = next(name for name in lab.nodes if name != leader)
+    lab.wait_listening(follower)
+    # The follower forwards its management listener to the leader's, which lists every node.
+    deadline = time.monotonic() + 10
+    while True:
+        nodes = api(lab.nodes[follower].management, "nodes")
+        assert isinstance(nodes, list)
+        if all(node["postroom_cluster"]["in_sync"] for node in nodes) and len(nodes) == 3:
+            break
+        assert time.monotonic() < deadline, nodes
+        time.sleep(0.2)
+    roles = {node["name"]: node["postroom_cluster"]["role"] for node in nodes}
+    assert roles == {f"postroom@{name}": "leader" if name == leader else "follower" for name in lab.nodes}
+    mine = next(node for node in nodes if node["name"] == f"postroom@{leader}")
+    assert mine["running"] and "mem_used" in mine and "exchange_types" in mine
+    for node in nodes:
+        if node["name"] != f"postroom@{leader}":
+            assert node["postroom_cluster"]["state"] == "streaming"
+            assert node["postroom_cluster"]["lag_batches"] >= 0
+    assert api(lab.nodes[leader].management, f"nodes/postroom@{follower}")["running"]  # type: ignore[index]
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{lab.nodes[leader].metrics}/metrics", timeout=10) as answer:
+        metrics = answer.read().decode()
+    assert "postroom_cluster_in_sync_copies 3.0" in metrics
+    assert "postroom_cluster_leader_elections_total 1.0" in metrics
+    for name in lab.nodes:
+        if name != leader:
+            assert f'postroom_cluster_follower_lag_batches{{follower="{name}"}}' in metrics
+
+    shown = postroom("cluster", "status", "--config", str(lab.nodes[follower].config), "--json")
+    assert shown.returncode == 0, shown.stderr
+    state = json.loads(shown.stdout)
+    assert (state["leader"], state["in_sync"], sorted(state["nodes"])) == (leader, sorted(lab.nodes), sorted(lab.nodes))
+    text = postroom("cluster", "status", "--config", str(lab.nodes[follower].config)).stdout
+    assert f"leader: {leader}" in text
+    refused = postroom("cluster", "forget", follower, "--config", str(lab.nodes[leader].config))
+    assert refused.returncode == 1 and "is running" in refused.stderr
+    lab.signal(follower, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while (
+        follower
+        in json.loads(postroom("cluster", "status", "--config", str(lab.nodes[leader].config), "--json").stdout)[
+            "nodes"
+        ]
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    forgotten = postroom("cluster", "forget", follower, "--config", str(lab.nodes[leader].config))
+    assert forgotten.returncode == 0, forgotten.stderr
+    assert follower not in lab.in_sync()

@@ -54,6 +54,7 @@ from postroom.broker.server.protocol import is_loopback
 if TYPE_CHECKING:
     from postroom.broker.core.node import Node
     from postroom.broker.core.users import User
+    from postroom.broker.server.clusterview import ClusterView
     from postroom.broker.server.shovels import Shovels
 
 
@@ -96,13 +97,18 @@ class ManagementAPI(Resource):
     _log = Logger()
 
     def __init__(
-        self, node: Node, sampler: RateSampler, reports: str | None = None, shovels: Shovels | None = None
+        self,
+        node: Node,
+        sampler: RateSampler,
+        reports: str | None = None,
+        shovels: Shovels | None = None,
+        cluster: ClusterView | None = None,
     ) -> None:
         super().__init__()
         self.node = node
         #: What the handlers read (``reports``: the dead-letter analysis' folder; ``shovels``:
-        #: the node's running shovels).
-        self.context = Context(node, sampler, reports, shovels)
+        #: the node's running shovels; ``cluster``: the cluster this node leads).
+        self.context = Context(node, sampler, reports, shovels, cluster)
         self.router = routes()
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -234,12 +240,13 @@ def management_site(
     reactor: Any = None,
     reports: str | None = None,
     shovels: Shovels | None = None,
+    cluster: ClusterView | None = None,
 ) -> Site:
     """A twisted.web ``Site`` serving the API under ``/api`` and the web UI at ``/`` (its
     timeouts on ``reactor``, the global one by default; ``reports``: the folder of the
     dead-letter analysis' reports the UI lists; ``shovels``: the node's running shovels)."""
     root = Resource()
-    root.putChild(b"api", ManagementAPI(node, sampler, reports, shovels))
+    root.putChild(b"api", ManagementAPI(node, sampler, reports, shovels, cluster))
     root.putChild(b"", UIFile("index.html", b"text/html; charset=utf-8"))
     root.putChild(b"reports", dead_letter_endpoints.ReportPage(reports, time.time))
     ui = Resource()

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from postroom.broker.core.node import Node
     from postroom.broker.core.users import User
     from postroom.broker.core.vhost import VirtualHost
+    from postroom.broker.server.clusterview import ClusterView
     from postroom.broker.server.management.rates import RateSampler
     from postroom.broker.server.shovels import Shovels
     from postroom.broker.streams.connection import StreamConnection
@@ -138,15 +139,22 @@ class Context:
     :param sampler: rates for ``message_stats``, and the node's resource readings
     :param reports: the folder of the dead-letter analysis' reports (``ui.reports``; ``None``: none)
     :param shovels: the node's running shovels (``None``: it runs none)
+    :param cluster: the cluster this node leads (``None``: a single node)
     """
 
     def __init__(
-        self, node: Node, sampler: RateSampler, reports: str | None = None, shovels: Shovels | None = None
+        self,
+        node: Node,
+        sampler: RateSampler,
+        reports: str | None = None,
+        shovels: Shovels | None = None,
+        cluster: ClusterView | None = None,
     ) -> None:
         self.node = node
         self.sampler = sampler
         self.reports = reports
         self.shovels = shovels
+        self.cluster = cluster
 
     def vhosts(self, user: User, name: str | None = None, visible: bool = False) -> list[VirtualHost]:
         """The vhosts a list shows ``user`` (RabbitMQ's management plugin): every one to an

@@ -12,7 +12,7 @@ from cryptography import x509
 
 from postroom.broker.core.message import Message
 from postroom.broker.core.node import ListenerInfo
-from postroom.broker.server.identity import NODE_NAME
+from postroom.broker.server.identity import node_name
 from postroom.broker.server.management.common import Answer, Call, Problem, not_authorised, not_found, required
 from postroom.broker.server.management.router import Router
 
@@ -91,7 +91,7 @@ def _single_node(call: Call) -> Answer:
 
 def cluster_name(call: Call) -> Answer:
     """The name set with ``PUT`` (kept in the log), else the node's."""
-    return 200, {"name": call.node.admin.cluster_name or NODE_NAME}
+    return 200, {"name": call.node.admin.cluster_name or node_name()}
 
 
 def set_cluster_name(call: Call) -> Answer:
@@ -129,7 +129,7 @@ def whoami(call: Call) -> Answer:
 
 
 def node_check(call: Call) -> Answer:
-    if call.params["node"] != NODE_NAME:
+    if call.params["node"] != node_name():
         raise not_found()
     return _ok(call)
 
@@ -148,7 +148,7 @@ def aliveness(call: Call) -> Answer:
 
 
 def _alarms(call: Call, where: str) -> Answer:
-    raised = [{"resource": _RESOURCES[name], "node": NODE_NAME} for name in _RESOURCES if name in call.node.alarms]
+    raised = [{"resource": _RESOURCES[name], "node": node_name()} for name in _RESOURCES if name in call.node.alarms]
     if not raised:
         return 200, {"status": "ok"}
     return FAILED, {"status": "failed", "reason": f"There are alarms in effect {where}", "alarms": raised}
@@ -208,7 +208,7 @@ def _expiring(listener: ListenerInfo, deadline: float) -> dict[str, Any] | None:
     if not certificate and not authorities:
         return None
     return {
-        "node": NODE_NAME,
+        "node": node_name(),
         "protocol": listener.protocol,
         "interface": listener.interface,
         "port": listener.port,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.logger import Logger
 
 from postroom.broker.core.stream import OffsetSpec, StreamQueue
-from postroom.broker.server.identity import NODE_NAME
+from postroom.broker.server.identity import node_name
 from postroom.broker.server.management.common import Answer, Call, Problem, not_authorised, not_found, socket_fields
 from postroom.broker.server.management.router import Router
 
@@ -137,7 +137,7 @@ def stream_connection_view(sampler: RateSampler, connection: StreamConnection) -
     show it: RabbitMQ's fields."""
     view = {
         "name": connection.peer,
-        "node": NODE_NAME,
+        "node": node_name(),
         "protocol": "stream",
         "user": connection.user_name,
         "user_who_performed_action": connection.user_name,
@@ -158,7 +158,7 @@ def _details(connection: StreamConnection) -> dict[str, Any]:
     peer_host, _, peer_port = connection.peer.rpartition(":")
     return {
         "name": connection.peer,
-        "node": NODE_NAME,
+        "node": node_name(),
         "peer_host": peer_host,
         "peer_port": int(peer_port) if peer_port.isdigit() else None,
         "user": connection.user_name,

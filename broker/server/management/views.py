@@ -21,7 +21,7 @@ from postroom.broker.core.dead_lettering import DeadLetterReason
 from postroom.broker.core.policy import effective_definition
 from postroom.broker.core.queue import WorkQueue
 from postroom.broker.core.stream import StreamQueue
-from postroom.broker.server.identity import NODE_NAME
+from postroom.broker.server.identity import node_name
 from postroom.broker.server.management.common import (
     RABBITMQ_FORMAT_VERSION,
     SEE_ALL_TAGS,
@@ -109,11 +109,11 @@ def overview(call: Call) -> Answer:
         "management_version": node.version,
         # The RabbitMQ whose behaviour this broker follows (tools read it to know what to ask).
         "rabbitmq_version": RABBITMQ_FORMAT_VERSION,
-        "cluster_name": call.node.admin.cluster_name or NODE_NAME,
-        "node": NODE_NAME,
+        "cluster_name": call.node.admin.cluster_name or node_name(),
+        "node": node_name(),
         "listeners": [
             {
-                "node": NODE_NAME,
+                "node": node_name(),
                 "protocol": info.protocol,
                 "ip_address": info.interface,
                 "port": info.port,
@@ -220,13 +220,13 @@ def _history_window(call: Call) -> tuple[float, float]:
 
 def nodes(call: Call) -> Answer:
     """``/api/nodes[/{name}]``: the one node, with its memory and disk readings and alarms
-    (for monitoring users and administrators, as RabbitMQ)."""
+    (for monitoring users and administrators, as RabbitMQ); in a cluster, every node."""
     if SEE_ALL_TAGS.isdisjoint(call.user.tags):
         raise not_authorised("Not monitor user")
     node = call.node
     monitor = call.sampler.monitor
     view = {
-        "name": NODE_NAME,
+        "name": node_name(),
         "type": "disc",
         "running": True,
         "os_pid": str(os.getpid()),
@@ -255,11 +255,18 @@ def nodes(call: Call) -> Answer:
     }
     for stat in ("mem_used", "fd_used", "sockets_used", "disk_free"):
         view[f"{stat}_details"] = {"rate": call.sampler.node_rate(stat)}
+    views = [view]
+    cluster = call.context.cluster
+    if cluster is not None:
+        # Every node of the cluster: this one (the leader) with its readings, the others as etcd
+        # knows them, each with its place in the cluster (``postroom_cluster``).
+        views = [{**view, **member} if member["name"] == view["name"] else member for member in cluster.members()]
     if "node" not in call.params:
-        return 200, [view]
-    if call.params["node"] != view["name"]:
-        raise not_found()
-    return 200, view
+        return 200, views
+    for shown in views:
+        if call.params["node"] == shown["name"]:
+            return 200, shown
+    raise not_found()
 
 
 #: The login mechanisms Postroom has, with the descriptions RabbitMQ gives them.
@@ -296,7 +303,7 @@ def vhost_view(sampler: RateSampler, vhost: VirtualHost) -> dict[str, Any]:
         "default_queue_type": "undefined",
         "metadata": {"description": vhost.description, "tags": list(vhost.tags)},
         "tracing": False,
-        "cluster_state": {NODE_NAME: "running"},
+        "cluster_state": {node_name(): "running"},
     }
     if vhost.queues:
         view.update(queue_totals(sampler, [(vhost, queue) for queue in vhost.queues.values()]))
@@ -341,7 +348,7 @@ def queue_view(
     view = {
         "name": name,
         "vhost": vhost.name,
-        "node": NODE_NAME,
+        "node": node_name(),
         "durable": queue.durable,
         "auto_delete": queue.auto_delete,
         "exclusive": queue.exclusive,
@@ -361,7 +368,7 @@ def queue_view(
     if isinstance(queue, StreamQueue):
         # RabbitMQ's stream fields: one node holds the stream, its only member; ``readers``
         # counts the consumers reading it there.
-        view.update(members=[NODE_NAME], online=[NODE_NAME], readers={NODE_NAME: queue.consumer_count})
+        view.update(members=[node_name()], online=[node_name()], readers={node_name(): queue.consumer_count})
         view["state"] = "running"
     elif isinstance(queue, WorkQueue):
         view["single_active_consumer_tag"] = active.tag if active is not None else None
@@ -638,7 +645,7 @@ def binding_view(
 def connection_view(node: Node, sampler: RateSampler, connection: ServerConnection) -> dict[str, Any]:
     view = {
         "name": connection.peer,
-        "node": NODE_NAME,
+        "node": node_name(),
         "type": "network",
         "protocol": "AMQP 0-9-1",
         "user": connection.user_name,
@@ -708,7 +715,7 @@ def channel_view(
     view = {
         "name": f"{connection.peer} ({number})",
         "number": number,
-        "node": NODE_NAME,
+        "node": node_name(),
         "connection_details": details,
         "user": connection.user_name,
         "user_who_performed_action": connection.user_name,

@@ -70,7 +70,9 @@ def broker_or_cluster_node(reactor: Any, config: BrokerConfig, listen: list[str]
     if listen:
         raise ConfigError(config.source, [Problem(None, "--listen", "a cluster node listens where listen.amqp says")])
     return ClusterNode(
-        reactor, config, lambda replication: make_broker_service(reactor, config, replication=replication)
+        reactor,
+        config,
+        lambda replication, cluster: make_broker_service(reactor, config, replication=replication, cluster=cluster),
     )
 
 
