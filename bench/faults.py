@@ -1,5 +1,6 @@
 """Faults under load: a three-node cluster's leader killed and paused, again and again, while
-two publishers publish with confirms and two consumers consume; then a check of everything
+two publishers publish with confirms (each moves to the next node once a confirm takes over
+``--confirm-timeout``) and two consumers consume; then a check of everything
 (in the style of Jepsen's checkers): every confirmed message delivered at least once, none
 delivered that was never published, and each publisher's messages in its order.
 
@@ -15,6 +16,7 @@ confirms, and the next fault waits until it is back in sync. Prints one JSON lin
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import signal
@@ -32,7 +34,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from postroom.broker.tools import testing  # noqa: E402
-from postroom.broker.tools.cluster_lab import Consumer, Lab, Publisher, check, etcd_members  # noqa: E402
+from postroom.broker.tools.cluster_lab import (  # noqa: E402
+    CarefulPublisher,
+    Consumer,
+    Lab,
+    Publisher,
+    check,
+    etcd_members,
+)
 
 QUEUE = "faults"
 
@@ -42,12 +51,12 @@ def first_confirm_after(publishers: list[Publisher], moment: float, timeout: flo
     published before may be confirmed by the node that was just killed, its confirm on its way)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        later = [
-            confirmed
-            for publisher in publishers
-            for published, confirmed in zip(publisher.published_at[-50:], publisher.confirmed_at[-50:], strict=False)
-            if published > moment
-        ]
+        later = []
+        for publisher in publishers:
+            published, confirmed = list(publisher.published_at), list(publisher.confirmed_at)
+            index = bisect.bisect_right(published, moment)
+            if index < len(confirmed):
+                later.append(confirmed[index])
         if later:
             return min(later) - moment
         time.sleep(0.01)
@@ -167,8 +176,15 @@ class RabbitMQTarget(Target):
             time.sleep(0.5)
 
 
-def run(target: Target, kills: int, pauses: int, pause_seconds: float, spacing: float) -> dict[str, Any]:
-    publishers = [Publisher(target.ports, QUEUE, tag, target.arguments) for tag in ("p", "q")]
+def run(
+    target: Target, kills: int, pauses: int, pause_seconds: float, spacing: float, confirm_timeout: float
+) -> dict[str, Any]:
+    publishers: list[Publisher] = [
+        CarefulPublisher(target.ports, QUEUE, tag, target.arguments, confirm_timeout)
+        if confirm_timeout
+        else Publisher(target.ports, QUEUE, tag, target.arguments)
+        for tag in ("p", "q")
+    ]
     consumers = [Consumer(target.ports, QUEUE, target.arguments) for _ in range(2)]
     for thread in (*publishers, *consumers):
         thread.start()
@@ -244,6 +260,13 @@ def main() -> None:
     parser.add_argument("--pauses", type=int, default=3)
     parser.add_argument("--pause-seconds", type=float, default=6.0, help="how long a leader is paused (past its lease)")
     parser.add_argument("--spacing", type=float, default=3.0, help="seconds of load before each fault")
+    parser.add_argument(
+        "--confirm-timeout",
+        type=float,
+        default=1.0,
+        help="publishers move to the next node after this long without a confirm (0: pika's publisher, which waits "
+        "for its heartbeats)",
+    )
     parser.add_argument("--no-rabbitmq", action="store_true")
     parser.add_argument("--no-postroom", action="store_true")
     args = parser.parse_args()
@@ -258,12 +281,12 @@ def main() -> None:
             target = PostroomTarget(lab, 2.0)
             target.leader()
             target.settle()
-            results.append(run(target, args.kills, args.pauses, args.pause_seconds, args.spacing))
+            results.append(run(target, args.kills, args.pauses, args.pause_seconds, args.spacing, args.confirm_timeout))
             results[-1]["tracebacks"] = lab.tracebacks()
     if not args.no_rabbitmq:
         with testing.rabbitmq_cluster(3) as nodes:
             target = RabbitMQTarget(nodes)
-            results.append(run(target, args.kills, args.pauses, args.pause_seconds, args.spacing))
+            results.append(run(target, args.kills, args.pauses, args.pause_seconds, args.spacing, args.confirm_timeout))
     for result in results:
         print(json.dumps(result))
 

@@ -477,12 +477,28 @@ class ClusterNode(Service):
             self.valid,
         )
         self.replication = replication
-        self._replication_port = await serverFromString(self.reactor, self.cluster.listen).listen(replication)
-        self.broker = self.make_broker(replication, self)
-        self.broker.factory.leading = self.valid
-        self.broker.startService()
+        leading = self._leading
+        try:
+            self._replication_port = await serverFromString(self.reactor, self.cluster.listen).listen(replication)
+            self.broker = self.make_broker(replication, self)
+            self.broker.factory.leading = self.valid
+            self.broker.startService()
+        except Exception as error:
+            # Its copy cannot be served (a damaged log, a port taken): another node in the set
+            # leads, and this one follows and copies the leader's files again.
+            self._log.error(
+                "cluster node {name} cannot serve ({error}); leaving the in-sync set and the lead",
+                name=self.node_name,
+                error=f"{error.__class__.__name__}: {error}",
+            )
+            await self._stop_leading()
+            await etcd.txn(
+                [Compare.created(self.leader_key, leading.create_revision)],
+                [delete_op(self.isr_prefix + self.node_name.encode()), delete_op(self.leader_key)],
+            )
+            return
         replication.start()
-        self._watch_leader(self._leading.mod_revision)
+        self._watch_leader(leading.mod_revision)
 
     async def _set_in_sync(self, name: str, member: bool) -> bool:
         """Put or delete ``name``'s key in the in-sync set, if this node still leads."""
@@ -506,6 +522,14 @@ class ClusterNode(Service):
             return
         if self.role == "leader":
             self.role = "candidate"
+        # The broker first, with the followers still linked: the last writes of a clean stop
+        # reach them and are confirmed (a node that lost its lease confirms nothing: the gate
+        # holds them), then the links.
+        broker, self.broker = self.broker, None
+        if broker is not None:
+            self._log.info("cluster node {name}: stopping the broker", name=self.node_name)
+            if broker.running:
+                await broker.stopService()
         self._leading = None
         replication, self.replication = self.replication, None
         if replication is not None:
@@ -513,10 +537,6 @@ class ClusterNode(Service):
         port, self._replication_port = self._replication_port, None
         if port is not None:
             await port.stopListening()
-        broker, self.broker = self.broker, None
-        if broker is not None:
-            self._log.info("cluster node {name}: stopping the broker", name=self.node_name)
-            await broker.stopService()
 
     # -- following -----------------------------------------------------------------------
 

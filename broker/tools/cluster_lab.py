@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import random
+import select
 import shutil
 import signal
 import socket
@@ -32,8 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pamqp import commands
+
 from postroom.broker.cluster.replication import replicated_files
-from postroom.broker.tools.testing import wait_for_port
+from postroom.broker.tools.testing import FramePump, encode, publish_frames, wait_for_port
+from postroom.broker.wire.codec import PROTOCOL_HEADER
 
 __all__ = ["EtcdMissing", "Lab", "etcd_members", "etcd_get", "etcd_get_prefix"]
 
@@ -485,3 +489,92 @@ def check(publishers: list[Publisher], consumers: list[list[bytes]]) -> Verdict:
     phantoms += [f"{tag}:{number}" for tag, numbers in seen.items() for number in sorted(numbers)]
     confirmed = sum(len(publisher.confirmed) for publisher in publishers)
     return Verdict(confirmed, sum(len(delivered) for delivered in consumers), lost, phantoms, duplicates, reordered)
+
+
+class CarefulPublisher(Publisher):
+    """A :class:`Publisher` that gives up on a connection whose confirm has not come within
+    ``confirm_timeout`` seconds and publishes on through the next node: a client of a node
+    that is paused (which accepts connections and answers nothing) moves on as soon as that
+    timeout allows, where a stock client waits for its heartbeats to run out. Over a plain
+    socket, one message at a time, each waiting for its confirm."""
+
+    def __init__(
+        self,
+        ports: list[int],
+        queue: str,
+        tag: str = "p",
+        arguments: dict[str, Any] | None = None,
+        confirm_timeout: float = 1.0,
+    ) -> None:
+        super().__init__(ports, queue, tag, arguments)
+        self.confirm_timeout = confirm_timeout
+
+    def _expect(self, sock: socket.socket, pump: FramePump, kinds: tuple[type, ...]) -> Any:
+        deadline = time.monotonic() + self.confirm_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([sock], [], [], left)[0]:
+                raise TimeoutError(f"nothing within {self.confirm_timeout} s")
+            data = sock.recv(65536)
+            if not data:
+                raise EOFError("the node closed the connection")
+            for _channel, value in pump.feed(data):
+                if isinstance(value, kinds):
+                    return value
+                if isinstance(value, (commands.Connection.Close, commands.Channel.Close)):
+                    raise EOFError(f"closed: {value.reply_text}")
+
+    def _open(self, port: int) -> tuple[socket.socket, FramePump]:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=self.confirm_timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        pump = FramePump()
+        try:
+            sock.sendall(PROTOCOL_HEADER)
+            self._expect(sock, pump, (commands.Connection.Start,))
+            start_ok = commands.Connection.StartOk(mechanism="PLAIN", response="\0guest\0guest")
+            sock.sendall(encode(0, start_ok))
+            tune = self._expect(sock, pump, (commands.Connection.Tune,))
+            sock.sendall(encode(0, commands.Connection.TuneOk(tune.channel_max, tune.frame_max, 0)))
+            sock.sendall(encode(0, commands.Connection.Open("/")))
+            self._expect(sock, pump, (commands.Connection.OpenOk,))
+            sock.sendall(encode(1, commands.Channel.Open(), commands.Confirm.Select()))
+            self._expect(sock, pump, (commands.Confirm.SelectOk,))
+            declare = commands.Queue.Declare(queue=self.queue, durable=True, arguments=self.arguments)
+            sock.sendall(encode(1, declare))
+            self._expect(sock, pump, (commands.Queue.DeclareOk,))
+        except BaseException:
+            sock.close()
+            raise
+        return sock, pump
+
+    def run(self) -> None:
+        number = 0
+        turn = 0
+        properties = commands.Basic.Properties(delivery_mode=2)
+        while not self.stop.is_set():
+            port = self.ports[turn % len(self.ports)]
+            turn += 1
+            try:
+                sock, pump = self._open(port)
+            except (OSError, EOFError, ValueError) as failure:
+                self.failures.append(f"{port}: {failure!r}")
+                time.sleep(0.02)
+                continue
+            tag = 0
+            try:
+                while not self.stop.is_set():
+                    self.tried.add(number)
+                    started = time.monotonic()
+                    sock.sendall(publish_frames(1, "", self.queue, f"{self.tag}:{number}".encode(), properties))
+                    tag += 1
+                    answer = self._expect(sock, pump, (commands.Basic.Ack, commands.Basic.Nack))
+                    if isinstance(answer, commands.Basic.Ack):
+                        self.confirmed.append(number)
+                        self.published_at.append(started)
+                        self.confirmed_at.append(time.monotonic())
+                    number += 1
+            except (OSError, EOFError, ValueError) as failure:
+                self.failures.append(f"{port}: {failure!r}")
+                number += 1
+            finally:
+                sock.close()

@@ -127,6 +127,38 @@ def test_every_confirmed_message_survives_the_leader_killed(lab: Lab) -> None:
     assert after - killed_at < 10, after - killed_at
 
 
+def more_confirmed(publisher: Publisher, count: int) -> None:
+    """Wait until ``publisher`` has ``count`` more confirms."""
+    target = len(publisher.confirmed) + count
+    wait_until(lambda: len(publisher.confirmed) >= target, 30, f"publishing stalled: {publisher.failures[-3:]}")
+
+
+def test_a_rolling_restart_of_every_node_loses_nothing(lab: Lab) -> None:
+    lab.wait_for_leader()
+    lab.wait_in_sync(set(lab.nodes))
+    ports = lab.amqp_ports()
+    publisher = Publisher(ports, "rolling")
+    consumer = Consumer(ports, "rolling")
+    publisher.start()
+    consumer.start()
+    for name in lab.nodes:  # followers and the leader alike, one at a time
+        more_confirmed(publisher, 100)
+        lab.signal(name, signal.SIGTERM)
+        assert lab.nodes[name].process is not None and lab.nodes[name].process.returncode == 0, lab.log(name)
+        lab.start(name)
+        lab.wait_for_leader()
+        lab.wait_in_sync(set(lab.nodes))
+    more_confirmed(publisher, 100)
+    publisher.stop.set()
+    publisher.join(30)
+    confirmed = {f"p:{n}".encode() for n in publisher.confirmed}
+    wait_until(lambda: confirmed <= set(consumer.delivered), 30, "not everything confirmed was delivered")
+    consumer.stop.set()
+    consumer.join(30)
+    verdict = check([publisher], [consumer.delivered])
+    assert verdict.ok, (verdict.lost[:20], verdict.phantoms[:20])
+
+
 def test_a_restarted_node_catches_up_and_rejoins_the_in_sync_set(lab: Lab) -> None:
     first = lab.wait_for_leader()
     lab.wait_in_sync(set(lab.nodes))
