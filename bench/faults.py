@@ -206,6 +206,7 @@ def run(
             target.pause(leader, pause_seconds)
             resumed = time.monotonic()
             took = first_confirm_after(publishers, moment)
+            time.sleep(max(0.0, resumed + 5 - time.monotonic()))
             stall = longest_gap(publishers, moment, resumed + 5) if took is not None else None
             faults.append({"fault": "pause", "node": leader, "first_confirm_s": took, "stall_s": stall})
         print(json.dumps({"broker": target.name, **faults[-1]}), file=sys.stderr)
@@ -227,6 +228,16 @@ def run(
     for consumer in consumers:
         consumer.join(60)
     verdict = check(publishers, [consumer.delivered for consumer in consumers])
+    left = None
+    if verdict.lost:
+        # Lost, or only not delivered yet: what the queue still holds tells.
+        drained = Consumer(target.ports, QUEUE, target.arguments)
+        drained.start()
+        time.sleep(10)
+        drained.stop.set()
+        drained.join(30)
+        verdict = check(publishers, [consumer.delivered for consumer in consumers] + [drained.delivered])
+        left = len(drained.delivered)
     kill_times = [f["first_confirm_s"] for f in faults if f["fault"] == "kill" and f["first_confirm_s"] is not None]
     stalls = [f["stall_s"] for f in faults if f["fault"] == "pause" and f.get("stall_s") is not None]
     return {
@@ -237,6 +248,8 @@ def run(
         "confirmed_per_s": round(verdict.confirmed / (ended - started)),
         "delivered": verdict.delivered,
         "lost": len(verdict.lost),
+        "delivered_to_a_last_consumer": left,
+        "consumer_failures": [consumer.failures[-3:] for consumer in consumers],
         "lost_examples": verdict.lost[:10],
         "phantoms": len(verdict.phantoms),
         "duplicates": verdict.duplicates,

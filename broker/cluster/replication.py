@@ -7,8 +7,9 @@ at an offset, a file cut, retired or removed). The writer cuts what was noted in
 batch at each group commit, before its fsync, and the leader sends the batch to every
 follower, which applies it to its own data directory, fsyncs it and acknowledges the number.
 A follower's directory therefore holds the same bytes as the leader's, file by file, and is
-what a start of the leader would read: the log and the streams. Checkpoints, the spool and
-the paging store are the leader's own (a start rebuilds them from the log).
+what a start of the leader would read: the log, the streams, and the latest checkpoint (sent
+whole once in place: :meth:`Recorder.checkpointed`). The spool and the paging store are the
+leader's own.
 
 A follower that connects sends the size and CRC-32 of each of its files; :func:`sync_ops`
 turns the leader's files and that index into the ops that make the follower's the same: the
@@ -53,6 +54,7 @@ SYNC_CHUNK = 1 << 20
 KEY_FILES = ("dead-letter-seal.key",)
 STREAMS = "streams"
 ARCHIVE = "archive"
+CHECKPOINT = "checkpoint"
 
 
 class OpKind(enum.IntEnum):
@@ -66,6 +68,9 @@ class OpKind(enum.IntEnum):
     RETIRE = 4
     #: Delete the file, or the directory and all it holds.
     REMOVE = 5
+    #: Put the directory ``path`` in place of the one ``data`` names (UTF-8), which is removed:
+    #: a checkpoint, written whole under ``checkpoint.new`` first.
+    RENAME = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +173,21 @@ class Recorder:
     def removed(self, path: str) -> None:
         self._note(OpKind.REMOVE, path)
 
+    def checkpointed(self, directory: str) -> None:
+        """The checkpoint in ``directory`` (``<data dir>/checkpoint``) was just put in place: the
+        followers get its files under ``checkpoint.new``, then put it in place of theirs. A
+        follower that takes over starts from it and reads only the log after it."""
+        self._note(OpKind.REMOVE, directory + ".new")
+        for name in _tree(directory):
+            with open(os.path.join(directory, name), "rb") as file:
+                self._note(OpKind.WRITE, os.path.join(directory + ".new", name), 0, file.read())
+        self._note(OpKind.RENAME, directory + ".new", 0, self._relative(directory).encode())
+
+    def no_checkpoint(self, directory: str) -> None:
+        """The leader deleted its checkpoint: so do the followers (they read the whole log)."""
+        for suffix in ("", ".new", ".old"):
+            self._note(OpKind.REMOVE, directory + suffix)
+
     def cut(self) -> tuple[int, list[Op]]:
         """What was noted since the last cut, as batch number ``seq``; ``(seq, [])`` without a
         new number when nothing was."""
@@ -202,6 +222,36 @@ def replicated_files(data_dir: str) -> Iterator[str]:
             yield os.path.relpath(os.path.join(directory, name), data_dir).replace(os.sep, "/")
 
 
+def _tree(directory: str) -> list[str]:
+    """The files under ``directory``, as relative paths with ``/``."""
+    found = []
+    for root, subdirectories, files in os.walk(directory):
+        subdirectories.sort()
+        for name in sorted(files):
+            found.append(os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/"))
+    return found
+
+
+def checkpoint_ops(data_dir: str) -> list[Op]:
+    """The ops that give a follower the checkpoint ``data_dir`` holds now (none, if it has none,
+    or if it was replaced while being read: the next one's ops follow)."""
+    directory = os.path.join(data_dir, CHECKPOINT)
+    manifest = os.path.join(directory, "manifest.json")
+    removal = [Op(OpKind.REMOVE, CHECKPOINT + suffix) for suffix in ("", ".new", ".old")]
+    try:
+        before = os.stat(manifest)
+        ops = [Op(OpKind.REMOVE, CHECKPOINT + ".new")]
+        for name in _tree(directory):
+            with open(os.path.join(directory, name), "rb") as file:
+                ops.append(Op(OpKind.WRITE, f"{CHECKPOINT}.new/{name}", 0, file.read()))
+        after = os.stat(manifest)
+    except FileNotFoundError:
+        return removal
+    if (before.st_ino, before.st_mtime_ns) != (after.st_ino, after.st_mtime_ns):
+        return removal
+    return [*ops, Op(OpKind.RENAME, CHECKPOINT + ".new", 0, CHECKPOINT.encode())]
+
+
 def _crc(path: str, length: int | None = None) -> int:
     crc = 0
     with open(path, "rb", buffering=0) as file:
@@ -232,9 +282,9 @@ def file_index(data_dir: str) -> dict[str, tuple[int, int]]:
 def sync_ops(data_dir: str, theirs: dict[str, tuple[int, int]]) -> Iterator[Op]:
     """The ops that make a follower whose files are ``theirs`` (see :func:`file_index`) hold
     what ``data_dir`` holds now: each file's missing end, or all of it where the start
-    differs, and the removal of files ``data_dir`` does not have. A file read meanwhile by
-    the writer is copied as far as it was written; the batches after :meth:`Recorder.mark`
-    carry the rest."""
+    differs, the removal of files ``data_dir`` does not have, and the checkpoint whole
+    (:func:`checkpoint_ops`). A file read meanwhile by the writer is copied as far as it was
+    written; the batches after :meth:`Recorder.mark` carry the rest."""
     ours = set()
     for name in replicated_files(data_dir):
         ours.add(name)
@@ -263,6 +313,7 @@ def sync_ops(data_dir: str, theirs: dict[str, tuple[int, int]]) -> Iterator[Op]:
             continue  # retired meanwhile: a later batch removes it
     for name in sorted(set(theirs) - ours):
         yield Op(OpKind.REMOVE, name)
+    yield from checkpoint_ops(data_dir)
 
 
 class Applier:
@@ -321,6 +372,16 @@ class Applier:
                 fd = self._fd(op.path)
                 os.ftruncate(fd, op.offset)
                 self._dirty.add(op.path)
+            elif op.kind is OpKind.RENAME:
+                self.sync()  # the files are durable before they are put in place
+                source, target = self._path(op.path), self._path(_checked(op.data.decode()))
+                shutil.rmtree(target + ".old", ignore_errors=True)
+                if os.path.exists(target):
+                    os.rename(target, target + ".old")
+                os.rename(source, target)
+                self._directories.add(os.path.dirname(target))
+                self.sync()
+                shutil.rmtree(target + ".old", ignore_errors=True)
             elif op.kind is OpKind.RETIRE and op.offset == 1:
                 self._close(op.path)
                 archive = os.path.join(self.data_dir, ARCHIVE)

@@ -51,8 +51,9 @@ from postroom.config.schema import BrokerConfig, ClusterConfig, ListenConfig
 
 __all__ = ["ClusterNode"]
 
-#: The directories of a data directory that are a leader's own, removed when it follows.
-LOCAL_STATE = ("checkpoint", "checkpoint.new", "spool", "paging")
+#: The directories of a data directory that are a leader's own, removed when it follows (the
+#: leader's checkpoint comes with the copy of its files).
+LOCAL_STATE = ("checkpoint", "checkpoint.new", "checkpoint.old", "spool", "paging")
 
 #: Seconds between a follower's attempts to reach its leader, and after a refused attempt.
 RETRY = 0.2
@@ -555,7 +556,7 @@ class ClusterNode(Service):
 
     def _forget_local_state(self) -> None:
         """What only a leader's run had (its checkpoint, spool, paged bodies) goes: the data
-        directory becomes a copy of the leader's, and a start reads its log whole."""
+        directory becomes a copy of the leader's (its checkpoint comes with the copy)."""
         for name in LOCAL_STATE:
             path = os.path.join(self.data_dir, name)
             if os.path.isdir(path):

@@ -7,6 +7,7 @@ released once the write that holds their records is synced.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from postroom.broker.core.node import Node
 from postroom.broker.storage.body_paging import Pager
 from postroom.broker.storage.checkpoint import (
     CHECKPOINT_BYTES,
+    CHECKPOINT_DIR,
     Captured,
     CheckpointRefused,
     capture,
@@ -232,6 +234,8 @@ class WALService(WorkerWriter):
                 )
             self.checkpoint_problem = str(problem)
             discard_checkpoint(self.data_dir)
+            if self._recorder is not None:
+                self._recorder.no_checkpoint(os.path.join(self.data_dir, CHECKPOINT_DIR))
             self.journal.ledger.protect(1 << 62, (), keep=False)
             return None
         if self.checkpoint_problem is not None:
@@ -286,6 +290,8 @@ class WALService(WorkerWriter):
                 captured.commit()
             except OSError as error:
                 problem = error
+            else:
+                self._checkpoint_written()
         for number in retire:
             self.wal.retire(number)
         for stream, _staged, dropped in streams:
@@ -300,6 +306,11 @@ class WALService(WorkerWriter):
         if retire and self.archive is not None:
             prune_archive(self.archive.path, self.archive.retention, self.archive.max_bytes, time.time())
         return took, captured, problem, seq
+
+    def _checkpoint_written(self) -> None:
+        """A checkpoint was put in place: a cluster's followers get it too (any thread)."""
+        if self._recorder is not None and self.data_dir is not None:
+            self._recorder.checkpointed(os.path.join(self.data_dir, CHECKPOINT_DIR))
 
     def _send(self) -> int:
         """Worker thread: send what the recorder noted since the last batch; the number of the
@@ -393,6 +404,9 @@ class WALService(WorkerWriter):
                 self._checkpointed(captured, error)
                 return None
             self._checkpointed(captured, None)
+            self._checkpoint_written()
+            if self.replication is not None:
+                self._send()
         return captured
 
     @property

@@ -217,16 +217,18 @@ class Lab:
             )
             self.nodes[name] = node
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, twistd: bool = False) -> None:
+        """Start node ``name`` with ``postroom serve`` (``twistd``: with ``twistd postroom``, as
+        the systemd unit does)."""
         node = self.nodes[name]
         assert not node.running, f"{name} is running"
         node.starts.append(node.log.read_text().count("\n") if node.log.exists() else 0)
         log = open(node.log, "ab")
-        node.process = subprocess.Popen(
-            [sys.executable, "-m", "postroom.broker.tools.cli", "serve", "--config", str(node.config)],
-            stdout=log,
-            stderr=log,
-        )
+        command = [sys.executable, "-m", "postroom.broker.tools.cli", "serve", "--config", str(node.config)]
+        if twistd:
+            runner = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
+            command = [*runner, "--nodaemon", "--pidfile=", "--logfile=-", "postroom", "--config", str(node.config)]
+        node.process = subprocess.Popen(command, stdout=log, stderr=log)
         node.paused = False
         log.close()
 
@@ -340,6 +342,7 @@ def connect(ports: list[int], timeout: float = 30.0) -> Any:
     again until one does within ``timeout``."""
     import pika
     import pika.exceptions
+    from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
     # A node that is paused accepts connections (its kernel does) and answers nothing: give up
     # on one within a few seconds, and notice one that stops answering by its heartbeats.
@@ -353,7 +356,7 @@ def connect(ports: list[int], timeout: float = 30.0) -> Any:
     while True:
         try:
             return pika.BlockingConnection(parameters)
-        except pika.exceptions.AMQPConnectionError:
+        except (pika.exceptions.AMQPConnectionError, AMQPConnectorException):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
@@ -381,6 +384,7 @@ class Publisher(threading.Thread):
     def run(self) -> None:
         import pika
         import pika.exceptions
+        from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
         number = 0
         while not self.stop.is_set():
@@ -399,7 +403,7 @@ class Publisher(threading.Thread):
                     self.confirmed_at.append(time.monotonic())
                     number += 1
                 connection.close()
-            except (pika.exceptions.AMQPError, OSError) as failure:
+            except (pika.exceptions.AMQPError, AMQPConnectorException, OSError) as failure:
                 self.failures.append(repr(failure))
                 number += 1
                 time.sleep(0.05)
@@ -421,6 +425,7 @@ class Consumer(threading.Thread):
 
     def run(self) -> None:
         import pika.exceptions
+        from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
         while not self.stop.is_set():
             try:
@@ -436,7 +441,7 @@ class Consumer(threading.Thread):
                         self.delivered_at.append(time.monotonic())
                         channel.basic_ack(method.delivery_tag)
                 connection.close()
-            except (pika.exceptions.AMQPError, OSError) as failure:
+            except (pika.exceptions.AMQPError, AMQPConnectorException, OSError) as failure:
                 self.failures.append(repr(failure))
                 time.sleep(0.05)
 

@@ -71,8 +71,9 @@ class ISegmentStorage(Interface):
 
 
 class FileRecorder(Protocol):
-    """Told of every change a :class:`DirectoryStorage` makes to its files, once made (a
-    cluster's leader sends them to its followers: ``broker.cluster.replication``)."""
+    """Told of every change a :class:`DirectoryStorage` makes to its files, once made, and by
+    the log's writer of each checkpoint put in place or deleted (a cluster's leader sends them
+    to its followers: ``broker.cluster.replication``)."""
 
     def created(self, path: str, data: bytes) -> None: ...
 
@@ -83,6 +84,10 @@ class FileRecorder(Protocol):
     def retired(self, path: str, archived: bool) -> None: ...
 
     def removed(self, path: str) -> None: ...
+
+    def checkpointed(self, directory: str) -> None: ...
+
+    def no_checkpoint(self, directory: str) -> None: ...
 
 
 #: A segment's file name: its number, zero-padded so names sort like numbers (a u64 has 20 digits).

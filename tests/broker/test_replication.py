@@ -4,6 +4,7 @@ applying them, and the copy that brings a follower's files to the leader's."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -130,7 +131,7 @@ def test_the_copy_sends_only_what_a_follower_lacks(tmp_path: Path) -> None:
     (leader / "streams" / "s" / "00000000000000000001.wal").write_bytes(b"s" * 10)
     (leader / "dead-letter-seal.key").write_bytes(b"k" * 32)
     (leader / "checkpoint").mkdir()
-    (leader / "checkpoint" / "manifest").write_bytes(b"not replicated")
+    (leader / "checkpoint" / "manifest").write_bytes(b"half written: no manifest.json")
     follower.mkdir()
     (follower / "00000000000000000001.wal").write_bytes(b"a" * 3000)  # a prefix: only the rest goes
     (follower / "00000000000000000002.wal").write_bytes(b"c" * 50)  # differs: all of it goes
@@ -149,7 +150,8 @@ def test_the_copy_sends_only_what_a_follower_lacks(tmp_path: Path) -> None:
     apply_ops(str(follower), ops)
     assert tree(follower) == tree(leader)
     assert not (follower / "checkpoint").exists()
-    assert list(sync_ops(str(leader), file_index(str(follower)))) == []
+    # Nothing more to send, but that the follower has no checkpoint (the leader's is not whole).
+    assert {op.kind for op in sync_ops(str(leader), file_index(str(follower)))} == {OpKind.REMOVE}
 
 
 def test_an_empty_file_is_copied_too(tmp_path: Path) -> None:
@@ -166,3 +168,38 @@ def test_a_follower_that_joins_gets_every_later_batch(tmp_path: Path) -> None:
     assert recorder.mark() == 0  # noted, not cut: the next batch (1) carries it
     assert recorder.cut()[0] == 1
     assert recorder.mark() == 1
+
+
+def test_a_checkpoint_reaches_a_follower_whole_and_replaces_its_last(tmp_path: Path) -> None:
+    leader, follower = tmp_path / "leader", tmp_path / "follower"
+    (leader / "checkpoint" / "q1").mkdir(parents=True)
+    (leader / "checkpoint" / "manifest.json").write_bytes(b'{"v": 2}')
+    (leader / "checkpoint" / "q1" / "head").write_bytes(b"records")
+    (follower / "checkpoint").mkdir(parents=True)
+    (follower / "checkpoint" / "manifest.json").write_bytes(b'{"v": 1}')
+    (follower / "checkpoint" / "stale").write_bytes(b"from the last one")
+    recorder = Recorder(str(leader))
+    recorder.checkpointed(str(leader / "checkpoint"))
+    _seq, ops = recorder.cut()
+    assert ops[-1] == Op(OpKind.RENAME, "checkpoint.new", 0, b"checkpoint")
+    apply_ops(str(follower), decode_ops(b"".join(encode_ops(ops))))
+    assert sorted(os.listdir(follower)) == ["checkpoint"]
+    assert (follower / "checkpoint" / "manifest.json").read_bytes() == b'{"v": 2}'
+    assert (follower / "checkpoint" / "q1" / "head").read_bytes() == b"records"
+    assert not (follower / "checkpoint" / "stale").exists()
+    recorder.no_checkpoint(str(leader / "checkpoint"))
+    apply_ops(str(follower), recorder.cut()[1])
+    assert not (follower / "checkpoint").exists()
+
+
+def test_the_copy_carries_the_checkpoint_and_none_when_there_is_none(tmp_path: Path) -> None:
+    leader, follower = tmp_path / "leader", tmp_path / "follower"
+    (leader / "checkpoint").mkdir(parents=True)
+    (leader / "checkpoint" / "manifest.json").write_bytes(b"{}")
+    (follower / "checkpoint").mkdir(parents=True)
+    (follower / "checkpoint" / "manifest.json").write_bytes(b"old")
+    apply_ops(str(follower), sync_ops(str(leader), file_index(str(follower))))
+    assert (follower / "checkpoint" / "manifest.json").read_bytes() == b"{}"
+    shutil.rmtree(leader / "checkpoint")
+    apply_ops(str(follower), sync_ops(str(leader), file_index(str(follower))))
+    assert not (follower / "checkpoint").exists()

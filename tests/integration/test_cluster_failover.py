@@ -159,25 +159,25 @@ def test_a_rolling_restart_of_every_node_loses_nothing(lab: Lab) -> None:
     assert verdict.ok, (verdict.lost[:20], verdict.phantoms[:20])
 
 
+def publish_confirmed(lab: Lab, queue: str, numbers: range) -> None:
+    """Publish ``numbers`` to the durable ``queue``, each confirmed, through any node."""
+    connection = connect(lab)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare(queue, durable=True)
+    for number in numbers:
+        channel.basic_publish("", queue, str(number).encode(), pika.BasicProperties(delivery_mode=2))
+    connection.close()
+
+
 def test_a_restarted_node_catches_up_and_rejoins_the_in_sync_set(lab: Lab) -> None:
     first = lab.wait_for_leader()
     lab.wait_in_sync(set(lab.nodes))
-    connection = connect(lab)
-    channel = connection.channel()
-    channel.confirm_delivery()
-    channel.queue_declare("jobs", durable=True)
-    for number in range(200):
-        channel.basic_publish("", "jobs", str(number).encode(), pika.BasicProperties(delivery_mode=2))
-    connection.close()
+    publish_confirmed(lab, "jobs", range(200))
     lab.signal(first, signal.SIGKILL)
     second = lab.wait_for_leader(other_than=first)
     lab.wait_in_sync(set(lab.nodes) - {first})
-    connection = connect(lab)
-    channel = connection.channel()
-    channel.confirm_delivery()
-    for number in range(200, 400):
-        channel.basic_publish("", "jobs", str(number).encode(), pika.BasicProperties(delivery_mode=2))
-    connection.close()
+    publish_confirmed(lab, "jobs", range(200, 400))
 
     lab.start(first)
     lab.wait_in_sync(set(lab.nodes))
@@ -378,3 +378,22 @@ def test_every_node_answers_for_the_whole_cluster(lab: Lab) -> None:
     forgotten = postroom("cluster", "forget", follower, "--config", str(lab.nodes[leader].config))
     assert forgotten.returncode == 0, forgotten.stderr
     assert follower not in lab.in_sync()
+
+
+def test_nodes_run_under_twistd_as_the_systemd_unit_runs_them(etcd: list[str], tmp_path: Path) -> None:
+    lab = Lab(tmp_path, etcd, prefix=f"twistd-{time.monotonic_ns()}")
+    for name in lab.nodes:
+        lab.start(name, twistd=True)
+    try:
+        first = lab.wait_for_leader()
+        lab.wait_in_sync(set(lab.nodes))
+        publish_confirmed(lab, "jobs", range(1))
+        lab.signal(first, signal.SIGTERM)  # systemctl stop: the lead passes on at once
+        # twistd ends itself with the signal once its shutdown is done (see test_twistd.py).
+        assert lab.nodes[first].process is not None and lab.nodes[first].process.returncode == -signal.SIGTERM
+        assert "checkpoint written" in lab.log(first)
+        lab.wait_for_leader(other_than=first)
+        assert drain(lab, "jobs", 1) == [0]
+    finally:
+        lab.stop_all()
+    assert lab.tracebacks() == [], lab.logs()
