@@ -39,7 +39,7 @@ from postroom.broker.cluster.replication import replicated_files
 from postroom.broker.tools.testing import FramePump, encode, publish_frames, wait_for_port
 from postroom.broker.wire.codec import PROTOCOL_HEADER
 
-__all__ = ["EtcdMissing", "Lab", "etcd_members", "etcd_get", "etcd_get_prefix"]
+__all__ = ["ETCD_PROCESSES", "EtcdMissing", "Lab", "etcd_members", "etcd_get", "etcd_get_prefix"]
 
 
 class EtcdMissing(RuntimeError):
@@ -93,6 +93,10 @@ def etcd_get_prefix(url: str, prefix: str) -> dict[str, str]:
     }
 
 
+#: The process of each etcd member :func:`etcd_members` runs, by its client URL (a test kills one).
+ETCD_PROCESSES: dict[str, subprocess.Popen[bytes]] = {}
+
+
 @contextmanager
 def etcd_members(count: int, directory: Path) -> Iterator[list[str]]:
     """``count`` etcd members forming one cluster on loopback, their data under ``directory``;
@@ -136,6 +140,7 @@ def etcd_members(count: int, directory: Path) -> Iterator[list[str]]:
             )
             log.close()
         urls = [f"http://127.0.0.1:{client}" for _name, client, _peer in members]
+        ETCD_PROCESSES.update(zip(urls, processes, strict=True))
         deadline = time.monotonic() + 30
         for url in urls:
             while True:
@@ -154,6 +159,8 @@ def etcd_members(count: int, directory: Path) -> Iterator[list[str]]:
             if process.poll() is None:
                 process.kill()
             process.wait(10)
+        for url in [url for url, process in ETCD_PROCESSES.items() if process in processes]:
+            del ETCD_PROCESSES[url]
 
 
 @dataclass

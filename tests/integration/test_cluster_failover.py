@@ -24,7 +24,15 @@ import pika.exceptions
 import pytest
 from pamqp import commands
 
-from postroom.broker.tools.cluster_lab import Consumer, EtcdMissing, Lab, Publisher, check, etcd_members
+from postroom.broker.tools.cluster_lab import (
+    ETCD_PROCESSES,
+    Consumer,
+    EtcdMissing,
+    Lab,
+    Publisher,
+    check,
+    etcd_members,
+)
 from postroom.broker.tools.cluster_lab import connect as cluster_connect
 from postroom.broker.tools.testing import ConfirmedPublisher, publish_frames
 
@@ -394,6 +402,60 @@ def test_nodes_run_under_twistd_as_the_systemd_unit_runs_them(etcd: list[str], t
         assert "checkpoint written" in lab.log(first)
         lab.wait_for_leader(other_than=first)
         assert drain(lab, "jobs", 1) == [0]
+    finally:
+        lab.stop_all()
+    assert lab.tracebacks() == [], lab.logs()
+
+
+def test_a_slow_follower_leaves_the_in_sync_set_and_comes_back(lab: Lab) -> None:
+    leader = lab.wait_for_leader()
+    lab.wait_in_sync(set(lab.nodes))
+    slow = next(name for name in lab.nodes if name != leader)
+    publisher = Publisher(lab.amqp_ports(), "slow")
+    publisher.start()
+    more_confirmed(publisher, 100)
+    lab.signal(slow, signal.SIGSTOP)  # a disk that stalls, a VM that freezes
+    lab.wait_in_sync(set(lab.nodes) - {slow}, 10)  # after in_sync_timeout (1 s)
+    more_confirmed(publisher, 300)  # the other follower is enough for min_in_sync (2)
+    lab.signal(slow, signal.SIGCONT)
+    lab.wait_in_sync(set(lab.nodes), 30)
+    more_confirmed(publisher, 100)
+    publisher.stop.set()
+    publisher.join(30)
+    deadline = time.monotonic() + 10
+    while lab.files(slow) != lab.files(leader):
+        assert time.monotonic() < deadline, "the follower did not catch up"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def three_etcd_members(tmp_path: Path) -> Iterator[list[str]]:
+    (tmp_path / "etcd").mkdir()
+    try:
+        with etcd_members(3, tmp_path / "etcd") as urls:
+            yield urls
+    except EtcdMissing as missing:
+        pytest.skip(str(missing))
+
+
+def test_the_cluster_goes_on_when_an_etcd_member_is_lost(three_etcd_members: list[str], tmp_path: Path) -> None:
+    urls = three_etcd_members
+    lab = Lab(tmp_path, urls, prefix="three-etcd")
+    lab.start_all()
+    try:
+        first = lab.wait_for_leader()
+        lab.wait_in_sync(set(lab.nodes))
+        publisher = Publisher(lab.amqp_ports(), "etcd")
+        publisher.start()
+        more_confirmed(publisher, 100)
+        # The member each node reached first: the nodes go on through the two others.
+        ETCD_PROCESSES[urls[0]].kill()
+        more_confirmed(publisher, 200)
+        lab.signal(first, signal.SIGKILL)  # and an election still happens
+        lab.wait_for_leader(other_than=first)
+        more_confirmed(publisher, 200)
+        publisher.stop.set()
+        publisher.join(30)
     finally:
         lab.stop_all()
     assert lab.tracebacks() == [], lab.logs()
