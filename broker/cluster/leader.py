@@ -45,6 +45,10 @@ __all__ = ["Replication", "LeaderLink"]
 JOIN_LAG = 2
 #: Bytes of the initial copy read and sent at a time.
 COPY_BYTES = 4 << 20
+#: Bytes of batches a follower may leave unacknowledged (or waiting behind its copy): past
+#: them its link is cut, so that a follower slow for good does not fill the leader's memory
+#: (it copies what it lacks when it connects again).
+MAX_UNACKED_BYTES = 256 << 20
 
 
 def _copy_chunk(ops: Any) -> list[Op]:
@@ -76,6 +80,8 @@ class LeaderLink(FrameReader):
         self.sent = 0
         self.acked = 0
         self.sent_at: deque[tuple[int, float, int]] = deque()
+        #: Bytes of the batches in :attr:`sent_at` and :attr:`waiting`.
+        self.unacked_bytes = 0
         self._paused: defer.Deferred[None] | None = None
 
     def connectionMade(self) -> None:
@@ -116,7 +122,7 @@ class LeaderLink(FrameReader):
             (seq,) = SEQ.unpack_from(payload)
             self.acked = max(self.acked, seq)
             while self.sent_at and self.sent_at[0][0] <= seq:
-                self.sent_at.popleft()
+                self.unacked_bytes -= self.sent_at.popleft()[2]
             self.replication.acknowledged(self)
         else:
             self.bad(f"an unexpected {kind.name} frame")
@@ -143,6 +149,7 @@ class LeaderLink(FrameReader):
         self.sent_at.append((mark, self.replication.clock(), 0))
         self.state = "streaming"
         waiting, self.waiting = self.waiting, []
+        self.unacked_bytes = 0
         for seq, pieces in waiting:
             if seq > mark:
                 self._batch(seq, pieces)
@@ -155,13 +162,27 @@ class LeaderLink(FrameReader):
     def batch(self, seq: int, pieces: list[bytes]) -> None:
         if self.state == "copying":
             self.waiting.append((seq, pieces))
+            self._hold(sum(len(piece) for piece in pieces))
         elif self.state == "streaming":
             self._batch(seq, pieces)
 
     def _batch(self, seq: int, pieces: list[bytes]) -> None:
+        size = sum(len(piece) for piece in pieces)
         self.send(seq_frame(Kind.BATCH, seq, pieces))
         self.sent = seq
-        self.sent_at.append((seq, self.replication.clock(), sum(len(piece) for piece in pieces)))
+        self.sent_at.append((seq, self.replication.clock(), size))
+        self._hold(size)
+
+    def _hold(self, size: int) -> None:
+        self.unacked_bytes += size
+        if self.unacked_bytes > MAX_UNACKED_BYTES and self.transport is not None:
+            self._log.warn(
+                "follower {name}: {bytes} bytes unacknowledged; link cut (it copies again when it reconnects)",
+                name=self.name,
+                bytes=self.unacked_bytes,
+            )
+            self.state = "closed"
+            self.transport.abortConnection()
 
     def lag(self, now: float) -> float:
         """Seconds the oldest unacknowledged batch has waited."""
@@ -169,8 +190,8 @@ class LeaderLink(FrameReader):
 
     @property
     def lag_bytes(self) -> int:
-        """Bytes of the batches sent and not acknowledged."""
-        return sum(size for _seq, _at, size in self.sent_at)
+        """Bytes of the batches sent and not acknowledged (or waiting behind the copy)."""
+        return self.unacked_bytes
 
     def refuse(self, reason: str) -> None:
         self._log.warn("refused a follower from {peer}: {reason}", peer=str(self.transport.getPeer()), reason=reason)

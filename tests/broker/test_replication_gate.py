@@ -9,6 +9,7 @@ import pytest
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
+from postroom.broker.cluster import leader
 from postroom.broker.cluster.frames import HEAD, SEQ, Kind, frame, hello, seq_frame
 from postroom.broker.cluster.leader import LeaderLink, Replication
 
@@ -191,3 +192,16 @@ def test_a_disconnected_follower_leaves_the_set(tmp_path: Path) -> None:
     setup.clock.advance(6)
     setup.clock.advance(0.05)
     assert setup.refused == [1]
+
+
+def test_a_follower_slow_for_good_is_cut_off_past_a_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(leader, "MAX_UNACKED_BYTES", 100)
+    setup = Setup(tmp_path)
+    (b,) = setup.in_sync("b")
+    transport = b.transport
+    setup.replication._send(1, [b"x" * 60])
+    setup.ack(b, 1)
+    setup.replication._send(2, [b"x" * 60])
+    assert not transport.disconnecting and b.lag_bytes == 60
+    setup.replication._send(3, [b"x" * 60])  # 120 bytes unacknowledged
+    assert transport.disconnecting
