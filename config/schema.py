@@ -527,8 +527,9 @@ class ClusterConfig:
     advertise: str | None = None
     #: The prefix of the cluster's keys in etcd.
     prefix: str = "postroom"
-    #: The leader's lease in etcd: a leader that cannot renew it for this long stops serving,
-    #: and another node takes over (etcd's least is 2 seconds with its default settings).
+    #: The leader's lease in etcd, in whole seconds (rounded up): a leader that cannot renew it
+    #: for this long stops serving, and another node takes over (etcd's least is 2 seconds
+    #: with its default settings).
     lease: float = 2.0
     #: Copies of a message, the leader's counted, that a confirm needs. Below that, the
     #: leader holds confirms and refuses them after ``confirm_timeout``.

@@ -35,7 +35,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer
 from zope.interface import implementer
 
-__all__ = ["Compare", "Etcd", "EtcdError", "KeyValue", "Watch", "delete_op", "put_op"]
+__all__ = ["Compare", "Etcd", "EtcdError", "KeyValue", "Watch", "delete_op", "prefix_end", "put_op"]
 
 #: Seconds a call may take before the next endpoint is tried.
 CALL_TIMEOUT = 3.0
@@ -76,7 +76,7 @@ def _decode(text: str) -> bytes:
     return base64.b64decode(text)
 
 
-def _prefix_end(prefix: bytes) -> bytes:
+def prefix_end(prefix: bytes) -> bytes:
     """The end of the range of keys that start with ``prefix`` (etcd's ``range_end``)."""
     end = bytearray(prefix)
     while end:
@@ -105,11 +105,6 @@ class Compare:
         """``key`` exists."""
         return {"key": _encode(key), "target": "CREATE", "result": "GREATER", "create_revision": "0"}
 
-    @staticmethod
-    def value(key: bytes, value: bytes) -> dict[str, Any]:
-        """``key`` holds ``value``."""
-        return {"key": _encode(key), "target": "VALUE", "result": "EQUAL", "value": _encode(value)}
-
 
 def put_op(key: bytes, value: bytes, lease: int = 0) -> dict[str, Any]:
     """A transaction's step: put ``key``."""
@@ -123,7 +118,7 @@ def delete_op(key: bytes, prefix: bool = False) -> dict[str, Any]:
     """A transaction's step: delete ``key`` (every key under it with ``prefix``)."""
     request = {"key": _encode(key)}
     if prefix:
-        request["range_end"] = _encode(_prefix_end(key))
+        request["range_end"] = _encode(prefix_end(key))
     return {"request_delete_range": request}
 
 
@@ -214,7 +209,7 @@ class Etcd:
 
     async def get_prefix(self, prefix: bytes) -> tuple[list[KeyValue], int]:
         """The keys under ``prefix``, and the revision they were read at."""
-        answer = await self.call("kv/range", {"key": _encode(prefix), "range_end": _encode(_prefix_end(prefix))})
+        answer = await self.call("kv/range", {"key": _encode(prefix), "range_end": _encode(prefix_end(prefix))})
         return [KeyValue.of(kv) for kv in answer.get("kvs") or []], int(answer["header"]["revision"])
 
     async def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
@@ -224,9 +219,6 @@ class Etcd:
             request["lease"] = str(lease)
         answer = await self.call("kv/put", request)
         return int(answer["header"]["revision"])
-
-    async def delete(self, key: bytes) -> None:
-        await self.call("kv/deleterange", {"key": _encode(key)})
 
     async def txn(
         self, compare: list[dict[str, Any]], success: list[dict[str, Any]], failure: Sequence[dict[str, Any]] = ()
@@ -258,7 +250,7 @@ class Etcd:
         is cancelled or breaks (:attr:`Watch.ended` fires)."""
         request: dict[str, Any] = {"key": _encode(key)}
         if prefix:
-            request["range_end"] = _encode(_prefix_end(key))
+            request["range_end"] = _encode(prefix_end(key))
         if start_revision:
             request["start_revision"] = str(start_revision)
         return Watch(self, request, on_event)

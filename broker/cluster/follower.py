@@ -28,7 +28,6 @@ class FollowerLink(FrameReader):
 
     :param files: the follower's file index, sent in the hello
     :param on_refused: called with the leader's reason when it refuses this follower
-    :param on_applied: called with each batch number acknowledged
     """
 
     _log = Logger()
@@ -42,7 +41,6 @@ class FollowerLink(FrameReader):
         files: dict[str, tuple[int, int]],
         pool: ThreadPool,
         on_refused: Callable[[str], None] = lambda reason: None,
-        on_applied: Callable[[int], None] = lambda seq: None,
     ) -> None:
         super().__init__()
         self.reactor = reactor
@@ -52,12 +50,10 @@ class FollowerLink(FrameReader):
         self.pool = pool
         self.applier = Applier(data_dir)
         self.on_refused = on_refused
-        self.on_applied = on_applied
         #: Frames received and not applied yet: ``(seq or None, ops)``.
         self._queue: list[tuple[int | None, list[Op]]] = []
         self._applying = False
-        self.applied = 0
-        self.copied = False
+        self._lost = False
         self.closed: defer.Deferred[None] = defer.Deferred()
 
     def connectionMade(self) -> None:
@@ -103,18 +99,19 @@ class FollowerLink(FrameReader):
 
     def _written(self, seq: int | None) -> None:
         self._applying = False
+        if self._lost:
+            self.applier.close()  # (the link ended while this was applied)
+            return
         if seq is not None:
-            self.applied = seq
-            self.copied = True
-            if self.transport is not None and self.connected:
-                self.send(seq_frame(Kind.ACK, seq))
-            self.on_applied(seq)
+            self.send(seq_frame(Kind.ACK, seq))
         self._apply()
 
     def _failed(self, failure: Failure) -> None:
         self._applying = False
         self._log.failure("applying what the leader sent failed; the link is closed", failure)
-        if self.transport is not None:
+        if self._lost:
+            self.applier.close()
+        else:
             self.transport.loseConnection()
 
     def bad(self, reason: str) -> None:
@@ -122,6 +119,7 @@ class FollowerLink(FrameReader):
         self.transport.loseConnection()
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+        self._lost = True
         self._queue.clear()
         if not self._applying:
             self.applier.close()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import json
 import struct
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 from twisted.internet.protocol import Protocol
@@ -47,7 +47,8 @@ def frame(kind: Kind, payload: bytes | list[bytes] = b"") -> list[bytes]:
     return [HEAD.pack(length, kind), *pieces]
 
 
-def seq_frame(kind: Kind, seq: int, payload: list[bytes] = ()) -> list[bytes]:  # type: ignore[assignment]
+def seq_frame(kind: Kind, seq: int, payload: Sequence[bytes] = ()) -> list[bytes]:
+    """A frame whose payload starts with a batch number."""
     return frame(kind, [SEQ.pack(seq), *payload])
 
 
@@ -71,7 +72,6 @@ class FrameReader(Protocol):
 
     def __init__(self) -> None:
         self._buffer = bytearray()
-        self._on_frame: Callable[[Kind, memoryview], None] = self.frameReceived
 
     def dataReceived(self, data: bytes) -> None:
         buffer = self._buffer
@@ -84,7 +84,7 @@ class FrameReader(Protocol):
                     raise ValueError(f"a frame of {length} bytes")
                 if len(buffer) - at < 4 + length:
                     break
-                payload = memoryview(bytes(buffer[at + HEAD.size : at + 4 + length]))
+                payload = memoryview(buffer[at + HEAD.size : at + 4 + length])  # (a copy: the buffer moves on)
                 at += 4 + length
                 self.frameReceived(Kind(kind), payload)
                 if self.transport is None or getattr(self.transport, "disconnecting", False):

@@ -381,23 +381,16 @@ class Replication(Factory):
             self.waited += now - since
             release()
 
-    @property
-    def status(self) -> dict[str, Any]:
-        """The followers as the management API and metrics show them."""
+    def followers(self) -> dict[str, dict[str, Any]]:
+        """Each linked follower's state (``copying``, ``streaming``) and lag, as the management
+        API and metrics show them."""
         now = self.clock()
         return {
-            "in_sync": sorted(self.in_sync),
-            "followers": {
-                name: {
-                    "state": link.state,
-                    "sent": link.sent,
-                    "acked": link.acked,
-                    "lag_batches": link.sent - link.acked,
-                    "lag_bytes": link.lag_bytes,
-                    "lag_seconds": round(link.lag(now), 3),
-                    "in_sync": name in self.in_sync,
-                }
-                for name, link in sorted(self.links.items())
-            },
-            "seq": self.recorder.seq,
+            name: {
+                "state": link.state,
+                "lag_batches": link.sent - link.acked,
+                "lag_bytes": link.lag_bytes,
+                "lag_seconds": round(link.lag(now), 3),
+            }
+            for name, link in sorted(self.links.items())
         }

@@ -176,11 +176,20 @@ class Recorder:
     def checkpointed(self, directory: str) -> None:
         """The checkpoint in ``directory`` (``<data dir>/checkpoint``) was just put in place: the
         followers get its files under ``checkpoint.new``, then put it in place of theirs. A
-        follower that takes over starts from it and reads only the log after it."""
+        follower that takes over starts from it and reads only the log after it. One that
+        cannot be read back is not sent, and the followers drop theirs (they read the whole
+        log): the log's writer goes on either way."""
+        try:
+            files = []
+            for name in _tree(directory):
+                with open(os.path.join(directory, name), "rb") as file:
+                    files.append((name, file.read()))
+        except OSError:
+            self.no_checkpoint(directory)
+            return
         self._note(OpKind.REMOVE, directory + ".new")
-        for name in _tree(directory):
-            with open(os.path.join(directory, name), "rb") as file:
-                self._note(OpKind.WRITE, os.path.join(directory + ".new", name), 0, file.read())
+        for name, data in files:
+            self._note(OpKind.WRITE, os.path.join(directory + ".new", name), 0, data)
         self._note(OpKind.RENAME, directory + ".new", 0, self._relative(directory).encode())
 
     def no_checkpoint(self, directory: str) -> None:
@@ -317,10 +326,8 @@ def sync_ops(data_dir: str, theirs: dict[str, tuple[int, int]]) -> Iterator[Op]:
 
 
 class Applier:
-    """Applies ops to a follower's data directory and makes them durable (:meth:`sync`).
-
-    :param archive: retire log segments into ``<data_dir>/archive`` when the leader did
-    """
+    """Applies ops to a follower's data directory and makes them durable (:meth:`sync`); a
+    log segment the leader retired into its archive goes into ``<data_dir>/archive``."""
 
     def __init__(self, data_dir: str) -> None:
         self.data_dir = os.path.abspath(data_dir)

@@ -25,6 +25,7 @@ checks the writer still holds the leader key, so a deposed leader cannot shrink 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -133,7 +134,8 @@ class ClusterNode(Service):
         self._keepalive = task.LoopingCall(self._renew)
         self._keepalive.clock = reactor
         self._pool = ThreadPool(1, 1, "postroom-follower")
-        self._changing: defer.Deferred[None] | None = None
+        #: Whether :meth:`_settle` is running.
+        self._settling = False
         #: Times this node became the leader.
         self.elections = 0
         #: The nodes registered in etcd (with their addresses) and those in the in-sync set, as
@@ -160,14 +162,11 @@ class ClusterNode(Service):
         while True:
             try:
                 self.secret = await self._secret()
-                self.lease, ttl = await etcd.grant(max(1, round(self.cluster.lease)))
                 break
             except EtcdError as error:
                 self._log.warn("etcd: {error}; trying again", error=str(error))
                 await task.deferLater(self.reactor, 1.0, lambda: None)
-        self.ttl = float(ttl)
-        self.valid_until = time.monotonic() + self.ttl
-        await etcd.put(self.nodes_prefix + self.node_name.encode(), json.dumps(self.addresses).encode(), self.lease)
+        await self._register()
         self._keepalive.start(self.ttl / 4, now=False)
         self._log.info(
             "cluster node {name}: lease of {ttl} s in etcd; finding the leader", name=self.node_name, ttl=self.ttl
@@ -193,16 +192,20 @@ class ClusterNode(Service):
             self._keepalive.stop()
         if self._watch is not None:
             self._watch.cancel()
-        await self._stop_leading()
-        await self._stop_following()
-        if self.etcd is not None and self.lease:
+        try:
             try:
-                # The leader key and this node's key go with the lease: another node takes over now.
-                await self.etcd.revoke(self.lease)
-            except EtcdError as error:
-                self._log.warn("etcd: the lease could not be revoked ({error})", error=str(error))
-            await self.etcd.close()
-        self._pool.stop()
+                await self._stop_leading()
+            finally:
+                await self._stop_following()
+        finally:
+            if self.etcd is not None and self.lease:
+                try:
+                    # The leader key and this node's key go with the lease: another node takes over now.
+                    await self.etcd.revoke(self.lease)
+                except EtcdError as error:
+                    self._log.warn("etcd: the lease could not be revoked ({error})", error=str(error))
+                await self.etcd.close()
+            self._pool.stop()
 
     # -- the lease -----------------------------------------------------------------------
 
@@ -250,31 +253,38 @@ class ClusterNode(Service):
         await self._stop_leading()
         etcd = self.etcd
         assert etcd is not None
+        try:
+            await etcd.revoke(old)
+        except EtcdError:
+            pass  # it has run out, or etcd cannot be reached: either way it is over
+        await self._register()
+        await self._settle()
+
+    async def _register(self) -> None:
+        """Take a new lease (``cluster.lease``, in whole seconds rounded up) and put this node's
+        key under it, trying again until etcd answers."""
+        etcd = self.etcd
+        assert etcd is not None
         while self.role != "stopped":
             try:
-                await etcd.revoke(old)
-            except EtcdError:
-                pass
-            try:
-                self.lease, ttl = await etcd.grant(max(1, round(self.cluster.lease)))
+                self.lease, ttl = await etcd.grant(math.ceil(self.cluster.lease))
                 self.ttl = float(ttl)
                 self.valid_until = time.monotonic() + self.ttl
                 await etcd.put(
                     self.nodes_prefix + self.node_name.encode(), json.dumps(self.addresses).encode(), self.lease
                 )
-                break
+                return
             except EtcdError as error:
                 self._log.warn("etcd: {error}; trying again", error=str(error))
                 await task.deferLater(self.reactor, 0.5, lambda: None)
-        await self._settle()
 
     # -- roles -------------------------------------------------------------------------
 
     async def _settle(self) -> None:
         """Lead if the leader key is free and this node may take it; else follow who holds it."""
-        if self._changing is not None:
-            return
-        self._changing = defer.Deferred()
+        if self._settling:
+            return  # (the one running watches the key from what it read: no change is missed)
+        self._settling = True
         try:
             while self.role != "stopped":
                 etcd = self.etcd
@@ -302,8 +312,7 @@ class ClusterNode(Service):
                     self._log.warn("etcd: {error}; trying again", error=str(error))
                     await task.deferLater(self.reactor, RETRY, lambda: None)
         finally:
-            changing, self._changing = self._changing, None
-            changing.callback(None)
+            self._settling = False
 
     async def _campaign(self) -> bool:
         """Take the leader key if it is free and this node is in the in-sync set (or the cluster
@@ -338,8 +347,7 @@ class ClusterNode(Service):
                 await self._wait_for_leader()
             return False
         self._leading = KeyValue(self.leader_key, value, revision, revision, self.lease)
-        await self._lead()
-        return True
+        return await self._lead()
 
     async def _wait_for_leader(self) -> None:
         """Wait until some node holds the leader key (this one may not take it)."""
@@ -355,7 +363,8 @@ class ClusterNode(Service):
         try:
             await watch.created
             if await etcd.get(self.leader_key) is None:
-                timeout = self.reactor.callLater(5.0, changed, "PUT", KeyValue(b"", b"", 0, 0))
+                # Or try again after a while: the one that may lead may never come back.
+                timeout = self.reactor.callLater(5.0, lambda: None if put.called else put.callback(None))
                 await put
                 if timeout.active():
                     timeout.cancel()
@@ -412,11 +421,11 @@ class ClusterNode(Service):
     # -- what the management API and /metrics show (broker.server.clusterview) ------------
 
     def members(self) -> list[dict[str, Any]]:
-        status = self.replication.status if self.replication is not None else {"followers": {}}
+        followers = self.replication.followers() if self.replication is not None else {}
         leader = self.leader.get("name") if self.leader is not None else None
         entries = []
         for name in sorted({*self._registered, *self._in_sync, self.node_name}):
-            link = status["followers"].get(name, {})
+            link = followers.get(name, {})
             entries.append(
                 {
                     "name": f"postroom@{name}",
@@ -440,7 +449,7 @@ class ClusterNode(Service):
             return {"copies": 0, "elections": self.elections, "followers": {}, "held": 0, "held_seconds": 0.0}
         followers = {
             name: {"batches": view["lag_batches"], "bytes": view["lag_bytes"], "seconds": view["lag_seconds"]}
-            for name, view in replication.status["followers"].items()
+            for name, view in replication.followers().items()
         }
         return {
             "copies": 1 + len(replication.in_sync),
@@ -452,7 +461,9 @@ class ClusterNode(Service):
 
     # -- leading -------------------------------------------------------------------------
 
-    async def _lead(self) -> None:
+    async def _lead(self) -> bool:
+        """Start the broker from this node's copy and serve; whether it could (if not, it has
+        given up the lead and its place in the in-sync set)."""
         assert self._leading is not None
         self.elections += 1
         await self._stop_following()
@@ -461,11 +472,12 @@ class ClusterNode(Service):
         self._log.info("cluster node {name} leads; starting the broker from its data directory", name=self.node_name)
         etcd = self.etcd
         assert etcd is not None
-        # Followers join the in-sync set again as they catch up with this node.
+        # Followers join the in-sync set again as they catch up with this node; before its first
+        # confirm, only this node may lead next.
         keys, _revision = await etcd.get_prefix(self.isr_prefix)
-        for kv in keys:
-            if kv.key != self.isr_prefix + self.node_name.encode():
-                await self._set_in_sync(kv.key[len(self.isr_prefix) :].decode(), False)
+        others = [kv.key for kv in keys if kv.key != self.isr_prefix + self.node_name.encode()]
+        for key in others:
+            await self._set_in_sync(key[len(self.isr_prefix) :].decode(), False)
         replication = Replication(
             self.reactor,
             self.node_name,
@@ -480,13 +492,15 @@ class ClusterNode(Service):
         self.replication = replication
         leading = self._leading
         try:
-            self._replication_port = await serverFromString(self.reactor, self.cluster.listen).listen(replication)
             self.broker = self.make_broker(replication, self)
             self.broker.factory.leading = self.valid
             self.broker.startService()
+            # Followers are served once the start is done: what they copy is what it left.
+            self._replication_port = await serverFromString(self.reactor, self.cluster.listen).listen(replication)
         except Exception as error:
-            # Its copy cannot be served (a damaged log, a port taken): another node in the set
-            # leads, and this one follows and copies the leader's files again.
+            # Its copy cannot be served (a damaged log, a port taken): the nodes that were in the
+            # set are put back (this one confirmed nothing), one of them leads, and this one
+            # follows and copies the leader's files again.
             self._log.error(
                 "cluster node {name} cannot serve ({error}); leaving the in-sync set and the lead",
                 name=self.node_name,
@@ -495,11 +509,16 @@ class ClusterNode(Service):
             await self._stop_leading()
             await etcd.txn(
                 [Compare.created(self.leader_key, leading.create_revision)],
-                [delete_op(self.isr_prefix + self.node_name.encode()), delete_op(self.leader_key)],
+                [
+                    delete_op(self.isr_prefix + self.node_name.encode()),
+                    delete_op(self.leader_key),
+                    *(put_op(key, b"1") for key in others),
+                ],
             )
-            return
+            return False
         replication.start()
         self._watch_leader(leading.mod_revision)
+        return True
 
     async def _set_in_sync(self, name: str, member: bool) -> bool:
         """Put or delete ``name``'s key in the in-sync set, if this node still leads."""
@@ -527,17 +546,18 @@ class ClusterNode(Service):
         # reach them and are confirmed (a node that lost its lease confirms nothing: the gate
         # holds them), then the links.
         broker, self.broker = self.broker, None
-        if broker is not None:
-            self._log.info("cluster node {name}: stopping the broker", name=self.node_name)
-            if broker.running:
+        try:
+            if broker is not None and broker.running:
+                self._log.info("cluster node {name}: stopping the broker", name=self.node_name)
                 await broker.stopService()
-        self._leading = None
-        replication, self.replication = self.replication, None
-        if replication is not None:
-            replication.stop()
-        port, self._replication_port = self._replication_port, None
-        if port is not None:
-            await port.stopListening()
+        finally:
+            self._leading = None
+            replication, self.replication = self.replication, None
+            if replication is not None:
+                replication.stop()
+            port, self._replication_port = self._replication_port, None
+            if port is not None:
+                await port.stopListening()
 
     # -- following -----------------------------------------------------------------------
 

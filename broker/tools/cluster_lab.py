@@ -15,7 +15,6 @@ given every node's address reaches whichever leads.
 
 from __future__ import annotations
 
-import base64
 import json
 import random
 import select
@@ -36,10 +35,11 @@ from typing import Any
 from pamqp import commands
 
 from postroom.broker.cluster.replication import replicated_files
+from postroom.broker.tools.commands.clustering import etcd_range
 from postroom.broker.tools.testing import FramePump, encode, publish_frames, wait_for_port
 from postroom.broker.wire.codec import PROTOCOL_HEADER
 
-__all__ = ["ETCD_PROCESSES", "EtcdMissing", "Lab", "etcd_members", "etcd_get", "etcd_get_prefix"]
+__all__ = ["ETCD_PROCESSES", "EtcdMissing", "Lab", "etcd_members"]
 
 
 class EtcdMissing(RuntimeError):
@@ -63,34 +63,6 @@ def lab_port() -> int:
             except OSError:
                 continue
             return port
-
-
-def _post(url: str, path: str, body: dict[str, Any], timeout: float = 3.0) -> dict[str, Any]:
-    request = urllib.request.Request(
-        f"{url}/v3/{path}", json.dumps(body).encode(), {"content-type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=timeout) as answer:
-        return dict(json.load(answer))
-
-
-def etcd_get(url: str, key: str) -> str | None:
-    """The value of ``key`` in the etcd at ``url`` (``None``: no such key)."""
-    kvs = _post(url, "kv/range", {"key": base64.b64encode(key.encode()).decode()}).get("kvs") or []
-    return base64.b64decode(kvs[0].get("value", "")).decode() if kvs else None
-
-
-def etcd_get_prefix(url: str, prefix: str) -> dict[str, str]:
-    """Every key under ``prefix`` with its value."""
-    end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-    answer = _post(
-        url,
-        "kv/range",
-        {"key": base64.b64encode(prefix.encode()).decode(), "range_end": base64.b64encode(end.encode()).decode()},
-    )
-    return {
-        base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", "")).decode()
-        for kv in answer.get("kvs") or []
-    }
 
 
 #: The process of each etcd member :func:`etcd_members` runs, by its client URL (a test kills one).
@@ -274,22 +246,13 @@ class Lab:
 
     def leader(self) -> str | None:
         """The node that holds the leader key now."""
-        for url in self.urls:
-            try:
-                value = etcd_get(url, f"{self.prefix}/leader")
-            except OSError:
-                continue
-            return json.loads(value)["name"] if value else None
-        return None
+        key = f"{self.prefix}/leader"
+        value = etcd_range(self.urls, key).get(key)
+        return json.loads(value)["name"] if value else None
 
     def in_sync(self) -> set[str]:
-        for url in self.urls:
-            try:
-                keys = etcd_get_prefix(url, f"{self.prefix}/isr/")
-            except OSError:
-                continue
-            return {key.rpartition("/")[2] for key in keys}
-        return set()
+        """The nodes in the in-sync set, as etcd holds it."""
+        return {key.rpartition("/")[2] for key in etcd_range(self.urls, f"{self.prefix}/isr/")}
 
     def wait_for_leader(self, timeout: float = 30.0, other_than: str | None = None) -> str:
         """The leader, once one holds the key and serves AMQP (not ``other_than``)."""

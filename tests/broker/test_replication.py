@@ -203,3 +203,17 @@ def test_the_copy_carries_the_checkpoint_and_none_when_there_is_none(tmp_path: P
     shutil.rmtree(leader / "checkpoint")
     apply_ops(str(follower), sync_ops(str(leader), file_index(str(follower))))
     assert not (follower / "checkpoint").exists()
+
+
+def test_a_checkpoint_that_cannot_be_read_back_makes_the_followers_drop_theirs(tmp_path: Path) -> None:
+    leader = tmp_path / "leader"
+    (leader / "checkpoint" / "q1").mkdir(parents=True)
+    (leader / "checkpoint" / "manifest.json").write_bytes(b"{}")
+    (leader / "checkpoint" / "q1" / "head").symlink_to(tmp_path / "gone")  # read back: ENOENT
+    recorder = Recorder(str(leader))
+    recorder.checkpointed(str(leader / "checkpoint"))
+    assert [(op.kind, op.path) for op in recorder.cut()[1]] == [
+        (OpKind.REMOVE, "checkpoint"),
+        (OpKind.REMOVE, "checkpoint.new"),
+        (OpKind.REMOVE, "checkpoint.old"),
+    ]

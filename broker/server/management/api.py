@@ -87,28 +87,17 @@ NO_OAUTH = {"enable_uaa": False, "uaa_client_id": "", "uaa_location": ""}
 class ManagementAPI(Resource):
     """The ``/api`` tree (a leaf resource: it routes the path itself).
 
-    :param node: the broker node
-    :param sampler: rates for ``message_stats``
-    :param reports: the folder of the dead-letter analysis' reports (``ui.reports``)
-    :param shovels: the node's running shovels (``None``: it runs none)
+    :param context: what the handlers read (the node, its rates, the dead-letter analysis'
+        reports, its shovels, the cluster it leads)
     """
 
     isLeaf = True
     _log = Logger()
 
-    def __init__(
-        self,
-        node: Node,
-        sampler: RateSampler,
-        reports: str | None = None,
-        shovels: Shovels | None = None,
-        cluster: ClusterView | None = None,
-    ) -> None:
+    def __init__(self, context: Context) -> None:
         super().__init__()
-        self.node = node
-        #: What the handlers read (``reports``: the dead-letter analysis' folder; ``shovels``:
-        #: the node's running shovels; ``cluster``: the cluster this node leads).
-        self.context = Context(node, sampler, reports, shovels, cluster)
+        self.node = context.node
+        self.context = context
         self.router = routes()
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -246,7 +235,7 @@ def management_site(
     timeouts on ``reactor``, the global one by default; ``reports``: the folder of the
     dead-letter analysis' reports the UI lists; ``shovels``: the node's running shovels)."""
     root = Resource()
-    root.putChild(b"api", ManagementAPI(node, sampler, reports, shovels, cluster))
+    root.putChild(b"api", ManagementAPI(Context(node, sampler, reports, shovels, cluster)))
     root.putChild(b"", UIFile("index.html", b"text/html; charset=utf-8"))
     root.putChild(b"reports", dead_letter_endpoints.ReportPage(reports, time.time))
     ui = Resource()

@@ -10,18 +10,19 @@ import functools
 import json
 import sys
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from postroom.broker.cluster.etcd import prefix_end
 from postroom.config.loader import load
 from postroom.config.schema import ClusterConfig
 from postroom.config.values import ConfigError
 
-__all__ = ["forget", "status"]
+__all__ = ["EtcdUnreachable", "etcd_call", "etcd_range", "forget", "status"]
 
 
 class EtcdUnreachable(Exception):
-    pass
+    """No etcd endpoint answered."""
 
 
 def _cluster(path: str) -> ClusterConfig:
@@ -31,9 +32,13 @@ def _cluster(path: str) -> ClusterConfig:
     return config.cluster
 
 
-def _call(cluster: ClusterConfig, path: str, body: dict[str, Any]) -> dict[str, Any]:
+def etcd_call(urls: Sequence[str], path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST ``body`` to ``/v3/<path>`` of etcd's JSON gateway, at the first of ``urls`` that answers.
+
+    :raises EtcdUnreachable: none did
+    """
     problems = []
-    for url in cluster.etcd:
+    for url in urls:
         request = urllib.request.Request(
             f"{url.rstrip('/')}/v3/{path}", json.dumps(body).encode(), {"content-type": "application/json"}
         )
@@ -45,19 +50,27 @@ def _call(cluster: ClusterConfig, path: str, body: dict[str, Any]) -> dict[str, 
     raise EtcdUnreachable("; ".join(problems))
 
 
-def _encoded(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
+def _encoded(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def etcd_range(urls: Sequence[str], prefix: str) -> dict[str, str]:
+    """Every key that starts with ``prefix``, with its value.
+
+    :raises EtcdUnreachable: no endpoint answered
+    """
+    start = prefix.encode()
+    answer = etcd_call(urls, "kv/range", {"key": _encoded(start), "range_end": _encoded(prefix_end(start))})
+    return {
+        base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", "")).decode()
+        for kv in answer.get("kvs") or []
+    }
 
 
 def _prefix(cluster: ClusterConfig, name: str) -> dict[str, str]:
     """The keys under ``<prefix>/<name>``, by what follows it, with their values."""
     start = f"{cluster.prefix.rstrip('/')}/{name}"
-    end = start[:-1] + chr(ord(start[-1]) + 1)
-    answer = _call(cluster, "kv/range", {"key": _encoded(start), "range_end": _encoded(end)})
-    return {
-        base64.b64decode(kv["key"]).decode()[len(start) :]: base64.b64decode(kv.get("value", "")).decode()
-        for kv in answer.get("kvs") or []
-    }
+    return {key[len(start) :]: value for key, value in etcd_range(cluster.etcd, start).items()}
 
 
 def _reporting(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -114,6 +127,6 @@ def forget(args: argparse.Namespace) -> int:
         print(f"{args.name} leads the cluster", file=sys.stderr)
         return 1
     key = f"{cluster.prefix.rstrip('/')}/isr/{args.name}"
-    answer = _call(cluster, "kv/deleterange", {"key": _encoded(key)})
+    answer = etcd_call(cluster.etcd, "kv/deleterange", {"key": _encoded(key.encode())})
     print(f"{args.name}: {'out of the in-sync set' if int(answer.get('deleted', 0)) else 'was not in the in-sync set'}")
     return 0
