@@ -551,18 +551,24 @@ async function exchangesPage(main) {
   h("form", { class: "inline", onsubmit: add }, ...Object.entries(inputs).map(([key, input]) => field(key, input)), h("button", { type: "submit", id: "add-exchange" }, "Add exchange")));
 }
 
+let publishState = { place: null, text: "" };
+
 function publishForm(vhost, exchange, fixedKey) {
   const key = h("input", { id: "publish-key", value: fixedKey ?? "", disabled: fixedKey !== undefined, "aria-label": "routing key" });
   const persistent = h("input", { id: "publish-persistent", type: "checkbox", checked: true });
   const headers = h("input", { id: "publish-headers", placeholder: '{"region": "eu"}', "aria-label": "headers as JSON" });
   const body = h("textarea", { id: "publish-body", rows: 3, "aria-label": "body" });
-  const result = h("span", { id: "publish-result", class: "muted" });
+  // The last answer stays on the page through its refreshes, until the next publish.
+  const place = `${vhost}/${exchange}/${fixedKey ?? ""}`;
+  const result = h("span", { id: "publish-result", class: "muted" }, publishState.place === place ? publishState.text : "");
   const publish = async (event) => {
     event.preventDefault();
     try {
       const properties = { delivery_mode: persistent.checked ? 2 : 1, headers: parsed(headers, "headers") };
       const answer = await api(`exchanges/${q(vhost)}/${q(exchange)}/publish`, "POST", { properties, routing_key: key.value, payload: body.value, payload_encoding: "string" });
-      result.textContent = answer.routed ? "Published and routed." : "Published, but no queue took it (not routed).";
+      publishState = { place, text: answer.routed ? "Published and routed." : "Published, but no queue took it (not routed)." };
+      // (a refresh may have replaced this form while the answer was on its way)
+      (document.getElementById("publish-result") || result).textContent = publishState.text;
     } catch (error) { refused(error); }
   };
   return h("form", { class: "inline", onsubmit: publish }, field("routing key", key), field("persistent", persistent), field("headers", headers), field("body", body),
