@@ -39,9 +39,9 @@ import pika
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.flood import rss  # noqa: E402
+
 from postroom.broker.clients.client import Timeout, connect  # noqa: E402
-from postroom.broker.tools.testing import RABBITMQ_LAUNCHER, free_port, rabbitmq_environment  # noqa: E402
+from postroom.broker.tools.testing import RABBITMQ_LAUNCHER, free_port, process_memory, rabbitmq_environment  # noqa: E402
 
 QUEUE = "backlog"
 #: Longest a start may take, until every message is counted (10M messages replayed take minutes).
@@ -232,13 +232,13 @@ def run(node: Node, args: argparse.Namespace) -> dict[str, object]:
     with connect(f"amqp://guest:guest@127.0.0.1:{node.port}/", heartbeat=0, reconnect=False) as connection:
         connection.declare_queue(QUEUE, durable=not args.transient)
     time.sleep(2)
-    baseline = rss(node.pid)
+    baseline = process_memory(node.pid)
     try:
         seconds = publish(node.port, args.messages, args.size, not args.transient, args.stall)
     except Timeout:
         queued = message_count(node.port)
         result["stalled_at"] = queued
-        result["stalled_rss_mib"] = round(rss(node.pid) / MIB)
+        result["stalled_rss_mib"] = round(process_memory(node.pid) / MIB)
         say(
             node,
             f"publishing stalled: no confirm for {args.stall:.0f} s with {queued or 0:,} queued; "
@@ -250,16 +250,16 @@ def run(node: Node, args: argparse.Namespace) -> dict[str, object]:
         return result
     result["publish_per_s"] = round(args.messages / seconds)
     time.sleep(2)
-    before = rss(node.pid)
+    before = process_memory(node.pid)
     result["rss_baseline_mib"] = round(baseline / MIB)
     result["ram_per_message_b"] = round((before - baseline) / args.messages, 1)
     say(node, f"published {args.messages:,} in {seconds:.1f} s; {result['ram_per_message_b']} B per queued message")
     for restart in [] if args.transient else [name for name in args.restarts.split(",") if name]:
-        before = rss(node.pid)
+        before = process_memory(node.pid)
         node.stop(signal.SIGTERM if restart == "term" else signal.SIGKILL)
         started = node.start()
         port_at, ready_at = wait_ready(node, started, args.messages)
-        after = rss(node.pid)
+        after = process_memory(node.pid)
         result[f"{restart}_port_s"] = round(port_at, 2)
         result[f"{restart}_ready_s"] = round(ready_at, 2)
         result[f"{restart}_rss_mib"] = round(after / MIB)
@@ -274,7 +274,7 @@ def run(node: Node, args: argparse.Namespace) -> dict[str, object]:
     seconds = drain(node.port, args.messages, args.size)
     result["drain_per_s"] = round(args.messages / seconds)
     time.sleep(2)
-    result["rss_drained_mib"] = round(rss(node.pid) / MIB)
+    result["rss_drained_mib"] = round(process_memory(node.pid) / MIB)
     say(
         node,
         f"drained and checked {args.messages:,} in {seconds:.1f} s; RSS {result['rss_drained_mib']:,} MiB "

@@ -97,6 +97,7 @@ def run(
             data, position = journal.take(log.active, log.size, log.storage.read_at)
             log.append(data)
             journal.synced_to(position)
+
     publisher = ServerConnection(node)
     consumer = ServerConnection(node)
     _handshake(publisher)

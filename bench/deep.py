@@ -26,9 +26,8 @@ import pika
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.flood import Sampler  # noqa: E402
 from bench.run import postroom  # noqa: E402
-from postroom.broker.tools.testing import rabbitmq_node  # noqa: E402
+from postroom.broker.tools.testing import MemoryReadings, rabbitmq_node  # noqa: E402
 
 BODY = 64 * 1024
 QUEUE = "deep"
@@ -36,7 +35,7 @@ _sequence = struct.Struct(">I")
 
 
 def run(name: str, port: int, pid: int, count: int, mode: int, arguments: dict[str, str]) -> str:
-    sampler = Sampler(pid)
+    sampler = MemoryReadings(pid)
     sampler.start()
     connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, heartbeat=0))
     channel = connection.channel()
@@ -68,7 +67,7 @@ def run(name: str, port: int, pid: int, count: int, mode: int, arguments: dict[s
     channel.cancel()
     channel.queue_delete(QUEUE)
     connection.close()
-    sampler.done.set()
+    sampler.stopped.set()
     mib = 2**20
     return (
         f"{name:<14} {'persistent' if mode == 2 else 'transient':<10} {count * BODY / mib:,.0f} MiB queued; "

@@ -24,9 +24,8 @@ import pika
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.flood import rss  # noqa: E402
 from bench.run import postroom  # noqa: E402
-from postroom.broker.tools.testing import free_port  # noqa: E402
+from postroom.broker.tools.testing import free_port, process_memory  # noqa: E402
 
 
 class Probe(threading.Thread):
@@ -65,7 +64,7 @@ def main() -> None:
         probe = Probe(port)
         probe.start()
         time.sleep(1)
-        before = rss(pid)
+        before = process_memory(pid)
         probe.measuring.set()
         durations, sizes, peak = [], [], before
         for _ in range(args.scrapes):
@@ -73,7 +72,7 @@ def main() -> None:
             with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=120) as response:
                 sizes.append(len(response.read()))
             durations.append(time.monotonic() - started)
-            peak = max(peak, rss(pid))
+            peak = max(peak, process_memory(pid))
         probe.measuring.clear()
         probe.done.set()
         probe.join(10)

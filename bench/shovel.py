@@ -21,7 +21,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -32,9 +31,15 @@ import pika
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.flood import rss  # noqa: E402
 from postroom.broker.clients.client import connect  # noqa: E402
-from postroom.broker.tools.testing import RABBITMQ_HOMES, free_port, rabbitmq_cluster, wait_for_port  # noqa: E402
+from postroom.broker.tools.testing import (  # noqa: E402
+    RABBITMQ_HOMES,
+    MemoryReadings,
+    free_port,
+    process_memory,
+    rabbitmq_cluster,
+    wait_for_port,
+)
 
 PLUGINS = ("rabbitmq_management", "rabbitmq_shovel", "rabbitmq_shovel_management")
 QUEUE = "bench.move"
@@ -58,21 +63,6 @@ def api(port: int, path: str, method: str = "GET", body: Any = None) -> Any:
         if error.code == 404:
             return None
         raise
-
-
-class Peak(threading.Thread):
-    """A process's resident memory every 50 ms; the peak."""
-
-    def __init__(self, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.pid = pid
-        self.peak = 0
-        self.running = True
-
-    def run(self) -> None:
-        while self.running:
-            self.peak = max(self.peak, rss(self.pid))
-            time.sleep(0.05)
 
 
 def fill(port: int, count: int, size: int) -> None:
@@ -106,15 +96,15 @@ def move(mover: str, postroom: tuple[int, int, int], nodes: list[tuple[int, int]
     value.update(
         {"src-queue": QUEUE, "dest-queue": QUEUE, "src-delete-after": "queue-length", "ack-mode": "on-confirm"}
     )
-    before = rss(mover_pid)
-    peak = Peak(mover_pid)
+    before = process_memory(mover_pid)
+    peak = MemoryReadings(mover_pid)
     peak.start()
     started = time.monotonic()
     api(where, "parameters/shovel/%2F/bench", "PUT", {"value": value})
     while api(where, "parameters/shovel/%2F/bench") is not None or depth(port) > 0:
         time.sleep(0.2)
     elapsed = time.monotonic() - started
-    peak.running = False
+    peak.stopped.set()
     peak.join()
     arrived = depth(first)
     api(first_api, f"queues/%2F/{QUEUE}", "DELETE")

@@ -37,9 +37,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.flood import Sampler, rss  # noqa: E402
 from bench.run import postroom  # noqa: E402
-from postroom.broker.tools.testing import free_port, rabbitmq_node, wait_for_port  # noqa: E402
+from postroom.broker.tools.testing import MemoryReadings, free_port, process_memory, rabbitmq_node, wait_for_port  # noqa: E402
 
 _u32 = struct.Struct(">I")
 _head = struct.Struct(">IHH")
@@ -261,10 +260,10 @@ def readers(port: int, pid: int, stream: str, count: int, size: int, many: int) 
     """``many`` subscribers read ``count`` messages from ``first`` at once: the seconds it took
     and the broker's resident memory (MiB) at the start and at its peak."""
     publish(port, stream, count, size, 100, 10_000)
-    sampler = Sampler(pid)
+    sampler = MemoryReadings(pid)
     sampler.start()
     time.sleep(0.5)
-    before = rss(pid)
+    before = process_memory(pid)
     threads = [threading.Thread(target=consume, args=(port, stream, count)) for _ in range(many)]
     started = time.perf_counter()
     for thread in threads:
@@ -272,7 +271,7 @@ def readers(port: int, pid: int, stream: str, count: int, size: int, many: int) 
     for thread in threads:
         thread.join()
     elapsed = time.perf_counter() - started
-    sampler.done.set()
+    sampler.stopped.set()
     sampler.join()
     return {"seconds": elapsed, "rss_before_mib": before / 2**20, "rss_peak_mib": sampler.peak / 2**20}
 
@@ -353,7 +352,7 @@ def main() -> None:
                     "size": size,
                     "publish": published,
                     "consume": consumed,
-                    "rss_mib": rss(pid) / 2**20,
+                    "rss_mib": process_memory(pid) / 2**20,
                 }
                 results.append(row)
                 print(

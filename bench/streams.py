@@ -39,8 +39,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.backlog import MIB, Node, Postroom, nodes, say, wait_port  # noqa: E402
-from bench.flood import rss  # noqa: E402
 from postroom.broker.clients.client import connect  # noqa: E402
+from postroom.broker.tools.testing import process_memory  # noqa: E402
 
 STREAM = "bench.stream"
 STREAM_ARGUMENTS = {"x-queue-type": "stream"}
@@ -111,14 +111,14 @@ def scenario_readers(node: Node, args: argparse.Namespace, result: dict[str, Any
         declare(node)
         publish(node, args.messages, args.size)
     time.sleep(2)
-    before = rss(node.pid)
+    before = process_memory(node.pid)
     peak = before
     stop = threading.Event()
 
     def sample() -> None:
         nonlocal peak
         while not stop.is_set():
-            peak = max(peak, rss(node.pid))
+            peak = max(peak, process_memory(node.pid))
             time.sleep(0.05)
 
     step = max(1, (args.messages - args.reader_messages) // 10)
@@ -145,7 +145,7 @@ def scenario_readers(node: Node, args: argparse.Namespace, result: dict[str, Any
     if failures:
         raise SystemExit(f"a reader failed: {failures[0]!r}")
     time.sleep(2)
-    after = rss(node.pid)
+    after = process_memory(node.pid)
     read_bytes = sum(min(args.reader_messages, args.messages - offset) for offset in offsets) * args.size
     result.update(
         readers_rss_before_mib=round(before / MIB),
