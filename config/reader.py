@@ -136,10 +136,7 @@ class Reader(ValueReader):
         keys = {"name", "etcd", "listen", "advertise", "prefix", "lease", "min_in_sync", "in_sync_timeout"}
         keys |= {"confirm_timeout", "tls"}
         section = self.mapping(value, "cluster", keys, {"name", "etcd", "listen"})
-        if "tls" in section:
-            self.problem(
-                "cluster.tls", "TLS between the nodes is not built yet: leave it out (the links are plain TCP)"
-            )
+        tls = self.cluster_tls(section.get("tls"))
         name = self.string(section.get("name"), "cluster.name", "")
         if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", name or "-"):
             self.problem(
@@ -184,7 +181,36 @@ class Reader(ValueReader):
             confirm_timeout=self.duration(
                 section.get("confirm_timeout"), "cluster.confirm_timeout", default.confirm_timeout
             ),
+            tls=tls,
         )
+
+    def cluster_tls(self, value: Any) -> TLSConfig | None:
+        """``cluster.tls``: this node's certificate and key and the CAs of the cluster's nodes,
+        loaded here as they will be (see ``config.tls``)."""
+        if value is None:
+            return None
+        section = self.mapping(value, "cluster.tls", {"certificate", "key", "ca"}, {"certificate", "key", "ca"})
+        if not section:
+            return None
+        ca = section.get("ca")
+        if isinstance(ca, str):
+            ca = [ca]
+        tls = TLSConfig(
+            certificate=self.string(section.get("certificate"), "cluster.tls.certificate", ""),
+            key=self.string(section.get("key"), "cluster.tls.key", ""),
+            ca=tuple(self.typed(ca, "cluster.tls.ca", is_string_list, "a file or a list of files", [])),
+            verify="peer",
+            fail_if_no_peer_cert=True,
+        )
+        if not (tls.certificate and tls.key and tls.ca):
+            return tls
+        from postroom.config.tls import TLSProblem, server_context
+
+        try:
+            server_context(tls, section="cluster.tls")
+        except TLSProblem as problem:
+            self.problem(problem.key, problem.reason)
+        return tls
 
     def stream_protocol(self, value: Any, listen: ListenConfig) -> StreamProtocolConfig:
         """The ``stream:`` section: what each stream-protocol listener advertises (each key

@@ -538,6 +538,10 @@ class ClusterConfig:
     in_sync_timeout: float = 2.0
     #: How long a confirm waits for ``min_in_sync`` copies before it is refused.
     confirm_timeout: float = 10.0
+    #: TLS on the links between the nodes (left out: plain TCP): each node presents its
+    #: ``certificate`` and refuses a peer whose certificate none of ``ca`` signed
+    #: (``verify`` is ``peer`` and ``fail_if_no_peer_cert`` is set).
+    tls: TLSConfig | None = None
 
 
 @dataclass(frozen=True, slots=True)

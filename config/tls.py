@@ -61,28 +61,28 @@ def _check_dates(certificate, path: str, key: str, now: datetime.datetime) -> No
         )
 
 
-def server_context(tls: TLSConfig, now: datetime.datetime | None = None):
-    """An ``OpenSSL.SSL.Context`` for the listeners, with every file loaded and checked.
+def _context(tls: TLSConfig, section: str, now: datetime.datetime | None):
+    """A TLS 1.2+ context holding ``tls``'s certificate chain and key, trusting its CAs.
 
-    :param now: the time certificates must be valid at (now by default)
-    :raises TLSProblem: a file is missing or unreadable, is not what it should be, the key
-        does not match the certificate, or a certificate has expired or is not valid yet
+    :returns: the context and the CA certificates
     """
     from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
     from OpenSSL import SSL
 
     now = now or datetime.datetime.now(datetime.timezone.utc)
-    chain = _certificates(tls.certificate, "tls.certificate")
+    chain = _certificates(tls.certificate, f"{section}.certificate")
     for certificate in chain:
-        _check_dates(certificate, tls.certificate, "tls.certificate", now)
-    key_data = _read(tls.key, "tls.key")
+        _check_dates(certificate, tls.certificate, f"{section}.certificate", now)
+    key_data = _read(tls.key, f"{section}.key")
     try:
         private_key = serialization.load_pem_private_key(key_data, password=None)
     except TypeError:
-        raise TLSProblem("tls.key", f"{tls.key}: the key is encrypted; give the key without a passphrase") from None
+        raise TLSProblem(
+            f"{section}.key", f"{tls.key}: the key is encrypted; give the key without a passphrase"
+        ) from None
     except (ValueError, UnsupportedAlgorithm):
-        raise TLSProblem("tls.key", f"{tls.key}: not a PEM private key") from None
+        raise TLSProblem(f"{section}.key", f"{tls.key}: not a PEM private key") from None
 
     context = SSL.Context(SSL.TLS_METHOD)
     context.set_min_proto_version(SSL.TLS1_2_VERSION)
@@ -94,15 +94,31 @@ def server_context(tls: TLSConfig, now: datetime.datetime | None = None):
         context.use_privatekey(private_key)
         context.check_privatekey()
     except SSL.Error:
-        raise TLSProblem("tls.key", f"{tls.key}: the key does not match the certificate in {tls.certificate}") from None
+        raise TLSProblem(
+            f"{section}.key", f"{tls.key}: the key does not match the certificate in {tls.certificate}"
+        ) from None
 
     authorities = []
     for index, path in enumerate(tls.ca):
-        key = f"tls.ca[{index}]"
+        key = f"{section}.ca[{index}]"
         for certificate in _certificates(path, key):
             _check_dates(certificate, path, key, now)
             authorities.append(certificate)
         context.load_verify_locations(path)
+    return context, authorities
+
+
+def server_context(tls: TLSConfig, now: datetime.datetime | None = None, section: str = "tls"):
+    """An ``OpenSSL.SSL.Context`` for the listeners, with every file loaded and checked.
+
+    :param now: the time certificates must be valid at (now by default)
+    :param section: the configuration's key of ``tls``, which problems name
+    :raises TLSProblem: a file is missing or unreadable, is not what it should be, the key
+        does not match the certificate, or a certificate has expired or is not valid yet
+    """
+    from OpenSSL import SSL
+
+    context, authorities = _context(tls, section, now)
     if tls.verify == "peer":
         # The names of the CAs go into the certificate request, so clients holding several
         # certificates present one these CAs signed.
@@ -112,6 +128,20 @@ def server_context(tls: TLSConfig, now: datetime.datetime | None = None):
         context.set_verify(mode, _verified)
     # Sessions are resumed only on the listener that issued them.
     context.set_session_id(b"postroom")
+    return context
+
+
+def client_context(tls: TLSConfig, section: str):
+    """An ``OpenSSL.SSL.Context`` for connections this process makes: it presents ``tls``'s
+    certificate and refuses a server whose certificate none of ``tls.ca`` signed (names are
+    not checked: the CAs say who belongs).
+
+    :raises TLSProblem: as :func:`server_context`
+    """
+    from OpenSSL import SSL
+
+    context, _authorities = _context(tls, section, None)
+    context.set_verify(SSL.VERIFY_PEER, _verified)
     return context
 
 

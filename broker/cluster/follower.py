@@ -17,7 +17,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
-from postroom.broker.cluster.frames import SEQ, FrameReader, Kind, hello, seq_frame
+from postroom.broker.cluster.frames import SEQ, FrameReader, Kind, hello, seq_frame, tls_failure
 from postroom.broker.cluster.replication import Applier, Op, decode_ops
 
 __all__ = ["FollowerLink"]
@@ -54,6 +54,10 @@ class FollowerLink(FrameReader):
         self._queue: list[tuple[int | None, list[Op]]] = []
         self._applying = False
         self._lost = False
+        #: Why the copy could not be written, if that is why the link closed.
+        self.write_error: OSError | None = None
+        #: What failed in the link's TLS, if that is why it closed.
+        self.tls_error: str | None = None
         self.closed: defer.Deferred[None] = defer.Deferred()
 
     def connectionMade(self) -> None:
@@ -108,7 +112,18 @@ class FollowerLink(FrameReader):
 
     def _failed(self, failure: Failure) -> None:
         self._applying = False
-        self._log.failure("applying what the leader sent failed; the link is closed", failure)
+        error = failure.value
+        if isinstance(error, OSError):
+            # A full disk, a quota, a failing device: the node's own trouble, not a bug. What
+            # was half written is found by the next hello's index and copied again.
+            self.write_error = error
+            self._log.error(
+                "cluster node {name} cannot write its copy of the leader's files ({error}); the link is closed",
+                name=self.name,
+                error=f"{error.strerror or error}" + (f": {error.filename}" if error.filename else ""),
+            )
+        else:
+            self._log.failure("applying what the leader sent failed; the link is closed", failure)
         if self._lost:
             self.applier.close()
         else:
@@ -119,6 +134,7 @@ class FollowerLink(FrameReader):
         self.transport.loseConnection()
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+        self.tls_error = tls_failure(reason)
         self._lost = True
         self._queue.clear()
         if not self._applying:

@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
 
-__all__ = ["FrameReader", "Kind", "frame", "hello", "seq_frame"]
+__all__ = ["FrameReader", "Kind", "frame", "hello", "seq_frame", "tls_failure"]
 
 HEAD = struct.Struct(">IB")
 SEQ = struct.Struct(">Q")
@@ -103,3 +104,23 @@ class FrameReader(Protocol):
 
     def send(self, pieces: list[bytes]) -> None:
         self.transport.writeSequence(pieces)
+
+
+def tls_failure(reason: Failure | None) -> str | None:
+    """What went wrong with the link's TLS, if that is why it ended (``cluster.tls``): OpenSSL's
+    reasons, such as ``certificate verify failed``."""
+    if reason is None:
+        return None
+    try:
+        from OpenSSL import SSL
+    except ImportError:  # (no TLS without it)
+        return None
+    if not reason.check(SSL.Error):
+        return None
+    error = reason.value
+    details = error.args[0] if error is not None and error.args else []
+    if isinstance(details, list):
+        found = [str(entry[2]) for entry in details if isinstance(entry, tuple) and len(entry) == 3 and entry[2]]
+        if found:
+            return "; ".join(found)
+    return str(error) or error.__class__.__name__

@@ -36,7 +36,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from postroom.broker.cluster.frames import SEQ, FrameReader, Kind, frame, read_hello, seq_frame
+from postroom.broker.cluster.frames import SEQ, FrameReader, Kind, frame, read_hello, seq_frame, tls_failure
 from postroom.broker.cluster.replication import Op, Recorder, encode_ops, sync_ops
 
 __all__ = ["Replication", "LeaderLink"]
@@ -203,6 +203,9 @@ class LeaderLink(FrameReader):
         self.transport.loseConnection()
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+        if self.name is None and (failed := tls_failure(reason)) is not None:
+            peer = self.transport.getPeer() if self.transport is not None else "?"
+            self._log.warn("refused a follower from {peer}: TLS failed ({reason})", peer=str(peer), reason=failed)
         self.state = "closed"
         self.resumeProducing()
         self.replication.left(self)

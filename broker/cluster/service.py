@@ -35,11 +35,14 @@ from typing import Any
 from twisted.application.service import Service
 from twisted.internet import defer, task
 from twisted.internet import error as network
-from twisted.internet.endpoints import TCP4ClientEndpoint, serverFromString
+from twisted.internet.endpoints import TCP4ClientEndpoint, serverFromString, wrapClientTLS
+from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, IProtocolFactory
 from twisted.internet.protocol import Factory
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.threadpool import ThreadPool
+from zope.interface import implementer
 
 from postroom.broker.cluster.etcd import Compare, Etcd, EtcdError, KeyValue, Watch, delete_op, put_op
 from postroom.broker.cluster.follower import FollowerLink
@@ -47,8 +50,10 @@ from postroom.broker.cluster.leader import Replication
 from postroom.broker.cluster.proxy import LeaderProxy
 from postroom.broker.cluster.replication import file_index
 from postroom.broker.server.identity import set_node_name
-from postroom.broker.server.listeners import advertised
+from postroom.broker.server.listeners import ServerTLS, advertised
 from postroom.config.schema import BrokerConfig, ClusterConfig, ListenConfig
+from postroom.config.tls import TLSProblem, client_context, server_context
+from postroom.config.values import ConfigError, Problem
 
 __all__ = ["ClusterNode"]
 
@@ -59,6 +64,10 @@ LOCAL_STATE = ("checkpoint", "checkpoint.new", "checkpoint.old", "spool", "pagin
 #: Seconds between a follower's attempts to reach its leader, and after a refused attempt.
 RETRY = 0.2
 REFUSED_RETRY = 0.02
+#: The longest wait between attempts of a follower that cannot write its copy, or whose TLS
+#: handshake with the leader fails (each attempt reads its files for their checksums, and the
+#: leader sends what differs): from 1 s, doubled.
+WRITE_RETRY_MAX = 8.0
 
 
 def _forwarded(listen: ListenConfig) -> list[tuple[str, str]]:
@@ -71,6 +80,21 @@ def _forwarded(listen: ListenConfig) -> list[tuple[str, str]]:
         ("management", listen.management),
     )
     return [(kind, endpoint) for kind, endpoint in kinds if endpoint]
+
+
+@implementer(IOpenSSLClientConnectionCreator)
+class ClientTLS:
+    """One TLS client connection per link to a leader, all from one context."""
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+
+    def clientConnectionForTLS(self, protocol: Any) -> Any:
+        from OpenSSL import SSL
+
+        connection = SSL.Connection(self.context, None)
+        connection.set_connect_state()
+        return connection
 
 
 def _address(endpoint: str, host: str | None) -> str:
@@ -134,6 +158,15 @@ class ClusterNode(Service):
         self._keepalive = task.LoopingCall(self._renew)
         self._keepalive.clock = reactor
         self._pool = ThreadPool(1, 1, "postroom-follower")
+        #: The links' TLS, both ends (``None``: plain TCP); the configuration's loader checked the files.
+        self._tls_server: ServerTLS | None = None
+        self._tls_client: ClientTLS | None = None
+        if self.cluster.tls is not None:
+            try:
+                self._tls_server = ServerTLS(server_context(self.cluster.tls, section="cluster.tls"))
+                self._tls_client = ClientTLS(client_context(self.cluster.tls, section="cluster.tls"))
+            except TLSProblem as problem:  # (a file changed since the configuration was read)
+                raise ConfigError(config.source, [Problem(None, problem.key, problem.reason)]) from None
         #: Whether :meth:`_settle` is running.
         self._settling = False
         #: Times this node became the leader.
@@ -496,7 +529,10 @@ class ClusterNode(Service):
             self.broker.factory.leading = self.valid
             self.broker.startService()
             # Followers are served once the start is done: what they copy is what it left.
-            self._replication_port = await serverFromString(self.reactor, self.cluster.listen).listen(replication)
+            factory: IProtocolFactory = replication
+            if self._tls_server is not None:
+                factory = TLSMemoryBIOFactory(self._tls_server, False, replication, clock=self.reactor)
+            self._replication_port = await serverFromString(self.reactor, self.cluster.listen).listen(factory)
         except Exception as error:
             # Its copy cannot be served (a damaged log, a port taken): the nodes that were in the
             # set are put back (this one confirmed nothing), one of them leads, and this one
@@ -609,6 +645,8 @@ class ClusterNode(Service):
         host, _, port = str(leader["replication"]).rpartition(":")
         linked = False
         refused = 0
+        write_retry = 0.0
+        tls_error: str | None = None
         while self.role == "follower" and self.leader is leader:
             files = await deferToThreadPool(self.reactor, self._pool, file_index, self.data_dir)
             if not (self.role == "follower" and self.leader is leader):
@@ -625,7 +663,10 @@ class ClusterNode(Service):
             try:
                 factory = Factory.forProtocol(lambda link=link: link)  # type: ignore[misc]
                 factory.noisy = False
-                await TCP4ClientEndpoint(self.reactor, host, int(port), timeout=2).connect(factory)
+                endpoint: Any = TCP4ClientEndpoint(self.reactor, host, int(port), timeout=2)
+                if self._tls_client is not None:
+                    endpoint = wrapClientTLS(self._tls_client, endpoint)
+                await endpoint.connect(factory)
             except Exception as error:
                 self._log.debug("cannot reach the leader ({error})", error=str(error))
                 refused = refused + 1 if isinstance(error, network.ConnectionRefusedError) else 0
@@ -639,6 +680,20 @@ class ClusterNode(Service):
             await link.closed
             if self._link is link:
                 self._link = None
+            if link.tls_error is not None and link.tls_error != tls_error:
+                self._log.error(
+                    "cluster node {name}: TLS with the leader {leader} failed ({reason}); trying again",
+                    name=self.node_name,
+                    leader=leader.get("name"),
+                    reason=link.tls_error,
+                )
+            tls_error = link.tls_error
+            if link.write_error is not None or link.tls_error is not None:
+                # (no quicker than this, while it fails the same way)
+                write_retry = min(WRITE_RETRY_MAX, write_retry * 2 or 1.0)
+                await task.deferLater(self.reactor, write_retry, lambda: None)
+                continue
+            write_retry = 0.0
             if self.reactor.seconds() - linked_at < 1.0:
                 await task.deferLater(self.reactor, RETRY, lambda: None)  # refused, or failing: not in a loop
             # Otherwise at once: a leader that was killed refuses now, and its lease can end now.

@@ -58,14 +58,14 @@ def tls_wrapper(config: BrokerConfig, reactor: Any) -> Callable[[IProtocolFactor
     if config.tls is None:
         return None
     try:
-        creator = _ServerTLS(server_context(config.tls))
+        creator = ServerTLS(server_context(config.tls))
     except TLSProblem as problem:
         raise ConfigError(config.source, [Problem(None, problem.key, problem.reason)]) from None
     return lambda factory: TLSMemoryBIOFactory(creator, False, factory, clock=reactor)
 
 
 @implementer(IOpenSSLServerConnectionCreator)
-class _ServerTLS:
+class ServerTLS:
     """One TLS server connection per accepted socket, all from one context."""
 
     def __init__(self, context: SSL.Context) -> None:

@@ -39,7 +39,7 @@ from postroom.broker.tools.commands.clustering import etcd_range
 from postroom.broker.tools.testing import FramePump, encode, publish_frames, wait_for_port
 from postroom.broker.wire.codec import PROTOCOL_HEADER
 
-__all__ = ["ETCD_PROCESSES", "EtcdMissing", "Lab", "etcd_members"]
+__all__ = ["ETCD_PROCESSES", "EtcdMissing", "Lab", "Partition", "etcd_members"]
 
 
 class EtcdMissing(RuntimeError):
@@ -135,6 +135,130 @@ def etcd_members(count: int, directory: Path) -> Iterator[list[str]]:
             del ETCD_PROCESSES[url]
 
 
+class Partition(threading.Thread):
+    """A node's links to the other nodes and to etcd, through proxies that can be cut as a
+    network partition cuts them: once :meth:`cut`, no byte passes either way on any link, open
+    or new, and nothing is closed (the ends find out by their own timeouts, as across a switch
+    that fails). :meth:`mend` closes what was held during the cut, as the timeouts of a long
+    partition would have, and lets new connections through again.
+
+    Each route listens on ``listen`` and relays each connection to ``target``.
+    """
+
+    def __init__(self, routes: list[tuple[tuple[str, int], tuple[str, int]]]) -> None:
+        super().__init__(daemon=True)
+        self.routes = routes
+        self.is_cut = False
+        self._lock = threading.Lock()
+        self._pairs: dict[socket.socket, socket.socket] = {}
+        self._pending: dict[socket.socket, bytearray] = {}
+        self._held: list[socket.socket] = []
+        self._listeners: dict[socket.socket, tuple[str, int]] = {}
+        for listen, target in routes:
+            listener = socket.socket()
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(listen)
+            listener.listen(64)
+            self._listeners[listener] = target
+        self._closing = threading.Event()
+        self.start()
+
+    def cut(self) -> None:
+        with self._lock:
+            self.is_cut = True
+
+    def mend(self) -> None:
+        with self._lock:
+            if not self.is_cut:
+                return
+            self.is_cut = False
+            ends = [*self._pairs, *self._held]
+            self._pairs.clear()
+            self._pending.clear()
+            self._held.clear()
+        for end in ends:
+            end.close()
+
+    def close(self) -> None:
+        self._closing.set()
+        self.join(5)
+        for end in [*self._listeners, *self._pairs, *self._held]:
+            end.close()
+
+    def run(self) -> None:
+        while not self._closing.is_set():
+            with self._lock:
+                # (an end is read while what it sent before has mostly gone on)
+                open_ends = [end for end, other in self._pairs.items() if len(self._pending[other]) < 1 << 20]
+                readable = [*self._listeners] + ([] if self.is_cut else open_ends)
+                writable = [] if self.is_cut else [end for end, data in self._pending.items() if data]
+            try:
+                ready, can_write, _ = select.select(readable, writable, [], 0.05)
+            except (OSError, ValueError):
+                continue  # (an end closed by mend meanwhile)
+            with self._lock:
+                for end in ready:
+                    if end in self._listeners:
+                        self._accept(end)
+                    elif end in self._pairs and not self.is_cut:
+                        self._relay(end)
+                for end in can_write:
+                    if end in self._pending and not self.is_cut:
+                        self._flush(end)
+
+    def _accept(self, listener: socket.socket) -> None:
+        client, _address = listener.accept()
+        if self.is_cut:
+            self._held.append(client)  # (its SYN went nowhere: it waits, then times out)
+            return
+        upstream = socket.socket()
+        try:
+            upstream.connect(self._listeners[listener])
+        except OSError:
+            client.close()
+            upstream.close()
+            return
+        for end in (client, upstream):
+            end.setblocking(False)
+            end.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._pairs[client], self._pairs[upstream] = upstream, client
+        self._pending[client], self._pending[upstream] = bytearray(), bytearray()
+
+    def _relay(self, end: socket.socket) -> None:
+        other = self._pairs[end]
+        try:
+            data = end.recv(1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(end)
+            return
+        self._pending[other] += data
+        self._flush(other)
+
+    def _flush(self, end: socket.socket) -> None:
+        pending = self._pending[end]
+        try:
+            sent = end.send(pending)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._drop(end)
+            return
+        del pending[:sent]
+
+    def _drop(self, end: socket.socket) -> None:
+        other = self._pairs.pop(end, None)
+        self._pending.pop(end, None)
+        end.close()
+        if other is not None:
+            self._pairs.pop(other, None)
+            self._pending.pop(other, None)
+            other.close()
+
+
 @dataclass
 class NodeProcess:
     """One Postroom node of a :class:`Lab`."""
@@ -148,6 +272,8 @@ class NodeProcess:
     log: Path
     process: subprocess.Popen[bytes] | None = None
     paused: bool = False
+    #: The size of the disk of its own it runs on (see :meth:`Lab.start`), if it does.
+    disk: int | None = None
     #: Lines of its log before this run of it started.
     starts: list[int] = field(default_factory=list)
 
@@ -160,6 +286,9 @@ class Lab:
     """Postroom nodes in cluster mode under ``directory``, on the etcd at ``urls``.
 
     :param settings: more keys of the ``cluster:`` section (YAML, one per line)
+    :param partitioned: each node reaches etcd, and the others reach it, through a
+        :class:`Partition` of its own (:attr:`partitions`), on an address of its own
+        (``127.0.0.2`` and up, which it advertises)
     """
 
     def __init__(
@@ -170,12 +299,14 @@ class Lab:
         settings: str = "",
         prefix: str = "postroom",
         storage: str = "",
+        partitioned: bool = False,
     ) -> None:
         self.directory = directory
         self.urls = urls
         self.prefix = prefix
         self.nodes: dict[str, NodeProcess] = {}
-        for name in names:
+        self.partitions: dict[str, Partition] = {}
+        for number, name in enumerate(names):
             node = NodeProcess(
                 name,
                 lab_port(),
@@ -186,19 +317,32 @@ class Lab:
                 directory / f"{name}.log",
             )
             cluster = "".join(f"\n  {line.strip()}" for line in settings.splitlines() if line.strip())
+            etcd = urls
+            if partitioned:
+                host = f"127.0.0.{2 + number}"
+                etcd = [url.replace("127.0.0.1", host) for url in urls]
+                ports = [int(url.rpartition(":")[2]) for url in urls]
+                ports += [node.amqp, node.management, node.replication]
+                self.partitions[name] = Partition([((host, port), ("127.0.0.1", port)) for port in ports])
+                cluster += f"\n  advertise: {host}"
             node.config.write_text(
                 f'listen: {{amqp: "tcp:{node.amqp}:interface=127.0.0.1",'
                 f' management: "tcp:{node.management}:interface=127.0.0.1",'
                 f' metrics: "tcp:{node.metrics}:interface=127.0.0.1"}}\n'
                 f'storage: {{dir: "{directory / name}", fsync: batch{", " + storage if storage else ""}}}\n'
-                f"cluster:\n  name: {name}\n  etcd: [{', '.join(urls)}]\n"
+                f"cluster:\n  name: {name}\n  etcd: [{', '.join(etcd)}]\n"
                 f'  listen: "tcp:{node.replication}:interface=127.0.0.1"\n  prefix: {prefix}{cluster}\n'
             )
             self.nodes[name] = node
 
-    def start(self, name: str, twistd: bool = False) -> None:
+    def start(self, name: str, twistd: bool = False, disk: int | None = None) -> None:
         """Start node ``name`` with ``postroom serve`` (``twistd``: with ``twistd postroom``, as
-        the systemd unit does)."""
+        the systemd unit does).
+
+        :param disk: give it a disk of this many bytes: its data directory is then an empty
+            tmpfs of that size, mounted in a mount namespace of its own (which ends with the
+            process); :meth:`data_dir` is where others see it
+        """
         node = self.nodes[name]
         assert not node.running, f"{name} is running"
         node.starts.append(node.log.read_text().count("\n") if node.log.exists() else 0)
@@ -207,6 +351,11 @@ class Lab:
         if twistd:
             runner = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
             command = [*runner, "--nodaemon", "--pidfile=", "--logfile=-", "postroom", "--config", str(node.config)]
+        node.disk = disk
+        if disk is not None:
+            (self.directory / name).mkdir(exist_ok=True)
+            mount = f'mount -t tmpfs -o size={disk} postroom-lab "$0" && exec "$@"'
+            command = ["unshare", "--mount", "sh", "-c", mount, str(self.directory / name), *command]
         node.process = subprocess.Popen(command, stdout=log, stderr=log)
         node.paused = False
         log.close()
@@ -230,6 +379,10 @@ class Lab:
             node.paused = False
 
     def stop_all(self) -> None:
+        """Stop every node, then the lab's partitions (mended first, so that each node stops as it
+        would with its links whole)."""
+        for partition in self.partitions.values():
+            partition.mend()
         for node in self.nodes.values():
             if node.running:
                 assert node.process is not None
@@ -243,6 +396,8 @@ class Lab:
                 except subprocess.TimeoutExpired:
                     node.process.kill()
                     node.process.wait(10)
+        for partition in self.partitions.values():
+            partition.close()
 
     def leader(self) -> str | None:
         """The node that holds the leader key now."""
@@ -301,9 +456,17 @@ class Lab:
     def wait_listening(self, name: str, timeout: float = 30.0) -> None:
         wait_for_port(self.nodes[name].amqp, timeout)
 
+    def data_dir(self, name: str) -> Path:
+        """``name``'s data directory as this process reaches it (through the node's own root
+        when it runs on a disk of its own)."""
+        node = self.nodes[name]
+        if node.disk is not None and node.process is not None:
+            return Path(f"/proc/{node.process.pid}/root") / (self.directory / name).relative_to("/")
+        return self.directory / name
+
     def files(self, name: str) -> dict[str, bytes]:
         """The replicated files of ``name``'s data directory, by relative path."""
-        root = self.directory / name
+        root = self.data_dir(name)
         return {path: (root / path).read_bytes() for path in replicated_files(str(root))}
 
 

@@ -224,3 +224,32 @@ def test_config_check_reports_a_tls_problem_before_anything_starts(files: dict[s
     assert result.returncode == 1
     assert f"{path}:4: tls.key: {files['other.key']}: the key does not match the certificate" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def cluster_document(files: dict[str, str], certificate: str, key: str, ca: str | None) -> str:
+    tls = f"certificate: {files[certificate]}, key: {files[key]}" + (f", ca: [{files[ca]}]" if ca else "")
+    return f"cluster:\n  name: a\n  etcd: [http://127.0.0.1:2379]\n  listen: 'tcp:5679'\n  tls: {{{tls}}}\n"
+
+
+def test_the_cluster_links_take_a_certificate_a_key_and_the_nodes_ca(files: dict[str, str]) -> None:
+    config = loads(cluster_document(files, "server.crt", "server.key", "ca"), "broker.yaml")
+
+    assert config.cluster is not None and config.cluster.tls is not None
+    tls = config.cluster.tls
+    assert (tls.certificate, tls.key, tls.ca) == (files["server.crt"], files["server.key"], (files["ca"],))
+    assert (tls.verify, tls.fail_if_no_peer_cert) == ("peer", True)
+    assert config.tls is None  # (the clients' listeners are another matter)
+
+
+def test_each_cluster_tls_problem_names_its_key_under_cluster(files: dict[str, str]) -> None:
+    assert problems(cluster_document(files, "server.crt", "server.key", None)) == [
+        (5, "cluster.tls", "missing required key 'ca'")
+    ]
+    found = problems(cluster_document(files, "expired.crt", "expired.key", "ca"))
+    assert [(key, reason.split(":")[0]) for _line, key, reason in found] == [
+        ("cluster.tls.certificate", files["expired.crt"])
+    ]
+    found = problems(cluster_document(files, "server.crt", "other.key", "garbage"))
+    assert [key for _line, key, _reason in found] == ["cluster.tls.key"]
+    found = problems(cluster_document(files, "server.crt", "server.key", "garbage"))
+    assert [key for _line, key, _reason in found] == ["cluster.tls.ca[0]"]

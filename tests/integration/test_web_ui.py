@@ -359,3 +359,57 @@ def put(http: int, path: str, body: Any) -> None:
         },
     )
     urllib.request.urlopen(request, timeout=10).close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Any]:
+    """Three Postroom nodes on one etcd member."""
+    from postroom.broker.tools.cluster_lab import EtcdMissing, Lab, etcd_members
+
+    (tmp_path / "etcd").mkdir()
+    try:
+        with etcd_members(1, tmp_path / "etcd") as urls:
+            lab = Lab(tmp_path, urls, prefix="ui")
+            lab.start_all()
+            try:
+                yield lab
+            finally:
+                lab.stop_all()
+            assert lab.tracebacks() == [], lab.logs()
+    except EtcdMissing as missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(str(missing))
+        pytest.skip(str(missing))
+
+
+def test_the_overview_shows_the_nodes_of_a_cluster(browser: Any, cluster: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    lab = cluster
+    leader = lab.wait_for_leader()
+    lab.wait_in_sync(set(lab.nodes))
+    follower = next(name for name in lab.nodes if name != leader)
+    http = lab.nodes[follower].management  # (a follower forwards it to the leader)
+    log_in(browser, http, "guest", "guest")
+
+    def rows() -> list[list[str]]:
+        table = browser.find_element(By.CSS_SELECTOR, "#nodes table")
+        return [
+            [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+            for row in table.find_elements(By.CSS_SELECTOR, "tbody tr")
+        ]
+
+    shown = until(lambda: [row[:4] for row in rows()] if len(rows()) == 3 else None)
+    assert shown == [
+        [
+            f"postroom@{name}" + (" (serving this page)" if name == leader else ""),
+            "leader" if name == leader else "follower",
+            "yes",
+            "yes",
+        ]
+        for name in sorted(lab.nodes)
+    ]
+    lags = {row[0]: row[5] for row in rows()}
+    assert lags[f"postroom@{leader} (serving this page)"] == ""
+    assert all(lags[f"postroom@{name}"].isdigit() for name in lab.nodes if name != leader), lags
+    screenshot(browser, "cluster")

@@ -172,7 +172,8 @@ async function overviewPage(main) {
     api("dead-letters").catch(() => []),
   ]);
   const stats = overview.message_stats || {};
-  const node = nodes[0] || {};
+  const node = nodes.find((entry) => entry.name === overview.node) || nodes[0] || {};
+  const cluster = nodes.filter((entry) => entry.postroom_cluster);
   const totals = overview.queue_totals || {};
   const objects = overview.object_totals || {};
   const alarms = [node.mem_alarm && "memory", node.disk_free_alarm && "disk"].filter(Boolean);
@@ -191,9 +192,24 @@ async function overviewPage(main) {
     alarms.length ? h("p", {}, alarms.map((alarm) => h("span", { class: "alarm" }, `${alarm} alarm`))) : h("p", { class: "muted" }, "None in force."),
     h("h2", {}, "Message rates (last minutes)"),
     chart(ratesFrom(stats)),
+    cluster.length > 0 && h("h2", {}, "Nodes"),
+    cluster.length > 0 && h("div", { id: "nodes" }, table([
+      { title: "node", render: (entry) => (entry.name === overview.node ? `${entry.name} (serving this page)` : entry.name) },
+      { title: "role", render: (entry) => entry.postroom_cluster.role }, { title: "running", render: (entry) => (entry.running ? "yes" : "no") },
+      { title: "in sync", render: (entry) => (entry.postroom_cluster.in_sync ? "yes" : "no") },
+      { title: "link", render: (entry) => entry.postroom_cluster.state || "" },
+      { title: "lag (bytes)", render: (entry) => lag(entry.postroom_cluster.lag_bytes), num: true },
+      { title: "lag (batches)", render: (entry) => lag(entry.postroom_cluster.lag_batches), num: true },
+      { title: "lag (s)", render: (entry) => lag(entry.postroom_cluster.lag_seconds, 3), num: true },
+    ], cluster)),
     h("h2", {}, "Listeners"),
     table([{ title: "protocol", key: "protocol" }, { title: "interface", key: "ip_address" }, { title: "port", key: "port", num: true }], overview.listeners || []),
   );
+}
+
+// A follower's lag as its leader sees it (none shown for the leader, or on a follower's page).
+function lag(value, digits = 0) {
+  return value === null || value === undefined ? "" : Number(value).toFixed(digits);
 }
 
 async function vhostNames() {
