@@ -1,4 +1,4 @@
-"""Faults under load: a three-node cluster's leader killed and paused, again and again, while
+"""Faults under load: a three-node cluster's leader killed, paused and cut off, again and again, while
 two publishers publish with confirms (each moves to the next node once a confirm takes over
 ``--confirm-timeout``) and two consumers consume; then a check of everything
 (in the style of Jepsen's checkers): every confirmed message delivered at least once, none
@@ -7,10 +7,14 @@ delivered that was never published, and each publisher's messages in its order.
 Runs against a Postroom cluster (one etcd member, three nodes) and, unless ``--no-rabbitmq``,
 the same faults against a three-node RabbitMQ cluster's quorum queue (the node holding the
 queue's leader is the one killed or paused). A killed node is started again once a new leader
-confirms, and the next fault waits until it is back in sync. Prints one JSON line per broker::
+confirms, and the next fault waits until it is back in sync. ``--cuts`` cut Postroom's leader
+off from etcd and from the other nodes for ``--cut-seconds`` (its clients still reach it), with
+the lab's proxies (``cluster_lab.Partition``); this harness cannot cut RabbitMQ's nodes apart,
+so its runs leave them out. Prints one JSON line per broker::
 
     python bench/faults.py --kills 20 --pauses 3
     python bench/faults.py --kills 3 --pauses 1 --no-rabbitmq     # the short run
+    python bench/faults.py --kills 200 --pauses 20 --cuts 20 --no-rabbitmq     # the long run
 """
 
 from __future__ import annotations
@@ -87,6 +91,10 @@ class Target:
     def pause(self, leader: Any, seconds: float) -> None:
         raise NotImplementedError
 
+    def cut(self, leader: Any, seconds: float) -> None:
+        """Cut ``leader`` off from etcd and from the other nodes for ``seconds``."""
+        raise NotImplementedError
+
     def settle(self) -> None:
         """Wait until every node is back and in sync."""
 
@@ -110,6 +118,11 @@ class PostroomTarget(Target):
         self.lab.signal(leader, signal.SIGSTOP)
         time.sleep(seconds)
         self.lab.signal(leader, signal.SIGCONT)
+
+    def cut(self, leader: str, seconds: float) -> None:
+        self.lab.partitions[leader].cut()
+        time.sleep(seconds)
+        self.lab.partitions[leader].mend()
 
     def settle(self) -> None:
         self.lab.wait_in_sync(set(self.lab.nodes), 120)
@@ -177,7 +190,14 @@ class RabbitMQTarget(Target):
 
 
 def run(
-    target: Target, kills: int, pauses: int, pause_seconds: float, spacing: float, confirm_timeout: float
+    target: Target,
+    kills: int,
+    pauses: int,
+    pause_seconds: float,
+    spacing: float,
+    confirm_timeout: float,
+    cuts: int = 0,
+    cut_seconds: float = 6.0,
 ) -> dict[str, Any]:
     publishers: list[Publisher] = [
         CarefulPublisher(target.ports, QUEUE, tag, target.arguments, confirm_timeout)
@@ -193,6 +213,8 @@ def run(
     plan = ["kill"] * kills
     for index in range(pauses):  # the pauses spread among the kills
         plan.insert(round((index + 1) * (kills + index) / (pauses + 1)), "pause")
+    for index in range(cuts):  # and the cuts among both
+        plan.insert(round((index + 1) * (len(plan) + 1) / (cuts + 1)), "cut")
     for kind in plan:
         time.sleep(spacing)
         leader = target.leader()
@@ -203,12 +225,12 @@ def run(
             restart()
             faults.append({"fault": "kill", "node": leader, "first_confirm_s": took})
         else:
-            target.pause(leader, pause_seconds)
+            (target.pause if kind == "pause" else target.cut)(leader, pause_seconds if kind == "pause" else cut_seconds)
             resumed = time.monotonic()
             took = first_confirm_after(publishers, moment)
             time.sleep(max(0.0, resumed + 5 - time.monotonic()))
             stall = longest_gap(publishers, moment, resumed + 5) if took is not None else None
-            faults.append({"fault": "pause", "node": leader, "first_confirm_s": took, "stall_s": stall})
+            faults.append({"fault": kind, "node": leader, "first_confirm_s": took, "stall_s": stall})
         print(json.dumps({"broker": target.name, **faults[-1]}), file=sys.stderr)
         target.settle()
     time.sleep(spacing)
@@ -240,6 +262,7 @@ def run(
         left = len(drained.delivered)
     kill_times = [f["first_confirm_s"] for f in faults if f["fault"] == "kill" and f["first_confirm_s"] is not None]
     stalls = [f["stall_s"] for f in faults if f["fault"] == "pause" and f.get("stall_s") is not None]
+    cut_stalls = [f["stall_s"] for f in faults if f["fault"] == "cut" and f.get("stall_s") is not None]
     return {
         "broker": target.name,
         "kills": kills,
@@ -263,6 +286,11 @@ def run(
             "median": round(statistics.median(stalls), 3) if stalls else None,
             "max": max(stalls, default=None),
         },
+        "cuts": cuts,
+        "cut_stall_s": {
+            "median": round(statistics.median(cut_stalls), 3) if cut_stalls else None,
+            "max": max(cut_stalls, default=None),
+        },
         "faults": faults,
     }
 
@@ -272,6 +300,8 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--pauses", type=int, default=3)
     parser.add_argument("--pause-seconds", type=float, default=6.0, help="how long a leader is paused (past its lease)")
+    parser.add_argument("--cuts", type=int, default=0, help="Postroom only: the leader cut off from etcd and the nodes")
+    parser.add_argument("--cut-seconds", type=float, default=6.0, help="how long a leader is cut off (past its lease)")
     parser.add_argument("--spacing", type=float, default=3.0, help="seconds of load before each fault")
     parser.add_argument(
         "--confirm-timeout",
@@ -288,13 +318,24 @@ def main() -> None:
         with ExitStack() as stack:
             directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="postroom-faults-")))
             urls = stack.enter_context(etcd_members(1, directory))
-            lab = Lab(directory, urls)
+            lab = Lab(directory, urls, partitioned=args.cuts > 0)
             lab.start_all()
             stack.callback(lab.stop_all)
             target = PostroomTarget(lab, 2.0)
             target.leader()
             target.settle()
-            results.append(run(target, args.kills, args.pauses, args.pause_seconds, args.spacing, args.confirm_timeout))
+            results.append(
+                run(
+                    target,
+                    args.kills,
+                    args.pauses,
+                    args.pause_seconds,
+                    args.spacing,
+                    args.confirm_timeout,
+                    args.cuts,
+                    args.cut_seconds,
+                )
+            )
             results[-1]["tracebacks"] = lab.tracebacks()
     if not args.no_rabbitmq:
         with testing.rabbitmq_cluster(3) as nodes:

@@ -24,6 +24,7 @@ nothing when it resumes.
 from __future__ import annotations
 
 import hmac
+import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -248,6 +249,9 @@ class Replication(Factory):
         self.data_dir = data_dir
         self.secret = secret
         self.recorder = Recorder(data_dir)
+        #: Held while a batch is cut and handed to the reactor (the log's writer and the
+        #: dead-letter writer each cut on their own thread).
+        self._cutting = threading.Lock()
         self.min_in_sync = min_in_sync
         self.in_sync_timeout = in_sync_timeout
         self.confirm_timeout = confirm_timeout
@@ -284,10 +288,14 @@ class Replication(Factory):
         for _seq, _release, refuse, _since in pending:
             refuse()
 
-    # -- the log's writer (storage.logwriter.Replication) --------------------------------
+    # -- the writers (storage.logwriter.Replication) --------------------------------------
 
-    def send(self, seq: int, ops: list[Op]) -> None:
-        self.reactor.callFromThread(self._send, seq, encode_ops(ops))
+    def flush(self) -> int:
+        with self._cutting:  # (so batches reach the reactor, and the followers, in their order)
+            seq, ops = self.recorder.cut()
+            if ops:
+                self.reactor.callFromThread(self._send, seq, encode_ops(ops))
+        return seq
 
     def _send(self, seq: int, pieces: list[bytes]) -> None:
         for link in self.links.values():

@@ -1,11 +1,12 @@
 """What a leader sends its followers: the changes to the files of its data directory.
 
 The leader's log and its streams' segments are append-only files, written by the log's
-writer thread through ``DirectoryStorage``. In cluster mode each of those storages has a
-:class:`Recorder`, which notes every change as an :class:`Op` (a file created, bytes written
-at an offset, a file cut, retired or removed). The writer cuts what was noted into a numbered
-batch at each group commit, before its fsync, and the leader sends the batch to every
-follower, which applies it to its own data directory, fsyncs it and acknowledges the number.
+writer thread through ``DirectoryStorage``, and so are the dead-letter event stream's, by a
+writer of its own. In cluster mode each of those storages has a :class:`Recorder`, which
+notes every change as an :class:`Op` (a file created, bytes written at an offset, a file cut,
+retired or removed). The log's writer cuts what was noted into a numbered batch at each group
+commit, before its fsync (the dead-letter writer after each of its writes), and the leader
+sends the batch to every follower, which applies it to its own data directory, fsyncs it and acknowledges the number.
 A follower's directory therefore holds the same bytes as the leader's, file by file, and is
 what a start of the leader would read: the log, the streams, and the latest checkpoint (sent
 whole once in place: :meth:`Recorder.checkpointed`). The spool and the paging store are the
@@ -50,9 +51,11 @@ __all__ = [
 SYNC_CHUNK = 1 << 20
 
 #: The files of a data directory that are replicated besides the log's segments (in its top
-#: directory) and the streams' (under ``streams/``).
+#: directory), and the directories replicated whole: the streams' segments and the dead-letter
+#: event stream's.
 KEY_FILES = ("dead-letter-seal.key",)
 STREAMS = "streams"
+DEAD_LETTERS = "deadletters"
 ARCHIVE = "archive"
 CHECKPOINT = "checkpoint"
 
@@ -215,7 +218,7 @@ class Recorder:
 
 def replicated_files(data_dir: str) -> Iterator[str]:
     """The replicated files of ``data_dir`` (relative paths with ``/``): the log's segments, the
-    dead-letter seal's key and every file of the streams."""
+    dead-letter seal's key, and every file of the streams and of the dead-letter event stream."""
     try:
         names = sorted(os.listdir(data_dir))
     except FileNotFoundError:
@@ -224,11 +227,11 @@ def replicated_files(data_dir: str) -> Iterator[str]:
         if name.endswith(".wal") or name in KEY_FILES:
             if os.path.isfile(os.path.join(data_dir, name)):
                 yield name
-    streams = os.path.join(data_dir, STREAMS)
-    for directory, subdirectories, files in os.walk(streams):
-        subdirectories.sort()
-        for name in sorted(files):
-            yield os.path.relpath(os.path.join(directory, name), data_dir).replace(os.sep, "/")
+    for whole in (DEAD_LETTERS, STREAMS):
+        for directory, subdirectories, files in os.walk(os.path.join(data_dir, whole)):
+            subdirectories.sort()
+            for name in sorted(files):
+                yield os.path.relpath(os.path.join(directory, name), data_dir).replace(os.sep, "/")
 
 
 def _tree(directory: str) -> list[str]:

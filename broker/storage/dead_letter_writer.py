@@ -8,6 +8,10 @@ later, and everything recorded by then goes out in one append (and one fsync, un
 reactor thread only joins byte strings. A failed write is logged once and the events of
 that batch are lost: the analysis loses them, the broker's messages are untouched.
 
+On a cluster's leader, what each write changed in the stream's files (and the segments the
+retention deletes) is sent to the followers right after it (``Replication.flush``), as the
+log's writer sends its own writes: a node that takes over holds the stream up to then.
+
 Sealed segments are kept for ``storage.deadletters.retention`` and within
 ``storage.deadletters.max_bytes`` (oldest deleted first; never the active one), checked at
 start and whenever a segment is sealed, so the stream cannot fill the disk when nobody
@@ -29,6 +33,7 @@ from twisted.python.failure import Failure
 from postroom.broker.core.dead_letter_events import DeadLetterLog, watch_dead_letter_queues
 from postroom.broker.core.node import Node
 from postroom.broker.core.seal import Sealer
+from postroom.broker.storage.logwriter import Replication
 from postroom.broker.storage.writer import WorkerWriter
 from postroom.broker.wal.files import DirectoryStorage, prune_archive
 from postroom.broker.wal.stream import SegmentStream
@@ -57,6 +62,8 @@ class DeadLetterService(WorkerWriter):
     :param fsync: ``always``/``batch`` sync every write; ``never`` leaves it to the OS
     :param retention: seconds a sealed segment is kept (by its last write)
     :param max_bytes: the most the stream's segments may hold; the oldest sealed ones go first
+    :param replication: a cluster leader's link to its followers (its recorder is the stream's
+        storage's): each write is sent to them once synced
     """
 
     _log = Logger()
@@ -69,8 +76,10 @@ class DeadLetterService(WorkerWriter):
         fsync: str = "batch",
         retention: float = float("inf"),
         max_bytes: int = 1 << 62,
+        replication: Replication | None = None,
     ) -> None:
         super().__init__("postroom-deadletters")
+        self.replication = replication
         self.events = events
         self.stream = stream
         self.reactor = reactor
@@ -101,9 +110,13 @@ class DeadLetterService(WorkerWriter):
         if directory is None:  # storage without files (tests)
             return []
         try:
-            return prune_archive(directory, self.retention, self.max_bytes, time.time(), keep_newest=True)
+            deleted = prune_archive(directory, self.retention, self.max_bytes, time.time(), keep_newest=True)
         except OSError as error:
             return error
+        if self.replication is not None:
+            for name in deleted:
+                self.replication.recorder.removed(os.path.join(directory, name))
+        return deleted
 
     def _pruned(self, result: list[str] | OSError) -> None:
         if isinstance(result, OSError):
@@ -126,10 +139,14 @@ class DeadLetterService(WorkerWriter):
 
     def _append(self, data: bytes) -> list[str] | OSError:
         before = self.stream.active
-        self.stream.append(data)
-        if self.fsync != "never":
-            self.stream.sync()
-        return self.prune() if self.stream.active != before else []
+        try:
+            self.stream.append(data)
+            if self.fsync != "never":
+                self.stream.sync()
+            return self.prune() if self.stream.active != before else []
+        finally:
+            if self.replication is not None:
+                self.replication.flush()
 
     def _written(self, pruned: list[str] | OSError) -> None:
         self._writing = None
@@ -161,14 +178,22 @@ class DeadLetterService(WorkerWriter):
 
 
 def open_dead_letters(
-    data_dir: str, node: Node, reactor: Any, fsync: str, retention: float, max_bytes: int
+    data_dir: str,
+    node: Node,
+    reactor: Any,
+    fsync: str,
+    retention: float,
+    max_bytes: int,
+    replication: Replication | None = None,
 ) -> DeadLetterService:
     """Open the event stream under ``data_dir`` (a new segment), attach its log to every vhost of
     ``node`` and hook the dead-letter queues already declared (their recovered dead letters).
 
+    :param replication: a cluster leader's link to its followers, which get the stream too
     :raises OSError: the directory or the new segment could not be created
     """
-    storage = DirectoryStorage(os.path.join(data_dir, DEAD_LETTER_DIR))
+    recorder = replication.recorder if replication is not None else None
+    storage = DirectoryStorage(os.path.join(data_dir, DEAD_LETTER_DIR), recorder=recorder)
     stream = SegmentStream(storage, DEAD_LETTER_SEGMENT_BYTES, reactor.seconds)
     run = stream.open()
     events = DeadLetterLog(run, reactor.seconds, Sealer.for_directory(data_dir))
@@ -178,4 +203,6 @@ def open_dead_letters(
         events, node.vhosts.values(), node.recovered_dead_letters, node.recovered_dead_letter_queues
     )
     node.recovered_dead_letters = Counter()
-    return DeadLetterService(events, stream, reactor, fsync, retention, max_bytes)
+    if replication is not None:
+        replication.flush()  # (the new segment's header)
+    return DeadLetterService(events, stream, reactor, fsync, retention, max_bytes, replication)

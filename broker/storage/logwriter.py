@@ -45,14 +45,16 @@ CAPTURE_SHARE = 20
 
 class Replication(Protocol):
     """Where a cluster's leader sends what it writes (``broker.cluster.leader``): the log's
-    writer cuts the changes its :attr:`recorder` noted into a batch at each write, has it sent
-    (:meth:`send`, from the writer thread) before its fsync, and releases the write's confirms
-    once the batch is on the followers in sync as well (:meth:`after`)."""
+    writer has the changes its :attr:`recorder` noted cut into a batch and sent at each write
+    (:meth:`flush`, from the writer thread) before its fsync, and releases the write's
+    confirms once the batch is on the followers in sync as well (:meth:`after`). The
+    dead-letter writer flushes after each of its writes too."""
 
     recorder: Any
 
-    def send(self, seq: int, ops: list[Any]) -> None:
-        """Send batch ``seq`` (any thread: it goes through the reactor)."""
+    def flush(self) -> int:
+        """Cut what was noted since the last batch into the next one and send it (any thread:
+        it goes through the reactor); its number, or the last one's when nothing was noted."""
 
     def after(self, seq: int, release: Callable[[], None], refuse: Callable[[], None]) -> None:
         """Call ``release`` once every follower in sync has batch ``seq``, or ``refuse`` if
@@ -316,11 +318,7 @@ class WALService(WorkerWriter):
         """Worker thread: send what the recorder noted since the last batch; the number of the
         last batch sent (this one's, or the one before when nothing was noted)."""
         assert self.replication is not None
-        seq: int
-        seq, ops = self.replication.recorder.cut()
-        if ops:
-            self.replication.send(seq, ops)
-        return seq
+        return self.replication.flush()
 
     def _backlogged(self) -> None:
         """The records waiting for the writer passed :attr:`max_backlog`: pause publishers until

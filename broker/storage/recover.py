@@ -208,7 +208,7 @@ def open_storage(
     del recovered  # its snapshot held every record read from the log
     stream = config.storage.deadletters
     dead_letters = open_dead_letters(
-        config.storage.dir, node, reactor, config.storage.fsync, stream.retention, stream.max_bytes
+        config.storage.dir, node, reactor, config.storage.fsync, stream.retention, stream.max_bytes, replication
     )
     wal = WALService(
         journal,

@@ -205,3 +205,46 @@ def test_a_follower_slow_for_good_is_cut_off_past_a_bound(tmp_path: Path, monkey
     assert not transport.disconnecting and b.lag_bytes == 60
     setup.replication._send(3, [b"x" * 60])  # 120 bytes unacknowledged
     assert transport.disconnecting
+
+
+class ThreadedReactor(Clock):
+    """A ``Clock`` that also takes calls from other threads, in the order they came."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.from_threads: list[tuple[object, tuple[object, ...]]] = []
+
+    def callFromThread(self, f: object, *args: object) -> None:
+        self.from_threads.append((f, args))
+
+
+def test_batches_cut_on_two_threads_reach_the_reactor_in_their_order(tmp_path: Path) -> None:
+    import sys
+    import threading
+
+    reactor = ThreadedReactor()
+
+    async def set_in_sync(name: str, member: bool) -> bool:
+        return True
+
+    replication = Replication(reactor, "leader", str(tmp_path), "secret", 2, 1.0, 5.0, set_in_sync, lambda: True)
+    path = str(tmp_path / "00000000000000000001.wal")
+
+    def writer() -> None:  # as the log's writer and the dead-letter writer each do
+        for number in range(2000):
+            replication.recorder.wrote(path, number, b"x")
+            replication.flush()
+
+    threads = [threading.Thread(target=writer) for _ in range(2)]
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # (the threads take turns as often as they can)
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switching)
+    sent = [args[0] for _f, args in reactor.from_threads]
+    assert sent == list(range(1, len(sent) + 1))
+    assert len(sent) >= 2000

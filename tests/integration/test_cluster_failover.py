@@ -593,3 +593,47 @@ def test_the_nodes_link_over_tls_and_refuse_a_node_the_cluster_ca_did_not_sign(
     wait_until(lambda: lab.files("a") == lab.files("b"), 15, "a did not catch up")
     assert lab.in_sync() == {"a", "b"}
     assert lab.log("c").count("TLS with the leader") <= 3  # once for each leader it tried, not each attempt
+
+
+def dead_lettered(data_dir: Path, out: Path) -> list[tuple[int, str]]:
+    """``(dead-letter id, message id)`` of each message dead-lettered in ``data_dir``'s event
+    stream, as ``postroom dlq export`` (every segment) turns it into Parquet."""
+    import pyarrow.parquet as pq
+
+    done = postroom("dlq", "export", "--data-dir", str(data_dir), "--include-last", "--parquet", str(out))
+    assert done.returncode == 0, done
+    rows = [row for path in sorted(out.rglob("segment-*.parquet")) for row in pq.read_table(path).to_pylist()]
+    return sorted((row["dead_letter_id"], row["message_id"]) for row in rows if row["kind"] == "dead_lettered")
+
+
+def test_the_dead_letter_events_are_on_the_node_that_takes_over(lab: Lab, tmp_path: Path) -> None:
+    leader = lab.wait_for_leader()
+    lab.wait_in_sync(set(lab.nodes))
+    connection = connect(lab)
+    channel = connection.channel()
+    channel.queue_declare("dead", durable=True)
+    dead_letter_to = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"}
+    channel.queue_declare("work", durable=True, arguments=dead_letter_to)
+    channel.confirm_delivery()
+    for number in range(50):
+        channel.basic_publish("", "work", b"x", pika.BasicProperties(delivery_mode=2, message_id=f"m{number}"))
+    for _ in range(50):
+        method, _properties, _body = channel.basic_get("work")
+        assert method is not None
+        channel.basic_reject(method.delivery_tag, requeue=False)
+    connection.close()
+    wait_until(lambda: channel_depth(lab, "dead") == 50, 10, "not dead-lettered")
+    time.sleep(1.0)  # the events are written 0.2 s after the first of a burst
+    lab.signal(leader, signal.SIGKILL)
+    second = lab.wait_for_leader(other_than=leader)
+    written = dead_lettered(lab.directory / leader, tmp_path / "written")
+    assert sorted(message for _id, message in written) == sorted(f"m{number}" for number in range(50))
+    assert dead_lettered(lab.data_dir(second), tmp_path / "kept") == written
+
+
+def channel_depth(lab: Lab, queue: str) -> int:
+    connection = connect(lab)
+    try:
+        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
+    finally:
+        connection.close()
