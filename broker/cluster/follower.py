@@ -58,6 +58,8 @@ class FollowerLink(FrameReader):
         self.write_error: OSError | None = None
         #: What failed in the link's TLS, if that is why it closed.
         self.tls_error: str | None = None
+        #: Whether the leader sent anything (its TLS handshake, if any, succeeded).
+        self.heard = False
         self.closed: defer.Deferred[None] = defer.Deferred()
 
     def connectionMade(self) -> None:
@@ -65,6 +67,7 @@ class FollowerLink(FrameReader):
         self.send(hello(self.name, self.secret, self.files))
 
     def frameReceived(self, kind: Kind, payload: memoryview) -> None:
+        self.heard = True
         if kind is Kind.COPY:
             self._queue.append((None, decode_ops(payload)))
         elif kind is Kind.COPIED:

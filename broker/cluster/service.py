@@ -687,8 +687,12 @@ class ClusterNode(Service):
                     leader=leader.get("name"),
                     reason=link.tls_error,
                 )
-            tls_error = link.tls_error
-            if link.write_error is not None or link.tls_error is not None:
+            if link.tls_error is not None:
+                tls_error = link.tls_error
+            elif link.heard:
+                tls_error = None
+            # (a handshake refused may also end as a plain close: it is the same failure)
+            if link.write_error is not None or (tls_error is not None and not link.heard):
                 # (no quicker than this, while it fails the same way)
                 write_retry = min(WRITE_RETRY_MAX, write_retry * 2 or 1.0)
                 await task.deferLater(self.reactor, write_retry, lambda: None)

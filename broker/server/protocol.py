@@ -135,12 +135,31 @@ class AMQPServerProtocol(Protocol):
         while not hasattr(reader, "bufferSize") and hasattr(reader, "transport"):
             reader = reader.transport
         self._reader = reader if hasattr(reader, "bufferSize") else None
+        if self.factory.leading is not None and self._reader is not None:
+            self._fence_writes(self._reader)
         no_delay = getattr(self.transport, "setTcpNoDelay", None)
         if no_delay is not None:
             # Deliveries and confirms are latency-bound small writes: never wait for Nagle.
             no_delay(True)
         self._socket.registerProducer(self, True)
         self._handshake_timer = self.factory.clock.callLater(HANDSHAKE_TIMEOUT, self._handshake_expired)
+
+    def _fence_writes(self, socket: Any) -> None:
+        """A cluster's leader checks its lease each time the socket takes what waits to be
+        written, before it does: a process paused past its lease writes nothing once it
+        resumes, not even what it had queued before the pause (the reactor may find a socket
+        writable before any timer runs). Once per turn of the reactor with output, and only in
+        a cluster."""
+        factory = self.factory
+        write = socket.doWrite
+
+        def doWrite() -> Any:
+            if factory.leading is not None and not factory.leading():
+                factory.fence()
+                return None
+            return write()
+
+        socket.doWrite = doWrite
 
     def _certificate_name(self) -> str | None:
         """The common names in the client's certificate (:func:`certificate_common_names`).

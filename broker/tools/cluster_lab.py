@@ -142,7 +142,9 @@ class Partition(threading.Thread):
     that fails). :meth:`mend` closes what was held during the cut, as the timeouts of a long
     partition would have, and lets new connections through again.
 
-    Each route listens on ``listen`` and relays each connection to ``target``.
+    Each route listens on ``listen`` and relays each connection to ``target``, and listens only
+    while something listens on ``target`` (read from ``/proc/net/tcp``): a node that is not
+    running refuses connections through its partition as it would without one.
     """
 
     def __init__(self, routes: list[tuple[tuple[str, int], tuple[str, int]]]) -> None:
@@ -154,12 +156,9 @@ class Partition(threading.Thread):
         self._pending: dict[socket.socket, bytearray] = {}
         self._held: list[socket.socket] = []
         self._listeners: dict[socket.socket, tuple[str, int]] = {}
-        for listen, target in routes:
-            listener = socket.socket()
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind(listen)
-            listener.listen(64)
-            self._listeners[listener] = target
+        #: Each route's listener while it listens.
+        self._open: dict[tuple[str, int], socket.socket] = {}
+        self._follow_targets()
         self._closing = threading.Event()
         self.start()
 
@@ -185,9 +184,27 @@ class Partition(threading.Thread):
         for end in [*self._listeners, *self._pairs, *self._held]:
             end.close()
 
+    def _follow_targets(self) -> None:
+        """Listen on each route whose target listens, and on no other."""
+        listening = _listening()
+        for listen, target in self.routes:
+            up = target in listening or ("0.0.0.0", target[1]) in listening
+            if up and listen not in self._open:
+                listener = socket.socket()
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                listener.bind(listen)
+                listener.listen(64)
+                self._open[listen] = listener
+                self._listeners[listener] = target
+            elif not up and listen in self._open:
+                listener = self._open.pop(listen)
+                del self._listeners[listener]
+                listener.close()
+
     def run(self) -> None:
         while not self._closing.is_set():
             with self._lock:
+                self._follow_targets()
                 # (an end is read while what it sent before has mostly gone on)
                 open_ends = [end for end, other in self._pairs.items() if len(self._pending[other]) < 1 << 20]
                 readable = [*self._listeners] + ([] if self.is_cut else open_ends)
@@ -257,6 +274,20 @@ class Partition(threading.Thread):
             self._pairs.pop(other, None)
             self._pending.pop(other, None)
             other.close()
+
+
+def _listening() -> set[tuple[str, int]]:
+    """The IPv4 addresses and ports something on this machine listens on."""
+    found = set()
+    with open("/proc/net/tcp") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                address, _, port = fields[1].partition(":")
+                host = socket.inet_ntoa(int(address, 16).to_bytes(4, "little"))
+                found.add((host, int(port, 16)))
+    return found
 
 
 @dataclass

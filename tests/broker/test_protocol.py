@@ -254,3 +254,40 @@ def test_the_shell_counts_a_connections_bytes_reads_and_writes_and_its_sampler_t
     assert sampler.channel_rates(connection.channels[1])["publish"] == 0.2
     assert sampler.socket_rates(connection)[1] == 0.0
     sampler.stop()
+
+
+class SocketTransport(CountingTransport):
+    """As a TCP transport: a read size, and ``doWrite``, which the reactor calls when the socket
+    takes what waits to be written."""
+
+    bufferSize = 65536
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.socket_writes = 0
+
+    def doWrite(self) -> None:
+        self.socket_writes += 1
+
+
+def test_a_cluster_leader_past_its_lease_writes_nothing_more_to_its_sockets() -> None:
+    leading = [True]
+    factory = AMQPServerFactory(Node(), Clock())
+    factory.leading = lambda: leading[0]
+    protocol = factory.buildProtocol(None)
+    transport = SocketTransport()
+    protocol.makeConnection(transport)
+    transport.doWrite()
+    assert transport.socket_writes == 1 and not transport.aborted
+    leading[0] = False  # resumed after a pause past its lease: the reactor may write before any timer runs
+    transport.doWrite()
+    assert transport.socket_writes == 1 and transport.aborted
+
+
+def test_a_single_node_leaves_its_sockets_alone() -> None:
+    factory = AMQPServerFactory(Node(), Clock())
+    transport = SocketTransport()
+    factory.buildProtocol(None).makeConnection(transport)
+    assert "doWrite" not in vars(transport)  # (the class's own: nothing added on the hot path)
+    transport.doWrite()
+    assert transport.socket_writes == 1

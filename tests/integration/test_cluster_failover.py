@@ -256,8 +256,8 @@ def test_a_leader_paused_past_its_lease_sends_no_confirm_when_it_resumes(lab: La
     assert deliveries and publisher.acks
     late = [round(at - resumed_at, 3) for at in publisher.acks if at > resumed_at]
     assert late == [], f"{len(late)} confirms after the paused leader resumed; new leader {second}"
-    # Nothing it read after resuming reaches a consumer. (Deliveries it had written to its
-    # sockets' buffers before the pause may still go out as it resumes: they were decided then.)
+    # Nothing it read after resuming reaches a consumer. (Deliveries the kernel held for its
+    # sockets before the pause go out during it: they were decided then.)
     late = [number for at, number in deliveries if at > resumed_at and number >= sent_before]
     assert late == [], f"{len(late)} deliveries of what the paused leader read after resuming; new leader {second}"
     assert "ran out" in lab.log(first) or "stepping down" in lab.log(first), lab.log(first)
