@@ -303,6 +303,8 @@ class NodeProcess:
     log: Path
     process: subprocess.Popen[bytes] | None = None
     paused: bool = False
+    #: Its stream-protocol port (:class:`Lab`'s ``streams``), if it listens on one.
+    stream: int | None = None
     #: The size of the disk of its own it runs on (see :meth:`Lab.start`), if it does.
     disk: int | None = None
     #: Lines of its log before this run of it started.
@@ -317,6 +319,7 @@ class Lab:
     """Postroom nodes in cluster mode under ``directory``, on the etcd at ``urls``.
 
     :param settings: more keys of the ``cluster:`` section (YAML, one per line)
+    :param streams: each node listens for the stream protocol too (:attr:`NodeProcess.stream`)
     :param partitioned: each node reaches etcd, and the others reach it, through a
         :class:`Partition` of its own (:attr:`partitions`), on an address of its own
         (``127.0.0.2`` and up, which it advertises)
@@ -331,6 +334,7 @@ class Lab:
         prefix: str = "postroom",
         storage: str = "",
         partitioned: bool = False,
+        streams: bool = False,
     ) -> None:
         self.directory = directory
         self.urls = urls
@@ -346,6 +350,7 @@ class Lab:
                 lab_port(),
                 directory / f"{name}.yaml",
                 directory / f"{name}.log",
+                stream=lab_port() if streams else None,
             )
             cluster = "".join(f"\n  {line.strip()}" for line in settings.splitlines() if line.strip())
             etcd = urls
@@ -353,13 +358,15 @@ class Lab:
                 host = f"127.0.0.{2 + number}"
                 etcd = [url.replace("127.0.0.1", host) for url in urls]
                 ports = [int(url.rpartition(":")[2]) for url in urls]
-                ports += [node.amqp, node.management, node.replication]
+                ports += [node.amqp, node.management, node.replication] + ([node.stream] if node.stream else [])
                 self.partitions[name] = Partition([((host, port), ("127.0.0.1", port)) for port in ports])
                 cluster += f"\n  advertise: {host}"
             node.config.write_text(
                 f'listen: {{amqp: "tcp:{node.amqp}:interface=127.0.0.1",'
                 f' management: "tcp:{node.management}:interface=127.0.0.1",'
-                f' metrics: "tcp:{node.metrics}:interface=127.0.0.1"}}\n'
+                f' metrics: "tcp:{node.metrics}:interface=127.0.0.1"'
+                + (f', stream: "tcp:{node.stream}:interface=127.0.0.1"' if node.stream else "")
+                + "}\n"
                 f'storage: {{dir: "{directory / name}", fsync: batch{", " + storage if storage else ""}}}\n'
                 f"cluster:\n  name: {name}\n  etcd: [{', '.join(etcd)}]\n"
                 f'  listen: "tcp:{node.replication}:interface=127.0.0.1"\n  prefix: {prefix}{cluster}\n'

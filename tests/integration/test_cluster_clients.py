@@ -152,3 +152,65 @@ def test_aio_pika_robust_connection_carries_on_through_a_failover(lab: Lab) -> N
     assert confirmed == list(range(200))
     assert set(consumed) == set(range(200))
     assert lab.wait_for_leader() != leader
+
+
+async def publish_stream(port: int, numbers: range) -> None:
+    """Publish ``numbers`` to the stream ``events`` with rstream, each confirmed before the next."""
+    from rstream import AMQPMessage, Producer
+
+    async with Producer("127.0.0.1", port=port, username="guest", password="guest") as producer:
+        await producer.create_stream("events", exists_ok=True)
+        for number in numbers:
+            await producer.send_wait("events", AMQPMessage(body=str(number).encode()))
+
+
+async def leader_of_stream(port: int) -> tuple[str, int]:
+    """Where the stream protocol's ``metadata`` says ``events`` is led, asked on ``port``."""
+    from rstream.client import Client
+
+    client = Client("127.0.0.1", port, frame_max=1048576, heartbeat=60)
+    await client.start()
+    await client.authenticate("/", "guest", "guest")
+    leader, _replicas = await client.query_leader_and_replicas("events")
+    await client.close()
+    return leader.host, leader.port
+
+
+async def read_stream(port: int, count: int) -> list[tuple[int, int]]:
+    """``(offset, number)`` of the first ``count`` messages of ``events``."""
+    from rstream import AMQPMessage, Consumer, ConsumerOffsetSpecification, MessageContext, OffsetType, amqp_decoder
+
+    got: list[tuple[int, int]] = []
+    done = asyncio.Event()
+
+    async def on(message: AMQPMessage, context: MessageContext) -> None:
+        got.append((context.offset, int(bytes(message.body))))
+        if len(got) >= count:
+            done.set()
+
+    async with Consumer("127.0.0.1", port=port, username="guest", password="guest") as consumer:
+        await consumer.start()
+        first = ConsumerOffsetSpecification(OffsetType.FIRST, None)
+        await consumer.subscribe("events", on, decoder=amqp_decoder, offset_specification=first)
+        await asyncio.wait_for(done.wait(), 30)
+    return got[:count]
+
+
+def test_a_stream_client_finds_the_leader_and_reads_everything_after_a_failover(make_lab: Callable[..., Lab]) -> None:
+    lab = make_lab(streams=True)
+    leader = lab.wait_for_leader()
+    lab.wait_in_sync(set(lab.nodes))
+    follower = next(name for name in lab.nodes if name != leader)
+    stream_port = {name: node.stream for name, node in lab.nodes.items()}
+    assert all(stream_port.values())
+    asyncio.run(asyncio.wait_for(publish_stream(stream_port[follower], range(100)), 60))
+    # Asked on a follower, which forwards to the leader: the leader's address.
+    assert asyncio.run(leader_of_stream(stream_port[follower])) == ("127.0.0.1", stream_port[leader])
+
+    lab.signal(leader, signal.SIGKILL)
+    second = lab.wait_for_leader(other_than=leader)
+    assert asyncio.run(leader_of_stream(stream_port[follower])) == ("127.0.0.1", stream_port[second])
+    asyncio.run(asyncio.wait_for(publish_stream(stream_port[follower], range(100, 200)), 60))
+    got = asyncio.run(read_stream(stream_port[follower], 200))
+    assert [number for _offset, number in got] == list(range(200))
+    assert [offset for offset, _number in got] == list(range(200))
