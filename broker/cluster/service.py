@@ -431,6 +431,8 @@ class ClusterNode(Service):
 
         watch = self._watch = etcd.watch(self.leader_key, changed, start_revision=revision + 1)
         watch.ended.addCallback(ended)
+        # (a watch that could not be made has ended too: ended() makes it again)
+        watch.created.addErrback(lambda failure: failure.trap(EtcdError))
 
     async def _rewatch(self, revision: int) -> None:
         await task.deferLater(self.reactor, RETRY, lambda: None)
@@ -598,10 +600,14 @@ class ClusterNode(Service):
     # -- following -----------------------------------------------------------------------
 
     async def _follow(self, leader: dict[str, Any], current: KeyValue) -> None:
+        if self.role == "stopped":
+            return  # (stopped while it asked etcd who leads)
         self._watch_leader(current.mod_revision)
         if self.role == "follower" and self.leader == leader and self._leader_lease == current.lease:
             return  # already following it
         await self._stop_following()
+        if self.role == "stopped":
+            return
         self.leader = leader
         self._leader_lease = current.lease
         self.role = "follower"

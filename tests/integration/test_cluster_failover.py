@@ -637,3 +637,35 @@ def channel_depth(lab: Lab, queue: str) -> int:
         return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
     finally:
         connection.close()
+
+
+def test_deliveries_unacknowledged_when_the_leader_dies_come_back_redelivered(lab: Lab) -> None:
+    leader = lab.wait_for_leader()
+    lab.wait_in_sync(set(lab.nodes))
+    publish_confirmed(lab, "held", range(20))
+    consumer = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", lab.nodes[leader].amqp))
+    channel = consumer.channel()
+    channel.basic_qos(prefetch_count=10)
+    held = []
+    for method, _properties, body in channel.consume("held", inactivity_timeout=5):
+        assert method is not None and not method.redelivered
+        held.append(int(body))
+        if len(held) == 10:
+            break
+    lab.signal(leader, signal.SIGKILL)  # (the ten are never acknowledged)
+    lab.wait_for_leader(other_than=leader)
+    connection = connect(lab)
+    channel = connection.channel()
+    got = []
+    for method, _properties, body in channel.consume("held", inactivity_timeout=5):
+        assert method is not None, f"only {got}"
+        got.append((int(body), method.redelivered))
+        channel.basic_ack(method.delivery_tag)
+        if len(got) == 20:
+            break
+    connection.close()
+    assert held == list(range(10))
+    # Every message, in order; those held come back redelivered (as after a restart, so does
+    # every message the new leader recovered: docs/rabbitmq-compatibility.md).
+    assert [number for number, _redelivered in got] == list(range(20))
+    assert all(redelivered for _number, redelivered in got[:10]), got
