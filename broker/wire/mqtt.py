@@ -34,6 +34,7 @@ __all__ = [
     "acknowledgement",
     "connack",
     "filter_problem",
+    "matches",
     "parse",
     "pingresp",
     "publish",
@@ -381,6 +382,24 @@ def filter_problem(topic_filter: str) -> str | None:
         if "+" in level and level != "+":
             return "has a + that is not a whole level [MQTT-4.7.1-3]"
     return None
+
+
+def matches(topic_filter: str, topic: str) -> bool:
+    """Whether ``topic_filter`` (a valid one: :func:`filter_problem`) matches the topic name
+    ``topic``, as section 4.7 gives it: ``+`` one whole level, ``#`` the rest and the level
+    above it (``sport/#`` matches ``sport``), and no filter that starts with a wildcard matches
+    a topic that starts with ``$`` [MQTT-4.7.2-1]. For the broker's own matching of what an
+    MQTT client's subscription receives (retained messages, which RabbitMQ 3.10 does not match
+    to wildcards)."""
+    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+        return False
+    wanted, levels = topic_filter.split("/"), topic.split("/")
+    for index, level in enumerate(wanted):
+        if level == "#":
+            return True
+        if index >= len(levels) or (level != "+" and level != levels[index]):
+            return False
+    return len(wanted) == len(levels)
 
 
 def to_amqp(topic: str) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import struct
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from postroom.broker.wire import mqtt
@@ -248,3 +248,59 @@ def test_topics_map_onto_routing_keys_as_rabbitmq_3_10_maps_them() -> None:
     assert mqtt.to_amqp("a.b/c") == "a.b.c"  # (3.10 keeps a dot: it separates words in AMQP)
     assert mqtt.to_mqtt("sensors.kitchen.temp") == "sensors/kitchen/temp"
     assert mqtt.to_mqtt("a.*.#") == "a/+/#"
+
+
+@pytest.mark.parametrize(
+    ("topic_filter", "topic", "matched"),
+    [
+        # Section 4.7.1.2's examples.
+        ("sport/tennis/player1/#", "sport/tennis/player1", True),
+        ("sport/tennis/player1/#", "sport/tennis/player1/ranking", True),
+        ("sport/tennis/player1/#", "sport/tennis/player1/score/wimbledon", True),
+        ("sport/#", "sport", True),
+        ("#", "sport/tennis", True),
+        # Section 4.7.1.3's.
+        ("sport/tennis/+", "sport/tennis/player1", True),
+        ("sport/tennis/+", "sport/tennis/player2", True),
+        ("sport/tennis/+", "sport/tennis/player1/ranking", False),
+        ("sport/+", "sport", False),
+        ("sport/+", "sport/", True),
+        ("+/+", "/finance", True),
+        ("/+", "/finance", True),
+        ("+", "/finance", False),
+        # Section 4.7.2's: topics beginning with $.
+        ("#", "$SYS/broker/clients", False),
+        ("+/monitor/Clients", "$SYS/monitor/Clients", False),
+        ("$SYS/#", "$SYS/broker/clients", True),
+        ("$SYS/monitor/+", "$SYS/monitor/Clients", True),
+        # Levels are compared whole, and case matters (4.7.3).
+        ("ACCOUNTS", "Accounts", False),
+        ("a/b", "a/b/c", False),
+        ("a/b/c", "a/b", False),
+    ],
+)
+def test_filters_match_topics_as_section_4_7_gives_it(topic_filter: str, topic: str, matched: bool) -> None:
+    assert mqtt.filter_problem(topic_filter) is None
+    assert mqtt.matches(topic_filter, topic) is matched
+
+
+_level = st.sampled_from(["a", "b", "", "sport"])
+
+
+@given(
+    st.lists(st.one_of(_level, st.just("+")), min_size=1, max_size=4),
+    st.booleans(),
+    st.lists(_level, min_size=1, max_size=5),
+)
+def test_a_filter_mapped_onto_amq_topic_routes_what_it_matches(levels: list[str], rest: bool, topic: list[str]) -> None:
+    """Subscriptions become bindings on a topic exchange (``to_amqp``): the exchange routes a
+    published topic, mapped the same way, exactly when the filter matches it (topics without
+    ``$`` and ``.``, which RabbitMQ 3.10's mapping keeps as they are)."""
+    from postroom.exchanges.topic import TopicRouter
+
+    topic_filter = "/".join(levels + (["#"] if rest else []))
+    name = "/".join(topic)
+    assume(mqtt.topic_problem(name) is None)  # (not the empty topic)
+    router = TopicRouter()
+    router.bind("subscriber", mqtt.to_amqp(topic_filter), {})
+    assert (list(router.route(mqtt.to_amqp(name), None)) == ["subscriber"]) is mqtt.matches(topic_filter, name)
