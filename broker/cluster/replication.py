@@ -159,6 +159,10 @@ class Recorder:
         with self._lock:
             self._ops.append(op)
 
+    def _note_all(self, ops: list[Op]) -> None:
+        with self._lock:
+            self._ops.extend(ops)
+
     # broker.wal.files.FileRecorder
 
     def created(self, path: str, data: bytes) -> None:
@@ -182,23 +186,11 @@ class Recorder:
         follower that takes over starts from it and reads only the log after it. One that
         cannot be read back is not sent, and the followers drop theirs (they read the whole
         log): the log's writer goes on either way."""
-        try:
-            files = []
-            for name in _tree(directory):
-                with open(os.path.join(directory, name), "rb") as file:
-                    files.append((name, file.read()))
-        except OSError:
-            self.no_checkpoint(directory)
-            return
-        self._note(OpKind.REMOVE, directory + ".new")
-        for name, data in files:
-            self._note(OpKind.WRITE, os.path.join(directory + ".new", name), 0, data)
-        self._note(OpKind.RENAME, directory + ".new", 0, self._relative(directory).encode())
+        self._note_all(checkpoint_ops(self.data_dir, self._relative(directory)))
 
     def no_checkpoint(self, directory: str) -> None:
         """The leader deleted its checkpoint: so do the followers (they read the whole log)."""
-        for suffix in ("", ".new", ".old"):
-            self._note(OpKind.REMOVE, directory + suffix)
+        self._note_all(_no_checkpoint(self._relative(directory)))
 
     def cut(self) -> tuple[int, list[Op]]:
         """What was noted since the last cut, as batch number ``seq``; ``(seq, [])`` without a
@@ -244,24 +236,30 @@ def _tree(directory: str) -> list[str]:
     return found
 
 
-def checkpoint_ops(data_dir: str) -> list[Op]:
-    """The ops that give a follower the checkpoint ``data_dir`` holds now (none, if it has none,
-    or if it was replaced while being read: the next one's ops follow)."""
-    directory = os.path.join(data_dir, CHECKPOINT)
+def _no_checkpoint(name: str) -> list[Op]:
+    """The ops that delete a follower's checkpoint ``name``, whole or half put in place."""
+    return [Op(OpKind.REMOVE, name + suffix) for suffix in ("", ".new", ".old")]
+
+
+def checkpoint_ops(data_dir: str, name: str = CHECKPOINT) -> list[Op]:
+    """The ops that give a follower the checkpoint ``data_dir`` holds now, in ``name``: its files
+    written under ``<name>.new``, then put in place of the follower's (or its removal, if
+    there is none, if it cannot be read, or if it was replaced while being read: the next
+    one's ops follow)."""
+    directory = os.path.join(data_dir, name)
     manifest = os.path.join(directory, "manifest.json")
-    removal = [Op(OpKind.REMOVE, CHECKPOINT + suffix) for suffix in ("", ".new", ".old")]
     try:
         before = os.stat(manifest)
-        ops = [Op(OpKind.REMOVE, CHECKPOINT + ".new")]
-        for name in _tree(directory):
-            with open(os.path.join(directory, name), "rb") as file:
-                ops.append(Op(OpKind.WRITE, f"{CHECKPOINT}.new/{name}", 0, file.read()))
+        ops = [Op(OpKind.REMOVE, name + ".new")]
+        for file_name in _tree(directory):
+            with open(os.path.join(directory, file_name), "rb") as file:
+                ops.append(Op(OpKind.WRITE, f"{name}.new/{file_name}", 0, file.read()))
         after = os.stat(manifest)
-    except FileNotFoundError:
-        return removal
+    except OSError:
+        return _no_checkpoint(name)
     if (before.st_ino, before.st_mtime_ns) != (after.st_ino, after.st_mtime_ns):
-        return removal
-    return [*ops, Op(OpKind.RENAME, CHECKPOINT + ".new", 0, CHECKPOINT.encode())]
+        return _no_checkpoint(name)
+    return [*ops, Op(OpKind.RENAME, name + ".new", 0, name.encode())]
 
 
 def _crc(path: str, length: int | None = None) -> int:

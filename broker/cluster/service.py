@@ -36,13 +36,12 @@ from twisted.application.service import Service
 from twisted.internet import defer, task
 from twisted.internet import error as network
 from twisted.internet.endpoints import TCP4ClientEndpoint, serverFromString, wrapClientTLS
-from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, IProtocolFactory
+from twisted.internet.interfaces import IProtocolFactory
 from twisted.internet.protocol import Factory
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.threadpool import ThreadPool
-from zope.interface import implementer
 
 from postroom.broker.cluster.etcd import Compare, Etcd, EtcdError, KeyValue, Watch, delete_op, put_op
 from postroom.broker.cluster.follower import FollowerLink
@@ -50,10 +49,9 @@ from postroom.broker.cluster.leader import Replication
 from postroom.broker.cluster.proxy import LeaderProxy
 from postroom.broker.cluster.replication import file_index
 from postroom.broker.server.identity import set_node_name
-from postroom.broker.server.listeners import ServerTLS, advertised
+from postroom.broker.server.listeners import ClientTLS, ServerTLS, advertised, loaded
 from postroom.config.schema import BrokerConfig, ClusterConfig, ListenConfig
-from postroom.config.tls import TLSProblem, client_context, server_context
-from postroom.config.values import ConfigError, Problem
+from postroom.config.tls import client_context, server_context
 
 __all__ = ["ClusterNode"]
 
@@ -67,7 +65,7 @@ REFUSED_RETRY = 0.02
 #: The longest wait between attempts of a follower that cannot write its copy, or whose TLS
 #: handshake with the leader fails (each attempt reads its files for their checksums, and the
 #: leader sends what differs): from 1 s, doubled.
-WRITE_RETRY_MAX = 8.0
+BACKOFF_MAX = 8.0
 
 
 def _forwarded(listen: ListenConfig) -> list[tuple[str, str]]:
@@ -80,21 +78,6 @@ def _forwarded(listen: ListenConfig) -> list[tuple[str, str]]:
         ("management", listen.management),
     )
     return [(kind, endpoint) for kind, endpoint in kinds if endpoint]
-
-
-@implementer(IOpenSSLClientConnectionCreator)
-class ClientTLS:
-    """One TLS client connection per link to a leader, all from one context."""
-
-    def __init__(self, context: Any) -> None:
-        self.context = context
-
-    def clientConnectionForTLS(self, protocol: Any) -> Any:
-        from OpenSSL import SSL
-
-        connection = SSL.Connection(self.context, None)
-        connection.set_connect_state()
-        return connection
 
 
 def _address(endpoint: str, host: str | None) -> str:
@@ -161,12 +144,10 @@ class ClusterNode(Service):
         #: The links' TLS, both ends (``None``: plain TCP); the configuration's loader checked the files.
         self._tls_server: ServerTLS | None = None
         self._tls_client: ClientTLS | None = None
-        if self.cluster.tls is not None:
-            try:
-                self._tls_server = ServerTLS(server_context(self.cluster.tls, section="cluster.tls"))
-                self._tls_client = ClientTLS(client_context(self.cluster.tls, section="cluster.tls"))
-            except TLSProblem as problem:  # (a file changed since the configuration was read)
-                raise ConfigError(config.source, [Problem(None, problem.key, problem.reason)]) from None
+        tls = self.cluster.tls
+        if tls is not None:
+            self._tls_server = ServerTLS(loaded(config, lambda: server_context(tls, section="cluster.tls")))
+            self._tls_client = ClientTLS(loaded(config, lambda: client_context(tls, section="cluster.tls")))
         #: Whether :meth:`_settle` is running.
         self._settling = False
         #: Times this node became the leader.
@@ -651,7 +632,7 @@ class ClusterNode(Service):
         host, _, port = str(leader["replication"]).rpartition(":")
         linked = False
         refused = 0
-        write_retry = 0.0
+        backoff = 0.0
         tls_error: str | None = None
         while self.role == "follower" and self.leader is leader:
             files = await deferToThreadPool(self.reactor, self._pool, file_index, self.data_dir)
@@ -700,10 +681,10 @@ class ClusterNode(Service):
             # (a handshake refused may also end as a plain close: it is the same failure)
             if link.write_error is not None or (tls_error is not None and not link.heard):
                 # (no quicker than this, while it fails the same way)
-                write_retry = min(WRITE_RETRY_MAX, write_retry * 2 or 1.0)
-                await task.deferLater(self.reactor, write_retry, lambda: None)
+                backoff = min(BACKOFF_MAX, backoff * 2 or 1.0)
+                await task.deferLater(self.reactor, backoff, lambda: None)
                 continue
-            write_retry = 0.0
+            backoff = 0.0
             if self.reactor.seconds() - linked_at < 1.0:
                 await task.deferLater(self.reactor, RETRY, lambda: None)  # refused, or failing: not in a loop
             # Otherwise at once: a leader that was killed refuses now, and its lease can end now.

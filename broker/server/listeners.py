@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet import endpoints
 from twisted.internet.address import IPv4Address, IPv6Address
-from twisted.internet.interfaces import IListeningPort, IOpenSSLServerConnectionCreator, IProtocolFactory
+from twisted.internet.interfaces import (
+    IListeningPort,
+    IOpenSSLClientConnectionCreator,
+    IOpenSSLServerConnectionCreator,
+    IProtocolFactory,
+)
 from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from zope.interface import implementer
 
@@ -21,6 +26,8 @@ from postroom.config.values import ConfigError, Problem
 
 if TYPE_CHECKING:
     from OpenSSL import SSL
+
+_Loaded = TypeVar("_Loaded")
 
 
 def stream_addresses(config: BrokerConfig) -> tuple[tuple[str, int] | None, tuple[str, int] | None]:
@@ -55,13 +62,23 @@ def tls_wrapper(config: BrokerConfig, reactor: Any) -> Callable[[IProtocolFactor
 
     :raises ConfigError: a TLS file is missing or wrong (``config.tls.TLSProblem``, with the key)
     """
-    if config.tls is None:
+    tls = config.tls
+    if tls is None:
         return None
+    creator = ServerTLS(loaded(config, lambda: server_context(tls)))
+    return lambda factory: TLSMemoryBIOFactory(creator, False, factory, clock=reactor)
+
+
+def loaded(config: BrokerConfig, load: Callable[[], _Loaded]) -> _Loaded:
+    """``load()``, which builds a TLS context from the configuration's files (the loader
+    checked them; one changed since is reported as the loader reports it).
+
+    :raises ConfigError: a file is missing or wrong, with the key that names it
+    """
     try:
-        creator = ServerTLS(server_context(config.tls))
+        return load()
     except TLSProblem as problem:
         raise ConfigError(config.source, [Problem(None, problem.key, problem.reason)]) from None
-    return lambda factory: TLSMemoryBIOFactory(creator, False, factory, clock=reactor)
 
 
 @implementer(IOpenSSLServerConnectionCreator)
@@ -75,6 +92,21 @@ class ServerTLS:
         from OpenSSL import SSL
 
         return SSL.Connection(self.context, None)
+
+
+@implementer(IOpenSSLClientConnectionCreator)
+class ClientTLS:
+    """One TLS client connection per connection made, all from one context."""
+
+    def __init__(self, context: SSL.Context) -> None:
+        self.context = context
+
+    def clientConnectionForTLS(self, protocol: TLSMemoryBIOProtocol) -> SSL.Connection:
+        from OpenSSL import SSL
+
+        connection = SSL.Connection(self.context, None)
+        connection.set_connect_state()
+        return connection
 
 
 class ListenError(SystemExit):

@@ -609,6 +609,7 @@ def dead_lettered(data_dir: Path, out: Path) -> list[tuple[int, str]]:
 def test_the_dead_letter_events_are_on_the_node_that_takes_over(lab: Lab, tmp_path: Path) -> None:
     leader = lab.wait_for_leader()
     lab.wait_in_sync(set(lab.nodes))
+    before = sum(map(len, dead_letter_files(lab, leader).values()))
     connection = connect(lab)
     channel = connection.channel()
     channel.queue_declare("dead", durable=True)
@@ -623,12 +624,22 @@ def test_the_dead_letter_events_are_on_the_node_that_takes_over(lab: Lab, tmp_pa
         channel.basic_reject(method.delivery_tag, requeue=False)
     connection.close()
     wait_until(lambda: channel_depth(lab, "dead") == 50, 10, "not dead-lettered")
-    time.sleep(1.0)  # the events are written 0.2 s after the first of a burst
+
+    def on_every_node() -> bool:
+        """The events are written (0.2 s after the first of a burst) and on both followers."""
+        copies = [dead_letter_files(lab, name) for name in lab.nodes]
+        return all(copy == copies[0] for copy in copies) and sum(map(len, copies[0].values())) > before + 1000
+
+    wait_until(on_every_node, 10, "the dead-letter events did not reach the followers")
     lab.signal(leader, signal.SIGKILL)
     second = lab.wait_for_leader(other_than=leader)
     written = dead_lettered(lab.directory / leader, tmp_path / "written")
     assert sorted(message for _id, message in written) == sorted(f"m{number}" for number in range(50))
     assert dead_lettered(lab.data_dir(second), tmp_path / "kept") == written
+
+
+def dead_letter_files(lab: Lab, name: str) -> dict[str, bytes]:
+    return {path: data for path, data in lab.files(name).items() if path.startswith("deadletters/")}
 
 
 def channel_depth(lab: Lab, queue: str) -> int:
