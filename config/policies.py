@@ -55,6 +55,7 @@ def is_interval(value: Any) -> bool:
     digits (not all zeros), then exactly one of ``Y M D h m s`` (``7D``, ``12h``)."""
     return isinstance(value, str) and _INTERVAL.fullmatch(value) is not None
 
+
 _OVERFLOW = ("drop-head", "reject-publish", "reject-publish-dlx")
 
 

@@ -27,6 +27,7 @@ from postroom.config.schema import (
     LimitsConfig,
     ListenConfig,
     MetricsConfig,
+    MqttConfig,
     Permission,
     PluginConfig,
     PolicyConfig,
@@ -95,7 +96,7 @@ class Reader(ValueReader):
             document,
             "",
             {"listen", "tls", "auth_mechanisms", "storage", "limits", "users", "plugins", "vhosts", "metrics", "ui"}
-            | {"stream", "cluster"},
+            | {"stream", "cluster", "mqtt"},
         )
         defaults = BrokerConfig()
         listen = self.listen(top.get("listen"))
@@ -128,6 +129,46 @@ class Reader(ValueReader):
             ui=UIConfig(reports=self.string(ui_section.get("reports"), "ui.reports", None)),
             stream=self.stream_protocol(top.get("stream"), listen),
             cluster=self.cluster(top.get("cluster"), storage),
+            mqtt=self.mqtt(top.get("mqtt"), listen, top.get("cluster") is not None),
+        )
+
+    def mqtt(self, value: Any, listen: ListenConfig, cluster: bool) -> MqttConfig:
+        """The ``mqtt:`` section (refused without an MQTT listener), and MQTT listeners outside
+        cluster mode only (a follower does not serve them)."""
+        if cluster:
+            for key in ("mqtt", "mqtt_tls"):
+                if getattr(listen, key) is not None:
+                    self.problem(f"listen.{key}", "MQTT is not served in cluster mode yet")
+        if value is None:
+            return MqttConfig()
+        keys = {"vhost", "exchange", "prefetch", "subscription_ttl", "allow_anonymous", "default_user"}
+        keys |= {"default_pass", "ignore_colons_in_username"}
+        section = self.mapping(value, "mqtt", keys)
+        if section and listen.mqtt is None and listen.mqtt_tls is None:
+            self.problem("mqtt", "no MQTT listener serves it: set listen.mqtt or listen.mqtt_tls")
+        default = MqttConfig()
+        ttl: float | None = default.subscription_ttl
+        if "subscription_ttl" in section:
+            raw = section["subscription_ttl"]
+            ttl = None if raw is None or raw is False else self.duration(raw, "mqtt.subscription_ttl", 86400.0)
+            if ttl is not None and ttl <= 0:
+                self.problem("mqtt.subscription_ttl", "must be more than 0 seconds (or false: for ever)")
+
+        def text(key: str) -> str:
+            found = self.string(section.get(key), f"mqtt.{key}", getattr(default, key))
+            return found if found is not None else getattr(default, key)
+
+        return MqttConfig(
+            vhost=text("vhost"),
+            exchange=text("exchange"),
+            prefetch=self.integer(section.get("prefetch"), "mqtt.prefetch", default.prefetch, 1, 65535),
+            subscription_ttl=ttl,
+            allow_anonymous=self.boolean(section.get("allow_anonymous"), "mqtt.allow_anonymous", True),
+            default_user=text("default_user"),
+            default_pass=text("default_pass"),
+            ignore_colons_in_username=self.boolean(
+                section.get("ignore_colons_in_username"), "mqtt.ignore_colons_in_username", False
+            ),
         )
 
     def cluster(self, value: Any, storage: StorageConfig) -> ClusterConfig | None:
@@ -243,8 +284,9 @@ class Reader(ValueReader):
         if value is None:
             if listen.amqps is not None:
                 self.problem("listen.amqps", "needs the tls: section (certificate and key)")
-            if listen.stream_tls is not None:
-                self.problem("listen.stream_tls", "needs the tls: section (certificate and key)")
+            for key in ("stream_tls", "mqtt_tls"):
+                if getattr(listen, key) is not None:
+                    self.problem(f"listen.{key}", "needs the tls: section (certificate and key)")
             return None
         section = self.mapping(
             value, "tls", {"certificate", "key", "ca", "verify", "fail_if_no_peer_cert", "http"}, {"certificate", "key"}
@@ -271,11 +313,14 @@ class Reader(ValueReader):
             self.problem("tls.verify", "peer needs the CA certificates to verify clients against (tls.ca)")
         if tls.fail_if_no_peer_cert and verify != "peer":
             self.problem("tls.fail_if_no_peer_cert", "needs verify: peer (certificates are not asked for otherwise)")
-        uses = listen.amqps or listen.stream_tls or (tls.http and (listen.metrics or listen.management))
+        uses = (
+            listen.amqps or listen.stream_tls or listen.mqtt_tls or (tls.http and (listen.metrics or listen.management))
+        )
         if not uses:
             self.problem(
                 "tls",
-                "no listener uses it: set listen.amqps or listen.stream_tls, or http: true with a metrics or management"
+                "no listener uses it: set listen.amqps, listen.stream_tls or listen.mqtt_tls, or http: true with a"
+                " metrics or management"
                 " listener",
             )
         if not tls.certificate or not tls.key:
@@ -335,7 +380,8 @@ class Reader(ValueReader):
         return tuple(result)
 
     def listen(self, value: Any) -> ListenConfig:
-        section = self.mapping(value, "listen", {"amqp", "amqps", "metrics", "management", "stream", "stream_tls"})
+        keys = {"amqp", "amqps", "metrics", "management", "stream", "stream_tls", "mqtt", "mqtt_tls"}
+        section = self.mapping(value, "listen", keys)
         default = ListenConfig()
         return ListenConfig(
             amqp=self.endpoint(section.get("amqp"), "listen.amqp", default.amqp),
@@ -344,6 +390,8 @@ class Reader(ValueReader):
             management=self.optional_listener(section.get("management"), "listen.management", default.management),
             stream=self.endpoint(section.get("stream"), "listen.stream", default.stream),
             stream_tls=self.endpoint(section.get("stream_tls"), "listen.stream_tls", default.stream_tls),
+            mqtt=self.endpoint(section.get("mqtt"), "listen.mqtt", default.mqtt),
+            mqtt_tls=self.endpoint(section.get("mqtt_tls"), "listen.mqtt_tls", default.mqtt_tls),
         )
 
     def endpoint(self, value: Any, path: str, default: str | None) -> str | None:
@@ -595,9 +643,7 @@ class Reader(ValueReader):
         ]
         bindings = [
             self.binding(item, f"{path}.bindings[{index}]")
-            for index, item in enumerate(
-                self.typed(section.get("bindings"), f"{path}.bindings", is_list, "a list", [])
-            )
+            for index, item in enumerate(self.typed(section.get("bindings"), f"{path}.bindings", is_list, "a list", []))
         ]
         streams = [
             self.stream(item, f"{path}.streams[{index}]")
@@ -832,5 +878,3 @@ class Reader(ValueReader):
             routing_key=self.string(entry.get("routing_key"), f"{path}.routing_key", ""),
             arguments=self.table(entry.get("arguments"), f"{path}.arguments"),
         )
-
-

@@ -28,6 +28,31 @@ class ListenConfig:
     stream: str | None = None
     #: The stream protocol over TLS (RabbitMQ's port is 5551), with the ``tls:`` section.
     stream_tls: str | None = None
+    #: MQTT 3.1.1 (RabbitMQ's port is 1883); off unless set.
+    mqtt: str | None = None
+    #: MQTT over TLS (RabbitMQ's port is 8883), with the ``tls:`` section.
+    mqtt_tls: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MqttConfig:
+    """How MQTT clients are served (``mqtt:``), as RabbitMQ 3.10's ``mqtt.*`` settings of the
+    same names, with its defaults."""
+
+    #: The vhost of a client whose user name names none (``vhost:user``).
+    vhost: str = "/"
+    #: The topic exchange MQTT topics are routing keys of.
+    exchange: str = "amq.topic"
+    #: Deliveries at QoS 1 or 2 in flight to one client at once.
+    prefetch: int = 10
+    #: How long a persistent session's queues live without their client (``None``: for ever).
+    subscription_ttl: float | None = 86400.0
+    #: A client that sends no user name logs in as ``default_user`` with ``default_pass``.
+    allow_anonymous: bool = True
+    default_user: str = "guest"
+    default_pass: str = "guest"
+    #: A colon in a user name is part of the name, not the end of a vhost's name.
+    ignore_colons_in_username: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -577,6 +602,8 @@ class BrokerConfig:
     ui: UIConfig = field(default_factory=UIConfig)
     #: What the stream protocol's listeners advertise.
     stream: StreamProtocolConfig = field(default_factory=StreamProtocolConfig)
+    #: How MQTT clients are served.
+    mqtt: MqttConfig = field(default_factory=MqttConfig)
     #: The sections the source left out, at their embedded defaults (``users``, ``vhosts``):
     #: those apply on the first start only, as RabbitMQ creates its default user and vhost on
     #: a fresh database (see ``broker.core.definitions``).

@@ -150,6 +150,8 @@ class Node:
         self.connections: set[Any] = set()
         #: Open connections of the stream protocol (``broker.streams``).
         self.stream_connections: set[Any] = set()
+        #: Open MQTT connections (``broker.mqtt``), once connected.
+        self.mqtt_connections: set[Any] = set()
         #: The channels' direct reply-to consumers (``amq.rabbitmq.reply-to``).
         self.replies = DirectReplyTo()
         #: Open connections per user name (for users' connection and channel limits).
@@ -185,7 +187,7 @@ class Node:
             self.alarms.add(resource)
         else:
             self.alarms.discard(resource)
-        for connection in list(self.connections):
+        for connection in [*self.connections, *self.mqtt_connections]:
             connection.alarm_changed()
         return True
 

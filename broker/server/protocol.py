@@ -68,6 +68,21 @@ SHUTDOWN_TEXT = "broker forced connection closure with reason 'shutdown'"
 SHUTDOWN_GRACE = 1.0
 
 
+def log_teardown_errors(log: Logger, connection: Any, what: str) -> None:
+    """Log, once each, the errors the teardown steps of ``connection`` (one of ``what``)
+    collected in its ``teardown_errors``: the other steps still ran."""
+    if connection is None or not connection.teardown_errors:
+        return
+    errors, connection.teardown_errors = connection.teardown_errors, []
+    for error in errors:
+        log.failure(
+            "bug while releasing {what} {peer}",
+            Failure(error, type(error), error.__traceback__),
+            what=what,
+            peer=connection.peer,
+        )
+
+
 def certificate_common_names(certificate: Any) -> str | None:
     """The common names in a client's certificate (an OpenSSL ``X509``), joined by commas as
     RabbitMQ joins them (``""``: it has none); ``None`` when it presented none."""
@@ -304,16 +319,7 @@ class AMQPServerProtocol(Protocol):
         self._close_timer = self.factory.clock.callLater(CLOSE_TIMEOUT, self._drop, "output not drained")
 
     def _log_teardown_errors(self) -> None:
-        connection = self.connection
-        if connection is None or not connection.teardown_errors:
-            return
-        errors, connection.teardown_errors = connection.teardown_errors, []
-        for error in errors:
-            self._log.failure(
-                "bug while releasing connection {peer}",
-                Failure(error, type(error), error.__traceback__),
-                peer=connection.peer,
-            )
+        log_teardown_errors(self._log, self.connection, "connection")
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._cancel_timers()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,11 +15,13 @@ from twisted.logger import Logger
 
 from postroom.broker.core.definitions import node_from_config
 from postroom.broker.core.node import Node
+from postroom.broker.mqtt.registry import MqttRegistry
 from postroom.broker.server.alarms import ResourceMonitor, memory_total, release_memory
 from postroom.broker.server.clusterview import ClusterView
 from postroom.broker.server.listeners import Listener, ListenError, stream_addresses, tls_wrapper
 from postroom.broker.server.management import RateSampler, management_site
 from postroom.broker.server.metrics import BrokerCollector, metrics_site
+from postroom.broker.server.mqttprotocol import MqttServerFactory
 from postroom.broker.server.pluginloader import LoadedPlugins, load_plugins
 from postroom.broker.server.protocol import AMQPServerFactory
 from postroom.broker.server.shovels import Shovels
@@ -264,6 +267,8 @@ def _listen(
         Listener(
             "stream_tls", config.listen.stream_tls, tls(streams), reactor, node, "stream/ssl", certificates
         ).setServiceParent(service)
+    if config.listen.mqtt or config.listen.mqtt_tls:
+        _listen_mqtt(service, config, reactor, shell, tls, certificates)
     http_tls = tls if tls is not None and config.tls is not None and config.tls.http else None
     http, http_certificates = ("https", certificates) if http_tls else ("http", None)
     if config.listen.metrics:
@@ -288,3 +293,21 @@ def _listen(
         Listener("management", config.listen.management, site, reactor, node, http, http_certificates).setServiceParent(
             service
         )
+
+
+def _listen_mqtt(
+    service: BrokerService,
+    config: BrokerConfig,
+    reactor: Any,
+    shell: _Shell,
+    tls: Callable[[IProtocolFactory], IProtocolFactory] | None,
+    certificates: tuple[str, tuple[str, ...]] | None,
+) -> None:
+    """The MQTT listeners (plain and TLS), sharing one registry of clients and sessions."""
+    factory = MqttServerFactory(MqttRegistry(shell.node, config.mqtt), shell.factory, reactor, shell.monitor)
+    if config.listen.mqtt:
+        Listener("mqtt", config.listen.mqtt, factory, reactor, shell.node, "mqtt").setServiceParent(service)
+    if config.listen.mqtt_tls and tls is not None:
+        Listener(
+            "mqtt_tls", config.listen.mqtt_tls, tls(factory), reactor, shell.node, "mqtt/ssl", certificates
+        ).setServiceParent(service)

@@ -11,7 +11,7 @@ from postroom import config
 from postroom.broker.core.definitions import node_from_config
 from postroom.config import shovels
 from postroom.config.loader import load, loads
-from postroom.config.schema import StreamProtocolConfig, TopicPermission, UserLimits, VhostLimits
+from postroom.config.schema import MqttConfig, StreamProtocolConfig, TopicPermission, UserLimits, VhostLimits
 from postroom.config.values import ConfigError
 
 EXAMPLE = Path(config.__file__).parent / "postroom.yaml"
@@ -445,3 +445,29 @@ def test_the_stream_protocol_advertises_what_the_stream_section_says(tmp_path: P
         ("stream.advertised_port", "listen.stream is off: nothing advertises it"),
         ("stream.advertised_tls_port", "listen.stream_tls is off: nothing advertises it"),
     ]
+
+
+def test_the_mqtt_section() -> None:
+    listening = "listen: {mqtt: 'tcp:1883'}\n"
+    config = loads(listening + "mqtt: {vhost: devices, prefetch: 50, subscription_ttl: 1h}\n", "m.yaml")
+    assert (config.listen.mqtt, config.mqtt.vhost, config.mqtt.prefetch) == ("tcp:1883", "devices", 50)
+    assert config.mqtt.subscription_ttl == 3600.0 and config.mqtt.exchange == "amq.topic"
+    assert loads(listening + "mqtt: {subscription_ttl: false}\n", "m.yaml").mqtt.subscription_ttl is None
+    assert loads("", "m.yaml").mqtt == MqttConfig() and loads("", "m.yaml").listen.mqtt is None
+    for section, path, reason in [
+        ("{prefetch: 0}", "mqtt.prefetch", "must be between 1 and 65535, not 0"),
+        ("{allow_anonymous: 'no'}", "mqtt.allow_anonymous", None),
+        ("{subscription_ttl: 0s}", "mqtt.subscription_ttl", "must be more than 0 seconds (or false: for ever)"),
+        ("{retained_message_store: dets}", "mqtt.retained_message_store", None),
+    ]:
+        found = problems(listening + f"mqtt: {section}\n")
+        assert [where for _line, where, _reason in found] == [path]
+        assert reason is None or found[0][2] == reason
+    off = problems("mqtt: {vhost: devices}\n")
+    assert [(where, reason) for _line, where, reason in off] == [
+        ("mqtt", "no MQTT listener serves it: set listen.mqtt or listen.mqtt_tls")
+    ]
+    assert [where for _line, where, _reason in problems("listen: {mqtt_tls: 'tcp:8883'}\n")] == ["listen.mqtt_tls"]
+    clustered = "cluster: {name: c, etcd: 'http://127.0.0.1:2379', listen: 'tcp:5679'}\n"
+    found = problems(listening + clustered)
+    assert ("listen.mqtt", "MQTT is not served in cluster mode yet") in [(w, r) for _l, w, r in found]

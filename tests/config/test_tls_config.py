@@ -204,8 +204,8 @@ def test_verify_settings_that_cannot_work_are_refused(files: dict[str, str]) -> 
     assert [(key, reason) for _line, key, reason in found] == [
         (
             "tls",
-            "no listener uses it: set listen.amqps or listen.stream_tls, or http: true with a metrics or management"
-            " listener",
+            "no listener uses it: set listen.amqps, listen.stream_tls or listen.mqtt_tls, or http: true with a"
+            " metrics or management listener",
         )
     ]
 

@@ -1,0 +1,616 @@
+"""One MQTT 3.1.1 (and 3.1) client connection, sans-IO, served as RabbitMQ 3.10's MQTT plugin
+serves it where it follows the specification, and as the specification asks where it does not
+(see ``docs/mqtt.md``).
+
+Bytes come in through :meth:`MqttConnection.receive`; packets to write collect in
+:attr:`MqttConnection.out`, and :attr:`MqttConnection.wake` tells the shell when some were
+added outside a read (a login checked later, deliveries, acknowledgements that waited for the
+log). The shell (``broker.server.mqttprotocol``) runs the keep-alive timer and calls
+:meth:`MqttConnection.connection_lost`.
+
+The first packet must be CONNECT [MQTT-3.1.0-1]; it is answered once the login is checked
+(packets that come meanwhile wait). Then:
+
+* PUBLISH is routed through the MQTT exchange (``amq.topic``) as an AMQP publish of the topic
+  as routing key (``broker.mqtt.content``). QoS 1 is answered with PUBACK, QoS 2 with PUBREC,
+  once the message is in the log when a durable queue took it, and in the order the publishes
+  came [MQTT-4.6.0-2]. A QoS 2 publish is routed once: sent again (DUP) before its PUBREL, it
+  is answered and not routed [MQTT-4.3.3-2]. RabbitMQ 3.10 answers QoS 2 with PUBACK, which
+  a client waiting for PUBREC never completes.
+* SUBSCRIBE and UNSUBSCRIBE change the session's queues and bindings
+  (``broker.mqtt.session``); retained messages matching a new subscription follow its SUBACK,
+  wildcard subscriptions included (RabbitMQ 3.10 sends them to exact topics only).
+* A packet that breaks the specification closes the connection [MQTT-4.8.0-1], as does one
+  the user may not do (a refused publish, as RabbitMQ closes it); a refused subscription is
+  answered with 0x80 in its SUBACK [MQTT-3.9.3], where RabbitMQ closes the connection.
+
+The will is published when the connection ends other than by DISCONNECT [MQTT-3.1.2-8].
+"""
+
+from __future__ import annotations
+
+import base64
+from collections import deque
+from collections.abc import Callable
+from enum import Enum
+from typing import Any
+
+from postroom.broker.core.access import Access
+from postroom.broker.core.message import Message
+from postroom.broker.core.node import Node
+from postroom.broker.core.sockets import SocketDetails
+from postroom.broker.core.users import User
+from postroom.broker.core.vhost import VirtualHost
+from postroom.broker.errors import ChannelException, ReplyCode
+from postroom.broker.mqtt.content import content_header
+from postroom.broker.mqtt.registry import MqttRegistry
+from postroom.broker.mqtt.session import MqttSession, queue_names
+from postroom.broker.wire import mqtt as wire
+from postroom.broker.wire.codec import shortstr
+
+#: Human names of the protocol levels, as RabbitMQ's management API shows them.
+VERSIONS = {3: "3.1.0", 4: "3.1.1"}
+#: Topics whose routing keys a connection remembers (cleared when full).
+_TOPICS_KEPT = 1024
+
+
+class Phase(Enum):
+    """Where a connection is."""
+
+    CONNECTING = "connecting"  # waiting for CONNECT
+    AUTHENTICATING = "authenticating"  # the login is checked; packets wait
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class MqttConnection:
+    """One MQTT client (see the module's docstring).
+
+    :param registry: the node's MQTT side (settings, client ids, sessions, retained messages)
+    :param peer: the client's address, ``host:port``
+    :param loopback: whether it connects from a loopback address
+    :param certificate_name: over TLS, what names the client's certificate
+    """
+
+    def __init__(
+        self,
+        registry: MqttRegistry,
+        peer: str,
+        loopback: bool,
+        certificate_name: Callable[[], str | None] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.node: Node = registry.node
+        self.settings = registry.settings
+        self.peer = peer
+        self.loopback = loopback
+        self.certificate_name = certificate_name
+        self.reader = wire.PacketReader()
+        #: Packets to write, in order.
+        self.out: list[bytes] = []
+        #: Set when the socket is to be closed once :attr:`out` is written.
+        self.finished = False
+        #: Why the connection ended, for the log (empty: the client's DISCONNECT or hang-up).
+        self.reason = ""
+        #: Whether the node was told this connection has output (see :meth:`wake`).
+        self.dirty = False
+        #: Whether the socket takes more now (the shell says); deliveries wait while it does not.
+        self.writable = True
+        self.phase = Phase.CONNECTING
+        #: Packets read while the login is checked, or while an alarm blocks publishing.
+        self._held: deque[tuple[int, int, bytes]] = deque()
+        self.protocol_level = 4
+        self.client_id = ""
+        self.clean_session = True
+        #: Seconds the client may be silent (0: no limit); the shell allows one and a half times it.
+        self.keep_alive = 0
+        self.will: wire.Will | None = None
+        self.user: User | None = None
+        self.user_name = ""
+        self.vhost: VirtualHost | None = None
+        self.access: Access | None = None
+        self.session: MqttSession | None = None
+        self.auth_mechanism = "PLAIN"
+        #: Blocked by an alarm at a PUBLISH: nothing more is read until it clears.
+        self.blocked = False
+        #: Acknowledgements of publishes, in the order the publishes came: each waits for the
+        #: log when its message was written there (``[packet, ready]``).
+        self._acks: deque[list[Any]] = deque()
+        self._waiting_log = False
+        self._keys: dict[str, tuple[str, bytes]] = {}
+        #: When it connected (milliseconds since the epoch), what the shell counts of its socket
+        #: and the socket's details, for the management API.
+        self.connected_at = 0
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
+        self.socket: SocketDetails | None = None
+        #: Messages published by the client.
+        self.published = 0
+        #: Errors of teardown steps (the shell logs them).
+        self.teardown_errors: list[BaseException] = []
+        #: AMQP's view of a connection's channels, for a user's channel count (MQTT opens none).
+        self.channels: dict[int, Any] = {}
+
+    # -- input --------------------------------------------------------------------------------
+
+    def receive(self, data: bytes) -> None:
+        """Bytes from the client: act on every complete packet in them."""
+        if self.finished or self.phase is Phase.CLOSED:
+            return
+        try:
+            packets = self.reader.feed(data)
+        except wire.MalformedPacket as error:
+            self._fail(str(error))
+            return
+        if self._held or self.phase is Phase.AUTHENTICATING or self.blocked:
+            self._held.extend(packets)
+            return
+        self._handle(packets)
+
+    def _handle(self, packets: Any) -> None:
+        for index, (kind, flags, body) in enumerate(packets):
+            if self.finished:
+                break
+            if self.phase is Phase.AUTHENTICATING or (kind == wire.PUBLISH and self._blocks()):
+                self._held.extend(packets[index:])
+                break
+            self._packet(kind, flags, body)
+        if self.session is not None:
+            self.session.settle_acked()
+        self._await_log()
+
+    def _blocks(self) -> bool:
+        """Whether an alarm blocks a publish now (then nothing more is read until it clears,
+        as RabbitMQ blocks a publishing connection)."""
+        if self.node.alarms:
+            self.blocked = True
+        return self.blocked
+
+    def alarm_changed(self) -> None:
+        """The node's alarms changed: once none is left, a blocked connection goes on."""
+        if self.blocked and not self.node.alarms:
+            self.blocked = False
+            self.resume()
+
+    def resume(self) -> None:
+        """Act on the packets that waited (for the login, or an alarm)."""
+        held, self._held = list(self._held), deque()
+        if held:
+            self._handle(held)
+        self.wake()
+
+    def _packet(self, kind: int, flags: int, body: bytes) -> None:
+        try:
+            packet = wire.parse(kind, flags, body)
+        except wire.MalformedPacket as error:
+            self._fail(str(error))
+            return
+        if self.phase is Phase.CONNECTING:
+            if not isinstance(packet, wire.Connect):
+                self._fail("the first packet is not CONNECT [MQTT-3.1.0-1]")
+                return
+            self._connect(packet)
+            return
+        try:
+            match packet:
+                case wire.Publish():
+                    self._publish(packet)
+                case wire.Acknowledgement(kind=wire.PUBREL):
+                    self._released(packet.packet_id)
+                case wire.Acknowledgement():
+                    assert self.session is not None
+                    self.session.acknowledged(packet.kind, packet.packet_id)
+                case wire.Subscribe():
+                    self._subscribe(packet)
+                case wire.Unsubscribe():
+                    self._unsubscribe(packet)
+                case wire.PingReq():
+                    self.out.append(wire.pingresp())
+                case wire.Disconnect():
+                    self.will = None  # [MQTT-3.14.4-3]
+                    self.finished = True
+                case wire.Connect():
+                    self._fail("a second CONNECT [MQTT-3.1.0-2]")
+        except ChannelException as refused:
+            self._fail(refused.reply_text)
+
+    def _fail(self, reason: str) -> None:
+        """End the connection for ``reason`` (its will is published)."""
+        self.reason = self.reason or reason
+        self.finished = True
+
+    # -- CONNECT ------------------------------------------------------------------------------
+
+    def _connect(self, packet: wire.Connect) -> None:
+        if wire.PROTOCOLS.get(packet.protocol_level) != packet.protocol_name:
+            if packet.protocol_name not in wire.PROTOCOLS.values():
+                self._fail(f"protocol name {packet.protocol_name!r} [MQTT-3.1.2-1]")
+                return
+            self._refuse(wire.UNACCEPTABLE_PROTOCOL_VERSION, f"protocol level {packet.protocol_level}")
+            return
+        self.protocol_level = packet.protocol_level
+        if not packet.client_id and not packet.clean_session:
+            self._refuse(wire.IDENTIFIER_REJECTED, "an empty client id with a persistent session [MQTT-3.1.3-8]")
+            return
+        self.client_id = packet.client_id or _generated_id(self.node)
+        self.clean_session = packet.clean_session
+        self.keep_alive = packet.keep_alive
+        self.will = packet.will
+        settings = self.settings
+        if packet.username is not None and packet.password is not None:
+            username, password = packet.username, packet.password.decode("utf-8", "surrogateescape")
+        elif packet.username is not None:
+            self._refuse(wire.BAD_USERNAME_OR_PASSWORD, f"user '{packet.username}' sent no password")
+            return
+        elif settings.allow_anonymous:
+            username, password = settings.default_user, settings.default_pass
+        else:
+            self._refuse(wire.BAD_USERNAME_OR_PASSWORD, "no credentials, and anonymous logins are off")
+            return
+        vhost_name, username = self._vhost_and_user(username)
+        vhost = self.node.vhosts.get(vhost_name)
+        if vhost is None:
+            self._refuse(wire.BAD_USERNAME_OR_PASSWORD, f"vhost '{vhost_name}' does not exist")
+            return
+        self.phase = Phase.AUTHENTICATING
+        self.node.login(
+            username,
+            password,
+            self.loopback,
+            self.peer.rpartition(":")[0],
+            lambda user, reason: self._login_done(vhost, username, user, reason),
+        )
+
+    def _vhost_and_user(self, username: str) -> tuple[str, str]:
+        """The vhost and the user a CONNECT's user name names: ``vhost:user``, split at the
+        last colon, unless colons are part of names (``ignore_colons_in_username``); else the
+        configured vhost."""
+        if not self.settings.ignore_colons_in_username and ":" in username:
+            vhost, _, user = username.rpartition(":")
+            return vhost, user
+        return self.settings.vhost, username
+
+    def _login_done(self, vhost: VirtualHost, username: str, user: User | None, reason: str) -> None:
+        if self.finished or self.phase is not Phase.AUTHENTICATING:
+            return
+        self.user_name = username
+        if user is None:
+            loopback_only = reason.endswith("can only connect via localhost")
+            self._refuse(wire.NOT_AUTHORIZED if loopback_only else wire.BAD_USERNAME_OR_PASSWORD, reason)
+        elif not user.may_open(vhost.name):
+            self._refuse(wire.NOT_AUTHORIZED, f"access to vhost '{vhost.name}' refused for user '{username}'")
+        elif (limit := self._limit_reached(vhost, user)) is not None:
+            self._refuse(wire.SERVER_UNAVAILABLE if limit.startswith("node") else wire.NOT_AUTHORIZED, limit)
+        else:
+            self.user = user
+            self.vhost = vhost
+            self.access = user.access(vhost.name)
+            self._open()
+        self.resume()
+
+    def _limit_reached(self, vhost: VirtualHost, user: User) -> str | None:
+        """Which connection limit this connection would pass, in words; ``None``: none."""
+        node = self.node
+        limit = node.limits.max_connections
+        if 0 <= limit <= len(node.connections) + len(node.mqtt_connections):
+            return f"node connection limit ({limit}, limits.max_connections) is reached"
+        vhost_limit = vhost.max_connections
+        if vhost_limit is not None and 0 <= vhost_limit <= vhost.connection_count:
+            return f"vhost '{vhost.name}' connection limit ({vhost_limit}) is reached"
+        own = node.user_connections.get(user.name)
+        if user.max_connections is not None and 0 <= user.max_connections <= len(own or ()):
+            return f"user '{user.name}' connection limit ({user.max_connections}) is reached"
+        return None
+
+    def _refuse(self, code: int, reason: str) -> None:
+        """Answer CONNECT with ``code`` and end the connection [MQTT-3.2.2-5]."""
+        self.out.append(wire.connack(False, code))
+        self.phase = Phase.CLOSED
+        self.will = None
+        self._fail(f"refused ({code}): {reason}")
+
+    def _open(self) -> None:
+        node, registry, vhost = self.node, self.registry, self.vhost
+        assert vhost is not None and self.user is not None
+        client_id = self.client_id
+        previous = registry.clients.get(client_id)
+        if previous is not None:
+            previous.taken_over()
+        key = (vhost.name, client_id)
+        session = registry.sessions.pop(key, None)
+        if self.clean_session:
+            present = False
+            try:
+                if session is not None:
+                    self.teardown_errors += session.end()
+                else:
+                    self._delete_queues(vhost)
+            except ChannelException as refused:
+                self._refuse(wire.SERVER_UNAVAILABLE, f"the earlier session's queues stay: {refused.reply_text}")
+                return
+            session = None
+        else:
+            present = session is not None or any(name in vhost.queues for name in queue_names(client_id))
+        if session is None:
+            settings = self.settings
+            ttl = None if settings.subscription_ttl is None else int(settings.subscription_ttl * 1000)
+            session = MqttSession(vhost, client_id, self.clean_session, settings.exchange, settings.prefetch, ttl)
+            if present:
+                session.recover_filters()
+        registry.sessions[key] = session
+        registry.clients[client_id] = self
+        self.session = session
+        self.phase = Phase.OPEN
+        node.mqtt_connections.add(self)
+        vhost.connection_count += 1
+        node.user_connections.setdefault(self.user_name, set()).add(self)
+        node.counters["connections_opened"] += 1
+        self.out.append(wire.connack(present, wire.ACCEPTED))
+        session.attach(self)
+
+    def _delete_queues(self, vhost: VirtualHost) -> None:
+        """A clean session's start: the queues of an earlier persistent one go (configure
+        permission needed, as RabbitMQ's ``queue.delete``)."""
+        for name in queue_names(self.client_id):
+            queue = vhost.queues.get(name)
+            if queue is None:
+                continue
+            if self.access is not None:
+                self.access.check("configure", "queue", name)
+            vhost.remove_queue(queue)
+
+    def taken_over(self) -> None:
+        """Another connection took this one's client id [MQTT-3.1.4-2]: it ends now (its
+        session passes to the new one), without its will, as RabbitMQ ends it."""
+        self.will = None
+        self.reason = "another connection took its client id over"
+        self.finished = True
+        self._release()
+        self.wake()
+
+    # -- PUBLISH ------------------------------------------------------------------------------
+
+    def _publish(self, packet: wire.Publish) -> None:
+        session = self.session
+        assert session is not None
+        qos, packet_id = packet.qos, packet.packet_id
+        if qos == 2 and packet_id in session.received:
+            self._acknowledge(wire.PUBREC, packet_id, False)  # sent again: routed once [MQTT-4.3.3-2]
+            return
+        logged = self._route(packet.topic, packet.payload, qos, packet.dup)
+        self.published += 1
+        if packet.retain:
+            self.registry.retain(self.vhost.name, packet.topic, packet.payload, qos)  # type: ignore[union-attr]
+        if qos == 1:
+            self._acknowledge(wire.PUBACK, packet_id, logged)  # type: ignore[arg-type]
+        elif qos == 2:
+            session.received.add(packet_id)  # type: ignore[arg-type]
+            self._acknowledge(wire.PUBREC, packet_id, logged)  # type: ignore[arg-type]
+
+    def _route(self, topic: str, payload: bytes, qos: int, dup: bool) -> bool:
+        """Publish ``payload`` to ``topic``'s routing key on the MQTT exchange; whether the
+        message was written to the log (its acknowledgement then waits for the write).
+
+        :raises ChannelException: the user may not publish there (403), the exchange is gone
+            (404), the message is over the size limit or a queue refused it (406)
+        """
+        vhost, node = self.vhost, self.node
+        assert vhost is not None
+        exchange_name = self.settings.exchange
+        found = self._keys.get(topic)
+        if found is None:
+            if len(self._keys) >= _TOPICS_KEPT:
+                self._keys.clear()
+            key = wire.to_amqp(topic)
+            found = self._keys[topic] = (key, shortstr(exchange_name) + shortstr(key[:255]))
+        key, names = found
+        access = self.access
+        if access is not None:
+            access.check("write", "exchange", exchange_name)
+            access.check_topic("write", exchange_name, key)
+        if len(payload) > node.limits.max_message_bytes:
+            raise ChannelException(
+                ReplyCode.PRECONDITION_FAILED,
+                f"message size {len(payload)} is larger than configured max size {node.limits.max_message_bytes}",
+            )
+        exchange = vhost.exchanges.get(exchange_name)
+        if exchange is None:
+            raise ChannelException(ReplyCode.NOT_FOUND, f"no exchange '{exchange_name}' in vhost '{vhost.name}'")
+        message = Message(exchange_name, key, names, content_header(qos, dup, len(payload)), payload)
+        hooks = node.hooks
+        if hooks is not None:
+            hooks.published(vhost, exchange_name, message)
+        exchange.published_in += 1
+        vhost.published += 1
+        queues = vhost.route(exchange, message)
+        exchange.published_out += len(queues)
+        if hooks is not None:
+            hooks.routed(vhost, exchange_name, message, queues)
+        if not queues:
+            vhost.unroutable += 1
+        journal = vhost.journal
+        recorded = journal.recorded if journal is not None else 0
+        if not vhost.enqueue_routed(queues, message) and qos:
+            raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"a queue refused a message to '{topic}'")
+        return bool(message.wal_id) or (journal is not None and journal.recorded != recorded)
+
+    def _acknowledge(self, kind: int, packet_id: int, logged: bool) -> None:
+        """PUBACK or PUBREC for a publish, once its message is in the log (``logged``), and
+        after those of earlier publishes [MQTT-4.6.0-2]."""
+        packet = wire.acknowledgement(kind, packet_id)
+        acks = self._acks
+        if not acks and not logged:
+            self.out.append(packet)
+            return
+        acks.append([packet, not logged])
+        if logged:
+            self._waiting_log = True
+
+    def _await_log(self) -> None:
+        """Ask the log to say when what this read wrote is on disk (once per read)."""
+        if not self._waiting_log:
+            return
+        self._waiting_log = False
+        journal = self.vhost.journal if self.vhost is not None else None
+        waiting = [item for item in self._acks if not item[1]]
+        if journal is None:
+            self._logged(waiting, True)
+            return
+        journal.when_durable(lambda durable: self._logged(waiting, durable))
+
+    def _logged(self, items: list[list[Any]], durable: bool) -> None:
+        if self.phase is not Phase.OPEN:
+            return
+        if not durable:
+            self._fail("the log could not write a message")
+            self.wake()
+            return
+        for item in items:
+            item[1] = True
+        acks, out = self._acks, self.out
+        while acks and acks[0][1]:
+            out.append(acks.popleft()[0])
+        self.wake()
+
+    def _released(self, packet_id: int) -> None:
+        """The client's PUBREL: the QoS 2 publish is complete [MQTT-4.3.3-2]."""
+        assert self.session is not None
+        self.session.received.discard(packet_id)
+        packet = wire.acknowledgement(wire.PUBCOMP, packet_id)
+        if self._acks:
+            self._acks.append([packet, True])
+        else:
+            self.out.append(packet)
+
+    # -- SUBSCRIBE, UNSUBSCRIBE --------------------------------------------------------------
+
+    def _subscribe(self, packet: wire.Subscribe) -> None:
+        session, vhost = self.session, self.vhost
+        assert session is not None and vhost is not None
+        codes = []
+        for topic_filter, qos in packet.filters:
+            problem = wire.filter_problem(topic_filter)
+            if problem is None:
+                try:
+                    session.subscribe(topic_filter, qos, self.access)
+                except ChannelException as refused:
+                    problem = refused.reply_text
+            codes.append(wire.SUBSCRIPTION_FAILURE if problem else qos)
+        self.out.append(wire.suback(packet.packet_id, codes))
+        for (topic_filter, _qos), code in zip(packet.filters, codes, strict=True):
+            if code != wire.SUBSCRIPTION_FAILURE:
+                self._send_retained(topic_filter, code)
+
+    def _send_retained(self, topic_filter: str, granted: int) -> None:
+        """The retained messages ``topic_filter`` matches, at the lower of the two QoS (as
+        RabbitMQ and Mosquitto choose), with RETAIN set [MQTT-3.3.1-8]."""
+        session = self.session
+        assert session is not None and self.vhost is not None
+        for topic, retained in self.registry.retained_for(self.vhost.name, topic_filter):
+            qos = min(granted, retained.qos)
+            packet_id = None
+            if qos:
+                packet_id = session.next_packet_id()
+                session.inflight[packet_id] = None
+                session.inflight_qos[packet_id] = qos
+            self.out.append(wire.publish(topic, retained.payload, qos, True, False, packet_id))
+
+    def _unsubscribe(self, packet: wire.Unsubscribe) -> None:
+        session = self.session
+        assert session is not None
+        for topic_filter in packet.filters:
+            session.unsubscribe(topic_filter, self.access)
+        self.out.append(wire.acknowledgement(wire.UNSUBACK, packet.packet_id))
+
+    # -- the end ------------------------------------------------------------------------------
+
+    def timed_out(self) -> None:
+        """The client was silent for one and a half keep-alive periods [MQTT-3.1.2-24]."""
+        self._fail(f"no packet for {self.keep_alive * 1.5:g} seconds (keep-alive {self.keep_alive} s)")
+
+    def close(self, code: int, text: str) -> None:
+        """End the connection from the broker's side (an operator, a user deleted)."""
+        self._fail(text)
+        self._release()
+        self.wake()
+
+    def set_access(self, access: Access | None) -> None:
+        """The user's permissions changed: checks follow them from now on."""
+        self.access = access
+
+    def connection_lost(self) -> None:
+        """The socket is gone: publish the will unless the client said DISCONNECT, then let
+        the session go (a persistent one is kept for the client's return)."""
+        self._release()
+
+    def _release(self) -> None:
+        if self.phase is not Phase.OPEN:
+            self.phase = Phase.CLOSED
+            return
+        self.phase = Phase.CLOSED
+        node, vhost, session = self.node, self.vhost, self.session
+        assert vhost is not None and session is not None
+        will, self.will = self.will, None
+        if will is not None:
+            try:
+                self._route(will.topic, will.message, will.qos, False)
+                if will.retain:
+                    self.registry.retain(vhost.name, will.topic, will.message, will.qos)
+            except ChannelException as refused:
+                self.reason = self.reason or f"its will was refused: {refused.reply_text}"
+            except Exception as error:
+                self.teardown_errors.append(error)
+        self.teardown_errors += session.detach()
+        registry = self.registry
+        if registry.clients.get(self.client_id) is self:
+            del registry.clients[self.client_id]
+        key = (vhost.name, self.client_id)
+        if session.clean and registry.sessions.get(key) is session:
+            del registry.sessions[key]
+        node.mqtt_connections.discard(self)
+        vhost.connection_count -= 1
+        own = node.user_connections.get(self.user_name)
+        if own is not None:
+            own.discard(self)
+            if not own:
+                del node.user_connections[self.user_name]
+        self._acks.clear()
+
+    # -- output ---------------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Something was added to :attr:`out`: the node's list of connections with output
+        has this one (the shell writes them after the read in hand, or soon)."""
+        if not self.dirty:
+            self.dirty = True
+            self.node.mark_dirty(self)
+
+    wrote = wake
+
+    def take_output(self) -> bytes:
+        """What is to be written (then forgotten)."""
+        self.dirty = False
+        out = self.out
+        if not out:
+            return b""
+        data = b"".join(out)
+        out.clear()
+        return data
+
+    def set_writable(self, writable: bool) -> None:
+        """The socket's buffer filled (``False``) or drained: deliveries stop, or go on."""
+        self.writable = writable
+        session = self.session
+        if session is not None and session.link is self:
+            session.active = writable
+            if writable:
+                session.dispatch()
+
+    @property
+    def protocol(self) -> str:
+        """The protocol as RabbitMQ's management API names it (``MQTT 3.1.1``)."""
+        return "MQTT " + VERSIONS.get(self.protocol_level, "N/A")
+
+
+def _generated_id(node: Node) -> str:
+    """A client id for a client that sent none (RabbitMQ's: 16 random bytes in base64)."""
+    return base64.b64encode(node.rng.randbytes(16)).decode()
