@@ -360,8 +360,8 @@ class MqttConnection:
 
     def taken_over(self) -> None:
         """Another connection took this one's client id [MQTT-3.1.4-2]: it ends now (its
-        session passes to the new one), without its will, as RabbitMQ ends it."""
-        self.will = None
+        session passes to the new one), and its will is published, as it sent no DISCONNECT
+        [MQTT-3.1.2-10] (as Mosquitto does; RabbitMQ 3.10 drops it)."""
         self.reason = "another connection took its client id over"
         self.finished = True
         self._release()

@@ -713,3 +713,45 @@ def write_test_pki(directory: Path) -> dict[str, Path]:
         certificate.cert_chain_pems[0].write_to_path(files[f"{name}.crt"])
         certificate.private_key_pem.write_to_path(files[f"{name}.key"])
     return files
+
+
+#: Debian's Mosquitto broker (package ``mosquitto``), the second reference of the MQTT
+#: conformance transcripts where RabbitMQ 3.10 departs from the specification.
+MOSQUITTO = Path("/usr/sbin/mosquitto")
+
+
+class MosquittoMissing(RuntimeError):
+    """Debian's ``mosquitto`` is not installed here."""
+
+
+@contextmanager
+def mosquitto_broker(config: str = "") -> Iterator[int]:
+    """Run a private Mosquitto on a free loopback port, anonymous clients allowed and nothing
+    kept on disk; yield its port.
+
+    :param config: more lines of ``mosquitto.conf``
+    :raises MosquittoMissing: ``mosquitto`` is not installed
+    """
+    if not MOSQUITTO.exists():
+        raise MosquittoMissing("mosquitto is not installed: apt-get install -y mosquitto")
+    port = free_port()
+    home = Path(tempfile.mkdtemp(prefix="postroom-mosquitto-"))
+    (home / "mosquitto.conf").write_text(
+        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest none\n{config}"
+    )
+    process = subprocess.Popen(
+        [str(MOSQUITTO), "-c", str(home / "mosquitto.conf")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_for_port(port, 20)
+        yield port
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        shutil.rmtree(home, ignore_errors=True)
