@@ -33,6 +33,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from postroom.broker.core.access import compile_access
+from postroom.broker.core.retained import RETAINED, RetainedMessages
 from postroom.broker.core.users import User
 from postroom.broker.errors import ReplyCode
 from postroom.broker.wal.codec import encode
@@ -199,9 +200,13 @@ class Administered(Protocol):
     journal: Journal | None
     vhosts: dict[str, VirtualHost]
     users_by_name: dict[str, User]
-    #: Open connections, and those of each user (closed when their user or vhost goes).
+    #: Open connections (AMQP's, MQTT's), and those of each user (closed when their user or
+    #: vhost goes).
     connections: set[Any]
+    mqtt_connections: set[Any]
     user_connections: dict[str, set[Any]]
+    #: MQTT's retained messages (in the log beside the definitions).
+    retained: RetainedMessages
 
     def add_vhost(self, name: str) -> VirtualHost:
         """Create a virtual host."""
@@ -247,7 +252,7 @@ class Administration:
         records += [
             encode(Defined(PARAMETER, parameter_key(*key), _dump(value))) for key, value in self.parameters.items()
         ]
-        return records
+        return records + node.retained.records()
 
     def initialise(self) -> None:
         """Mark the log as holding the node's definitions, recording each as it is now."""
@@ -269,10 +274,14 @@ class Administration:
         """
         node = self.node
         initialised = False
+        retained: list[Defined] = []
         for record in definitions:
             try:
                 if record.kind == NODE:
                     initialised = True
+                    continue
+                if record.kind == RETAINED:
+                    retained.append(record)
                     continue
                 value = _load(record)
                 if record.kind == USER:
@@ -290,6 +299,10 @@ class Administration:
             except (ValueError, TypeError, KeyError) as error:
                 warn(f"the write-ahead log's definition of {record.kind} '{record.key}' is not read: {error}")
         node.users_changed()
+        try:
+            node.retained.restore(retained, node.vhosts)
+        except (ValueError, TypeError, IndexError) as error:
+            warn(f"the write-ahead log's retained messages are not read: {error}")
         return initialised
 
     # -- users --------------------------------------------------------------------------------
@@ -442,9 +455,10 @@ class Administration:
         vhost = node.vhosts.get(name)
         if vhost is None:
             return False
-        for connection in list(node.connections):
+        for connection in [*node.connections, *node.mqtt_connections]:
             if connection.vhost is vhost:
                 connection.close(ReplyCode.CONNECTION_FORCED, VHOST_DELETED.format(vhost=name))
+        node.retained.forget_vhost(name)
         for component, vhost_name, parameter in [key for key in self.parameters if key[1] == name]:
             self.clear_parameter(component, vhost_name, parameter)
         vhost.delete_everything()

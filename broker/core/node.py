@@ -19,6 +19,7 @@ from postroom.broker.core.entry import Queue
 from postroom.broker.core.login import LoginThrottle, decoy_hash, is_expensive
 from postroom.broker.core.queue import WorkQueue
 from postroom.broker.core.replyto import DirectReplyTo
+from postroom.broker.core.retained import RetainedMessages
 from postroom.broker.core.stores import QueuePager, StreamStorage
 from postroom.broker.core.timers import Scheduler
 from postroom.broker.core.users import User
@@ -152,6 +153,8 @@ class Node:
         self.stream_connections: set[Any] = set()
         #: Open MQTT connections (``broker.mqtt``), once connected.
         self.mqtt_connections: set[Any] = set()
+        #: MQTT's retained messages, kept in the log.
+        self.retained = RetainedMessages()
         #: The channels' direct reply-to consumers (``amq.rabbitmq.reply-to``).
         self.replies = DirectReplyTo()
         #: Open connections per user name (for users' connection and channel limits).
@@ -231,6 +234,7 @@ class Node:
     def set_journal(self, journal: Journal) -> None:
         """Persist durable state from now on: every vhost records into ``journal``."""
         self.journal = journal
+        self.retained.journal = journal
         for vhost in self.vhosts.values():
             vhost.journal = journal
 

@@ -376,10 +376,13 @@ class MqttConnection:
         if qos == 2 and packet_id in session.received:
             self._acknowledge(wire.PUBREC, packet_id, False)  # sent again: routed once [MQTT-4.3.3-2]
             return
+        journal = self.node.journal
+        recorded = journal.recorded if journal is not None else 0
         logged = self._route(packet.topic, packet.payload, qos, packet.dup)
         self.published += 1
         if packet.retain:
-            self.registry.retain(self.vhost.name, packet.topic, packet.payload, qos)  # type: ignore[union-attr]
+            self.node.retained.retain(self.vhost.name, packet.topic, packet.payload, qos)  # type: ignore[union-attr]
+            logged = logged or (journal is not None and journal.recorded != recorded)
         if qos == 1:
             self._acknowledge(wire.PUBACK, packet_id, logged)  # type: ignore[arg-type]
         elif qos == 2:
@@ -505,7 +508,7 @@ class MqttConnection:
         RabbitMQ and Mosquitto choose), with RETAIN set [MQTT-3.3.1-8]."""
         session = self.session
         assert session is not None and self.vhost is not None
-        for topic, retained in self.registry.retained_for(self.vhost.name, topic_filter):
+        for topic, retained in self.node.retained.matching(self.vhost.name, topic_filter):
             qos = min(granted, retained.qos)
             packet_id = None
             if qos:
@@ -554,7 +557,7 @@ class MqttConnection:
             try:
                 self._route(will.topic, will.message, will.qos, False)
                 if will.retain:
-                    self.registry.retain(vhost.name, will.topic, will.message, will.qos)
+                    self.node.retained.retain(vhost.name, will.topic, will.message, will.qos)
             except ChannelException as refused:
                 self.reason = self.reason or f"its will was refused: {refused.reply_text}"
             except Exception as error:
