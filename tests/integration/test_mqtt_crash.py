@@ -73,7 +73,8 @@ def test_a_persistent_sessions_acknowledged_messages_and_retained_ones_survive_s
     for cycle in range(3):
         with broker(data, mqtt=port) as (process, _amqp):
             stop = threading.Event()
-            publisher = threading.Thread(target=publish_until_killed, args=(port, cycle * 1_000_000, confirmed, retained, stop))
+            arguments = (port, cycle * 1_000_000, confirmed, retained, stop)
+            publisher = threading.Thread(target=publish_until_killed, args=arguments)
             publisher.start()
             time.sleep(rng.uniform(0.5, 1.0))
             process.send_signal(signal.SIGKILL)
