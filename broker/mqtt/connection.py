@@ -570,6 +570,7 @@ class MqttConnection:
         if session.clean and registry.sessions.get(key) is session:
             del registry.sessions[key]
         node.mqtt_connections.discard(self)
+        node.counters["connections_closed"] += 1
         vhost.connection_count -= 1
         own = node.user_connections.get(self.user_name)
         if own is not None:

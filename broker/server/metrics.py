@@ -475,6 +475,8 @@ class BrokerCollector:
     def _stream_protocol(self) -> Iterator[Metric]:
         streaming = self.node.stream_connections
         counters = self.node.counters
+        mqtt = len(self.node.mqtt_connections)
+        yield GaugeMetricFamily("postroom_mqtt_connections", "Open MQTT connections.", value=mqtt)
         yield GaugeMetricFamily(
             "postroom_stream_protocol_connections", "Open connections of the stream protocol.", value=len(streaming)
         )
@@ -581,7 +583,7 @@ class RabbitMQNames:
         limit = monitor.memory_limit if monitor is not None else memory_total()
         disk = _disk_free(self.collector.wal)
         open_fds, max_fds = _fds()
-        sockets = len(connections)
+        sockets = len(connections) + len(node.mqtt_connections)
         gauges = {
             "rabbitmq_queue_messages_ready": ("Messages ready to be delivered.", ready),
             "rabbitmq_queue_messages_unacked": ("Messages delivered and not acknowledged.", unacked),
@@ -589,7 +591,7 @@ class RabbitMQNames:
             "rabbitmq_queues": ("Queues.", totals.queues),
             "rabbitmq_consumers": ("Consumers.", totals.consumer_count),
             "rabbitmq_channel_consumers": ("Consumers on channels.", sum(len(c.consuming.consumers) for c in channels)),
-            "rabbitmq_connections": ("Open connections.", len(connections)),
+            "rabbitmq_connections": ("Open connections.", len(connections) + len(node.mqtt_connections)),
             "rabbitmq_channels": ("Open channels.", len(channels)),
             "rabbitmq_channel_messages_unconfirmed": ("Publishes not confirmed yet.", unconfirmed),
             "rabbitmq_process_resident_memory_bytes": ("Resident memory.", rss),

@@ -48,7 +48,8 @@ from postroom.broker.wire.table import encode_table
 
 __all__ = [
     "SESSION_START", "STREAM_SESSION_START", "method_frame", "raw_frame", "run_once", "stream_request",
-    "stream_publish", "stream_run_once", "sub_entry_batch",
+    "stream_publish", "stream_run_once", "sub_entry_batch", "mqtt_connect", "mqtt_packet", "mqtt_run_once",
+    "mqtt_string", "MQTT_SESSION_START",
 ]  # fmt: skip
 
 _frame_head = struct.Struct(">BHI")
@@ -309,3 +310,83 @@ def stream_run_once(data: bytes) -> None:
             if isinstance(queue, StreamQueue):
                 assert not queue.watchers, f"stream {queue.name!r} still has watchers"
                 assert not any(queue.stream_groups.values()), f"stream {queue.name!r} still has group members"
+
+
+# -- MQTT ------------------------------------------------------------------------------------
+
+
+def mqtt_packet(first: int, body: bytes) -> bytes:
+    """An MQTT packet: its first byte, the remaining length, ``body``."""
+    length, header = len(body), bytearray([first])
+    while True:
+        byte, length = length & 0x7F, length >> 7
+        header.append(byte | 0x80 if length else byte)
+        if not length:
+            return bytes(header) + body
+
+
+def mqtt_string(value: str) -> bytes:
+    data = value.encode("utf-8", "surrogateescape")
+    return struct.pack(">H", len(data)) + data
+
+
+def mqtt_connect(client_id: str, clean: bool = True, keep_alive: int = 0) -> bytes:
+    """A CONNECT of MQTT 3.1.1, no user name (the anonymous login)."""
+    variable = mqtt_string("MQTT") + bytes([4, 0x02 if clean else 0]) + struct.pack(">H", keep_alive)
+    return mqtt_packet(0x10, variable + mqtt_string(client_id))
+
+
+#: A session's start: connected, subscribed at each QoS, a message published at each QoS
+#: (one retained) and a QoS 2 exchange begun.
+MQTT_SESSION_START = b"".join([
+    mqtt_packet(0x82, struct.pack(">H", 1) + mqtt_string("a/#") + b"\x01" + mqtt_string("b/+") + b"\x02"),
+    mqtt_packet(0x82, struct.pack(">H", 2) + mqtt_string("#") + b"\x00"),
+    mqtt_packet(0x30, mqtt_string("a/x") + b"zero"),
+    mqtt_packet(0x33, mqtt_string("a/y") + struct.pack(">H", 7) + b"one"),
+    mqtt_packet(0x34, mqtt_string("b/z") + struct.pack(">H", 8) + b"two"),
+])  # fmt: skip
+
+
+def mqtt_run_once(data: bytes) -> None:
+    """Feed ``data`` to a fresh MQTT connection. The first byte: bit 0, a CONNECT first (bit 1:
+    a persistent session) and the session start after it; bit 2, a second client subscribed to
+    every topic at QoS 2, which acknowledges nothing; the rest, the size of each read (1 to 249
+    bytes). Whatever the bytes, the connection answers or ends, never raises, every packet it
+    writes reads back, and once gone it is no longer listed, holds no consumer, and leaves a
+    clean session nothing.
+
+    :raises AssertionError: what it wrote does not read back, or it failed to release
+    :raises Exception: whatever escaped the connection: every such exception is a bug
+    """
+    from postroom.broker.mqtt.connection import MqttConnection
+    from postroom.broker.mqtt.registry import MqttRegistry
+    from postroom.broker.wire.mqtt import PacketReader
+
+    if not data:
+        return
+    mode, data = data[0], data[1:]
+    start = mqtt_connect("fuzz", clean=not mode & 2) + MQTT_SESSION_START if mode & 1 else b""
+    stream = start + data
+    step = 1 + (mode >> 3) * 8
+    node = Node(users=[User("guest", "guest")], rng=random.Random(0))
+    registry = MqttRegistry(node)
+    other = None
+    if mode & 4:
+        other = MqttConnection(registry, "127.0.0.1:2", True)
+        other.receive(mqtt_connect("other") + mqtt_packet(0x82, struct.pack(">H", 1) + mqtt_string("#") + b"\x02"))
+    connection = MqttConnection(registry, "127.0.0.1:1", True)
+    for at in range(0, len(stream), step):
+        connection.receive(stream[at : at + step])
+        PacketReader().feed(connection.take_output())  # (it raises on what does not read back)
+        if connection.finished:
+            break
+    connection.connection_lost()
+    if other is not None:
+        PacketReader().feed(other.take_output())
+        other.connection_lost()
+    assert not node.mqtt_connections and not registry.clients, "a connection is still listed after it was lost"
+    for vhost in node.vhosts.values():
+        for queue in vhost.queues.values():
+            assert not list(queue.consumers), f"a consumer of {queue.name} outlived its connection"
+            if queue.name.endswith(("fuzzqos0", "fuzzqos1")) and not mode & 2:
+                raise AssertionError(f"a clean session left {queue.name}")

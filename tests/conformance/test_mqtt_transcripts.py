@@ -11,9 +11,12 @@ RabbitMQ listed in ``docs/mqtt.md``; each names the rule of the specification it
 
 from __future__ import annotations
 
+import base64
+import json
 import socket
 import struct
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,7 +24,7 @@ from typing import Any
 
 import pika
 import pytest
-from transcript import oracle
+from transcript import field_paths, oracle
 
 from postroom.broker.tools.testing import MosquittoMissing, free_port, mosquitto_broker, wait_for_port
 from tests.integration.test_crash import broker
@@ -39,12 +42,14 @@ class Ports:
     rabbitmq: int
     rabbitmq_amqp: int
     mosquitto: int
+    postroom_http: int
+    rabbitmq_http: int
 
 
 @pytest.fixture(scope="module")
 def ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ports]:
     """The MQTT ports of a Postroom process, a RabbitMQ node and a Mosquitto, and the two AMQP ones."""
-    rabbit_mqtt, mqtt = free_port(), free_port()
+    rabbit_mqtt, mqtt, rabbit_http, http = free_port(), free_port(), free_port(), free_port()
     directory = tmp_path_factory.mktemp("mqtt")
     try:
         mosquitto = mosquitto_broker()
@@ -53,11 +58,16 @@ def ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ports]:
         pytest.skip(f"no Mosquitto to compare with: {missing}")
     try:
         with (
-            oracle(f"mqtt.listeners.tcp.1 = 127.0.0.1:{rabbit_mqtt}\n", ["rabbitmq_mqtt"], also=[rabbit_mqtt]) as amqp,
-            broker(directory / "data", mqtt=mqtt) as (_process, postroom_amqp),
+            oracle(
+                f"mqtt.listeners.tcp.1 = 127.0.0.1:{rabbit_mqtt}\n"
+                f"management.tcp.port = {rabbit_http}\nmanagement.tcp.ip = 127.0.0.1\n",
+                ["rabbitmq_mqtt", "rabbitmq_management"],
+                also=[rabbit_mqtt, rabbit_http],
+            ) as amqp,
+            broker(directory / "data", mqtt=mqtt, management=http) as (_process, postroom_amqp),
         ):
             wait_for_port(mqtt, 30)
-            yield Ports(mqtt, postroom_amqp, rabbit_mqtt, amqp, mosquitto_port)
+            yield Ports(mqtt, postroom_amqp, rabbit_mqtt, amqp, mosquitto_port, http, rabbit_http)
     finally:
         mosquitto.__exit__(None, None, None)
     assert "Traceback" not in (directory / "broker.log").read_text()
@@ -563,3 +573,39 @@ def test_as_mosquitto_where_rabbitmq_departs(ports: Ports, name: str) -> None:
     assert run(ports.postroom, scenario) == reference
     # The departure is real: RabbitMQ 3.10 answers otherwise.
     assert run(ports.rabbitmq, scenario) != reference
+
+
+def mqtt_connection_object(http: int, mqtt: int, prefix: str) -> dict[str, Any]:
+    """``/api/connections``' object for an MQTT client connected to ``mqtt``, as guest."""
+    log: list[str] = []
+    wire = Wire(mqtt, prefix, log, "c")
+    try:
+        wire.send(connect(prefix + "-dev", keep_alive=30, username="guest", password="guest"))
+        wire.read()
+        credentials = base64.b64encode(b"guest:guest").decode()
+        deadline = time.monotonic() + 15
+        while True:  # (RabbitMQ shows a connection's byte counts once its stats are emitted: up to 5 s)
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{http}/api/connections", headers={"Authorization": f"Basic {credentials}"}
+            )
+            with urllib.request.urlopen(request, timeout=10) as response:
+                listed = json.load(response)
+            found = [c for c in listed if c.get("client_properties", {}).get("client_id") == prefix + "-dev"]
+            if (found and "recv_oct" in found[0]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert found, "the MQTT connection is not listed"
+        return found[0]
+    finally:
+        wire.close()
+
+
+def test_the_management_api_lists_an_mqtt_connection_as_rabbitmq_does(ports: Ports) -> None:
+    prefix = f"conformance-{uuid.uuid4().hex[:8]}"
+    expected = mqtt_connection_object(ports.rabbitmq_http, ports.rabbitmq, prefix)
+    actual = mqtt_connection_object(ports.postroom_http, ports.postroom, prefix)
+    # Erlang's own (the process's garbage collection and reductions) are RabbitMQ's alone.
+    erlang = {"garbage_collection", "reductions", "reductions_details"}
+    assert field_paths(actual) == {path for path in field_paths(expected) if path.split(".")[0] not in erlang}
+    same = ["protocol", "type", "user", "vhost", "client_properties", "variable_map", "state", "ssl", "frame_max"]
+    assert {key: actual[key] for key in same} == {key: expected[key] for key in same}

@@ -213,17 +213,19 @@ class Context:
             if not SEE_ALL_TAGS.isdisjoint(user.tags) or connection.user_name == user.name
         ]
 
+    def visible_mqtt_connections(self, user: User) -> list[Any]:
+        """MQTT's open connections ``user`` sees (as for AMQP's), by name."""
+        return self._visible(self.node.mqtt_connections, user)
+
     def visible_stream_connections(self, user: User) -> list[StreamConnection]:
         """The stream protocol's open connections ``user`` sees (as for AMQP's), by name."""
-        return sorted(
-            (
-                connection
-                for connection in self.node.stream_connections
-                if not SEE_ALL_TAGS.isdisjoint(user.tags) or connection.user_name == user.name
-            ),
-            key=lambda connection: connection.peer,
-        )
+        return self._visible(self.node.stream_connections, user)
 
+    @staticmethod
+    def _visible(connections: Iterable[Any], user: User) -> list[Any]:
+        see_all = not SEE_ALL_TAGS.isdisjoint(user.tags)
+        shown = (connection for connection in connections if see_all or connection.user_name == user.name)
+        return sorted(shown, key=lambda connection: connection.peer)
 
 #: A handler's answer: its status and the body to send as JSON (``None``: none).
 Answer = tuple[int, object]
@@ -442,7 +444,7 @@ def _columns(item: Any, columns: list[str]) -> Any:
     return kept
 
 
-def socket_fields(sampler: RateSampler, connection: ServerConnection | StreamConnection) -> dict[str, Any]:
+def socket_fields(sampler: RateSampler, connection: ServerConnection | StreamConnection | Any) -> dict[str, Any]:
     """A connection's socket as RabbitMQ's connection objects show it: its two ends, how it
     logged in, TLS (Erlang's names), and bytes and socket reads and writes each way, with
     their rates over the last sample."""

@@ -502,12 +502,17 @@ def close_connection(call: Call) -> tuple[int, None]:
     name, user = call.params["connection"], call.user
     found = next((connection for connection in call.node.connections if connection.peer == name), None)
     streaming = next((connection for connection in call.node.stream_connections if connection.peer == name), None)
-    target = found or streaming
+    mqtt = next((connection for connection in call.node.mqtt_connections if connection.peer == name), None)
+    target = found or streaming or mqtt
     if "administrator" not in user.tags and (target is None or target.user_name != user.name):
         raise not_authorised("User not authorised to access object")
     if streaming is not None and found is None:
         streaming.force_close(f"closed through the management API by {user.name}")
         _log.info("stream connection {peer} closed through the management API by {user}", peer=name, user=user.name)
+        return 204, None
+    if mqtt is not None and found is None:
+        mqtt.close(ReplyCode.CONNECTION_FORCED, f"closed through the management API by {user.name}")
+        _log.info("MQTT connection {peer} closed through the management API by {user}", peer=name, user=user.name)
         return 204, None
     if found is None:
         raise not_found()

@@ -55,7 +55,7 @@ def node_levels(node: Node, monitor: ResourceMonitor | None) -> dict[str, int]:
     return {
         "mem_used": (monitor.memory_used or 0) if monitor is not None else 0,
         "fd_used": descriptors_open(),
-        "sockets_used": len(node.connections) + len(node.stream_connections),
+        "sockets_used": len(node.connections) + len(node.stream_connections) + len(node.mqtt_connections),
         "disk_free": (monitor.disk_free or 0) if monitor is not None else 0,
     }
 
@@ -256,7 +256,7 @@ class RateSampler:
         received and sent in all."""
         last, rates, sockets = self._sockets, {}, {}
         totals_before = {name: tuple(totals) for name, totals in self.vhost_bytes.items()}
-        for connection in (*self.node.connections, *self.node.stream_connections):
+        for connection in (*self.node.connections, *self.node.stream_connections, *self.node.mqtt_connections):
             now = (connection.recv_oct, connection.send_oct)
             before = last.get(connection, (0, 0))
             sockets[connection] = now

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from postroom.broker.core.exchange import Exchange
     from postroom.broker.core.node import Node
     from postroom.broker.core.vhost import VirtualHost
+    from postroom.broker.mqtt.connection import MqttConnection
 
 
 #: When the process started, near enough (this module is loaded at start): the node's uptime.
@@ -240,7 +241,7 @@ def nodes(call: Call) -> Answer:
         "mem_calculation_strategy": "rss",
         "fd_used": descriptors_open(),
         "fd_total": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
-        "sockets_used": len(node.connections) + len(node.stream_connections),
+        "sockets_used": len(node.connections) + len(node.stream_connections) + len(node.mqtt_connections),
         "sockets_total": node.limits.max_connections,
         "processors": len(os.sched_getaffinity(0)),
         "rates_mode": "basic",
@@ -311,7 +312,7 @@ def vhost_view(sampler: RateSampler, vhost: VirtualHost) -> dict[str, Any]:
     if stats:  # (as RabbitMQ: once it has had traffic)
         view["message_stats"] = stats
     received, sent = sampler.vhost_bytes.get(vhost.name, (0, 0))
-    for connection in (*sampler.node.connections, *sampler.node.stream_connections):
+    for connection in (*sampler.node.connections, *sampler.node.stream_connections, *sampler.node.mqtt_connections):
         if connection.vhost is vhost:  # (and what they did since the last sample)
             before = sampler.sampled_bytes(connection)
             received += connection.recv_oct - before[0]
@@ -665,6 +666,39 @@ def connection_view(node: Node, sampler: RateSampler, connection: ServerConnecti
     return view
 
 
+def mqtt_connection_view(sampler: RateSampler, connection: MqttConnection) -> dict[str, Any]:
+    """An MQTT connection as ``/api/connections`` shows it: RabbitMQ 3.10's fields for one
+    (its MQTT plugin's connections are direct AMQP ones, of up to two channels; an MQTT
+    connection here has none)."""
+    vhost = connection.vhost
+    view = {
+        "name": connection.peer,
+        "node": node_name(),
+        "type": "direct",
+        "protocol": connection.protocol,
+        "user": connection.user_name,
+        "user_who_performed_action": connection.user_name,
+        "vhost": vhost.name if vhost is not None else None,
+        "channels": 0,
+        "channel_max": 1,
+        "frame_max": 0,
+        "client_properties": {"client_id": connection.client_id, "product": "MQTT client"},
+        "variable_map": {"client_id": connection.client_id},
+        "state": "blocked" if connection.blocked else "running",
+    }
+    socket = socket_fields(sampler, connection)
+    view.update((key, value) for key, value in socket.items() if key in _MQTT_SOCKET_FIELDS)
+    return view
+
+
+#: The socket's fields RabbitMQ 3.10 shows for an MQTT connection (a direct connection: no
+#: login mechanism or TLS details).
+_MQTT_SOCKET_FIELDS = frozenset(
+    {"host", "port", "peer_host", "peer_port", "connected_at", "ssl", "recv_oct", "recv_oct_details"}
+    | {"recv_cnt", "send_oct", "send_oct_details", "send_cnt", "send_pend"}
+)
+
+
 def _connections(call: Call) -> list[ServerConnection]:
     """The connections the user sees, of the path's vhost or connection when it names one
     (404 for a vhost or a connection that is not there)."""
@@ -685,10 +719,19 @@ def connections(call: Call) -> Answer:
     streaming = stream_connections_shown(call, required=False)
     if "connection" in call.params and streaming:
         return 200, stream_connection_view(call.sampler, streaming[0])
+    mqtt = call.context.visible_mqtt_connections(call.user)
+    if "vhost" in call.params:
+        vhost = call.params["vhost"]
+        mqtt = [connection for connection in mqtt if connection.vhost is not None and connection.vhost.name == vhost]
+    if "connection" in call.params:
+        named = [connection for connection in mqtt if connection.peer == call.params["connection"]]
+        if named:
+            return 200, mqtt_connection_view(call.sampler, named[0])
     views = [connection_view(call.node, call.sampler, connection) for connection in _connections(call)]
     if "connection" in call.params:
         return 200, views[0]
     views += [stream_connection_view(call.sampler, connection) for connection in streaming]
+    views += [mqtt_connection_view(call.sampler, connection) for connection in mqtt]
     return 200, sorted(views, key=lambda view: view["name"])
 
 

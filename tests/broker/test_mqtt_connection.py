@@ -1,0 +1,192 @@
+"""The MQTT connection without a network: packets in, packets out, on a node of its own; and
+its shell's timers on a ``Clock`` over a ``StringTransport`` (CONNECT's deadline, the keep-alive
+at one and a half times), deterministic, with no sleeps."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+from postroom.broker.core.journal import Journal
+from postroom.broker.core.message import Message
+from postroom.broker.core.node import Node
+from postroom.broker.core.users import User, hash_password
+from postroom.broker.mqtt.connection import MqttConnection, Phase
+from postroom.broker.mqtt.registry import MqttRegistry
+from postroom.broker.server.mqttprotocol import CONNECT_TIMEOUT, MqttServerFactory, MqttServerProtocol
+from postroom.broker.server.protocol import AMQPServerFactory
+from postroom.broker.wire import mqtt as wire
+
+
+def text(value: str) -> bytes:
+    return struct.pack(">H", len(value.encode())) + value.encode()
+
+
+def packet(first: int, body: bytes) -> bytes:
+    out = bytearray([first])
+    length = len(body)
+    while True:
+        byte, length = length & 0x7F, length >> 7
+        out.append(byte | 0x80 if length else byte)
+        if not length:
+            return bytes(out) + body
+
+
+def connect(client_id: str, clean: bool = True, keep_alive: int = 0, will: tuple[str, bytes] | None = None) -> bytes:
+    flags = (0x02 if clean else 0) | (0x04 if will else 0)
+    payload = text(client_id) + (text(will[0]) + struct.pack(">H", len(will[1])) + will[1] if will else b"")
+    return packet(0x10, text("MQTT") + bytes([4, flags]) + struct.pack(">H", keep_alive) + payload)
+
+
+def publish(topic: str, payload: bytes, qos: int = 0, packet_id: int = 1, retain: bool = False) -> bytes:
+    return packet(0x30 | qos << 1 | retain, text(topic) + (struct.pack(">H", packet_id) if qos else b"") + payload)
+
+
+def subscribe(packet_id: int, topic_filter: str, qos: int) -> bytes:
+    return packet(0x82, struct.pack(">H", packet_id) + text(topic_filter) + bytes([qos]))
+
+
+def read(data: bytes) -> list[tuple[int, int, bytes]]:
+    return wire.PacketReader().feed(data)
+
+
+def opened(registry: MqttRegistry, client_id: str, clean: bool = True, keep_alive: int = 0) -> MqttConnection:
+    connection = MqttConnection(registry, "127.0.0.1:40000", True)
+    connection.receive(connect(client_id, clean, keep_alive))
+    assert read(connection.take_output()) == [(wire.CONNACK, 0, b"\x00\x00")]
+    return connection
+
+
+@pytest.fixture
+def registry() -> MqttRegistry:
+    return MqttRegistry(Node())
+
+
+def test_qos1_acknowledgements_wait_for_the_log_and_keep_their_order(registry: MqttRegistry) -> None:
+    node = registry.node
+    journal = Journal(1)
+    node.set_journal(journal)
+    subscriber = opened(registry, "sub")
+    subscriber.receive(subscribe(1, "jobs/#", 1))  # a durable queue: its messages are logged
+    subscriber.take_output()
+    publisher = opened(registry, "pub")
+    publisher.receive(publish("jobs/a", b"1", 1, 1) + publish("elsewhere", b"2", 1, 2) + publish("jobs/b", b"3", 1, 3))
+    assert publisher.take_output() == b""  # nothing is on disk yet, and the second waits for the first
+    journal.synced_to(journal.position)
+    assert [body for _kind, _flags, body in read(publisher.take_output())] == [b"\x00\x01", b"\x00\x02", b"\x00\x03"]
+
+
+def test_a_failed_log_write_ends_the_publisher_without_an_acknowledgement(registry: MqttRegistry) -> None:
+    journal = Journal(1)
+    registry.node.set_journal(journal)
+    subscriber = opened(registry, "sub")
+    subscriber.receive(subscribe(1, "t", 1))
+    publisher = opened(registry, "pub")
+    publisher.receive(publish("t", b"x", 1, 5))
+    journal.failed(journal.position)
+    assert publisher.take_output() == b"" and publisher.finished
+
+
+def test_a_qos2_publish_sent_again_before_its_release_is_routed_once(registry: MqttRegistry) -> None:
+    subscriber = opened(registry, "sub")
+    subscriber.receive(subscribe(1, "t", 2))
+    subscriber.take_output()
+    publisher = opened(registry, "pub")
+    publisher.receive(publish("t", b"once", 2, 9))
+    publisher.receive(packet(0x3C, text("t") + struct.pack(">H", 9) + b"once"))  # DUP, same id
+    assert [kind for kind, _f, _b in read(publisher.take_output())] == [wire.PUBREC, wire.PUBREC]
+    publisher.receive(packet(0x62, struct.pack(">H", 9)))  # PUBREL
+    assert read(publisher.take_output()) == [(wire.PUBCOMP, 0, b"\x00\x09")]
+    delivered = read(subscriber.take_output())
+    assert [(kind, flags >> 1 & 3) for kind, flags, _b in delivered] == [(wire.PUBLISH, 2)]
+
+
+def test_an_alarm_holds_a_publisher_until_it_clears(registry: MqttRegistry) -> None:
+    node = registry.node
+    subscriber = opened(registry, "sub")
+    subscriber.receive(subscribe(1, "t", 0))
+    subscriber.take_output()
+    publisher = opened(registry, "pub")
+    node.set_alarm("memory", True)
+    publisher.receive(publish("t", b"held") + packet(0xC0, b""))
+    assert publisher.blocked and subscriber.take_output() == b"" and publisher.take_output() == b""
+    node.set_alarm("memory", False)
+    assert not publisher.blocked
+    assert [kind for kind, _f, _b in read(subscriber.take_output())] == [wire.PUBLISH]
+    assert read(publisher.take_output()) == [(wire.PINGRESP, 0, b"")]  # (what came after it waited too)
+
+
+def test_packets_that_come_while_the_login_is_checked_wait_for_it(registry: MqttRegistry) -> None:
+    node = registry.node
+    pending: list[tuple[object, object]] = []
+    node.run_blocking = lambda fn, callback: pending.append((fn, callback))
+    node.users_by_name["guest"] = User("guest", password_hash=hash_password("guest", b"salt", n=2), loopback_only=True)
+    connection = MqttConnection(registry, "127.0.0.1:40000", True)
+    connection.receive(connect("slow") + packet(0xC0, b""))
+    assert connection.phase is Phase.AUTHENTICATING and connection.take_output() == b""
+    fn, callback = pending.pop()
+    callback(fn())  # type: ignore[operator]
+    assert [kind for kind, _f, _b in read(connection.take_output())] == [wire.CONNACK, wire.PINGRESP]
+
+
+def test_an_amqp_message_reaches_an_mqtt_subscriber_at_qos1(registry: MqttRegistry) -> None:
+    subscriber = opened(registry, "sub")
+    subscriber.receive(subscribe(1, "a/+", 2))
+    subscriber.take_output()
+    vhost = registry.node.vhosts["/"]
+    exchange = vhost.exchanges["amq.topic"]
+    message = Message.build("amq.topic", "a.b", b"hi")
+    vhost.enqueue_routed(vhost.route(exchange, message), message)
+    [(kind, flags, body)] = read(subscriber.take_output())
+    assert (kind, flags >> 1 & 3) == (wire.PUBLISH, 1)  # an AMQP message counts as QoS 1
+    assert body.endswith(b"hi") and body.startswith(text("a/b"))
+
+
+# -- the shell, on a clock --------------------------------------------------------------------
+
+
+def shell(registry: MqttRegistry) -> tuple[MqttServerProtocol, StringTransport, Clock]:
+    clock = Clock()
+    amqp = AMQPServerFactory(registry.node, clock)
+    protocol = MqttServerFactory(registry, amqp, clock).buildProtocol(None)
+    transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
+    protocol.makeConnection(transport)
+    return protocol, transport, clock
+
+
+def test_no_connect_within_the_deadline_ends_the_socket(registry: MqttRegistry) -> None:
+    _protocol, transport, clock = shell(registry)
+    clock.advance(CONNECT_TIMEOUT - 0.01)
+    assert not transport.disconnecting
+    clock.advance(0.01)
+    assert transport.disconnecting
+
+
+def test_a_silent_client_is_ended_at_one_and_a_half_keep_alives_and_its_will_published(
+    registry: MqttRegistry,
+) -> None:
+    watcher = opened(registry, "watcher")
+    watcher.receive(subscribe(1, "status", 0))
+    watcher.take_output()
+    protocol, transport, clock = shell(registry)
+    protocol.dataReceived(connect("sleepy", keep_alive=10, will=("status", b"gone")))
+    assert read(transport.value()) == [(wire.CONNACK, 0, b"\x00\x00")]
+    clock.advance(9)
+    protocol.dataReceived(packet(0xC0, b""))  # heard at 9 s: the deadline moves to 24 s
+    clock.advance(14.99)
+    assert not transport.disconnecting
+    clock.advance(0.01)
+    assert transport.disconnecting
+    [(kind, _flags, body)] = read(watcher.take_output())
+    assert kind == wire.PUBLISH and body.endswith(b"gone")
+
+
+def test_keep_alive_zero_means_no_limit(registry: MqttRegistry) -> None:
+    protocol, transport, clock = shell(registry)
+    protocol.dataReceived(connect("forever", keep_alive=0))
+    clock.advance(24 * 3600)
+    assert not transport.disconnecting
