@@ -25,7 +25,7 @@ import atheris  # noqa: E402
 
 from bench.atheris_loop import fuzz  # noqa: E402
 
-with atheris.instrument_imports(include=["broker"]):
+with atheris.instrument_imports(include=["postroom"]):
     from postroom.broker.tools.fuzzing import run_once
 
 from postroom.broker.tools.testing import publish_frames  # noqa: E402

@@ -28,7 +28,7 @@ import atheris  # noqa: E402
 
 from bench.atheris_loop import fuzz  # noqa: E402
 
-with atheris.instrument_imports(include=["broker"]):
+with atheris.instrument_imports(include=["postroom"]):
     from postroom.broker.tools.fuzzing import mqtt_connect, mqtt_packet, mqtt_run_once, mqtt_string
 
 #: Seeds, written to a corpus directory when one is given and it is empty.

@@ -27,7 +27,7 @@ import atheris  # noqa: E402
 
 from bench.atheris_loop import fuzz  # noqa: E402
 
-with atheris.instrument_imports(include=["broker"]):
+with atheris.instrument_imports(include=["postroom"]):
     from postroom.broker.tools.fuzzing import stream_publish, stream_request, stream_run_once
 
 from postroom.broker.wire import streamframes as wire  # noqa: E402

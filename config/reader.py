@@ -517,9 +517,7 @@ class Reader(ValueReader):
             max_message_bytes=self.size(
                 section.get("max_message_bytes"), "limits.max_message_bytes", default.max_message_bytes
             ),
-            max_connections=self.integer(
-                section.get("max_connections"), "limits.max_connections", default.max_connections, 1
-            ),
+            max_connections=self.integer(section.get("max_connections"), "limits.max_connections", None, 1),
             channel_max=self.integer(section.get("channel_max"), "limits.channel_max", default.channel_max, 1, 65535),
             heartbeat=self.integer(section.get("heartbeat"), "limits.heartbeat", default.heartbeat, 0, 3600),
             consumer_max_per_channel=consumers,

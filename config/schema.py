@@ -164,8 +164,11 @@ class LimitsConfig:
     #: The largest message body, as RabbitMQ 3.x's ``max_message_size``; a body is held in
     #: memory whole.
     max_message_bytes: int = 128 << 20
-    #: Open connections at once; one more is refused at ``connection.open`` with 530.
-    max_connections: int = 10000
+    #: Open connections at once (AMQP's, MQTT's); one more is refused (at ``connection.open``
+    #: with 530, or with CONNACK 3). ``None``: as many as the open file limit allows, less a
+    #: reserve for the log, the listeners and the management API (the limit is raised to its
+    #: hard limit at start), as RabbitMQ sets none below its file descriptors.
+    max_connections: int | None = None
     #: The most channels on one connection, offered in ``connection.tune``.
     channel_max: int = 2047
     #: The heartbeat interval proposed to clients, in seconds; 0 turns heartbeats off.

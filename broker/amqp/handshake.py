@@ -168,24 +168,24 @@ def tune_ok(connection: Link, method: commands.Connection.TuneOk) -> None:
 
 def open_vhost(connection: Link, method: commands.Connection.Open) -> None:
     """``connection.open``, checked in RabbitMQ's order: the vhost exists and is under its
-    connection limit (and the node under ``limits.max_connections``), the user under
-    theirs, then the user's access to the vhost."""
+    connection limit (the node under its own first: ``limits.max_connections``, or the open
+    file limit), the user under theirs, then the user's access to the vhost."""
     node, user = connection.node, connection.user
     vhost = node.vhosts.get(method.virtual_host)
     if vhost is None:
         raise ConnectionException(ReplyCode.NOT_ALLOWED, f"vhost {method.virtual_host} not found", 10, 40)
-    for limit, count in (
-        (node.limits.max_connections, len(node.connections)),
-        (vhost.max_connections, vhost.connection_count),
-    ):
-        if limit is not None and 0 <= limit <= count:  # (a negative limit is none, as in RabbitMQ)
-            raise ConnectionException(
-                ReplyCode.NOT_ALLOWED,
-                f"access to vhost '{vhost.name}' refused for user '{connection.user_name}': "
-                f"connection limit ({limit}) is reached",
-                10,
-                40,
-            )
+    reached = node.connection_limit_reached()
+    if reached is not None:
+        raise ConnectionException(ReplyCode.NOT_ALLOWED, f"connection refused: {reached}", 10, 40)
+    limit = vhost.max_connections
+    if limit is not None and 0 <= limit <= vhost.connection_count:  # (a negative limit is none, as in RabbitMQ)
+        raise ConnectionException(
+            ReplyCode.NOT_ALLOWED,
+            f"access to vhost '{vhost.name}' refused for user '{connection.user_name}': "
+            f"connection limit ({limit}) is reached",
+            10,
+            40,
+        )
     own = node.user_connections.get(user.name)
     if user.max_connections is not None and 0 <= user.max_connections <= len(own or ()):
         raise ConnectionException(

@@ -49,7 +49,7 @@ from postroom.broker.cluster.leader import Replication
 from postroom.broker.cluster.proxy import LeaderProxy
 from postroom.broker.cluster.replication import file_index
 from postroom.broker.server.identity import set_node_name
-from postroom.broker.server.listeners import ClientTLS, ServerTLS, advertised, loaded
+from postroom.broker.server.listeners import ClientTLS, ServerTLS, advertised, loaded, with_backlog
 from postroom.config.schema import BrokerConfig, ClusterConfig, ListenConfig
 from postroom.config.tls import client_context, server_context
 
@@ -613,7 +613,7 @@ class ClusterNode(Service):
             host, _, port = str(target).rpartition(":")
             factory = LeaderProxy(host, int(port))
             try:
-                listening = await serverFromString(self.reactor, endpoint).listen(factory)
+                listening = await serverFromString(self.reactor, with_backlog(endpoint)).listen(factory)
             except Exception as error:
                 self._log.warn("cannot forward {kind} connections to the leader: {error}", kind=kind, error=str(error))
                 continue

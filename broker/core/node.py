@@ -60,9 +60,9 @@ class Limits:
     channel_max: int = DEFAULT_CHANNEL_MAX
     heartbeat: int = DEFAULT_HEARTBEAT
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    #: Open connections the node accepts at once (``limits.max_connections``): one more is
-    #: refused at ``connection.open`` with 530, as RabbitMQ refuses one over a vhost's limit.
-    max_connections: int = 10_000
+    #: Open connections the node accepts at once (``limits.max_connections``; ``None``: as the
+    #: open file limit allows, see :attr:`Node.socket_limit`): one more is refused, saying which.
+    max_connections: int | None = None
     #: Consumers one channel may hold (``limits.consumer_max_per_channel``; ``None``: no limit):
     #: one more closes the connection with 530, as RabbitMQ 3.12 closes it.
     consumer_max_per_channel: int | None = DEFAULT_CONSUMER_MAX_PER_CHANNEL
@@ -174,6 +174,24 @@ class Node:
         self.flow = False
         #: The sockets it listens on, once bound (the shell adds them), for health checks.
         self.listeners: list[ListenerInfo] = []
+        #: Connections the open file limit leaves room for, less a reserve (the shell sets it at
+        #: start); the limit without ``limits.max_connections``. ``None``: none known.
+        self.socket_limit: int | None = None
+
+    @property
+    def connections_open(self) -> int:
+        """Open connections of every protocol."""
+        return len(self.connections) + len(self.stream_connections) + len(self.mqtt_connections)
+
+    def connection_limit_reached(self) -> str | None:
+        """Which node-wide limit one more connection would pass, in words; ``None``: none."""
+        configured = self.limits.max_connections
+        limit = configured if configured is not None else self.socket_limit
+        if limit is None or self.connections_open < limit:
+            return None
+        source = "limits.max_connections" if configured is not None else "the open file limit, less a reserve"
+        self.counters["connections_refused_node_limit"] += 1
+        return f"node connection limit ({limit}, {source}) is reached"
 
     def set_alarm(self, resource: str, active: bool) -> bool:
         """Raise or clear the alarm of ``resource`` (``memory``, ``disk`` or ``log``); whether it changed.

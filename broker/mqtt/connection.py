@@ -290,9 +290,9 @@ class MqttConnection:
     def _limit_reached(self, vhost: VirtualHost, user: User) -> str | None:
         """Which connection limit this connection would pass, in words; ``None``: none."""
         node = self.node
-        limit = node.limits.max_connections
-        if 0 <= limit <= len(node.connections) + len(node.mqtt_connections):
-            return f"node connection limit ({limit}, limits.max_connections) is reached"
+        reached = node.connection_limit_reached()
+        if reached is not None:
+            return reached
         vhost_limit = vhost.max_connections
         if vhost_limit is not None and 0 <= vhost_limit <= vhost.connection_count:
             return f"vhost '{vhost.name}' connection limit ({vhost_limit}) is reached"

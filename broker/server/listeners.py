@@ -3,6 +3,7 @@ the stream protocol advertises."""
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -109,6 +110,22 @@ class ClientTLS:
         return connection
 
 
+#: The accept queue of every listener, unless its endpoint says ``backlog=``: a storm of
+#: clients connecting at once (every device back after a restart) waits in it, where Twisted's
+#: default of 50 overflows and leaves clients to retransmit their SYNs for a second or more.
+#: RabbitMQ's default is 128; deployments with many clients raise it to 4096, as this does. The
+#: kernel caps it at ``net.core.somaxconn`` (4096 on Linux since 5.4).
+ACCEPT_BACKLOG = 4096
+
+
+def with_backlog(description: str) -> str:
+    """A listener's endpoint with :data:`ACCEPT_BACKLOG` as its accept queue, unless it names one."""
+    kind = description.partition(":")[0]
+    if kind in ("tcp", "tcp6", "unix") and not re.search(r"(^|:)backlog=", description):
+        return f"{description}:backlog={ACCEPT_BACKLOG}"
+    return description
+
+
 class ListenError(SystemExit):
     """A listener could not bind: its name, its endpoint and the reason, in one line.
 
@@ -138,7 +155,7 @@ class Listener(StreamServerEndpointService):
         protocol: str = "",
         certificates: tuple[str, tuple[str, ...]] | None = None,
     ) -> None:
-        super().__init__(endpoints.serverFromString(reactor, description), factory)
+        super().__init__(endpoints.serverFromString(reactor, with_backlog(description)), factory)
         self.kind = kind
         self.description = description
         self._raiseSynchronously = True

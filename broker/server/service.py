@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -198,6 +199,7 @@ def make_broker_service(
     elif plugins is not None:
         plugins.node_ready(node)
     wal = storage.wal if storage is not None else None
+    node.socket_limit = socket_limit(raise_open_file_limit())
     memory = memory_total()
     monitor = ResourceMonitor(
         node,
@@ -311,3 +313,23 @@ def _listen_mqtt(
         Listener(
             "mqtt_tls", config.listen.mqtt_tls, tls(factory), reactor, shell.node, "mqtt/ssl", certificates
         ).setServiceParent(service)
+
+
+def raise_open_file_limit() -> int:
+    """Raise the process's open file limit to its hard limit (each connection holds a socket);
+    the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def socket_limit(open_files: int) -> int:
+    """The connections ``open_files`` descriptors leave room for, less a reserve for the log's
+    segments, spool and stream files, the listeners and the management API: a quarter of them,
+    at most 1,024."""
+    return max(open_files - min(1024, open_files // 4), 1)

@@ -55,7 +55,7 @@ def node_levels(node: Node, monitor: ResourceMonitor | None) -> dict[str, int]:
     return {
         "mem_used": (monitor.memory_used or 0) if monitor is not None else 0,
         "fd_used": descriptors_open(),
-        "sockets_used": len(node.connections) + len(node.stream_connections) + len(node.mqtt_connections),
+        "sockets_used": node.connections_open,
         "disk_free": (monitor.disk_free or 0) if monitor is not None else 0,
     }
 

@@ -226,6 +226,7 @@ def nodes(call: Call) -> Answer:
         raise not_authorised("Not monitor user")
     node = call.node
     monitor = call.sampler.monitor
+    open_files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     view = {
         "name": node_name(),
         "type": "disc",
@@ -240,9 +241,9 @@ def nodes(call: Call) -> Answer:
         "disk_free_alarm": "disk" in node.alarms,
         "mem_calculation_strategy": "rss",
         "fd_used": descriptors_open(),
-        "fd_total": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
-        "sockets_used": len(node.connections) + len(node.stream_connections) + len(node.mqtt_connections),
-        "sockets_total": node.limits.max_connections,
+        "fd_total": open_files,
+        "sockets_used": node.connections_open,
+        "sockets_total": node.limits.max_connections or node.socket_limit or open_files,
         "processors": len(os.sched_getaffinity(0)),
         "rates_mode": "basic",
         "partitions": [],

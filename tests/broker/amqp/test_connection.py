@@ -165,13 +165,24 @@ def test_a_connection_over_max_connections_is_refused_with_530() -> None:
     close = close_of(client.handshake())
     assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
         530,
-        "NOT_ALLOWED - access to vhost '/' refused for user 'guest': connection limit (2) is reached",
+        "NOT_ALLOWED - connection refused: node connection limit (2, limits.max_connections) is reached",
         10,
         40,
     )
     first.call(0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
     assert first.connection.closed and second.connection.is_open
     assert opened(n).connection.is_open  # a place came free
+
+
+def test_without_max_connections_the_open_file_limit_bounds_the_connections() -> None:
+    n = Node()
+    n.socket_limit = 1
+    opened(n)
+    close = close_of(Client(n).handshake())
+    assert close.reply_text == (
+        "NOT_ALLOWED - connection refused: node connection limit (1, the open file limit, less a reserve) is reached"
+    )
+    assert n.counters["connections_refused_node_limit"] == 1
 
 
 def test_one_consumer_over_the_channel_limit_closes_the_connection_with_530() -> None:
