@@ -118,6 +118,8 @@ class MqttConnection:
         self._acks: deque[list[Any]] = deque()
         self._waiting_log = False
         self._keys: dict[str, tuple[str, bytes]] = {}
+        #: Topics this connection published to, by their UTF-8 (see :meth:`_publish_known`).
+        self._valid_topics: dict[bytes, str] = {}
         #: When it connected (milliseconds since the epoch), what the shell counts of its socket
         #: and the socket's details, for the management API.
         self.connected_at = 0
@@ -153,7 +155,8 @@ class MqttConnection:
             if self.phase is Phase.AUTHENTICATING or (kind == wire.PUBLISH and self._blocks()):
                 self._held.extend(packets[index:])
                 break
-            self._packet(kind, flags, body)
+            if kind != wire.PUBLISH or not self._publish_known(flags, body):
+                self._packet(kind, flags, body)
         if self.session is not None:
             self.session.settle_acked()
         self._await_log()
@@ -193,7 +196,12 @@ class MqttConnection:
         try:
             match packet:
                 case wire.Publish():
-                    self._publish(packet)
+                    if len(self._valid_topics) >= _TOPICS_KEPT:
+                        self._valid_topics.clear()
+                    self._valid_topics[wire.topic_field(packet.topic)[2:]] = packet.topic
+                    self._publish(
+                        packet.topic, packet.payload, packet.qos, packet.retain, packet.dup, packet.packet_id or 0
+                    )
                 case wire.Acknowledgement(kind=wire.PUBREL):
                     self._released(packet.packet_id)
                 case wire.Acknowledgement():
@@ -369,25 +377,43 @@ class MqttConnection:
 
     # -- PUBLISH ------------------------------------------------------------------------------
 
-    def _publish(self, packet: wire.Publish) -> None:
+    def _publish_known(self, flags: int, body: bytes) -> bool:
+        """A PUBLISH to a topic this connection published to before (so known to be valid),
+        read without :func:`~broker.wire.mqtt.parse` (most publishes); ``False``: anything
+        else, for the full reading."""
+        if self.phase is not Phase.OPEN or len(body) < 2:
+            return False
+        qos = flags >> 1 & 3
+        end = 2 + (body[0] << 8 | body[1])
+        topic = self._valid_topics.get(body[2:end])
+        if topic is None or qos == 3 or (flags & 8 and not qos):
+            return False
+        if qos:
+            if len(body) < end + 2 or not (packet_id := body[end] << 8 | body[end + 1]):
+                return False
+            self._publish(topic, body[end + 2 :], qos, bool(flags & 1), bool(flags & 8), packet_id)
+        else:
+            self._publish(topic, body[end:], 0, bool(flags & 1), False, 0)
+        return True
+
+    def _publish(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool, packet_id: int) -> None:
         session = self.session
         assert session is not None
-        qos, packet_id = packet.qos, packet.packet_id
         if qos == 2 and packet_id in session.received:
             self._acknowledge(wire.PUBREC, packet_id, False)  # sent again: routed once [MQTT-4.3.3-2]
             return
         journal = self.node.journal
         recorded = journal.recorded if journal is not None else 0
-        logged = self._route(packet.topic, packet.payload, qos, packet.dup)
+        logged = self._route(topic, payload, qos, dup)
         self.published += 1
-        if packet.retain:
-            self.node.retained.retain(self.vhost.name, packet.topic, packet.payload, qos)  # type: ignore[union-attr]
+        if retain:
+            self.node.retained.retain(self.vhost.name, topic, payload, qos)  # type: ignore[union-attr]
             logged = logged or (journal is not None and journal.recorded != recorded)
         if qos == 1:
-            self._acknowledge(wire.PUBACK, packet_id, logged)  # type: ignore[arg-type]
+            self._acknowledge(wire.PUBACK, packet_id, logged)
         elif qos == 2:
-            session.received.add(packet_id)  # type: ignore[arg-type]
-            self._acknowledge(wire.PUBREC, packet_id, logged)  # type: ignore[arg-type]
+            session.received.add(packet_id)
+            self._acknowledge(wire.PUBREC, packet_id, logged)
 
     def _route(self, topic: str, payload: bytes, qos: int, dup: bool) -> bool:
         """Publish ``payload`` to ``topic``'s routing key on the MQTT exchange; whether the

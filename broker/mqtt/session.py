@@ -98,7 +98,7 @@ class MqttSession:
         #: Deliveries settled by PUBACK or PUBREC in the read being handled (see :meth:`settle_acked`).
         self._acked: list[Entry] = []
         self._qos: dict[tuple[str, int], int | None] = {}
-        self._topics: dict[str, str] = {}
+        self._topics: dict[str, tuple[str, bytes]] = {}
         #: Messages delivered to the client, and acknowledged by it (for the management API).
         self.delivered = self.acked = 0
 
@@ -111,9 +111,9 @@ class MqttSession:
         out = link.out
         for packet_id, entry in self.inflight.items():
             if entry is not None:
-                message = entry.message
-                topic = self._topic(message.routing_key)
-                out.append(wire.publish(topic, message.body, self.inflight_qos[packet_id], False, True, packet_id))
+                field = self._topic(entry.message.routing_key)[1]
+                qos = self.inflight_qos[packet_id]
+                out.append(wire.publish_packet(field, entry.message.body, qos, False, True, packet_id))
         for packet_id in self.released:
             out.append(wire.acknowledgement(wire.PUBREL, packet_id))
         self.active = True
@@ -267,13 +267,15 @@ class MqttSession:
 
     # -- deliveries (DeliverySink) -----------------------------------------------------------
 
-    def _topic(self, routing_key: str) -> str:
-        topic = self._topics.get(routing_key)
-        if topic is None:
+    def _topic(self, routing_key: str) -> tuple[str, bytes]:
+        """The topic of a message routed with ``routing_key``, and as PUBLISH carries it."""
+        found = self._topics.get(routing_key)
+        if found is None:
             if len(self._topics) >= _KEYS_KEPT:
                 self._topics.clear()
-            topic = self._topics[routing_key] = wire.to_mqtt(routing_key)
-        return topic
+            topic = wire.to_mqtt(routing_key)
+            found = self._topics[routing_key] = (topic, wire.topic_field(topic))
+        return found
 
     def next_packet_id(self) -> int:
         """A packet identifier not in use by a delivery in flight or released [MQTT-2.3.1-4]."""
@@ -294,9 +296,10 @@ class MqttSession:
         queue_qos = 0 if consumer is self.consumers[0] else 1
         settled: list[Entry] = []
         sent = 0
+        publish = wire.publish_packet
         for entry in entries:
             message = entry.message
-            topic = self._topic(message.routing_key)
+            topic, field = self._topic(message.routing_key)
             granted = self.subscribed_qos(topic, queue_qos)
             if granted is None:
                 settled.append(entry)
@@ -307,11 +310,11 @@ class MqttSession:
                 body = message.body
             sent += 1
             if not qos:
-                out.append(wire.publish(topic, body, 0, False, False, None))
+                out.append(publish(field, body, 0, False, False, None))
                 settled.append(entry)
                 continue
             packet_id = self.next_packet_id()
-            out.append(wire.publish(topic, body, qos, False, entry.redelivered, packet_id))
+            out.append(publish(field, body, qos, False, entry.redelivered, packet_id))
             self.inflight[packet_id] = entry
             self.inflight_qos[packet_id] = qos
             entry.consumer = consumer

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import os
 from collections.abc import Callable
 from typing import Any
@@ -99,6 +100,11 @@ def _find_malloc_trim() -> Callable[[int], Any] | None:
 _MALLOC_TRIM = _find_malloc_trim()
 
 
+#: Clients gone, at least, before their memory is handed back to the system (see
+#: :meth:`ResourceMonitor._return_clients_memory`).
+GONE_CLIENTS = 256
+
+
 def release_memory() -> None:
     """Hand freed heap back to the operating system (glibc's ``malloc_trim``), where available:
     freed memory otherwise stays with the process (after recovery, after a queue drains)."""
@@ -147,6 +153,8 @@ class ResourceMonitor(Service):
         self.disk_free: int | None = None
         self._next_disk = 0.0
         self._last_trim = float("-inf")
+        #: The most connections open since memory was last handed back for clients gone.
+        self._most_connections = 0
         #: Bytes that may still be read from clients before memory is read again.
         self._read_allowance = READ_CHECK_MIN
         self._call: IDelayedCall | None = None
@@ -168,6 +176,20 @@ class ResourceMonitor(Service):
         if self._read_allowance < 0:
             self.check_memory()
 
+    def _return_clients_memory(self) -> None:
+        """Once many clients have gone (half of the most connected since the last look, and
+        :data:`GONE_CLIENTS` at least), hand what they held back to the system: their buffers
+        and objects are freed into the allocator's arenas, which keep them otherwise (after
+        10,000 AMQP subscribers left, the broker held 204 MB against 60 MB before they came)."""
+        open_now = self.node.connections_open
+        self._most_connections = max(self._most_connections, open_now)
+        gone = self._most_connections - open_now
+        if gone >= GONE_CLIENTS and gone * 2 >= self._most_connections:
+            self._most_connections = open_now
+            gc.collect()
+            if self._trim is not None:
+                self._trim()
+
     def check_memory(self) -> None:
         """Read memory, raise or clear the memory alarm, and allow half of what is left under
         the watermark to be read before the next reading (:meth:`note_read`)."""
@@ -185,6 +207,7 @@ class ResourceMonitor(Service):
     def check(self) -> None:
         """Read memory (and, when due, free disk), raise or clear the alarms, and schedule the next check."""
         now = self.clock.seconds()
+        self._return_clients_memory()
         self.check_memory()
         if self.disk_path is not None and now >= self._next_disk:
             self._next_disk = now + DISK_INTERVAL

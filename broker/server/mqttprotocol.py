@@ -30,6 +30,8 @@ from postroom.broker.server.protocol import (
     certificate_common_names,
     is_loopback,
     log_teardown_errors,
+    pace_reads,
+    socket_reader,
 )
 from postroom.broker.server.sockets import SocketTransport, socket_details, socket_of
 from postroom.broker.text import printable
@@ -50,6 +52,7 @@ class MqttServerProtocol(Protocol):
         #: When the client was last heard from (the clock's seconds).
         self._heard = 0.0
         self._reading_stopped = False
+        self._reader: Any = None
 
     #: The transport, typed as the socket it is; set once connected.
     _socket: SocketTransport
@@ -69,6 +72,7 @@ class MqttServerProtocol(Protocol):
         connection.socket = socket_details(self.transport)
         self.connection = connection
         factory.amqp.protocols[connection] = self  # (see the module's docstring)
+        self._reader = socket_reader(self.transport)
         no_delay = getattr(self.transport, "setTcpNoDelay", None)
         if no_delay is not None:
             no_delay(True)  # deliveries and acknowledgements are small, latency-bound writes
@@ -106,6 +110,7 @@ class MqttServerProtocol(Protocol):
             self._arm_keep_alive()
         amqp.flush()
         self.flush()
+        pace_reads(self._reader, amqp.node)
 
     def flush(self) -> None:
         """Write what the connection has queued; close the socket once it is over."""

@@ -68,6 +68,24 @@ SHUTDOWN_TEXT = "broker forced connection closure with reason 'shutdown'"
 SHUTDOWN_GRACE = 1.0
 
 
+def socket_reader(transport: Any) -> Any:
+    """What reads ``transport``'s socket (under TLS, the transport beneath it), whose
+    ``bufferSize`` is the most one read takes (see :data:`READ_BYTES`); ``None``: none."""
+    reader = transport
+    while not hasattr(reader, "bufferSize") and hasattr(reader, "transport"):
+        reader = reader.transport
+    return reader if hasattr(reader, "bufferSize") else None
+
+
+def pace_reads(reader: Any, node: Node) -> None:
+    """Read less at a time while the node is in flow (a queue with consumers far behind), so
+    that reading publishes cedes the reactor to deliveries and acknowledgements."""
+    if reader is not None:
+        size = FLOW_READ_BYTES if node.flow else READ_BYTES
+        if reader.bufferSize != size:
+            reader.bufferSize = size
+
+
 def log_teardown_errors(log: Logger, connection: Any, what: str) -> None:
     """Log, once each, the errors the teardown steps of ``connection`` (one of ``what``)
     collected in its ``teardown_errors``: the other steps still ran."""
@@ -144,12 +162,7 @@ class AMQPServerProtocol(Protocol):
         self.factory.protocols[self.connection] = self
         self.connection.socket = socket_details(self.transport)
         self.connection.connected_at = int(self.factory.clock.seconds() * 1000)
-        # What reads the socket (under TLS, the transport beneath it): its bufferSize is the
-        # most one read takes (see READ_BYTES).
-        reader: Any = self.transport
-        while not hasattr(reader, "bufferSize") and hasattr(reader, "transport"):
-            reader = reader.transport
-        self._reader = reader if hasattr(reader, "bufferSize") else None
+        self._reader = socket_reader(self.transport)
         if self.factory.leading is not None and self._reader is not None:
             self._fence_writes(self._reader)
         no_delay = getattr(self.transport, "setTcpNoDelay", None)
@@ -207,11 +220,7 @@ class AMQPServerProtocol(Protocol):
             factory.in_io = False
         factory.flush()
         self.flush()
-        reader = self._reader
-        if reader is not None:
-            size = FLOW_READ_BYTES if factory.node.flow else READ_BYTES
-            if reader.bufferSize != size:
-                reader.bufferSize = size
+        pace_reads(self._reader, factory.node)
 
     def flush(self) -> None:
         """Write what the connection has queued, and close the socket if the connection is over."""

@@ -417,13 +417,7 @@ def to_mqtt(key: str) -> str:
 
 
 def _packet(first: int, body: bytes) -> bytes:
-    length = len(body)
-    header = bytearray([first])
-    while True:
-        byte, length = length & 0x7F, length >> 7
-        header.append(byte | 0x80 if length else byte)
-        if not length:
-            return bytes(header) + body
+    return bytes((first,)) + _length(len(body)) + body
 
 
 def connack(session_present: bool, code: int) -> bytes:
@@ -431,9 +425,37 @@ def connack(session_present: bool, code: int) -> bytes:
 
 
 def publish(topic: str, payload: bytes, qos: int, retain: bool, dup: bool, packet_id: int | None) -> bytes:
+    return publish_packet(topic_field(topic), payload, qos, retain, dup, packet_id)
+
+
+def topic_field(topic: str) -> bytes:
+    """A topic name as PUBLISH carries it (its length, then its UTF-8): a sender keeps it."""
     name = topic.encode()
-    body = _U16.pack(len(name)) + name + (_U16.pack(packet_id) if qos and packet_id is not None else b"") + payload
-    return _packet(PUBLISH << 4 | int(dup) << 3 | qos << 1 | int(retain), body)
+    return _U16.pack(len(name)) + name
+
+
+def publish_packet(topic: bytes, payload: bytes, qos: int, retain: bool, dup: bool, packet_id: int | None) -> bytes:
+    """A PUBLISH of ``payload`` to ``topic`` (a :func:`topic_field`), put together at once."""
+    length = len(topic) + len(payload) + (2 if qos else 0)
+    first = PUBLISH << 4 | dup << 3 | qos << 1 | retain
+    if length < 0x80:
+        head = bytes((first, length))
+    elif length < 0x4000:
+        head = bytes((first, length & 0x7F | 0x80, length >> 7))
+    else:
+        head = bytes((first,)) + _length(length)
+    if qos and packet_id is not None:
+        return b"".join((head, topic, _U16.pack(packet_id), payload))
+    return b"".join((head, topic, payload))
+
+
+def _length(length: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, length = length & 0x7F, length >> 7
+        out.append(byte | 0x80 if length else byte)
+        if not length:
+            return bytes(out)
 
 
 def acknowledgement(kind: int, packet_id: int) -> bytes:

@@ -232,3 +232,24 @@ def test_alarms_and_readings_are_exported() -> None:
     text = generate_latest(make_registry(BrokerCollector(n, rabbitmq_compatible=True))).decode()
     assert "postroom_publishers_slowed 1.0" in text
     watcher.stopService()
+
+
+def test_memory_is_handed_back_once_many_clients_have_gone() -> None:
+    from postroom.broker.server.alarms import GONE_CLIENTS, MEMORY_INTERVAL
+
+    n, readings, clock = node(), Readings(), Clock()
+    watcher = monitor(n, readings, clock)
+    n.mqtt_connections.update(object() for _ in range(4 * GONE_CLIENTS))
+    clock.advance(MEMORY_INTERVAL)
+    assert readings.trims == 0
+    for _ in range(GONE_CLIENTS - 1):
+        n.mqtt_connections.pop()
+    clock.advance(MEMORY_INTERVAL)
+    assert readings.trims == 0  # a few gone: not worth it
+    while len(n.mqtt_connections) > GONE_CLIENTS:
+        n.mqtt_connections.pop()
+    clock.advance(MEMORY_INTERVAL)
+    assert readings.trims == 1  # three quarters gone: handed back, once
+    clock.advance(MEMORY_INTERVAL)
+    assert readings.trims == 1
+    watcher.stopService()
