@@ -280,8 +280,9 @@ def main() -> None:
     records: list[dict[str, Any]] = []
     brokers = [("postroom", postroom)] + ([] if args.no_rabbitmq else [("rabbitmq", rabbitmq_mqtt)])
     for name, start in brokers:
-        with start() as (port, pid):
-            records += run_scenarios(name, port, pid, args)
+        for scenario in args.scenarios:  # (each on a broker of its own: memory is measured from its start)
+            with start() as (port, pid):
+                records += run_scenarios(name, port, pid, argparse.Namespace(**{**vars(args), "scenarios": [scenario]}))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "a") as out:
         for record in records:

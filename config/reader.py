@@ -136,7 +136,7 @@ class Reader(ValueReader):
         """The ``mqtt:`` section (refused without an MQTT listener), and MQTT listeners outside
         cluster mode only (a follower does not serve them)."""
         if cluster:
-            for key in ("mqtt", "mqtt_tls"):
+            for key in ("mqtt", "mqtt_tls", "mqtt_ws"):
                 if getattr(listen, key) is not None:
                     self.problem(f"listen.{key}", "MQTT is not served in cluster mode yet")
         if value is None:
@@ -144,8 +144,8 @@ class Reader(ValueReader):
         keys = {"vhost", "exchange", "prefetch", "subscription_ttl", "allow_anonymous", "default_user"}
         keys |= {"default_pass", "ignore_colons_in_username"}
         section = self.mapping(value, "mqtt", keys)
-        if section and listen.mqtt is None and listen.mqtt_tls is None:
-            self.problem("mqtt", "no MQTT listener serves it: set listen.mqtt or listen.mqtt_tls")
+        if section and listen.mqtt is None and listen.mqtt_tls is None and listen.mqtt_ws is None:
+            self.problem("mqtt", "no MQTT listener serves it: set listen.mqtt, listen.mqtt_tls or listen.mqtt_ws")
         default = MqttConfig()
         ttl: float | None = default.subscription_ttl
         if "subscription_ttl" in section:
@@ -380,7 +380,7 @@ class Reader(ValueReader):
         return tuple(result)
 
     def listen(self, value: Any) -> ListenConfig:
-        keys = {"amqp", "amqps", "metrics", "management", "stream", "stream_tls", "mqtt", "mqtt_tls"}
+        keys = {"amqp", "amqps", "metrics", "management", "stream", "stream_tls", "mqtt", "mqtt_tls", "mqtt_ws"}
         section = self.mapping(value, "listen", keys)
         default = ListenConfig()
         return ListenConfig(
@@ -392,6 +392,7 @@ class Reader(ValueReader):
             stream_tls=self.endpoint(section.get("stream_tls"), "listen.stream_tls", default.stream_tls),
             mqtt=self.endpoint(section.get("mqtt"), "listen.mqtt", default.mqtt),
             mqtt_tls=self.endpoint(section.get("mqtt_tls"), "listen.mqtt_tls", default.mqtt_tls),
+            mqtt_ws=self.endpoint(section.get("mqtt_ws"), "listen.mqtt_ws", default.mqtt_ws),
         )
 
     def endpoint(self, value: Any, path: str, default: str | None) -> str | None:

@@ -32,6 +32,8 @@ class ListenConfig:
     mqtt: str | None = None
     #: MQTT over TLS (RabbitMQ's port is 8883), with the ``tls:`` section.
     mqtt_tls: str | None = None
+    #: MQTT over WebSockets, at path ``/ws`` (RabbitMQ's ``rabbitmq_web_mqtt`` port is 15675).
+    mqtt_ws: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from postroom.broker.server.pluginloader import LoadedPlugins, load_plugins
 from postroom.broker.server.protocol import AMQPServerFactory
 from postroom.broker.server.shovels import Shovels
 from postroom.broker.server.streamprotocol import StreamServerFactory
+from postroom.broker.server.websocket import WebSocketFactory
 from postroom.broker.storage.logwriter import Replication, WALService
 from postroom.broker.storage.recover import open_storage
 from postroom.config.schema import BrokerConfig, embedded_default
@@ -269,7 +270,7 @@ def _listen(
         Listener(
             "stream_tls", config.listen.stream_tls, tls(streams), reactor, node, "stream/ssl", certificates
         ).setServiceParent(service)
-    if config.listen.mqtt or config.listen.mqtt_tls:
+    if config.listen.mqtt or config.listen.mqtt_tls or config.listen.mqtt_ws:
         _listen_mqtt(service, config, reactor, shell, tls, certificates)
     http_tls = tls if tls is not None and config.tls is not None and config.tls.http else None
     http, http_certificates = ("https", certificates) if http_tls else ("http", None)
@@ -305,7 +306,7 @@ def _listen_mqtt(
     tls: Callable[[IProtocolFactory], IProtocolFactory] | None,
     certificates: tuple[str, tuple[str, ...]] | None,
 ) -> None:
-    """The MQTT listeners (plain and TLS), sharing one registry of clients and sessions."""
+    """The MQTT listeners (plain, TLS and WebSockets), sharing one registry of clients and sessions."""
     factory = MqttServerFactory(MqttRegistry(shell.node, config.mqtt), shell.factory, reactor, shell.monitor)
     if config.listen.mqtt:
         Listener("mqtt", config.listen.mqtt, factory, reactor, shell.node, "mqtt").setServiceParent(service)
@@ -313,6 +314,10 @@ def _listen_mqtt(
         Listener(
             "mqtt_tls", config.listen.mqtt_tls, tls(factory), reactor, shell.node, "mqtt/ssl", certificates
         ).setServiceParent(service)
+    if config.listen.mqtt_ws:
+        sockets = WebSocketFactory(factory)
+        listener = Listener("mqtt_ws", config.listen.mqtt_ws, sockets, reactor, shell.node, "http/web-mqtt")
+        listener.setServiceParent(service)
 
 
 def raise_open_file_limit() -> int:

@@ -465,7 +465,7 @@ def test_the_mqtt_section() -> None:
         assert reason is None or found[0][2] == reason
     off = problems("mqtt: {vhost: devices}\n")
     assert [(where, reason) for _line, where, reason in off] == [
-        ("mqtt", "no MQTT listener serves it: set listen.mqtt or listen.mqtt_tls")
+        ("mqtt", "no MQTT listener serves it: set listen.mqtt, listen.mqtt_tls or listen.mqtt_ws")
     ]
     assert [where for _line, where, _reason in problems("listen: {mqtt_tls: 'tcp:8883'}\n")] == ["listen.mqtt_tls"]
     clustered = "cluster: {name: c, etcd: 'http://127.0.0.1:2379', listen: 'tcp:5679'}\n"

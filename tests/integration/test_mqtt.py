@@ -300,3 +300,87 @@ def test_a_malformed_packet_ends_the_connection(server: MqttBroker) -> None:
     with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT) as sock:
         sock.sendall(bytes([0x10, 0xFF, 0xFF, 0xFF, 0xFF, 0x01]))  # a five-byte length
         assert sock.recv(10) == b""
+
+
+@pytest.fixture
+def websocket_port(server: MqttBroker) -> Iterator[int]:
+    """MQTT over WebSockets (``/ws``) beside ``server``'s TCP listener, on the same registry."""
+    from postroom.broker.server.websocket import WebSocketFactory
+
+    def listen() -> Any:
+        factory = MqttServerFactory(server.registry, server.broker.factory, server.broker.reactor)
+        return server.broker.reactor.listenTCP(0, WebSocketFactory(factory), interface="127.0.0.1")
+
+    listening = server.call(listen)
+    BROKER_PORTS.add(listening.getHost().port)
+    yield listening.getHost().port
+    server.call(listening.stopListening)
+
+
+def test_mqtt_over_websockets_with_paho(server: MqttBroker, websocket_port: int) -> None:
+    browser = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2, client_id="browser", transport="websockets", protocol=mqtt.MQTTv311
+    )
+    browser.ws_set_options(path="/ws")
+    received: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
+    subscribed = threading.Event()
+    browser.on_message = lambda _c, _u, message: received.put(message)
+    browser.on_subscribe = lambda *_a: subscribed.set()
+    browser.on_connect = lambda client, *_a: client.subscribe("ticker/#", 1)
+    server.clients.append(browser)
+    browser.connect("127.0.0.1", websocket_port)
+    browser.loop_start()
+    assert subscribed.wait(TIMEOUT)
+    connected(server, "device").publish("ticker/eur", b"1.0841" * 100, 1)  # (a frame over 125 bytes)
+    message = received.get(timeout=TIMEOUT)
+    assert (message.topic, message.payload, message.qos) == ("ticker/eur", b"1.0841" * 100, 1)
+    info = browser.publish("ticker/usd", b"from the browser", 2)
+    info.wait_for_publish(TIMEOUT)
+    assert received.get(timeout=TIMEOUT).payload == b"from the browser"
+
+
+def test_a_websocket_that_is_not_mqtts_is_refused(server: MqttBroker, websocket_port: int) -> None:
+    with socket.create_connection(("127.0.0.1", websocket_port), timeout=TIMEOUT) as sock:
+        sock.sendall(
+            b"GET /other HTTP/1.1\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+        )
+        assert sock.recv(100).startswith(b"HTTP/1.1 404 ")
+
+
+def test_the_will_of_a_websocket_client_that_vanishes(server: MqttBroker, websocket_port: int) -> None:
+    watcher = connected(server, "watcher")
+    watcher.subscribe("status/#", 1)
+    page = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="page", transport="websockets")
+    page.ws_set_options(path="/ws")
+    page.will_set("status/page", b"gone", 1)
+    done = threading.Event()
+    page.on_connect = lambda *_a: done.set()
+    page.connect("127.0.0.1", websocket_port)
+    page.loop_start()
+    assert done.wait(TIMEOUT)
+    page.loop_stop()
+    page.socket().close()  # no DISCONNECT, no close frame
+    message = watcher.receive()
+    assert (message.topic, message.payload) == ("status/page", b"gone")
+
+
+def test_a_websocket_closed_without_disconnect_publishes_the_will(server: MqttBroker, websocket_port: int) -> None:
+    from postroom.broker.tools.fuzzing import mqtt_packet, mqtt_string
+
+    watcher = connected(server, "watcher")
+    watcher.subscribe("status/#", 1)
+    will = mqtt_string("status/tab") + mqtt_string("closed")
+    connect = mqtt_packet(0x10, mqtt_string("MQTT") + b"\x04\x0e\x00\x3c" + mqtt_string("tab") + will)
+    with socket.create_connection(("127.0.0.1", websocket_port), timeout=TIMEOUT) as sock:
+        sock.sendall(
+            b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n"
+        )
+        assert b"Sec-WebSocket-Protocol: mqtt" in sock.recv(1000)
+        sock.sendall(bytes([0x82, 0x80 | len(connect)]) + b"\x00\x00\x00\x00" + connect)  # (a zero mask)
+        assert sock.recv(100) == b"\x82\x04\x20\x02\x00\x00"  # CONNACK in a binary frame
+        sock.sendall(b"\x88\x82\x00\x00\x00\x00\x03\xe9")  # close, 1001 going away (a tab closed)
+        assert sock.recv(100) == b"\x88\x02\x03\xe8"
+    message = watcher.receive()
+    assert (message.topic, message.payload) == ("status/tab", b"closed")
