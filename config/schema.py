@@ -216,7 +216,8 @@ class Permission:
 @dataclass(frozen=True, slots=True)
 class TopicPermission:
     """RabbitMQ-style topic permissions of one user on one topic exchange: regular
-    expressions over routing keys, with ``{username}`` and ``{vhost}`` put in."""
+    expressions over routing keys, with ``{username}`` and ``{vhost}`` put in (and for an MQTT
+    connection, ``{client_id}``, as RabbitMQ's MQTT plugin puts it in)."""
 
     #: Routing keys the user may publish with.
     write: str = ".*"

@@ -73,14 +73,19 @@ class Access:
     __slots__ = ("user", "vhost", "_patterns", "_memo", "topics", "_topic_patterns")
 
     def __init__(
-        self, user: str, vhost: str, permission: Patterns, topics: Mapping[str, TopicPatterns] | None = None
+        self,
+        user: str,
+        vhost: str,
+        permission: Patterns,
+        topics: Mapping[str, TopicPatterns] | None = None,
+        variables: Mapping[str, str] | None = None,
     ) -> None:
         self.user = user
         self.vhost = vhost
         #: Exchanges with topic permissions (a publish to one is checked each time).
         self.topics = frozenset(topics or ())
         self._topic_patterns = {
-            (exchange, kind): re.compile(_expand(pattern, user, vhost) or "^$")
+            (exchange, kind): re.compile(_expand(pattern, user, vhost, variables) or "^$")
             for exchange, patterns in (topics or {}).items()
             for kind, pattern in (("write", patterns.write), ("read", patterns.read))
         }
@@ -138,12 +143,19 @@ class Access:
             )
 
 
-def _expand(pattern: str, user: str, vhost: str) -> str:
-    return pattern.replace("{username}", user).replace("{vhost}", vhost)
+def _expand(pattern: str, user: str, vhost: str, variables: Mapping[str, str] | None = None) -> str:
+    expanded = pattern.replace("{username}", user).replace("{vhost}", vhost)
+    for name, value in (variables or {}).items():  # (an MQTT connection's {client_id})
+        expanded = expanded.replace("{" + name + "}", value)
+    return expanded
 
 
 def compile_access(
-    user: str, vhost: str, permission: Patterns | None, topics: Mapping[str, TopicPatterns] | None = None
+    user: str,
+    vhost: str,
+    permission: Patterns | None,
+    topics: Mapping[str, TopicPatterns] | None = None,
+    variables: Mapping[str, str] | None = None,
 ) -> Access | None:
     """The compiled permissions, or ``None`` when they allow everything (nothing to check).
 
@@ -153,7 +165,7 @@ def compile_access(
         permission = _ALL
     if permission.configure == permission.write == permission.read == ".*" and not topics:
         return None
-    return Access(user, vhost, permission, topics)
+    return Access(user, vhost, permission, topics, variables)
 
 
 class _AllPatterns:

@@ -67,6 +67,16 @@ class User:
         """What to check for this user on ``vhost`` (``None``: everything is allowed)."""
         return self._access.get(vhost)
 
+    def access_with(self, vhost: str, variables: Mapping[str, str]) -> Access | None:
+        """:meth:`access`, with ``variables`` in its topic permissions' patterns too (RabbitMQ's
+        ``{client_id}`` for an MQTT connection): compiled for the one connection."""
+        topics = (self.topic_permissions or {}).get(vhost)
+        found = self._access.get(vhost)
+        if not topics or found is None:
+            return found
+        permission = (self.permissions or {}).get(vhost)
+        return compile_access(self.name, vhost, permission, topics, variables)
+
     def check_password(self, password: str) -> bool:
         """Whether ``password`` is this user's (constant time for the comparison). An empty
         password never is, as in RabbitMQ: a user created without one cannot log in with one."""

@@ -291,7 +291,7 @@ class MqttConnection:
         else:
             self.user = user
             self.vhost = vhost
-            self.access = user.access(vhost.name)
+            self.access = user.access_with(vhost.name, {"client_id": self.client_id})
             self._open()
         self.resume()
 
@@ -563,7 +563,11 @@ class MqttConnection:
         self.wake()
 
     def set_access(self, access: Access | None) -> None:
-        """The user's permissions changed: checks follow them from now on."""
+        """The user's permissions changed: checks follow them from now on (with its
+        ``{client_id}`` in the topic permissions)."""
+        user, vhost = self.user, self.vhost
+        if access is not None and user is not None and vhost is not None and user.may_open(vhost.name):
+            access = user.access_with(vhost.name, {"client_id": self.client_id}) or access
         self.access = access
 
     def connection_lost(self) -> None:

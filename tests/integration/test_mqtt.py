@@ -21,7 +21,7 @@ from postroom.broker.core.node import Node
 from postroom.broker.core.users import User
 from postroom.broker.mqtt.registry import MqttRegistry
 from postroom.broker.server.mqttprotocol import MqttServerFactory
-from postroom.config.schema import MqttConfig, Permission
+from postroom.config.schema import MqttConfig, Permission, TopicPermission
 from tests.conftest import BROKER_PORTS, Broker
 
 pytestmark = pytest.mark.integration
@@ -384,3 +384,22 @@ def test_a_websocket_closed_without_disconnect_publishes_the_will(server: MqttBr
         assert sock.recv(100) == b"\x88\x02\x03\xe8"
     message = watcher.receive()
     assert (message.topic, message.payload) == ("status/tab", b"closed")
+
+
+def test_topic_permissions_with_the_client_id(make_mqtt: Callable[..., MqttBroker]) -> None:
+    """RabbitMQ's MQTT plugin puts the client id in topic permissions (``{client_id}``): a
+    device may publish under its own id only, and a publish it may not make ends it."""
+    topics = {"/": {"amq.topic": TopicPermission(write="^devices\\.{client_id}\\.", read="^devices\\.")}}
+    node = Node(
+        users=(User("dev", password="pw", permissions={"/": Permission(".*", ".*", ".*")}, topic_permissions=topics),)
+    )
+    server = make_mqtt(node, allow_anonymous=False)
+    watcher = connected(server, "watcher", username="dev", password="pw")
+    assert watcher.subscribe("devices/#", 1) == [1]
+    assert watcher.subscribe("other/#", 1) == [0x80]  # read refused: SUBACK failure [MQTT-3.9.3]
+    device = connected(server, "d1", username="dev", password="pw")
+    device.publish("devices/d1/temperature", b"21.5", 1)
+    assert watcher.receive().payload == b"21.5"
+    device.raw.publish("devices/d2/temperature", b"spoofed", 1)
+    assert device.disconnected.wait(TIMEOUT)  # write refused: the connection ends (as RabbitMQ ends it)
+    watcher.nothing()
