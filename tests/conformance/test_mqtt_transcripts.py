@@ -15,6 +15,7 @@ import base64
 import json
 import socket
 import struct
+import subprocess
 import time
 import urllib.request
 import uuid
@@ -609,3 +610,69 @@ def test_the_management_api_lists_an_mqtt_connection_as_rabbitmq_does(ports: Por
     assert field_paths(actual) == {path for path in field_paths(expected) if path.split(".")[0] not in erlang}
     same = ["protocol", "type", "user", "vhost", "client_properties", "variable_map", "state", "ssl", "frame_max"]
     assert {key: actual[key] for key in same} == {key: expected[key] for key in same}
+
+
+# -- Debian's mosquitto-clients, unchanged ----------------------------------------------------
+
+
+def clients_session(qos: int) -> Callable[[int, str], list[str]]:
+    """``mosquitto_sub`` and ``mosquitto_pub`` against the broker on ``port``: a subscriber at
+    ``qos`` with a will, two publishes at ``qos`` (one retained), a late subscriber that gets
+    the retained one, and the first subscriber killed: its will reaches a watcher. Each tool's
+    output and exit status."""
+
+    def session(port: int, prefix: str) -> list[str]:
+        common = ["-h", "127.0.0.1", "-p", str(port)]
+        lines: list[str] = []
+
+        def sub(*arguments: str) -> subprocess.Popen[str]:
+            return subprocess.Popen(["mosquitto_sub", *common, "-v", *arguments], stdout=subprocess.PIPE, text=True)
+
+        def ran(process: subprocess.Popen[str], name: str) -> None:
+            try:
+                out, _ = process.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                out, _ = process.communicate()
+            lines.extend(f"{name}: {line.replace(prefix, '<p>')}" for line in out.splitlines())
+            lines.append(f"{name}: exit {process.returncode}")
+
+        watcher = sub("-t", f"{prefix}/will", "-C", "1", "-W", "10")
+        first = sub("-t", f"{prefix}/#", "-q", str(qos), "-C", "3", "-W", "10", "--will-topic", f"{prefix}/will",
+                    "--will-payload", "gone", "-i", f"{prefix}-first")  # fmt: skip
+        time.sleep(1)
+        for topic, message, retain in (("a", "one", False), ("r", "kept", True)):
+            publisher = subprocess.run(
+                ["timeout", "10", "mosquitto_pub", *common, "-t", f"{prefix}/{topic}", "-m", message,
+                 "-q", str(qos), *(["-r"] if retain else [])],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            lines.append(f"pub {topic}: exit {publisher.returncode}")
+        late = sub("-t", f"{prefix}/r", "-C", "1", "-W", "10", "-q", str(qos))
+        ran(late, "late")
+        time.sleep(0.5)
+        first.kill()  # (its will: no DISCONNECT)
+        ran(first, "first")
+        ran(watcher, "watcher")
+        subprocess.run(["mosquitto_pub", *common, "-t", f"{prefix}/r", "-r", "-n"], check=False)  # (cleared)
+        return lines
+
+    return session
+
+
+def test_mosquitto_clients_at_qos1_as_rabbitmq(ports: Ports) -> None:
+    prefix = f"conformance-{uuid.uuid4().hex[:8]}"
+    session = clients_session(1)
+    expected = session(ports.rabbitmq, prefix)
+    assert "late: <p>/r kept" in expected
+    assert session(ports.postroom, prefix) == expected
+
+
+def test_mosquitto_clients_at_qos2_as_mosquitto(ports: Ports) -> None:
+    """``mosquitto_pub -q 2`` waits for PUBREC: RabbitMQ 3.10 answers PUBACK (its exchange
+    never completes); Postroom completes it, as Mosquitto does."""
+    prefix = f"conformance-{uuid.uuid4().hex[:8]}"
+    session = clients_session(2)
+    expected = session(ports.mosquitto, prefix)
+    assert session(ports.postroom, prefix) == expected
+    assert session(ports.rabbitmq, prefix) != expected
