@@ -47,6 +47,8 @@ __all__ = [
 #: Packet types (section 2.2.1).
 CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
 SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT = 8, 9, 10, 11, 12, 13, 14
+#: MQTT 5.0's AUTH (``broker.wire.mqtt5``): a 3.1.1 client sends no packet of this type.
+AUTH_TYPE = 15
 
 #: CONNACK return codes (section 3.2.2.3).
 ACCEPTED = 0
@@ -204,8 +206,8 @@ def _fixed_header(buffer: bytearray, start: int) -> tuple[int, int, int] | None:
     raise MalformedPacket("a remaining length of more than four bytes [MQTT-2.2.3]")
 
 
-class _Body:
-    """Reads the fields of a packet's body in order."""
+class Body:
+    """Reads the fields of a packet's body in order (3.1.1's and 5.0's alike)."""
 
     def __init__(self, data: bytes, kind: str) -> None:
         self.data = data
@@ -273,7 +275,7 @@ def parse(kind: int, flags: int, body: bytes) -> Packet:
     if kind == CONNECT:
         return _connect(body)
     if kind in (PUBACK, PUBREC, PUBREL, PUBCOMP):
-        fields = _Body(body, "an acknowledgement")
+        fields = Body(body, "an acknowledgement")
         acknowledged = Acknowledgement(kind, fields.packet_id())
         fields.end()
         return acknowledged
@@ -287,7 +289,7 @@ def parse(kind: int, flags: int, body: bytes) -> Packet:
 
 
 def _connect(body: bytes) -> Connect:
-    fields = _Body(body, "CONNECT")
+    fields = Body(body, "CONNECT")
     name = fields.string()
     level = fields.u8()
     if PROTOCOLS.get(level) != name:
@@ -326,7 +328,7 @@ def _publish(flags: int, body: bytes) -> Publish:
     dup = bool(flags & 0x08)
     if dup and qos == 0:
         raise MalformedPacket("PUBLISH with DUP at QoS 0 [MQTT-3.3.1-2]")
-    fields = _Body(body, "PUBLISH")
+    fields = Body(body, "PUBLISH")
     topic = fields.string()
     if problem := topic_problem(topic):
         raise MalformedPacket(f"PUBLISH to a topic that {problem}")
@@ -335,7 +337,7 @@ def _publish(flags: int, body: bytes) -> Publish:
 
 
 def _subscribe(body: bytes) -> Subscribe:
-    fields = _Body(body, "SUBSCRIBE")
+    fields = Body(body, "SUBSCRIBE")
     packet_id = fields.packet_id()
     filters = []
     while fields.left():
@@ -350,7 +352,7 @@ def _subscribe(body: bytes) -> Subscribe:
 
 
 def _unsubscribe(body: bytes) -> Unsubscribe:
-    fields = _Body(body, "UNSUBSCRIBE")
+    fields = Body(body, "UNSUBSCRIBE")
     packet_id = fields.packet_id()
     filters = []
     while fields.left():
@@ -416,12 +418,13 @@ def to_mqtt(key: str) -> str:
 # -- what a server sends ----------------------------------------------------------------------
 
 
-def _packet(first: int, body: bytes) -> bytes:
+def packet(first: int, body: bytes) -> bytes:
+    """A packet: its first byte, the remaining length, then ``body``."""
     return bytes((first,)) + _length(len(body)) + body
 
 
 def connack(session_present: bool, code: int) -> bytes:
-    return _packet(CONNACK << 4, bytes([int(session_present), code]))
+    return packet(CONNACK << 4, bytes([int(session_present), code]))
 
 
 def publish(topic: str, payload: bytes, qos: int, retain: bool, dup: bool, packet_id: int | None) -> bytes:
@@ -460,12 +463,12 @@ def _length(length: int) -> bytes:
 
 def acknowledgement(kind: int, packet_id: int) -> bytes:
     """PUBACK, PUBREC, PUBREL (its flags 0010) or PUBCOMP; UNSUBACK too."""
-    return _packet(kind << 4 | (0b0010 if kind == PUBREL else 0), _U16.pack(packet_id))
+    return packet(kind << 4 | (0b0010 if kind == PUBREL else 0), _U16.pack(packet_id))
 
 
 def suback(packet_id: int, codes: list[int]) -> bytes:
-    return _packet(SUBACK << 4, _U16.pack(packet_id) + bytes(codes))
+    return packet(SUBACK << 4, _U16.pack(packet_id) + bytes(codes))
 
 
 def pingresp() -> bytes:
-    return _packet(PINGRESP << 4, b"")
+    return packet(PINGRESP << 4, b"")

@@ -210,7 +210,7 @@ def test_every_remaining_length_is_read_as_the_specification_writes_it(length: i
 
 @given(st.integers(min_value=0, max_value=300_000))
 def test_the_server_writes_remaining_lengths_as_the_specification_does(length: int) -> None:
-    assert mqtt.pingresp()[:1] + remaining_length(length) + b"x" * length == mqtt._packet(0xD0, b"x" * length)
+    assert mqtt.pingresp()[:1] + remaining_length(length) + b"x" * length == mqtt.packet(0xD0, b"x" * length)
 
 
 def test_server_packets() -> None:

@@ -3,7 +3,6 @@ reads and writes them: the RFC's own examples, and what a client may not send.""
 
 from __future__ import annotations
 
-import os
 import struct
 
 import pytest
@@ -20,8 +19,7 @@ def request(path: str = "/ws", protocols: str = "mqtt", version: str = "13", key
     ).encode()
 
 
-def masked(opcode: int, payload: bytes, fin: bool = True) -> bytes:
-    mask = os.urandom(4)
+def masked(opcode: int, payload: bytes, fin: bool = True, mask: bytes = b"\x37\xfa\x21\x3d") -> bytes:
     length = len(payload)
     if length < 126:
         head = struct.pack(">BB", fin << 7 | opcode, 0x80 | length)
@@ -81,6 +79,7 @@ def test_frames_of_every_length_are_unmasked_in_pieces() -> None:
         (masked(ws.CLOSE, b"", fin=False), ws.PROTOCOL_ERROR),  # a fragmented control frame
         (masked(ws.BINARY, b"b" * 2000), ws.TOO_BIG),
     ],
+    ids=["not masked", "a reserved bit", "a long control frame", "a fragmented control frame", "too big"],
 )
 def test_frames_a_client_may_not_send_end_it_with_their_close_code(data: bytes, code: int) -> None:
     with pytest.raises(ws.WebSocketError) as error:
