@@ -420,7 +420,7 @@ def to_mqtt(key: str) -> str:
 
 def packet(first: int, body: bytes) -> bytes:
     """A packet: its first byte, the remaining length, then ``body``."""
-    return bytes((first,)) + _length(len(body)) + body
+    return bytes((first,)) + variable_byte_integer(len(body)) + body
 
 
 def connack(session_present: bool, code: int) -> bytes:
@@ -446,13 +446,15 @@ def publish_packet(topic: bytes, payload: bytes, qos: int, retain: bool, dup: bo
     elif length < 0x4000:
         head = bytes((first, length & 0x7F | 0x80, length >> 7))
     else:
-        head = bytes((first,)) + _length(length)
+        head = bytes((first,)) + variable_byte_integer(length)
     if qos and packet_id is not None:
         return b"".join((head, topic, _U16.pack(packet_id), payload))
     return b"".join((head, topic, payload))
 
 
-def _length(length: int) -> bytes:
+def variable_byte_integer(length: int) -> bytes:
+    """A remaining length, or MQTT 5.0's Variable Byte Integer: seven bits a byte, least
+    significant first, the high bit saying another follows (section 2.2.3)."""
     out = bytearray()
     while True:
         byte, length = length & 0x7F, length >> 7
