@@ -12,15 +12,19 @@ RabbitMQ listed in ``docs/mqtt.md``; each names the rule of the specification it
 from __future__ import annotations
 
 import base64
+import http.server
 import json
 import socket
 import struct
 import subprocess
+import threading
 import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pika
@@ -29,6 +33,10 @@ from transcript import field_paths, oracle
 
 from postroom.broker.tools.testing import MosquittoMissing, free_port, mosquitto_broker, wait_for_port
 from tests.integration.test_crash import broker
+from tests.integration.test_mqtt_browser import bundle
+from tests.integration.test_web_ui import browser
+
+__all__ = ["browser", "bundle"]  # (fixtures: Chromium, and MQTT.js's browser bundle)
 
 pytestmark = [pytest.mark.integration, pytest.mark.hang_timeout(600)]
 
@@ -45,15 +53,20 @@ class Ports:
     mosquitto: int
     postroom_http: int
     rabbitmq_http: int
+    #: MQTT over WebSockets (``rabbitmq_web_mqtt`` on RabbitMQ, at ``/ws``).
+    postroom_ws: int
+    rabbitmq_ws: int
+    mosquitto_ws: int
 
 
 @pytest.fixture(scope="module")
 def ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ports]:
     """The MQTT ports of a Postroom process, a RabbitMQ node and a Mosquitto, and the two AMQP ones."""
     rabbit_mqtt, mqtt, rabbit_http, http = free_port(), free_port(), free_port(), free_port()
+    rabbit_ws, ws, mosquitto_ws = free_port(), free_port(), free_port()
     directory = tmp_path_factory.mktemp("mqtt")
     try:
-        mosquitto = mosquitto_broker()
+        mosquitto = mosquitto_broker(f"listener {mosquitto_ws} 127.0.0.1\nprotocol websockets\n")
         mosquitto_port = mosquitto.__enter__()
     except MosquittoMissing as missing:
         pytest.skip(f"no Mosquitto to compare with: {missing}")
@@ -61,14 +74,17 @@ def ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ports]:
         with (
             oracle(
                 f"mqtt.listeners.tcp.1 = 127.0.0.1:{rabbit_mqtt}\n"
-                f"management.tcp.port = {rabbit_http}\nmanagement.tcp.ip = 127.0.0.1\n",
-                ["rabbitmq_mqtt", "rabbitmq_management"],
-                also=[rabbit_mqtt, rabbit_http],
+                f"management.tcp.port = {rabbit_http}\nmanagement.tcp.ip = 127.0.0.1\n"
+                f"web_mqtt.tcp.port = {rabbit_ws}\nweb_mqtt.tcp.ip = 127.0.0.1\n",
+                ["rabbitmq_mqtt", "rabbitmq_management", "rabbitmq_web_mqtt"],
+                also=[rabbit_mqtt, rabbit_http, rabbit_ws],
             ) as amqp,
-            broker(directory / "data", mqtt=mqtt, management=http) as (_process, postroom_amqp),
+            broker(directory / "data", mqtt=mqtt, management=http, mqtt_ws=ws) as (_process, postroom_amqp),
         ):
             wait_for_port(mqtt, 30)
-            yield Ports(mqtt, postroom_amqp, rabbit_mqtt, amqp, mosquitto_port, http, rabbit_http)
+            yield Ports(
+                mqtt, postroom_amqp, rabbit_mqtt, amqp, mosquitto_port, http, rabbit_http, ws, rabbit_ws, mosquitto_ws
+            )
     finally:
         mosquitto.__exit__(None, None, None)
     assert "Traceback" not in (directory / "broker.log").read_text()
@@ -676,3 +692,177 @@ def test_mosquitto_clients_at_qos2_as_mosquitto(ports: Ports) -> None:
     expected = session(ports.mosquitto, prefix)
     assert session(ports.postroom, prefix) == expected
     assert session(ports.rabbitmq, prefix) != expected
+
+
+# -- paho-mqtt, unchanged -----------------------------------------------------------------------
+
+
+def paho_session(qos: int) -> Callable[[int, str], list[str]]:
+    """paho-mqtt 2.2 (MQTT 3.1.1) against the broker on ``port``: what a subscriber at ``qos``
+    receives of two publishes at ``qos`` (one retained), whether each publish completed, what a
+    late subscriber gets, and the will of a client whose socket drops."""
+
+    def session(port: int, prefix: str) -> list[str]:
+        import paho.mqtt.client as paho
+
+        lines: list[str] = []
+        clients: list[paho.Client] = []
+
+        def client(name: str, **will: Any) -> tuple[paho.Client, list[str]]:
+            raw = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"{prefix}-{name}", protocol=paho.MQTTv311)
+            got: list[str] = []
+            raw.on_message = lambda _c, _u, m: got.append(
+                f"{name}: {m.topic.replace(prefix, '<p>')} {m.payload!r} qos={m.qos} retain={int(m.retain)}"
+            )
+            if will:
+                raw.will_set(**will)
+            raw.connect("127.0.0.1", port)
+            raw.loop_start()
+            clients.append(raw)
+            return raw, got
+
+        try:
+            watcher, watched = client("watcher")
+            watcher.subscribe(f"{prefix}/will", 1)
+            first, heard = client("first", topic=f"{prefix}/will", payload=b"gone", qos=1)
+            first.subscribe(f"{prefix}/#", qos)
+            time.sleep(0.5)
+            publisher, _ = client("publisher")
+            for topic, message, retain in (("a", b"one", False), ("r", b"kept", True)):
+                info = publisher.publish(f"{prefix}/{topic}", message, qos, retain)
+                info.wait_for_publish(3)
+                lines.append(f"publish {topic}: completed={info.is_published()}")
+            late, kept = client("late")
+            late.subscribe(f"{prefix}/r", qos)
+            time.sleep(1)
+            first.loop_stop()
+            first.socket().close()  # (no DISCONNECT: the will)
+            time.sleep(1)
+            publisher.publish(f"{prefix}/r", b"", 0, True)  # (cleared)
+            lines += sorted(heard) + kept + watched
+        finally:
+            for raw in clients:
+                raw.loop_stop()
+                raw.disconnect()
+        return lines
+
+    return session
+
+
+def test_paho_at_qos1_as_rabbitmq(ports: Ports) -> None:
+    prefix = f"conformance-{uuid.uuid4().hex[:8]}"
+    expected = paho_session(1)(ports.rabbitmq, prefix)
+    assert "publish a: completed=True" in expected
+    assert paho_session(1)(ports.postroom, prefix) == expected
+
+
+def test_paho_at_qos2_as_mosquitto(ports: Ports) -> None:
+    prefix = f"conformance-{uuid.uuid4().hex[:8]}"
+    expected = paho_session(2)(ports.mosquitto, prefix)
+    assert paho_session(2)(ports.postroom, prefix) == expected
+    assert paho_session(2)(ports.rabbitmq, prefix) != expected
+
+
+# -- MQTT.js in Chromium, over WebSockets ------------------------------------------------------
+
+BROWSER_PAGE = """<!doctype html><html><body><script src="mqtt.min.js"></script><script>
+const query = new URLSearchParams(location.search);
+const prefix = query.get("prefix"), qos = Number(query.get("qos"));
+window.received = []; window.state = "connecting"; window.granted = null;
+window.client = mqtt.connect(query.get("url"), {
+  protocolVersion: 4, clientId: prefix + "-browser", clean: true, reconnectPeriod: 0,
+  will: {topic: prefix + "/will", payload: "gone", qos: 1, retain: false},
+});
+client.on("connect", () => {
+  client.subscribe(prefix + "/ticker/#", {qos: qos}, (error, granted) => {
+    window.granted = granted.map((g) => g.qos);
+    window.state = "subscribed";
+    client.publish(prefix + "/browser/hello", "from chromium", {qos: qos, retain: true}, () => {
+      window.state = "published";
+    });
+  });
+});
+client.on("message", (topic, payload, packet) => {
+  window.received.push([topic.replace(prefix, "<p>"), new TextDecoder().decode(payload), packet.qos]);
+});
+</script></body></html>"""
+
+
+@pytest.fixture(scope="module")
+def browser_site(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Where the page and MQTT.js are served (its URL's start)."""
+    site = tmp_path_factory.mktemp("mqtt-page")
+    (site / "mqtt.min.js").write_bytes(bundle.read_bytes())
+    (site / "index.html").write_text(BROWSER_PAGE)
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    handler.log_message = lambda *_a: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/index.html"
+    finally:
+        server.shutdown()
+
+
+def browser_session(browser: Any, site: str, qos: int) -> Callable[[int, int, str], list[str]]:
+    """MQTT.js in Chromium over WebSockets (port ``ws``), a paho client over TCP (``tcp``) on
+    the other side: what the page was granted and received, whether its QoS ``qos`` publish
+    completed, what the TCP side got of it, the page's will, and the retained message."""
+
+    def session(ws: int, tcp: int, prefix: str) -> list[str]:
+        import paho.mqtt.client as paho
+
+        device = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"{prefix}-device", protocol=paho.MQTTv311)
+        heard: list[str] = []
+        device.on_message = lambda _c, _u, m: heard.append(f"{m.topic.replace(prefix, '<p>')} {m.payload!r} {m.qos}")
+        device.connect("127.0.0.1", tcp)
+        device.subscribe([(f"{prefix}/browser/#", 2), (f"{prefix}/will", 1)])
+        device.loop_start()
+        lines: list[str] = []
+        try:
+            time.sleep(0.5)
+            browser.get(f"{site}?url=ws://127.0.0.1:{ws}/ws&prefix={prefix}&qos={qos}")
+            deadline = time.monotonic() + 10
+            while browser.execute_script("return window.state") == "connecting" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            device.publish(f"{prefix}/ticker/eur", b"1.0841", qos)
+            time.sleep(2)
+            lines.append(f"granted {browser.execute_script('return window.granted')}")
+            lines.append(f"state {browser.execute_script('return window.state')}")
+            lines.append(f"received {browser.execute_script('return window.received')}")
+            browser.execute_script("window.client.stream.destroy()")  # (no DISCONNECT: the will)
+            time.sleep(1.5)
+            late = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"{prefix}-late", protocol=paho.MQTTv311)
+            kept: list[str] = []
+            late.on_message = lambda _c, _u, m: kept.append(f"retained {m.payload!r} {int(m.retain)}")
+            late.connect("127.0.0.1", tcp)
+            late.subscribe(f"{prefix}/browser/hello", 1)
+            late.loop_start()
+            time.sleep(1)
+            late.loop_stop()
+            late.disconnect()
+            lines += heard + kept
+            device.publish(f"{prefix}/browser/hello", b"", 0, True)  # (cleared)
+        finally:
+            device.loop_stop()
+            device.disconnect()
+        return lines
+
+    return session
+
+
+def test_mqttjs_over_websockets_at_qos1_as_rabbitmq(ports: Ports, browser: Any, browser_site: str) -> None:
+    prefix = f"conformance-{uuid.uuid4().hex[:8]}"
+    session = browser_session(browser, browser_site, 1)
+    expected = session(ports.rabbitmq_ws, ports.rabbitmq, prefix)
+    assert "state published" in expected
+    assert session(ports.postroom_ws, ports.postroom, prefix) == expected
+
+
+def test_mqttjs_over_websockets_at_qos2_as_mosquitto(ports: Ports, browser: Any, browser_site: str) -> None:
+    prefix = f"conformance-{uuid.uuid4().hex[:8]}"
+    session = browser_session(browser, browser_site, 2)
+    expected = session(ports.mosquitto_ws, ports.mosquitto, prefix)
+    assert "state published" in expected
+    assert session(ports.postroom_ws, ports.postroom, prefix) == expected
+    assert session(ports.rabbitmq_ws, ports.rabbitmq, prefix) != expected
