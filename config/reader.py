@@ -142,11 +142,13 @@ class Reader(ValueReader):
         if value is None:
             return MqttConfig()
         keys = {"vhost", "exchange", "prefetch", "subscription_ttl", "allow_anonymous", "default_user"}
-        keys |= {"default_pass", "ignore_colons_in_username"}
+        keys |= {"default_pass", "ignore_colons_in_username", "ssl_cert_login"}
         section = self.mapping(value, "mqtt", keys)
         if section and listen.mqtt is None and listen.mqtt_tls is None and listen.mqtt_ws is None:
             self.problem("mqtt", "no MQTT listener serves it: set listen.mqtt, listen.mqtt_tls or listen.mqtt_ws")
         default = MqttConfig()
+        if section.get("ssl_cert_login") is True and listen.mqtt_tls is None:
+            self.problem("mqtt.ssl_cert_login", "no TLS listener asks for certificates: set listen.mqtt_tls")
         ttl: float | None = default.subscription_ttl
         if "subscription_ttl" in section:
             raw = section["subscription_ttl"]
@@ -169,6 +171,7 @@ class Reader(ValueReader):
             ignore_colons_in_username=self.boolean(
                 section.get("ignore_colons_in_username"), "mqtt.ignore_colons_in_username", False
             ),
+            ssl_cert_login=self.boolean(section.get("ssl_cert_login"), "mqtt.ssl_cert_login", False),
         )
 
     def cluster(self, value: Any, storage: StorageConfig) -> ClusterConfig | None:

@@ -55,6 +55,9 @@ class MqttConfig:
     default_pass: str = "guest"
     #: A colon in a user name is part of the name, not the end of a vhost's name.
     ignore_colons_in_username: bool = False
+    #: Over TLS, a client that sends no user name logs in as its verified certificate's common
+    #: name, with no password (RabbitMQ's ``mqtt.ssl_cert_login``; before ``allow_anonymous``).
+    ssl_cert_login: bool = False
 
 
 @dataclass(frozen=True, slots=True)

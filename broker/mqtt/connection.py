@@ -244,11 +244,17 @@ class MqttConnection:
         self.keep_alive = packet.keep_alive
         self.will = packet.will
         settings = self.settings
+        password: str | None
+        certified = self.certificate_name() if settings.ssl_cert_login and self.certificate_name else None
         if packet.username is not None and packet.password is not None:
             username, password = packet.username, packet.password.decode("utf-8", "surrogateescape")
         elif packet.username is not None:
             self._refuse(wire.BAD_USERNAME_OR_PASSWORD, f"user '{packet.username}' sent no password")
             return
+        elif certified:
+            # The verified certificate's common name, no password (RabbitMQ's ssl_cert_login).
+            username, password = certified, None
+            self.auth_mechanism = "EXTERNAL"
         elif settings.allow_anonymous:
             username, password = settings.default_user, settings.default_pass
         else:

@@ -50,13 +50,14 @@ def broker(
     stream_tls: int = 0,
     mqtt: int = 0,
     mqtt_ws: int = 0,
+    mqtt_tls: int = 0,
 ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """``postroom serve`` over ``data``; with ``management``, its management API on that port
     (with ``metrics``, ``/metrics`` on that one; with ``amqps``, AMQP over TLS on that one, which
     needs a ``tls:`` section in ``extra``);
     ``stream``: the stream protocol's port (none when 0), ``stream_tls`` its TLS port (which needs
     a ``tls:`` section in ``extra``); ``mqtt``: MQTT's port (none when 0), ``mqtt_ws`` MQTT over
-    WebSockets';
+    WebSockets', ``mqtt_tls`` MQTT over TLS' (which needs a ``tls:`` section in ``extra``);
     ``limits``: the ``limits:`` keys, such as ``memory_high_watermark: 150MiB``; ``extra``: more
     of the configuration (YAML lines); ``port``: AMQP's port (a free one when 0)."""
     port = port or free_port()
@@ -68,6 +69,7 @@ def broker(
     tls += f', stream_tls: "tcp:{stream_tls}:interface=127.0.0.1"' if stream_tls else ""
     tls += f', mqtt: "tcp:{mqtt}:interface=127.0.0.1"' if mqtt else ""
     tls += f', mqtt_ws: "tcp:{mqtt_ws}:interface=127.0.0.1"' if mqtt_ws else ""
+    tls += f', mqtt_tls: "tcp:{mqtt_tls}:interface=127.0.0.1"' if mqtt_tls else ""
     config.write_text(
         f'listen: {{amqp: "tcp:{port}:interface=127.0.0.1", metrics: {scrape}, management: {api}{tls}}}\n'
         f'storage: {{dir: "{data}", fsync: batch, segment_bytes: {segment_bytes}, memory_budget: {memory_budget}, '
@@ -97,7 +99,7 @@ def broker(
                 raise AssertionError(f"broker did not start: {(data.parent / 'broker.log').read_text()[-2000:]}")
             time.sleep(0.05)
         # The other listeners open after AMQP's: a test may go straight to one of them.
-        for other in (amqps, stream, stream_tls, mqtt, mqtt_ws, management, metrics):
+        for other in (amqps, stream, stream_tls, mqtt, mqtt_ws, mqtt_tls, management, metrics):
             if other:
                 wait_for_port(other, max(1.0, deadline - time.monotonic()))
         yield process, port
