@@ -468,6 +468,9 @@ def test_the_mqtt_section() -> None:
         ("mqtt", "no MQTT listener serves it: set listen.mqtt, listen.mqtt_tls or listen.mqtt_ws")
     ]
     assert [where for _line, where, _reason in problems("listen: {mqtt_tls: 'tcp:8883'}\n")] == ["listen.mqtt_tls"]
+    assert [(w, r) for _l, w, r in problems(listening + "mqtt: {ssl_cert_login: true}\n")] == [
+        ("mqtt.ssl_cert_login", "no TLS listener asks for certificates: set listen.mqtt_tls")
+    ]
     clustered = "cluster: {name: c, etcd: 'http://127.0.0.1:2379', listen: 'tcp:5679'}\n"
     found = problems(listening + clustered)
     assert ("listen.mqtt", "MQTT is not served in cluster mode yet") in [(w, r) for _l, w, r in found]
