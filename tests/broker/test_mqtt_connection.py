@@ -190,3 +190,43 @@ def test_keep_alive_zero_means_no_limit(registry: MqttRegistry) -> None:
     protocol.dataReceived(connect("forever", keep_alive=0))
     clock.advance(24 * 3600)
     assert not transport.disconnecting
+
+
+def test_qos2_is_exactly_once_across_reconnects_of_a_persistent_session(registry: MqttRegistry) -> None:
+    """[MQTT-4.4.0-1]: a persistent session's client and server send again, with their packet
+    identifiers, what was in flight; a QoS 2 message is delivered once, both ways."""
+    subscriber = opened(registry, "sub", clean=False)
+    subscriber.receive(subscribe(1, "t", 2))
+    subscriber.take_output()
+    publisher = opened(registry, "pub", clean=False)
+    publisher.receive(publish("t", b"once", 2, 5))
+    assert read(publisher.take_output()) == [(wire.PUBREC, 0, b"\x00\x05")]
+    publisher.connection_lost()  # before its PUBREL
+    publisher = opened_again(registry, "pub")
+    publisher.receive(packet(0x3C, text("t") + struct.pack(">H", 5) + b"once"))  # sent again, DUP
+    publisher.receive(packet(0x62, struct.pack(">H", 5)))
+    assert [kind for kind, _f, _b in read(publisher.take_output())] == [wire.PUBREC, wire.PUBCOMP]
+    [(kind, flags, body)] = read(subscriber.take_output())  # one delivery, not two
+    packet_id = body[3:5]
+    subscriber.connection_lost()  # before its PUBREC
+    subscriber = opened_again(registry, "sub")
+    [(kind, flags, again)] = read(subscriber.take_output())
+    assert (kind, flags) == (wire.PUBLISH, 0b1100) and again == body  # DUP, QoS 2, the same id
+    subscriber.receive(packet(0x50, packet_id))  # PUBREC
+    assert read(subscriber.take_output()) == [(wire.PUBREL, 0b0010, packet_id)]
+    subscriber.connection_lost()  # before its PUBCOMP
+    subscriber = opened_again(registry, "sub")
+    assert read(subscriber.take_output()) == [(wire.PUBREL, 0b0010, packet_id)]  # released again
+    subscriber.receive(packet(0x70, packet_id))  # PUBCOMP
+    subscriber.connection_lost()
+    assert read(opened_again(registry, "sub").take_output()) == []  # nothing in flight any more
+
+
+def opened_again(registry: MqttRegistry, client_id: str) -> MqttConnection:
+    """A persistent session's client back: its CONNACK says the session was found."""
+    connection = MqttConnection(registry, "127.0.0.1:40001", True)
+    connection.receive(connect(client_id, clean=False))
+    packets = read(connection.take_output())
+    assert packets[0] == (wire.CONNACK, 0, b"\x01\x00")
+    connection.out[:0] = [wire.packet(kind << 4 | flags, body) for kind, flags, body in packets[1:]]
+    return connection
