@@ -1,6 +1,9 @@
-"""One MQTT 3.1.1 (and 3.1) client connection, sans-IO, served as RabbitMQ 3.10's MQTT plugin
-serves it where it follows the specification, and as the specification asks where it does not
-(see ``docs/mqtt.md``).
+"""One MQTT 3.1.1 (and 3.1) or MQTT 5.0 client connection, sans-IO, served as RabbitMQ's MQTT
+plugin serves it (3.10's for 3.1.1, 3.13's for 5.0) where it follows the specification, and
+as the specification asks where it does not (see ``docs/mqtt.md``). At level 5 the packets are
+read by ``broker.wire.mqtt5``, what CONNECT agreed is kept in :class:`Agreed`, publishes carry
+their properties to the AMQP message (``broker.mqtt.properties``), and an error ends the
+connection with a DISCONNECT that gives its reason code.
 
 Bytes come in through :meth:`MqttConnection.receive`; packets to write collect in
 :attr:`MqttConnection.out`, and :attr:`MqttConnection.wake` tells the shell when some were
@@ -32,6 +35,7 @@ from __future__ import annotations
 import base64
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -43,9 +47,11 @@ from postroom.broker.core.users import User
 from postroom.broker.core.vhost import VirtualHost
 from postroom.broker.errors import ChannelException, ReplyCode
 from postroom.broker.mqtt.content import content_header
+from postroom.broker.mqtt.properties import amqp_header
 from postroom.broker.mqtt.registry import MqttRegistry
 from postroom.broker.mqtt.session import MqttSession, queue_names
 from postroom.broker.wire import mqtt as wire
+from postroom.broker.wire import mqtt5
 from postroom.broker.wire.codec import shortstr
 
 #: Human names of the protocol levels, as RabbitMQ's management API shows them.
@@ -104,7 +110,7 @@ class MqttConnection:
         self.clean_session = True
         #: Seconds the client may be silent (0: no limit); the shell allows one and a half times it.
         self.keep_alive = 0
-        self.will: wire.Will | None = None
+        self.will: wire.Will | mqtt5.Will | None = None
         self.user: User | None = None
         self.user_name = ""
         self.vhost: VirtualHost | None = None
@@ -131,6 +137,8 @@ class MqttConnection:
         self.teardown_errors: list[BaseException] = []
         #: AMQP's view of a connection's channels, for a user's channel count (MQTT opens none).
         self.channels: dict[int, Any] = {}
+        #: At protocol level 5: what the client and the server agreed (``None`` below it).
+        self.v5: Agreed | None = None
 
     # -- input --------------------------------------------------------------------------------
 
@@ -182,14 +190,28 @@ class MqttConnection:
         self.wake()
 
     def _packet(self, kind: int, flags: int, body: bytes) -> None:
+        if self.v5 is not None:
+            self._packet5(kind, flags, body)
+            return
         try:
             packet = wire.parse(kind, flags, body)
         except wire.MalformedPacket as error:
-            self._fail(str(error))
+            self._fail(str(error), mqtt5.MALFORMED_PACKET)
             return
         if self.phase is Phase.CONNECTING:
             if not isinstance(packet, wire.Connect):
                 self._fail("the first packet is not CONNECT [MQTT-3.1.0-1]")
+                return
+            if (packet.protocol_name, packet.protocol_level) == ("MQTT", 5):
+                try:
+                    connect = mqtt5.parse(kind, flags, body)
+                except mqtt5.Problem as problem:
+                    self.out.append(mqtt5.connack(False, problem.code))
+                    self.phase = Phase.CLOSED
+                    self._fail(str(problem))
+                    return
+                assert isinstance(connect, mqtt5.Connect)
+                self._connect5(connect)
                 return
             self._connect(packet)
             return
@@ -221,8 +243,11 @@ class MqttConnection:
         except ChannelException as refused:
             self._fail(refused.reply_text)
 
-    def _fail(self, reason: str) -> None:
-        """End the connection for ``reason`` (its will is published)."""
+    def _fail(self, reason: str, code: int = mqtt5.UNSPECIFIED_ERROR) -> None:
+        """End the connection for ``reason`` (its will is published); at level 5, once open,
+        with a DISCONNECT that gives ``code`` (section 4.13)."""
+        if self.v5 is not None and self.phase is Phase.OPEN and not self.finished:
+            self.out.append(mqtt5.disconnect(code))
         self.reason = self.reason or reason
         self.finished = True
 
@@ -316,8 +341,13 @@ class MqttConnection:
         return None
 
     def _refuse(self, code: int, reason: str) -> None:
-        """Answer CONNECT with ``code`` and end the connection [MQTT-3.2.2-5]."""
-        self.out.append(wire.connack(False, code))
+        """Answer CONNECT with ``code`` (3.1.1's: level 5 gets its reason code) and end the
+        connection [MQTT-3.2.2-5]."""
+        if self.v5 is not None:
+            limit = code == wire.SERVER_UNAVAILABLE or "limit" in reason
+            self.out.append(mqtt5.connack(False, mqtt5.QUOTA_EXCEEDED if limit else _V5_REFUSALS[code]))
+        else:
+            self.out.append(wire.connack(False, code))
         self.phase = Phase.CLOSED
         self.will = None
         self._fail(f"refused ({code}): {reason}")
@@ -329,6 +359,7 @@ class MqttConnection:
         previous = registry.clients.get(client_id)
         if previous is not None:
             previous.taken_over()
+        self._cancel_delayed_will()
         key = (vhost.name, client_id)
         session = registry.sessions.pop(key, None)
         if self.clean_session:
@@ -344,12 +375,19 @@ class MqttConnection:
             session = None
         else:
             present = session is not None or any(name in vhost.queues for name in queue_names(client_id))
+        settings, agreed = self.settings, self.v5
+        ttl = None if settings.subscription_ttl is None else int(settings.subscription_ttl * 1000)
+        prefetch = settings.prefetch
+        ends = self.clean_session
+        if agreed is not None:  # the session lasts as long as the Session Expiry Interval says
+            ttl = None if agreed.session_expiry is None else agreed.session_expiry * 1000
+            prefetch = min(prefetch, agreed.receive_maximum)
+            ends = agreed.session_expiry == 0
         if session is None:
-            settings = self.settings
-            ttl = None if settings.subscription_ttl is None else int(settings.subscription_ttl * 1000)
-            session = MqttSession(vhost, client_id, self.clean_session, settings.exchange, settings.prefetch, ttl)
+            session = MqttSession(vhost, client_id, ends, settings.exchange, prefetch, ttl)
             if present:
                 session.recover_filters()
+        session.clean, session.prefetch = ends, prefetch
         registry.sessions[key] = session
         registry.clients[client_id] = self
         self.session = session
@@ -358,7 +396,10 @@ class MqttConnection:
         vhost.connection_count += 1
         node.user_connections.setdefault(self.user_name, set()).add(self)
         node.counters["connections_opened"] += 1
-        self.out.append(wire.connack(present, wire.ACCEPTED))
+        if agreed is not None:
+            self.out.append(mqtt5.connack(present, mqtt5.SUCCESS, agreed.connack_properties()))
+        else:
+            self.out.append(wire.connack(present, wire.ACCEPTED))
         session.attach(self)
 
     def _delete_queues(self, vhost: VirtualHost) -> None:
@@ -376,8 +417,7 @@ class MqttConnection:
         """Another connection took this one's client id [MQTT-3.1.4-2]: it ends now (its
         session passes to the new one), and its will is published, as it sent no DISCONNECT
         [MQTT-3.1.2-10] (as Mosquitto does; RabbitMQ 3.10 drops it)."""
-        self.reason = "another connection took its client id over"
-        self.finished = True
+        self._fail("another connection took its client id over", mqtt5.SESSION_TAKEN_OVER)
         self._release()
         self.wake()
 
@@ -387,7 +427,7 @@ class MqttConnection:
         """A PUBLISH to a topic this connection published to before (so known to be valid),
         read without :func:`~broker.wire.mqtt.parse` (most publishes); ``False``: anything
         else, for the full reading."""
-        if self.phase is not Phase.OPEN or len(body) < 2:
+        if self.phase is not Phase.OPEN or len(body) < 2 or self.v5 is not None:
             return False
         qos = flags >> 1 & 3
         end = 2 + (body[0] << 8 | body[1])
@@ -410,7 +450,7 @@ class MqttConnection:
             return
         journal = self.node.journal
         recorded = journal.recorded if journal is not None else 0
-        logged = self._route(topic, payload, qos, dup)
+        logged = self._route(topic, payload, qos, dup)[0]
         self.published += 1
         if retain:
             self.node.retained.retain(self.vhost.name, topic, payload, qos)  # type: ignore[union-attr]
@@ -421,9 +461,11 @@ class MqttConnection:
             session.received.add(packet_id)
             self._acknowledge(wire.PUBREC, packet_id, logged)
 
-    def _route(self, topic: str, payload: bytes, qos: int, dup: bool) -> bool:
-        """Publish ``payload`` to ``topic``'s routing key on the MQTT exchange; whether the
-        message was written to the log (its acknowledgement then waits for the write).
+    def _route(self, topic: str, payload: bytes, qos: int, dup: bool, header: bytes | None = None) -> tuple[bool, int]:
+        """Publish ``payload`` to ``topic``'s routing key on the MQTT exchange (with the content
+        header ``header``, when an MQTT 5.0 publish's properties give one); whether the message
+        was written to the log (its acknowledgement then waits for the write), and to how many
+        queues it went.
 
         :raises ChannelException: the user may not publish there (403), the exchange is gone
             (404), the message is over the size limit or a queue refused it (406)
@@ -450,13 +492,17 @@ class MqttConnection:
         exchange = vhost.exchanges.get(exchange_name)
         if exchange is None:
             raise ChannelException(ReplyCode.NOT_FOUND, f"no exchange '{exchange_name}' in vhost '{vhost.name}'")
-        message = Message(exchange_name, key, names, content_header(qos, dup, len(payload)), payload)
+        if header is None:
+            header = content_header(qos, dup, len(payload))
+        message = Message(exchange_name, key, names, header, payload)
         hooks = node.hooks
         if hooks is not None:
             hooks.published(vhost, exchange_name, message)
         exchange.published_in += 1
         vhost.published += 1
         queues = vhost.route(exchange, message)
+        if self.v5 is not None and self.session is not None and self.session.no_local:
+            queues = self.session.not_local(queues, topic)
         exchange.published_out += len(queues)
         if hooks is not None:
             hooks.routed(vhost, exchange_name, message, queues)
@@ -466,12 +512,12 @@ class MqttConnection:
         recorded = journal.recorded if journal is not None else 0
         if not vhost.enqueue_routed(queues, message) and qos:
             raise ChannelException(ReplyCode.PRECONDITION_FAILED, f"a queue refused a message to '{topic}'")
-        return bool(message.wal_id) or (journal is not None and journal.recorded != recorded)
+        return bool(message.wal_id) or (journal is not None and journal.recorded != recorded), len(queues)
 
-    def _acknowledge(self, kind: int, packet_id: int, logged: bool) -> None:
+    def _acknowledge(self, kind: int, packet_id: int, logged: bool, code: int = 0) -> None:
         """PUBACK or PUBREC for a publish, once its message is in the log (``logged``), and
-        after those of earlier publishes [MQTT-4.6.0-2]."""
-        packet = wire.acknowledgement(kind, packet_id)
+        after those of earlier publishes [MQTT-4.6.0-2]; at level 5 with reason ``code``."""
+        packet = mqtt5.acknowledgement(kind, packet_id, code) if code else wire.acknowledgement(kind, packet_id)
         acks = self._acks
         if not acks and not logged:
             self.out.append(packet)
@@ -509,12 +555,175 @@ class MqttConnection:
     def _released(self, packet_id: int) -> None:
         """The client's PUBREL: the QoS 2 publish is complete [MQTT-4.3.3-2]."""
         assert self.session is not None
+        known = packet_id in self.session.received
         self.session.received.discard(packet_id)
-        packet = wire.acknowledgement(wire.PUBCOMP, packet_id)
+        if self.v5 is not None and not known:
+            packet = mqtt5.acknowledgement(wire.PUBCOMP, packet_id, mqtt5.PACKET_IDENTIFIER_NOT_FOUND)
+        else:
+            packet = wire.acknowledgement(wire.PUBCOMP, packet_id)
         if self._acks:
             self._acks.append([packet, True])
         else:
             self.out.append(packet)
+
+    # -- MQTT 5.0 -----------------------------------------------------------------------------
+
+    def _connect5(self, packet: mqtt5.Connect) -> None:
+        """CONNECT at level 5: what the client asks for is agreed (:class:`Agreed`), then the
+        login goes as at 3.1.1 (a refusal with level 5's reason codes)."""
+        found = packet.properties
+        if found.get(mqtt5.AUTHENTICATION_METHOD) is not None:
+            self.out.append(mqtt5.connack(False, mqtt5.BAD_AUTHENTICATION_METHOD))
+            self.phase = Phase.CLOSED
+            self._fail("extended authentication is not served")
+            return
+        requested = found.get(mqtt5.SESSION_EXPIRY_INTERVAL, 0)
+        cap = self.settings.subscription_ttl
+        expiry: int | None
+        if requested == 0xFFFFFFFF:
+            expiry = None if cap is None else int(cap)
+        else:
+            expiry = requested if cap is None else min(requested, int(cap))
+        self.v5 = Agreed(
+            session_expiry=expiry,
+            receive_maximum=found.get(mqtt5.RECEIVE_MAXIMUM, 65535),
+            maximum_packet=found.get(mqtt5.MAXIMUM_PACKET_SIZE, wire.MAX_REMAINING_LENGTH + 5),
+            assigned=None if packet.client_id else _generated_id(self.node),
+        )
+        legacy = wire.Connect(
+            "MQTT", 4, packet.clean_start, packet.keep_alive, packet.client_id or self.v5.assigned or "", None,
+            packet.username, packet.password,
+        )  # fmt: skip
+        if packet.password is not None and packet.username is None:
+            self._refuse(wire.BAD_USERNAME_OR_PASSWORD, "a password without a user name")
+            return
+        self._connect(legacy)
+        self.protocol_level = 5
+        self.will = packet.will
+
+    def _packet5(self, kind: int, flags: int, body: bytes) -> None:
+        try:
+            packet = mqtt5.parse(kind, flags, body)
+        except mqtt5.Problem as problem:
+            self._fail(str(problem), problem.code)
+            return
+        session = self.session
+        assert session is not None
+        try:
+            match packet:
+                case mqtt5.Publish():
+                    self._publish5(packet)
+                case mqtt5.Acknowledgement(kind=wire.PUBREL):
+                    self._released(packet.packet_id)
+                case mqtt5.Acknowledgement():
+                    session.acknowledged(packet.kind, packet.packet_id)
+                case mqtt5.Subscribe():
+                    self._subscribe5(packet)
+                case mqtt5.Unsubscribe():
+                    self._unsubscribe5(packet)
+                case wire.PingReq():
+                    self.out.append(wire.pingresp())
+                case mqtt5.Disconnect():
+                    self._disconnected5(packet)
+                case mqtt5.Auth():
+                    self._fail("AUTH without an authentication method [MQTT-4.12.0-1]", mqtt5.PROTOCOL_ERROR)
+                case mqtt5.Connect():
+                    self._fail("a second CONNECT [MQTT-3.1.0-2]", mqtt5.PROTOCOL_ERROR)
+        except ChannelException as refused:
+            code = mqtt5.NOT_AUTHORIZED if refused.reply_code == 403 else mqtt5.UNSPECIFIED_ERROR
+            self._fail(refused.reply_text, code)
+
+    def _publish5(self, packet: mqtt5.Publish) -> None:
+        agreed, session = self.v5, self.session
+        assert agreed is not None and session is not None
+        topic, found = packet.topic, packet.properties
+        alias = found.get(mqtt5.TOPIC_ALIAS)
+        if alias is not None:
+            if alias > TOPIC_ALIAS_MAXIMUM:
+                self._fail(f"Topic Alias {alias}, over {TOPIC_ALIAS_MAXIMUM} [MQTT-3.3.2-9]", mqtt5.TOPIC_ALIAS_INVALID)
+                return
+            if topic:
+                agreed.aliases[alias] = topic
+            elif (topic := agreed.aliases.get(alias, "")) == "":
+                self._fail(f"Topic Alias {alias} names no topic yet [MQTT-3.3.4-1]", mqtt5.PROTOCOL_ERROR)
+                return
+        qos, packet_id = packet.qos, packet.packet_id or 0
+        if qos == 2 and packet_id in session.received:
+            self._acknowledge(wire.PUBREC, packet_id, False)
+            return
+        journal = self.node.journal
+        recorded = journal.recorded if journal is not None else 0
+        header = amqp_header(qos, packet.dup, packet.retain, len(packet.payload), found)
+        logged, routed = self._route(topic, packet.payload, qos, packet.dup, header)
+        self.published += 1
+        if packet.retain:
+            self.node.retained.retain(self.vhost.name, topic, packet.payload, qos)  # type: ignore[union-attr]
+            logged = logged or (journal is not None and journal.recorded != recorded)
+        code = mqtt5.SUCCESS if routed else mqtt5.NO_MATCHING_SUBSCRIBERS
+        if qos == 1:
+            self._acknowledge(wire.PUBACK, packet_id, logged, code)
+        elif qos == 2:
+            session.received.add(packet_id)
+            self._acknowledge(wire.PUBREC, packet_id, logged, code)
+
+    def _subscribe5(self, packet: mqtt5.Subscribe) -> None:
+        session = self.session
+        assert session is not None
+        if mqtt5.SUBSCRIPTION_IDENTIFIER in packet.properties.values:
+            refused = mqtt5.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED
+            self._fail("a Subscription Identifier, which CONNACK said is not served", refused)
+            return
+        codes, fresh = [], []
+        for option in packet.subscriptions:
+            topic_filter = option.topic_filter
+            new = topic_filter not in session.filters
+            if topic_filter.startswith("$share/"):
+                code = mqtt5.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
+            elif wire.filter_problem(topic_filter):
+                code = mqtt5.TOPIC_FILTER_INVALID
+            else:
+                try:
+                    session.subscribe(topic_filter, option.qos, self.access)
+                    session.set_options(topic_filter, option.no_local, option.retain_as_published)
+                    code = option.qos
+                except ChannelException as refused:
+                    code = mqtt5.NOT_AUTHORIZED if refused.reply_code == 403 else mqtt5.UNSPECIFIED_ERROR
+            codes.append(code)
+            fresh.append(new)
+        self.out.append(mqtt5.suback(packet.packet_id, codes))
+        for option, code, new in zip(packet.subscriptions, codes, fresh, strict=True):
+            # Retain Handling: 0 sends them, 1 for a new subscription only, 2 never (3.8.3.1).
+            if code < 0x80 and (option.retain_handling == 0 or (option.retain_handling == 1 and new)):
+                self._send_retained(option.topic_filter, code)
+
+    def _unsubscribe5(self, packet: mqtt5.Unsubscribe) -> None:
+        session = self.session
+        assert session is not None
+        codes = []
+        for topic_filter in packet.filters:
+            existed = topic_filter in session.filters
+            try:
+                session.unsubscribe(topic_filter, self.access)
+                codes.append(mqtt5.SUCCESS if existed else mqtt5.NO_SUBSCRIPTION_EXISTED)
+            except ChannelException:
+                codes.append(mqtt5.NOT_AUTHORIZED)
+        self.out.append(mqtt5.suback(packet.packet_id, codes, wire.UNSUBACK))
+
+    def _disconnected5(self, packet: mqtt5.Disconnect) -> None:
+        """The client's DISCONNECT: the will goes unless its reason is 0 [MQTT-3.14.4-3]; a
+        new Session Expiry Interval applies, but not one from 0 [MQTT-3.14.2-2]."""
+        agreed, session = self.v5, self.session
+        assert agreed is not None and session is not None
+        expiry = packet.properties.get(mqtt5.SESSION_EXPIRY_INTERVAL)
+        if expiry is not None:
+            if agreed.session_expiry == 0 and expiry:
+                self._fail("a Session Expiry Interval after CONNECT's 0 [MQTT-3.14.2-2]", mqtt5.PROTOCOL_ERROR)
+                return
+            agreed.session_expiry = None if expiry == 0xFFFFFFFF else expiry
+            session.clean = expiry == 0
+        if packet.code == mqtt5.SUCCESS:
+            self.will = None
+        self.finished = True
 
     # -- SUBSCRIBE, UNSUBSCRIBE --------------------------------------------------------------
 
@@ -547,7 +756,10 @@ class MqttConnection:
                 packet_id = session.next_packet_id()
                 session.inflight[packet_id] = None
                 session.inflight_qos[packet_id] = qos
-            self.out.append(wire.publish(topic, retained.payload, qos, True, False, packet_id))
+            if self.v5 is not None:
+                self.out.append(mqtt5.publish(topic, retained.payload, qos, True, False, packet_id))
+            else:
+                self.out.append(wire.publish(topic, retained.payload, qos, True, False, packet_id))
 
     def _unsubscribe(self, packet: wire.Unsubscribe) -> None:
         session = self.session
@@ -560,11 +772,12 @@ class MqttConnection:
 
     def timed_out(self) -> None:
         """The client was silent for one and a half keep-alive periods [MQTT-3.1.2-24]."""
-        self._fail(f"no packet for {self.keep_alive * 1.5:g} seconds (keep-alive {self.keep_alive} s)")
+        silent = f"no packet for {self.keep_alive * 1.5:g} seconds (keep-alive {self.keep_alive} s)"
+        self._fail(silent, mqtt5.KEEP_ALIVE_TIMEOUT)
 
     def close(self, code: int, text: str) -> None:
         """End the connection from the broker's side (an operator, a user deleted)."""
-        self._fail(text)
+        self._fail(text, mqtt5.ADMINISTRATIVE_ACTION)
         self._release()
         self.wake()
 
@@ -590,14 +803,11 @@ class MqttConnection:
         assert vhost is not None and session is not None
         will, self.will = self.will, None
         if will is not None:
-            try:
-                self._route(will.topic, will.message, will.qos, False)
-                if will.retain:
-                    self.node.retained.retain(vhost.name, will.topic, will.message, will.qos)
-            except ChannelException as refused:
-                self.reason = self.reason or f"its will was refused: {refused.reply_text}"
-            except Exception as error:
-                self.teardown_errors.append(error)
+            delay = self._will_delay(will, session)
+            if delay:
+                self._delay_will(will, delay)
+            else:
+                self._publish_will(will)
         self.teardown_errors += session.detach()
         registry = self.registry
         if registry.clients.get(self.client_id) is self:
@@ -615,6 +825,50 @@ class MqttConnection:
                 del node.user_connections[self.user_name]
         self._acks.clear()
 
+    def _publish_will(self, will: wire.Will | mqtt5.Will) -> None:
+        vhost = self.vhost
+        assert vhost is not None
+        header = None
+        if isinstance(will, mqtt5.Will):
+            header = amqp_header(will.qos, False, will.retain, len(will.message), will.properties)
+        try:
+            self._route(will.topic, will.message, will.qos, False, header)
+            if will.retain:
+                self.node.retained.retain(vhost.name, will.topic, will.message, will.qos)
+        except ChannelException as refused:
+            self.reason = self.reason or f"its will was refused: {refused.reply_text}"
+        except Exception as error:
+            self.teardown_errors.append(error)
+
+    def _will_delay(self, will: wire.Will | mqtt5.Will, session: MqttSession) -> float:
+        """Seconds the will waits: its Will Delay Interval, at most until the session ends
+        (section 3.1.3.2.2); 0 below level 5, or without a clock to wait on."""
+        if not isinstance(will, mqtt5.Will) or self.node.clock is None or self.v5 is None:
+            return 0.0
+        delay = float(will.properties.get(mqtt5.WILL_DELAY_INTERVAL, 0))
+        expiry = self.v5.session_expiry
+        return min(delay, float(expiry)) if expiry is not None else delay
+
+    def _delay_will(self, will: wire.Will | mqtt5.Will, delay: float) -> None:
+        """Publish ``will`` in ``delay`` seconds, unless the client id connects again first."""
+        clock = self.node.clock
+        assert clock is not None
+        registry, client_id = self.registry, self.client_id
+
+        def publish() -> None:
+            if registry.delayed_wills.pop(client_id, None) is not None:
+                self._publish_will(will)
+                self.wake()
+
+        registry.delayed_wills[client_id] = clock.callLater(delay, publish)
+
+    def _cancel_delayed_will(self) -> None:
+        """The client id connected again: a will waiting for its delay is not published
+        [MQTT-3.1.3-9]."""
+        call = self.registry.delayed_wills.pop(self.client_id, None)
+        if call is not None and call.active():
+            call.cancel()
+
     # -- output ---------------------------------------------------------------------------------
 
     def wake(self) -> None:
@@ -625,6 +879,11 @@ class MqttConnection:
             self.node.mark_dirty(self)
 
     wrote = wake
+
+    @property
+    def agreed(self) -> Agreed | None:
+        """What a session sees of :attr:`v5`."""
+        return self.v5
 
     def take_output(self) -> bytes:
         """What is to be written (then forgotten)."""
@@ -654,3 +913,50 @@ class MqttConnection:
 def _generated_id(node: Node) -> str:
     """A client id for a client that sent none (RabbitMQ's: 16 random bytes in base64)."""
     return base64.b64encode(node.rng.randbytes(16)).decode()
+
+
+#: The topic aliases a client may use (RabbitMQ 3.13's ``mqtt.topic_alias_maximum``).
+TOPIC_ALIAS_MAXIMUM = 16
+#: The largest packet the server takes, as CONNACK says at level 5.
+MAXIMUM_PACKET_SIZE = wire.MAX_REMAINING_LENGTH
+
+#: 3.1.1's CONNACK return codes as level 5's reason codes.
+_V5_REFUSALS = {
+    wire.UNACCEPTABLE_PROTOCOL_VERSION: mqtt5.UNSUPPORTED_PROTOCOL_VERSION,
+    wire.IDENTIFIER_REJECTED: mqtt5.CLIENT_IDENTIFIER_NOT_VALID,
+    wire.SERVER_UNAVAILABLE: mqtt5.SERVER_UNAVAILABLE,
+    wire.BAD_USERNAME_OR_PASSWORD: mqtt5.BAD_USER_NAME_OR_PASSWORD,
+    wire.NOT_AUTHORIZED: mqtt5.NOT_AUTHORIZED,
+}
+
+
+@dataclass(slots=True)
+class Agreed:
+    """What a client at protocol level 5 and the server agreed at CONNECT.
+
+    :param session_expiry: seconds the session outlives the connection (``None``: for ever)
+    :param receive_maximum: the client's deliveries in flight at once, at most
+    :param maximum_packet: the largest packet the client takes
+    :param assigned: the client id the server gave a client that sent none
+    """
+
+    session_expiry: int | None = 0
+    receive_maximum: int = 65535
+    maximum_packet: int = MAXIMUM_PACKET_SIZE
+    assigned: str | None = None
+    #: The client's topic aliases, by number.
+    aliases: dict[int, str] = field(default_factory=dict)
+
+    def connack_properties(self) -> dict[int, Any]:
+        """CONNACK's properties: as RabbitMQ 3.13 sends them (Session Expiry Interval always,
+        Topic Alias Maximum, Maximum Packet Size, no shared subscriptions), but QoS 2 served
+        and no Subscription Identifiers."""
+        expiry = 0xFFFFFFFF if self.session_expiry is None else self.session_expiry
+        return {
+            mqtt5.SESSION_EXPIRY_INTERVAL: expiry,
+            mqtt5.ASSIGNED_CLIENT_IDENTIFIER: self.assigned,
+            mqtt5.TOPIC_ALIAS_MAXIMUM: TOPIC_ALIAS_MAXIMUM,
+            mqtt5.MAXIMUM_PACKET_SIZE: MAXIMUM_PACKET_SIZE,
+            mqtt5.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 0,
+            mqtt5.SHARED_SUBSCRIPTION_AVAILABLE: 0,
+        }

@@ -53,3 +53,9 @@ def published_qos(message: Message) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2:
         return value
     return 1
+
+
+def is_plain(message: Message) -> bool:
+    """Whether ``message`` came from an MQTT 3.1.1 publish (it has no properties but the
+    plugin's headers)."""
+    return message.header[12:] in _QOS_OF

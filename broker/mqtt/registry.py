@@ -24,3 +24,5 @@ class MqttRegistry:
         self.clients: dict[str, Any] = {}
         #: (vhost, client id) -> its session, while it lasts.
         self.sessions: dict[tuple[str, str], MqttSession] = {}
+        #: Client id -> the call that publishes its will after its Will Delay Interval.
+        self.delayed_wills: dict[str, Any] = {}

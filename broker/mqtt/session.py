@@ -30,8 +30,10 @@ from postroom.broker.core.access import Access
 from postroom.broker.core.entry import UNACKED, Consumer, Entry, Queue
 from postroom.broker.core.queue import WorkQueue
 from postroom.broker.core.vhost import VirtualHost
-from postroom.broker.mqtt.content import published_qos
+from postroom.broker.mqtt.content import is_plain, published_qos
+from postroom.broker.mqtt.properties import mqtt_properties
 from postroom.broker.wire import mqtt as wire
+from postroom.broker.wire import mqtt5
 
 #: The binding argument that marks a QoS 2 subscription on the QoS 1 queue.
 QOS_ARGUMENT = "x-mqtt-subscription-qos"
@@ -49,6 +51,10 @@ class Link(Protocol):
     """The connection a session writes to while the client is connected."""
 
     out: list[bytes]
+
+    @property
+    def agreed(self) -> Any:
+        """At MQTT 5.0, what the client agreed (``broker.mqtt.connection.Agreed``); else ``None``."""
 
     def wrote(self) -> None:
         """Something was added to :attr:`out` (outside a read, the shell must write it)."""
@@ -80,6 +86,8 @@ class MqttSession:
         self.names = queue_names(client_id)
         #: Topic filter -> the QoS granted.
         self.filters: dict[str, int] = {}
+        #: MQTT 5.0's subscription options: topic filter -> (No Local, Retain As Published).
+        self.options: dict[str, tuple[bool, bool]] = {}
         #: Packet id -> the delivery waiting for its PUBACK or PUBREC (``None``: a retained
         #: message's, which is no queue's), in the order they were sent; and the QoS of each.
         self.inflight: dict[int, Entry | None] = {}
@@ -111,9 +119,13 @@ class MqttSession:
         out = link.out
         for packet_id, entry in self.inflight.items():
             if entry is not None:
-                field = self._topic(entry.message.routing_key)[1]
+                topic, field = self._topic(entry.message.routing_key)
                 qos = self.inflight_qos[packet_id]
-                out.append(wire.publish_packet(field, entry.message.body, qos, False, True, packet_id))
+                if link.agreed is not None:
+                    entry.redelivered = True
+                    out.append(self._publish5(entry, topic, entry.message.body, qos, 1, packet_id))
+                else:
+                    out.append(wire.publish_packet(field, entry.message.body, qos, False, True, packet_id))
         for packet_id in self.released:
             out.append(wire.acknowledgement(wire.PUBREL, packet_id))
         self.active = True
@@ -207,6 +219,38 @@ class MqttSession:
         self.filters[topic_filter] = qos
         self._qos.clear()
 
+    def set_options(self, topic_filter: str, no_local: bool, retain_as_published: bool) -> None:
+        """MQTT 5.0's options of the subscription to ``topic_filter``."""
+        if no_local or retain_as_published:
+            self.options[topic_filter] = (no_local, retain_as_published)
+        else:
+            self.options.pop(topic_filter, None)
+
+    @property
+    def no_local(self) -> bool:
+        """Whether a subscription of this session asked not to get its own publishes."""
+        return any(no_local for no_local, _rap in self.options.values())
+
+    def not_local(self, queues: list[Queue], topic: str) -> list[Queue]:
+        """``queues`` less this session's own, where every subscription of the queue that
+        matches ``topic`` has No Local set [MQTT-3.8.3-3]."""
+        kept = []
+        for queue in queues:
+            if queue.name in self.names:
+                group = self.names.index(queue.name)
+                matching = [f for f, q in self.filters.items() if (q > 0) == bool(group) and wire.matches(f, topic)]
+                if matching and all(self.options.get(f, (False, False))[0] for f in matching):
+                    continue
+            kept.append(queue)
+        return kept
+
+    def retain_as_published(self, topic: str, queue_qos: int) -> bool:
+        """Whether a subscription on the queue that matches ``topic`` asked for RETAIN as published."""
+        return any(
+            rap and (self.filters.get(f, 0) > 0) == bool(queue_qos) and wire.matches(f, topic)
+            for f, (_no_local, rap) in self.options.items()
+        )
+
     def unsubscribe(self, topic_filter: str, access: Access | None) -> None:
         """Remove the subscription to ``topic_filter`` (none: nothing happens), with the
         permissions a client's ``queue.unbind`` needs.
@@ -219,6 +263,7 @@ class MqttSession:
         if access is not None:
             _check_binding(access, self.names[min(qos, 1)], self.exchange, wire.to_amqp(topic_filter))
         del self.filters[topic_filter]
+        self.options.pop(topic_filter, None)
         arguments = {QOS_ARGUMENT: 2} if qos == 2 else {}
         self.vhost.unbind_queue(self.names[min(qos, 1)], self.exchange, wire.to_amqp(topic_filter), arguments, None)
         self._qos.clear()
@@ -297,6 +342,7 @@ class MqttSession:
         settled: list[Entry] = []
         sent = 0
         publish = wire.publish_packet
+        agreed = link.agreed
         for entry in entries:
             message = entry.message
             topic, field = self._topic(message.routing_key)
@@ -308,13 +354,21 @@ class MqttSession:
             body = message._body
             if body is None:
                 body = message.body
+            if agreed is not None:  # (MQTT 5.0: the properties, and the client's largest packet)
+                packet = self._publish5(entry, topic, body, qos, queue_qos)
+                if len(packet) > agreed.maximum_packet:  # not sent, and gone [MQTT-3.1.2-25]
+                    settled.append(entry)
+                    continue
             sent += 1
             if not qos:
-                out.append(publish(field, body, 0, False, False, None))
+                out.append(publish(field, body, 0, False, False, None) if agreed is None else packet)
                 settled.append(entry)
                 continue
             packet_id = self.next_packet_id()
-            out.append(publish(field, body, qos, False, entry.redelivered, packet_id))
+            if agreed is None:
+                out.append(publish(field, body, qos, False, entry.redelivered, packet_id))
+            else:
+                out.append(self._publish5(entry, topic, body, qos, queue_qos, packet_id))
             self.inflight[packet_id] = entry
             self.inflight_qos[packet_id] = qos
             entry.consumer = consumer
@@ -334,6 +388,21 @@ class MqttSession:
                 queue.delivered_no_ack += len(settled)
             queue.settle(settled)
         link.wrote()
+
+    def _publish5(
+        self, entry: Entry, topic: str, body: bytes, qos: int, queue_qos: int, packet_id: int | None = None
+    ) -> bytes:
+        """A delivery at MQTT 5.0: the message's properties, RETAIN as published where asked."""
+        message = entry.message
+        if is_plain(message):
+            written, retained = b"\x00", False
+        else:
+            remaining = None
+            if entry.expires_at is not None:
+                remaining = max(0.0, entry.expires_at - entry.queue.now()) * 1000
+            written, retained = mqtt_properties(message, remaining)
+        retain = retained and self.retain_as_published(topic, queue_qos)
+        return mqtt5.publish(topic, body, qos, retain, entry.redelivered, packet_id, written)
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
         """The queue was deleted (by an operator, or its ``x-expires``): its subscriptions go."""

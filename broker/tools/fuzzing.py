@@ -330,10 +330,11 @@ def mqtt_string(value: str) -> bytes:
     return struct.pack(">H", len(data)) + data
 
 
-def mqtt_connect(client_id: str, clean: bool = True, keep_alive: int = 0) -> bytes:
-    """A CONNECT of MQTT 3.1.1, no user name (the anonymous login)."""
-    variable = mqtt_string("MQTT") + bytes([4, 0x02 if clean else 0]) + struct.pack(">H", keep_alive)
-    return mqtt_packet(0x10, variable + mqtt_string(client_id))
+def mqtt_connect(client_id: str, clean: bool = True, keep_alive: int = 0, level: int = 4) -> bytes:
+    """A CONNECT of MQTT 3.1.1 (or with ``level`` 5, of MQTT 5.0, with no properties), no user
+    name (the anonymous login)."""
+    variable = mqtt_string("MQTT") + bytes([level, 0x02 if clean else 0]) + struct.pack(">H", keep_alive)
+    return mqtt_packet(0x10, variable + (b"\x00" if level == 5 else b"") + mqtt_string(client_id))
 
 
 #: A session's start: connected, subscribed at each QoS, a message published at each QoS
@@ -349,9 +350,9 @@ MQTT_SESSION_START = b"".join([
 
 def mqtt_run_once(data: bytes) -> None:
     """Feed ``data`` to a fresh MQTT connection. The first byte: bit 0, a CONNECT first (bit 1:
-    a persistent session) and the session start after it; bit 2, a second client subscribed to
-    every topic at QoS 2, which acknowledges nothing; the rest, the size of each read (1 to 249
-    bytes). Whatever the bytes, the connection answers or ends, never raises, every packet it
+    a persistent session; bit 3: at MQTT 5.0) and the session start after it; bit 2, a second
+    client subscribed to every topic at QoS 2, which acknowledges nothing; the rest, the size
+    of each read (1 to 241 bytes). Whatever the bytes, the connection answers or ends, never raises, every packet it
     writes reads back, and once gone it is no longer listed, holds no consumer, and leaves a
     clean session nothing.
 
@@ -365,9 +366,10 @@ def mqtt_run_once(data: bytes) -> None:
     if not data:
         return
     mode, data = data[0], data[1:]
-    start = mqtt_connect("fuzz", clean=not mode & 2) + MQTT_SESSION_START if mode & 1 else b""
+    level = 5 if mode & 8 else 4
+    start = mqtt_connect("fuzz", clean=not mode & 2, level=level) + MQTT_SESSION_START if mode & 1 else b""
     stream = start + data
-    step = 1 + (mode >> 3) * 8
+    step = 1 + (mode >> 4) * 16
     node = Node(users=[User("guest", "guest")], rng=random.Random(0))
     registry = MqttRegistry(node)
     other = None
