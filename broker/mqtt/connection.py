@@ -55,7 +55,7 @@ from postroom.broker.wire import mqtt5
 from postroom.broker.wire.codec import shortstr
 
 #: Human names of the protocol levels, as RabbitMQ's management API shows them.
-VERSIONS = {3: "3.1.0", 4: "3.1.1"}
+VERSIONS = {3: "3.1.0", 4: "3.1.1", 5: "5-0"}
 #: Topics whose routing keys a connection remembers (cleared when full).
 _TOPICS_KEPT = 1024
 
