@@ -10,6 +10,7 @@ lines and prints a markdown table of medians with the Postroom/RabbitMQ ratio.
     python bench/run.py --scenarios transient --sizes 16 --seconds 5 --runs 1   # a quick look
     python bench/run.py --scenarios latency --rates 80000,120000                # the sweep's top
     python bench/run.py --no-rabbitmq                    # Postroom alone
+    python bench/run.py --mqtt                           # the matrix, then MQTT's (bench/mqtt.py)
 
 The load generator is ``bench/amqp_load.py`` (raw sockets and pamqp).
 """
@@ -168,6 +169,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-rabbitmq", action="store_true")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / time.strftime("%Y%m%d-%H%M%S.jsonl"))
+    parser.add_argument(
+        "--mqtt", action="store_true", help="then bench/mqtt.py's scenarios (MQTT clients), on brokers of their own"
+    )
     args = parser.parse_args()
     matrix = MATRIX
     if args.scenarios:
@@ -196,6 +200,9 @@ def main() -> None:
                             file=sys.stderr,
                         )
     print(table(records))
+    if args.mqtt:
+        command = [sys.executable, str(ROOT / "bench" / "mqtt.py"), "--seconds", str(args.seconds)]
+        subprocess.run(command + (["--no-rabbitmq"] if args.no_rabbitmq else []), check=False)
 
 
 if __name__ == "__main__":
