@@ -612,6 +612,12 @@ def mqtt_connection_object(http: int, mqtt: int, prefix: str) -> dict[str, Any]:
                 break
             time.sleep(0.5)
         assert found, "the MQTT connection is not listed"
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{http}/api/overview", headers={"Authorization": f"Basic {credentials}"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            totals = json.load(response)["object_totals"]
+        assert totals["connections"] == len(listed)  # (MQTT's counted, as RabbitMQ counts them)
         return found[0]
     finally:
         wire.close()

@@ -123,7 +123,7 @@ def overview(call: Call) -> Answer:
             for info in node.listeners
         ],  # fmt: skip
         "object_totals": {
-            "connections": len(visible),
+            "connections": len(visible) + len(call.context.visible_mqtt_connections(call.user)),
             "channels": sum(len(connection.channels) for connection in visible),
             "exchanges": sum(len(vhost.exchanges) for vhost in shown),
             "queues": len(queues),
