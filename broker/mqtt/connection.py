@@ -669,10 +669,7 @@ class MqttConnection:
     def _subscribe5(self, packet: mqtt5.Subscribe) -> None:
         session = self.session
         assert session is not None
-        if mqtt5.SUBSCRIPTION_IDENTIFIER in packet.properties.values:
-            refused = mqtt5.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED
-            self._fail("a Subscription Identifier, which CONNACK said is not served", refused)
-            return
+        identifier = packet.properties.get(mqtt5.SUBSCRIPTION_IDENTIFIER)
         codes, fresh = [], []
         for option in packet.subscriptions:
             topic_filter = option.topic_filter
@@ -683,8 +680,9 @@ class MqttConnection:
                 code = mqtt5.TOPIC_FILTER_INVALID
             else:
                 try:
-                    session.subscribe(topic_filter, option.qos, self.access)
-                    session.set_options(topic_filter, option.no_local, option.retain_as_published)
+                    session.subscribe(
+                        topic_filter, option.qos, self.access, option.no_local, option.retain_as_published, identifier
+                    )
                     code = option.qos
                 except ChannelException as refused:
                     code = mqtt5.NOT_AUTHORIZED if refused.reply_code == 403 else mqtt5.UNSPECIFIED_ERROR
@@ -694,7 +692,7 @@ class MqttConnection:
         for option, code, new in zip(packet.subscriptions, codes, fresh, strict=True):
             # Retain Handling: 0 sends them, 1 for a new subscription only, 2 never (3.8.3.1).
             if code < 0x80 and (option.retain_handling == 0 or (option.retain_handling == 1 and new)):
-                self._send_retained(option.topic_filter, code)
+                self._send_retained(option.topic_filter, code, identifier)
 
     def _unsubscribe5(self, packet: mqtt5.Unsubscribe) -> None:
         session = self.session
@@ -744,7 +742,7 @@ class MqttConnection:
             if code != wire.SUBSCRIPTION_FAILURE:
                 self._send_retained(topic_filter, code)
 
-    def _send_retained(self, topic_filter: str, granted: int) -> None:
+    def _send_retained(self, topic_filter: str, granted: int, identifier: int | None = None) -> None:
         """The retained messages ``topic_filter`` matches, at the lower of the two QoS (as
         RabbitMQ and Mosquitto choose), with RETAIN set [MQTT-3.3.1-8]."""
         session = self.session
@@ -756,8 +754,9 @@ class MqttConnection:
                 packet_id = session.next_packet_id()
                 session.inflight[packet_id] = None
                 session.inflight_qos[packet_id] = qos
-            if self.v5 is not None:
-                self.out.append(mqtt5.publish(topic, retained.payload, qos, True, False, packet_id))
+            if self.v5 is not None:  # (with the subscription's identifier [MQTT-3.3.4-3])
+                written = mqtt5.properties(wire.PUBLISH, {mqtt5.SUBSCRIPTION_IDENTIFIER: identifier})
+                self.out.append(mqtt5.publish(topic, retained.payload, qos, True, False, packet_id, written))
             else:
                 self.out.append(wire.publish(topic, retained.payload, qos, True, False, packet_id))
 
@@ -949,14 +948,12 @@ class Agreed:
 
     def connack_properties(self) -> dict[int, Any]:
         """CONNACK's properties: as RabbitMQ 3.13 sends them (Session Expiry Interval always,
-        Topic Alias Maximum, Maximum Packet Size, no shared subscriptions), but QoS 2 served
-        and no Subscription Identifiers."""
+        Topic Alias Maximum, Maximum Packet Size, no shared subscriptions), but QoS 2 served."""
         expiry = 0xFFFFFFFF if self.session_expiry is None else self.session_expiry
         return {
             mqtt5.SESSION_EXPIRY_INTERVAL: expiry,
             mqtt5.ASSIGNED_CLIENT_IDENTIFIER: self.assigned,
             mqtt5.TOPIC_ALIAS_MAXIMUM: TOPIC_ALIAS_MAXIMUM,
             mqtt5.MAXIMUM_PACKET_SIZE: MAXIMUM_PACKET_SIZE,
-            mqtt5.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 0,
             mqtt5.SHARED_SUBSCRIPTION_AVAILABLE: 0,
         }

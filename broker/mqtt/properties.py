@@ -84,9 +84,12 @@ def _short_text(data: bytes) -> str | None:
         return None
 
 
-def mqtt_properties(message: Message, remaining_ms: float | None) -> tuple[bytes, bool]:
+def mqtt_properties(
+    message: Message, remaining_ms: float | None, identifiers: list[int] | None = None
+) -> tuple[bytes, bool]:
     """The properties (written) an MQTT 5.0 subscriber gets with ``message``, and whether it
-    was published retained. ``remaining_ms``: what is left of its TTL (``None``: none)."""
+    was published retained. ``remaining_ms``: what is left of its TTL (``None``: none);
+    ``identifiers``: the Subscription Identifiers of the subscriptions it matched."""
     properties = message.properties
     headers: Mapping[str, Any] = message.lenient_headers()
     values: dict[int, Any] = {}
@@ -102,6 +105,8 @@ def mqtt_properties(message: Message, remaining_ms: float | None) -> tuple[bytes
         values[mqtt5.RESPONSE_TOPIC] = wire.to_mqtt(reply_to if isinstance(reply_to, str) else reply_to.decode())
     if remaining_ms is not None:
         values[mqtt5.MESSAGE_EXPIRY_INTERVAL] = max(0, int(remaining_ms // 1000))
+    if identifiers:
+        values[mqtt5.SUBSCRIPTION_IDENTIFIER] = identifiers
     user = tuple(
         (name, text) for name, value in headers.items() if name not in _OWN and (text := _text(value)) is not None
     )

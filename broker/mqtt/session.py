@@ -37,6 +37,10 @@ from postroom.broker.wire import mqtt5
 
 #: The binding argument that marks a QoS 2 subscription on the QoS 1 queue.
 QOS_ARGUMENT = "x-mqtt-subscription-qos"
+#: The binding arguments that keep MQTT 5.0's subscription options and identifier.
+NO_LOCAL = "x-mqtt-no-local"
+RETAIN_AS_PUBLISHED = "x-mqtt-retain-as-published"
+IDENTIFIER = "x-mqtt-subscription-identifier"
 #: Routing keys whose subscribed QoS a session remembers (cleared when full).
 _KEYS_KEPT = 4096
 
@@ -88,6 +92,8 @@ class MqttSession:
         self.filters: dict[str, int] = {}
         #: MQTT 5.0's subscription options: topic filter -> (No Local, Retain As Published).
         self.options: dict[str, tuple[bool, bool]] = {}
+        #: MQTT 5.0's Subscription Identifiers, by topic filter.
+        self.identifiers: dict[str, int] = {}
         #: Packet id -> the delivery waiting for its PUBACK or PUBREC (``None``: a retained
         #: message's, which is no queue's), in the order they were sent; and the QoS of each.
         self.inflight: dict[int, Entry | None] = {}
@@ -193,30 +199,62 @@ class MqttSession:
                 continue
             for destination, key, arguments in exchange.router.bindings():
                 if destination is queue:
-                    granted = 2 if qos and (arguments or {}).get(QOS_ARGUMENT) == 2 else qos
-                    self.filters[wire.to_mqtt(key)] = granted
+                    found = arguments or {}
+                    topic_filter = wire.to_mqtt(key)
+                    self.filters[topic_filter] = 2 if qos and found.get(QOS_ARGUMENT) == 2 else qos
+                    self.set_options(topic_filter, found.get(NO_LOCAL) is True, found.get(RETAIN_AS_PUBLISHED) is True)
+                    if isinstance(found.get(IDENTIFIER), int):
+                        self.identifiers[topic_filter] = found[IDENTIFIER]
         self._qos.clear()
 
-    def subscribe(self, topic_filter: str, qos: int, access: Access | None) -> None:
+    def _arguments(self, topic_filter: str) -> dict[str, Any]:
+        """The binding arguments that keep a subscription's QoS 2, MQTT 5.0 options and
+        identifier with it (so that a session found again after a restart has them)."""
+        arguments: dict[str, Any] = {}
+        if self.filters.get(topic_filter) == 2:
+            arguments[QOS_ARGUMENT] = 2
+        no_local, retain_as_published = self.options.get(topic_filter, (False, False))
+        if no_local:
+            arguments[NO_LOCAL] = True
+        if retain_as_published:
+            arguments[RETAIN_AS_PUBLISHED] = True
+        if topic_filter in self.identifiers:
+            arguments[IDENTIFIER] = self.identifiers[topic_filter]
+        return arguments
+
+    def subscribe(
+        self,
+        topic_filter: str,
+        qos: int,
+        access: Access | None,
+        no_local: bool = False,
+        retain_as_published: bool = False,
+        identifier: int | None = None,
+    ) -> None:
         """Subscribe to ``topic_filter`` at ``qos`` (replacing a subscription to the same
-        filter), with the permissions a client's ``queue.declare`` and ``queue.bind`` need:
-        configure on a new queue, write on the queue, read on the exchange and, with topic
-        permissions on it, read on the routing key.
+        filter), with MQTT 5.0's options and identifier, and with the permissions a client's
+        ``queue.declare`` and ``queue.bind`` need: configure on a new queue, write on the
+        queue, read on the exchange and, with topic permissions on it, read on the routing key.
 
         :raises ChannelException: the queue or the binding was refused (permissions, limits)
         """
         vhost = self.vhost
         previous = self.filters.get(topic_filter)
+        before = self._arguments(topic_filter) if previous is not None else {}
         key = wire.to_amqp(topic_filter)
         queue = self._queue(min(qos, 1), access)
         if access is not None:
             _check_binding(access, queue.name, self.exchange, key)
-        arguments = {QOS_ARGUMENT: 2} if qos == 2 else {}
-        vhost.bind_queue(queue.name, self.exchange, key, arguments, None)
-        if previous is not None and (min(previous, 1), previous == 2) != (min(qos, 1), qos == 2):
-            old = self.names[min(previous, 1)]
-            vhost.unbind_queue(old, self.exchange, key, {QOS_ARGUMENT: 2} if previous == 2 else {}, None)
         self.filters[topic_filter] = qos
+        self.set_options(topic_filter, no_local, retain_as_published)
+        if identifier is None:
+            self.identifiers.pop(topic_filter, None)
+        else:
+            self.identifiers[topic_filter] = identifier
+        arguments = self._arguments(topic_filter)
+        vhost.bind_queue(queue.name, self.exchange, key, arguments, None)
+        if previous is not None and (min(previous, 1) != min(qos, 1) or before != arguments):
+            vhost.unbind_queue(self.names[min(previous, 1)], self.exchange, key, before, None)
         self._qos.clear()
 
     def set_options(self, topic_filter: str, no_local: bool, retain_as_published: bool) -> None:
@@ -225,6 +263,17 @@ class MqttSession:
             self.options[topic_filter] = (no_local, retain_as_published)
         else:
             self.options.pop(topic_filter, None)
+
+    def identifiers_for(self, topic: str, queue_qos: int) -> list[int]:
+        """The Subscription Identifiers of the subscriptions on the queue that match ``topic``
+        [MQTT-3.3.4-3]."""
+        if not self.identifiers:
+            return []
+        return sorted(
+            number
+            for f, number in self.identifiers.items()
+            if (self.filters.get(f, 0) > 0) == bool(queue_qos) and wire.matches(f, topic)
+        )
 
     @property
     def no_local(self) -> bool:
@@ -262,9 +311,10 @@ class MqttSession:
             return
         if access is not None:
             _check_binding(access, self.names[min(qos, 1)], self.exchange, wire.to_amqp(topic_filter))
+        arguments = self._arguments(topic_filter)
         del self.filters[topic_filter]
         self.options.pop(topic_filter, None)
-        arguments = {QOS_ARGUMENT: 2} if qos == 2 else {}
+        self.identifiers.pop(topic_filter, None)
         self.vhost.unbind_queue(self.names[min(qos, 1)], self.exchange, wire.to_amqp(topic_filter), arguments, None)
         self._qos.clear()
 
@@ -394,13 +444,15 @@ class MqttSession:
     ) -> bytes:
         """A delivery at MQTT 5.0: the message's properties, RETAIN as published where asked."""
         message = entry.message
+        identifiers = self.identifiers_for(topic, queue_qos)
         if is_plain(message):
-            written, retained = b"\x00", False
+            extra = {mqtt5.SUBSCRIPTION_IDENTIFIER: identifiers} if identifiers else None
+            written, retained = mqtt5.properties(wire.PUBLISH, extra), False
         else:
             remaining = None
             if entry.expires_at is not None:
                 remaining = max(0.0, entry.expires_at - entry.queue.now()) * 1000
-            written, retained = mqtt_properties(message, remaining)
+            written, retained = mqtt_properties(message, remaining, identifiers)
         retain = retained and self.retain_as_published(topic, queue_qos)
         return mqtt5.publish(topic, body, qos, retain, entry.redelivered, packet_id, written)
 

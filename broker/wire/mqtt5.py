@@ -228,26 +228,31 @@ def _value(fields: v3.Body, kind: str) -> Any:
 def properties(kind: int, values: Mapping[int, Any] | None = None, user: tuple[tuple[str, str], ...] = ()) -> bytes:
     """Properties written for a packet of type ``kind``, in identifier order, user properties last."""
     out = bytearray()
-    for identifier, value in sorted((values or {}).items()):
-        if value is None:
+    for identifier, given in sorted((values or {}).items()):
+        if given is None:
             continue
-        out += v3.variable_byte_integer(identifier)
-        kind_of_value = PROPERTIES[identifier][0]
-        if kind_of_value == BYTE:
-            out.append(value)
-        elif kind_of_value == U16:
-            out += struct.pack(">H", value)
-        elif kind_of_value == U32:
-            out += struct.pack(">I", value)
-        elif kind_of_value == VBI:
-            out += v3.variable_byte_integer(value)
-        elif kind_of_value == TEXT:
-            out += v3.topic_field(value)
-        else:
-            out += struct.pack(">H", len(value)) + value
+        for value in given if isinstance(given, list) else [given]:  # (a PUBLISH's Subscription Identifiers)
+            out += v3.variable_byte_integer(identifier)
+            out += _value_bytes(identifier, value)
     for name, value in user:
         out += v3.variable_byte_integer(USER_PROPERTY) + v3.topic_field(name) + v3.topic_field(value)
     return v3.variable_byte_integer(len(out)) + bytes(out)
+
+
+def _value_bytes(identifier: int, value: Any) -> bytes:
+    """One property's value, written as its type says."""
+    kind_of_value = PROPERTIES[identifier][0]
+    if kind_of_value == BYTE:
+        return bytes((value,))
+    if kind_of_value == U16:
+        return struct.pack(">H", value)
+    if kind_of_value == U32:
+        return struct.pack(">I", value)
+    if kind_of_value == VBI:
+        return v3.variable_byte_integer(value)
+    if kind_of_value == TEXT:
+        return v3.topic_field(value)
+    return struct.pack(">H", len(value)) + bytes(value)
 
 
 # -- the packets a client sends at level 5 ------------------------------------------------------

@@ -230,3 +230,20 @@ def opened_again(registry: MqttRegistry, client_id: str) -> MqttConnection:
     assert packets[0] == (wire.CONNACK, 0, b"\x01\x00")
     connection.out[:0] = [wire.packet(kind << 4 | flags, body) for kind, flags, body in packets[1:]]
     return connection
+
+
+def test_a_session_found_again_after_a_restart_has_its_subscriptions_options(registry: MqttRegistry) -> None:
+    """A persistent session's subscriptions are its queues' bindings: their QoS 2, MQTT 5.0
+    options and identifiers are kept in the bindings' arguments, read back by a new session."""
+    from postroom.broker.mqtt.session import MqttSession
+
+    vhost = registry.node.vhosts["/"]
+    first = MqttSession(vhost, "dev", False, "amq.topic", 10, None)
+    first.subscribe("a/#", 2, None, no_local=True, identifier=5)
+    first.subscribe("b", 1, None, retain_as_published=True)
+    first.subscribe("c", 0, None)
+    first.subscribe("b", 1, None)  # options changed: the binding is replaced, not added to
+    again = MqttSession(vhost, "dev", False, "amq.topic", 10, None)
+    again.recover_filters()
+    assert again.filters == {"a/#": 2, "b": 1, "c": 0}
+    assert again.options == {"a/#": (True, False)} and again.identifiers == {"a/#": 5}

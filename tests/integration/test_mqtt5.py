@@ -91,8 +91,9 @@ def test_connack_says_what_the_server_serves(server: MqttBroker) -> None:
     assert (code, present) == (0, False)
     assert len(properties.AssignedClientIdentifier) == 24  # an id for a client that sent none [MQTT-3.2.2-16]
     assert properties.TopicAliasMaximum == 16 and properties.SessionExpiryInterval == 0
-    assert properties.SharedSubscriptionAvailable == 0 and properties.SubscriptionIdentifierAvailable == 0
+    assert properties.SharedSubscriptionAvailable == 0
     assert not hasattr(properties, "MaximumQoS")  # QoS 2 is served
+    assert not hasattr(properties, "SubscriptionIdentifierAvailable")  # and Subscription Identifiers
 
 
 @pytest.mark.parametrize("qos", [0, 1, 2])
@@ -224,3 +225,17 @@ def test_an_amqp_consumer_reads_an_mqtt5_publish(server: MqttBroker) -> None:
     assert body == b"1" and (properties.content_type, properties.correlation_id) == ("text/plain", "c-9")
     assert properties.headers["k"] == "v"
     amqp.close()
+
+
+def test_subscription_identifiers(server: MqttBroker) -> None:
+    client = connected(server, "c")
+    for topic, number in (("a/#", 7), ("a/b", 9)):
+        props = Properties(PacketTypes.SUBSCRIBE)
+        props.SubscriptionIdentifier = number
+        client.raw.subscribe(topic, options=SubscribeOptions(qos=1), properties=props)
+        assert client.subacks.get(timeout=TIMEOUT) == [1]
+    connected(server, "pub").publish("a/b", b"x", 1)
+    message = client.receive()
+    assert message.properties.SubscriptionIdentifier == [7, 9]  # each matching one [MQTT-3.3.4-3]
+    connected(server, "pub2").publish("a/c", b"y", 1)
+    assert client.receive().properties.SubscriptionIdentifier == [7]
