@@ -3,7 +3,8 @@ is one ``Defined`` record (``Undefined`` when a topic's retained message is clea
 head of every log segment and checkpoint holds them all (as it holds users and vhosts), so that
 they survive a restart and a SIGKILL once recorded, and a cluster's followers have them.
 
-A record's key is ``[vhost, topic]`` as JSON; its value is the QoS (one byte), then the payload.
+A record's key is ``[vhost, topic]`` as JSON; its value is the QoS (one byte), then the payload
+(an MQTT 5.0 message's: see :meth:`Retained.value`).
 Every retained message is in memory and in each segment's head: they are for the last value of
 a topic (a device's state), not for bulk data.
 """
@@ -11,6 +12,7 @@ a topic (a device's state), not for bulk data.
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -28,10 +30,33 @@ RETAINED = "mqtt-retained"
 
 @dataclass(slots=True)
 class Retained:
-    """A retained message: its payload and the QoS it was published with."""
+    """A retained message: its payload and the QoS it was published with; an MQTT 5.0 one also
+    its properties (as its AMQP content header) and when it was retained (the node clock's
+    seconds), for what is left of its Message Expiry Interval."""
 
     payload: bytes
     qos: int
+    header: bytes | None = None
+    at: float = 0.0
+
+    def value(self) -> bytes:
+        """Its record's value: the QoS, then the payload; with a header, the QoS's byte has its
+        high bit set, and the time it was retained and the header come before the payload."""
+        if self.header is None:
+            return bytes([self.qos]) + self.payload
+        return bytes([0x80 | self.qos]) + _AT_AND_LENGTH.pack(self.at, len(self.header)) + self.header + self.payload
+
+    @classmethod
+    def from_value(cls, value: bytes) -> Retained:
+        first = value[0]
+        if not first & 0x80:
+            return cls(value[1:], first)
+        at, length = _AT_AND_LENGTH.unpack_from(value, 1)
+        start = 1 + _AT_AND_LENGTH.size
+        return cls(value[start + length :], first & 0x03, value[start : start + length], at)
+
+
+_AT_AND_LENGTH = struct.Struct(">dI")
 
 
 class RetainedMessages:
@@ -43,16 +68,20 @@ class RetainedMessages:
         #: Where changes are recorded (``None``: in memory only).
         self.journal: Journal | None = None
 
-    def retain(self, vhost: str, topic: str, payload: bytes, qos: int) -> None:
-        """Keep ``payload`` as ``topic``'s retained message; an empty one clears it
-        [MQTT-3.3.1-10]. Recorded in the log."""
+    def retain(
+        self, vhost: str, topic: str, payload: bytes, qos: int, header: bytes | None = None, at: float = 0.0
+    ) -> None:
+        """Keep ``payload`` as ``topic``'s retained message (with an MQTT 5.0 publish's
+        properties as ``header``, retained at ``at``); an empty one clears it [MQTT-3.3.1-10].
+        Recorded in the log."""
         store = self.by_vhost.setdefault(vhost, {})
+        kept = None
         if payload:
-            store[topic] = Retained(payload, qos)
+            kept = store[topic] = Retained(payload, qos, header, at)
         elif store.pop(topic, None) is None:
             return
         if self.journal is not None:
-            self.journal.defined(RETAINED, _key(vhost, topic), bytes([qos]) + payload if payload else None)
+            self.journal.defined(RETAINED, _key(vhost, topic), kept.value() if kept is not None else None)
 
     def matching(self, vhost: str, topic_filter: str) -> list[tuple[str, Retained]]:
         """The retained messages of ``vhost`` whose topics ``topic_filter`` matches, wildcards
@@ -76,7 +105,7 @@ class RetainedMessages:
     def records(self) -> list[bytes]:
         """Every retained message, encoded, for the head of a log segment or a checkpoint."""
         return [
-            encode(Defined(RETAINED, _key(vhost, topic), bytes([message.qos]) + message.payload))
+            encode(Defined(RETAINED, _key(vhost, topic), message.value()))
             for vhost, store in self.by_vhost.items()
             for topic, message in store.items()
         ]
@@ -87,7 +116,7 @@ class RetainedMessages:
         for record in records:
             vhost, topic = json.loads(record.key)
             if vhost in known and record.value:
-                self.by_vhost.setdefault(vhost, {})[topic] = Retained(record.value[1:], record.value[0])
+                self.by_vhost.setdefault(vhost, {})[topic] = Retained.from_value(record.value)
 
 
 def _key(vhost: str, topic: str) -> str:

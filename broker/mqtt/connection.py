@@ -47,7 +47,7 @@ from postroom.broker.core.users import User
 from postroom.broker.core.vhost import VirtualHost
 from postroom.broker.errors import ChannelException, ReplyCode
 from postroom.broker.mqtt.content import content_header
-from postroom.broker.mqtt.properties import amqp_header
+from postroom.broker.mqtt.properties import amqp_header, mqtt_properties
 from postroom.broker.mqtt.registry import MqttRegistry
 from postroom.broker.mqtt.session import MqttSession, queue_names
 from postroom.broker.wire import mqtt as wire
@@ -657,7 +657,9 @@ class MqttConnection:
         logged, routed = self._route(topic, packet.payload, qos, packet.dup, header)
         self.published += 1
         if packet.retain:
-            self.node.retained.retain(self.vhost.name, topic, packet.payload, qos)  # type: ignore[union-attr]
+            now = self.node.clock.seconds() if self.node.clock is not None else 0.0
+            plain = header if found is not mqtt5.NONE else None
+            self.node.retained.retain(self.vhost.name, topic, packet.payload, qos, plain, now)  # type: ignore[union-attr]
             logged = logged or (journal is not None and journal.recorded != recorded)
         code = mqtt5.SUCCESS if routed else mqtt5.NO_MATCHING_SUBSCRIBERS
         if qos == 1:
@@ -748,6 +750,19 @@ class MqttConnection:
         session = self.session
         assert session is not None and self.vhost is not None
         for topic, retained in self.node.retained.matching(self.vhost.name, topic_filter):
+            written = b"\x00"
+            if retained.header is not None:  # (an MQTT 5.0 message's properties, and its expiry)
+                message = Message("", "", b"", retained.header, retained.payload)
+                remaining = None
+                if message.expiration is not None:
+                    now = self.node.clock.seconds() if self.node.clock is not None else retained.at
+                    remaining = int(message.expiration) - (now - retained.at) * 1000
+                    if remaining <= 0:
+                        continue  # expired [MQTT-3.3.2-5]
+                if self.v5 is not None:
+                    written = mqtt_properties(message, remaining, [identifier] if identifier else None)[0]
+            elif self.v5 is not None:
+                written = mqtt5.properties(wire.PUBLISH, {mqtt5.SUBSCRIPTION_IDENTIFIER: identifier})
             qos = min(granted, retained.qos)
             packet_id = None
             if qos:
@@ -755,7 +770,6 @@ class MqttConnection:
                 session.inflight[packet_id] = None
                 session.inflight_qos[packet_id] = qos
             if self.v5 is not None:  # (with the subscription's identifier [MQTT-3.3.4-3])
-                written = mqtt5.properties(wire.PUBLISH, {mqtt5.SUBSCRIPTION_IDENTIFIER: identifier})
                 self.out.append(mqtt5.publish(topic, retained.payload, qos, True, False, packet_id, written))
             else:
                 self.out.append(wire.publish(topic, retained.payload, qos, True, False, packet_id))

@@ -247,3 +247,11 @@ def test_a_session_found_again_after_a_restart_has_its_subscriptions_options(reg
     again.recover_filters()
     assert again.filters == {"a/#": 2, "b": 1, "c": 0}
     assert again.options == {"a/#": (True, False)} and again.identifiers == {"a/#": 5}
+
+
+def test_retained_messages_read_back_from_their_records() -> None:
+    from postroom.broker.core.retained import Retained
+
+    for kept in (Retained(b"on", 1), Retained(b"off", 2, b"\x00\x3c" + bytes(12), 1234.5)):
+        assert Retained.from_value(kept.value()) == kept
+    assert Retained.from_value(b"\x01on") == Retained(b"on", 1)  # (the 3.1.1 record, as it always was)

@@ -239,3 +239,19 @@ def test_subscription_identifiers(server: MqttBroker) -> None:
     assert message.properties.SubscriptionIdentifier == [7, 9]  # each matching one [MQTT-3.3.4-3]
     connected(server, "pub2").publish("a/c", b"y", 1)
     assert client.receive().properties.SubscriptionIdentifier == [7]
+
+
+def test_a_retained_message_keeps_its_properties_and_expires(server: MqttBroker) -> None:
+    publisher = connected(server, "pub")
+    publisher.publish("state/a", b"on", 1, retain=True, ContentType="text/plain", UserProperty=[("unit", "W")],
+                      MessageExpiryInterval=60)  # fmt: skip
+    publisher.publish("state/b", b"brief", 1, retain=True, MessageExpiryInterval=1)
+    time.sleep(1.2)
+    late = connected(server, "late")
+    late.subscribe("state/#", 1)
+    message = late.receive()
+    props = message.properties
+    assert (message.topic, message.payload, message.retain, props.ContentType) == ("state/a", b"on", True, "text/plain")
+    assert props.UserProperty == [("unit", "W")] and 58 <= props.MessageExpiryInterval <= 60
+    late.nothing()  # state/b's expired [MQTT-3.3.2-5]
+    publisher.publish("state/a", b"", 0, retain=True)
