@@ -153,8 +153,9 @@ async def open_client(port: int, client_id: str, source: str, *filters: tuple[st
 
 def settle_time_wait(most: int = 1000, seconds: float = 90.0) -> None:
     """Wait (up to ``seconds``) until fewer than ``most`` loopback sockets are in TIME-WAIT:
-    thousands of clients just closed leave that many, and a RabbitMQ node started meanwhile
-    was seen not to come up within a minute."""
+    thousands of clients just closed leave that many ports taken, and a RabbitMQ node started
+    meanwhile failed on one (``dist_port_already_used``: the free port picked for its
+    distribution was one of them)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
