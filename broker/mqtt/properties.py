@@ -25,6 +25,7 @@ from typing import Any
 from pamqp import commands
 
 from postroom.broker.core.message import Message
+from postroom.broker.errors import AMQPError
 from postroom.broker.mqtt.content import DUP_HEADER, QOS_HEADER
 from postroom.broker.wire import mqtt as wire
 from postroom.broker.wire import mqtt5
@@ -90,12 +91,17 @@ def mqtt_properties(
     """The properties (written) an MQTT 5.0 subscriber gets with ``message``, and whether it
     was published retained. ``remaining_ms``: what is left of its TTL (``None``: none);
     ``identifiers``: the Subscription Identifiers of the subscriptions it matched."""
-    properties = message.properties
+    # (a delivery runs after the publish was confirmed: properties that do not decode are
+    # left out, never raised)
+    try:
+        properties: commands.Basic.Properties | None = message.properties
+    except AMQPError:
+        properties = None
     headers: Mapping[str, Any] = message.lenient_headers()
     values: dict[int, Any] = {}
-    if properties.content_type is not None:
+    if properties is not None and properties.content_type is not None:
         values[mqtt5.CONTENT_TYPE] = properties.content_type
-    if properties.correlation_id is not None:
+    if properties is not None and properties.correlation_id is not None:
         values[mqtt5.CORRELATION_DATA] = properties.correlation_id.encode()
     elif isinstance(headers.get(CORRELATION_HEADER), (bytes, str)):
         value = headers[CORRELATION_HEADER]

@@ -147,7 +147,10 @@ class MqttSession:
         errors: list[BaseException] = []
         self.active = False
         self.link = None
-        self.settle_acked()
+        try:
+            self.settle_acked()
+        except Exception as error:
+            errors.append(error)
         for qos, consumer in enumerate(self.consumers):
             if consumer is None:
                 continue

@@ -89,3 +89,10 @@ def test_an_mqtt5_publish_comes_back_to_an_mqtt5_subscriber_as_it_went() -> None
     written, retained = mqtt_properties(message, remaining_ms=None)
     assert read(written) == sent and retained
 
+
+
+def test_properties_that_do_not_decode_are_left_out_of_a_delivery() -> None:
+    """A delivery runs after its publish was confirmed: it must not fail on what it holds."""
+    header = bytes.fromhex("003c0000000000000000000120000000ff")  # a headers table that runs past the end
+    written, retained = mqtt_properties(Message("amq.topic", "t", b"", header, b"x"), remaining_ms=None)
+    assert read(written) == mqtt5.NONE and not retained
