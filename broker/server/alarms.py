@@ -155,6 +155,8 @@ class ResourceMonitor(Service):
         self._last_trim = float("-inf")
         #: The most connections open since memory was last handed back for clients gone.
         self._most_connections = 0
+        #: Connections open at the last check that handed memory back while a crowd left.
+        self._leaving: int | None = None
         #: Bytes that may still be read from clients before memory is read again.
         self._read_allowance = READ_CHECK_MIN
         self._call: IDelayedCall | None = None
@@ -180,15 +182,24 @@ class ResourceMonitor(Service):
         """Once many clients have gone (half of the most connected since the last look, and
         :data:`GONE_CLIENTS` at least), hand what they held back to the system: their buffers
         and objects are freed into the allocator's arenas, which keep them otherwise (after
-        10,000 AMQP subscribers left, the broker held 204 MB against 60 MB before they came)."""
+        10,000 AMQP subscribers left, the broker held 204 MB against 60 MB before they came).
+        A crowd leaves over several checks: memory is handed back again at each check while
+        they are still leaving, and once more at the first check after the last has gone."""
         open_now = self.node.connections_open
         self._most_connections = max(self._most_connections, open_now)
         gone = self._most_connections - open_now
         if gone >= GONE_CLIENTS and gone * 2 >= self._most_connections:
-            self._most_connections = open_now
-            gc.collect()
-            if self._trim is not None:
-                self._trim()
+            self._leaving = open_now
+        elif self._leaving is None:
+            return
+        elif open_now < self._leaving:
+            self._leaving = open_now
+        else:
+            self._leaving = None
+        self._most_connections = open_now
+        gc.collect()
+        if self._trim is not None:
+            self._trim()
 
     def check_memory(self) -> None:
         """Read memory, raise or clear the memory alarm, and allow half of what is left under

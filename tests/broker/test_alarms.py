@@ -249,7 +249,16 @@ def test_memory_is_handed_back_once_many_clients_have_gone() -> None:
     while len(n.mqtt_connections) > GONE_CLIENTS:
         n.mqtt_connections.pop()
     clock.advance(MEMORY_INTERVAL)
-    assert readings.trims == 1  # three quarters gone: handed back, once
+    assert readings.trims == 1  # three quarters gone: handed back
+    n.mqtt_connections.pop()
     clock.advance(MEMORY_INTERVAL)
-    assert readings.trims == 1
+    assert readings.trims == 2  # still leaving: again
+    clock.advance(MEMORY_INTERVAL)
+    assert readings.trims == 3  # the last has gone: once more
+    for _ in range(3):
+        clock.advance(MEMORY_INTERVAL)
+    assert readings.trims == 3  # and no more after that
+    n.mqtt_connections.pop()
+    clock.advance(MEMORY_INTERVAL)
+    assert readings.trims == 3  # one more gone later is not a crowd
     watcher.stopService()
