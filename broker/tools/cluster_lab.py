@@ -36,7 +36,7 @@ from pamqp import commands
 
 from postroom.broker.cluster.replication import replicated_files
 from postroom.broker.tools.commands.clustering import etcd_range
-from postroom.broker.tools.testing import FramePump, encode, publish_frames, wait_for_port
+from postroom.broker.tools.testing import FramePump, encode, port_free, publish_frames, wait_for_port
 from postroom.broker.wire.codec import PROTOCOL_HEADER
 
 __all__ = ["ETCD_PROCESSES", "EtcdMissing", "Lab", "Partition", "etcd_members"]
@@ -57,11 +57,7 @@ def lab_port() -> int:
     """A port in :data:`LAB_PORTS` that nothing listens on right now."""
     while True:
         port = random.choice(LAB_PORTS)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+        if port_free(port):
             return port
 
 

@@ -529,11 +529,42 @@ def npm(arguments: list[str], where: Path, timeout: float = 300) -> None:
         raise NpmUnavailable(f"npm {' '.join(arguments[:2])} failed: {output[-500:]}") from None
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+#: Where :func:`free_port` looks: below Linux's ephemeral range (32768 and up), which the
+#: kernel hands out as the source ports of outgoing connections and as port 0 (a port picked
+#: there could be a client socket's before the test's server listens on it), and below the
+#: cluster lab's ports (``broker.tools.cluster_lab.LAB_PORTS``).
+PORTS = range(10000, 20000)
+_next_port: list[int] = []
+
+
+def port_free(port: int) -> bool:
+    """Whether nothing is bound to ``port`` on 127.0.0.1 right now."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing is bound to right now, and that no client socket
+    will take. Each pytest-xdist worker (and the main process) looks in a block of
+    :data:`PORTS` of its own, from a place of its own process's, so that two workers or two
+    processes do not pick the same port between the pick and the listen."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    blocks = 8
+    block = (int(worker[2:]) + 1) % blocks if worker.startswith("gw") and worker[2:].isdigit() else 0
+    size = len(PORTS) // blocks
+    start = PORTS.start + block * size
+    if not _next_port:
+        _next_port.append(os.getpid() * 97 % size)
+    for _ in range(size):
+        port = start + _next_port[0] % size
+        _next_port[0] += 1
+        if port_free(port):
+            return port
+    raise OSError(f"no free port in {start}..{start + size - 1}")
 
 
 def wait_for_port(port: int, seconds: float) -> None:
