@@ -588,6 +588,7 @@ class MqttConnection:
             session_expiry=expiry,
             receive_maximum=found.get(mqtt5.RECEIVE_MAXIMUM, 65535),
             maximum_packet=found.get(mqtt5.MAXIMUM_PACKET_SIZE, wire.MAX_REMAINING_LENGTH + 5),
+            alias_limit=min(found.get(mqtt5.TOPIC_ALIAS_MAXIMUM, 0), TOPIC_ALIAS_MAXIMUM),
             assigned=None if packet.client_id else _generated_id(self.node),
         )
         legacy = wire.Connect(
@@ -764,15 +765,17 @@ class MqttConnection:
             elif self.v5 is not None:
                 written = mqtt5.properties(wire.PUBLISH, {mqtt5.SUBSCRIPTION_IDENTIFIER: identifier})
             qos = min(granted, retained.qos)
-            packet_id = None
-            if qos:
-                packet_id = session.next_packet_id()
+            packet_id = session.next_packet_id() if qos else None
+            if self.v5 is not None:  # (with the subscription's identifier [MQTT-3.3.4-3])
+                packet = self.v5.publish(topic, retained.payload, qos, True, False, packet_id, written)
+                if packet is None:
+                    continue  # larger than the client takes [MQTT-3.1.2-25]
+            else:
+                packet = wire.publish(topic, retained.payload, qos, True, False, packet_id)
+            if packet_id is not None:
                 session.inflight[packet_id] = None
                 session.inflight_qos[packet_id] = qos
-            if self.v5 is not None:  # (with the subscription's identifier [MQTT-3.3.4-3])
-                self.out.append(mqtt5.publish(topic, retained.payload, qos, True, False, packet_id, written))
-            else:
-                self.out.append(wire.publish(topic, retained.payload, qos, True, False, packet_id))
+            self.out.append(packet)
 
     def _unsubscribe(self, packet: wire.Unsubscribe) -> None:
         session = self.session
@@ -951,14 +954,40 @@ class Agreed:
     :param receive_maximum: the client's deliveries in flight at once, at most
     :param maximum_packet: the largest packet the client takes
     :param assigned: the client id the server gave a client that sent none
+    :param alias_limit: topic aliases the server may give the client (its Topic Alias Maximum,
+        at most :data:`TOPIC_ALIAS_MAXIMUM`)
     """
 
     session_expiry: int | None = 0
     receive_maximum: int = 65535
     maximum_packet: int = MAXIMUM_PACKET_SIZE
     assigned: str | None = None
+    alias_limit: int = 0
     #: The client's topic aliases, by number.
     aliases: dict[int, str] = field(default_factory=dict)
+    #: The topic aliases given to the client, by topic.
+    outbound: dict[str, int] = field(default_factory=dict)
+
+    def publish(
+        self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool, packet_id: int | None, props: bytes
+    ) -> bytes | None:
+        """A PUBLISH to the client, or ``None`` when it is larger than the client takes (it is
+        then not sent [MQTT-3.1.2-25]). As RabbitMQ 3.13 gives topic aliases: the next one to
+        each new topic while any are left, none to a topic of one byte (an alias saves nothing
+        there), never one taken back; a topic that has one is sent empty, with its alias. An
+        alias is only taken when the PUBLISH that tells the client of it is sent."""
+        known = self.outbound.get(topic)
+        alias = known
+        if known is None and len(self.outbound) < self.alias_limit and len(topic.encode()) > 1:
+            alias = len(self.outbound) + 1
+        if alias is not None:
+            props = mqtt5.with_topic_alias(props, alias)
+        packet = mqtt5.publish("" if known else topic, payload, qos, retain, dup, packet_id, props)
+        if len(packet) > self.maximum_packet:
+            return None
+        if alias is not None and known is None:
+            self.outbound[topic] = alias
+        return packet
 
     def connack_properties(self) -> dict[int, Any]:
         """CONNACK's properties: as RabbitMQ 3.13 sends them (Session Expiry Interval always,

@@ -5,16 +5,17 @@ From MQTT 5.0 to an AMQP message: Content Type becomes ``content_type`` (when it
 ASCII string), Correlation Data ``correlation_id`` (when it is a short UTF-8 string, else the
 header ``x-correlation-id``), Response Topic the header ``x-reply-to-topic`` (as a routing
 key), User Properties headers of the same names (the first of each name, sorted; names of 256
-bytes or more left out), Message Expiry Interval ``expiration`` in milliseconds. Payload Format
-Indicator is left out. Postroom also keeps the publish's QoS and DUP as 3.1.1 publishes do
-(``x-mqtt-publish-qos``, ``x-mqtt-dup``), and a retained publish's RETAIN
-(``x-mqtt-retain``), for subscriptions that ask for it as published.
+bytes or more left out, the others in the order given), Message Expiry Interval
+``expiration`` in milliseconds. Postroom also keeps the publish's QoS and DUP as 3.1.1
+publishes do (``x-mqtt-publish-qos``, ``x-mqtt-dup``), a retained publish's RETAIN
+(``x-mqtt-retain``), for subscriptions that ask for it as published, and its Payload Format
+Indicator (``x-mqtt-payload-format``), which RabbitMQ hands to MQTT subscribers untouched.
 
 From an AMQP message to an MQTT 5.0 subscriber: ``content_type`` becomes Content Type,
 ``correlation_id`` (or ``x-correlation-id``) Correlation Data, ``x-reply-to-topic`` Response
 Topic, every other header a User Property (strings as they are, numbers and booleans written
 out, tables and arrays left out), and the time left of a message's TTL its Message Expiry
-Interval (in whole seconds).
+Interval (in whole seconds); ``x-mqtt-payload-format`` its Payload Format Indicator.
 """
 
 from __future__ import annotations
@@ -35,17 +36,25 @@ from postroom.broker.wire.codec import encode_content_header
 CORRELATION_HEADER = "x-correlation-id"
 REPLY_TO_TOPIC_HEADER = "x-reply-to-topic"
 RETAIN_HEADER = "x-mqtt-retain"
+#: MQTT 5.0's Payload Format Indicator, as published (RabbitMQ 3.13 hands it from MQTT
+#: publisher to MQTT subscriber, its message never being an AMQP 0-9-1 one in between).
+PAYLOAD_FORMAT_HEADER = "x-mqtt-payload-format"
 #: Headers of Postroom's own, not User Properties.
-_OWN = frozenset({QOS_HEADER, DUP_HEADER, RETAIN_HEADER, CORRELATION_HEADER, REPLY_TO_TOPIC_HEADER})
+_OWN = frozenset(
+    {QOS_HEADER, DUP_HEADER, RETAIN_HEADER, CORRELATION_HEADER, REPLY_TO_TOPIC_HEADER, PAYLOAD_FORMAT_HEADER}
+)
 
 
 def amqp_header(qos: int, dup: bool, retain: bool, size: int, found: mqtt5.Properties) -> bytes:
     """The AMQP content header of an MQTT 5.0 publish with properties ``found``."""
     values = found.values
-    headers: dict[str, Any] = {}
+    chosen: dict[str, str] = {}
     for name, value in sorted(found.user):
-        if len(name.encode()) < 256 and name not in headers:
-            headers[name] = value
+        if len(name.encode()) < 256 and name not in chosen:
+            chosen[name] = value
+    # (RabbitMQ's choice of value for each name, in the order the publisher gave the names: an
+    # MQTT subscriber gets them in that order)
+    headers: dict[str, Any] = {name: chosen[name] for name, _value in found.user if name in chosen}
     content_type = values.get(mqtt5.CONTENT_TYPE)
     if content_type is not None and (len(content_type) >= 256 or not content_type.isascii()):
         content_type = None
@@ -64,6 +73,8 @@ def amqp_header(qos: int, dup: bool, retain: bool, size: int, found: mqtt5.Prope
     headers[DUP_HEADER] = dup
     if retain:
         headers[RETAIN_HEADER] = True
+    if mqtt5.PAYLOAD_FORMAT_INDICATOR in values:
+        headers[PAYLOAD_FORMAT_HEADER] = values[mqtt5.PAYLOAD_FORMAT_INDICATOR]
     expiry = values.get(mqtt5.MESSAGE_EXPIRY_INTERVAL)
     properties = commands.Basic.Properties(
         content_type=content_type,
@@ -109,6 +120,8 @@ def mqtt_properties(
     reply_to = headers.get(REPLY_TO_TOPIC_HEADER)
     if isinstance(reply_to, (bytes, str)):
         values[mqtt5.RESPONSE_TOPIC] = wire.to_mqtt(reply_to if isinstance(reply_to, str) else reply_to.decode())
+    if headers.get(PAYLOAD_FORMAT_HEADER) in (0, 1):
+        values[mqtt5.PAYLOAD_FORMAT_INDICATOR] = headers[PAYLOAD_FORMAT_HEADER]
     if remaining_ms is not None:
         values[mqtt5.MESSAGE_EXPIRY_INTERVAL] = max(0, int(remaining_ms // 1000))
     if identifiers:

@@ -123,15 +123,25 @@ class MqttSession:
         packet ids), then PUBRELs waiting for PUBCOMP, then deliver from its queues."""
         self.link = link
         out = link.out
-        for packet_id, entry in self.inflight.items():
+        too_large: list[Entry] = []
+        for packet_id, entry in list(self.inflight.items()):
             if entry is not None:
                 topic, field = self._topic(entry.message.routing_key)
                 qos = self.inflight_qos[packet_id]
-                if link.agreed is not None:
-                    entry.redelivered = True
-                    out.append(self._publish5(entry, topic, entry.message.body, qos, 1, packet_id))
-                else:
+                if link.agreed is None:
                     out.append(wire.publish_packet(field, entry.message.body, qos, False, True, packet_id))
+                    continue
+                entry.redelivered = True
+                written, retain = self._properties5(entry, topic, 1)
+                packet = link.agreed.publish(topic, entry.message.body, qos, retain, True, packet_id, written)
+                if packet is None:  # larger than this client takes now: gone [MQTT-3.1.2-25]
+                    del self.inflight[packet_id], self.inflight_qos[packet_id]
+                    self._uncount(entry)
+                    too_large.append(entry)
+                else:
+                    out.append(packet)
+        for holder, group in _by_queue(too_large).items():
+            holder.settle(group)
         for packet_id in self.released:
             out.append(wire.acknowledgement(wire.PUBREL, packet_id))
         self.active = True
@@ -407,21 +417,21 @@ class MqttSession:
             body = message._body
             if body is None:
                 body = message.body
-            if agreed is not None:  # (MQTT 5.0: the properties, and the client's largest packet)
-                packet = self._publish5(entry, topic, body, qos, queue_qos)
-                if len(packet) > agreed.maximum_packet:  # not sent, and gone [MQTT-3.1.2-25]
+            packet_id = self.next_packet_id() if qos else None
+            dup = entry.redelivered and qos > 0  # [MQTT-3.3.1-2]
+            if agreed is None:
+                out.append(publish(field, body, qos, False, dup, packet_id))
+            else:  # (MQTT 5.0: the properties, a topic alias, and the client's largest packet)
+                written, retain = self._properties5(entry, topic, queue_qos)
+                packet = agreed.publish(topic, body, qos, retain, dup, packet_id, written)
+                if packet is None:  # not sent, and gone [MQTT-3.1.2-25]
                     settled.append(entry)
                     continue
+                out.append(packet)
             sent += 1
-            if not qos:
-                out.append(publish(field, body, 0, False, False, None) if agreed is None else packet)
+            if packet_id is None:
                 settled.append(entry)
                 continue
-            packet_id = self.next_packet_id()
-            if agreed is None:
-                out.append(publish(field, body, qos, False, entry.redelivered, packet_id))
-            else:
-                out.append(self._publish5(entry, topic, body, qos, queue_qos, packet_id))
             self.inflight[packet_id] = entry
             self.inflight_qos[packet_id] = qos
             entry.consumer = consumer
@@ -442,22 +452,18 @@ class MqttSession:
             queue.settle(settled)
         link.wrote()
 
-    def _publish5(
-        self, entry: Entry, topic: str, body: bytes, qos: int, queue_qos: int, packet_id: int | None = None
-    ) -> bytes:
-        """A delivery at MQTT 5.0: the message's properties, RETAIN as published where asked."""
+    def _properties5(self, entry: Entry, topic: str, queue_qos: int) -> tuple[bytes, bool]:
+        """A delivery's properties at MQTT 5.0 (written), and its RETAIN: as published where asked."""
         message = entry.message
         identifiers = self.identifiers_for(topic, queue_qos)
         if is_plain(message):
             extra = {mqtt5.SUBSCRIPTION_IDENTIFIER: identifiers} if identifiers else None
-            written, retained = mqtt5.properties(wire.PUBLISH, extra), False
-        else:
-            remaining = None
-            if entry.expires_at is not None:
-                remaining = max(0.0, entry.expires_at - entry.queue.now()) * 1000
-            written, retained = mqtt_properties(message, remaining, identifiers)
-        retain = retained and self.retain_as_published(topic, queue_qos)
-        return mqtt5.publish(topic, body, qos, retain, entry.redelivered, packet_id, written)
+            return mqtt5.properties(wire.PUBLISH, extra), False
+        remaining = None
+        if entry.expires_at is not None:
+            remaining = max(0.0, entry.expires_at - entry.queue.now()) * 1000
+        written, retained = mqtt_properties(message, remaining, identifiers)
+        return written, retained and self.retain_as_published(topic, queue_qos)
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
         """The queue was deleted (by an operator, or its ``x-expires``): its subscriptions go."""

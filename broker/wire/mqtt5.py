@@ -495,6 +495,19 @@ def publish(
     return v3.packet(PUBLISH << 4 | dup << 3 | qos << 1 | retain, head + props + payload)
 
 
+def with_topic_alias(props: bytes, alias: int) -> bytes:
+    """``props`` (written by :func:`properties`) with a Topic Alias added in front (the order of
+    properties carries no meaning, section 2.2.2.2)."""
+    length, at = 0, 0
+    for shift in range(0, 28, 7):
+        byte = props[at]
+        length |= (byte & 0x7F) << shift
+        at += 1
+        if not byte & 0x80:
+            break
+    return v3.variable_byte_integer(length + 3) + struct.pack(">BH", TOPIC_ALIAS, alias) + props[at:]
+
+
 def acknowledgement(kind: int, packet_id: int, code: int = SUCCESS, reason: str | None = None) -> bytes:
     """PUBACK, PUBREC, PUBREL or PUBCOMP; the short form when it succeeded and says nothing
     more (section 3.4.2.1)."""

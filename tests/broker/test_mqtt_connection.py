@@ -5,6 +5,7 @@ at one and a half times), deterministic, with no sleeps."""
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import pytest
 from twisted.internet.address import IPv4Address
@@ -20,6 +21,7 @@ from postroom.broker.mqtt.registry import MqttRegistry
 from postroom.broker.server.mqttprotocol import CONNECT_TIMEOUT, MqttServerFactory, MqttServerProtocol
 from postroom.broker.server.protocol import AMQPServerFactory
 from postroom.broker.wire import mqtt as wire
+from postroom.broker.wire import mqtt5
 
 
 def text(value: str) -> bytes:
@@ -255,3 +257,61 @@ def test_retained_messages_read_back_from_their_records() -> None:
     for kept in (Retained(b"on", 1), Retained(b"off", 2, b"\x00\x3c" + bytes(12), 1234.5)):
         assert Retained.from_value(kept.value()) == kept
     assert Retained.from_value(b"\x01on") == Retained(b"on", 1)  # (the 3.1.1 record, as it always was)
+
+
+# -- MQTT 5.0: topic aliases from the server ----------------------------------------------------
+
+
+def opened5(registry: MqttRegistry, client_id: str, alias_maximum: int, maximum_packet: int) -> MqttConnection:
+    """A client at level 5 that takes ``alias_maximum`` topic aliases and packets of at most
+    ``maximum_packet`` bytes, subscribed to ``t/#`` at QoS 0."""
+    values = {mqtt5.TOPIC_ALIAS_MAXIMUM: alias_maximum, mqtt5.MAXIMUM_PACKET_SIZE: maximum_packet}
+    properties = mqtt5.properties(wire.CONNECT, values)
+    connection = MqttConnection(registry, "127.0.0.1:40002", True)
+    connection.receive(packet(0x10, text("MQTT") + bytes([5, 0x02]) + b"\x00\x00" + properties + text(client_id)))
+    connection.receive(packet(0x82, struct.pack(">H", 1) + b"\x00" + text("t/#") + b"\x00"))
+    assert [kind for kind, _flags, _body in read(connection.take_output())] == [wire.CONNACK, wire.SUBACK]
+    return connection
+
+
+def delivered5(registry: MqttRegistry, connection: MqttConnection, *sends: tuple[str, bytes]) -> list[tuple[str, Any]]:
+    """Publish each ``(routing key, payload)`` over AMQP: each PUBLISH the client gets, as its
+    topic and Topic Alias."""
+    vhost = registry.node.vhosts["/"]
+    for key, payload in sends:
+        message = Message.build("amq.topic", key, payload)
+        vhost.enqueue_routed(vhost.route(vhost.exchanges["amq.topic"], message), message)
+    found = []
+    for kind, flags, body in read(connection.take_output()):
+        publish = mqtt5.parse(kind, flags, body)
+        assert isinstance(publish, mqtt5.Publish)
+        found.append((publish.topic, publish.properties.get(mqtt5.TOPIC_ALIAS)))
+    return found
+
+
+def test_topic_aliases_to_the_client_as_rabbitmq_gives_them(registry: MqttRegistry) -> None:
+    """RabbitMQ 3.13 (``process_topic_alias_outbound/3``): the next alias to each new topic
+    while the client's Topic Alias Maximum allows, the topic sent empty once it has one, none
+    to a topic of one byte, none replaced once all are given."""
+    connection = opened5(registry, "aliased", alias_maximum=2, maximum_packet=1000)
+    assert delivered5(registry, connection, ("t.a", b"1"), ("t.b", b"2"), ("t.c", b"3"), ("t.a", b"4")) == [
+        ("t/a", 1),
+        ("t/b", 2),
+        ("t/c", None),  # no alias left
+        ("", 1),
+    ]
+    assert delivered5(registry, connection, ("t.b", b"5"), ("t.c", b"6")) == [("", 2), ("t/c", None)]
+
+
+def test_no_topic_aliases_to_a_client_that_takes_none(registry: MqttRegistry) -> None:
+    connection = opened5(registry, "plain", alias_maximum=0, maximum_packet=1000)
+    assert delivered5(registry, connection, ("t.a", b"1"), ("t.a", b"2")) == [("t/a", None), ("t/a", None)]
+
+
+def test_an_alias_is_given_only_by_a_publish_that_was_sent(registry: MqttRegistry) -> None:
+    """A PUBLISH larger than the client takes is not sent [MQTT-3.1.2-25]: the alias it would
+    have given is given by the next one on that topic (RabbitMQ takes it all the same, and
+    later sends the alias alone to a client that never learnt it)."""
+    connection = opened5(registry, "small", alias_maximum=4, maximum_packet=40)
+    assert delivered5(registry, connection, ("t.a", b"x" * 64), ("t.a", b"fits")) == [("t/a", 1)]
+    assert delivered5(registry, connection, ("t.a", b"again")) == [("", 1)]

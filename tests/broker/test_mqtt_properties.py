@@ -45,6 +45,7 @@ def test_an_mqtt5_publish_as_an_amqp_consumer_reads_it() -> None:
         "x-mqtt-publish-qos": 1,
         "x-mqtt-dup": False,
         "x-mqtt-retain": True,
+        "x-mqtt-payload-format": 1,
     }
 
 
@@ -81,8 +82,13 @@ def test_an_amqp_message_as_an_mqtt5_subscriber_gets_it() -> None:
 
 def test_an_mqtt5_publish_comes_back_to_an_mqtt5_subscriber_as_it_went() -> None:
     sent = mqtt5.Properties(
-        {mqtt5.CONTENT_TYPE: "text/plain", mqtt5.CORRELATION_DATA: b"\x01\x02", mqtt5.RESPONSE_TOPIC: "r/1"},
-        (("a", "1"), ("b", "2")),
+        {
+            mqtt5.CONTENT_TYPE: "text/plain",
+            mqtt5.CORRELATION_DATA: b"\x01\x02",
+            mqtt5.RESPONSE_TOPIC: "r/1",
+            mqtt5.PAYLOAD_FORMAT_INDICATOR: 1,
+        },
+        (("b", "2"), ("a", "1")),  # (in the order given, as RabbitMQ and Mosquitto hand them on)
     )
     header = amqp_header(2, True, True, 1, sent)
     message = Message("amq.topic", "t", b"", header, b"x")

@@ -637,6 +637,29 @@ def test_the_management_api_lists_an_mqtt_connection_as_rabbitmq_does(ports: Por
 # -- Debian's mosquitto-clients, unchanged ----------------------------------------------------
 
 
+def tool_output(process: subprocess.Popen[str], name: str, prefix: str) -> list[str]:
+    """A ``mosquitto_sub`` run to its end (killed after 15 s): its lines, then its exit status."""
+    try:
+        out, _ = process.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, _ = process.communicate()
+    return [f"{name}: {line.replace(prefix, '<p>')}" for line in out.splitlines()] + [
+        f"{name}: exit {process.returncode}"
+    ]
+
+
+def ending(
+    late: subprocess.Popen[str], first: subprocess.Popen[str], watcher: subprocess.Popen[str], prefix: str
+) -> list[str]:
+    """What the late subscriber printed; then the first subscriber killed (no DISCONNECT: its
+    will goes), and what it and the will's watcher printed."""
+    printed = tool_output(late, "late", prefix)
+    time.sleep(0.5)
+    first.kill()
+    return printed + tool_output(first, "first", prefix) + tool_output(watcher, "watcher", prefix)
+
+
 def clients_session(qos: int) -> Callable[[int, str], list[str]]:
     """``mosquitto_sub`` and ``mosquitto_pub`` against the broker on ``port``: a subscriber at
     ``qos`` with a will, two publishes at ``qos`` (one retained), a late subscriber that gets
@@ -650,15 +673,6 @@ def clients_session(qos: int) -> Callable[[int, str], list[str]]:
         def sub(*arguments: str) -> subprocess.Popen[str]:
             return subprocess.Popen(["mosquitto_sub", *common, "-v", *arguments], stdout=subprocess.PIPE, text=True)
 
-        def ran(process: subprocess.Popen[str], name: str) -> None:
-            try:
-                out, _ = process.communicate(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                out, _ = process.communicate()
-            lines.extend(f"{name}: {line.replace(prefix, '<p>')}" for line in out.splitlines())
-            lines.append(f"{name}: exit {process.returncode}")
-
         watcher = sub("-t", f"{prefix}/will", "-C", "1", "-W", "10")
         first = sub("-t", f"{prefix}/#", "-q", str(qos), "-C", "3", "-W", "10", "--will-topic", f"{prefix}/will",
                     "--will-payload", "gone", "-i", f"{prefix}-first")  # fmt: skip
@@ -671,11 +685,7 @@ def clients_session(qos: int) -> Callable[[int, str], list[str]]:
             )  # fmt: skip
             lines.append(f"pub {topic}: exit {publisher.returncode}")
         late = sub("-t", f"{prefix}/r", "-C", "1", "-W", "10", "-q", str(qos))
-        ran(late, "late")
-        time.sleep(0.5)
-        first.kill()  # (its will: no DISCONNECT)
-        ran(first, "first")
-        ran(watcher, "watcher")
+        lines += ending(late, first, watcher, prefix)
         subprocess.run(["mosquitto_pub", *common, "-t", f"{prefix}/r", "-r", "-n"], check=False)  # (cleared)
         return lines
 
@@ -698,6 +708,57 @@ def test_mosquitto_clients_at_qos2_as_mosquitto(ports: Ports) -> None:
     expected = session(ports.mosquitto, prefix)
     assert session(ports.postroom, prefix) == expected
     assert session(ports.rabbitmq, prefix) != expected
+
+
+#: What ``mosquitto_sub -F`` prints of a message at MQTT 5.0: topic, payload, QoS, RETAIN,
+#: content type, correlation data, response topic, payload format, user properties and
+#: subscription identifiers.
+FORMAT_5 = "%t %p q=%q r=%r C=%C D=%D R=%R F=%F P=%P S=%S"
+
+
+def clients5_session(port: int, prefix: str) -> list[str]:
+    """``mosquitto_sub -V 5`` and ``mosquitto_pub -V 5``: a subscriber with a Subscription
+    Identifier and a will with properties, a publish with every property that is carried, a
+    retained one, one that reaches nobody (its warning), a late subscriber, and the first
+    subscriber killed. Each tool's output, warnings and exit status."""
+    common = ["-h", "127.0.0.1", "-p", str(port), "-V", "5"]
+    lines: list[str] = []
+
+    def sub(*arguments: str) -> subprocess.Popen[str]:
+        command = ["mosquitto_sub", *common, "-F", FORMAT_5, "-W", "10", *arguments]
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def pub(name: str, topic: str, *arguments: str) -> None:
+        publisher = subprocess.run(
+            ["timeout", "10", "mosquitto_pub", *common, "-t", f"{prefix}/{topic}", "-q", "1", *arguments],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        said = (publisher.stdout + publisher.stderr).replace(prefix, "<p>").splitlines()
+        lines.extend(f"pub {name}: {line}" for line in said)
+        lines.append(f"pub {name}: exit {publisher.returncode}")
+
+    watcher = sub("-t", f"{prefix}/will", "-C", "1")
+    first = sub("-t", f"{prefix}/room/#", "-q", "1", "-C", "2", "-i", f"{prefix}-first",
+                "-D", "subscribe", "subscription-identifier", "7",
+                "--will-topic", f"{prefix}/will", "--will-payload", "gone", "-D", "will", "content-type",
+                "text/plain", "-D", "will", "user-property", "why", "dropped")  # fmt: skip
+    time.sleep(1)
+    pub("a", "room/a", "-m", "one", "-D", "publish", "content-type", "text/plain",
+        "-D", "publish", "user-property", "k", "v", "-D", "publish", "correlation-data", "c1",
+        "-D", "publish", "response-topic", f"{prefix}/replies",
+        "-D", "publish", "payload-format-indicator", "1")  # fmt: skip
+    pub("r", "room/r", "-m", "kept", "-r", "-D", "publish", "content-type", "application/json")
+    pub("nobody", "nobody", "-m", "x")
+    lines += ending(sub("-t", f"{prefix}/room/r", "-C", "1"), first, watcher, prefix)
+    subprocess.run(["mosquitto_pub", *common, "-t", f"{prefix}/room/r", "-r", "-n"], check=False)  # (cleared)
+    return lines
+
+
+def test_mosquitto_clients_at_mqtt5_as_mosquitto(ports: Ports) -> None:
+    prefix = f"conformance-{uuid.uuid4().hex[:8]}"
+    expected = clients5_session(ports.mosquitto, prefix)
+    assert "late: <p>/room/r kept q=0 r=1 C=application/json D= R= F= P= S=" in expected
+    assert clients5_session(ports.postroom, prefix) == expected
 
 
 # -- paho-mqtt, unchanged -----------------------------------------------------------------------
@@ -794,12 +855,47 @@ client.on("message", (topic, payload, packet) => {
 </script></body></html>"""
 
 
+#: The page at MQTT 5.0: it takes topic aliases from the server (and records each PUBLISH's
+#: topic as it came, before MQTT.js resolves an alias), subscribes with No Local, and
+#: publishes with a content type and a user property.
+BROWSER_PAGE_5 = """<!doctype html><html><body><script src="mqtt.min.js"></script><script>
+const query = new URLSearchParams(location.search);
+const prefix = query.get("prefix");
+window.received = []; window.wire = []; window.state = "connecting"; window.granted = null;
+window.client = mqtt.connect(query.get("url"), {
+  protocolVersion: 5, clientId: prefix + "-browser5", clean: true, reconnectPeriod: 0,
+  properties: {topicAliasMaximum: 4},
+  will: {topic: prefix + "/will", payload: "gone", qos: 1, retain: false,
+         properties: {contentType: "text/plain", userProperties: {why: "dropped"}}},
+});
+client.on("packetreceive", (packet) => {
+  if (packet.cmd === "publish") window.wire.push(packet.topic === "" ? "(alias)" : "(topic)");
+});
+client.on("connect", () => {
+  client.subscribe(prefix + "/ticker/#", {qos: 1, nl: true}, (error, granted) => {
+    window.granted = granted.map((g) => g.qos);
+    window.state = "subscribed";
+    const properties = {contentType: "text/plain", userProperties: {from: "chromium"}};
+    client.publish(prefix + "/ticker/own", "not for me", {qos: 1, properties: properties});
+    client.publish(prefix + "/browser/hello", "from chromium", {qos: 1, retain: true, properties: properties},
+      () => { window.state = "published"; });
+  });
+});
+client.on("message", (topic, payload, packet) => {
+  const properties = packet.properties || {};
+  window.received.push([topic.replace(prefix, "<p>"), new TextDecoder().decode(payload), packet.qos,
+    properties.contentType || null, properties.userProperties || null]);
+});
+</script></body></html>"""
+
+
 @pytest.fixture(scope="module")
 def browser_site(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Where the page and MQTT.js are served (its URL's start)."""
     site = tmp_path_factory.mktemp("mqtt-page")
     (site / "mqtt.min.js").write_bytes(bundle.read_bytes())
     (site / "index.html").write_text(BROWSER_PAGE)
+    (site / "v5.html").write_text(BROWSER_PAGE_5)
     handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
     handler.log_message = lambda *_a: None  # type: ignore[attr-defined]
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -810,6 +906,33 @@ def browser_site(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         server.shutdown()
 
 
+def page_watcher(tcp: int, client_id: str, protocol: int, prefix: str) -> Any:
+    """A paho client over TCP (``protocol``: its MQTT level), subscribed to what the page
+    publishes and to its will; its loop runs (its ``on_message`` may be set after)."""
+    import paho.mqtt.client as paho
+
+    device = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol)
+    device.connect("127.0.0.1", tcp)
+    device.subscribe([(f"{prefix}/browser/#", 2), (f"{prefix}/will", 1)])
+    device.loop_start()
+    return device
+
+
+def retained_for(tcp: int, client_id: str, protocol: int, prefix: str, on_message: Callable[..., None]) -> None:
+    """A late paho client subscribes to the page's retained topic for a second: what it gets
+    goes to ``on_message``."""
+    import paho.mqtt.client as paho
+
+    late = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol)
+    late.on_message = on_message
+    late.connect("127.0.0.1", tcp)
+    late.subscribe(f"{prefix}/browser/hello", 1)
+    late.loop_start()
+    time.sleep(1)
+    late.loop_stop()
+    late.disconnect()
+
+
 def browser_session(browser: Any, site: str, qos: int) -> Callable[[int, int, str], list[str]]:
     """MQTT.js in Chromium over WebSockets (port ``ws``), a paho client over TCP (``tcp``) on
     the other side: what the page was granted and received, whether its QoS ``qos`` publish
@@ -818,12 +941,9 @@ def browser_session(browser: Any, site: str, qos: int) -> Callable[[int, int, st
     def session(ws: int, tcp: int, prefix: str) -> list[str]:
         import paho.mqtt.client as paho
 
-        device = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"{prefix}-device", protocol=paho.MQTTv311)
         heard: list[str] = []
+        device = page_watcher(tcp, f"{prefix}-device", paho.MQTTv311, prefix)
         device.on_message = lambda _c, _u, m: heard.append(f"{m.topic.replace(prefix, '<p>')} {m.payload!r} {m.qos}")
-        device.connect("127.0.0.1", tcp)
-        device.subscribe([(f"{prefix}/browser/#", 2), (f"{prefix}/will", 1)])
-        device.loop_start()
         lines: list[str] = []
         try:
             time.sleep(0.5)
@@ -838,15 +958,11 @@ def browser_session(browser: Any, site: str, qos: int) -> Callable[[int, int, st
             lines.append(f"received {browser.execute_script('return window.received')}")
             browser.execute_script("window.client.stream.destroy()")  # (no DISCONNECT: the will)
             time.sleep(1.5)
-            late = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"{prefix}-late", protocol=paho.MQTTv311)
             kept: list[str] = []
-            late.on_message = lambda _c, _u, m: kept.append(f"retained {m.payload!r} {int(m.retain)}")
-            late.connect("127.0.0.1", tcp)
-            late.subscribe(f"{prefix}/browser/hello", 1)
-            late.loop_start()
-            time.sleep(1)
-            late.loop_stop()
-            late.disconnect()
+            retained_for(
+                tcp, f"{prefix}-late", paho.MQTTv311, prefix,
+                lambda _c, _u, m: kept.append(f"retained {m.payload!r} {int(m.retain)}"),
+            )  # fmt: skip
             lines += heard + kept
             device.publish(f"{prefix}/browser/hello", b"", 0, True)  # (cleared)
         finally:
@@ -961,3 +1077,65 @@ def test_paho_at_mqtt5_as_mosquitto(ports: Ports) -> None:
     assert "sub ack 16" in expected  # (No matching subscribers: Mosquitto says so too)
     # Each client's callbacks run on its own thread: the lines are compared as a set of lines.
     assert sorted(paho5_session(ports.postroom, prefix)) == sorted(expected)
+
+
+def browser5_session(browser: Any, site: str, ws: int, tcp: int, prefix: str) -> tuple[list[str], list[str]]:
+    """MQTT.js at MQTT 5.0 in Chromium over WebSockets, paho at 5.0 over TCP on the other
+    side: what the page was granted and received (three ticks on one topic, with their
+    properties; not its own publish, by No Local), what paho got of the page's publish, its
+    will and its retained message with their properties. And, apart, each PUBLISH the page
+    got as it came: with its topic, or by a topic alias alone."""
+    import paho.mqtt.client as paho
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    def heard_by(lines: list[str], name: str) -> Callable[..., None]:
+        def on_message(_c: Any, _u: Any, m: Any) -> None:
+            props = sorted((k, v) for k, v in m.properties.json().items() if k != "MessageExpiryInterval")
+            lines.append(f"{name} {m.topic.replace(prefix, '<p>')} {m.payload!r} {m.qos} {int(m.retain)} {props}")
+
+        return on_message
+
+    heard: list[str] = []
+    device = page_watcher(tcp, f"{prefix}-device5", paho.MQTTv5, prefix)
+    device.on_message = heard_by(heard, "device")
+    lines: list[str] = []
+    try:
+        time.sleep(0.5)
+        url = site.replace("index.html", "v5.html")
+        browser.get(f"{url}?url=ws://127.0.0.1:{ws}/ws&prefix={prefix}")
+        deadline = time.monotonic() + 10
+        while browser.execute_script("return window.state") != "published" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        props = Properties(PacketTypes.PUBLISH)
+        props.ContentType = "application/json"
+        props.UserProperty = [("desk", "fx")]
+        for price in (b"1.0841", b"1.0842", b"1.0843"):
+            device.publish(f"{prefix}/ticker/eur", price, 1, properties=props)
+        time.sleep(2)
+        lines.append(f"granted {browser.execute_script('return window.granted')}")
+        lines.append(f"state {browser.execute_script('return window.state')}")
+        lines.append(f"received {browser.execute_script('return window.received')}")
+        wire = browser.execute_script("return window.wire")
+        browser.execute_script("window.client.stream.destroy()")  # (no DISCONNECT: the will)
+        time.sleep(1.5)
+        kept: list[str] = []
+        retained_for(tcp, f"{prefix}-late5", paho.MQTTv5, prefix, heard_by(kept, "late"))
+        lines += sorted(heard) + kept
+        device.publish(f"{prefix}/browser/hello", b"", 0, True)  # (cleared)
+    finally:
+        device.loop_stop()
+        device.disconnect()
+    return lines, wire
+
+
+def test_mqttjs_at_mqtt5_over_websockets_as_mosquitto(ports: Ports, browser: Any, browser_site: str) -> None:
+    """MQTT.js at 5.0 over WebSockets gets what it gets from Mosquitto 2.0. Postroom gives it
+    topic aliases where Mosquitto gives none (RabbitMQ 3.13 gives them as Postroom does, see
+    ``docs/rabbitmq-mqtt5.md``): the second and third tick came by their alias alone."""
+    prefix = f"conformance-{uuid.uuid4().hex[:8]}"
+    expected, by_mosquitto = browser5_session(browser, browser_site, ports.mosquitto_ws, ports.mosquitto, prefix)
+    assert "state published" in expected and "(alias)" not in by_mosquitto
+    found, by_postroom = browser5_session(browser, browser_site, ports.postroom_ws, ports.postroom, prefix)
+    assert found == expected
+    assert by_postroom == ["(topic)", "(alias)", "(alias)"]
