@@ -550,6 +550,24 @@ class VirtualHost:
             self.journal.queue_declared(self.name, name, auto_delete, arguments)
         return queue
 
+    def set_queue_expiry(self, queue: WorkQueue, expires: int | None) -> None:
+        """A new ``x-expires`` (milliseconds; ``None``: none) for ``queue``, as an MQTT 5.0
+        session's new expiry interval sets it (RabbitMQ's ``update_session_expiry_interval``):
+        applied at once with its policies, its idle time counted again, and its declaration
+        written to the log again (recovery keeps a queue's last)."""
+        arguments = dict(queue.arguments)
+        if expires is None:
+            arguments.pop("x-expires", None)
+        else:
+            arguments["x-expires"] = expires
+        if arguments == queue.arguments:
+            return
+        queue.arguments = arguments
+        if queue.durable and self.journal is not None:
+            self.journal.queue_declared(self.name, queue.name, queue.auto_delete, arguments)
+        effective = queue_arguments(arguments, queue.policy, queue.operator_policy)
+        queue.apply_settings(QueueSettings.from_arguments(effective))
+
     def delete_queue(
         self, name: str, connection: object, if_unused: bool = False, if_empty: bool = False
     ) -> tuple[Queue | None, int]:

@@ -388,7 +388,9 @@ class MqttConnection:
             if present:
                 session.recover_filters()
         session.clean, session.prefetch = ends, prefetch
-        registry.sessions[key] = session
+        session.set_ttl(ttl)
+        session.away_since = None
+        registry.keep(key, session)
         registry.clients[client_id] = self
         self.session = session
         self.phase = Phase.OPEN
@@ -577,15 +579,8 @@ class MqttConnection:
             self.phase = Phase.CLOSED
             self._fail("extended authentication is not served")
             return
-        requested = found.get(mqtt5.SESSION_EXPIRY_INTERVAL, 0)
-        cap = self.settings.subscription_ttl
-        expiry: int | None
-        if requested == 0xFFFFFFFF:
-            expiry = None if cap is None else int(cap)
-        else:
-            expiry = requested if cap is None else min(requested, int(cap))
         self.v5 = Agreed(
-            session_expiry=expiry,
+            session_expiry=self._session_expiry(found.get(mqtt5.SESSION_EXPIRY_INTERVAL, 0)),
             receive_maximum=found.get(mqtt5.RECEIVE_MAXIMUM, 65535),
             maximum_packet=found.get(mqtt5.MAXIMUM_PACKET_SIZE, wire.MAX_REMAINING_LENGTH + 5),
             alias_limit=min(found.get(mqtt5.TOPIC_ALIAS_MAXIMUM, 0), TOPIC_ALIAS_MAXIMUM),
@@ -710,6 +705,14 @@ class MqttConnection:
                 codes.append(mqtt5.NOT_AUTHORIZED)
         self.out.append(mqtt5.suback(packet.packet_id, codes, wire.UNSUBACK))
 
+    def _session_expiry(self, requested: int) -> int | None:
+        """The seconds a session lasts for a Session Expiry Interval of ``requested`` (``None``:
+        for ever): at most ``mqtt.subscription_ttl``, which 0xFFFFFFFF asks for."""
+        cap = self.settings.subscription_ttl
+        if requested == 0xFFFFFFFF:
+            return None if cap is None else int(cap)
+        return requested if cap is None else min(requested, int(cap))
+
     def _disconnected5(self, packet: mqtt5.Disconnect) -> None:
         """The client's DISCONNECT: the will goes unless its reason is 0 [MQTT-3.14.4-3]; a
         new Session Expiry Interval applies, but not one from 0 [MQTT-3.14.2-2]."""
@@ -720,8 +723,9 @@ class MqttConnection:
             if agreed.session_expiry == 0 and expiry:
                 self._fail("a Session Expiry Interval after CONNECT's 0 [MQTT-3.14.2-2]", mqtt5.PROTOCOL_ERROR)
                 return
-            agreed.session_expiry = None if expiry == 0xFFFFFFFF else expiry
+            agreed.session_expiry = self._session_expiry(expiry)
             session.clean = expiry == 0
+            session.set_ttl(None if agreed.session_expiry is None else agreed.session_expiry * 1000)
         if packet.code == mqtt5.SUCCESS:
             self.will = None
         self.finished = True
@@ -831,6 +835,8 @@ class MqttConnection:
         key = (vhost.name, self.client_id)
         if session.clean and registry.sessions.get(key) is session:
             del registry.sessions[key]
+        elif node.clock is not None:
+            session.away_since = node.clock.seconds()
         node.mqtt_connections.discard(self)
         node.counters["connections_closed"] += 1
         vhost.connection_count -= 1

@@ -115,6 +115,8 @@ class MqttSession:
         self._topics: dict[str, tuple[str, bytes]] = {}
         #: Messages delivered to the client, and acknowledged by it (for the management API).
         self.delivered = self.acked = 0
+        #: When its client left (``None``: connected, or not known).
+        self.away_since: float | None = None
 
     # -- the connection ---------------------------------------------------------------------
 
@@ -330,6 +332,27 @@ class MqttSession:
         self.identifiers.pop(topic_filter, None)
         self.vhost.unbind_queue(self.names[min(qos, 1)], self.exchange, wire.to_amqp(topic_filter), arguments, None)
         self._qos.clear()
+
+    def expired(self, now: float) -> bool:
+        """Whether the session is over at ``now``: its client away for longer than its expiry,
+        and its queues gone (by their ``x-expires``, or deleted)."""
+        if self.link is not None or self.away_since is None or self.ttl is None:
+            return False
+        if now < self.away_since + self.ttl / 1000:
+            return False
+        return not any(name in self.vhost.queues for name in self.names)
+
+    def set_ttl(self, ttl: int | None) -> None:
+        """The session's expiry changed (milliseconds; ``None``: never): its queues' ``x-expires``
+        follow, as RabbitMQ 3.13 updates them at a CONNECT that finds the session and at a
+        DISCONNECT that gives a new interval."""
+        self.ttl = ttl
+        if self.clean:
+            return
+        for name in self.names:
+            queue = self.vhost.queues.get(name)
+            if isinstance(queue, WorkQueue):
+                self.vhost.set_queue_expiry(queue, ttl)
 
     def _queue(self, qos: int, access: Access | None) -> Queue:
         """The subscription queue for ``qos`` (0 or 1), declared and consumed from if it is not yet."""

@@ -315,3 +315,52 @@ def test_an_alias_is_given_only_by_a_publish_that_was_sent(registry: MqttRegistr
     connection = opened5(registry, "small", alias_maximum=4, maximum_packet=40)
     assert delivered5(registry, connection, ("t.a", b"x" * 64), ("t.a", b"fits")) == [("t/a", 1)]
     assert delivered5(registry, connection, ("t.a", b"again")) == [("", 1)]
+
+
+# -- MQTT 5.0: a session's expiry on its queues ---------------------------------------------------
+
+
+def connect5(registry: MqttRegistry, client_id: str, expiry: int) -> MqttConnection:
+    """A client at level 5 without Clean Start, asking for a Session Expiry Interval of ``expiry``."""
+    properties = mqtt5.properties(wire.CONNECT, {mqtt5.SESSION_EXPIRY_INTERVAL: expiry})
+    connection = MqttConnection(registry, "127.0.0.1:40003", True)
+    connection.receive(packet(0x10, text("MQTT") + bytes([5, 0x00]) + b"\x00\x00" + properties + text(client_id)))
+    assert read(connection.take_output())[0][0] == wire.CONNACK
+    return connection
+
+
+def test_a_new_session_expiry_reaches_the_sessions_queues(registry: MqttRegistry) -> None:
+    """RabbitMQ 3.13 (``maybe_update_session_expiry_interval/2``): a CONNECT that finds the
+    session, and a DISCONNECT with a Session Expiry Interval, set its queues' ``x-expires``."""
+    queue_name = "mqtt-subscription-keeperqos1"
+    connection = connect5(registry, "keeper", 60)
+    connection.receive(packet(0x82, struct.pack(">H", 1) + b"\x00" + text("jobs") + b"\x01"))
+    queue = registry.node.vhosts["/"].queues[queue_name]
+    assert (queue.arguments["x-expires"], queue.settings.expires) == (60_000, 60.0)
+    disconnect = mqtt5.properties(wire.DISCONNECT, {mqtt5.SESSION_EXPIRY_INTERVAL: 300})
+    connection.receive(packet(0xE0, b"\x00" + disconnect))
+    connection.connection_lost()
+    assert (queue.arguments["x-expires"], queue.settings.expires) == (300_000, 300.0)
+    connect5(registry, "keeper", 10)
+    assert registry.node.vhosts["/"].queues[queue_name] is queue
+    assert (queue.arguments["x-expires"], queue.settings.expires) == (10_000, 10.0)
+
+
+def test_sessions_that_expired_are_forgotten() -> None:
+    """A persistent session outlives its client by its expiry interval; once that has passed
+    and its queues went by their ``x-expires``, the registry forgets it (a client id seen once
+    holds no memory for ever). One whose client came back, and one that never expires, stay."""
+    clock = Clock()
+    registry = MqttRegistry(Node(clock=clock))
+    for client_id, expiry in (("brief", 10), ("back", 10), ("forever", 0xFFFFFFFF)):
+        connection = connect5(registry, client_id, expiry)
+        connection.receive(packet(0x82, struct.pack(">H", 1) + b"\x00" + text(f"t/{client_id}") + b"\x01"))
+        connection.connection_lost()
+    clock.advance(5)
+    registry.forget_expired()
+    assert set(registry.sessions) == {("/", "brief"), ("/", "back"), ("/", "forever")}
+    connect5(registry, "back", 10)
+    clock.advance(6)  # (the queues' x-expires: 10 s unused)
+    registry.forget_expired()
+    assert set(registry.sessions) == {("/", "back"), ("/", "forever")}
+    assert "mqtt-subscription-briefqos1" not in registry.node.vhosts["/"].queues
