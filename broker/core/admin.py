@@ -28,11 +28,13 @@ import hashlib
 import json
 import os
 import secrets
+import struct
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from postroom.broker.core.access import compile_access
+from postroom.broker.core.releases import AWAITING_RELEASE, AwaitingRelease
 from postroom.broker.core.retained import RETAINED, RetainedMessages
 from postroom.broker.core.users import User
 from postroom.broker.errors import ReplyCode
@@ -207,6 +209,8 @@ class Administered(Protocol):
     user_connections: dict[str, set[Any]]
     #: MQTT's retained messages (in the log beside the definitions).
     retained: RetainedMessages
+    #: MQTT's QoS 2 publishes awaiting release (in the log beside the definitions).
+    awaiting_release: AwaitingRelease
 
     def add_vhost(self, name: str) -> VirtualHost:
         """Create a virtual host."""
@@ -252,7 +256,7 @@ class Administration:
         records += [
             encode(Defined(PARAMETER, parameter_key(*key), _dump(value))) for key, value in self.parameters.items()
         ]
-        return records + node.retained.records()
+        return records + node.retained.records() + node.awaiting_release.records()
 
     def initialise(self) -> None:
         """Mark the log as holding the node's definitions, recording each as it is now."""
@@ -275,6 +279,7 @@ class Administration:
         node = self.node
         initialised = False
         retained: list[Defined] = []
+        releases: list[Defined] = []
         for record in definitions:
             try:
                 if record.kind == NODE:
@@ -282,6 +287,9 @@ class Administration:
                     continue
                 if record.kind == RETAINED:
                     retained.append(record)
+                    continue
+                if record.kind == AWAITING_RELEASE:
+                    releases.append(record)
                     continue
                 value = _load(record)
                 if record.kind == USER:
@@ -303,6 +311,10 @@ class Administration:
             node.retained.restore(retained, node.vhosts)
         except (ValueError, TypeError, IndexError) as error:
             warn(f"the write-ahead log's retained messages are not read: {error}")
+        try:
+            node.awaiting_release.restore(releases, node.vhosts)
+        except (ValueError, TypeError, struct.error) as error:
+            warn(f"the write-ahead log's MQTT QoS 2 publishes awaiting release are not read: {error}")
         return initialised
 
     # -- users --------------------------------------------------------------------------------
@@ -459,6 +471,7 @@ class Administration:
             if connection.vhost is vhost:
                 connection.close(ReplyCode.CONNECTION_FORCED, VHOST_DELETED.format(vhost=name))
         node.retained.forget_vhost(name)
+        node.awaiting_release.forget_vhost(name)
         for component, vhost_name, parameter in [key for key in self.parameters if key[1] == name]:
             self.clear_parameter(component, vhost_name, parameter)
         vhost.delete_everything()

@@ -18,6 +18,7 @@ from postroom.broker.core.admin import Administration
 from postroom.broker.core.entry import Queue
 from postroom.broker.core.login import LoginThrottle, decoy_hash, is_expensive
 from postroom.broker.core.queue import WorkQueue
+from postroom.broker.core.releases import AwaitingRelease
 from postroom.broker.core.replyto import DirectReplyTo
 from postroom.broker.core.retained import RetainedMessages
 from postroom.broker.core.stores import QueuePager, StreamStorage
@@ -155,6 +156,8 @@ class Node:
         self.mqtt_connections: set[Any] = set()
         #: MQTT's retained messages, kept in the log.
         self.retained = RetainedMessages()
+        #: MQTT's QoS 2 publishes of persistent sessions that wait for PUBREL.
+        self.awaiting_release = AwaitingRelease()
         #: The channels' direct reply-to consumers (``amq.rabbitmq.reply-to``).
         self.replies = DirectReplyTo()
         #: Open connections per user name (for users' connection and channel limits).
@@ -253,6 +256,7 @@ class Node:
         """Persist durable state from now on: every vhost records into ``journal``."""
         self.journal = journal
         self.retained.journal = journal
+        self.awaiting_release.journal = journal
         for vhost in self.vhosts.values():
             vhost.journal = journal
 

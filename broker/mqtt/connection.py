@@ -387,6 +387,10 @@ class MqttConnection:
             session = MqttSession(vhost, client_id, ends, settings.exchange, prefetch, ttl)
             if present:
                 session.recover_filters()
+            if not ends:  # (after a restart: the QoS 2 publishes it had answered with PUBREC)
+                session.received = node.awaiting_release.get(vhost.name, client_id)
+        if ends:
+            node.awaiting_release.set(vhost.name, client_id, ())
         session.clean, session.prefetch = ends, prefetch
         session.set_ttl(ttl)
         session.away_since = None
@@ -460,7 +464,7 @@ class MqttConnection:
         if qos == 1:
             self._acknowledge(wire.PUBACK, packet_id, logged)
         elif qos == 2:
-            session.received.add(packet_id)
+            logged = self._received(packet_id) or logged
             self._acknowledge(wire.PUBREC, packet_id, logged)
 
     def _route(self, topic: str, payload: bytes, qos: int, dup: bool, header: bytes | None = None) -> tuple[bool, int]:
@@ -554,11 +558,26 @@ class MqttConnection:
             out.append(acks.popleft()[0])
         self.wake()
 
+    def _received(self, packet_id: int) -> bool:
+        """A QoS 2 publish was routed: it waits for PUBREL, recorded in the log for a
+        persistent session (``broker.core.releases``); whether anything was written."""
+        session, vhost = self.session, self.vhost
+        assert session is not None and vhost is not None
+        session.received.add(packet_id)
+        journal = self.node.journal
+        if session.clean or journal is None:
+            return False
+        recorded = journal.recorded
+        self.node.awaiting_release.set(vhost.name, self.client_id, session.received)
+        return journal.recorded != recorded
+
     def _released(self, packet_id: int) -> None:
         """The client's PUBREL: the QoS 2 publish is complete [MQTT-4.3.3-2]."""
-        assert self.session is not None
+        assert self.session is not None and self.vhost is not None
         known = packet_id in self.session.received
         self.session.received.discard(packet_id)
+        if known and not self.session.clean:
+            self.node.awaiting_release.set(self.vhost.name, self.client_id, self.session.received)
         if self.v5 is not None and not known:
             packet = mqtt5.acknowledgement(wire.PUBCOMP, packet_id, mqtt5.PACKET_IDENTIFIER_NOT_FOUND)
         else:
@@ -661,7 +680,7 @@ class MqttConnection:
         if qos == 1:
             self._acknowledge(wire.PUBACK, packet_id, logged, code)
         elif qos == 2:
-            session.received.add(packet_id)
+            logged = self._received(packet_id) or logged
             self._acknowledge(wire.PUBREC, packet_id, logged, code)
 
     def _subscribe5(self, packet: mqtt5.Subscribe) -> None:
@@ -835,6 +854,7 @@ class MqttConnection:
         key = (vhost.name, self.client_id)
         if session.clean and registry.sessions.get(key) is session:
             del registry.sessions[key]
+            node.awaiting_release.set(vhost.name, self.client_id, ())  # (a DISCONNECT's expiry 0)
         elif node.clock is not None:
             session.away_since = node.clock.seconds()
         node.mqtt_connections.discard(self)

@@ -52,3 +52,4 @@ class MqttRegistry:
         for key, session in list(self.sessions.items()):
             if session.expired(now):
                 del self.sessions[key]
+                self.node.awaiting_release.set(key[0], key[1], ())

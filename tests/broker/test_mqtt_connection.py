@@ -259,6 +259,31 @@ def test_retained_messages_read_back_from_their_records() -> None:
     assert Retained.from_value(b"\x01on") == Retained(b"on", 1)  # (the 3.1.1 record, as it always was)
 
 
+def test_qos2_publishes_awaiting_release_read_back_from_their_records() -> None:
+    """A persistent session's QoS 2 packet ids waiting for PUBREL are definition records: the
+    head of a new log segment holds them all, and a node reads them back; once none wait, the
+    record says so (and a vhost that is gone takes its sessions' with it)."""
+    from postroom.broker.core.releases import AwaitingRelease
+    from postroom.broker.wal.records import Defined
+    from postroom.broker.wal.segments import iter_records
+
+    journal = Journal()
+    kept = AwaitingRelease()
+    kept.journal = journal
+    kept.set("/", "dev-1", {7, 300})
+    kept.set("/", "dev-1", {7, 300})  # (unchanged: nothing more written)
+    kept.set("other", "dev-2", {1})
+    records = [record for _start, _end, record in iter_records(b"".join(kept.records()))]
+    assert all(isinstance(record, Defined) for record in records)
+    again = AwaitingRelease()
+    again.restore([record for record in records if isinstance(record, Defined)], ["/"])
+    assert again.by_client == {("/", "dev-1"): frozenset({7, 300})}
+    assert again.get("/", "dev-1") == {7, 300} and again.get("/", "dev-9") == set()
+    written = journal.position
+    kept.set("/", "dev-1", ())
+    assert journal.position > written and ("/", "dev-1") not in kept.by_client
+
+
 # -- MQTT 5.0: topic aliases from the server ----------------------------------------------------
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 import signal
+import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -113,3 +115,50 @@ def test_a_persistent_sessions_acknowledged_messages_and_retained_ones_survive_s
         watcher.loop_stop()
         assert state and int(state[0]) >= retained[-1]
     print(f"confirmed {len(confirmed)}, received {len(received)}, retained {len(retained)}")
+
+
+def test_a_qos2_publish_sent_again_after_a_sigkill_is_routed_once(tmp_path: Path) -> None:
+    """A QoS 2 publish answered with PUBREC, then the broker killed: the client sends it
+    again (DUP, same packet id) to the restarted broker, which answers PUBREC without routing
+    it again, and PUBCOMP to its PUBREL [MQTT-4.3.3-2]. One copy reaches the queue."""
+    import pika
+
+    from postroom.broker.tools.fuzzing import mqtt_connect, mqtt_packet, mqtt_string
+
+    data, port = tmp_path / "data", free_port()
+    publish = mqtt_packet(0x34, mqtt_string("orders/7") + struct.pack(">H", 7) + b"once")
+    with broker(data, mqtt=port) as (process, amqp_port):
+        amqp = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqp_port))
+        channel = amqp.channel()
+        channel.queue_declare("orders", durable=True)
+        channel.queue_bind("orders", "amq.topic", "orders.#")
+        amqp.close()
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(mqtt_connect("devices-7", clean=False))
+            assert read_exactly(sock, 4) == b"\x20\x02\x00\x00"
+            sock.sendall(publish)
+            assert read_exactly(sock, 4) == b"\x50\x02\x00\x07"  # PUBREC
+            process.send_signal(signal.SIGKILL)
+            process.wait(10)
+    with broker(data, mqtt=port) as (_process, amqp_port):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(mqtt_connect("devices-7", clean=False))
+            assert read_exactly(sock, 4)[:2] == b"\x20\x02"
+            sock.sendall(bytes([publish[0] | 0x08]) + publish[1:])  # DUP
+            assert read_exactly(sock, 4) == b"\x50\x02\x00\x07"  # PUBREC again
+            sock.sendall(b"\x62\x02\x00\x07")  # PUBREL
+            assert read_exactly(sock, 4) == b"\x70\x02\x00\x07"  # PUBCOMP
+        amqp = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqp_port))
+        declared = amqp.channel().queue_declare("orders", durable=True, passive=True)
+        amqp.close()
+    assert declared.method.message_count == 1
+
+
+def read_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
