@@ -389,3 +389,73 @@ def test_sessions_that_expired_are_forgotten() -> None:
     registry.forget_expired()
     assert set(registry.sessions) == {("/", "back"), ("/", "forever")}
     assert "mqtt-subscription-briefqos1" not in registry.node.vhosts["/"].queues
+
+
+# -- MQTT 5.0 on a clock: the will's delay, a retained message's expiry -----------------------------
+
+
+def subscribed(registry: MqttRegistry, client_id: str, topic_filter: str) -> MqttConnection:
+    """A client at 3.1.1 subscribed to ``topic_filter`` at QoS 0, its output read so far."""
+    connection = opened(registry, client_id)
+    connection.receive(subscribe(1, topic_filter, 0))
+    connection.take_output()
+    return connection
+
+
+def topics_of(connection: MqttConnection) -> list[tuple[str, bytes]]:
+    """Each PUBLISH ``connection`` has to send (at 3.1.1), as its topic and payload."""
+    found = []
+    for kind, flags, body in read(connection.take_output()):
+        publish = wire.parse(kind, flags, body)
+        assert isinstance(publish, wire.Publish)
+        found.append((publish.topic, publish.payload))
+    return found
+
+
+def test_the_will_waits_its_delay_on_the_clock() -> None:
+    """The will of a client at 5.0 goes after its Will Delay Interval [MQTT-3.1.3-9], and a
+    connection of the same client id within it cancels it (section 3.1.3.2.2)."""
+    clock = Clock()
+    registry = MqttRegistry(Node(clock=clock))
+    watcher = subscribed(registry, "watcher", "status/#")
+
+    def leaving(client_id: str) -> MqttConnection:
+        will = mqtt5.properties(mqtt5.WILL, {mqtt5.WILL_DELAY_INTERVAL: 5})
+        session = mqtt5.properties(wire.CONNECT, {mqtt5.SESSION_EXPIRY_INTERVAL: 60})
+        payload = text(client_id) + will + text(f"status/{client_id}") + text("gone")
+        connection = MqttConnection(registry, "127.0.0.1:40004", True)
+        connection.receive(packet(0x10, text("MQTT") + bytes([5, 0x04]) + b"\x00\x00" + session + payload))
+        assert read(connection.take_output())[0][0] == wire.CONNACK
+        connection.connection_lost()  # (no DISCONNECT)
+        return connection
+
+    leaving("dev-1")
+    clock.advance(4.9)
+    assert topics_of(watcher) == []
+    clock.advance(0.2)
+    assert topics_of(watcher) == [("status/dev-1", b"gone")]
+    leaving("dev-2")
+    clock.advance(2)
+    connect5(registry, "dev-2", 60)  # back within the delay: no will
+    clock.advance(10)
+    assert topics_of(watcher) == []
+
+
+def test_a_retained_message_expires_on_the_clock() -> None:
+    """A retained message at 5.0 goes to a new subscriber with what is left of its Message
+    Expiry Interval, and to none once that has passed [MQTT-3.3.2-5, 3.3.2-6]."""
+    clock = Clock()
+    registry = MqttRegistry(Node(clock=clock))
+    publisher = connect5(registry, "pub", 0)
+    expiry = mqtt5.properties(wire.PUBLISH, {mqtt5.MESSAGE_EXPIRY_INTERVAL: 5})
+    publisher.receive(mqtt5.publish("state/a", b"on", 0, True, False, None, expiry))
+    clock.advance(3)
+    early = connect5(registry, "early", 0)
+    early.receive(packet(0x82, struct.pack(">H", 1) + b"\x00" + text("state/#") + b"\x00"))
+    [delivery] = [mqtt5.parse(kind, flags, body) for kind, flags, body in read(early.take_output()) if kind == 3]
+    assert isinstance(delivery, mqtt5.Publish)
+    assert (delivery.topic, delivery.payload, delivery.retain) == ("state/a", b"on", True)
+    assert delivery.properties.get(mqtt5.MESSAGE_EXPIRY_INTERVAL) == 2
+    clock.advance(2.5)
+    late = subscribed(registry, "late", "state/#")
+    assert topics_of(late) == []
