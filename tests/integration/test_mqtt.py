@@ -65,8 +65,11 @@ def make_mqtt(make_broker: Callable[..., Broker]) -> Iterator[Callable[..., Mqtt
     yield make
     for mqtt_broker, listening in made:
         for client in mqtt_broker.clients:
+            client.disconnect()  # (with its loop still running, which sends it and closes the socket)
             client.loop_stop()
-            client.disconnect()
+            sock = client.socket()
+            if sock is not None:
+                sock.close()
         mqtt_broker.call(listening.stopListening)
 
 
