@@ -14,6 +14,7 @@ import struct
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from postroom.broker.core.retained import definition_key
 from postroom.broker.wal.codec import encode
 from postroom.broker.wal.records import Defined
 
@@ -22,10 +23,6 @@ if TYPE_CHECKING:
 
 #: The kind of the log's definition records that hold them.
 AWAITING_RELEASE = "mqtt-awaiting-release"
-
-
-def _key(vhost: str, client_id: str) -> str:
-    return json.dumps([vhost, client_id])
 
 
 def _value(packet_ids: Iterable[int]) -> bytes:
@@ -57,7 +54,7 @@ class AwaitingRelease:
         else:
             del self.by_client[key]
         if self.journal is not None:
-            self.journal.defined(AWAITING_RELEASE, _key(vhost, client_id), _value(ids) if ids else None)
+            self.journal.defined(AWAITING_RELEASE, definition_key(vhost, client_id), _value(ids) if ids else None)
 
     def forget_vhost(self, vhost: str) -> None:
         """``vhost`` is deleted: its sessions' go, in the log too."""
@@ -67,7 +64,7 @@ class AwaitingRelease:
     def records(self) -> list[bytes]:
         """Every session's, encoded, for the head of a log segment or a checkpoint."""
         return [
-            encode(Defined(AWAITING_RELEASE, _key(vhost, client_id), _value(ids)))
+            encode(Defined(AWAITING_RELEASE, definition_key(vhost, client_id), _value(ids)))
             for (vhost, client_id), ids in self.by_client.items()
         ]
 

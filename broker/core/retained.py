@@ -81,7 +81,7 @@ class RetainedMessages:
         elif store.pop(topic, None) is None:
             return
         if self.journal is not None:
-            self.journal.defined(RETAINED, _key(vhost, topic), kept.value() if kept is not None else None)
+            self.journal.defined(RETAINED, definition_key(vhost, topic), kept.value() if kept is not None else None)
 
     def matching(self, vhost: str, topic_filter: str) -> list[tuple[str, Retained]]:
         """The retained messages of ``vhost`` whose topics ``topic_filter`` matches, wildcards
@@ -100,12 +100,12 @@ class RetainedMessages:
         store = self.by_vhost.pop(vhost, {})
         if self.journal is not None:
             for topic in store:
-                self.journal.defined(RETAINED, _key(vhost, topic), None)
+                self.journal.defined(RETAINED, definition_key(vhost, topic), None)
 
     def records(self) -> list[bytes]:
         """Every retained message, encoded, for the head of a log segment or a checkpoint."""
         return [
-            encode(Defined(RETAINED, _key(vhost, topic), message.value()))
+            encode(Defined(RETAINED, definition_key(vhost, topic), message.value()))
             for vhost, store in self.by_vhost.items()
             for topic, message in store.items()
         ]
@@ -119,5 +119,17 @@ class RetainedMessages:
                 self.by_vhost.setdefault(vhost, {})[topic] = Retained.from_value(record.value)
 
 
-def _key(vhost: str, topic: str) -> str:
-    return json.dumps([vhost, topic], ensure_ascii=False)
+#: The longest key a log record holds, in bytes (its length is two bytes).
+MAX_KEY = 0xFFFF
+
+
+def definition_key(vhost: str, name: str) -> str:
+    """The key of an MQTT record of ``name`` (a topic, a client id) in ``vhost``: ``[vhost, name]`` as JSON."""
+    return json.dumps([vhost, name], ensure_ascii=False)
+
+
+def recordable(vhost: str, name: str) -> bool:
+    """Whether a record of ``name`` in ``vhost`` fits the log (an MQTT string of 65,535 bytes,
+    some escaped by JSON, may not): a client id or a retained topic that does not is refused
+    before anything is routed or acknowledged."""
+    return len(definition_key(vhost, name).encode()) <= MAX_KEY

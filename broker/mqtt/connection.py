@@ -42,6 +42,7 @@ from typing import Any
 from postroom.broker.core.access import Access
 from postroom.broker.core.message import Message
 from postroom.broker.core.node import Node
+from postroom.broker.core.retained import recordable
 from postroom.broker.core.sockets import SocketDetails
 from postroom.broker.core.users import User
 from postroom.broker.core.vhost import VirtualHost
@@ -356,6 +357,12 @@ class MqttConnection:
         node, registry, vhost = self.node, self.registry, self.vhost
         assert vhost is not None and self.user is not None
         client_id = self.client_id
+        if not recordable(vhost.name, client_id):
+            self._refuse(wire.IDENTIFIER_REJECTED, "a client id too long for the log's records")
+            return
+        if self.will is not None and self.will.retain and not recordable(vhost.name, self.will.topic):
+            self._refuse(wire.SERVER_UNAVAILABLE, "a retained will whose topic is too long for the log's records")
+            return
         previous = registry.clients.get(client_id)
         if previous is not None:
             previous.taken_over()
@@ -451,6 +458,8 @@ class MqttConnection:
     def _publish(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool, packet_id: int) -> None:
         session = self.session
         assert session is not None
+        if retain and not self._retainable(topic):
+            return
         if qos == 2 and packet_id in session.received:
             self._acknowledge(wire.PUBREC, packet_id, False)  # sent again: routed once [MQTT-4.3.3-2]
             return
@@ -662,6 +671,8 @@ class MqttConnection:
             elif (topic := agreed.aliases.get(alias, "")) == "":
                 self._fail(f"Topic Alias {alias} names no topic yet [MQTT-3.3.4-1]", mqtt5.PROTOCOL_ERROR)
                 return
+        if packet.retain and not self._retainable(topic):
+            return
         qos, packet_id = packet.qos, packet.packet_id or 0
         if qos == 2 and packet_id in session.received:
             self._acknowledge(wire.PUBREC, packet_id, False)
@@ -866,6 +877,15 @@ class MqttConnection:
             if not own:
                 del node.user_connections[self.user_name]
         self._acks.clear()
+
+    def _retainable(self, topic: str) -> bool:
+        """Whether a retained publish to ``topic`` can be kept in the log; one that cannot ends
+        the connection, nothing routed (0x90 at level 5)."""
+        assert self.vhost is not None
+        if recordable(self.vhost.name, topic):
+            return True
+        self._fail("a retained topic too long for the log's records", mqtt5.TOPIC_NAME_INVALID)
+        return False
 
     def _publish_will(self, will: wire.Will | mqtt5.Will) -> None:
         vhost = self.vhost

@@ -459,3 +459,26 @@ def test_a_retained_message_expires_on_the_clock() -> None:
     clock.advance(2.5)
     late = subscribed(registry, "late", "state/#")
     assert topics_of(late) == []
+
+
+# -- names too long for the log's records ------------------------------------------------------------
+
+
+def test_names_too_long_for_the_logs_records_are_refused_before_anything_is_kept() -> None:
+    """An MQTT string may be 65,535 bytes, and JSON escapes some of them: a client id, or a
+    retained topic, whose log record would not fit is refused (CONNACK 2; the connection ends,
+    nothing routed or retained) instead of failing to be recorded after the fact."""
+    node = Node()
+    node.set_journal(Journal())
+    registry = MqttRegistry(node)
+    refused = MqttConnection(registry, "127.0.0.1:40005", True)
+    refused.receive(connect('"' * 40_000, clean=False))
+    assert read(refused.take_output()) == [(wire.CONNACK, 0, b"\x00\x02")]
+    assert refused.phase is Phase.CLOSED
+    publisher = opened(registry, "pub")
+    publisher.receive(publish('"' * 40_000, b"kept?", qos=1, retain=True))
+    assert read(publisher.take_output()) == [] and publisher.finished  # (the shell then closes it)
+    assert node.retained.by_vhost.get("/", {}) == {}
+    fine = opened(registry, "fine", clean=False)  # (a long name that fits is kept as before)
+    fine.receive(publish("t/" + "a" * 60_000, b"kept", retain=True))
+    assert list(node.retained.by_vhost["/"]) == ["t/" + "a" * 60_000]
