@@ -85,7 +85,7 @@ class Access:
         #: Exchanges with topic permissions (a publish to one is checked each time).
         self.topics = frozenset(topics or ())
         self._topic_patterns = {
-            (exchange, kind): re.compile(_expand(pattern, user, vhost, variables) or "^$")
+            (exchange, kind): _topic_pattern(_expand(pattern, user, vhost, variables))
             for exchange, patterns in (topics or {}).items()
             for kind, pattern in (("write", patterns.write), ("read", patterns.read))
         }
@@ -141,6 +141,20 @@ class Access:
                 f"access to topic '{routing_key}' in exchange '{exchange}' in vhost '{self.vhost}' "
                 f"refused for user '{self.user}'",
             )
+
+
+#: What a topic permission that no longer compiles once expanded allows: nothing.
+_NOTHING = re.compile(r"(?!)")
+
+
+def _topic_pattern(expanded: str) -> re.Pattern[str]:
+    """A topic permission's pattern, expanded: a name put in as it is may break it (an MQTT
+    client id ``dev(``), and one broken allows nothing (RabbitMQ's ``re:run`` fails on it
+    and the check refuses), never an error at login."""
+    try:
+        return re.compile(expanded or "^$")
+    except re.error:
+        return _NOTHING
 
 
 def _expand(pattern: str, user: str, vhost: str, variables: Mapping[str, str] | None = None) -> str:

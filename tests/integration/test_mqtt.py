@@ -406,3 +406,8 @@ def test_topic_permissions_with_the_client_id(make_mqtt: Callable[..., MqttBroke
     device.raw.publish("devices/d2/temperature", b"spoofed", 1)
     assert device.disconnected.wait(TIMEOUT)  # write refused: the connection ends (as RabbitMQ ends it)
     watcher.nothing()
+    # A client id that breaks the pattern once put in logs in, and may publish nowhere there.
+    broken = connected(server, "d(", username="dev", password="pw")
+    broken.raw.publish("devices/d(/temperature", b"x", 1)
+    assert broken.disconnected.wait(TIMEOUT)
+    watcher.nothing()
