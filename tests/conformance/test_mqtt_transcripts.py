@@ -805,8 +805,8 @@ def paho_session(qos: int) -> Callable[[int, str], list[str]]:
             first.loop_stop()
             first.socket().close()  # (no DISCONNECT: the will)
             time.sleep(1)
+            lines += sorted(heard) + kept + watched  # (read before the clearing publish below reaches "late")
             publisher.publish(f"{prefix}/r", b"", 0, True)  # (cleared)
-            lines += sorted(heard) + kept + watched
         finally:
             for raw in clients:
                 raw.loop_stop()
